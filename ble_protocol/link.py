@@ -1,0 +1,78 @@
+"""The one interface every transport implements (loopback, socket, emulated radio, bleak, bumble).
+
+A :class:`Link` is an ordered, reliable, message-oriented pipe between the wearable and the
+handheld. Framing, chunking, flow control and integrity are the implementation's business; above
+it, :mod:`ble_protocol.rpc` only sees whole :class:`~ble_protocol.messages.Message` objects.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from ble_protocol.messages import ErrorCode, Message, ProtocolError
+
+
+class LinkClosed(ProtocolError):
+    """The peer went away (disconnect, closed socket). Pending requests fail with this."""
+
+    def __init__(self, text: str = "link closed") -> None:
+        super().__init__(ErrorCode.DISCONNECTED, text)
+
+
+@dataclass
+class LinkStats:
+    """Counters every link keeps; the planner reads them for passive bandwidth estimates."""
+
+    messages_sent: int = 0
+    messages_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    created: float = field(default_factory=time.monotonic)
+
+    def count_sent(self, nbytes: int) -> None:
+        self.messages_sent += 1
+        self.bytes_sent += nbytes
+
+    def count_received(self, nbytes: int) -> None:
+        self.messages_received += 1
+        self.bytes_received += nbytes
+
+
+class Link(ABC):
+    """Ordered, reliable, bidirectional pipe of messages. Async; one reader, one writer."""
+
+    #: Largest payload this link accepts in one message (memory cap on the receiving side).
+    max_message_bytes: int = 64 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self.stats = LinkStats()
+
+    @abstractmethod
+    async def send(self, message: Message) -> None:
+        """Queue ``message`` for delivery; returns once the link has taken it (back-pressure)."""
+
+    @abstractmethod
+    async def receive(self) -> Message:
+        """Wait for the next message. Raises :class:`LinkClosed` when the peer is gone."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close the link; pending and future receives raise :class:`LinkClosed`."""
+
+    @property
+    @abstractmethod
+    def is_open(self) -> bool:
+        """False once either side closed or the connection dropped."""
+
+    @property
+    def description(self) -> str:
+        """Human-readable name of the link (for logs and ``session.plan()``)."""
+        return type(self).__name__
+
+    async def __aenter__(self) -> Link:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

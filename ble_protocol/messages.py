@@ -1,0 +1,148 @@
+"""Message types, payload layouts and protocol error codes (docs/PROTOCOL.md, "Messages").
+
+All integers are little-endian. Control payloads (HELLO, STATUS) are UTF-8 JSON objects capped at
+:data:`MAX_CONTROL_BYTES`; tensor payloads use :mod:`ble_protocol.tensors`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from coinf.errors import CoinfError
+
+PROTOCOL_VERSION = 1
+MAX_CONTROL_BYTES = 4096
+MAX_ID_BYTES = 256
+
+
+class MsgType(IntEnum):
+    HELLO = 1  # wearable -> handheld: JSON {protocol, bundle, capabilities}
+    HELLO_ACK = 2  # handheld -> wearable: JSON {protocol, bundle, capabilities}
+    REQUEST = 3  # wearable -> handheld: candidate id + crossing tensors
+    RESULT = 4  # handheld -> wearable: tail time + output tensors
+    STATUS = 5  # either way: JSON device status
+    PROBE = 6  # either way: opaque bytes, echoed back with the same request id
+    ERROR = 7  # either way: u16 code + UTF-8 text
+    CANCEL = 8  # wearable -> handheld: empty; abandon request_id
+
+
+class ErrorCode(IntEnum):
+    BAD_VERSION = 1
+    BAD_CRC = 2
+    TRUNCATED = 3
+    TOO_LARGE = 4
+    UNKNOWN_TYPE = 5
+    MALFORMED = 6
+    BUNDLE_MISMATCH = 7
+    UNKNOWN_CANDIDATE = 8
+    TAIL_FAILED = 9
+    BUSY = 10
+    TIMEOUT = 11
+    CANCELLED = 12
+    DISCONNECTED = 13
+    INSUFFICIENT_ENCRYPTION = 14
+
+
+class ProtocolError(CoinfError):
+    """A peer sent something that breaks the protocol, or a request failed remotely."""
+
+    def __init__(self, code: ErrorCode, text: str) -> None:
+        super().__init__(f"{code.name.lower()}: {text}")
+        self.code = code
+        self.text = text
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One application message. ``request_id`` ties a RESULT/ERROR/PROBE reply to its request."""
+
+    type: MsgType
+    request_id: int
+    payload: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.request_id <= 0xFFFFFFFF:
+            raise ValueError(f"request_id {self.request_id} does not fit in u32")
+
+
+def parse_type(value: int) -> MsgType:
+    try:
+        return MsgType(value)
+    except ValueError:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {value}") from None
+
+
+# --- control payloads ------------------------------------------------------------------------
+
+
+def encode_json(obj: dict[str, Any]) -> bytes:
+    data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    if len(data) > MAX_CONTROL_BYTES:
+        raise ValueError(f"control payload of {len(data)} B exceeds {MAX_CONTROL_BYTES} B")
+    return data
+
+
+def decode_json(payload: bytes) -> dict[str, Any]:
+    if len(payload) > MAX_CONTROL_BYTES:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE, f"control payload of {len(payload)} B > {MAX_CONTROL_BYTES} B"
+        )
+    try:
+        obj = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(ErrorCode.MALFORMED, f"control payload is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "control payload must be a JSON object")
+    return obj
+
+
+def encode_error(code: ErrorCode, text: str) -> bytes:
+    return struct.pack("<H", int(code)) + text.encode("utf-8")[:1024]
+
+
+def decode_error(payload: bytes) -> ProtocolError:
+    if len(payload) < 2:
+        return ProtocolError(ErrorCode.MALFORMED, "ERROR payload shorter than 2 bytes")
+    (raw,) = struct.unpack_from("<H", payload)
+    try:
+        code = ErrorCode(raw)
+    except ValueError:
+        code = ErrorCode.MALFORMED
+    return ProtocolError(code, payload[2:1026].decode("utf-8", errors="replace"))
+
+
+def encode_request(candidate_id: str, tensors_blob: bytes) -> bytes:
+    cid = candidate_id.encode("utf-8")
+    if len(cid) > MAX_ID_BYTES:
+        raise ValueError(f"candidate id longer than {MAX_ID_BYTES} bytes")
+    return struct.pack("<H", len(cid)) + cid + tensors_blob
+
+
+def decode_request(payload: bytes) -> tuple[str, memoryview]:
+    """Split a REQUEST payload into (candidate id, tensor blob)."""
+    if len(payload) < 2:
+        raise ProtocolError(ErrorCode.TRUNCATED, "REQUEST payload shorter than 2 bytes")
+    (n,) = struct.unpack_from("<H", payload)
+    if n > MAX_ID_BYTES or 2 + n > len(payload):
+        raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST candidate id length {n} is invalid")
+    try:
+        cid = bytes(payload[2 : 2 + n]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(ErrorCode.MALFORMED, "REQUEST candidate id is not UTF-8") from None
+    return cid, memoryview(payload)[2 + n :]
+
+
+def encode_result(tail_us: int, tensors_blob: bytes) -> bytes:
+    return struct.pack("<I", min(max(tail_us, 0), 0xFFFFFFFF)) + tensors_blob
+
+
+def decode_result(payload: bytes) -> tuple[int, memoryview]:
+    """Split a RESULT payload into (tail compute time in µs, tensor blob)."""
+    if len(payload) < 4:
+        raise ProtocolError(ErrorCode.TRUNCATED, "RESULT payload shorter than 4 bytes")
+    (us,) = struct.unpack_from("<I", payload)
+    return us, memoryview(payload)[4:]

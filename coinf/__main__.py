@@ -1,0 +1,3 @@
+from coinf.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""The ``coinf`` command. User errors print one line and exit 2; bugs keep their traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from coinf import __version__
+from coinf.commands import COMMANDS
+from coinf.errors import CoinfError
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the parser; with ``only``, import just that subcommand's module."""
+    parser = argparse.ArgumentParser(
+        prog="coinf",
+        description="Cooperative inference between a wearable and its handheld over BLE.",
+    )
+    parser.add_argument("--version", action="version", version=f"coinf {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_text in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
+        mod = importlib.import_module(module)
+        mod.register(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    names = {name for name, _, _ in COMMANDS}
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(first if first in names else None)
+    args = parser.parse_args(args_list)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2 if args.command is None else 0
+    try:
+        rc = args.func(args)
+    except CoinfError as exc:
+        print(f"coinf {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"coinf {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)

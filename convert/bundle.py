@@ -1,0 +1,241 @@
+"""The split bundle: a directory holding a model, its head/tail slices and ``manifest.json``.
+
+This module only reads and writes the format (docs/BUNDLE.md); :mod:`convert.split` makes
+bundles. The wearable and handheld load bundles with :meth:`Bundle.load`.
+
+Layout::
+
+    BUNDLE/
+      manifest.json
+      model.onnx              # the whole model, shapes resolved
+      c001/head.onnx          # one folder per candidate that has a head and/or a tail
+      c001/tail.onnx
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coinf.errors import BundleError
+
+FORMAT = "coinf-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+HANDHELD_ONLY = "handheld-only"
+WEARABLE_ONLY = "wearable-only"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's name, static shape, numpy dtype name and size in bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TensorSpec:
+        return cls(str(obj["name"]), tuple(int(d) for d in obj["shape"]), str(obj["dtype"]),
+                   int(obj["nbytes"]))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+
+@dataclass(frozen=True)
+class Part:
+    """One side of a cut: the ONNX file (``None`` when the side is empty) and its costs."""
+
+    file: str | None
+    flops: int
+    param_bytes: int
+    nodes: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Part:
+        return cls(obj.get("file"), int(obj["flops"]), int(obj["param_bytes"]),
+                   tuple(obj["nodes"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "flops": self.flops, "param_bytes": self.param_bytes,
+                "nodes": list(self.nodes)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A cut: the head runs on the wearable, ``crossing`` travels, the tail runs on the handheld.
+
+    The tail takes the crossing tensors as inputs and produces every graph output. For
+    ``wearable-only`` the crossing set is the graph outputs and nothing travels.
+    """
+
+    id: str
+    label: str
+    crossing: tuple[TensorSpec, ...]
+    head: Part
+    tail: Part
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def crossing_bytes(self) -> int:
+        return sum(t.nbytes for t in self.crossing)
+
+    @property
+    def is_wearable_only(self) -> bool:
+        return self.tail.file is None
+
+    @property
+    def is_handheld_only(self) -> bool:
+        return self.head.file is None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Candidate:
+        known = {"id", "label", "crossing", "crossing_bytes", "head", "tail"}
+        return cls(
+            id=str(obj["id"]),
+            label=str(obj.get("label", obj["id"])),
+            crossing=tuple(TensorSpec.from_json(t) for t in obj["crossing"]),
+            head=Part.from_json(obj["head"]),
+            tail=Part.from_json(obj["tail"]),
+            extra={k: v for k, v in obj.items() if k not in known},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "label": self.label,
+            "crossing": [t.to_json() for t in self.crossing],
+            "crossing_bytes": self.crossing_bytes,
+            "head": self.head.to_json(),
+            "tail": self.tail.to_json(),
+            **self.extra,
+        }
+
+
+@dataclass
+class Bundle:
+    """A loaded split bundle. Paths in the manifest are relative to :attr:`root`."""
+
+    root: Path
+    model_file: str
+    model_sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    candidates: tuple[Candidate, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- lookup ---------------------------------------------------------------------------------
+    def candidate(self, cid: str) -> Candidate:
+        """Find a candidate by id (``c007``) or alias (``handheld-only``, ``wearable-only``)."""
+        if cid == HANDHELD_ONLY:
+            return self.candidates[0]
+        if cid == WEARABLE_ONLY:
+            return self.candidates[-1]
+        for cand in self.candidates:
+            if cand.id == cid:
+                return cand
+        ids = ", ".join(c.id for c in self.candidates[:8])
+        more = "" if len(self.candidates) <= 8 else f", ... ({len(self.candidates)} in all)"
+        raise BundleError(f"unknown candidate id {cid!r}; this bundle has {ids}{more}")
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    @property
+    def model_path(self) -> Path:
+        return self.root / self.model_file
+
+    @property
+    def identity(self) -> str:
+        """What the handshake compares: the model's hash plus a hash of the candidate cuts.
+
+        Calibration data and other manifest extras do not change it; a different model or a
+        different set of cuts does.
+        """
+        cuts = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)] for c in self.candidates]
+        digest = hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
+        return f"{self.model_sha256[:16]}-{digest[:8]}"
+
+    # -- I/O ------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        meta = {k: v for k, v in self.meta.items() if k != "manifest_sha256"}
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "model": {
+                "file": self.model_file,
+                "sha256": self.model_sha256,
+                "inputs": [t.to_json() for t in self.inputs],
+                "outputs": [t.to_json() for t in self.outputs],
+            },
+            "candidates": [c.to_json() for c in self.candidates],
+            **meta,
+        }
+
+    def save(self) -> Path:
+        """Write ``manifest.json`` (deterministic: sorted keys, fixed indent)."""
+        path = self.root / MANIFEST
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+        path.write_text(text)
+        self.meta["manifest_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        return path
+
+    @classmethod
+    def load(cls, root: str | Path) -> Bundle:
+        """Load and validate a bundle directory; raises :class:`BundleError` naming the problem."""
+        root = Path(root)
+        path = root / MANIFEST
+        if not root.is_dir():
+            raise BundleError(f"{root} is not a bundle directory (run `coinf split` to make one)")
+        if not path.is_file():
+            raise BundleError(f"{root} has no {MANIFEST}; is it a bundle made by `coinf split`?")
+        raw = path.read_bytes()
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise BundleError(f"{path} is not valid JSON: {exc}") from None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise BundleError(f"{path} is not a coinf bundle manifest")
+        if obj.get("version") != FORMAT_VERSION:
+            raise BundleError(
+                f"{path} has bundle format version {obj.get('version')}; "
+                f"this coinf reads version {FORMAT_VERSION} (re-run `coinf split`)"
+            )
+        try:
+            model = obj["model"]
+            meta = {k: v for k, v in obj.items()
+                    if k not in {"format", "version", "model", "candidates"}}
+            meta["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
+            bundle = cls(
+                root=root,
+                model_file=str(model["file"]),
+                model_sha256=str(model["sha256"]),
+                inputs=tuple(TensorSpec.from_json(t) for t in model["inputs"]),
+                outputs=tuple(TensorSpec.from_json(t) for t in model["outputs"]),
+                candidates=tuple(Candidate.from_json(c) for c in obj["candidates"]),
+                meta=meta,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"{path} is malformed: missing or bad field {exc}") from None
+        if len(bundle.candidates) < 2:
+            raise BundleError(f"{path} lists {len(bundle.candidates)} candidates; expected >= 2")
+        for cand in bundle.candidates:
+            for part in (cand.head, cand.tail):
+                if part.file is not None and not (root / part.file).is_file():
+                    raise BundleError(f"{path}: candidate {cand.id} needs missing {part.file}")
+        return bundle
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

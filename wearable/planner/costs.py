@@ -1,0 +1,109 @@
+"""The cost table the schedulers rank: one :class:`CandidateCost` row per candidate cut.
+
+Pure data, no I/O. Times are milliseconds, energies millijoules, sizes bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CandidateCost:
+    """Predicted (or measured) costs of running one candidate cut once.
+
+    ``transfer_ms`` is the uplink time of the crossing tensors (wearable -> handheld) and
+    ``return_ms`` the downlink time of the results; both are 0 for ``wearable-only``.
+    """
+
+    id: str
+    head_ms: float
+    tail_ms: float
+    transfer_ms: float
+    return_ms: float
+    wearable_energy_mj: float
+    handheld_energy_mj: float
+    crossing_bytes: int
+    accuracy_drop_pp: float = 0.0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("head_ms", "tail_ms", "transfer_ms", "return_ms", "wearable_energy_mj",
+                     "handheld_energy_mj", "accuracy_drop_pp"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"candidate {self.id}: {name} must be a number >= 0, got {value!r}")
+        if self.crossing_bytes < 0:
+            raise ValueError(f"candidate {self.id}: crossing_bytes must be >= 0")
+
+    # -- derived metrics --------------------------------------------------------------------
+    def latency_ms(self, streaming: bool = False) -> float:
+        """End-to-end latency; in streaming mode the pipelined period (CoINF Alg. III.1 line 4).
+
+        Streaming overlaps frame n+1's head with frame n's transfer and tail, so the period is the
+        slower of the two stages: ``max(head, transfer + tail + return)``.
+        """
+        if streaming:
+            return max(self.head_ms, self.transfer_ms + self.tail_ms + self.return_ms)
+        return self.head_ms + self.transfer_ms + self.tail_ms + self.return_ms
+
+    def throughput_fps(self, streaming: bool = True) -> float:
+        """Inferences per second when frames arrive back to back (pipelined by default)."""
+        lat = self.latency_ms(streaming)
+        return math.inf if lat <= 0 else 1000.0 / lat
+
+    def energy_mj(self, w_wearable: float = 1.0, w_handheld: float = 1.0) -> float:
+        """Weighted energy ``Ww * Ew + Wh * Eh`` (CoINF Alg. III.1 line 9)."""
+        return w_wearable * self.wearable_energy_mj + w_handheld * self.handheld_energy_mj
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> CandidateCost:
+        return cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj})
+
+
+@dataclass
+class Decision:
+    """A scheduler's answer: the winning row, why it won, and every row it looked at."""
+
+    winner: str
+    why: str
+    rows: list[CandidateCost]
+    scheduler: str
+    #: per candidate id, the score each scheduler ranked on (latency used, weighted energy...).
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    best_effort: bool = False
+    streaming: bool = False
+
+    @property
+    def row(self) -> CandidateCost:
+        return next(r for r in self.rows if r.id == self.winner)
+
+    def explain(self) -> str:
+        """A fixed-width table of every candidate, the winner marked with ``*``, then why."""
+        head = (f"{'':1} {'candidate':<16} {'head':>9} {'xfer':>9} {'tail':>9} {'ret':>8} "
+                f"{'latency':>9} {'E_wear':>9} {'E_hand':>9} {'bytes':>9} {'acc':>5}")
+        unit = (f"{'':1} {'':<16} {'ms':>9} {'ms':>9} {'ms':>9} {'ms':>8} {'ms':>9} "
+                f"{'mJ':>9} {'mJ':>9} {'':>9} {'pp':>5}")
+        lines = [f"scheduler: {self.scheduler}" + ("  (streaming)" if self.streaming else ""),
+                 head, unit]
+        for r in self.rows:
+            mark = "*" if r.id == self.winner else " "
+            name = r.id if not r.label or r.label == r.id else f"{r.id} {r.label}"
+            lines.append(
+                f"{mark} {name[:16]:<16} {r.head_ms:9.1f} {r.transfer_ms:9.1f} {r.tail_ms:9.1f} "
+                f"{r.return_ms:8.1f} {r.latency_ms(self.streaming):9.1f} "
+                f"{r.wearable_energy_mj:9.1f} {r.handheld_energy_mj:9.1f} "
+                f"{r.crossing_bytes:9d} {r.accuracy_drop_pp:5.2f}")
+        lines.append(("best effort (no candidate met every constraint): " if self.best_effort
+                      else "why: ") + self.why)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"winner": self.winner, "why": self.why, "scheduler": self.scheduler,
+                "best_effort": self.best_effort, "streaming": self.streaming,
+                "rows": [r.to_json() for r in self.rows], "scores": self.scores}

@@ -14,6 +14,8 @@ from typing import Any
 # (bench name, module, help). Each module defines register(parser) which sets func.
 BENCHES: list[tuple[str, str, str]] = [
     ("overhead", "coinf.bench.overhead", "split head+tail in-process vs the whole model"),
+    ("mincut", "coinf.bench.mincut", "exact min-cut split search time on a ~1,700-node DAG"),
+    ("predict", "coinf.bench.predict", "latency predictors vs measured candidate slices"),
 ]
 
 

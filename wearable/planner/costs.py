@@ -78,6 +78,8 @@ class Decision:
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     best_effort: bool = False
     streaming: bool = False
+    #: context the planner adds: where the times came from, effective weights, link estimate.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def row(self) -> CandidateCost:
@@ -99,6 +101,7 @@ class Decision:
                 f"{r.return_ms:8.1f} {r.latency_ms(self.streaming):9.1f} "
                 f"{r.wearable_energy_mj:9.1f} {r.handheld_energy_mj:9.1f} "
                 f"{r.crossing_bytes:9d} {r.accuracy_drop_pp:5.2f}")
+        lines.extend(f"note: {n}" for n in self.notes)
         lines.append(("best effort (no candidate met every constraint): " if self.best_effort
                       else "why: ") + self.why)
         return "\n".join(lines)
@@ -106,4 +109,4 @@ class Decision:
     def to_json(self) -> dict[str, Any]:
         return {"winner": self.winner, "why": self.why, "scheduler": self.scheduler,
                 "best_effort": self.best_effort, "streaming": self.streaming,
-                "rows": [r.to_json() for r in self.rows], "scores": self.scores}
+                "rows": [r.to_json() for r in self.rows], "scores": self.scores, "notes": self.notes}

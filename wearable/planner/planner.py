@@ -1,0 +1,138 @@
+"""The :class:`Planner`: a bundle + two device profiles + a policy -> a :class:`Decision`.
+
+The Session calls :meth:`Planner.decide` whenever :class:`~wearable.planner.adapt.ReplanTrigger`
+says an input moved; the call only does arithmetic over the cached per-candidate base times.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from wearable.planner.adapt import DEFAULT_LINK, LinkEstimate
+from wearable.planner.costs import CandidateCost, Decision
+from wearable.planner.schedulers import coinf, dyno, neurosurgeon
+from wearable.policy import OBJECTIVES, Policy
+from wearable.profile import DeviceProfile
+from wearable.status import DeviceStatus
+
+_UNSET: Any = object()
+
+
+class Planner:
+    """Decides which candidate cut of ``bundle`` to run."""
+
+    def __init__(self, bundle: Any, wearable_profile: DeviceProfile | None = None,
+                 handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
+                 predictor_style: str = "coinf") -> None:
+        self.bundle = bundle
+        self.wearable = wearable_profile or DeviceProfile.default("wearable")
+        self.handheld = handheld_profile or DeviceProfile.default("handheld")
+        self.policy = policy or Policy()
+        self.predictor_style = predictor_style
+        self._features: Any = None
+        self._base: list[tuple[float, float, str, str]] | None = None
+
+    # -- base compute times (cached) ---------------------------------------------------------
+    def _node_features(self) -> Any:
+        if self._features is None:
+            import onnx
+
+            from wearable.planner.features import node_features
+
+            self._features = node_features(onnx.load(str(self.bundle.model_path)))
+        return self._features
+
+    def _predictions(self, profile: DeviceProfile) -> dict[str, float]:
+        assert profile.predictor is not None
+        return profile.predictor.predict_nodes(self._node_features(), self.predictor_style)
+
+    def base_times(self) -> list[tuple[float, float, str, str]]:
+        """Per candidate: (head_ms, tail_ms, head source, tail source) at idle, full clock."""
+        if self._base is None:
+            ident = self.bundle.identity
+            cache: dict[str, dict[str, float]] = {}
+
+            def preds(p: DeviceProfile) -> Any:
+                return lambda: cache.setdefault(p.role, self._predictions(p))
+
+            self._base = []
+            for c in self.bundle.candidates:
+                h, hs = self.wearable.part_ms(ident, c.id, "head", c.head.nodes, c.head.flops,
+                                              preds(self.wearable))
+                t, ts = self.handheld.part_ms(ident, c.id, "tail", c.tail.nodes, c.tail.flops,
+                                              preds(self.handheld))
+                self._base.append((h, t, hs, ts))
+        return self._base
+
+    # -- cost table -------------------------------------------------------------------------
+    def costs(self, link: LinkEstimate | None = None, wearable_status: DeviceStatus | None = None,
+              handheld_status: DeviceStatus | None = None,
+              load_factor: float = 1.0) -> list[CandidateCost]:
+        """One row per candidate under the given link, device status and DynO load factor."""
+        link = link or DEFAULT_LINK
+        if not 0 < load_factor < 1e3 or math.isnan(load_factor):
+            raise ValueError(f"load factor must be in (0, 1000), got {load_factor}")
+        sw = (wearable_status.speed_factor() if wearable_status else 1.0) * load_factor
+        sh = handheld_status.speed_factor() if handheld_status else 1.0
+        pw, ph = self.wearable.power, self.handheld.power
+        out_bytes = sum(t.nbytes for t in self.bundle.outputs)
+        rows = []
+        for c, (h, t, _, _) in zip(self.bundle.candidates, self.base_times(), strict=True):
+            head, tail = h * sw, t * sh
+            if c.is_wearable_only:
+                xfer = ret = 0.0
+                nbytes = 0
+            else:
+                nbytes = int(c.extra.get("wire_bytes", c.crossing_bytes))
+                xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
+            # marginal energy over idle: compute above idle power, plus the radio while it moves
+            ew = head * max(pw.cpu_active_w - pw.cpu_idle_w, 0) + xfer * pw.ble_tx_w \
+                + ret * pw.ble_rx_w
+            eh = tail * max(ph.cpu_active_w - ph.cpu_idle_w, 0) + xfer * ph.ble_rx_w \
+                + ret * ph.ble_tx_w
+            rows.append(CandidateCost(c.id, head, tail, xfer, ret, ew, eh, nbytes,
+                                      float(c.extra.get("accuracy_drop_pp", 0.0)), c.label))
+        return rows
+
+    # -- decision ---------------------------------------------------------------------------
+    def decide(self, link_estimate: LinkEstimate | None = None,
+               wearable_status: DeviceStatus | None = None,
+               handheld_status: DeviceStatus | None = None, objective: str | None = None,
+               latency_budget_ms: float | None = _UNSET, *, load_factor: float = 1.0,
+               handheld_load: float | None = None) -> Decision:
+        """Pick a candidate. ``objective`` and ``latency_budget_ms`` default to the policy's
+        (pass ``latency_budget_ms=None`` explicitly for "no budget")."""
+        pol = self.policy
+        objective = objective or pol.objective
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; expected one of "
+                             f"{', '.join(OBJECTIVES)}")
+        budget = pol.latency_budget_ms if latency_budget_ms is _UNSET else latency_budget_ms
+        rows = self.costs(link_estimate, wearable_status, handheld_status, load_factor)
+        ww, wh, why_w = pol.weights(wearable_status, handheld_status)
+        streaming = pol.streaming or objective == "throughput"
+        if objective == "auto":
+            d = coinf(rows, budget, w_wearable=ww, w_handheld=wh, streaming=streaming)
+        elif objective in ("latency", "throughput"):
+            d = coinf(rows, 0, w_wearable=ww, w_handheld=wh, streaming=streaming)
+        elif objective == "energy":
+            d = coinf(rows, None, w_wearable=ww, w_handheld=wh, streaming=streaming)
+        elif objective.startswith("neurosurgeon"):
+            k = handheld_load if handheld_load is not None else (
+                handheld_status.speed_factor() if handheld_status else 1.0)
+            # the handheld's load is applied by K here, not twice
+            rows = self.costs(link_estimate, wearable_status, None, load_factor)
+            d = neurosurgeon(rows, objective.split("-", 1)[1], handheld_load=k)
+        else:
+            d = dyno(rows, pol.dyno_constraints(), pol.dyno_targets(), streaming=streaming,
+                     w_wearable=ww, w_handheld=wh)
+        link = link_estimate or DEFAULT_LINK
+        d.notes.append(f"link: up {link.up_bps / 1000:.1f} kB/s, down "
+                       f"{link.down_bps / 1000:.1f} kB/s, RTT {link.rtt_ms:.0f} ms ({link.source})")
+        d.notes.append("weights: " + "; ".join(why_w))
+        srcs = {f"head {hs}" for _, _, hs, _ in self.base_times()} | \
+            {f"tail {ts}" for _, _, _, ts in self.base_times()}
+        d.notes.append(f"times from: {', '.join(sorted(srcs))}; wearable x"
+                       f"{self.wearable.slowdown:g} slowdown, load factor {load_factor:.2f}")
+        return d

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,13 +64,32 @@ class NodeArg:
 
 
 @dataclass
+class FrameResult:
+    """One frame of :meth:`Session.stream`: its index, outputs (or error) and timings."""
+
+    index: int
+    outputs: list[np.ndarray] | None
+    error: BaseException | None
+    stats: RunStats | None
+
+    def value(self) -> list[np.ndarray]:
+        """The outputs, or raise this frame's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.outputs is not None
+        return self.outputs
+
+
+@dataclass
 class RunStats:
     """Timings (ms) and bytes of one ``Session.run``."""
 
     candidate: str
     head_ms: float = 0.0
+    pack_ms: float = 0.0
     transfer_ms: float = 0.0
     tail_ms: float = 0.0
+    return_ms: float = 0.0
     total_ms: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -167,18 +186,39 @@ class Session:
             outputs = crossing
             stats.local = True
         else:
-            outputs = self._offload(cand, crossing, stats)
+            payload = self._pack(cand, crossing, stats)
+            reply = self._loop_thread().run(
+                self._exchange(payload, stats), timeout=self.timeout + 10
+            )
+            outputs = self._unpack(reply, stats)
         stats.total_ms = (time.perf_counter() - t_start) * 1e3
         self.last_run = stats
         return [outputs[n] for n in names]
 
-    # -- lifecycle ---------------------------------------------------------------------------------
+    def stream(
+        self,
+        feeds: Iterable[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        *,
+        depth: int = 3,
+        pipelined: bool = True,
+    ) -> Iterator[FrameResult]:
+        """Run a stream of inputs; yields one :class:`FrameResult` per input, in order.
+
+        Stages overlap: while the handheld computes frame n and the link carries frame n+1, the
+        wearable computes frame n+2. At most ``depth`` frames are in flight; the input iterable is
+        only pulled when there is room (back-pressure). A frame that fails yields a result whose
+        ``error`` is set; later frames go on. ``pipelined=False`` runs frames one at a time.
+        """
+        from wearable.stream import run_stream
+
+        return run_stream(self, feeds, output_names, depth=depth if pipelined else 1)
+
+    # -- lifecycle    # -- lifecycle ---------------------------------------------------------------------------------
     def connect(self) -> dict[str, Any]:
         """Connect and handshake now (otherwise done on the first offloaded run)."""
         if self._rpc is None or not self._rpc.link.is_open:
-            if self._loop is None:
-                self._loop = LoopThread()
-            self._loop.run(self._connect(), timeout=self.timeout + 5)
+            self._loop_thread().run(self._connect(), timeout=self.timeout + 5)
         assert self.handheld_info is not None
         return self.handheld_info
 
@@ -277,28 +317,39 @@ class Session:
         produced = dict(zip(head_out, values, strict=True))
         return {n: produced[n] if n in produced else feeds[n] for n in wanted}
 
-    def _offload(
-        self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats
-    ) -> dict[str, np.ndarray]:
+    def _loop_thread(self) -> LoopThread:
         if self._loop is None:
             self._loop = LoopThread()
-        payload = encode_request(cand.id, encode_tensors(crossing))
-        stats.bytes_up = len(payload)
-        t0 = time.perf_counter()
-        reply_payload = self._loop.run(self._request(payload), timeout=self.timeout + 10)
-        rtt = time.perf_counter() - t0
-        stats.bytes_down = len(reply_payload)
-        tail_us, blob = decode_result(reply_payload)
-        stats.tail_ms = tail_us / 1e3
-        stats.transfer_ms = max(rtt * 1e3 - stats.tail_ms, 0.0)
-        return decode_tensors(blob)
+        return self._loop
 
-    async def _request(self, payload: bytes) -> bytes:
+    def _pack(self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
+        t0 = time.perf_counter()
+        payload = encode_request(cand.id, encode_tensors(crossing))
+        stats.pack_ms = (time.perf_counter() - t0) * 1e3
+        stats.bytes_up = len(payload)
+        return payload
+
+    async def _exchange(self, payload: bytes, stats: RunStats) -> bytes:
+        """Send a packed request, await its result; fills transfer/tail/return times."""
         if self._rpc is None or not self._rpc.link.is_open:
             await self._connect()
         assert self._rpc is not None
-        reply = await self._rpc.request(MsgType.REQUEST, payload, self.timeout)
+        marks: dict[str, float] = {}
+        t0 = time.perf_counter()
+        reply = await self._rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
+        tail_us, _ = decode_result(reply.payload)
+        stats.tail_ms = tail_us / 1e3
+        stats.transfer_ms = (marks["sent"] - t0) * 1e3
+        stats.return_ms = max((marks["replied"] - marks["sent"]) * 1e3 - stats.tail_ms, 0.0)
+        stats.bytes_down = len(reply.payload)
         return reply.payload
+
+    def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        _, blob = decode_result(reply)
+        outputs = decode_tensors(blob)
+        stats.return_ms += (time.perf_counter() - t0) * 1e3
+        return outputs
 
     async def _connect(self) -> None:
         link = await self._open_link()
@@ -339,4 +390,4 @@ def _node_arg(spec: TensorSpec) -> NodeArg:
     return NodeArg(spec.name, list(spec.shape), _ORT_TYPES.get(spec.dtype, f"tensor({spec.dtype})"))
 
 
-__all__ = ["CoinfError", "NodeArg", "RunStats", "Session"]
+__all__ = ["CoinfError", "FrameResult", "NodeArg", "RunStats", "Session"]

@@ -30,15 +30,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def ensure_bundle(model: Path, out: Path) -> Path:
     """Split ``model`` into ``out`` unless a bundle of the same model file is already there."""
-    from convert.bundle import MANIFEST, Bundle, sha256_file
     from convert.split import split_model
+
+    from convert.bundle import MANIFEST, Bundle, sha256_file
 
     if (out / MANIFEST).is_file():
         try:
             if Bundle.load(out).model_sha256 == sha256_file(model):
                 progress(f"reusing bundle {out}")
                 return out
-        except Exception as exc:  # noqa: BLE001 - a stale or broken bundle is simply rebuilt
+        except Exception as exc:
             progress(f"rebuilding bundle {out} ({exc})")
     progress(f"splitting {model} into {out} ...")
     t0 = time.perf_counter()

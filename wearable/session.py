@@ -214,7 +214,7 @@ class Session:
 
         return run_stream(self, feeds, output_names, depth=depth if pipelined else 1)
 
-    # -- lifecycle    # -- lifecycle ---------------------------------------------------------------------------------
+    # -- lifecycle ------------------------------------------------------------------------------
     def connect(self) -> dict[str, Any]:
         """Connect and handshake now (otherwise done on the first offloaded run)."""
         if self._rpc is None or not self._rpc.link.is_open:

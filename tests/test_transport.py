@@ -215,3 +215,35 @@ def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
 
     with handheld_daemon(bundle.root, f"unix:{sock}"):
         asyncio.run(main())
+
+
+def test_shaped_link_delivers_in_order_no_faster_than_its_bandwidth():
+    from ble_protocol.shaped import Channel, ShapedLink
+
+    async def main():
+        a, b = ShapedLink.pair(Channel(bandwidth_bps=100_000, latency_s=0.01, overhead_bytes=0))
+        t0 = asyncio.get_running_loop().time()
+        for i in range(5):
+            await a.send(Message(MsgType.REQUEST, i, bytes(2000)))
+        got = [await b.receive() for _ in range(5)]
+        elapsed = asyncio.get_running_loop().time() - t0
+        assert [m.request_id for m in got] == list(range(5))
+        assert elapsed >= 5 * 2000 / 100_000 + 0.01 - 1e-3  # airtime + latency, never less
+        await a.close()
+        with pytest.raises(LinkClosed):
+            await b.receive()
+
+    asyncio.run(main())
+
+
+def test_session_over_shaped_channel(tmp_path):
+    from ble_protocol.shaped import Channel
+
+    bundle = make_tiny_bundle(tmp_path / "t")
+    x = np.ones((1, 16), np.float32)
+    with Session(bundle, split="c000", transport=Channel(50_000, 0.005)) as sess:
+        (y,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
+        assert sess.last_run is not None
+        # 64 B of tensor + headers at 50 kB/s plus 5 ms latency each way
+        assert sess.last_run.transfer_ms + sess.last_run.return_ms >= 10.0

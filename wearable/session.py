@@ -30,6 +30,7 @@ from ble_protocol.messages import (
     encode_request,
 )
 from ble_protocol.rpc import RpcClient
+from ble_protocol.shaped import Channel, ShapedLink
 from ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.errors import CoinfError, InputError
 from convert.bundle import Bundle, Candidate, TensorSpec
@@ -108,7 +109,8 @@ class Session:
             candidate with the fewest crossing bytes (the planner issue replaces this default).
         transport: ``"inprocess"`` (a handheld in this process), ``"socket"`` (a
             ``coinf handheld`` daemon at ``handheld=unix:/path`` or ``tcp:HOST:PORT``), a
-            :class:`Link`, or an async factory returning one.
+            :class:`~ble_protocol.shaped.Channel` (an in-process handheld behind a link with that
+            bandwidth and latency), a :class:`Link`, or an async factory returning one.
         handheld: address for ``transport="socket"``.
         slowdown, threads: wearable emulation (see :class:`DeviceEmulation`).
         handheld_slowdown, handheld_threads: emulation of the in-process handheld.
@@ -120,7 +122,7 @@ class Session:
         bundle: str | Path | Bundle,
         *,
         split: str | None = None,
-        transport: str | Link | LinkFactory = "inprocess",
+        transport: str | Channel | Link | LinkFactory = "inprocess",
         handheld: str | None = None,
         slowdown: float = 1.0,
         threads: int = 0,
@@ -372,7 +374,7 @@ class Session:
         transport = self._transport
         if isinstance(transport, Link):
             return transport
-        if callable(transport):
+        if callable(transport) and not isinstance(transport, Channel):
             return await transport()
         if transport == "socket":
             assert self._handheld_addr is not None
@@ -380,7 +382,12 @@ class Session:
         # in-process handheld on this loop; tails run on the loop's default executor
         from handheld.daemon import HandheldDaemon
 
-        ours, theirs = InProcessLink.pair()
+        ours: Link
+        theirs: Link
+        if isinstance(transport, Channel):
+            ours, theirs = ShapedLink.pair(transport)
+        else:
+            ours, theirs = InProcessLink.pair()
         daemon = HandheldDaemon(self.bundle, self._handheld_emulation)
         self._server_task = asyncio.get_running_loop().create_task(daemon.serve(theirs))
         return ours

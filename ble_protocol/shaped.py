@@ -19,7 +19,7 @@ from ble_protocol.messages import Message
 
 @dataclass(frozen=True)
 class Channel:
-    """Radio parameters: payload bytes/s both directions share, one-way latency, per-message cost."""
+    """Payload bytes/s shared by both directions, one-way latency, per-message overhead."""
 
     bandwidth_bps: float
     latency_s: float = 0.0075

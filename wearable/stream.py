@@ -1,7 +1,8 @@
 """Pipelined streaming: head, packing, radio and tail of consecutive frames overlap.
 
-Frame n+2's head runs on the wearable's head thread while frame n+1 crosses the link and the
-handheld computes frame n. At most ``depth`` frames are in flight and the input iterable is only
+Stages: head (one thread) -> pack (one thread) -> link + handheld tail (the event loop) -> unpack
+(the caller). Frame n+2's head runs while frame n+1 crosses the link and the handheld computes
+frame n. At most ``depth`` frames are in flight and the input iterable is only
 pulled when there is room, so a fast producer is held back instead of filling memory.
 """
 
@@ -18,13 +19,16 @@ from typing import TYPE_CHECKING, Any
 from wearable.session import FrameResult, RunStats
 
 if TYPE_CHECKING:
+    from convert.bundle import Candidate
     from wearable.session import Session
 
 
 @dataclass
 class _Pending:
+    candidate: Candidate
     stats: RunStats
     start: float
+    crossing: dict[str, Any] | None = None
     outputs: dict[str, Any] | None = None
     reply: bytes | None = None
 
@@ -41,6 +45,7 @@ def run_stream(
     names = session._check_outputs(output_names)
     loop = session._loop_thread()
     head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-head")
+    pack_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-pack")
     inflight: deque[tuple[int, Future[_Pending]]] = deque()
     source = iter(feeds)
     exhausted = False
@@ -48,38 +53,47 @@ def run_stream(
 
     def head_stage(feed: Mapping[str, Any]) -> _Pending:
         cand = session.split
-        pending = _Pending(RunStats(candidate=cand.id), time.perf_counter())
+        pending = _Pending(cand, RunStats(candidate=cand.id), time.perf_counter())
         checked = session._check_feed(feed)
-        crossing = session._run_head(cand, checked, pending.stats)
-        if cand.is_wearable_only:
-            pending.outputs = crossing
+        pending.crossing = session._run_head(cand, checked, pending.stats)
+        return pending
+
+    def pack_stage(pending: _Pending) -> _Pending:
+        if pending.candidate.is_wearable_only:
+            pending.outputs = pending.crossing
             pending.stats.local = True
         else:
-            pending.reply = session._pack(cand, crossing, pending.stats)
+            assert pending.crossing is not None
+            pending.reply = session._pack(pending.candidate, pending.crossing, pending.stats)
+        pending.crossing = None
         return pending
 
     def submit(feed: Mapping[str, Any]) -> Future[_Pending]:
         done: Future[_Pending] = Future()
 
-        def after_head(hf: Future[_Pending]) -> None:
-            exc = hf.exception()
+        def failed(f: Future[Any]) -> bool:
+            exc = f.exception()
             if exc is not None:
                 done.set_exception(exc)
+            return exc is not None
+
+        def after_head(hf: Future[_Pending]) -> None:
+            if not failed(hf):
+                pack_pool.submit(pack_stage, hf.result()).add_done_callback(after_pack)
+
+        def after_pack(pf: Future[_Pending]) -> None:
+            if failed(pf):
                 return
-            pending = hf.result()
+            pending = pf.result()
             if pending.reply is None:
                 done.set_result(pending)
                 return
-            payload = pending.reply
             cf = asyncio.run_coroutine_threadsafe(
-                session._exchange(payload, pending.stats), loop.loop
+                session._exchange(pending.reply, pending.stats), loop.loop
             )
 
             def after_exchange(xf: Future[bytes]) -> None:
-                xexc = xf.exception()
-                if xexc is not None:
-                    done.set_exception(xexc)
-                else:
+                if not failed(xf):
                     pending.reply = xf.result()
                     done.set_result(pending)
 
@@ -114,6 +128,7 @@ def run_stream(
                 yield FrameResult(i, None, exc, None)
     finally:
         head_pool.shutdown(wait=True, cancel_futures=True)
+        pack_pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass

@@ -267,3 +267,21 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
             progress(f"{i + 1}/{len(bundle.candidates)} {cand.id}: head "
                      f"{entry['head_ms']:.2f} ms, tail {entry['tail_ms']:.2f} ms")
     return mp
+
+
+def default_profile_path(role: str) -> Path:
+    """``<config dir>/<role>-profile.json`` next to the policy file."""
+    from wearable.policy import config_path
+
+    return config_path().parent / f"{role}-profile.json"
+
+
+def load_or_default(role: str, path: str | Path | None = None) -> DeviceProfile:
+    """The saved profile for ``role`` if there is one, else the built-in default."""
+    p = Path(path) if path else default_profile_path(role)
+    if p.is_file():
+        prof = DeviceProfile.load(p)
+        if prof.role != role:
+            raise ProfileError(f"{p} is a {prof.role} profile; expected {role}")
+        return prof
+    return DeviceProfile.default(role)

@@ -11,5 +11,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("handheld", "coinf.commands.handheld", "run the handheld daemon (tail side)"),
     ("run", "coinf.commands.run", "run one inference through a Session"),
     ("demo", "coinf.commands.demo", "the main job: split, offload and compare every candidate"),
+    ("profile", "coinf.commands.profile", "measure this device: per-node and slice latency, "
+     "layer predictors"),
+    ("policy", "coinf.commands.policy", "show or set the end-user offloading policy"),
     ("bench", "coinf.commands.bench", "benchmarks printing JSON"),
 ]

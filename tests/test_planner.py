@@ -1,0 +1,177 @@
+"""Planner on a tiny hand-made bundle, device profiles, status, and run-time adaptation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.planner_bundle import make_bundle
+from wearable.planner.adapt import LinkEstimate, LinkEstimator, LoadFactor, ReplanTrigger
+from wearable.planner.planner import Planner
+from wearable.policy import Policy
+from wearable.profile import DeviceProfile, ModelProfile, ProfileError, profile_bundle
+from wearable.status import DeviceStatus
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return make_bundle(tmp_path_factory.mktemp("plan") / "tiny")
+
+
+def profiles(bundle) -> tuple[DeviceProfile, DeviceProfile]:  # type: ignore[no-untyped-def]
+    """Hand-set slice times: the wearable is slow, the handheld fast."""
+    w = DeviceProfile.pi_zero_2w()
+    h = DeviceProfile.laptop()
+    w.models[bundle.identity] = ModelProfile(candidates={
+        "c000": {"head_ms": 0.0}, "c001": {"head_ms": 5.0}, "c002": {"head_ms": 40.0},
+        "c003": {"head_ms": 41.0}})
+    h.models[bundle.identity] = ModelProfile(candidates={
+        "c000": {"tail_ms": 2.0}, "c001": {"tail_ms": 1.5}, "c002": {"tail_ms": 0.1},
+        "c003": {"tail_ms": 0.0}})
+    return w, h
+
+
+def test_cut_follows_bandwidth(bundle) -> None:  # type: ignore[no-untyped-def]
+    w, h = profiles(bundle)
+    planner = Planner(bundle, w, h, Policy(objective="latency"))
+    slow = planner.decide(LinkEstimate(20_000, 20_000, 0))
+    fast = planner.decide(LinkEstimate(50_000_000, 50_000_000, 0))
+    assert slow.winner == "c003"  # 41 ms locally beats 40 ms + 6.4 ms of upload
+    assert fast.winner == "c000"  # 12 kB at 50 MB/s + 2 ms beats 41 ms
+    mid = planner.decide(LinkEstimate(2_000_000, 2_000_000, 0))
+    assert mid.winner == "c000"
+    assert "c003" in slow.explain() and "link:" in slow.explain()
+
+
+def test_load_factor_and_handheld_load_move_the_cut(bundle) -> None:  # type: ignore[no-untyped-def]
+    w, h = profiles(bundle)
+    planner = Planner(bundle, w, h, Policy(objective="latency"))
+    link = LinkEstimate(2_000_000, 2_000_000, 0)  # c000: 6.1 + 2 ms; c003: 41 ms
+    assert planner.decide(link).winner == "c000"
+    # handheld 30x slower (K) under Neurosurgeon: c000 = 6.1 + 60 ms > c003 = 41 ms
+    d = planner.decide(link, objective="neurosurgeon-latency", handheld_load=30)
+    assert d.winner == "c003"
+    # a busy wearable (load factor 0.1 = 10x faster than predicted) keeps everything local
+    assert planner.decide(link, load_factor=0.1).winner == "c003"
+
+
+def test_policy_objectives_and_budget(bundle) -> None:  # type: ignore[no-untyped-def]
+    w, h = profiles(bundle)
+    link = LinkEstimate(20_000, 20_000, 0)
+    planner = Planner(bundle, w, h, Policy())
+    # save the wearable: offloading everything costs it 614 ms of radio at 0.15 W = 92 mJ; c002
+    # costs 40 ms x 1.4 W + 6.4 ms radio = 57 mJ; wearable-only 41 x 1.4 = 57.4 mJ
+    d = planner.decide(link, objective="energy")
+    assert d.winner in {"c002", "c003"}
+    assert planner.decide(link, objective="latency").winner == "c003"
+    rows = {r.id: r for r in planner.costs(link)}
+    assert rows["c003"].transfer_ms == 0 and rows["c003"].return_ms == 0
+    assert rows["c000"].head_ms == 0
+    assert rows["c002"].crossing_bytes == 128
+    assert rows["c002"].wearable_energy_mj == pytest.approx(
+        40 * (2.0 - 0.6) + 6.4 * 0.15 + 2.0 * 0.12)
+
+
+def test_status_slows_the_side(bundle) -> None:  # type: ignore[no-untyped-def]
+    w, h = profiles(bundle)
+    planner = Planner(bundle, w, h, Policy())
+    base = {r.id: r for r in planner.costs()}
+    busy = {r.id: r for r in planner.costs(
+        wearable_status=DeviceStatus(cpu_load=1.0, freq_mhz=500, max_freq_mhz=1000))}
+    assert busy["c002"].head_ms == pytest.approx(4 * base["c002"].head_ms)
+    assert busy["c002"].tail_ms == base["c002"].tail_ms
+
+
+def test_unprofiled_model_is_planned_from_predictor_or_flops(bundle) -> None:  # type: ignore[no-untyped-def]
+    planner = Planner(bundle)  # built-in profiles: no timings, no predictor -> flops/gflops
+    rows = planner.costs()
+    assert rows[-1].head_ms == pytest.approx(bundle.candidates[-1].head.flops / 1e6)
+    assert "flops/gflops" in planner.decide().explain()
+
+
+def test_profile_bundle_measures_nodes_and_slices(bundle, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    mp = profile_bundle(bundle, threads=1, warmup=1, repeats=3)
+    assert {"conv1", "conv2", "fc"} <= set(mp.nodes)
+    assert mp.candidates["c000"]["head_ms"] == 0 and mp.candidates["c000"]["tail_ms"] > 0
+    assert mp.candidates["c003"]["tail_ms"] == 0 and mp.candidates["c003"]["head_ms"] > 0
+    prof = DeviceProfile.pi_zero_2w()
+    prof.models[bundle.identity] = mp
+    prof.slowdown = 10
+    prof.save(tmp_path / "p.json")
+    again = DeviceProfile.load(tmp_path / "p.json")
+    assert again.models[bundle.identity].nodes == mp.nodes
+    planner = Planner(bundle, again)
+    assert planner.costs()[1].head_ms == pytest.approx(10 * mp.candidates["c001"]["head_ms"])
+
+
+def test_profile_rejects_bad_json(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="not a coinf device profile"):
+        DeviceProfile.from_bytes(b'{"format": "x"}')
+    good = DeviceProfile.laptop().to_json()
+    good["power"]["cpu_active_w"] = -3
+    with pytest.raises(ProfileError, match="cpu_active_w"):
+        DeviceProfile.from_bytes(json.dumps(good).encode())
+    with pytest.raises(ProfileError, match="limit"):
+        DeviceProfile.from_bytes(b" " * (9 * 1024 * 1024))
+    with pytest.raises(ProfileError, match="no device profile"):
+        DeviceProfile.load(tmp_path / "missing.json")
+
+
+def test_status_from_peer_is_validated() -> None:
+    st = DeviceStatus(0.5, 600, 1000, "ondemand", 40, False)
+    assert DeviceStatus.from_bytes(st.to_bytes()) == st
+    for bad in ({"cpu_load": 2}, {"battery_pct": "x"}, {"charging": "yes"}, {"evil": 1},
+                {"governor": "g" * 100}):
+        with pytest.raises(ValueError):
+            DeviceStatus.from_json(bad)
+    with pytest.raises(ValueError, match="limit"):
+        DeviceStatus.from_bytes(b"{" * 5000)
+
+
+def test_replan_trigger_threshold() -> None:
+    t = ReplanTrigger(0.05)
+    inputs = {"up_bps": 20_000.0, "load": 1.0}
+    assert t.should_replan(inputs)  # never planned
+    t.planned(inputs)
+    assert not t.should_replan({"up_bps": 20_900.0, "load": 1.0})  # +4.5%
+    assert not t.should_replan({"up_bps": 19_000.0, "load": 1.04})  # -5% exactly, +4%
+    assert t.changed({"up_bps": 21_100.0, "load": 1.0}) == ["up_bps"]  # +5.5%
+    assert t.changed({"up_bps": 20_000.0, "load": 0.9}) == ["load"]
+    assert t.should_replan({"up_bps": 20_000.0, "load": 1.0, "battery": 50.0})  # new input
+
+
+def test_link_estimator_recent_then_historical() -> None:
+    now = [0.0]
+    est = LinkEstimator(LinkEstimate(10_000, 10_000, 50), recent_alpha=0.5,
+                        historical_alpha=0.1, recent_window_s=300, clock=lambda: now[0])
+    assert est.estimate().source == "default" and est.probe_due()
+    est.observe_transfer(30_000, 1.0)
+    est.observe_transfer(10_000, 1.0)
+    e = est.estimate()
+    assert e.source == "recent" and e.up_bps == pytest.approx(20_000)
+    assert not est.probe_due()
+    now[0] = 301.0
+    e = est.estimate()
+    assert e.source == "historical" and e.up_bps == pytest.approx(28_000)
+    assert est.probe_due(300)
+    est.observe_transfer(10, 0.001)  # too small to measure bandwidth: ignored
+    assert est.estimate().source == "historical"
+    est.observe_rtt(40)
+    assert est.estimate().rtt_ms == pytest.approx(40)
+    with pytest.raises(ValueError):
+        LinkEstimate(0, 1)
+
+
+def test_load_factor_smooths_and_clamps() -> None:
+    lf = LoadFactor(alpha=0.5)
+    assert lf.value == 1.0
+    lf.observe(20, 10)
+    assert lf.value == 2.0
+    lf.observe(10, 10)
+    assert lf.value == 1.5
+    lf.observe(10_000, 1)  # clamped to 20
+    assert lf.value == pytest.approx(10.75)
+    lf.observe(5, 0.1)  # too short to trust
+    assert lf.value == pytest.approx(10.75)

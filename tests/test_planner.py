@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from convert.bundle import Bundle
 from tests.planner_bundle import make_bundle
 from wearable.planner.adapt import LinkEstimate, LinkEstimator, LoadFactor, ReplanTrigger
 from wearable.planner.planner import Planner
@@ -16,11 +17,11 @@ from wearable.status import DeviceStatus
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Bundle:
     return make_bundle(tmp_path_factory.mktemp("plan") / "tiny")
 
 
-def profiles(bundle) -> tuple[DeviceProfile, DeviceProfile]:  # type: ignore[no-untyped-def]
+def profiles(bundle: Bundle) -> tuple[DeviceProfile, DeviceProfile]:
     """Hand-set slice times: the wearable is slow, the handheld fast."""
     w = DeviceProfile.pi_zero_2w()
     h = DeviceProfile.laptop()
@@ -33,7 +34,7 @@ def profiles(bundle) -> tuple[DeviceProfile, DeviceProfile]:  # type: ignore[no-
     return w, h
 
 
-def test_cut_follows_bandwidth(bundle) -> None:  # type: ignore[no-untyped-def]
+def test_cut_follows_bandwidth(bundle: Bundle) -> None:
     w, h = profiles(bundle)
     planner = Planner(bundle, w, h, Policy(objective="latency"))
     slow = planner.decide(LinkEstimate(20_000, 20_000, 0))
@@ -45,7 +46,7 @@ def test_cut_follows_bandwidth(bundle) -> None:  # type: ignore[no-untyped-def]
     assert "c003" in slow.explain() and "link:" in slow.explain()
 
 
-def test_load_factor_and_handheld_load_move_the_cut(bundle) -> None:  # type: ignore[no-untyped-def]
+def test_load_factor_and_handheld_load_move_the_cut(bundle: Bundle) -> None:
     w, h = profiles(bundle)
     planner = Planner(bundle, w, h, Policy(objective="latency"))
     link = LinkEstimate(2_000_000, 2_000_000, 0)  # c000: 6.1 + 2 ms; c003: 41 ms
@@ -57,7 +58,7 @@ def test_load_factor_and_handheld_load_move_the_cut(bundle) -> None:  # type: ig
     assert planner.decide(link, load_factor=0.1).winner == "c003"
 
 
-def test_policy_objectives_and_budget(bundle) -> None:  # type: ignore[no-untyped-def]
+def test_policy_objectives_and_budget(bundle: Bundle) -> None:
     w, h = profiles(bundle)
     link = LinkEstimate(20_000, 20_000, 0)
     planner = Planner(bundle, w, h, Policy())
@@ -74,7 +75,7 @@ def test_policy_objectives_and_budget(bundle) -> None:  # type: ignore[no-untype
         40 * (2.0 - 0.6) + 6.4 * 0.15 + 2.0 * 0.12)
 
 
-def test_status_slows_the_side(bundle) -> None:  # type: ignore[no-untyped-def]
+def test_status_slows_the_side(bundle: Bundle) -> None:
     w, h = profiles(bundle)
     planner = Planner(bundle, w, h, Policy())
     base = {r.id: r for r in planner.costs()}
@@ -84,14 +85,14 @@ def test_status_slows_the_side(bundle) -> None:  # type: ignore[no-untyped-def]
     assert busy["c002"].tail_ms == base["c002"].tail_ms
 
 
-def test_unprofiled_model_is_planned_from_predictor_or_flops(bundle) -> None:  # type: ignore[no-untyped-def]
+def test_unprofiled_model_is_planned_from_predictor_or_flops(bundle: Bundle) -> None:
     planner = Planner(bundle)  # built-in profiles: no timings, no predictor -> flops/gflops
     rows = planner.costs()
     assert rows[-1].head_ms == pytest.approx(bundle.candidates[-1].head.flops / 1e6)
     assert "flops/gflops" in planner.decide().explain()
 
 
-def test_profile_bundle_measures_nodes_and_slices(bundle, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_profile_bundle_measures_nodes_and_slices(bundle: Bundle, tmp_path: Path) -> None:
     mp = profile_bundle(bundle, threads=1, warmup=1, repeats=3)
     assert {"conv1", "conv2", "fc"} <= set(mp.nodes)
     assert mp.candidates["c000"]["head_ms"] == 0 and mp.candidates["c000"]["tail_ms"] > 0

@@ -154,7 +154,7 @@ def _coerce(key: str, value: Any) -> Any:
                 return tuple(v.strip() for v in value.split(",") if v.strip())
             if not isinstance(value, list):
                 raise ValueError(value)
-            return tuple(v if isinstance(v, str) else json.dumps(v) for v in value)
+            return tuple(_item_str(v) for v in value)
         return str(value)
     except (TypeError, ValueError):
         raise PolicyError(f"policy {key}: bad value {value!r} (expected {kind})") from None
@@ -169,17 +169,18 @@ def policy_from_json(obj: Any) -> Policy:
                           f"{', '.join(PROFILES)}")
     base = PROFILES[name]
     overrides = {k: _coerce(k, v) for k, v in obj.items() if k != "profile"}
-    # constraints given as JSON lists were stored as strings; turn them back
-    if "constraints" in overrides:
-        overrides["constraints"] = tuple(_norm_constraint(c) for c in overrides["constraints"])
     return replace(base, **overrides)
 
 
-def _norm_constraint(c: str) -> str:
-    if c.startswith("["):
-        m, op, thr = json.loads(c)
-        return f"{m}{op}{thr}"
-    return c
+def _item_str(v: Any) -> str:
+    """``[metric, op, thr]`` -> ``"metric<=thr"``; ``[metric, goal]`` -> ``"metric:goal"``."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and len(v) == 3:
+        return f"{v[0]}{v[1]}{v[2]}"
+    if isinstance(v, list) and len(v) == 2:
+        return f"{v[0]}:{v[1]}"
+    raise ValueError(v)
 
 
 def load_policy(path: str | Path | None = None) -> tuple[Policy, Path, bool]:

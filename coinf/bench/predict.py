@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         pred = Predictor.train(samples, threads=args.threads, run_overhead_ms=overhead)
     feats = node_features(onnx.load(str(bundle.model_path)))
     per_style = {s: pred.predict_nodes(feats, s) for s in ("coinf", "neurosurgeon")}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for cand in bundle.candidates:
         for side, part in (("head", cand.head), ("tail", cand.tail)):
             if part.file is None or not part.nodes:

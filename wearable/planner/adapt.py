@@ -93,11 +93,12 @@ class LinkEstimator:
 
     def _get(self, key: str, default: float) -> tuple[float, str]:
         last = self._last.get(key)
-        if last is not None and self.clock() - last <= self.recent_window_s:
-            assert self._recent[key].value is not None
-            return self._recent[key].value, "recent"
-        if self._hist[key].value is not None:
-            return self._hist[key].value, "historical"
+        recent, hist = self._recent[key].value, self._hist[key].value
+        if last is not None and recent is not None and \
+                self.clock() - last <= self.recent_window_s:
+            return recent, "recent"
+        if hist is not None:
+            return hist, "historical"
         return default, "default"
 
     def estimate(self) -> LinkEstimate:

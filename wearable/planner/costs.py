@@ -34,7 +34,8 @@ class CandidateCost:
                      "handheld_energy_mj", "accuracy_drop_pp"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-                raise ValueError(f"candidate {self.id}: {name} must be a number >= 0, got {value!r}")
+                raise ValueError(
+                    f"candidate {self.id}: {name} must be a number >= 0, got {value!r}")
         if self.crossing_bytes < 0:
             raise ValueError(f"candidate {self.id}: crossing_bytes must be >= 0")
 
@@ -109,4 +110,5 @@ class Decision:
     def to_json(self) -> dict[str, Any]:
         return {"winner": self.winner, "why": self.why, "scheduler": self.scheduler,
                 "best_effort": self.best_effort, "streaming": self.streaming,
-                "rows": [r.to_json() for r in self.rows], "scores": self.scores, "notes": self.notes}
+                "rows": [r.to_json() for r in self.rows], "scores": self.scores,
+                "notes": self.notes}

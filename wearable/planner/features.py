@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import helper, shape_inference
@@ -51,7 +52,7 @@ class NodeFeatures:
     flops: float
 
 
-def _attr(node: onnx.NodeProto, name: str, default: object) -> object:
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
@@ -109,9 +110,9 @@ def featurize(node: onnx.NodeProto, name: str, shapes: dict[str, list[int]],
     flops = float(out_el)
     if kind == "conv" and x and y and len(x) >= 3:
         w = shapes.get(node.input[1], [])
-        group = int(_attr(node, "group", 1))  # type: ignore[arg-type]
-        ks = list(_attr(node, "kernel_shape", w[2:] if len(w) > 2 else [1]))  # type: ignore[call-overload]
-        st = list(_attr(node, "strides", [1]))  # type: ignore[call-overload]
+        group = int(_attr(node, "group", 1))
+        ks = list(_attr(node, "kernel_shape", w[2:] if len(w) > 2 else [1]))
+        st = list(_attr(node, "strides", [1]))
         kernel, stride = float(max(ks)), float(max(st))
         cin, cout = float(x[1]), float(y[1])
         depthwise = 1.0 if group > 1 and group == x[1] else 0.0
@@ -127,18 +128,19 @@ def featurize(node: onnx.NodeProto, name: str, shapes: dict[str, list[int]],
         if op.startswith("Global"):
             kernel, stride = float(_numel(x[2:])), 1.0
         else:
-            ks = list(_attr(node, "kernel_shape", [1]))  # type: ignore[call-overload]
+            ks = list(_attr(node, "kernel_shape", [1]))
             kernel = float(max(ks))
-            stride = float(max(list(_attr(node, "strides", [1]))))  # type: ignore[call-overload]
+            stride = float(max(list(_attr(node, "strides", [1]))))
         cin = cout = float(x[1]) if len(x) > 1 else 1.0
         spatial = float(_numel(y[2:]))
         flops = float(_numel(y)) * (kernel if op.startswith("Global") else kernel * kernel)
     elif kind == "rnn" and x:
-        hidden = int(_attr(node, "hidden_size", 1))  # type: ignore[arg-type]
+        hidden = int(_attr(node, "hidden_size", 1))
         gates = {"LSTM": 4, "GRU": 3}.get(op, 1)
         seq = float(x[0])
         cin, cout = float(x[-1]), float(hidden)
-        dirs = 2 if _attr(node, "direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+        bidir = _attr(node, "direction", b"forward") in (b"bidirectional", "bidirectional")
+        dirs = 2 if bidir else 1
         flops = 2.0 * seq * dirs * gates * hidden * (x[-1] + hidden)
     elif kind in ("activation", "norm", "eltwise", "memory"):
         cin = float(x[1]) if x and len(x) > 1 else 1.0

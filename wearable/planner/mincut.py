@@ -181,9 +181,9 @@ def min_cut(dag: Dag, up_ms: Mapping[str, float], down_ms: Mapping[str, float] |
         dst += [v, 1]
         cap += [n.handheld_ms + out_down.get(n.name, 0.0), n.wearable_ms]
     preds = dag.predecessors()
-    for v, ps in preds.items():
+    for consumer, ps in preds.items():
         for p in ps:
-            inf_edges.append((index[v], index[p]))
+            inf_edges.append((index[consumer], index[p]))
     for k, t in enumerate(dag.tensors):
         if not t.consumers:
             continue

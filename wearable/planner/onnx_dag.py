@@ -14,8 +14,9 @@ import onnx
 from wearable.planner.features import shape_map
 from wearable.planner.mincut import Dag
 
-_ITEMSIZE = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8,
-             onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4, onnx.TensorProto.INT8: 1,
+_ITEMSIZE: dict[int, int] = {
+    onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8,
+    onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4, onnx.TensorProto.INT8: 1,
              onnx.TensorProto.UINT8: 1, onnx.TensorProto.BOOL: 1}
 
 
@@ -31,7 +32,7 @@ def dag_from_onnx(model: onnx.ModelProto, wearable_ms: Mapping[str, float],
     shapes = shape_map(model)
     dtypes: dict[str, int] = {}
     for vi in [*g.input, *g.value_info, *g.output]:
-        dtypes[vi.name] = vi.type.tensor_type.elem_type
+        dtypes[vi.name] = int(vi.type.tensor_type.elem_type)
     inits = {i.name for i in g.initializer}
     names = node_names(model)
     producer: dict[str, str | None] = {i.name: None for i in g.input if i.name not in inits}

@@ -178,7 +178,7 @@ class Predictor:
             xl = np.array([s.features.linear for s in ks], dtype=np.float64)
             y = np.array([s.ms for s in ks], dtype=np.float64)
             order = rng.permutation(len(ks))
-            n_test = max(1, int(round(len(ks) * test_fraction))) if len(ks) >= 8 else 0
+            n_test = max(1, round(len(ks) * test_fraction)) if len(ks) >= 8 else 0
             test, train = order[:n_test], order[n_test:]
             r2: dict[str, float] = {}
             if n_test:
@@ -206,7 +206,8 @@ class Predictor:
             return max(km.neurosurgeon(f.linear), MIN_MS)
         raise ValueError(f"unknown predictor style {style!r}; expected coinf or neurosurgeon")
 
-    def predict_nodes(self, feats: Sequence[NodeFeatures], style: str = "coinf") -> dict[str, float]:
+    def predict_nodes(self, feats: Sequence[NodeFeatures],
+                      style: str = "coinf") -> dict[str, float]:
         return {f.name: self.predict(f, style) for f in feats}
 
     def r2_table(self) -> dict[str, dict[str, Any]]:

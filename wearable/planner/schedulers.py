@@ -172,7 +172,8 @@ class Target:
         if self.metric not in METRICS:
             raise ValueError(f"unknown metric {self.metric!r}; expected one of {sorted(METRICS)}")
         if isinstance(self.goal, str) and self.goal not in ("min", "max"):
-            raise ValueError(f"soft target goal must be 'min', 'max' or a number, got {self.goal!r}")
+            raise ValueError(
+                f"soft target goal must be 'min', 'max' or a number, got {self.goal!r}")
 
     def key(self, value: float) -> float:
         if self.goal == "min":
@@ -244,9 +245,8 @@ def dyno(rows: Sequence[CandidateCost], constraints: Sequence[Constraint] = (),
     order = {r.id: i for i, r in enumerate(rows)}
     win = min(feasible, key=lambda r: (*(t.key(val(r, t.metric)) for t in targets), order[r.id]))
     soft = ", ".join(str(t) for t in targets)
-    why = "; ".join(notes + [f"then by {soft}: {win.id} ("
-                             + ", ".join(f"{t.metric}={val(win, t.metric):.3g}" for t in targets)
-                             + ")"])
+    values = ", ".join(f"{t.metric}={val(win, t.metric):.3g}" for t in targets)
+    why = "; ".join([*notes, f"then by {soft}: {win.id} ({values})"])
     name = "dyno"
     return Decision(win.id, why, rows, name, scores, best_effort, streaming)
 
@@ -272,9 +272,15 @@ def constraint_from_json(obj: Any) -> Constraint:
 
 
 def target_from_json(obj: Any) -> Target:
+    """``"energy"`` (minimise), ``"throughput:max"``, ``"latency:50"`` or ``[metric, goal]``."""
     if isinstance(obj, str):
-        return Target(obj, "min")
+        metric, _, text = obj.partition(":")
+        obj = [metric.strip(), text.strip() or "min"]
     if isinstance(obj, (list, tuple)) and len(obj) == 2:
-        goal = obj[1] if obj[1] in ("min", "max") else float(obj[1])
+        try:
+            goal: str | float = obj[1] if obj[1] in ("min", "max") else float(obj[1])
+        except (TypeError, ValueError):
+            raise ValueError(f"bad soft target goal {obj[1]!r}; expected min, max or a number") \
+                from None
         return Target(str(obj[0]), goal)
     raise ValueError(f"bad soft target {obj!r}; expected [metric, 'min'|'max'|number]")

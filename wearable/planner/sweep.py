@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -99,7 +100,8 @@ def activation(r: random.Random, g: np.random.Generator,
     if op == "Clip":
         inits = {"lo": np.array(0.0), "hi": np.array(6.0)}
         ins = ["x", "lo", "hi"]
-    node = helper.make_node(op, ins, ["y"], **({"axis": 1} if op == "Softmax" else {}))
+    attrs: dict[str, Any] = {"axis": 1} if op == "Softmax" else {}
+    node = helper.make_node(op, ins, ["y"], **attrs)
     return f"{op} {c}x{hw}x{hw}", _model([node], [1, c, hw, hw], inits)
 
 
@@ -179,7 +181,7 @@ def make_session(model: onnx.ModelProto | bytes | str, threads: int = 1,
 
 def random_feeds(sess: object) -> dict[str, np.ndarray]:
     """Random inputs matching a session's declared inputs (unknown dims = 1)."""
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     g = np.random.default_rng(0)
     types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
              "tensor(uint8)": np.uint8, "tensor(int8)": np.int8, "tensor(float16)": np.float16,

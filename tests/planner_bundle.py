@@ -76,3 +76,32 @@ def make_bundle(root: Path, hw: int = 32) -> Bundle:
                tuple(cands))
     b.save()
     return Bundle.load(root)
+
+
+def make_skip_model(path: Path, hw: int = 16) -> onnx.ModelProto:
+    """A residual block: x -conv1-> a -relu-> b -conv2-> c; add(b, c) -> d -gap-> e -fc-> y.
+
+    ``b`` has two consumers, so a cut after ``conv2`` must send ``b`` and ``c``.
+    """
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["a"], "conv1", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["b"], "relu"),
+        helper.make_node("Conv", ["b", "w2", "b2"], ["c"], "conv2", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["b", "c"], ["d"], "add"),
+        helper.make_node("GlobalAveragePool", ["d"], ["e"], "gap"),
+        helper.make_node("Flatten", ["e"], ["f"], "flatten"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], "fc", transB=1),
+    ]
+    inits = {"w1": _w(8, 3, 3, 3), "b1": _w(8), "w2": _w(8, 8, 3, 3), "b2": _w(8),
+             "wf": _w(4, 8), "bf": _w(4)}
+    graph = helper.make_graph(
+        nodes, "skip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.save(model, str(path))
+    return model

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,3 +89,42 @@ def test_rejects_cycles_and_unknown_nodes() -> None:
     dag2.add_tensor("x", "a", ["zz"], 1)
     with pytest.raises(ValueError, match="unknown consumer"):
         min_cut(dag2, {}, {})
+
+
+def test_onnx_adapter_matches_brute_force(tmp_path: Path) -> None:
+    import random
+
+    from tests.planner_bundle import make_skip_model
+    from wearable.planner.onnx_dag import dag_from_onnx
+
+    model = make_skip_model(tmp_path / "skip.onnx", hw=16)
+    dag = dag_from_onnx(model, {}, {})
+    t = {x.name: x for x in dag.tensors}
+    assert t["x"].producer is None and t["x"].nbytes == 3 * 16 * 16 * 4
+    assert sorted(t["b"].consumers) == ["add", "conv2"]
+    assert t["y"].is_output and "w1" not in t  # initializers do not travel
+    rng = random.Random(3)
+    names = [n.name for n in dag.nodes]
+    for _ in range(20):
+        w = {n: rng.uniform(0, 10) for n in names}
+        h = {n: rng.uniform(0, 2) for n in names}
+        dag = dag_from_onnx(model, w, h)
+        up, down = transfer_costs(dag, bandwidth_bps=rng.choice([1e3, 1e5, 1e7]), rtt_ms=1)
+        fast, slow = min_cut(dag, up, down), brute_force_cut(dag, up, down)
+        assert fast.latency_ms == pytest.approx(slow.latency_ms, abs=0.05)
+    # a cut after conv2 sends both b and c (b once, although two nodes read it)
+    _, crossing = cut_latency(dag, {"conv1", "relu", "conv2"}, up, down)
+    assert sorted(crossing) == ["b", "c"]
+
+
+def test_planner_optimal_cut_on_a_bundle(tmp_path: Path) -> None:
+    from tests.planner_bundle import make_bundle
+    from wearable.planner.adapt import LinkEstimate
+    from wearable.planner.planner import Planner
+
+    bundle = make_bundle(tmp_path / "b", hw=32)
+    planner = Planner(bundle)
+    slow = planner.optimal_cut(LinkEstimate(1_000, 1_000, 0))
+    fast = planner.optimal_cut(LinkEstimate(1e9, 1e9, 0))
+    assert len(slow.wearable) == 6  # 1 kB/s: keep everything local
+    assert fast.wearable == frozenset()  # free link, 30x faster handheld: offload everything

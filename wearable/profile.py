@@ -154,6 +154,20 @@ class DeviceProfile:
                 return sum(pred[n] for n in node_names) * self.slowdown, "predicted nodes"
         return flops / (self.gflops * 1e6) * self.slowdown, "flops/gflops"
 
+    def node_ms(self, identity: str, feats: list[Any], style: str = "coinf") -> dict[str, float]:
+        """Per-node time (ms) for every featurised node: measured, else predicted, else flops."""
+        mp = self.models.get(identity)
+        out = {}
+        for f in feats:
+            if mp is not None and f.name in mp.nodes:
+                ms = mp.nodes[f.name]
+            elif self.predictor is not None:
+                ms = self.predictor.predict(f, style)
+            else:
+                ms = f.flops / (self.gflops * 1e6)
+            out[f.name] = ms * self.slowdown
+        return out
+
     # -- JSON -------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "name": self.name, "role": self.role,

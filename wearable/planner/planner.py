@@ -11,6 +11,8 @@ from typing import Any
 
 from wearable.planner.adapt import DEFAULT_LINK, LinkEstimate
 from wearable.planner.costs import CandidateCost, Decision
+from wearable.planner.mincut import CutResult, min_cut
+from wearable.planner.onnx_dag import dag_from_onnx
 from wearable.planner.schedulers import coinf, dyno, neurosurgeon
 from wearable.policy import OBJECTIVES, Policy
 from wearable.profile import DeviceProfile
@@ -94,6 +96,28 @@ class Planner:
             rows.append(CandidateCost(c.id, head, tail, xfer, ret, ew, eh, nbytes,
                                       float(c.extra.get("accuracy_drop_pp", 0.0)), c.label))
         return rows
+
+    # -- exact optimum over every cut of the graph -----------------------------------------
+    def optimal_cut(self, link: LinkEstimate | None = None,
+                    wearable_status: DeviceStatus | None = None,
+                    handheld_status: DeviceStatus | None = None,
+                    load_factor: float = 1.0) -> CutResult:
+        """The latency-optimal cut over *all* downward-closed node sets of the model (min-cut on
+        per-node times), whether or not the bundle lists it as a candidate. Compare its latency
+        with the best candidate's to see what the candidate list leaves on the table."""
+        import onnx
+
+        link = link or DEFAULT_LINK
+        feats = self._node_features()
+        ident = self.bundle.identity
+        sw = (wearable_status.speed_factor() if wearable_status else 1.0) * load_factor
+        sh = handheld_status.speed_factor() if handheld_status else 1.0
+        w = {k: v * sw for k, v in self.wearable.node_ms(ident, feats).items()}
+        h = {k: v * sh for k, v in self.handheld.node_ms(ident, feats).items()}
+        dag = dag_from_onnx(onnx.load(str(self.bundle.model_path)), w, h)
+        up = {t.name: link.up_ms(t.nbytes) for t in dag.tensors}
+        down = {t.name: link.down_ms(t.nbytes) for t in dag.tensors if t.is_output}
+        return min_cut(dag, up, down)
 
     # -- decision ---------------------------------------------------------------------------
     def decide(self, link_estimate: LinkEstimate | None = None,

@@ -14,7 +14,7 @@ The same function featurises the synthetic sweep and real models, so training an
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import onnx
@@ -26,7 +26,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "pool": ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"),
     "activation": ("Relu", "Sigmoid", "Tanh", "Clip", "HardSwish", "HardSigmoid", "LeakyRelu",
                    "Softmax", "Gelu", "Erf", "Elu", "Selu", "Softplus", "PRelu"),
-    "norm": ("BatchNormalization", "LayerNormalization", "InstanceNormalization"),
+    "norm": ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "LRN"),
     "rnn": ("LSTM", "GRU", "RNN"),
     "eltwise": ("Add", "Mul", "Sub", "Div", "Pow", "Sqrt", "Max", "Min"),
 }
@@ -50,6 +50,8 @@ class NodeFeatures:
     tree: tuple[float, ...]
     linear: tuple[float, ...]
     flops: float
+    #: onnxruntime (basic/extended optimisation) folds this node into the Conv before it
+    fused: bool = False
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -87,10 +89,40 @@ def node_features(model: onnx.ModelProto) -> list[NodeFeatures]:
     shapes = shape_map(model)
     inits = {i.name for i in model.graph.initializer}
     out: list[NodeFeatures] = []
+    fused = fused_nodes(model)
     for k, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}_{k}"
-        out.append(featurize(node, name, shapes, inits))
+        f = featurize(node, name, shapes, inits)
+        out.append(replace(f, fused=True) if k in fused else f)
     return out
+
+
+#: activations onnxruntime fuses into a preceding Conv (FusedConv)
+FUSABLE_ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"}
+
+
+def fused_nodes(model: onnx.ModelProto) -> set[int]:
+    """Indices of BatchNormalization / activation nodes that directly follow a Conv (through
+    other fused nodes) whose output nothing else reads: onnxruntime folds them into the Conv."""
+    g = model.graph
+    readers: dict[str, int] = {}
+    for node in g.node:
+        for t in node.input:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = {o.name for o in g.output}
+    conv_out: set[str] = set()
+    fused: set[int] = set()
+    for k, node in enumerate(g.node):
+        if node.op_type == "Conv":
+            conv_out.update(node.output)
+            continue
+        src = node.input[0] if node.input else ""
+        if src in conv_out and readers.get(src) == 1 and src not in outputs and (
+                node.op_type == "BatchNormalization" or node.op_type in FUSABLE_ACTIVATIONS):
+            fused.add(k)
+            if node.op_type == "BatchNormalization":  # Conv+BN is still a Conv: keep going
+                conv_out.update(node.output)
+    return fused
 
 
 def featurize(node: onnx.NodeProto, name: str, shapes: dict[str, list[int]],

@@ -30,14 +30,21 @@ MIN_MS = 0.0
 
 @dataclass
 class Linear:
+    """``ms = coef . x + intercept``; with ``log`` the same in log space (a power law):
+    ``log(ms + EPS_MS) = coef . log(x + EPS_X) + intercept``."""
+
     coef: list[float]
     intercept: float
+    log: bool = False
 
     def __call__(self, x: Sequence[float]) -> float:
+        if self.log:
+            z = float(np.dot(self.coef, np.log(np.asarray(x, dtype=np.float64) + EPS_X)))
+            return float(np.exp(min(z + self.intercept, 30.0))) - EPS_MS
         return float(np.dot(self.coef, x) + self.intercept)
 
     def to_json(self) -> dict[str, Any]:
-        return {"coef": self.coef, "intercept": self.intercept}
+        return {"coef": self.coef, "intercept": self.intercept, "log": self.log}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Linear:
@@ -45,7 +52,29 @@ class Linear:
         if len(coef) != len(LINEAR_FEATURES):
             raise ValueError(f"linear model has {len(coef)} coefficients, "
                              f"expected {len(LINEAR_FEATURES)}")
-        return cls(coef, float(obj["intercept"]))
+        if not all(np.isfinite(coef)) or not np.isfinite(float(obj["intercept"])):
+            raise ValueError("linear model has a non-finite coefficient")
+        return cls(coef, float(obj["intercept"]), bool(obj.get("log", False)))
+
+
+EPS_X = 1e-4   # in millions: 100 elements / FLOPs
+EPS_MS = 1e-4  # 0.1 us
+
+
+def _fit_loglinear(x: np.ndarray, y: np.ndarray) -> Linear:
+    """Least squares in log space with a small ridge (sizes span four orders of magnitude, so
+    an additive model would be ruled by the biggest layers)."""
+    lx = np.log(x + EPS_X)
+    ly = np.log(np.maximum(y, 0) + EPS_MS)
+    # drop constant columns (e.g. no parameters): they would only fight the intercept
+    keep = lx.std(axis=0) > 1e-9
+    a = np.hstack([lx[:, keep], np.ones((len(y), 1))])
+    ridge = 1e-3 * np.eye(a.shape[1])
+    ridge[-1, -1] = 0.0
+    sol = np.linalg.solve(a.T @ a + ridge, a.T @ ly)
+    coef = np.zeros(x.shape[1])
+    coef[keep] = sol[:-1]
+    return Linear([float(c) for c in coef], float(sol[-1]), log=True)
 
 
 @dataclass
@@ -129,24 +158,24 @@ def _fit_linear(x: np.ndarray, y: np.ndarray) -> Linear:
 def _fit_tree(xt: np.ndarray, xl: np.ndarray, y: np.ndarray, depth: int) -> Tree:
     from sklearn.tree import DecisionTreeRegressor
 
-    # route by ms per MFLOP (efficiency), so leaves group sub-types that run alike
-    eff = y / (xl[:, 0] + 1e-3)
+    # route by log time per MFLOP (efficiency), so leaves group sub-types that run alike
+    eff = np.log((y + EPS_MS) / (xl[:, 0] + EPS_X))
     leaf_min = max(4, len(y) // 8)
     t = DecisionTreeRegressor(max_depth=depth, min_samples_leaf=leaf_min, random_state=0)
     t.fit(xt, eff)
     tr = t.tree_
     ids = t.apply(xt)
-    fallback = _fit_linear(xl, y)
+    fallback = _fit_loglinear(xl, y)
     leaves = {}
     for leaf in np.unique(np.where(tr.children_left < 0)[0]):
         mask = ids == leaf
         n = int(mask.sum())
         if n >= 3 * len(LINEAR_FEATURES):
-            leaves[int(leaf)] = _fit_linear(xl[mask], y[mask])
-        elif n >= 3:  # too few for every size: ms = a * MFLOPs + b
-            one = _fit_linear(xl[mask][:, :1], y[mask])
+            leaves[int(leaf)] = _fit_loglinear(xl[mask], y[mask])
+        elif n >= 3:  # too few for every size: a power law of MFLOPs only
+            one = _fit_loglinear(xl[mask][:, :1], y[mask])
             leaves[int(leaf)] = Linear(one.coef + [0.0] * (len(LINEAR_FEATURES) - 1),
-                                       one.intercept)
+                                       one.intercept, log=True)
         else:
             leaves[int(leaf)] = fallback
     return Tree([int(v) for v in tr.children_left], [int(v) for v in tr.children_right],
@@ -194,8 +223,10 @@ class Predictor:
 
     # -- prediction -------------------------------------------------------------------------
     def predict(self, f: NodeFeatures, style: str = "coinf") -> float:
-        """Predicted latency (ms) of one node; ops with no model fall back to element-wise."""
-        if f.op_type in FREE_OPS:
+        """Predicted latency (ms) of one node as it runs in a fully optimised session: nodes
+        onnxruntime fuses into the Conv before them cost 0; ops with no model of their own fall
+        back to the element-wise model."""
+        if f.op_type in FREE_OPS or f.fused:
             return 0.0
         km = self.kinds.get(f.kind) or self.kinds.get("eltwise")
         if km is None:

@@ -57,6 +57,9 @@ def conv(r: random.Random, g: np.random.Generator, size: float) -> tuple[str, on
     s = r.choice([1, 1, 2])
     hw = r.choice([7, 14, 28, 56, 112] if size >= 1 else [7, 14, 28])
     cin = r.choice([3, 8, 16, 32, 64, 128] if size >= 1 else [3, 8, 16, 32])
+    if depthwise:  # mobile nets run depthwise convs on many channels at small sizes
+        cin = r.choice([16, 32, 64, 128, 256, 512, 960] if size >= 1 else [16, 32, 64])
+        hw = r.choice([7, 14, 28, 56, 112] if cin <= 128 else [7, 14, 28])
     cout = cin if depthwise else r.choice([8, 16, 32, 64, 128] if size >= 1 else [8, 16, 32])
     group = cin if depthwise else 1
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k, k], strides=[s, s],
@@ -106,9 +109,13 @@ def activation(r: random.Random, g: np.random.Generator,
 
 
 def norm(r: random.Random, g: np.random.Generator, size: float) -> tuple[str, onnx.ModelProto]:
-    op = r.choice(["BatchNormalization", "LayerNormalization", "InstanceNormalization"])
+    op = r.choice(["BatchNormalization", "LayerNormalization", "InstanceNormalization", "LRN"])
     c = r.choice([8, 16, 32, 64, 128])
     hw = r.choice([7, 14, 28, 56])
+    if op == "LRN":
+        size_ = r.choice([3, 5])
+        node = helper.make_node(op, ["x"], ["y"], size=size_)
+        return f"LRN size{size_} {c}x{hw}x{hw}", _model([node], [1, c, hw, hw], {})
     if op == "BatchNormalization":
         inits = {"s": _w(g, c) + 1, "b": _w(g, c), "m": _w(g, c), "v": np.abs(_w(g, c)) + 1}
         node = helper.make_node(op, ["x", "s", "b", "m", "v"], ["y"])

@@ -176,3 +176,25 @@ def test_load_factor_smooths_and_clamps() -> None:
     assert lf.value == pytest.approx(10.75)
     lf.observe(5, 0.1)  # too short to trust
     assert lf.value == pytest.approx(10.75)
+
+
+def test_adaptive_planner_replans_only_past_threshold(bundle: Bundle) -> None:
+    from wearable.planner.planner import AdaptivePlanner
+
+    now = [0.0]
+    w, h = profiles(bundle)
+    ap = AdaptivePlanner(Planner(bundle, w, h, Policy(objective="latency")),
+                         link=LinkEstimator(LinkEstimate(20_000, 20_000, 0),
+                                            recent_alpha=1.0, clock=lambda: now[0]))
+    assert ap.current().winner == "c003" and ap.replans == 1
+    ap.link.observe_transfer(20_600, 1.0)  # +3%: no re-plan
+    ap.current()
+    assert ap.replans == 1
+    ap.link.observe_transfer(50_000_000, 1.0)  # the link got fast: re-plan, offload everything
+    assert ap.current().winner == "c000" and ap.replans == 2
+    ap.observe_head("c003", 41.0 * 1.04)  # head ran 4% slow: below threshold
+    ap.current()
+    assert ap.replans == 2
+    ap.handheld_status = DeviceStatus(battery_pct=50)
+    ap.current()
+    assert ap.replans == 3  # a new input appeared

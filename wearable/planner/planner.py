@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from wearable.planner.adapt import DEFAULT_LINK, LinkEstimate
+from wearable.planner.adapt import (
+    DEFAULT_LINK,
+    LinkEstimate,
+    LinkEstimator,
+    LoadFactor,
+    ReplanTrigger,
+)
 from wearable.planner.costs import CandidateCost, Decision
 from wearable.planner.mincut import CutResult, min_cut
 from wearable.planner.onnx_dag import dag_from_onnx
@@ -160,3 +166,64 @@ class Planner:
         d.notes.append(f"times from: {', '.join(sorted(srcs))}; wearable x"
                        f"{self.wearable.slowdown:g} slowdown, load factor {load_factor:.2f}")
         return d
+
+
+class AdaptivePlanner:
+    """What a Session keeps between runs: the planner, the link estimator, the wearable's load
+    factor and the re-plan trigger. :meth:`current` re-decides only when an input moved by more
+    than the policy's threshold (default 5%), otherwise returns the cached decision.
+
+    Typical Session use::
+
+        ap = AdaptivePlanner(Planner(bundle, wprof, hprof, policy), latency_budget_ms=200)
+        cid = ap.current().winner                     # before each run
+        ap.observe_head(cid, measured_head_ms)        # after the head ran
+        ap.link.observe_transfer(nbytes, seconds)     # after each upload (and probes)
+        ap.handheld_status = DeviceStatus.from_json(msg)  # when the handheld reports
+    """
+
+    def __init__(self, planner: Planner, *, objective: str | None = None,
+                 latency_budget_ms: float | None = _UNSET,
+                 link: LinkEstimator | None = None) -> None:
+        self.planner = planner
+        self.objective = objective
+        self.latency_budget_ms = latency_budget_ms
+        self.link = link or LinkEstimator()
+        self.load = LoadFactor()
+        self.trigger = ReplanTrigger(planner.policy.replan_threshold)
+        self.wearable_status: DeviceStatus | None = None
+        self.handheld_status: DeviceStatus | None = None
+        self.decision: Decision | None = None
+        self.replans = 0
+
+    def observe_head(self, cid: str, measured_ms: float) -> None:
+        """Feed DynO's scaling factor: measured head time vs. the unscaled prediction."""
+        for c, (h, _, _, _) in zip(self.planner.bundle.candidates, self.planner.base_times(),
+                                   strict=True):
+            if c.id == cid:
+                sw = self.wearable_status.speed_factor() if self.wearable_status else 1.0
+                self.load.observe(measured_ms, h * sw)
+                return
+
+    def inputs(self) -> dict[str, float]:
+        """Every number the decision depends on (what the trigger compares)."""
+        est = self.link.estimate()
+        out = {"up_bps": est.up_bps, "down_bps": est.down_bps, "rtt_ms": est.rtt_ms,
+               "load_factor": self.load.value}
+        for side, st in (("wearable", self.wearable_status), ("handheld", self.handheld_status)):
+            if st is not None:
+                out[f"{side}_speed"] = st.speed_factor()
+                if st.battery_pct is not None:
+                    out[f"{side}_battery"] = st.battery_pct
+                out[f"{side}_charging"] = float(bool(st.charging))
+        return out
+
+    def current(self, force: bool = False) -> Decision:
+        inputs = self.inputs()
+        if self.decision is None or force or self.trigger.should_replan(inputs):
+            self.decision = self.planner.decide(
+                self.link.estimate(), self.wearable_status, self.handheld_status,
+                self.objective, self.latency_budget_ms, load_factor=self.load.value)
+            self.trigger.planned(inputs)
+            self.replans += 1
+        return self.decision

@@ -198,3 +198,11 @@ def test_adaptive_planner_replans_only_past_threshold(bundle: Bundle) -> None:
     ap.handheld_status = DeviceStatus(battery_pct=50)
     ap.current()
     assert ap.replans == 3  # a new input appeared
+
+
+def test_plot_decision_writes_png(bundle: Bundle, tmp_path: Path) -> None:
+    from wearable.planner.chart import plot_decision
+
+    w, h = profiles(bundle)
+    out = plot_decision(Planner(bundle, w, h).decide(), tmp_path / "plan.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -206,3 +206,18 @@ def test_plot_decision_writes_png(bundle: Bundle, tmp_path: Path) -> None:
     w, h = profiles(bundle)
     out = plot_decision(Planner(bundle, w, h).decide(), tmp_path / "plan.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_command(bundle: Bundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.cli import main
+
+    monkeypatch.setenv("COINF_CONFIG", str(tmp_path / "policy.json"))
+    png = tmp_path / "plan.png"
+    assert main(["plan", str(bundle.root), "--json", "--optimal", "--png", str(png),
+                 "--objective", "latency", "--bandwidth-kbps", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["winner"] == "c003"  # 1 kB/s: nothing is worth sending
+    assert out["optimal_cut"]["wearable_nodes"] == 6 and png.is_file()
+    assert main(["plan", str(bundle.root), "--bandwidth-kbps", "0"]) == 2
+    assert "bandwidth" in capsys.readouterr().err

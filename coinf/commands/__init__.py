@@ -11,6 +11,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("handheld", "coinf.commands.handheld", "run the handheld daemon (tail side)"),
     ("run", "coinf.commands.run", "run one inference through a Session"),
     ("demo", "coinf.commands.demo", "the main job: split, offload and compare every candidate"),
+    ("plan", "coinf.commands.plan", "explain the split decision for a bundle (--png chart)"),
     ("profile", "coinf.commands.profile", "measure this device: per-node and slice latency, "
      "layer predictors"),
     ("policy", "coinf.commands.policy", "show or set the end-user offloading policy"),

@@ -20,7 +20,8 @@ Flow network (source s = wearable, sink t = handheld):
   downward-closed.
 
 Each node pays exactly one of its two times, so ``min(w, h)`` is taken off both edges (a constant
-that does not move the cut, but shortens the max-flow). Capacities are integers (microseconds, scaled down if the sum would not fit in int32) because
+that does not move the cut, but shortens the max-flow). Capacities are integers (microseconds,
+scaled down if the sum would not fit in int32) because
 :func:`scipy.sparse.csgraph.maximum_flow` only takes integers.
 """
 

@@ -70,9 +70,22 @@ def test_policy_objectives_and_budget(bundle: Bundle) -> None:
     rows = {r.id: r for r in planner.costs(link)}
     assert rows["c003"].transfer_ms == 0 and rows["c003"].return_ms == 0
     assert rows["c000"].head_ms == 0
-    assert rows["c002"].crossing_bytes == 128
+    # what travels is the exact raw REQUEST payload: 128 bytes of tensor plus headers
+    import numpy as np
+
+    from ble_protocol.messages import encode_request, encode_result
+    from ble_protocol.tensors import encode_tensors
+
+    c2 = bundle.candidate("c002")
+    req = len(encode_request("c002", encode_tensors(
+        {t.name: np.zeros(t.shape, np.float32) for t in c2.crossing})))
+    res = len(encode_result(0, encode_tensors(
+        {t.name: np.zeros(t.shape, np.float32) for t in bundle.outputs})))
+    assert rows["c002"].crossing_bytes == req > 128
+    assert rows["c002"].transfer_ms == pytest.approx(1000 * req / 20_000)
+    assert rows["c002"].return_ms == pytest.approx(1000 * res / 20_000)
     assert rows["c002"].wearable_energy_mj == pytest.approx(
-        40 * (2.0 - 0.6) + 6.4 * 0.15 + 2.0 * 0.12)
+        40 * (2.0 - 0.6) + 1000 * req / 20_000 * 0.15 + 1000 * res / 20_000 * 0.12)
 
 
 def test_status_slows_the_side(bundle: Bundle) -> None:

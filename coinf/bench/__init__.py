@@ -16,6 +16,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("overhead", "coinf.bench.overhead", "split head+tail in-process vs the whole model"),
     ("mincut", "coinf.bench.mincut", "exact min-cut split search time on a ~1,700-node DAG"),
     ("predict", "coinf.bench.predict", "latency predictors vs measured candidate slices"),
+    ("plan", "coinf.bench.plan", "the planner's choice vs every candidate measured end to end"),
+    ("plan-sweep", "coinf.bench.plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
 ]
 
 

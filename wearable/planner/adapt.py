@@ -26,6 +26,8 @@ class LinkEstimate:
     down_bps: float
     rtt_ms: float = 0.0
     source: str = "default"
+    #: link-layer bytes added to every message (framing, headers), both directions
+    overhead_bytes: int = 0
 
     def __post_init__(self) -> None:
         for k in ("up_bps", "down_bps"):
@@ -37,10 +39,10 @@ class LinkEstimate:
 
     def up_ms(self, nbytes: int) -> float:
         """Time to send ``nbytes`` to the handheld (one request: half an RTT of latency)."""
-        return self.rtt_ms / 2 + 1000.0 * nbytes / self.up_bps
+        return self.rtt_ms / 2 + 1000.0 * (nbytes + self.overhead_bytes) / self.up_bps
 
     def down_ms(self, nbytes: int) -> float:
-        return self.rtt_ms / 2 + 1000.0 * nbytes / self.down_bps
+        return self.rtt_ms / 2 + 1000.0 * (nbytes + self.overhead_bytes) / self.down_bps
 
 
 #: BLE 4.2 without DLE/2M PHY, as the project measures it: ~10-36 kB/s. A mid value.
@@ -105,7 +107,7 @@ class LinkEstimator:
         up, s1 = self._get("up", self.initial.up_bps)
         down, _ = self._get("down", self.initial.down_bps if s1 == "default" else up)
         rtt, _ = self._get("rtt", self.initial.rtt_ms)
-        return LinkEstimate(up, down, rtt, s1)
+        return LinkEstimate(up, down, rtt, s1, self.initial.overhead_bytes)
 
     def probe_due(self, interval_s: float = 300.0) -> bool:
         """True when no bandwidth figure is younger than ``interval_s`` (CoINF: 5 minutes)."""

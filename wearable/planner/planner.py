@@ -7,6 +7,7 @@ says an input moved; the call only does arithmetic over the cached per-candidate
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from wearable.planner.adapt import (
@@ -27,18 +28,49 @@ from wearable.status import DeviceStatus
 _UNSET: Any = object()
 
 
+def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
+    """REQUEST and RESULT payload sizes of the raw protocol for ``cand``: the tensor data (or
+    the manifest's ``wire_bytes`` extra) plus names, shapes and headers; the bare tensor bytes
+    if the protocol module is unavailable."""
+    nbytes = int(cand.extra.get("wire_bytes", cand.crossing_bytes))
+    out = tuple(outputs)
+    out_bytes = sum(t.nbytes for t in out)
+    try:
+        import numpy as np
+
+        from ble_protocol.messages import encode_request, encode_result
+        from ble_protocol.tensors import encode_tensors
+    except ImportError:
+        return nbytes, out_bytes
+
+    def header(specs: Any) -> int:
+        empty = {t.name: np.zeros((0,) * len(t.shape) if t.shape else (), dtype=t.dtype)
+                 for t in specs}
+        return len(encode_tensors(empty)) - sum(a.nbytes for a in empty.values())
+
+    req = len(encode_request(cand.id, b"")) + header(cand.crossing)
+    res = len(encode_result(0, b"")) + header(out)
+    return nbytes + req, out_bytes + res
+
+
 class Planner:
     """Decides which candidate cut of ``bundle`` to run."""
 
     def __init__(self, bundle: Any, wearable_profile: DeviceProfile | None = None,
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
-                 predictor_style: str = "coinf") -> None:
+                 predictor_style: str = "coinf",
+                 wire_bytes: Callable[[Any], tuple[int, int]] | None = None) -> None:
+        """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels; by
+        default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`
+        (a packer that compresses should pass its own)."""
         self.bundle = bundle
+        self.wire_bytes = wire_bytes or (lambda c: protocol_wire_bytes(c, bundle.outputs))
         self.wearable = wearable_profile or DeviceProfile.default("wearable")
         self.handheld = handheld_profile or DeviceProfile.default("handheld")
         self.policy = policy or Policy()
         self.predictor_style = predictor_style
         self._features: Any = None
+        self._wire: dict[str, tuple[int, int]] = {}
         self._base: list[tuple[float, float, str, str]] | None = None
 
     # -- base compute times (cached) ---------------------------------------------------------
@@ -84,7 +116,6 @@ class Planner:
         sw = (wearable_status.speed_factor() if wearable_status else 1.0) * load_factor
         sh = handheld_status.speed_factor() if handheld_status else 1.0
         pw, ph = self.wearable.power, self.handheld.power
-        out_bytes = sum(t.nbytes for t in self.bundle.outputs)
         rows = []
         for c, (h, t, _, _) in zip(self.bundle.candidates, self.base_times(), strict=True):
             head, tail = h * sw, t * sh
@@ -92,7 +123,9 @@ class Planner:
                 xfer = ret = 0.0
                 nbytes = 0
             else:
-                nbytes = int(c.extra.get("wire_bytes", c.crossing_bytes))
+                if c.id not in self._wire:
+                    self._wire[c.id] = self.wire_bytes(c)
+                nbytes, out_bytes = self._wire[c.id]
                 xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
             # marginal energy over idle: compute above idle power, plus the radio while it moves
             ew = head * max(pw.cpu_active_w - pw.cpu_idle_w, 0) + xfer * pw.ble_tx_w \

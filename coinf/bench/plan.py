@@ -1,0 +1,163 @@
+"""``coinf bench plan``: the planner's choice against a measured oracle, over the emulated setup.
+
+This machine plays both sides: the wearable is emulated by ``Session(slowdown=K, threads=T)``,
+the link by a shaped in-process channel at ``--bandwidth-kbps``. The planner gets what
+``coinf profile`` would measure on the devices -- this machine's slice times, the wearable's
+multiplied by K -- and the link's nominal bandwidth and latency, then picks a candidate (the
+latency objective: the oracle is end-to-end latency). Every candidate is then run end to end
+through a Session, cheapest prediction first; a candidate is dropped after its first run when
+that run is already slower than the best median so far.
+
+``coinf bench plan-sweep`` runs it over every bundle in a directory x bandwidths x slowdowns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from coinf.bench import emit, progress
+from coinf.errors import CoinfError
+
+LATENCY_S = 0.0075  # the shaped channel's one-way latency
+
+
+def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threads: int,
+             runs: int, stop_above_ms: float | None) -> tuple[float, bool]:
+    """Median end-to-end ms of ``runs`` runs (after one warm-up); stops early if the first
+    timed run exceeds ``stop_above_ms``."""
+    from ble_protocol.shaped import Channel
+    from coinf.sample import random_feeds
+    from wearable.session import Session
+
+    feeds = random_feeds(bundle.inputs)
+    times: list[float] = []
+    with Session(bundle, split=cid, transport=Channel(bandwidth_bps, LATENCY_S),
+                 slowdown=slowdown, threads=threads, handheld_threads=threads) as sess:
+        sess.run(None, feeds)  # warm-up: connect, load the slices
+        for _ in range(runs):
+            sess.run(None, feeds)
+            assert sess.last_run is not None
+            times.append(sess.last_run.total_ms)
+            if stop_above_ms is not None and times[0] > stop_above_ms:
+                return times[0], True
+    return statistics.median(times), False
+
+
+def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, threads: int,
+             runs: int, preset: str, repeats: int) -> dict[str, Any]:
+    from convert.bundle import Bundle
+    from wearable.planner.adapt import LinkEstimate
+    from wearable.planner.planner import Planner
+    from wearable.policy import Policy
+    from wearable.profile import DeviceProfile, profile_bundle
+
+    bundle = Bundle.load(bundle_dir)
+    bps = bandwidth_kbps * 1000.0
+    progress(f"{bundle.root.name}: profiling slices ({threads} thread(s))")
+    mp = profile_bundle(bundle, threads, warmup=2, repeats=repeats)
+    wear = DeviceProfile.pi_zero_2w()
+    wear.threads, wear.slowdown = threads, slowdown
+    wear.models[bundle.identity] = mp
+    hand = DeviceProfile.laptop()
+    hand.threads = threads
+    hand.models[bundle.identity] = mp
+    planner = Planner(bundle, wear, hand, Policy(objective=preset, battery_aware=False,
+                                                 charging_rule=False))
+    from ble_protocol.shaped import Channel
+
+    link = LinkEstimate(bps, bps, 2000.0 * LATENCY_S, "shaped channel",
+                        overhead_bytes=Channel(bps, LATENCY_S).overhead_bytes)
+    decision = planner.decide(link, latency_budget_ms=0 if preset == "auto" else None)
+    predicted = {r.id: r.latency_ms() for r in decision.rows}
+    first, last = bundle.candidates[0].id, bundle.candidates[-1].id
+    order = [first, last] + sorted((c for c in predicted if c not in (first, last)),
+                                   key=lambda c: predicted[c])
+    measured: dict[str, float] = {}
+    stopped: dict[str, bool] = {}
+    for cid in order:
+        best = min(measured.values(), default=None)
+        limit = None if cid in (first, last) or best is None else best
+        ms, stop = _measure(bundle, cid, bps, slowdown, threads, runs, limit)
+        measured[cid], stopped[cid] = ms, stop
+        progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {ms:.1f} ms"
+                 + (" (stopped: already slower than the best)" if stop else ""))
+    best_id = min(measured, key=lambda c: measured[c])
+    chosen = decision.winner
+    return {
+        "model": bundle.root.name, "preset": preset, "slowdown": slowdown,
+        "bandwidth_bps": bps,
+        "candidates": [{"id": c.id, "predicted_ms": predicted[c.id],
+                        "measured_ms": measured[c.id], "stopped_early": stopped[c.id]}
+                       for c in bundle.candidates],
+        "chosen": chosen, "best": best_id, "chosen_ms": measured[chosen],
+        "best_ms": measured[best_id], "ratio": measured[chosen] / measured[best_id],
+        "wearable_only_ms": measured[last], "handheld_only_ms": measured[first],
+    }
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.runs < 1 or args.threads < 1 or args.repeats < 1:
+        raise CoinfError("--runs, --threads and --repeats must be >= 1")
+    if args.preset not in ("latency", "auto", "throughput"):
+        raise CoinfError("--preset must be latency (the oracle measures latency), auto or "
+                         "throughput")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    if args.wearable_slowdown < 1 or args.bandwidth_kbps <= 0:
+        raise CoinfError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
+    emit(plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
+                  args.runs, args.preset, args.repeats))
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    _check(args)
+    root = Path(args.bundles)
+    bundles = sorted(p for p in root.iterdir() if (p / "manifest.json").is_file()) \
+        if root.is_dir() else []
+    if not bundles:
+        raise CoinfError(f"{root} holds no bundles (directories with manifest.json)")
+    results = []
+    for b in bundles:
+        for kbps in args.bandwidths_kbps:
+            for k in args.slowdowns:
+                results.append(plan_one(b, kbps, k, args.threads, args.runs, args.preset,
+                                        args.repeats))
+    ratios = [r["ratio"] for r in results]
+    worse = sum(r["chosen_ms"] > 1.02 * min(r["wearable_only_ms"], r["handheld_only_ms"])
+                for r in results)
+    emit({"configs": len(results),
+          "within_2pct": sum(x <= 1.02 for x in ratios) / len(ratios),
+          "mean_ratio": statistics.fmean(ratios), "worse_than_best_baseline": worse,
+          "results": [{k: r[k] for k in ("model", "bandwidth_bps", "slowdown", "chosen", "best",
+                                         "chosen_ms", "best_ms", "ratio")} for r in results]})
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="latency", help="planner objective (default latency)")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per candidate (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per slice")
+    parser.add_argument("--json", action="store_true", help="(output is always JSON)")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bundle", required=True)
+    parser.add_argument("--wearable-slowdown", type=float, default=10.0)
+    parser.add_argument("--bandwidth-kbps", type=float, default=20.0)
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
+def register_sweep(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bundles", required=True, help="directory of bundles (one per model)")
+    parser.add_argument("--bandwidths-kbps", type=float, nargs="+", default=[10.0, 20.0, 36.0])
+    parser.add_argument("--slowdowns", type=float, nargs="+", default=[5.0, 20.0])
+    _common(parser)
+    parser.set_defaults(func=run_sweep)

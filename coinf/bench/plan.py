@@ -73,8 +73,7 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
     decision = planner.decide(link, latency_budget_ms=0 if preset == "auto" else None)
     predicted = {r.id: r.latency_ms() for r in decision.rows}
     first, last = bundle.candidates[0].id, bundle.candidates[-1].id
-    order = [first, last] + sorted((c for c in predicted if c not in (first, last)),
-                                   key=lambda c: predicted[c])
+    order = [first, last, *sorted((c for c in predicted if c not in (first, last)), key=lambda c: predicted[c])]
     measured: dict[str, float] = {}
     stopped: dict[str, bool] = {}
     for cid in order:

@@ -5,8 +5,10 @@ the link by a shaped in-process channel at ``--bandwidth-kbps``. The planner get
 ``coinf profile`` would measure on the devices -- this machine's slice times, the wearable's
 multiplied by K -- and the link's nominal bandwidth and latency, then picks a candidate (the
 latency objective: the oracle is end-to-end latency). Every candidate is then run end to end
-through a Session, cheapest prediction first; a candidate is dropped after its first run when
-that run is already slower than the best median so far.
+through a Session: the two baselines and the chosen one fully, the others cheapest prediction
+first, each dropped after its first run when that run is already slower than the best median so
+far, or not run at all when the upload's airtime alone exceeds it (``stopped_early`` says which;
+``measured_ms`` is then that first run or that lower bound).
 
 ``coinf bench plan-sweep`` runs it over every bundle in a directory x bandwidths x slowdowns.
 """
@@ -73,23 +75,30 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
     decision = planner.decide(link, latency_budget_ms=0 if preset == "auto" else None)
     predicted = {r.id: r.latency_ms() for r in decision.rows}
     first, last = bundle.candidates[0].id, bundle.candidates[-1].id
-    order = [first, last, *sorted((c for c in predicted if c not in (first, last)), key=lambda c: predicted[c])]
+    full = [first, last, decision.winner]  # the baselines and the choice: always measured
+    rest = sorted((c for c in predicted if c not in full), key=lambda c: predicted[c])
+    airtime = {r.id: 1000.0 * (r.crossing_bytes + link.overhead_bytes) / bps
+               for r in decision.rows}
     measured: dict[str, float] = {}
-    stopped: dict[str, bool] = {}
-    for cid in order:
+    stopped: dict[str, str] = {}
+    for cid in dict.fromkeys(full + rest):
         best = min(measured.values(), default=None)
-        limit = None if cid in (first, last) or best is None else best
-        ms, stop = _measure(bundle, cid, bps, slowdown, threads, runs, limit)
-        measured[cid], stopped[cid] = ms, stop
-        progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {ms:.1f} ms"
-                 + (" (stopped: already slower than the best)" if stop else ""))
+        if cid not in full and best is not None and airtime[cid] > best:
+            # the upload alone takes longer than the best measured run: a hard lower bound
+            measured[cid], stopped[cid] = airtime[cid], "upload airtime > best"
+        else:
+            limit = None if cid in full or best is None else best
+            ms, stop = _measure(bundle, cid, bps, slowdown, threads, runs, limit)
+            measured[cid], stopped[cid] = ms, ("first run > best" if stop else "")
+        progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {measured[cid]:.1f} ms"
+                 + (f" (stopped: {stopped[cid]})" if stopped[cid] else ""))
     best_id = min(measured, key=lambda c: measured[c])
     chosen = decision.winner
     return {
         "model": bundle.root.name, "preset": preset, "slowdown": slowdown,
         "bandwidth_bps": bps,
         "candidates": [{"id": c.id, "predicted_ms": predicted[c.id],
-                        "measured_ms": measured[c.id], "stopped_early": stopped[c.id]}
+                        "measured_ms": measured[c.id], "stopped_early": stopped[c.id] or None}
                        for c in bundle.candidates],
         "chosen": chosen, "best": best_id, "chosen_ms": measured[chosen],
         "best_ms": measured[best_id], "ratio": measured[chosen] / measured[best_id],

@@ -234,3 +234,15 @@ def test_plan_command(bundle: Bundle, tmp_path: Path, monkeypatch: pytest.Monkey
     assert out["optimal_cut"]["wearable_nodes"] == 6 and png.is_file()
     assert main(["plan", str(bundle.root), "--bandwidth-kbps", "0"]) == 2
     assert "bandwidth" in capsys.readouterr().err
+
+
+def test_measured_nodes_sum_when_slices_were_not_measured(bundle: Bundle) -> None:
+    w = DeviceProfile.pi_zero_2w()
+    # flatten is missing: onnxruntime optimised it away, so it costs nothing
+    w.models[bundle.identity] = ModelProfile(nodes={"conv1": 1.0, "relu1": 0.5, "conv2": 2.0,
+                                                    "gap": 0.25, "fc": 0.125})
+    w.slowdown = 2
+    rows = Planner(bundle, w).costs()
+    assert rows[1].head_ms == pytest.approx(2 * 1.5)
+    assert rows[2].head_ms == pytest.approx(2 * 3.75)
+    assert rows[3].head_ms == pytest.approx(2 * 3.875)

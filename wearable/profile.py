@@ -146,8 +146,10 @@ class DeviceProfile:
             measured = mp.candidates.get(cid, {}).get(f"{side}_ms")
             if measured is not None:
                 return measured * self.slowdown, "measured slice"
-            if node_names and all(n in mp.nodes for n in node_names):
-                return sum(mp.nodes[n] for n in node_names) * self.slowdown, "measured nodes"
+            if node_names and mp.nodes:
+                # the profile covers the whole model: a node it lacks was optimised away
+                return sum(mp.nodes.get(n, 0.0) for n in node_names) * self.slowdown, \
+                    "measured nodes"
         if self.predictor is not None and node_predictions is not None and node_names:
             pred = node_predictions()
             if all(n in pred for n in node_names):

@@ -27,29 +27,33 @@ LATENCY_S = 0.0075  # the shaped channel's one-way latency
 
 
 def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threads: int,
-             runs: int, stop_above_ms: float | None) -> tuple[float, bool]:
-    """Median end-to-end ms of ``runs`` runs (after one warm-up); stops early if the first
-    timed run exceeds ``stop_above_ms``."""
+             runs: int, stop_above_ms: float | None) -> tuple[float, bool, dict[str, float]]:
+    """Median end-to-end ms of ``runs`` runs (after one warm-up), whether it stopped early (the
+    first timed run exceeded ``stop_above_ms``), and the median of each RunStats time."""
     from ble_protocol.shaped import Channel
     from coinf.sample import random_feeds
     from wearable.session import Session
 
     feeds = random_feeds(bundle.inputs)
-    times: list[float] = []
+    stats = []
     with Session(bundle, split=cid, transport=Channel(bandwidth_bps, LATENCY_S),
                  slowdown=slowdown, threads=threads, handheld_threads=threads) as sess:
         sess.run(None, feeds)  # warm-up: connect, load the slices
         for _ in range(runs):
             sess.run(None, feeds)
             assert sess.last_run is not None
-            times.append(sess.last_run.total_ms)
-            if stop_above_ms is not None and times[0] > stop_above_ms:
-                return times[0], True
-    return statistics.median(times), False
+            stats.append(sess.last_run)
+            if stop_above_ms is not None and stats[0].total_ms > stop_above_ms:
+                break
+    med = {k: statistics.median(getattr(s, k) for s in stats)
+           for k in ("total_ms", "head_ms", "tail_ms", "transfer_ms", "return_ms")}
+    stopped = stop_above_ms is not None and stats[0].total_ms > stop_above_ms
+    return (stats[0].total_ms if stopped else med["total_ms"]), stopped, med
 
 
 def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, threads: int,
              runs: int, preset: str, repeats: int) -> dict[str, Any]:
+    from ble_protocol.shaped import Channel
     from convert.bundle import Bundle
     from wearable.planner.adapt import LinkEstimate
     from wearable.planner.planner import Planner
@@ -68,27 +72,46 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
     hand.models[bundle.identity] = mp
     planner = Planner(bundle, wear, hand, Policy(objective=preset, battery_aware=False,
                                                  charging_rule=False))
-    from ble_protocol.shaped import Channel
-
-    link = LinkEstimate(bps, bps, 2000.0 * LATENCY_S, "shaped channel",
-                        overhead_bytes=Channel(bps, LATENCY_S).overhead_bytes)
-    decision = planner.decide(link, latency_budget_ms=0 if preset == "auto" else None)
-    predicted = {r.id: r.latency_ms() for r in decision.rows}
+    overhead = Channel(bps, LATENCY_S).overhead_bytes
+    budget = 0 if preset == "auto" else None
     first, last = bundle.candidates[0].id, bundle.candidates[-1].id
+    # What a Session knows after its first inferences: run both baselines, then calibrate
+    # DynO's load factors (measured / predicted compute) and the link's fixed per-exchange
+    # cost (measured network time minus airtime) -- the planner's run-time inputs.
+    nominal = planner.costs(LinkEstimate(bps, bps, 2000.0 * LATENCY_S, "nominal",
+                                         overhead_bytes=overhead))
+    base = {r.id: r for r in nominal}
+    measured: dict[str, float] = {}
+    stopped: dict[str, str] = {}
+    meds: dict[str, dict[str, float]] = {}
+    for cid in (first, last):
+        measured[cid], _, meds[cid] = _measure(bundle, cid, bps, slowdown, threads, runs, None)
+        stopped[cid] = ""
+    load = meds[last]["head_ms"] / base[last].head_ms if base[last].head_ms > 0 else 1.0
+    hload = meds[first]["tail_ms"] / base[first].tail_ms if base[first].tail_ms > 0 else 1.0
+    air = 1000.0 * (base[first].crossing_bytes + overhead) / bps + \
+        (base[first].return_ms - 1000.0 * LATENCY_S)
+    rtt = max(0.0, meds[first]["transfer_ms"] + meds[first]["return_ms"] - air)
+    link = LinkEstimate(bps, bps, rtt, "calibrated", overhead_bytes=overhead)
+    load = min(max(load, 0.01), 999.0)
+    hload = min(max(hload, 0.01), 999.0)
+    decision = planner.decide(link, latency_budget_ms=budget, load_factor=load,
+                              handheld_load=hload)
+    predicted = {r.id: r.latency_ms() for r in decision.rows}
     full = [first, last, decision.winner]  # the baselines and the choice: always measured
     rest = sorted((c for c in predicted if c not in full), key=lambda c: predicted[c])
     airtime = {r.id: 1000.0 * (r.crossing_bytes + link.overhead_bytes) / bps
                for r in decision.rows}
-    measured: dict[str, float] = {}
-    stopped: dict[str, str] = {}
     for cid in dict.fromkeys(full + rest):
+        if cid in measured:
+            continue
         best = min(measured.values(), default=None)
         if cid not in full and best is not None and airtime[cid] > best:
             # the upload alone takes longer than the best measured run: a hard lower bound
             measured[cid], stopped[cid] = airtime[cid], "upload airtime > best"
         else:
             limit = None if cid in full or best is None else best
-            ms, stop = _measure(bundle, cid, bps, slowdown, threads, runs, limit)
+            ms, stop, _ = _measure(bundle, cid, bps, slowdown, threads, runs, limit)
             measured[cid], stopped[cid] = ms, ("first run > best" if stop else "")
         progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {measured[cid]:.1f} ms"
                  + (f" (stopped: {stopped[cid]})" if stopped[cid] else ""))
@@ -97,6 +120,8 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
     return {
         "model": bundle.root.name, "preset": preset, "slowdown": slowdown,
         "bandwidth_bps": bps,
+        "calibration": {"wearable_load_factor": load, "handheld_load_factor": hload,
+                        "rtt_ms": rtt},
         "candidates": [{"id": c.id, "predicted_ms": predicted[c.id],
                         "measured_ms": measured[c.id], "stopped_early": stopped[c.id] or None}
                        for c in bundle.candidates],

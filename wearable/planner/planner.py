@@ -108,13 +108,16 @@ class Planner:
     # -- cost table -------------------------------------------------------------------------
     def costs(self, link: LinkEstimate | None = None, wearable_status: DeviceStatus | None = None,
               handheld_status: DeviceStatus | None = None,
-              load_factor: float = 1.0) -> list[CandidateCost]:
-        """One row per candidate under the given link, device status and DynO load factor."""
+              load_factor: float = 1.0, handheld_load: float = 1.0) -> list[CandidateCost]:
+        """One row per candidate under the given link, device status and load factors
+        (``load_factor``: the wearable's measured/predicted head time; ``handheld_load``: the
+        same for the handheld's tails)."""
         link = link or DEFAULT_LINK
-        if not 0 < load_factor < 1e3 or math.isnan(load_factor):
-            raise ValueError(f"load factor must be in (0, 1000), got {load_factor}")
+        for name, f in (("load factor", load_factor), ("handheld load", handheld_load)):
+            if not 0 < f < 1e3 or math.isnan(f):
+                raise ValueError(f"{name} must be in (0, 1000), got {f}")
         sw = (wearable_status.speed_factor() if wearable_status else 1.0) * load_factor
-        sh = handheld_status.speed_factor() if handheld_status else 1.0
+        sh = (handheld_status.speed_factor() if handheld_status else 1.0) * handheld_load
         pw, ph = self.wearable.power, self.handheld.power
         rows = []
         for c, (h, t, _, _) in zip(self.bundle.candidates, self.base_times(), strict=True):
@@ -165,14 +168,17 @@ class Planner:
                latency_budget_ms: float | None = _UNSET, *, load_factor: float = 1.0,
                handheld_load: float | None = None) -> Decision:
         """Pick a candidate. ``objective`` and ``latency_budget_ms`` default to the policy's
-        (pass ``latency_budget_ms=None`` explicitly for "no budget")."""
+        (pass ``latency_budget_ms=None`` explicitly for "no budget"). ``handheld_load`` scales
+        the handheld's tails (Neurosurgeon's K; by default the handheld status' speed factor
+        for Neurosurgeon, 1 otherwise)."""
         pol = self.policy
         objective = objective or pol.objective
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}; expected one of "
                              f"{', '.join(OBJECTIVES)}")
         budget = pol.latency_budget_ms if latency_budget_ms is _UNSET else latency_budget_ms
-        rows = self.costs(link_estimate, wearable_status, handheld_status, load_factor)
+        rows = self.costs(link_estimate, wearable_status, handheld_status, load_factor,
+                          handheld_load if handheld_load is not None else 1.0)
         ww, wh, why_w = pol.weights(wearable_status, handheld_status)
         streaming = pol.streaming or objective == "throughput"
         if objective == "auto":

@@ -5,7 +5,8 @@ Two models per layer kind (see :mod:`.features`):
 * **CoINF-style** -- a shallow regression tree over structural features (sub-type, kernel, stride,
   depthwise, channels, spatial size) routes a layer to a leaf; each leaf holds a linear regression
   over sizes (MFLOPs, input/output/parameter elements). Stored as explicit arrays.
-* **Neurosurgeon-style** -- one linear regression per kind over the same sizes.
+* **Neurosurgeon-style** -- one linear regression per layer type (op, or kind where the sweep has
+  few samples of the op) over the same sizes.
 
 Prediction needs only numpy, so the wearable does not need scikit-learn; training does.
 """
@@ -133,6 +134,26 @@ class KindModel:
     r2: dict[str, float] = field(default_factory=dict)
     n_train: int = 0
     n_test: int = 0
+    #: Neurosurgeon fits one regression per layer type: per op where the sweep has enough
+    #: samples of it, else the kind-wide ``neurosurgeon`` model
+    neurosurgeon_ops: dict[str, Linear] = field(default_factory=dict)
+
+    def ns(self, op: str) -> Linear:
+        return self.neurosurgeon_ops.get(op, self.neurosurgeon)
+
+
+MIN_OP_SAMPLES = 6
+
+
+def _fit_ns(ops: Sequence[str], xl: np.ndarray,
+            y: np.ndarray) -> tuple[Linear, dict[str, Linear]]:
+    per_op = {}
+    arr = np.asarray(ops)
+    for op in sorted(set(ops)):
+        mask = arr == op
+        if mask.sum() >= MIN_OP_SAMPLES:
+            per_op[op] = _fit_linear(xl[mask], y[mask])
+    return _fit_linear(xl, y), per_op
 
 
 def _r2(y: np.ndarray, p: np.ndarray) -> float:
@@ -206,19 +227,21 @@ class Predictor:
             xt = np.array([s.features.tree for s in ks], dtype=np.float64)
             xl = np.array([s.features.linear for s in ks], dtype=np.float64)
             y = np.array([s.ms for s in ks], dtype=np.float64)
+            ops = [s.features.op_type for s in ks]
             order = rng.permutation(len(ks))
             n_test = max(1, round(len(ks) * test_fraction)) if len(ks) >= 8 else 0
             test, train = order[:n_test], order[n_test:]
             r2: dict[str, float] = {}
             if n_test:
                 tree = _fit_tree(xt[train], xl[train], y[train], depth)
-                lin = _fit_linear(xl[train], y[train])
+                lin, per_op = _fit_ns([ops[i] for i in train], xl[train], y[train])
                 r2["coinf"] = _r2(y[test], np.array([max(tree(a, b), MIN_MS) for a, b in
                                                      zip(xt[test], xl[test], strict=True)]))
-                r2["neurosurgeon"] = _r2(y[test], np.array([max(lin(b), MIN_MS)
-                                                            for b in xl[test]]))
-            kinds[kind] = KindModel(_fit_tree(xt, xl, y, depth), _fit_linear(xl, y), r2,
-                                    len(train), n_test)
+                r2["neurosurgeon"] = _r2(y[test], np.array(
+                    [max(per_op.get(ops[i], lin)(xl[i]), MIN_MS) for i in test]))
+            lin, per_op = _fit_ns(ops, xl, y)
+            kinds[kind] = KindModel(_fit_tree(xt, xl, y, depth), lin, r2, len(train), n_test,
+                                    per_op)
         return cls(kinds, device, threads, run_overhead_ms)
 
     # -- prediction -------------------------------------------------------------------------
@@ -234,7 +257,7 @@ class Predictor:
         if style == "coinf":
             return max(km.coinf(f.tree, f.linear), MIN_MS)
         if style == "neurosurgeon":
-            return max(km.neurosurgeon(f.linear), MIN_MS)
+            return max(km.ns(f.op_type)(f.linear), MIN_MS)
         raise ValueError(f"unknown predictor style {style!r}; expected coinf or neurosurgeon")
 
     def predict_nodes(self, feats: Sequence[NodeFeatures],
@@ -251,7 +274,10 @@ class Predictor:
                 "threads": self.threads, "run_overhead_ms": self.run_overhead_ms,
                 "tree_features": list(TREE_FEATURES), "linear_features": list(LINEAR_FEATURES),
                 "kinds": {k: {"coinf": m.coinf.to_json(),
-                              "neurosurgeon": m.neurosurgeon.to_json(), "r2": m.r2,
+                              "neurosurgeon": m.neurosurgeon.to_json(),
+                              "neurosurgeon_ops": {o: v.to_json()
+                                                   for o, v in m.neurosurgeon_ops.items()},
+                              "r2": m.r2,
                               "n_train": m.n_train, "n_test": m.n_test}
                           for k, m in self.kinds.items()},
                 **self.meta}
@@ -270,7 +296,9 @@ class Predictor:
             kinds[str(k)] = KindModel(Tree.from_json(m["coinf"]),
                                       Linear.from_json(m["neurosurgeon"]),
                                       {a: float(b) for a, b in m.get("r2", {}).items()},
-                                      int(m.get("n_train", 0)), int(m.get("n_test", 0)))
+                                      int(m.get("n_train", 0)), int(m.get("n_test", 0)),
+                                      {str(o): Linear.from_json(v) for o, v in
+                                       m.get("neurosurgeon_ops", {}).items()})
         known = {"format", "version", "device", "threads", "run_overhead_ms", "tree_features",
                  "linear_features", "kinds"}
         return cls(kinds, str(obj.get("device", "")), int(obj.get("threads", 1)),

@@ -18,8 +18,9 @@ from convert.graph import Graph, TensorType
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Abs", "Neg", "Sqrt",
-    "Reciprocal", "Exp", "Log", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu",
-    "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Clip", "Erf", "Gelu",
+    "Reciprocal", "Exp", "Log", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",
+    "ThresholdedRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign",
+    "Clip", "Erf", "Gelu",
     "Mish", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater",
     "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Where", "Mod", "BitShift",
     "Dropout", "Cast",

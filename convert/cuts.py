@@ -17,7 +17,6 @@ heads are deduplicated by a 64-bit Zobrist hash. The pool is then pruned to ``ma
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass

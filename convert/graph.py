@@ -137,7 +137,7 @@ def node_inputs(node: NodeProto) -> tuple[str, ...]:
     return tuple(seen)
 
 
-# -- loading ----------------------------------------------------------------------------------------
+# -- loading --------------------------------------------------------------------------------
 def _read(path: Path) -> ModelProto:
     if not path.is_file():
         raise ModelError(f"{path}: no such model file (expected an .onnx file)")

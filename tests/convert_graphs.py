@@ -118,7 +118,7 @@ def custom_op() -> onnx.ModelProto:
     nodes = [h.make_node("Mystery", ["x"], ["m"], name="mystery", domain="com.example"),
              h.make_node("Relu", ["m"], ["y"], name="relu")]
     g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F, [1, 4])],
-                     [h.make_tensor_value_info("y", F, None)])
+                     [h.make_tensor_value_info("y", F, [1, 4])])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)])
     m.ir_version = IR
     return m

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import NodeProto
@@ -41,7 +42,7 @@ class NodeCost:
     output_bytes: int
 
 
-def _attr(node: NodeProto, name: str, default):  # type: ignore[no-untyped-def]
+def _attr(node: NodeProto, name: str, default: Any) -> Any:
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -277,7 +278,7 @@ def random_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: Iter
     return feed
 
 
-def ort_session(model: ModelProto, threads: int = 1):  # type: ignore[no-untyped-def]
+def ort_session(model: ModelProto, threads: int = 1) -> Any:
     """An onnxruntime session with graph optimisations off (exact, op-by-op results)."""
     import onnxruntime as ort
 
@@ -416,9 +417,9 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) ->
     for o in outputs:
         if o not in defined:
             raise ModelError(f"{path}: graph output {o!r} is not produced by any node")
-    for t in sorted(dynamic_tensors):
-        if t not in types:
-            raise ModelError(f"{path}: cannot resolve the static shape of dynamic tensor {t!r}"
+    for tname in sorted(dynamic_tensors):
+        if tname not in types:
+            raise ModelError(f"{path}: cannot resolve the static shape of dynamic tensor {tname!r}"
                              + (f" ({strict_err})" if strict_err else ""))
 
     # Write the resolved shapes back so slices and the bundled model carry them.

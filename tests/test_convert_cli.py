@@ -73,7 +73,7 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, capsys) -> None:  # type: ign
     cases = _bad_inputs(tmp_path)
     capsys.readouterr()
     for what, (args, needle) in cases.items():
-        rc, out, err = run_cli(args, capsys)
+        rc, _, err = run_cli(args, capsys)
         lines = [ln for ln in err.splitlines() if ln.startswith("coinf split: error:")]
         assert rc == 2, what
         assert len(lines) == 1 and needle in lines[0], (what, err)

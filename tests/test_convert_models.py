@@ -134,7 +134,7 @@ def test_torch_parallel_branches_with_symbolic_batch(tmp_path: Path) -> None:
     assert bundle.inputs[0].shape == (3, 3, 8, 8) and bundle.meta["dims"] == {"batch": 3}
     inside = _inside(bundle, "/a/Conv", "/Concat")
     assert any(len(c.crossing) >= 2 for c in inside)  # multi-tensor cut inside the block
-    with pytest.raises(ModelError, match="unknown dim name.*seq.*batch"):
+    with pytest.raises(ModelError, match=r"unknown dim name.*seq.*batch"):
         load_graph(path, {"seq": 4})
 
 

@@ -253,6 +253,12 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
         assert nbytes == p.nbytes, "incremental crossing bytes disagree with recomputation"
         middle.append(Cut(head, crossing, p.flops, nbytes, g.nodes[order[p.k - 1]].name, reason))
     middle.sort(key=lambda c: (c.head_flops, c.crossing_bytes, len(c.head), sorted(c.head)))
+    seen: dict[str, int] = {}
+    for k, c in enumerate(middle):  # labels are unique: a repeated last node gets "#2", "#3"
+        n = seen[c.label] = seen.get(c.label, 0) + 1
+        if n > 1:
+            middle[k] = Cut(c.head, c.crossing, c.head_flops, c.crossing_bytes,
+                            f"{c.label}#{n}", c.reason)
     cuts.extend(middle)
     full = frozenset(dag.nodes)
     out_bytes = sum(g.types[t].nbytes for t in g.outputs)

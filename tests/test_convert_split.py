@@ -25,6 +25,7 @@ def check_invariants(bundle: Bundle) -> None:
     cands = bundle.candidates
     assert cands[0].is_handheld_only and cands[0].label == "handheld-only"
     assert cands[-1].is_wearable_only and cands[-1].label == "wearable-only"
+    assert len({c.label for c in cands}) == len(cands), "labels must be unique"
     assert [c.id for c in cands] == [f"c{k:03d}" for k in range(len(cands))]
     assert [c.head.flops for c in cands] == sorted(c.head.flops for c in cands)
     dyn_names = {n.name for n in g.nodes if n.dynamic}

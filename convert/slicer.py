@@ -17,9 +17,14 @@ from convert.cost import tensor_bytes
 from convert.graph import Graph, subgraphs, value_info
 
 
-def closure(g: Graph, dynamic_nodes: Iterable[int]) -> list[int]:
-    """The given nodes plus the constant nodes they need, sorted in file (topological) order."""
+def closure(g: Graph, dynamic_nodes: Iterable[int], tensors: Iterable[str] = ()) -> list[int]:
+    """The given nodes plus the constant nodes they (or the constant ``tensors``) need, sorted
+    in file (topological) order."""
     keep = set(dynamic_nodes)
+    for t in tensors:
+        p = g.producer.get(t)
+        if p is not None and not g.nodes[p].dynamic:
+            keep.add(p)
     stack = list(keep)
     while stack:
         i = stack.pop()
@@ -55,10 +60,11 @@ def build_slice(g: Graph, dynamic_nodes: Iterable[int], inputs: Iterable[str],
                 outputs: Iterable[str], name: str) -> ModelProto:
     """A self-contained model computing ``outputs`` from ``inputs`` with the given nodes."""
     src = g.model
-    idx = closure(g, dynamic_nodes)
     inputs = list(inputs)
     outputs = list(outputs)
+    idx = closure(g, dynamic_nodes, [t for t in outputs if t not in inputs])
     inits = used_initializers(g, idx)
+    inits += [t for t in outputs if t in g.initializers and t not in inputs and t not in inits]
     graph = GraphProto(name=f"{src.graph.name or 'graph'}_{name}")
     graph.node.extend(src.graph.node[i] for i in idx)
     graph.input.extend(value_info(t, g.ttype(t)) for t in inputs)

@@ -172,3 +172,16 @@ def random_dag(spec: list[tuple[int, int, int]], n_inputs: int, out_mask: int) -
     inputs = [h.make_tensor_value_info(t, F, [1, 6]) for t in tensors[:n_inputs]]
     outputs = [h.make_tensor_value_info(t, F, [1, 6]) for t in outs]
     return model(nodes, inputs, outputs, inits)
+
+
+def constant_outputs() -> onnx.ModelProto:
+    """Graph outputs that do not depend on the input: an initializer and a constant sub-graph."""
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"),
+             h.make_node("Exp", ["r"], ["y"], name="exp"),
+             h.make_node("ConstantOfShape", ["shp"], ["filled"], name="fill",
+                         value=init("v", np.float32([3.0])))]
+    inits = [init("shp", np.int64([2, 2])), init("table", np.float32([1, 2, 3]))]
+    return model(nodes, [h.make_tensor_value_info("x", F, [1, 4])],
+                 [h.make_tensor_value_info("y", F, [1, 4]),
+                  h.make_tensor_value_info("filled", F, [2, 2]),
+                  h.make_tensor_value_info("table", F, [3])], inits)

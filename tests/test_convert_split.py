@@ -159,3 +159,11 @@ def test_low_opsets(tmp_path: Path, opset: int) -> None:
     m = cg.chain_blocks(3)
     m.opset_import[0].version = opset
     split_and_check(m, tmp_path)
+
+
+def test_constant_graph_outputs(tmp_path: Path) -> None:
+    """Outputs independent of the input are recomputed by every tail, never sent."""
+    bundle = split_and_check(cg.constant_outputs(), tmp_path, verify=True)
+    for c in bundle.candidates[:-1]:
+        assert not {"filled", "table"} & {t.name for t in c.crossing}
+    assert [t.name for t in bundle.candidates[-1].crossing] == ["y", "filled", "table"]

@@ -185,3 +185,17 @@ def constant_outputs() -> onnx.ModelProto:
                  [h.make_tensor_value_info("y", F, [1, 4]),
                   h.make_tensor_value_info("filled", F, [2, 2]),
                   h.make_tensor_value_info("table", F, [3])], inits)
+
+
+def opaque_shape() -> onnx.ModelProto:
+    """Reshape to a shape computed through float math: ONNX data propagation gives up, so the
+    loader must learn the shapes from an onnxruntime run."""
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"),
+             h.make_node("Cast", ["s"], ["sf"], to=T.FLOAT, name="castf"),
+             h.make_node("Abs", ["sf"], ["sq"], name="abs"),
+             h.make_node("Max", ["sq", "sq"], ["m"], name="max"),
+             h.make_node("Cast", ["m"], ["si"], to=T.INT64, name="casti"),
+             h.make_node("Reshape", ["x", "si"], ["r"], name="reshape"),
+             h.make_node("Relu", ["r"], ["y"], name="relu")]
+    return model(nodes, [h.make_tensor_value_info("x", F, ["batch", 4])],
+                 [h.make_tensor_value_info("y", F, ["a", "b"])])

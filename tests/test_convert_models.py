@@ -192,3 +192,14 @@ def test_lstm_cost(tmp_path: Path) -> None:
     bundle = split_model(path, tmp_path / "b", verify=True)  # int token ids in 0..49
     check_invariants(bundle)
     assert np.dtype(bundle.inputs[0].dtype) == np.int64
+
+
+def test_shapes_learnt_from_onnxruntime(tmp_path: Path) -> None:
+    onnx.save(cg.opaque_shape(), str(tmp_path / "m.onnx"))
+    g = load_graph(tmp_path / "m.onnx", {"batch": 2})
+    assert g.shape_source == "onnxruntime" and g.types["r"].shape == (2, 4)
+    assert "shape" in g.folded and not next(n for n in g.nodes if n.name == "casti").dynamic
+    bundle = split_model(tmp_path / "m.onnx", tmp_path / "b", dims={"batch": 2}, verify=True)
+    check_invariants(bundle)
+    assert bundle.meta["stats"]["shape_source"] == "onnxruntime"
+    assert [t.shape for t in bundle.outputs] == [(2, 4)]

@@ -22,7 +22,11 @@ from convert.verify import ATOL, RTOL, VerifyError, verify_bundle
 Progress = Callable[[str, int, int], None]
 MODEL_FILE = "model.onnx"
 EXTERNAL_THRESHOLD = 1_800_000_000  # bytes; above this a file's weights go to FILE.data
+WEIGHTS_FILE = "weights.bin"
+SHARED_MIN_BYTES = 1024  # smaller initializers stay inside the slices
+SHARED_AUTO_BYTES = 256 * 1024 * 1024  # auto mode shares weights above this bundle weight total
 _CAND_DIR = re.compile(r"^c\d{3,}$")
+_CAND_FILE = re.compile(r"^c\d{3,}\.(head|tail)\.onnx$")
 
 
 def spec(g: Graph, name: str) -> TensorSpec:
@@ -51,7 +55,8 @@ def prepare_out_dir(out: Path) -> None:
         for child in out.iterdir():
             if child.is_dir() and _CAND_DIR.match(child.name):
                 shutil.rmtree(child)
-            elif child.name in (MANIFEST, MODEL_FILE, MODEL_FILE + ".data"):
+            elif child.name in (MANIFEST, MODEL_FILE, MODEL_FILE + ".data", WEIGHTS_FILE) or \
+                    _CAND_FILE.match(child.name):
                 child.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
@@ -59,11 +64,15 @@ def prepare_out_dir(out: Path) -> None:
 def split_model(model_path: str | Path, out_dir: str | Path, *,
                 dims: Mapping[str, int] | None = None, verify: bool = False,
                 progress: Progress | None = None,
-                max_candidates: int = DEFAULT_MAX_CANDIDATES) -> Bundle:
+                max_candidates: int = DEFAULT_MAX_CANDIDATES,
+                shared_weights: bool | None = None) -> Bundle:
     """Slice ``model_path`` into a bundle in ``out_dir`` and return it (loaded back from disk).
 
     With ``verify=True`` every candidate is checked (:mod:`convert.verify`) and
-    :class:`~convert.verify.VerifyError` lists the failing candidates.
+    :class:`~convert.verify.VerifyError` lists the failing candidates. With
+    ``shared_weights=True`` every initializer of >= 1 kB is stored once in ``weights.bin`` and
+    all slices (flat names ``cNNN.head.onnx``) reference it as ONNX external data; ``None``
+    (default) shares when self-contained slices would hold more than 256 MB of weights.
     """
     out = Path(out_dir)
     step = progress or (lambda stage, done, total: None)
@@ -75,7 +84,14 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
     step("load", 1, 1)
     cuts = enumerate_cuts(g, costs, max_candidates)
     prepare_out_dir(out)
-    save_model(g.model, out / MODEL_FILE)
+    if shared_weights is None:
+        shared_weights = len(cuts) * param_bytes(g, range(len(g.nodes))) > SHARED_AUTO_BYTES
+    shared = _SharedWeights(g, out / WEIGHTS_FILE) if shared_weights else None
+
+    def write(model: ModelProto, rel: str) -> None:
+        save_model(shared.externalize(model) if shared else model, out / rel)
+
+    write(g.model, MODEL_FILE)
 
     dyn = [n.index for n in g.nodes if n.dynamic]
     names = [g.nodes[i].name for i in range(len(g.nodes))]
@@ -90,11 +106,11 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
             head_inputs = sorted({t for i in head_nodes for t in g.nodes[i].inputs
                                   if t in g.inputs} | {t for t in crossing if t in g.inputs},
                                  key=g.inputs.index)
-            head_file = f"{cid}/head.onnx"
-            save_model(build_slice(g, head_nodes, head_inputs, crossing, "head"), out / head_file)
+            head_file = f"{cid}.head.onnx" if shared else f"{cid}/head.onnx"
+            write(build_slice(g, head_nodes, head_inputs, crossing, "head"), head_file)
         if tail_nodes or k < len(cuts) - 1:
-            tail_file = f"{cid}/tail.onnx"
-            save_model(build_slice(g, tail_nodes, crossing, g.outputs, "tail"), out / tail_file)
+            tail_file = f"{cid}.tail.onnx" if shared else f"{cid}/tail.onnx"
+            write(build_slice(g, tail_nodes, crossing, g.outputs, "tail"), tail_file)
         head_flops = sum(costs[i].flops for i in head_nodes)
         tail_flops = sum(costs[i].flops for i in tail_nodes)
         candidates.append(Candidate(
@@ -133,6 +149,9 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
             "tiers": ["pareto", "single-tensor", "in-block", "spread"],
         },
     }
+    if shared:
+        meta["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(out / WEIGHTS_FILE),
+                           "tensors": len(shared.table)}
     bundle = Bundle(root=out, model_file=MODEL_FILE, model_sha256=sha256_file(out / MODEL_FILE),
                     inputs=tuple(spec(g, t) for t in g.inputs),
                     outputs=tuple(spec(g, t) for t in g.outputs),
@@ -152,3 +171,43 @@ def _with_consts(g: Graph, nodes: list[int]) -> list[int]:
     from convert.slicer import closure
 
     return closure(g, nodes)
+
+
+class _SharedWeights:
+    """One ``weights.bin`` holding every large initializer once, 64-byte aligned, in file order."""
+
+    def __init__(self, g: Graph, path: Path) -> None:
+        self.table: dict[str, tuple[int, int]] = {}
+        offset = 0
+        with open(path, "wb") as f:
+            for t in g.model.graph.initializer:
+                if t.data_type == onnx.TensorProto.STRING or t.name in self.table:
+                    continue
+                arr = onnx.numpy_helper.to_array(t)
+                data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+                if len(data) < SHARED_MIN_BYTES:
+                    continue
+                pad = -offset % 64
+                f.write(b"\0" * pad)
+                offset += pad
+                f.write(data)
+                self.table[t.name] = (offset, len(data))
+                offset += len(data)
+
+    def externalize(self, model: ModelProto) -> ModelProto:
+        out = ModelProto()
+        out.CopyFrom(model)
+        for t in out.graph.initializer:
+            if t.name not in self.table:
+                continue
+            off, length = self.table[t.name]
+            dims, name, dtype = list(t.dims), t.name, t.data_type
+            t.Clear()
+            t.name, t.data_type = name, dtype
+            t.dims.extend(dims)
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", WEIGHTS_FILE), ("offset", str(off)),
+                               ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+        return out

@@ -121,3 +121,30 @@ def test_2000_node_graph_enumeration() -> None:
     assert all(len(c.crossing) == 1 for c in cuts)
     assert sum(1 for c in wide if len(c.crossing) > 1) > 500
     assert took < 120, f"enumeration took {took:.1f} s"
+
+
+def test_shared_weights_bundle(tmp_path: Path) -> None:
+    import numpy as np
+
+    from convert.split import split_model
+
+    m = cg.chain_blocks(3)
+    w = np.arange(64 * 4, dtype=np.float32).reshape(4, 64) / 100  # 1 kB: goes to weights.bin
+    m.graph.initializer.append(onnx.numpy_helper.from_array(w, "wide"))
+    m.graph.node.append(onnx.helper.make_node("MatMul", ["y", "wide"], ["y2"], name="proj"))
+    m.graph.output.append(onnx.helper.make_tensor_value_info("y2", onnx.TensorProto.FLOAT, [1, 64]))
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    plain = split_model(tmp_path / "m.onnx", tmp_path / "plain")  # auto: small, not shared
+    assert "weights" not in plain.meta
+    shared = split_model(tmp_path / "m.onnx", tmp_path / "shared", shared_weights=True,
+                         verify=True)
+    assert shared.meta["verified"]["ok"] and shared.meta["weights"]["tensors"] == 1
+    assert (tmp_path / "shared" / "weights.bin").stat().st_size == w.nbytes
+    assert shared.candidates[1].head.file == "c001.head.onnx"
+    size = {d: sum(p.stat().st_size for p in (tmp_path / d).rglob("*") if p.is_file())
+            for d in ("plain", "shared")}
+    assert size["shared"] < size["plain"] - len(plain.candidates) * w.nbytes // 2
+    # re-splitting the shared bundle without sharing leaves no stale flat files behind
+    split_model(tmp_path / "m.onnx", tmp_path / "shared", shared_weights=False)
+    assert not list((tmp_path / "shared").glob("*.head.onnx"))
+    assert not (tmp_path / "shared" / "weights.bin").exists()

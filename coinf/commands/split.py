@@ -23,6 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="value of a symbolic input dim (default 1); repeatable")
     parser.add_argument("--max-candidates", type=int, default=None, metavar="K",
                         help="keep at most K candidate cuts including the extremes (default 64)")
+    parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
+                        help="store weights once in BUNDLE/weights.bin instead of in every "
+                             "slice (auto: when slices would hold > 256 MB of weights)")
     parser.add_argument("--list", metavar="BUNDLE", help="print the candidate table of a bundle")
     parser.add_argument("--show", metavar="ID", help="with --list: print one candidate in full")
     parser.set_defaults(func=run)
@@ -115,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     k = DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates
     t0 = time.perf_counter()
     bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,
-                         progress=_Bar(), max_candidates=k)
+                         progress=_Bar(), max_candidates=k,
+                         shared_weights={"auto": None, "yes": True, "no": False}[
+                             args.shared_weights])
     took = time.perf_counter() - t0
     stats = bundle.meta.get("stats", {})
     cross = [c.crossing_bytes for c in bundle.candidates[:-1]]

@@ -144,6 +144,9 @@ def test_shared_weights_bundle(tmp_path: Path) -> None:
     size = {d: sum(p.stat().st_size for p in (tmp_path / d).rglob("*") if p.is_file())
             for d in ("plain", "shared")}
     assert size["shared"] < size["plain"] - len(plain.candidates) * w.nbytes // 2
+    (tmp_path / "shared" / "weights.bin").rename(tmp_path / "w.bin")
+    rc = main(["split", "--list", str(tmp_path / "shared")])
+    assert rc == 2  # "shared weights file weights.bin is missing"
     # re-splitting the shared bundle without sharing leaves no stale flat files behind
     split_model(tmp_path / "m.onnx", tmp_path / "shared", shared_weights=False)
     assert not list((tmp_path / "shared").glob("*.head.onnx"))

@@ -199,3 +199,33 @@ def opaque_shape() -> onnx.ModelProto:
              h.make_node("Relu", ["r"], ["y"], name="relu")]
     return model(nodes, [h.make_tensor_value_info("x", F, ["batch", 4])],
                  [h.make_tensor_value_info("y", F, ["a", "b"])])
+
+
+def with_loop() -> onnx.ModelProto:
+    """A Loop whose body holds an If; both capture outer-scope tensors (nested captures)."""
+    inner_then = h.make_graph([h.make_node("Add", ["acc", "h"], ["t"], name="in_then")], "it",
+                              [], [h.make_tensor_value_info("t", F, [1, 4])])
+    inner_else = h.make_graph([h.make_node("Sub", ["acc", "k"], ["e"], name="in_else")], "ie",
+                              [], [h.make_tensor_value_info("e", F, [1, 4])])
+    body = h.make_graph(
+        [h.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+         h.make_node("If", ["flag"], ["acc_out"], name="body_if", then_branch=inner_then,
+                     else_branch=inner_else)],
+        "body",
+        [h.make_tensor_value_info("i", T.INT64, []),
+         h.make_tensor_value_info("cond_in", T.BOOL, []),
+         h.make_tensor_value_info("acc", F, [1, 4])],
+        [h.make_tensor_value_info("cond_out", T.BOOL, []),
+         h.make_tensor_value_info("acc_out", F, [1, 4])])
+    nodes = [
+        h.make_node("Relu", ["x"], ["h"], name="relu"),
+        h.make_node("ReduceMax", ["x"], ["mx"], name="rmax", keepdims=0),
+        h.make_node("Greater", ["mx", "zero"], ["flag"], name="gt"),
+        h.make_node("Sigmoid", ["x"], ["s"], name="sig"),
+        h.make_node("Loop", ["trips", "yes", "s"], ["acc_final"], name="loop", body=body),
+        h.make_node("Mul", ["acc_final", "h"], ["y"], name="out"),
+    ]
+    inits = [init("trips", np.int64(3)), init("yes", np.bool_(True)),
+             init("zero", np.float32(0.0)), init("k", np.float32([[0.5, 1, 1.5, 2]]))]
+    return model(nodes, [h.make_tensor_value_info("x", F, [1, 4])],
+                 [h.make_tensor_value_info("y", F, [1, 4])], inits)

@@ -203,3 +203,17 @@ def test_shapes_learnt_from_onnxruntime(tmp_path: Path) -> None:
     check_invariants(bundle)
     assert bundle.meta["stats"]["shape_source"] == "onnxruntime"
     assert [t.shape for t in bundle.outputs] == [(2, 4)]
+
+
+def test_loop_with_nested_captures(tmp_path: Path) -> None:
+    onnx.save(cg.with_loop(), str(tmp_path / "loop.onnx"))
+    g = load_graph(tmp_path / "loop.onnx")
+    loop = next(n for n in g.nodes if n.name == "loop")
+    assert {"h", "flag", "k", "s"} <= set(loop.inputs)  # captured through Loop -> If
+    assert "acc" not in loop.inputs and "cond_in" not in loop.inputs  # defined inside
+    bundle = split_model(tmp_path / "loop.onnx", tmp_path / "b", verify=True)
+    check_invariants(bundle)
+    c = next(c for c in bundle.candidates if "gt" in c.head.nodes and "loop" in c.tail.nodes)
+    assert "flag" in {t.name for t in c.crossing}
+    for seed in (1, 2, 3):
+        assert verify_bundle(bundle, seed=seed) == []

@@ -17,6 +17,7 @@ heads are deduplicated by a 64-bit Zobrist hash. The pool is then pruned to ``ma
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -210,10 +211,10 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
     budget = max_candidates - 2
     chosen: dict[int, str] = {}  # id(prefix) -> reason
 
-    def take(items: list[_Prefix], reason: str) -> None:
+    def take(items: list[_Prefix], reason: str, limit: int | None = None) -> None:
         nonlocal budget
         fresh = [p for p in items if id(p) not in chosen]
-        for p in _spread(fresh, budget):
+        for p in _spread(fresh, budget if limit is None else min(limit, budget)):
             chosen[id(p)] = reason
             budget -= 1
 
@@ -225,19 +226,22 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
             front.append(p)
             best = p.nbytes
     take(front, "pareto")
-    singles = [p for p in ordered if p.ntensors == 1]
-    take(singles, "single-tensor")
+    singles = [p for p in ordered if p.ntensors == 1 and id(p) not in chosen]
     # the cheapest multi-tensor cut between each pair of consecutive single-tensor cuts
-    bounds = sorted({p.flops for p in singles})
+    bounds = sorted({p.flops for p in ordered if p.ntensors == 1})
     blocks: dict[int, _Prefix] = {}
     for p in ordered:
-        if p.ntensors < 2:
+        if p.ntensors < 2 or id(p) in chosen:
             continue
-        slot = sum(1 for b in bounds if b < p.flops)
+        slot = bisect.bisect_left(bounds, p.flops)
         cur = blocks.get(slot)
         if cur is None or (p.nbytes, p.flops) < (cur.nbytes, cur.flops):
             blocks[slot] = p
-    take([blocks[s] for s in sorted(blocks)], "in-block")
+    in_block = [blocks[s] for s in sorted(blocks)]
+    # when slots are short, in-block cuts get a quarter of them (at least one)
+    quota = min(len(in_block), max(1, budget // 4)) if in_block else 0
+    take(singles, "single-tensor", limit=budget - quota)
+    take(in_block, "in-block")
     take(ordered, "spread")
 
     by_id = {id(p): p for p in prefixes}

@@ -201,13 +201,13 @@ def _fix_dims(model: ModelProto, real_inputs: list[str], dims: Mapping[str, int]
         if not tt.HasField("shape"):
             raise ModelError(f"{path}: input {vi.name!r} has no shape (rank unknown); "
                              "cannot resolve it")
-        for d in tt.shape.dim:
+        for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
             param = d.dim_param if d.HasField("dim_param") else ""
-            key = param or f"{vi.name}?"
+            key = param or f"{vi.name}[{axis}]"  # an anonymous dim is named INPUT[AXIS]
             seen_names.add(key)
-            value = int(dims.get(key, dims.get(param, 1) if param else 1))
+            value = int(dims.get(key, 1))
             if value <= 0:
                 raise ModelError(f"dim {key}={value}: dimension values must be >= 1")
             d.Clear()

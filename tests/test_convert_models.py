@@ -217,3 +217,16 @@ def test_loop_with_nested_captures(tmp_path: Path) -> None:
     assert "flag" in {t.name for t in c.crossing}
     for seed in (1, 2, 3):
         assert verify_bundle(bundle, seed=seed) == []
+
+
+def test_anonymous_dims_are_named_by_input_and_axis(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])  # no value, no name
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])
+    m = cg.model([node], [x], [y])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    assert load_graph(tmp_path / "m.onnx").types["y"].shape == (1, 3)
+    g = load_graph(tmp_path / "m.onnx", {"x[0]": 6})
+    assert g.types["y"].shape == (6, 3) and g.dims == {"x[0]": 6}

@@ -305,7 +305,9 @@ def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType
     values = sess.run(out_names, random_feed(model, types, inputs))
     found: dict[str, TensorType] = {}
     for n, v in zip(out_names, values, strict=True):
-        arr = np.asarray(v)
+        if not isinstance(v, np.ndarray):  # sequences/maps: not a tensor that can cross
+            continue
+        arr = v
         try:
             elem = int(helper.np_dtype_to_tensor_dtype(arr.dtype))
         except Exception:
@@ -420,6 +422,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) ->
     for tname in sorted(dynamic_tensors):
         if tname not in types:
             raise ModelError(f"{path}: cannot resolve the static shape of dynamic tensor {tname!r}"
+                             " (tensors only: sequence/map values are not supported)"
                              + (f" ({strict_err})" if strict_err else ""))
 
     # Write the resolved shapes back so slices and the bundled model carry them.

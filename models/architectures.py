@@ -1,17 +1,18 @@
 """PyTorch definitions of the zoo's architectures, written from the papers' descriptions.
 
-This module imports torch: only :mod:`models.zoo` builders import it, lazily, when a model is built.
-Each ``make_*`` function takes ``large`` and returns an ``nn.Module`` in eval mode whose weights come
-from the global torch RNG (seeded by the caller). Sub-modules carry descriptive attribute names because
-the TorchScript exporter turns them into ONNX node names (``/features/conv1/Conv``).
+This module imports torch: only :mod:`models.zoo` builders import it, lazily, when building.
+Each ``make_*`` function takes ``large`` and returns an ``nn.Module`` whose weights come from the
+global torch RNG (seeded by the caller). Sub-modules carry descriptive attribute names because the
+TorchScript exporter turns them into ONNX node names (``/features/conv1/Conv``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -80,11 +81,13 @@ class _LRNFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor, size: int, alpha: float, beta: float, k: float):  # type: ignore[override]
+    def forward(
+        ctx: object, x: torch.Tensor, size: int, alpha: float, beta: float, k: float
+    ) -> torch.Tensor:
         return F.local_response_norm(x, size, alpha, beta, k)
 
     @staticmethod
-    def symbolic(g, x, size: int, alpha: float, beta: float, k: float):  # type: ignore[no-untyped-def]
+    def symbolic(g: Any, x: Any, size: int, alpha: float, beta: float, k: float) -> Any:
         return g.op("LRN", x, size_i=size, alpha_f=alpha, beta_f=beta, bias_f=k)
 
 
@@ -94,8 +97,7 @@ class LRN(nn.Module):
         self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _LRNFunction.apply(x, self.size, self.alpha, self.beta, self.k)  # type: ignore[no-any-return]
-
+        return _LRNFunction.apply(x, self.size, self.alpha, self.beta, self.k)
 
 
 class AlexNet(nn.Module):
@@ -236,8 +238,11 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-                (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]  # fmt: skip
+    # (expansion t, channels c, repeats n, first stride s) from the MobileNetV2 paper
+    SETTINGS: ClassVar[list[tuple[int, int, int, int]]] = [
+        (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+        (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+    ]  # fmt: skip
 
     def __init__(self, width: float, classes: int):
         super().__init__()
@@ -282,7 +287,9 @@ class InceptionA(nn.Module):
     def __init__(self, cin: int, pool_features: int, w: _Width):
         super().__init__()
         self.branch1x1 = BasicConv(cin, w(64), 1)
-        self.branch5x5 = nn.Sequential(BasicConv(cin, w(48), 1), BasicConv(w(48), w(64), 5, padding=2))
+        self.branch5x5 = nn.Sequential(
+            BasicConv(cin, w(48), 1), BasicConv(w(48), w(64), 5, padding=2)
+        )
         self.branch3x3dbl = nn.Sequential(
             BasicConv(cin, w(64), 1),
             BasicConv(w(64), w(96), 3, padding=1),
@@ -346,7 +353,9 @@ class InceptionD(nn.Module):
 
     def __init__(self, cin: int, w: _Width):
         super().__init__()
-        self.branch3x3 = nn.Sequential(BasicConv(cin, w(192), 1), BasicConv(w(192), w(320), 3, stride=2))
+        self.branch3x3 = nn.Sequential(
+            BasicConv(cin, w(192), 1), BasicConv(w(192), w(320), 3, stride=2)
+        )
         self.branch7x7x3 = nn.Sequential(
             BasicConv(cin, w(192), 1),
             BasicConv(w(192), w(192), (1, 7), padding=(0, 3)),
@@ -391,7 +400,7 @@ class _Width:
         self.mult = mult
 
     def __call__(self, channels: int) -> int:
-        return max(4, int(round(channels * self.mult)))
+        return max(4, round(channels * self.mult))
 
 
 class InceptionV3(nn.Module):
@@ -570,7 +579,9 @@ def make_lstm_lm(large: bool) -> nn.Module:
 class TextCNN(nn.Module):
     """Embedding -> parallel 1-D convolutions (several widths) -> max over time -> concat -> FC."""
 
-    def __init__(self, vocab: int, embed: int, kernels: tuple[int, ...], filters: int, classes: int):
+    def __init__(
+        self, vocab: int, embed: int, kernels: tuple[int, ...], filters: int, classes: int
+    ):
         super().__init__()
         self.embedding = nn.Embedding(vocab, embed)
         self.convs = nn.ModuleList(nn.Conv1d(embed, filters, k) for k in kernels)

@@ -44,7 +44,7 @@ def export_onnx(
         torch.onnx.export(
             model,
             sample,
-            buf,
+            buf,  # type: ignore[arg-type]
             opset_version=OPSET,
             dynamo=False,
             input_names=[s.name for s in inputs],
@@ -64,7 +64,7 @@ def export_onnx(
 def max_abs_error(
     model: nn.Module, onnx_bytes: bytes, inputs: Sequence[InputSpec], trials: int = 2
 ) -> float:
-    """Largest |torch - onnxruntime| over ``trials`` seeded random feeds; raises if out of tolerance."""
+    """Largest |torch - onnxruntime| over ``trials`` seeded random feeds; raise if off."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import nn
 
 from models.digits import digits_data
@@ -52,7 +52,11 @@ def train_digits(model: nn.Module, seed: int) -> tuple[dict[str, Any], float]:
     metrics = {
         "dataset": "sklearn.datasets.load_digits upsampled to 28x28 (models.digits)",
         "split_seed": data.seed,
-        "split_sizes": {"train": len(data.y_train), "val": len(data.y_val), "test": len(data.y_test)},
+        "split_sizes": {
+            "train": len(data.y_train),
+            "val": len(data.y_val),
+            "test": len(data.y_test),
+        },
         "train_seed": seed,
         "epochs": EPOCHS,
         "batch": BATCH,

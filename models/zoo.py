@@ -73,7 +73,9 @@ class ModelSpec:
         return f"{self.name}_large.onnx" if large else f"{self.name}.onnx"
 
 
-def _arch(factory: str, *, batchnorm: bool = False, embeddings: bool = False) -> Callable[[bool], Built]:
+def _arch(
+    factory: str, *, batchnorm: bool = False, embeddings: bool = False
+) -> Callable[[bool], Built]:
     """Builder for a seeded random-weight model made by ``models.architectures.<factory>``."""
 
     def builder(large: bool) -> Built:
@@ -276,9 +278,7 @@ def build(
         path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     if progress is not None:
         took = time.perf_counter() - start
-        progress(
-            f"{path.name}: {len(data) / 1e6:.2f} MB, max |torch-ort| {err:.1e}, {took:.1f} s"
-        )
+        progress(f"{path.name}: {len(data) / 1e6:.2f} MB, max |torch-ort| {err:.1e}, {took:.1f} s")
     return path
 
 

@@ -22,7 +22,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--large", action="store_true", help="build the large variant (NAME_large.onnx)")
     b.add_argument("--out", required=True, type=Path, help="output directory")
     b.set_defaults(func=_build)
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)
 
 
 def _human(n: float) -> str:
@@ -62,7 +67,11 @@ def _build(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise CoinfError(f"--out {args.out} exists and is not a directory")
     for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] building {name}{' (large)' if args.large else ''}", file=sys.stderr)
-        path = build(name, args.out, large=args.large, progress=lambda m: print("  " + m, file=sys.stderr))
+        print(
+            f"[{i}/{len(names)}] building {name}{' (large)' if args.large else ''}", file=sys.stderr
+        )
+        path = build(
+            name, args.out, large=args.large, progress=lambda m: print("  " + m, file=sys.stderr)
+        )
         print(path)
     return 0

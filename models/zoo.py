@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,6 +212,43 @@ def _progress(message: str) -> None:
         _progress_fn(message)
 
 
+def require_torch() -> Any:
+    """The torch module, or a CoinfError telling how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise CoinfError("building models needs torch: pip install 'coinf[models]'") from None
+    return torch
+
+
+@contextmanager
+def deterministic_torch(progress: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Seed torch, use one thread and deterministic algorithms; restore the settings afterwards."""
+    global _progress_fn
+    torch = require_torch()
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    previous, _progress_fn = _progress_fn, progress
+    try:
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(SEED)
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        _progress_fn = previous
+
+
+def construct(
+    name: str, large: bool = False, progress: Callable[[str], None] | None = None
+) -> Built:
+    """The seeded (and, for ``lenet_digits``, trained) torch module of ``name`` plus metadata."""
+    spec = spec_for(name)
+    with deterministic_torch(progress):
+        _progress(f"{spec.file_name(large)}: constructing{' and training' if spec.trained else ''}")
+        return spec.builder(large)
+
+
 def build(
     name: str,
     out_dir: str | Path,
@@ -222,35 +260,28 @@ def build(
     Seeds torch, runs single-threaded with deterministic algorithms, exports with opset 17 and
     checks the file against the torch module in onnxruntime. Returns the ONNX path.
     """
-    global _progress_fn
     spec = spec_for(name)
-    try:
-        import torch
-    except ImportError:
-        raise CoinfError("building models needs torch: pip install 'coinf[models]'") from None
+    torch = require_torch()
     from models.export import export_onnx, max_abs_error
 
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CoinfError(f"output {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    _progress_fn = progress
     start = time.perf_counter()
-    try:
-        torch.set_num_threads(1)
-        torch.use_deterministic_algorithms(True)
-        torch.manual_seed(SEED)
-        _progress(f"{spec.file_name(large)}: constructing{' and training' if spec.trained else ''}")
-        model, meta = spec.builder(large)
-        inputs = spec.input_specs(large)
-        highs = {s.name: s.high for s in inputs if s.high is not None}
-        metadata = {
-            "coinf.zoo.name": spec.name,
-            "coinf.zoo.family": spec.family,
-            "coinf.zoo.papers": ",".join(spec.papers),
-            "coinf.zoo.variant": "large" if large else "small",
-            "coinf.zoo.input_high": json.dumps(highs, sort_keys=True),
-        }
-        _progress(f"{spec.file_name(large)}: exporting")
+    model, meta = construct(name, large, progress)
+    inputs = spec.input_specs(large)
+    highs = {s.name: s.high for s in inputs if s.high is not None}
+    metadata = {
+        "coinf.zoo.name": spec.name,
+        "coinf.zoo.family": spec.family,
+        "coinf.zoo.papers": ",".join(spec.papers),
+        "coinf.zoo.variant": "large" if large else "small",
+        "coinf.zoo.input_high": json.dumps(highs, sort_keys=True),
+    }
+    if progress is not None:
+        progress(f"{spec.file_name(large)}: exporting and checking in onnxruntime")
+    with deterministic_torch():
         data = export_onnx(
             model,
             inputs,
@@ -260,10 +291,6 @@ def build(
             metadata=metadata,
         )
         err = max_abs_error(model, data, inputs)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
-        _progress_fn = None
     path = out / spec.file_name(large)
     path.write_bytes(data)
     if meta is not None:

@@ -59,13 +59,14 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from models.zoo import ZOO, build, spec_for
+    from models.zoo import ZOO, build, require_torch, spec_for
 
     if args.all == (args.name is not None):
         raise CoinfError(f"give one model NAME or --all (models: {', '.join(ZOO)})")
     names = list(ZOO) if args.all else [spec_for(args.name).name]
     if args.out.exists() and not args.out.is_dir():
         raise CoinfError(f"--out {args.out} exists and is not a directory")
+    require_torch()
     for i, name in enumerate(names, 1):
         print(
             f"[{i}/{len(names)}] building {name}{' (large)' if args.large else ''}", file=sys.stderr

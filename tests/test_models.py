@@ -98,7 +98,7 @@ def test_random_feed_respects_vocabulary_bounds() -> None:
             arr = feed[s.name]
             assert arr.shape == s.shape and arr.dtype == np.dtype(s.dtype)
             if s.high is not None:
-                assert 0 <= arr.min() and arr.max() < s.high
+                assert arr.min() >= 0 and arr.max() < s.high
 
 
 def test_model_stats_reads_nodes_params_and_size() -> None:
@@ -120,7 +120,7 @@ def test_digits_split_is_deterministic_and_disjoint() -> None:
     assert a.x_train.dtype == np.float32 and a.y_train.dtype == np.int64
     assert a.x_test.shape[1:] == spec_for("lenet_digits").inputs[0].shape[1:]
     assert len(a.y_train) + len(a.y_val) + len(a.y_test) == 1797
-    assert 0.0 <= a.x_train.min() and a.x_train.max() <= 1.0
+    assert a.x_train.min() >= 0.0 and a.x_train.max() <= 1.0
     # disjoint: no test image equals a training image
     train = {x.tobytes() for x in a.x_train}
     assert sum(x.tobytes() in train for x in a.x_test) < 5  # sklearn digits has a few duplicates

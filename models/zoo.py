@@ -118,12 +118,12 @@ _SPECS = [
         _trained_lenet, trained=True,
     ),
     ModelSpec(
-        "alexnet", "AlexNet", ("Neurosurgeon", "MeDNN", "streaming-CNN"),
+        "alexnet", "AlexNet", ("Neurosurgeon", "MeDNN"),
         "5 conv + LRN + 3 FC; small: 64x64, reduced widths, 100 classes; large: original 224x224",
         _img(64), _img(224), _arch("make_alexnet"),
     ),
     ModelSpec(
-        "vgg", "VGG", ("Neurosurgeon", "MeDNN", "DynO"),
+        "vgg", "VGG", ("Neurosurgeon", "MeDNN", "streaming-CNN", "DynO"),
         "VGG-16 layout (13 conv 3x3, 3 FC); small: 64x64, widths 16-64; large: VGG-16 at 224x224",
         _img(64), _img(224), _arch("make_vgg"),
     ),
@@ -149,7 +149,7 @@ _SPECS = [
         _arch("make_wavenet"),
     ),
     ModelSpec(
-        "lstm_lm", "LSTM", ("CoINF", "MeDNN", "DynO"),
+        "lstm_lm", "LSTM", ("CoINF",),
         "word-level LSTM language model, 2 layers; small: vocab 1000, hidden 128; next-word logits",
         _tokens(32, 1000), _tokens(35, 10000), _arch("make_lstm_lm", embeddings=True),
     ),
@@ -159,7 +159,7 @@ _SPECS = [
         _tokens(64, 2000), _tokens(256, 20000), _arch("make_textcnn", embeddings=True),
     ),
     ModelSpec(
-        "gru_text", "GRU", ("CoINF", "DynO"),
+        "gru_text", "GRU", ("CoINF",),
         "bidirectional GRU document classifier (CoINF's TextRNN role); final states -> FC",
         _tokens(64, 2000), _tokens(256, 30000), _arch("make_gru_text", embeddings=True),
     ),

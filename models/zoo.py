@@ -267,7 +267,10 @@ def build(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CoinfError(f"output {out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CoinfError(f"cannot create output directory {out}: {exc.strerror}") from None
     start = time.perf_counter()
     model, meta = construct(name, large, progress)
     inputs = spec.input_specs(large)
@@ -292,7 +295,10 @@ def build(
         )
         err = max_abs_error(model, data, inputs)
     path = out / spec.file_name(large)
-    path.write_bytes(data)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise CoinfError(f"cannot write {path}: {exc.strerror}") from None
     if meta is not None:
         meta = {
             "name": spec.name,

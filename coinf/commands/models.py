@@ -17,10 +17,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     ls = sub.add_parser("list", help="table of the zoo models and their committed files")
     ls.set_defaults(func=_list)
     b = sub.add_parser("build", help="rebuild models from their PyTorch builders (needs torch)")
-    b.add_argument("name", nargs="?", help="model name (see `coinf models list`)")
+    b.add_argument("name", nargs="?", metavar="NAME", help="model name (see `coinf models list`)")
     b.add_argument("--all", action="store_true", help="build every model")
     b.add_argument("--large", action="store_true", help="build the large variant (NAME_large.onnx)")
-    b.add_argument("--out", required=True, type=Path, help="output directory")
+    b.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     b.set_defaults(func=_build)
 
     def usage(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
     from coinf.errors import CoinfError
-    from coinf.sample import load_feeds, random_feeds
+    from coinf.sample import bundle_feeds, load_feeds
     from convert.bundle import Bundle
     from wearable.session import Session
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.transport == "socket" and not args.handheld:
         raise CoinfError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
     bundle = Bundle.load(args.bundle)
-    feeds = random_feeds(bundle.inputs, args.seed)
+    feeds = bundle_feeds(bundle, args.seed)
     feeds.update(load_feeds(args.input, bundle.inputs))
     ref_sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
     reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),

@@ -8,6 +8,8 @@ cutter and slicer need (producers, consumers, dynamic flags, byte sizes) is deri
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -251,10 +253,15 @@ def _infer(model: ModelProto) -> tuple[ModelProto, str | None]:
 def random_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: Iterable[str],
                 seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs: floats ~ N(0,1); ints in 0..min(vocab-1, 100) when a Gather tells the
-    vocabulary size, else 0..9; bools at random."""
+    vocabulary size (or the model records ``coinf.zoo.input_high`` metadata: ids < high),
+    else 0..9; bools at random."""
     rng = np.random.default_rng(seed)
     inits = {t.name: t for t in model.graph.initializer}
     vocab: dict[str, int] = {}
+    for prop in model.metadata_props:
+        if prop.key == "coinf.zoo.input_high":
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                vocab.update({str(k): int(v) for k, v in json.loads(prop.value).items()})
     for node in model.graph.node:
         if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits:
             axis = next((a.i for a in node.attribute if a.name == "axis"), 0)

@@ -115,7 +115,9 @@ class PackSpec:
 LOSSLESS_SPEC = PackSpec("f32")
 
 
-def quantization_bound(scale: float, peak: float = 0.0, dtype: np.dtype | type = np.float32) -> float:
+def quantization_bound(
+    scale: float, peak: float = 0.0, dtype: np.dtype | type = np.float32
+) -> float:
     """Largest ``|x - unpack(pack(x))|`` for a QUANT tensor of step ``scale``: half a step plus
     the rounding of ``dtype`` arithmetic on values up to ``peak = max|x|``."""
     eps = float(np.finfo(np.dtype(dtype)).eps)
@@ -204,6 +206,10 @@ def _pad8(flat: np.ndarray) -> np.ndarray:
     return flat
 
 
+def _flat_planes(flat: np.ndarray) -> memoryview:
+    return bit_planes(_pad8(flat)).reshape(-1).data
+
+
 def _header(codec: int, flags: int, bits: int, code: int, shape: tuple[int, ...],
             scale: float, offset: float, raw_size: int, packed_size: int) -> bytes:
     return HEADER.pack(MAGIC, codec, flags, bits, code, len(shape), scale, offset, raw_size,
@@ -250,7 +256,7 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
     if code not in FLOAT_CODES and codec != "raw":
         codec = "f32"  # non-float tensors always travel losslessly
     if codec == "raw":
-        return _finish(RAW, 0, code, shape, 0.0, 0.0, memoryview(flat).cast("B"), compress=False)
+        return _finish(RAW, 0, code, shape, 0.0, 0.0, flat.view(np.uint8).data, compress=False)
     if codec == "q" and flat.size:
         assert spec.bits is not None
         lo, hi = float(flat.min()), float(flat.max())
@@ -268,9 +274,9 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
     if codec == "f16":
         half = flat.astype("<f2")
         if np.isfinite(half).all() or not np.isfinite(flat).all():
-            return _finish(HALF, 16, code, shape, 0.0, 0.0, bit_planes(_pad8(half)).reshape(-1).data)
+            return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
         # a finite value overflows float16: keep it exact instead
-    return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, bit_planes(_pad8(flat)).reshape(-1).data)
+    return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
 
 
 def packed_size(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> int:
@@ -314,7 +320,7 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     mv = memoryview(data)
     if len(mv) < HEADER_SIZE:
         raise ProtocolError(ErrorCode.TRUNCATED,
-                            f"packed tensor of {len(mv)} B is shorter than its {HEADER_SIZE}-B header")
+                            f"packed tensor of {len(mv)} B is shorter than its header")
     magic, codec, flags, bits, code, ndim, scale, offset, raw_size, psize = HEADER.unpack_from(mv)
     if magic != MAGIC:
         raise _bad(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
@@ -409,8 +415,8 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
         levels = from_bit_planes(full, level_dtype)[:count]
         work = np.float64 if out_dtype == np.float64 else np.float32
         vals = levels.astype(work)
-        vals *= work(h.scale)
-        vals += work(h.offset)
+        np.multiply(vals, work(h.scale), out=vals)
+        np.add(vals, work(h.offset), out=vals)
         return vals.astype(out_dtype, copy=False).reshape(h.shape)
     if h.codec == HALF:
         half = from_bit_planes(planes, np.dtype("<f2"))[:count]

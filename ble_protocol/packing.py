@@ -231,7 +231,9 @@ def _finish(codec: int, bits: int, code: int, shape: tuple[int, ...], scale: flo
 def _quantize(flat: np.ndarray, bits: int, lo: float, span: float) -> np.ndarray:
     """Levels ``round((x - lo) * (2**bits-1) / span)`` as uint8/uint16, in one fused pass."""
     levels = (1 << bits) - 1
-    work = np.float32 if flat.dtype.itemsize <= 4 and span < 1e37 else np.float64
+    work: type[np.floating] = np.float64
+    if flat.dtype.itemsize <= 4 and span < 1e37 and levels / span < 1e37:
+        work = np.float32
     tmp = np.subtract(flat, work(lo), dtype=work)
     tmp *= work(levels / span)
     tmp += work(0.5)
@@ -265,6 +267,8 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
                 return _header(CONST, 0, 0, code, shape, 0.0, lo, 0, 0)
             span = hi - lo
             bits = spec.bits
+            if not (span / ((1 << bits) - 1) > 0 and math.isfinite(((1 << bits) - 1) / span)):
+                return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
             q = _quantize(flat, bits, lo, span)
             planes = bit_planes(_pad8(q))[:bits].reshape(-1)
             return _finish(QUANT, bits, code, shape, span / ((1 << bits) - 1), lo, planes.data)
@@ -272,7 +276,8 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
     elif codec == "q":
         codec = "f32"  # empty tensor
     if codec == "f16":
-        half = flat.astype("<f2")
+        with np.errstate(over="ignore"):
+            half = flat.astype("<f2")
         if np.isfinite(half).all() or not np.isfinite(flat).all():
             return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
         # a finite value overflows float16: keep it exact instead
@@ -361,7 +366,9 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     elif codec == CONST:
         if not is_float or bits or scale != 0 or not math.isfinite(offset):
             raise _bad("constant tensor needs a float dtype, bits 0, scale 0, finite value")
-        if float(np.array(offset).astype(dtype)) != offset:
+        with np.errstate(over="ignore"):
+            representable = float(np.array(offset).astype(dtype)) == offset
+        if not representable:
             raise _bad(f"constant {offset} is not representable as {dtype}")
         expected = 0
     else:
@@ -404,6 +411,8 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
     else:
         buf = bytes(payload)
     count = h.count
+    if count == 0:
+        return np.zeros(h.shape, dtype=out_dtype)
     if h.codec == RAW:
         return np.frombuffer(buf, dtype=h.dtype).astype(out_dtype).reshape(h.shape)
     n8 = (count + 7) // 8

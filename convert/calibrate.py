@@ -77,7 +77,7 @@ def load_dataset(source: str, bundle: Bundle, limit: int | None = None) -> Datas
     labels: np.ndarray | None
     if source == "digits":
         try:
-            from models.digits import digits_data  # type: ignore[import-not-found]
+            from models.digits import digits_data
         except ImportError:
             raise InputError(
                 "--data digits needs the model zoo (models/digits.py); pass an .npz instead"

@@ -55,6 +55,9 @@ try:  # the compiled SIMD transpose; the pure-numpy one below gives byte-identic
 except ImportError:  # pragma: no cover - depends on the platform (no aarch64 wheel)
     _bitshuffle = None
 
+#: Use the compiled ``bitshuffle`` transpose when it is installed (benches flip this to compare).
+USE_BITSHUFFLE = _bitshuffle is not None
+
 MAGIC = b"CPK1"
 HEADER = struct.Struct("<4sBBBBBddII")
 HEADER_SIZE = HEADER.size  # 33, plus 4 bytes per dimension
@@ -168,23 +171,25 @@ def _numpy_unshuffle(planes: np.ndarray, itemsize: int) -> np.ndarray:
     return out.reshape(-1)
 
 
-def bit_planes(values: np.ndarray, use_library: bool = True) -> np.ndarray:
+def bit_planes(values: np.ndarray, use_library: bool | None = None) -> np.ndarray:
     """Bit planes of a 1-D array whose length is a multiple of 8: ``(8*itemsize, n//8)`` uint8."""
     itemsize = values.dtype.itemsize
     if values.size == 0:
         return np.zeros((8 * itemsize, 0), dtype=np.uint8)
-    if use_library and _bitshuffle is not None:
+    if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
         shuffled = _bitshuffle.bitshuffle(values, values.size)
         return shuffled.view(np.uint8).reshape(8 * itemsize, values.size // 8)
     return _numpy_shuffle(values.view(np.uint8), itemsize)
 
 
-def from_bit_planes(planes: np.ndarray, dtype: np.dtype, use_library: bool = True) -> np.ndarray:
+def from_bit_planes(
+    planes: np.ndarray, dtype: np.dtype, use_library: bool | None = None
+) -> np.ndarray:
     """Inverse of :func:`bit_planes`; ``planes`` has all ``8*itemsize`` rows."""
     n = planes.shape[1] * 8
     if n == 0:
         return np.zeros(0, dtype=dtype)
-    if use_library and _bitshuffle is not None:
+    if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
         return _bitshuffle.bitunshuffle(planes.reshape(-1).view(dtype), n)
     return _numpy_unshuffle(planes, dtype.itemsize).view(dtype)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return x[tr], y[tr], x[va], y[va]
 
 
-def _train_lenet(x: np.ndarray, y: np.ndarray, epochs: int = 25, seed: int = 0) -> object:
+def _train_lenet(x: np.ndarray, y: np.ndarray, epochs: int = 25, seed: int = 0) -> Any:
     import torch
     from torch import nn
 
@@ -96,9 +97,9 @@ def build(root: Path) -> tuple[Bundle, np.ndarray, np.ndarray]:
         onnx.utils.extract_model(str(model_path), str(root / cid / "head.onnx"), ["image"], [cut])
         onnx.utils.extract_model(str(model_path), str(root / cid / "tail.onnx"), [cut], ["logits"])
         label = f"{node.op_type.lower()}{sum(n.op_type == node.op_type for n in nodes[:k + 1])}"
-        cands.append(Candidate(cid, label, (_spec(infos[cut]),),
-                               Part(f"{cid}/head.onnx", 0, 0, tuple(n.name for n in nodes[:k + 1])),
-                               Part(f"{cid}/tail.onnx", 0, 0, tuple(n.name for n in nodes[k + 1:]))))
+        head = Part(f"{cid}/head.onnx", 0, 0, tuple(n.name for n in nodes[: k + 1]))
+        tail = Part(f"{cid}/tail.onnx", 0, 0, tuple(n.name for n in nodes[k + 1 :]))
+        cands.append(Candidate(cid, label, (_spec(infos[cut]),), head, tail))
     cands.append(Candidate(f"c{len(cands):03d}", "wearable-only", (out,),
                            Part("model.onnx", 0, 0, tuple(n.name for n in nodes)),
                            Part(None, 0, 0, ())))

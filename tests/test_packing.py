@@ -347,3 +347,14 @@ def test_random_payloads_behind_plausible_headers(
     except ProtocolError:
         return
     assert y.shape == tuple(dims)
+
+
+def test_pack_output_does_not_depend_on_bitshuffle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Pi without the compiled bitshuffle sends the very same bytes."""
+    x = relu_activation((1, 6, 13, 13))
+    specs = ("q2", "q5", "q12", "f16", "f32")
+    with_lib = [P.pack(x, s) for s in specs]
+    monkeypatch.setattr(P, "USE_BITSHUFFLE", False)
+    assert [P.pack(x, s) for s in specs] == with_lib
+    for body, s in zip(with_lib, specs, strict=True):
+        assert np.array_equal(P.unpack(body), P.unpack(P.pack(x, s)))

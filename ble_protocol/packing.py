@@ -427,10 +427,15 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
         full = np.zeros((8 * level_dtype.itemsize, n8), dtype=np.uint8)
         full[: h.bits] = planes
         levels = from_bit_planes(full, level_dtype)[:count]
-        work = np.float64 if out_dtype == np.float64 else np.float32
+        top = abs(h.offset) + h.scale * ((1 << h.bits) - 1)
+        wide = out_dtype == np.float64 or top > 1e37  # float32 arithmetic would overflow
+        work = np.float64 if wide else np.float32
         vals = levels.astype(work)
         np.multiply(vals, work(h.scale), out=vals)
         np.add(vals, work(h.offset), out=vals)
+        if wide and out_dtype != np.float64:  # round-off at the edge of the dtype's range
+            limit = float(np.finfo(out_dtype).max)
+            np.clip(vals, -limit, limit, out=vals)
         return vals.astype(out_dtype, copy=False).reshape(h.shape)
     if h.codec == HALF:
         half = from_bit_planes(planes, np.dtype("<f2"))[:count]

@@ -358,3 +358,15 @@ def test_pack_output_does_not_depend_on_bitshuffle(monkeypatch: pytest.MonkeyPat
     assert [P.pack(x, s) for s in specs] == with_lib
     for body, s in zip(with_lib, specs, strict=True):
         assert np.array_equal(P.unpack(body), P.unpack(P.pack(x, s)))
+
+
+@pytest.mark.parametrize("bits", [1, 4, 16])
+def test_extreme_ranges_do_not_overflow(bits: int) -> None:
+    big = float(np.finfo(np.float32).max)
+    x = np.array([big, -big, 1e37, 0.0], dtype=np.float32)
+    y = P.unpack(P.pack(x, P.PackSpec("q", bits)))
+    assert np.isfinite(y).all()
+    scale = (2 * big) / (2**bits - 1)
+    assert np.abs(y.astype(np.float64) - x).max() <= P.quantization_bound(scale, big)
+    tiny = np.array([0.0, 1e-45, 3e-45], dtype=np.float32)  # subnormal span
+    assert np.abs(P.unpack(P.pack(tiny, P.PackSpec("q", bits))) - tiny).max() <= 3e-45

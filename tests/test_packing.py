@@ -370,3 +370,13 @@ def test_extreme_ranges_do_not_overflow(bits: int) -> None:
     assert np.abs(y.astype(np.float64) - x).max() <= P.quantization_bound(scale, big)
     tiny = np.array([0.0, 1e-45, 3e-45], dtype=np.float32)  # subnormal span
     assert np.abs(P.unpack(P.pack(tiny, P.PackSpec("q", bits))) - tiny).max() <= 3e-45
+
+
+def test_big_endian_and_strided_inputs() -> None:
+    x = relu_activation((3, 4, 5))
+    for arr in (x.astype(">f4"), x[:, ::2, 1:], np.asfortranarray(x)):
+        for spec in ("q6", "f32"):
+            y = P.unpack(P.pack(arr, spec))
+            assert y.dtype == np.float32 and y.shape == arr.shape
+            assert np.abs(y - arr).max() <= P.quantization_bound(
+                (float(arr.max()) - float(arr.min())) / 63, float(arr.max()))

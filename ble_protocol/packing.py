@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import lz4.block
@@ -287,6 +288,16 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
             return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
         # a finite value overflows float16: keep it exact instead
     return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
+
+
+def pack_tensors(
+    tensors: Mapping[str, np.ndarray], spec: PackSpec | str = LOSSLESS_SPEC
+) -> dict[str, bytes]:
+    """Pack every tensor of a map with one spec, ready for
+    ``encode_tensors({}, packed=pack_tensors(...))``. The wearable packs the crossing tensors
+    with the planned spec; the handheld packs results with the default (lossless)."""
+    spec = spec if isinstance(spec, PackSpec) else PackSpec.parse(spec)
+    return {name: pack(arr, spec) for name, arr in tensors.items()}
 
 
 def packed_size(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> int:

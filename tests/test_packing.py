@@ -210,7 +210,7 @@ def test_spec_parsing_and_validation() -> None:
 def test_packed_bodies_travel_in_tensor_maps() -> None:
     x = relu_activation()
     ids = np.arange(5, dtype=np.int64)
-    blob = encode_tensors({"ids": ids}, packed={"act": P.pack(x, "q6")})
+    blob = encode_tensors({}, packed=P.pack_tensors({"ids": ids, "act": x}, "q6"))
     out = decode_tensors(blob)
     assert np.array_equal(out["ids"], ids)
     scale = (float(x.max()) - float(x.min())) / 63

@@ -284,7 +284,7 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
     if codec == "f16":
         with np.errstate(over="ignore"):
             half = flat.astype("<f2")
-        if np.isfinite(half).all() or not np.isfinite(flat).all():
+        if np.array_equal(np.isfinite(half), np.isfinite(flat)):
             return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
         # a finite value overflows float16: keep it exact instead
     return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))

@@ -145,10 +145,14 @@ def test_half_is_float16_precision() -> None:
 
 
 def test_half_overflow_keeps_the_tensor_exact() -> None:
-    x = np.array([1.0, 1e6, -3.5], dtype=np.float32)
-    body = P.pack(x, "f16")
-    assert P.read_header(body).codec == P.LOSSLESS
-    assert np.array_equal(P.unpack(body), x)
+    for x in (np.array([1.0, 1e6, -3.5], dtype=np.float32),
+              np.array([np.nan, 1e6, np.inf], dtype=np.float32)):
+        body = P.pack(x, "f16")
+        assert P.read_header(body).codec == P.LOSSLESS
+        assert P.unpack(body).tobytes() == x.tobytes()
+    nan = np.array([np.nan, 2.0, -np.inf], dtype=np.float32)  # non-finite but representable
+    assert P.read_header(P.pack(nan, "f16")).codec == P.HALF
+    assert np.array_equal(P.unpack(P.pack(nan, "f16")), nan, equal_nan=True)
 
 
 @pytest.mark.parametrize("value", [0.0, -3.25, 1e-30])

@@ -296,10 +296,13 @@ def expected_packed_bytes(candidate: Candidate, bits: int | str | PackSpec) -> f
 
 
 def accuracy_drop(candidate: Candidate, bits: int | str | PackSpec) -> float:
-    """Calibrated accuracy drop (pp) of packing the candidate's crossing with ``bits``."""
+    """Calibrated accuracy drop (pp, >= 0) of packing the candidate's crossing with ``bits``.
+
+    The table keeps the signed measurement; a negative drop (packing happened to fix a few
+    inputs) is noise on a finite validation set and is reported to the planner as 0."""
     if candidate.is_wearable_only or PackSpec.parse(_spec_name(bits)).lossless:
         return 0.0
-    return float(_row(candidate, bits)["accuracy_drop_pp"])
+    return max(0.0, float(_row(candidate, bits)["accuracy_drop_pp"]))
 
 
 def best_row(rows: list[dict[str, Any]], tolerance_pp: float = DEFAULT_TOLERANCE_PP

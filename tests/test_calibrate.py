@@ -151,8 +151,10 @@ def test_planner_helpers(bundle: Bundle, tmp_path: Path) -> None:
     assert cal.expected_packed_bytes(c1, "raw") == 256
     assert cal.expected_packed_bytes(c2, 4) == 0 and cal.accuracy_drop(c2, 4) == 0
     assert cal.accuracy_drop(c1, "f32") == 0
-    assert cal.accuracy_drop(c1, 4) == next(
-        r["accuracy_drop_pp"] for r in cal.packing_rows(c1) if r["spec"] == "q4")
+    assert cal.accuracy_drop(c1, 4) == max(0.0, next(
+        r["accuracy_drop_pp"] for r in cal.packing_rows(c1) if r["spec"] == "q4"))
+    c1.extra["packing"][0]["accuracy_drop_pp"] = -0.5  # noise: packing "fixed" an input
+    assert cal.accuracy_drop(c1, "q4") == 0.0
     with pytest.raises(BundleError, match="no calibration for packing q7"):
         cal.expected_packed_bytes(c1, 7)
     best = cal.best_row(cal.packing_rows(c1), tolerance_pp=100.0)

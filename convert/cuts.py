@@ -28,6 +28,13 @@ from convert.cost import NodeCost
 from convert.graph import Graph
 
 DEFAULT_MAX_CANDIDATES = 64
+# Ops that runtimes fuse into the producer before them (Conv+BN+Relu, Gemm+Relu...). A cut between
+# a producer and such a follower moves as many bytes as the cut just after the follower, costs
+# the same, and breaks the fusion on both sides -- so it is never offered as a candidate.
+FUSIBLE_FOLLOWERS = frozenset({
+    "BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish",
+    "Tanh", "Elu", "Selu", "Softplus", "PRelu", "Dropout", "Identity", "Add", "Mul", "Sub", "Div",
+})
 GREEDY_SCAN = 64  # the greedy order looks at most at this many ready nodes per step
 
 
@@ -76,6 +83,7 @@ class _Dag:
             self.npred[i] = len(preds)
             for p in preds:
                 self.succ[p].append(i)
+        self.mid_chain = {i: self._ends_mid_chain(i) for i in self.nodes}
         rng = random.Random(0x5EED)
         self.zob = {i: rng.getrandbits(64) for i in self.nodes}
         # tensor ordering used for crossing lists: graph inputs, then node outputs in file order
@@ -85,6 +93,22 @@ class _Dag:
         for n in g.nodes:
             for t in n.outputs:
                 self.rank.setdefault(t, len(self.rank))
+
+    def _ends_mid_chain(self, v: int) -> bool:
+        """True when cutting right after ``v`` would split it from a fusible follower.
+
+        That is: ``v``'s output feeds exactly one node, a fusible elementwise follower whose only
+        dynamic input it is, with an output no larger than its input.
+        """
+        used = [t for t in self.outs[v] if self.uses.get(t, 0) > 0 or self.is_out[t]]
+        if len(used) != 1 or self.is_out[used[0]] or self.uses.get(used[0]) != 1:
+            return False
+        t = used[0]
+        (c,) = [i for i in self.succ[v] if t in self.ins[i]]
+        follower = self.g.nodes[c]
+        if follower.op_type not in FUSIBLE_FOLLOWERS or self.ins[c] != [t]:
+            return False
+        return all(self.nbytes.get(o, 0) <= self.nbytes[t] for o in self.outs[c])
 
     # -- orders -------------------------------------------------------------------------------
     def order_file(self) -> list[int]:
@@ -157,7 +181,7 @@ class _Dag:
                     ntensors += 1
             flops += self.flops[v]
             h ^= self.zob[v]
-            if h not in pool:
+            if h not in pool and not self.mid_chain[v]:
                 pool[h] = _Prefix(flops, nbytes, ntensors, oid, k)
 
     def crossing(self, head: frozenset[int]) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from ble_protocol.messages import (
     encode_json,
     encode_request,
 )
+from ble_protocol.packing import PackSpec, pack_tensors
 from ble_protocol.rpc import RpcClient
 from ble_protocol.shaped import Channel, ShapedLink
 from ble_protocol.tensors import decode_tensors, encode_tensors
@@ -115,6 +116,9 @@ class Session:
         slowdown, threads: wearable emulation (see :class:`DeviceEmulation`).
         handheld_slowdown, handheld_threads: emulation of the in-process handheld.
         timeout: seconds to wait for one offloaded inference before failing it.
+        packing: how crossing tensors travel: ``raw`` (as is), ``f32`` (lossless shuffle + LZ4),
+            ``f16``, or ``q1``..``q16`` (per-input quantization + bit shuffle + LZ4; see
+            docs/PACKING.md).
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class Session:
         handheld_threads: int = 0,
         timeout: float = 30.0,
         head_cache: int = 4,
+        packing: str | PackSpec = "raw",
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self.emulation = DeviceEmulation(slowdown, threads)
@@ -138,6 +143,10 @@ class Session:
         self._head_cache = head_cache
         self._heads: OrderedDict[str, ort.InferenceSession] = OrderedDict()
         self._candidate = self._pick(split)
+        try:
+            self.packing = packing if isinstance(packing, PackSpec) else PackSpec.parse(packing)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         self._transport = transport
         self._handheld_addr = handheld
         if transport == "socket" and not handheld:
@@ -326,7 +335,11 @@ class Session:
 
     def _pack(self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
         t0 = time.perf_counter()
-        payload = encode_request(cand.id, encode_tensors(crossing))
+        if self.packing.codec == "raw":
+            blob = encode_tensors(crossing)
+        else:
+            blob = encode_tensors({}, packed=pack_tensors(crossing, self.packing))
+        payload = encode_request(cand.id, blob)
         stats.pack_ms = (time.perf_counter() - t0) * 1e3
         stats.bytes_up = len(payload)
         return payload

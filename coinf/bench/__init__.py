@@ -15,6 +15,7 @@ from typing import Any
 BENCHES: list[tuple[str, str, str]] = [
     ("overhead", "coinf.bench.overhead", "split head+tail in-process vs the whole model"),
     ("pack", "coinf.bench.pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
+    ("stream", "coinf.bench.stream", "pipelined vs sequential streaming over an emulated radio"),
 ]
 
 

@@ -18,7 +18,7 @@ STAGES = ("head", "pack", "transfer", "tail", "return")
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory")
     parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default %(default)s)")
-    parser.add_argument("--bandwidth-kbps", type=float, help="override the preset's capacity (kB/s)")
+    parser.add_argument("--bandwidth-kbps", type=float, help="override the capacity (kB/s)")
     parser.add_argument("--wearable-slowdown", type=float, default=1.0, dest="slowdown")
     parser.add_argument("--split", help="candidate id (default: the planner's throughput choice)")
     parser.add_argument("--frames", type=int, default=30, help="frames per batch")

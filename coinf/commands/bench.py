@@ -29,4 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
             bench_parser.set_defaults(func=_missing(name, module))
             continue
         mod.register(bench_parser)
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+    def show_help(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=show_help)

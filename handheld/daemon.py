@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from ble_protocol import rpc
 from ble_protocol.link import Link
 from ble_protocol.messages import (
@@ -25,6 +27,7 @@ from ble_protocol.messages import (
     encode_json,
     encode_result,
 )
+from ble_protocol.packing import LOSSLESS_SPEC, pack
 from ble_protocol.tensors import decode_tensors, encode_tensors
 from convert.bundle import Bundle
 from handheld.tail import TailRunner
@@ -33,6 +36,16 @@ from wearable.emulation import DeviceEmulation
 log = logging.getLogger(__name__)
 
 CAPABILITIES = ["raw", "packed"]
+
+
+def encode_results(outputs: dict[str, np.ndarray]) -> bytes:
+    """Results travel losslessly: each tensor raw or shuffled + LZ4, whichever is smaller."""
+    packed = {}
+    for name, arr in outputs.items():
+        body = pack(arr, LOSSLESS_SPEC)
+        if len(body) < arr.nbytes:
+            packed[name] = body
+    return encode_tensors({k: v for k, v in outputs.items() if k not in packed}, packed=packed)
 
 
 class HandheldDaemon:
@@ -97,7 +110,7 @@ class HandheldDaemon:
                 None, self.tails.run, cid, feeds
             )
             self.requests += 1
-            payload = encode_result(int(elapsed * 1e6), encode_tensors(outputs))
+            payload = encode_result(int(elapsed * 1e6), encode_results(outputs))
             return Message(MsgType.RESULT, msg.request_id, payload)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"handheld does not accept {msg.type.name}")
 

@@ -84,3 +84,33 @@ def test_session_applies_slowdown_to_head(bundle):
         assert sess.last_run is not None
         # 1000x the real compute of a 16x8 MatMul is still > 1 ms
         assert sess.last_run.head_ms > 1.0
+
+
+@pytest.mark.parametrize("packing", ["f32", "f16", "q8", "q3"])
+def test_packed_crossing_tensors(bundle, packing):
+    x = np.random.default_rng(5).standard_normal((1, 16)).astype(np.float32)
+    with Session(bundle, split="c001", packing=packing) as raw_sess:
+        (y,) = raw_sess.run(None, {"x": x})
+    ref = reference(bundle, x)
+    if packing == "f32":
+        np.testing.assert_array_equal(y, ref)
+    else:
+        # the quantised hidden layer perturbs the output, but boundedly
+        assert np.max(np.abs(y - ref)) < {"f16": 1e-2, "q8": 0.5, "q3": 5.0}[packing]
+
+
+def test_bad_packing_is_rejected(bundle):
+    with pytest.raises(InputError, match=r"bits in 1\.\.16, got 99"):
+        Session(bundle, split="c001", packing="q99")
+
+
+def test_large_results_travel_packed(tmp_path):
+    from ble_protocol.tensors import decode_tensors
+    from handheld.daemon import encode_results
+
+    big = {"y": np.zeros((1, 4096), np.float32), "z": np.arange(3, dtype=np.float32)}
+    blob = encode_results(big)
+    assert len(blob) < 1000  # zeros compress; 3 floats stay raw
+    out = decode_tensors(blob)
+    np.testing.assert_array_equal(out["y"], big["y"])
+    np.testing.assert_array_equal(out["z"], big["z"])

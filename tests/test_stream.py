@@ -70,7 +70,7 @@ def test_a_failing_frame_is_that_frames_error(bundle):
 def test_failure_on_the_handheld_side_does_not_hang(bundle, tmp_path):
     # corrupt the tail file of c001 after loading the bundle: the handheld fails that request
     (bundle.root / "c001" / "tail.onnx").write_bytes(b"not onnx")
-    with Session(bundle, split="c001", timeout=10) as sess:
+    with Session(bundle, split="c001", timeout=10, fallback=False) as sess:
         t0 = time.perf_counter()
         results = list(sess.stream(frames(3)))
     assert all(r.error is not None for r in results)

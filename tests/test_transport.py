@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 import zlib
 
 import numpy as np
@@ -247,3 +248,32 @@ def test_session_over_shaped_channel(tmp_path):
         assert sess.last_run is not None
         # 64 B of tensor + headers at 50 kB/s plus 5 ms latency each way
         assert sess.last_run.transfer_ms + sess.last_run.return_ms >= 10.0
+
+
+def test_nothing_is_lost_when_the_handheld_goes_away(tmp_path):
+    bundle = make_tiny_bundle(tmp_path / "t")
+    address = f"unix:{tmp_path / 'hh.sock'}"
+    x = np.random.default_rng(9).standard_normal((1, 16)).astype(np.float32)
+    ref = reference(bundle, x)
+    sess = Session(bundle.root, split="c001", transport="socket", handheld=address,
+                   timeout=5, max_backoff_s=0.5)
+    with handheld_daemon(bundle.root, address):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-5, atol=1e-6)
+        assert sess.last_run is not None and not sess.last_run.local
+    # daemon gone: the inference completes on the wearable, and says so
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+    assert sess.last_run is not None and sess.last_run.local
+    assert "handheld unavailable" in (sess.last_run.fallback or "")
+    assert sess.offline is not None
+    # frames of a stream are not lost either
+    results = list(sess.stream([{"x": x}] * 3))
+    assert all(r.error is None and r.stats is not None and r.stats.local for r in results)
+    # the handheld comes back: after the backoff the session offloads again
+    with handheld_daemon(bundle.root, address):
+        time.sleep(0.6)
+        (y,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+        assert sess.last_run is not None and not sess.last_run.local
+        assert sess.offline is None
+    sess.close()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
@@ -23,12 +24,15 @@ from ble_protocol.link import Link
 from ble_protocol.loopback import InProcessLink, connect_socket
 from ble_protocol.messages import (
     PROTOCOL_VERSION,
+    ErrorCode,
     MsgType,
+    ProtocolError,
     decode_json,
     decode_result,
     encode_json,
     encode_request,
 )
+from ble_protocol.packing import PackSpec, pack_tensors
 from ble_protocol.rpc import RpcClient
 from ble_protocol.shaped import Channel, ShapedLink
 from ble_protocol.tensors import decode_tensors, encode_tensors
@@ -37,7 +41,11 @@ from convert.bundle import Bundle, Candidate, TensorSpec
 from wearable.emulation import DeviceEmulation
 from wearable.loop import LoopThread
 
+if TYPE_CHECKING:
+    from handheld.tail import TailRunner
+
 LinkFactory = Callable[[], Awaitable[Link]]
+log = logging.getLogger(__name__)
 
 _ORT_TYPES = {
     "float32": "tensor(float)",
@@ -95,6 +103,7 @@ class RunStats:
     bytes_up: int = 0
     bytes_down: int = 0
     local: bool = False
+    fallback: str | None = None  # why an offloaded inference was completed on the wearable
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +124,13 @@ class Session:
         slowdown, threads: wearable emulation (see :class:`DeviceEmulation`).
         handheld_slowdown, handheld_threads: emulation of the in-process handheld.
         timeout: seconds to wait for one offloaded inference before failing it.
+        packing: how crossing tensors travel: ``raw`` (as is), ``f32`` (lossless shuffle + LZ4),
+            ``f16``, or ``q1``..``q16`` (per-input quantization + bit shuffle + LZ4; see
+            docs/PACKING.md).
+        fallback: when the handheld is unreachable, times out or fails a tail, finish that
+            inference on the wearable (``last_run.fallback`` says why) and retry the handheld
+            after a backoff (0.5 s doubling to ``max_backoff_s``). Configuration errors (bundle
+            mismatch, protocol version) always raise.
     """
 
     def __init__(
@@ -130,6 +146,9 @@ class Session:
         handheld_threads: int = 0,
         timeout: float = 30.0,
         head_cache: int = 4,
+        packing: str | PackSpec = "raw",
+        fallback: bool = True,
+        max_backoff_s: float = 30.0,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self.emulation = DeviceEmulation(slowdown, threads)
@@ -138,6 +157,10 @@ class Session:
         self._head_cache = head_cache
         self._heads: OrderedDict[str, ort.InferenceSession] = OrderedDict()
         self._candidate = self._pick(split)
+        try:
+            self.packing = packing if isinstance(packing, PackSpec) else PackSpec.parse(packing)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         self._transport = transport
         self._handheld_addr = handheld
         if transport == "socket" and not handheld:
@@ -147,6 +170,12 @@ class Session:
                 f"unknown transport {transport!r}: expected 'inprocess', 'socket', a Link "
                 "or an async link factory"
             )
+        self.fallback = fallback
+        self.max_backoff_s = max_backoff_s
+        self._backoff_s = 0.0
+        self._offline_until = 0.0
+        self._offline_reason = ""
+        self._local_tails: TailRunner | None = None
         self._loop: LoopThread | None = None
         self._rpc: RpcClient | None = None
         self._server_task: asyncio.Task[None] | None = None
@@ -188,11 +217,7 @@ class Session:
             outputs = crossing
             stats.local = True
         else:
-            payload = self._pack(cand, crossing, stats)
-            reply = self._loop_thread().run(
-                self._exchange(payload, stats), timeout=self.timeout + 10
-            )
-            outputs = self._unpack(reply, stats)
+            outputs = self._offload_or_local(cand, crossing, stats)
         stats.total_ms = (time.perf_counter() - t_start) * 1e3
         self.last_run = stats
         return [outputs[n] for n in names]
@@ -319,6 +344,50 @@ class Session:
         produced = dict(zip(head_out, values, strict=True))
         return {n: produced[n] if n in produced else feeds[n] for n in wanted}
 
+    # -- nothing is lost: offload, or finish on the wearable ------------------------------------
+    def _offload_or_local(
+        self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats
+    ) -> dict[str, np.ndarray]:
+        if time.monotonic() < self._offline_until:
+            return self._finish_locally(cand, crossing, stats, self._offline_reason)
+        payload = self._pack(cand, crossing, stats)
+        try:
+            reply = self._loop_thread().run(
+                self._exchange(payload, stats), timeout=self.timeout + 10
+            )
+        except (ProtocolError, TimeoutError) as exc:
+            if not self.fallback or not _transient(exc):
+                raise
+            self._went_offline(exc)
+            return self._finish_locally(cand, crossing, stats, self._offline_reason)
+        self._backoff_s = 0.0
+        return self._unpack(reply, stats)
+
+    def _went_offline(self, exc: BaseException) -> None:
+        self._backoff_s = min(max(self._backoff_s * 2, 0.5), self.max_backoff_s)
+        self._offline_until = time.monotonic() + self._backoff_s
+        self._offline_reason = f"handheld unavailable ({exc}); retry in {self._backoff_s:.1f} s"
+        log.warning("offloading paused: %s", self._offline_reason)
+
+    def _finish_locally(
+        self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats, why: str
+    ) -> dict[str, np.ndarray]:
+        """Run ``cand``'s tail on the wearable (the bundle carries it) instead of the handheld."""
+        if self._local_tails is None:
+            from handheld.tail import TailRunner
+
+            self._local_tails = TailRunner(self.bundle, self.emulation, capacity=2)
+        outputs, elapsed = self._local_tails.run(cand.id, crossing)
+        stats.tail_ms = elapsed * 1e3
+        stats.local = True
+        stats.fallback = why
+        return outputs
+
+    @property
+    def offline(self) -> str | None:
+        """Why offloading is paused right now, or None when the handheld is in use."""
+        return self._offline_reason if time.monotonic() < self._offline_until else None
+
     def _loop_thread(self) -> LoopThread:
         if self._loop is None:
             self._loop = LoopThread()
@@ -326,7 +395,11 @@ class Session:
 
     def _pack(self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
         t0 = time.perf_counter()
-        payload = encode_request(cand.id, encode_tensors(crossing))
+        if self.packing.codec == "raw":
+            blob = encode_tensors(crossing)
+        else:
+            blob = encode_tensors({}, packed=pack_tensors(crossing, self.packing))
+        payload = encode_request(cand.id, blob)
         stats.pack_ms = (time.perf_counter() - t0) * 1e3
         stats.bytes_up = len(payload)
         return payload
@@ -391,6 +464,22 @@ class Session:
         daemon = HandheldDaemon(self.bundle, self._handheld_emulation)
         self._server_task = asyncio.get_running_loop().create_task(daemon.serve(theirs))
         return ours
+
+
+_TRANSIENT = {
+    ErrorCode.DISCONNECTED,
+    ErrorCode.TIMEOUT,
+    ErrorCode.BUSY,
+    ErrorCode.TAIL_FAILED,
+    ErrorCode.CANCELLED,
+}
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors after which finishing locally and retrying later is right."""
+    return isinstance(exc, TimeoutError) or (
+        isinstance(exc, ProtocolError) and exc.code in _TRANSIENT
+    )
 
 
 def _node_arg(spec: TensorSpec) -> NodeArg:

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wearable.session import FrameResult, RunStats
+from wearable.session import FrameResult, RunStats, _transient
 
 if TYPE_CHECKING:
     from convert.bundle import Candidate
@@ -31,6 +31,8 @@ class _Pending:
     crossing: dict[str, Any] | None = None
     outputs: dict[str, Any] | None = None
     reply: bytes | None = None
+    offload_error: BaseException | None = None  # transient: finish this frame on the wearable
+    local_reason: str | None = None
 
 
 def run_stream(
@@ -62,10 +64,11 @@ def run_stream(
         if pending.candidate.is_wearable_only:
             pending.outputs = pending.crossing
             pending.stats.local = True
+        elif session.offline is not None:
+            pending.local_reason = session.offline
         else:
             assert pending.crossing is not None
             pending.reply = session._pack(pending.candidate, pending.crossing, pending.stats)
-        pending.crossing = None
         return pending
 
     def submit(feed: Mapping[str, Any]) -> Future[_Pending]:
@@ -85,7 +88,7 @@ def run_stream(
             if failed(pf):
                 return
             pending = pf.result()
-            if pending.reply is None:
+            if pending.reply is None:  # wearable-only, or the handheld is unavailable
                 done.set_result(pending)
                 return
             cf = asyncio.run_coroutine_threadsafe(
@@ -93,7 +96,12 @@ def run_stream(
             )
 
             def after_exchange(xf: Future[bytes]) -> None:
-                if not failed(xf):
+                exc = xf.exception()
+                if exc is not None and session.fallback and _transient(exc):
+                    pending.reply = None
+                    pending.offload_error = exc
+                    done.set_result(pending)
+                elif not failed(xf):
                     pending.reply = xf.result()
                     done.set_result(pending)
 
@@ -118,9 +126,19 @@ def run_stream(
             try:
                 pending = fut.result(timeout=session.timeout + 10)
                 outputs = pending.outputs
-                if outputs is None:
-                    assert pending.reply is not None
+                if outputs is None and pending.reply is not None:
                     outputs = session._unpack(pending.reply, pending.stats)
+                elif outputs is None:
+                    if pending.offload_error is not None:
+                        session._went_offline(pending.offload_error)
+                    assert pending.crossing is not None
+                    outputs = session._finish_locally(
+                        pending.candidate,
+                        pending.crossing,
+                        pending.stats,
+                        pending.local_reason or session._offline_reason,
+                    )
+                pending.crossing = None
                 pending.stats.total_ms = (time.perf_counter() - pending.start) * 1e3
                 session.last_run = pending.stats
                 yield FrameResult(i, [outputs[n] for n in names], None, pending.stats)

@@ -18,6 +18,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("predict", "coinf.bench.predict", "latency predictors vs measured candidate slices"),
     ("plan", "coinf.bench.plan", "the planner's choice vs every candidate measured end to end"),
     ("plan-sweep", "coinf.bench.plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
+    ("pack", "coinf.bench.pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
+    ("stream", "coinf.bench.stream", "pipelined vs sequential streaming over an emulated radio"),
 ]
 
 

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
     from coinf.errors import CoinfError
-    from coinf.sample import random_feeds
+    from coinf.sample import bundle_feeds
     from convert.bundle import Bundle
 
     if args.runs < 1:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     whole = session(bundle.model_path)
     head = session(bundle.path(cand.head.file))
     tail = session(bundle.path(cand.tail.file))
-    feeds = random_feeds(bundle.inputs)
+    feeds = bundle_feeds(bundle)
     head_in = {i.name: feeds[i.name] for i in head.get_inputs()}
     head_out = [o.name for o in head.get_outputs()]
     tail_in_names = [i.name for i in tail.get_inputs()]

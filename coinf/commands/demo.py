@@ -30,13 +30,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def ensure_bundle(model: Path, out: Path) -> Path:
     """Split ``model`` into ``out`` unless a bundle of the same model file is already there."""
-    from convert.split import split_model
-
     from convert.bundle import MANIFEST, Bundle, sha256_file
+    from convert.split import split_model
 
     if (out / MANIFEST).is_file():
         try:
-            if Bundle.load(out).model_sha256 == sha256_file(model):
+            source = Bundle.load(out).meta.get("source", {})
+            if source.get("sha256") == sha256_file(model):
                 progress(f"reusing bundle {out}")
                 return out
         except Exception as exc:

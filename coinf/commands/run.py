@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
     from coinf.errors import CoinfError
-    from coinf.sample import load_feeds, random_feeds
+    from coinf.sample import bundle_feeds, load_feeds
     from convert.bundle import Bundle
     from wearable.session import Session
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.transport == "socket" and not args.handheld:
         raise CoinfError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
     bundle = Bundle.load(args.bundle)
-    feeds = random_feeds(bundle.inputs, args.seed)
+    feeds = bundle_feeds(bundle, args.seed)
     feeds.update(load_feeds(args.input, bundle.inputs))
     ref_sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
     reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),
@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
                 "tensors": len(cand.crossing),
                 "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
                 "head_ms": med("head_ms"),
+                "pack_ms": med("pack_ms"),
                 "transfer_ms": med("transfer_ms"),
                 "tail_ms": med("tail_ms"),
+                "return_ms": med("return_ms"),
                 "total_ms": med("total_ms"),
                 "max_abs_err": err,
                 "match": bool(match),
@@ -118,13 +120,14 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'candidate':<10} {'cut after':<28} {'tensors':>7} {'bytes':>9} {'head ms':>8} "
-            f"{'xfer ms':>8} {'tail ms':>8} {'e2e ms':>8}  match")
+            f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
     lines = [head, "-" * len(head)]
     for r in rows:
         label = r["label"] if len(r["label"]) <= 28 else "…" + r["label"][-27:]
         lines.append(
             f"{r['candidate']:<10} {label:<28} {r['tensors']:>7} {r['bytes']:>9} "
-            f"{r['head_ms']:>8.2f} {r['transfer_ms']:>8.2f} {r['tail_ms']:>8.2f} "
-            f"{r['total_ms']:>8.2f}  {'yes' if r['match'] else 'NO'}"
+            f"{r['head_ms']:>8.2f} {r['pack_ms']:>8.2f} {r['transfer_ms']:>8.2f} "
+            f"{r['tail_ms']:>8.2f} {r['return_ms']:>8.2f} {r['total_ms']:>8.2f}  "
+            f"{'yes' if r['match'] else 'NO'}"
         )
     return "\n".join(lines)

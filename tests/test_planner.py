@@ -246,3 +246,31 @@ def test_measured_nodes_sum_when_slices_were_not_measured(bundle: Bundle) -> Non
     assert rows[1].head_ms == pytest.approx(2 * 1.5)
     assert rows[2].head_ms == pytest.approx(2 * 3.75)
     assert rows[3].head_ms == pytest.approx(2 * 3.875)
+
+
+def test_packings_are_configurations_dyno_picks_within_accuracy(tmp_path: Path) -> None:
+    """(candidate, packing) rows from the bundle's calibration; DynO's accuracy constraint."""
+    from dataclasses import replace
+
+    from wearable.planner.planner import split_config
+    from wearable.planner.schedulers import dyno, parse_constraint
+
+    b = make_bundle(tmp_path / "b", hw=32)
+    cal = {"c000": [{"spec": "q4", "mean_bytes": 1600.0, "accuracy_drop_pp": 3.0},
+                    {"spec": "q8", "mean_bytes": 3100.0, "accuracy_drop_pp": 0.4}],
+           "c001": [{"spec": "q8", "mean_bytes": 16400.0, "accuracy_drop_pp": 0.2}]}
+    cands = tuple(replace(c, extra={**c.extra, "packing": cal.get(c.id, [])})
+                  for c in b.candidates)
+    b.candidates = cands
+    w, h = profiles(b)
+    planner = Planner(b, w, h, Policy(objective="latency"), packings=("raw", "q8", "q4", "f16"))
+    link = LinkEstimate(200_000, 200_000, 0)
+    rows = {r.id: r for r in planner.costs(link)}
+    assert set(rows) == {"c000", "c000~q4", "c000~q8", "c001", "c001~q8", "c002", "c003"}
+    assert rows["c000~q4"].accuracy_drop_pp == 3.0
+    assert rows["c000~q4"].crossing_bytes == rows["c000"].crossing_bytes - 12288 + 1600
+    # fastest overall is the 4-bit upload; with accuracy_drop <= 1 pp it must be 8-bit
+    assert planner.decide(link).winner == "c000~q4"
+    d = dyno(planner.costs(link), [parse_constraint("accuracy_drop<=1")], [])
+    assert split_config(d.winner) == ("c000", "q8")
+    assert split_config("c003") == ("c003", "raw")

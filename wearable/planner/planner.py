@@ -7,9 +7,10 @@ says an input moved; the call only does arithmetic over the cached per-candidate
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from coinf.errors import CoinfError
 from wearable.planner.adapt import (
     DEFAULT_LINK,
     LinkEstimate,
@@ -26,6 +27,14 @@ from wearable.profile import DeviceProfile
 from wearable.status import DeviceStatus
 
 _UNSET: Any = object()
+#: separates candidate id and packing in a configuration id (``c003~q4``)
+PACK_SEP = "~"
+
+
+def split_config(config_id: str) -> tuple[str, str]:
+    """``"c003~q4"`` -> ``("c003", "q4")``; a plain candidate id -> ``(id, "raw")``."""
+    cid, _, spec = config_id.partition(PACK_SEP)
+    return cid, spec or "raw"
 
 
 def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
@@ -59,10 +68,15 @@ class Planner:
     def __init__(self, bundle: Any, wearable_profile: DeviceProfile | None = None,
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
                  predictor_style: str = "coinf",
-                 wire_bytes: Callable[[Any], tuple[int, int]] | None = None) -> None:
-        """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels; by
-        default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`
-        (a packer that compresses should pass its own)."""
+                 wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
+                 packings: Sequence[str] = ("raw",)) -> None:
+        """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels raw; by
+        default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`.
+
+        ``packings`` (e.g. ``("raw", "f16", "q8", "q4")``) makes each (candidate, packing) a
+        configuration, DynO-style: a row ``c003~q4`` uses the calibrated mean packed size and
+        accuracy drop from the bundle (``coinf calibrate``); packings a candidate was not
+        calibrated for are skipped. Use :func:`split_config` on the winner."""
         self.bundle = bundle
         self.wire_bytes = wire_bytes or (lambda c: protocol_wire_bytes(c, bundle.outputs))
         self.wearable = wearable_profile or DeviceProfile.default("wearable")
@@ -70,7 +84,8 @@ class Planner:
         self.policy = policy or Policy()
         self.predictor_style = predictor_style
         self._features: Any = None
-        self._wire: dict[str, tuple[int, int]] = {}
+        self._wire_cfg: dict[str, list[tuple[str, int, int, float]]] = {}
+        self.packings = tuple(packings)
         self._base: list[tuple[float, float, str, str]] | None = None
 
     # -- base compute times (cached) ---------------------------------------------------------
@@ -122,22 +137,44 @@ class Planner:
         rows = []
         for c, (h, t, _, _) in zip(self.bundle.candidates, self.base_times(), strict=True):
             head, tail = h * sw, t * sh
-            if c.is_wearable_only:
+            for spec, nbytes, out_bytes, acc in self._configs(c):
                 xfer = ret = 0.0
-                nbytes = 0
-            else:
-                if c.id not in self._wire:
-                    self._wire[c.id] = self.wire_bytes(c)
-                nbytes, out_bytes = self._wire[c.id]
-                xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
-            # marginal energy over idle: compute above idle power, plus the radio while it moves
-            ew = head * max(pw.cpu_active_w - pw.cpu_idle_w, 0) + xfer * pw.ble_tx_w \
-                + ret * pw.ble_rx_w
-            eh = tail * max(ph.cpu_active_w - ph.cpu_idle_w, 0) + xfer * ph.ble_rx_w \
-                + ret * ph.ble_tx_w
-            rows.append(CandidateCost(c.id, head, tail, xfer, ret, ew, eh, nbytes,
-                                      float(c.extra.get("accuracy_drop_pp", 0.0)), c.label))
+                if not c.is_wearable_only:
+                    xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
+                # marginal energy over idle: compute above idle power, plus the radio
+                ew = head * max(pw.cpu_active_w - pw.cpu_idle_w, 0) + xfer * pw.ble_tx_w \
+                    + ret * pw.ble_rx_w
+                eh = tail * max(ph.cpu_active_w - ph.cpu_idle_w, 0) + xfer * ph.ble_rx_w \
+                    + ret * ph.ble_tx_w
+                rid = c.id if spec == "raw" else f"{c.id}{PACK_SEP}{spec}"
+                label = c.label if spec == "raw" else f"{c.label} {spec}"
+                rows.append(CandidateCost(rid, head, tail, xfer, ret, ew, eh, nbytes, acc, label))
         return rows
+
+    def _configs(self, c: Any) -> list[tuple[str, int, int, float]]:
+        """(packing, request bytes, result bytes, accuracy drop) of each configuration of
+        candidate ``c``: raw, plus every packing in ``self.packings`` it was calibrated for."""
+        if c.id in self._wire_cfg:
+            return self._wire_cfg[c.id]
+        if c.is_wearable_only:
+            out = [("raw", 0, 0, 0.0)]
+        else:
+            req, res = self.wire_bytes(c)
+            out = [("raw", req, res, float(c.extra.get("accuracy_drop_pp", 0.0)))]
+            header = req - int(c.extra.get("wire_bytes", c.crossing_bytes))
+            for spec in self.packings:
+                if spec == "raw":
+                    continue
+                try:
+                    from convert.calibrate import accuracy_drop, expected_packed_bytes
+
+                    packed = expected_packed_bytes(c, spec)
+                    drop = accuracy_drop(c, spec)
+                except (ImportError, CoinfError, KeyError, ValueError):
+                    continue  # not calibrated for this packing: not a configuration
+                out.append((spec, round(packed) + header, res, drop))
+        self._wire_cfg[c.id] = out
+        return out
 
     # -- exact optimum over every cut of the graph -----------------------------------------
     def optimal_cut(self, link: LinkEstimate | None = None,

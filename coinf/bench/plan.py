@@ -52,7 +52,10 @@ def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threa
 
 
 def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, threads: int,
-             runs: int, preset: str, repeats: int) -> dict[str, Any]:
+             runs: int, preset: str, repeats: int,
+             predictor_profile: str | None = None) -> dict[str, Any]:
+    """One configuration. With ``predictor_profile`` the planner never sees this model's
+    timings: compute times come from that profile's layer predictors."""
     from ble_protocol.shaped import Channel
     from convert.bundle import Bundle
     from wearable.planner.adapt import LinkEstimate
@@ -62,14 +65,20 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
 
     bundle = Bundle.load(bundle_dir)
     bps = bandwidth_kbps * 1000.0
-    progress(f"{bundle.root.name}: profiling slices ({threads} thread(s))")
-    mp = profile_bundle(bundle, threads, warmup=2, repeats=repeats)
     wear = DeviceProfile.pi_zero_2w()
     wear.threads, wear.slowdown = threads, slowdown
-    wear.models[bundle.identity] = mp
     hand = DeviceProfile.laptop()
     hand.threads = threads
-    hand.models[bundle.identity] = mp
+    if predictor_profile:
+        pred = DeviceProfile.load(predictor_profile).predictor
+        if pred is None:
+            raise CoinfError(f"{predictor_profile} has no predictor; run `coinf profile --train`")
+        wear.predictor = hand.predictor = pred
+    else:
+        progress(f"{bundle.root.name}: profiling slices ({threads} thread(s))")
+        mp = profile_bundle(bundle, threads, warmup=2, repeats=repeats)
+        wear.models[bundle.identity] = mp
+        hand.models[bundle.identity] = mp
     planner = Planner(bundle, wear, hand, Policy(objective=preset, battery_aware=False,
                                                  charging_rule=False))
     overhead = Channel(bps, LATENCY_S).overhead_bytes
@@ -119,6 +128,7 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
     chosen = decision.winner
     return {
         "model": bundle.root.name, "preset": preset, "slowdown": slowdown,
+        "times_from": "predictor" if predictor_profile else "measured slices",
         "bandwidth_bps": bps,
         "calibration": {"wearable_load_factor": load, "handheld_load_factor": hload,
                         "rtt_ms": rtt},
@@ -144,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wearable_slowdown < 1 or args.bandwidth_kbps <= 0:
         raise CoinfError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
     emit(plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
-                  args.runs, args.preset, args.repeats))
+                  args.runs, args.preset, args.repeats, args.predicted))
     return 0
 
 
@@ -160,7 +170,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         for kbps in args.bandwidths_kbps:
             for k in args.slowdowns:
                 results.append(plan_one(b, kbps, k, args.threads, args.runs, args.preset,
-                                        args.repeats))
+                                        args.repeats, args.predicted))
     ratios = [r["ratio"] for r in results]
     worse = sum(r["chosen_ms"] > 1.02 * min(r["wearable_only_ms"], r["handheld_only_ms"])
                 for r in results)
@@ -177,6 +187,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per candidate (median)")
     parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per slice")
+    parser.add_argument("--predicted", metavar="PROFILE",
+                        help="plan from this profile's layer predictors instead of profiling "
+                             "the bundle (a model never profiled)")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")
 
 

@@ -56,12 +56,14 @@ def test_coinf_budget_picks_most_efficient_meeting_it() -> None:
 
 
 def test_coinf_streaming_uses_max_of_stages() -> None:
-    # balanced: head 60, rest 60 -> period 60 (sum 120); lopsided: head 10, rest 80 -> 80 (sum 90)
-    t = [row("balanced", 60, 30, 30, 1, 1), row("lopsided", 10, 40, 40, 1, 1)]
-    assert coinf(t, 0).winner == "lopsided"
+    # balanced: head, link, tail 40 each -> period 40 (sum 120); link-bound: 10 + 70 + 10 -> 70
+    # (sum 90). The tail overlaps the link, so "head vs everything else" (80) would be wrong.
+    t = [row("balanced", 40, 40, 40, 1, 1), row("link-bound", 10, 70, 10, 1, 1)]
+    assert coinf(t, 0).winner == "link-bound"
     d = coinf(t, 0, streaming=True)
     assert d.winner == "balanced"
-    assert d.scores["balanced"]["latency_ms"] == 60
+    assert d.scores["balanced"]["latency_ms"] == 40
+    assert d.scores["link-bound"]["latency_ms"] == 70
 
 
 def test_coinf_rejects_bad_input() -> None:

@@ -43,11 +43,12 @@ class CandidateCost:
     def latency_ms(self, streaming: bool = False) -> float:
         """End-to-end latency; in streaming mode the pipelined period (CoINF Alg. III.1 line 4).
 
-        Streaming overlaps frame n+1's head with frame n's transfer and tail, so the period is the
-        slower of the two stages: ``max(head, transfer + tail + return)``.
+        coinf's pipeline (:mod:`wearable.stream`) overlaps three resources: the wearable's CPU
+        (head), the radio (transfer and return share the air) and the handheld's CPU (tail), so
+        the period is the slowest of them: ``max(head, transfer + return, tail)``.
         """
         if streaming:
-            return max(self.head_ms, self.transfer_ms + self.tail_ms + self.return_ms)
+            return max(self.head_ms, self.transfer_ms + self.return_ms, self.tail_ms)
         return self.head_ms + self.transfer_ms + self.tail_ms + self.return_ms
 
     def throughput_fps(self, streaming: bool = True) -> float:

@@ -28,6 +28,7 @@ class MsgType(IntEnum):
     PROBE = 6  # either way: opaque bytes, echoed back with the same request id
     ERROR = 7  # either way: u16 code + UTF-8 text
     CANCEL = 8  # wearable -> handheld: empty; abandon request_id
+    PROFILE = 9  # request: empty; reply: the device profile, UTF-8 JSON (<= 8 MiB)
 
 
 class ErrorCode(IntEnum):

@@ -61,6 +61,12 @@ class ShapedLink(Link):
     def channel(self) -> Channel:
         return self._air.channel
 
+    def retune(self, channel: Channel) -> None:
+        """Change the radio conditions of both ends from now on (tests, benches)."""
+        if not channel.bandwidth_bps > 0:
+            raise ValueError(f"bandwidth must be > 0 B/s, got {channel.bandwidth_bps}")
+        self._air.channel = channel
+
     @property
     def description(self) -> str:
         c = self._air.channel

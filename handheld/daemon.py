@@ -7,8 +7,8 @@ One daemon serves one bundle. It is transport-agnostic: give :meth:`HandheldDaem
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import os
 import time
 from typing import Any
 
@@ -32,6 +32,8 @@ from ble_protocol.tensors import decode_tensors, encode_tensors
 from convert.bundle import Bundle
 from handheld.tail import TailRunner
 from wearable.emulation import DeviceEmulation
+from wearable.profile import DeviceProfile
+from wearable.status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,10 @@ class HandheldDaemon:
         emulation: DeviceEmulation | None = None,
         lru: int = 4,
         max_request_bytes: int = 64 * 1024 * 1024,
+        profile: DeviceProfile | None = None,
     ) -> None:
         self.bundle = bundle
+        self.profile = profile
         self.tails = TailRunner(bundle, emulation, capacity=lru)
         self.max_request_bytes = max_request_bytes
         self.requests = 0
@@ -73,13 +77,16 @@ class HandheldDaemon:
         }
 
     def status(self) -> dict[str, Any]:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        """``device`` is a :class:`~wearable.status.DeviceStatus` (load, clock, battery)."""
+        try:
+            device = read_status().to_json()
+        except ImportError:  # psutil not installed: no device figures
+            device = {}
         return {
+            "device": device,
             "role": "handheld",
             "requests": self.requests,
             "uptime_s": round(time.monotonic() - self.started, 1),
-            "loadavg": load,
-            "cpus": os.cpu_count(),
             "tails_loaded": self.tails.loaded,
         }
 
@@ -101,6 +108,11 @@ class HandheldDaemon:
             return Message(MsgType.HELLO_ACK, msg.request_id, encode_json(self.hello_payload()))
         if msg.type == MsgType.STATUS:
             return Message(MsgType.STATUS, msg.request_id, encode_json(self.status()))
+        if msg.type == MsgType.PROFILE:
+            if self.profile is None:
+                raise ProtocolError(ErrorCode.MALFORMED, "this handheld has no device profile")
+            payload = json.dumps(self.profile.to_json(), separators=(",", ":")).encode()
+            return Message(MsgType.PROFILE, msg.request_id, payload)
         if msg.type == MsgType.REQUEST:
             if len(msg.payload) > self.max_request_bytes:
                 raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")

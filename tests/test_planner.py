@@ -164,11 +164,14 @@ def test_link_estimator_recent_then_historical() -> None:
     est.observe_transfer(30_000, 1.0)
     est.observe_transfer(10_000, 1.0)
     e = est.estimate()
-    assert e.source == "recent" and e.up_bps == pytest.approx(20_000)
+    # averaged as seconds per byte: mean(1/30000, 1/10000) -> 15 kB/s
+    assert e.source == "recent" and e.up_bps == pytest.approx(15_000)
     assert not est.probe_due()
     now[0] = 301.0
     e = est.estimate()
-    assert e.source == "historical" and e.up_bps == pytest.approx(28_000)
+    # historical (alpha 0.1): 1/30000 then 10% of the way to 1/10000
+    assert e.source == "historical" and e.up_bps == pytest.approx(1 / (1 / 30_000 + 0.1 * (
+        1 / 10_000 - 1 / 30_000)))
     assert est.probe_due(300)
     est.observe_transfer(10, 0.001)  # too small to measure bandwidth: ignored
     assert est.estimate().source == "historical"

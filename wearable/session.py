@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -38,8 +39,13 @@ from ble_protocol.shaped import Channel, ShapedLink
 from ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.errors import CoinfError, InputError
 from convert.bundle import Bundle, Candidate, TensorSpec
+from wearable.autoplan import AutoPlan
 from wearable.emulation import DeviceEmulation
 from wearable.loop import LoopThread
+from wearable.planner.costs import Decision
+from wearable.planner.planner import _UNSET
+from wearable.policy import OBJECTIVES, Policy, load_policy
+from wearable.profile import DeviceProfile, load_or_default
 
 if TYPE_CHECKING:
     from handheld.tail import TailRunner
@@ -94,6 +100,7 @@ class RunStats:
     """Timings (ms) and bytes of one ``Session.run``."""
 
     candidate: str
+    packing: str = "raw"
     head_ms: float = 0.0
     pack_ms: float = 0.0
     transfer_ms: float = 0.0
@@ -114,8 +121,8 @@ class Session:
 
     Args:
         bundle: a bundle directory (``coinf split``) or a loaded :class:`Bundle`.
-        split: candidate id (``c007``) or ``handheld-only`` / ``wearable-only``. ``None`` picks the
-            candidate with the fewest crossing bytes (the planner issue replaces this default).
+        split: candidate id (``c007``) or ``handheld-only`` / ``wearable-only`` to fix the split;
+            ``None`` (default) lets the planner choose before every run (docs/PLANNER.md).
         transport: ``"inprocess"`` (a handheld in this process), ``"socket"`` (a
             ``coinf handheld`` daemon at ``handheld=unix:/path`` or ``tcp:HOST:PORT``), a
             :class:`~ble_protocol.shaped.Channel` (an in-process handheld behind a link with that
@@ -131,6 +138,15 @@ class Session:
             inference on the wearable (``last_run.fallback`` says why) and retry the handheld
             after a backoff (0.5 s doubling to ``max_backoff_s``). Configuration errors (bundle
             mismatch, protocol version) always raise.
+        objective, latency_budget_ms, policy: what the planner optimises (``auto``, ``latency``,
+            ``energy``, ``throughput``, ``neurosurgeon-*``, ``dyno``) and under which budget;
+            default from the policy file (``coinf policy``). ``policy`` may be a Policy or a
+            path to a policy JSON file.
+        wearable_profile, handheld_profile: device profiles (``coinf profile``) or paths; by
+            default the saved ones, else built-in Pi Zero 2 W / laptop estimates. Without a
+            handheld profile the handheld is asked for its own when the link comes up.
+        packings: packings the planner may choose from with each cut (``("raw", "q8", "q4")``);
+            only those ``coinf calibrate`` measured for a candidate are considered.
     """
 
     def __init__(
@@ -149,6 +165,12 @@ class Session:
         packing: str | PackSpec = "raw",
         fallback: bool = True,
         max_backoff_s: float = 30.0,
+        objective: str | None = None,
+        latency_budget_ms: Any = _UNSET,
+        policy: Policy | str | Path | None = None,
+        wearable_profile: DeviceProfile | str | Path | None = None,
+        handheld_profile: DeviceProfile | str | Path | None = None,
+        packings: Sequence[str] = ("raw",),
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self.emulation = DeviceEmulation(slowdown, threads)
@@ -156,11 +178,18 @@ class Session:
         self.timeout = timeout
         self._head_cache = head_cache
         self._heads: OrderedDict[str, ort.InferenceSession] = OrderedDict()
-        self._candidate = self._pick(split)
         try:
             self.packing = packing if isinstance(packing, PackSpec) else PackSpec.parse(packing)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        self.autoplan: AutoPlan | None = None
+        if split is None:
+            self.autoplan = self._make_autoplan(
+                objective, latency_budget_ms, policy, wearable_profile, handheld_profile,
+                packings,
+            )
+            split = self.autoplan.choose(None)[0]
+        self._candidate = self._pick(split)
         self._transport = transport
         self._handheld_addr = handheld
         if transport == "socket" and not handheld:
@@ -176,6 +205,7 @@ class Session:
         self._offline_until = 0.0
         self._offline_reason = ""
         self._local_tails: TailRunner | None = None
+        self._planner_off: AutoPlan | None = None
         self._loop: LoopThread | None = None
         self._rpc: RpcClient | None = None
         self._server_task: asyncio.Task[None] | None = None
@@ -197,8 +227,84 @@ class Session:
         """The candidate the next run uses."""
         return self._candidate
 
-    def set_split(self, split: str) -> None:
+    def set_split(self, split: str | None, packing: str | PackSpec | None = None) -> None:
+        """Fix the split (and packing) from now on; ``None`` hands the choice back to the
+        planner (only for a Session created without ``split``)."""
+        if split is None:
+            if self._planner_off is None:
+                raise ValueError("this Session was created with a fixed split; it has no planner")
+            self.autoplan, self._planner_off = self._planner_off, None
+            return
         self._candidate = self._pick(split)
+        if packing is not None:
+            self.packing = packing if isinstance(packing, PackSpec) else PackSpec.parse(packing)
+        if self.autoplan is not None:
+            self._planner_off, self.autoplan = self.autoplan, None
+
+    def plan(self) -> Decision:
+        """The planner's current decision: every candidate's predicted head, transfer, tail,
+        return and energy, the winner, and why (``print(session.plan().explain())``)."""
+        auto = self.autoplan or self._planner_off
+        if auto is None:
+            auto = self._planner_off = self._make_autoplan(
+                None, _UNSET, None, None, None, ("raw",)
+            )
+        decision = auto.decision()
+        if self.offline is not None:
+            decision.notes.append(
+                f"offline: runs complete on the wearable (wearable-only) - {self.offline}"
+            )
+        if self.autoplan is None:
+            decision.notes.append(f"split fixed by the caller at {self._candidate.id}")
+        return decision
+
+    def _make_autoplan(
+        self,
+        objective: str | None,
+        latency_budget_ms: Any,
+        policy: Policy | str | Path | None,
+        wearable_profile: DeviceProfile | str | Path | None,
+        handheld_profile: DeviceProfile | str | Path | None,
+        packings: Sequence[str],
+    ) -> AutoPlan:
+        pol = policy if isinstance(policy, Policy) else load_policy(policy)[0]
+        if objective is not None and objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {objective!r}; expected one of "
+                             f"{', '.join(OBJECTIVES)}")
+        wprof = (wearable_profile if isinstance(wearable_profile, DeviceProfile)
+                 else load_or_default("wearable", wearable_profile))
+        measured_here = bool(wprof.models) or wprof.predictor is not None
+        if measured_here and self.emulation.slowdown != 1.0 and wprof.slowdown == 1.0:
+            # a profile measured on this machine, which now plays a K x slower wearable
+            wprof = dataclasses.replace(wprof, slowdown=self.emulation.slowdown)
+        hprof = (handheld_profile if isinstance(handheld_profile, DeviceProfile)
+                 else load_or_default("handheld", handheld_profile)
+                 if handheld_profile is not None else None)
+        return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
+                        objective=objective, latency_budget_ms=latency_budget_ms,
+                        packings=packings)
+
+    def _ensure_link(self) -> None:
+        """With a planner, connect (and probe) before deciding, unless offline: the planner
+        must know the link even when its first choice keeps everything on the wearable."""
+        if self.offline is not None or (self._rpc is not None and self._rpc.link.is_open):
+            return
+        try:
+            self._loop_thread().run(self._connect(), timeout=self.timeout + 5)
+        except (ProtocolError, TimeoutError) as exc:
+            if not self.fallback or not _transient(exc):
+                raise
+            self._went_offline(exc)
+
+    def _plan_next(self) -> None:
+        """Let the planner choose the split and packing of the next run."""
+        if self.autoplan is None:
+            return
+        cid, spec = self.autoplan.choose(self.offline)
+        if cid != self._candidate.id:
+            self._candidate = self.bundle.candidate(cid)
+        if str(self.packing) != spec:
+            self.packing = PackSpec.parse(spec)
 
     def run(
         self,
@@ -209,8 +315,12 @@ class Session:
         """Run one inference; returns the requested outputs (all when ``output_names`` is None)."""
         feeds = self._check_feed(input_feed)
         names = self._check_outputs(output_names)
+        if self.autoplan is not None:
+            self.autoplan.started()
+            self._ensure_link()
+            self._plan_next()
         cand = self._candidate
-        stats = RunStats(candidate=cand.id)
+        stats = RunStats(candidate=cand.id, packing=str(self.packing))
         t_start = time.perf_counter()
         crossing = self._run_head(cand, feeds, stats)
         if cand.is_wearable_only:
@@ -220,6 +330,8 @@ class Session:
             outputs = self._offload_or_local(cand, crossing, stats)
         stats.total_ms = (time.perf_counter() - t_start) * 1e3
         self.last_run = stats
+        if self.autoplan is not None:
+            self.autoplan.finished(stats)
         return [outputs[n] for n in names]
 
     def stream(
@@ -384,6 +496,11 @@ class Session:
         return outputs
 
     @property
+    def link(self) -> Link | None:
+        """The link to the handheld, once connected."""
+        return self._rpc.link if self._rpc is not None else None
+
+    @property
     def offline(self) -> str | None:
         """Why offloading is paused right now, or None when the handheld is in use."""
         return self._offline_reason if time.monotonic() < self._offline_until else None
@@ -395,10 +512,11 @@ class Session:
 
     def _pack(self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
         t0 = time.perf_counter()
-        if self.packing.codec == "raw":
+        spec = PackSpec.parse(stats.packing)
+        if spec.codec == "raw":
             blob = encode_tensors(crossing)
         else:
-            blob = encode_tensors({}, packed=pack_tensors(crossing, self.packing))
+            blob = encode_tensors({}, packed=pack_tensors(crossing, spec))
         payload = encode_request(cand.id, blob)
         stats.pack_ms = (time.perf_counter() - t0) * 1e3
         stats.bytes_up = len(payload)
@@ -409,6 +527,8 @@ class Session:
         if self._rpc is None or not self._rpc.link.is_open:
             await self._connect()
         assert self._rpc is not None
+        if self.autoplan is not None:
+            await self.autoplan.maintain(self._rpc, self.timeout)
         marks: dict[str, float] = {}
         t0 = time.perf_counter()
         reply = await self._rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
@@ -442,6 +562,11 @@ class Session:
             raise
         self.handheld_info = decode_json(reply.payload)
         self._rpc = client
+        if self.autoplan is not None:
+            try:
+                await self.autoplan.on_connect(client, self.timeout)
+            except ProtocolError as exc:
+                log.info("link probe at connection failed: %s", exc)
 
     async def _open_link(self) -> Link:
         transport = self._transport

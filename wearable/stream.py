@@ -54,8 +54,11 @@ def run_stream(
     index = 0
 
     def head_stage(feed: Mapping[str, Any]) -> _Pending:
+        if session.autoplan is not None:
+            session._plan_next()
         cand = session.split
-        pending = _Pending(cand, RunStats(candidate=cand.id), time.perf_counter())
+        stats = RunStats(candidate=cand.id, packing=str(session.packing))
+        pending = _Pending(cand, stats, time.perf_counter())
         checked = session._check_feed(feed)
         pending.crossing = session._run_head(cand, checked, pending.stats)
         return pending
@@ -110,6 +113,8 @@ def run_stream(
         head_pool.submit(head_stage, feed).add_done_callback(after_head)
         return done
 
+    if session.autoplan is not None:
+        session.autoplan.set_streaming(depth > 1)
     try:
         while True:
             while not exhausted and len(inflight) < depth:
@@ -141,10 +146,14 @@ def run_stream(
                 pending.crossing = None
                 pending.stats.total_ms = (time.perf_counter() - pending.start) * 1e3
                 session.last_run = pending.stats
+                if session.autoplan is not None:
+                    session.autoplan.finished(pending.stats)
                 yield FrameResult(i, [outputs[n] for n in names], None, pending.stats)
             except Exception as exc:
                 yield FrameResult(i, None, exc, None)
     finally:
+        if session.autoplan is not None:
+            session.autoplan.set_streaming(False)
         head_pool.shutdown(wait=True, cancel_futures=True)
         pack_pool.shutdown(wait=True, cancel_futures=True)
 

@@ -24,6 +24,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
     parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
+    parser.add_argument("--profile", help="device profile sent to wearables "
+                        "(default: the saved handheld profile, else built-in laptop defaults)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each connection")
     parser.set_defaults(func=run)
 
@@ -44,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CoinfError(str(exc)) from None
     bundle = Bundle.load(args.bundle)
-    daemon = HandheldDaemon(bundle, emulation, lru=args.lru)
+    from wearable.profile import load_or_default
+
+    profile = load_or_default("handheld", args.profile)
+    daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile)
 
     async def main() -> None:
         if kind == "unix":

@@ -1,0 +1,96 @@
+"""The Session chooses its split with the planner and adapts it at run time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ble_protocol.shaped import Channel, ShapedLink
+from coinf.sample import bundle_feeds
+from convert.split import split_model
+from models.zoo import committed_path
+from wearable import Session
+from wearable.policy import Policy
+from wearable.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
+
+SLOW_WEARABLE = DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER, gflops=0.002)
+FAST_HANDHELD = DeviceProfile("fast", "handheld", LAPTOP_POWER, gflops=50.0)
+
+
+@pytest.fixture(scope="module")
+def lenet(tmp_path_factory):
+    return split_model(committed_path("lenet_digits"), tmp_path_factory.mktemp("b") / "lenet")
+
+
+def session(bundle, bandwidth, **kw):
+    return Session(bundle, transport=Channel(bandwidth, latency_s=0.0005),
+                   wearable_profile=SLOW_WEARABLE, handheld_profile=FAST_HANDHELD,
+                   policy=Policy(battery_aware=False), objective="latency", **kw)
+
+
+def test_session_changes_cut_when_the_bandwidth_changes(lenet):
+    x = bundle_feeds(lenet)
+    with session(lenet, 5_000_000) as sess:
+        fast_choices = set()
+        for _ in range(4):
+            sess.run(None, x)
+            fast_choices.add(sess.last_run.candidate)
+        fast = sess.split
+        assert not fast.is_wearable_only  # a fast link: offload
+        assert sess.link is not None
+        link = sess.link
+        assert isinstance(link, ShapedLink)
+        link.retune(Channel(2_000, latency_s=0.0005))  # the radio gets 2500x slower
+        slow_choices = []
+        for _ in range(4):
+            sess.run(None, x)
+            slow_choices.append(sess.last_run.candidate)
+        slow = sess.split
+        assert slow.id != fast.id
+        # fewer bytes cross at the new choice (or none: all on the wearable)
+        assert slow.is_wearable_only or slow.crossing_bytes < fast.crossing_bytes
+        assert slow_choices[-1] == slow.id
+        decision = sess.plan()
+        assert decision.winner.split("~")[0] == slow.id
+        assert "link" in "\n".join(decision.notes)
+
+
+def test_plan_explains_every_candidate(lenet):
+    with session(lenet, 20_000) as sess:
+        d = sess.plan()
+        text = d.explain()
+        assert len(d.rows) == len(lenet.candidates)
+        for cand in lenet.candidates:
+            assert cand.id in text
+        assert "why:" in text
+
+
+def test_fixed_split_is_kept_and_planner_can_be_restored(lenet):
+    x = bundle_feeds(lenet)
+    with session(lenet, 5_000_000, split="wearable-only") as sess:
+        sess.run(None, x)
+        assert sess.last_run.candidate == lenet.candidates[-1].id
+        assert "fixed by the caller" in "\n".join(sess.plan().notes)
+    with session(lenet, 5_000_000) as sess:
+        sess.set_split("c001")
+        sess.run(None, x)
+        assert sess.last_run.candidate == "c001"
+        sess.set_split(None)
+        sess.run(None, x)
+        assert sess.autoplan is not None
+
+
+def test_unknown_objective_is_a_clear_error(lenet):
+    with pytest.raises(ValueError, match="unknown objective 'fastest'"):
+        Session(lenet, objective="fastest")
+
+
+def test_results_equal_the_whole_model_whatever_the_planner_picks(lenet):
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(lenet.model_path), providers=["CPUExecutionProvider"])
+    with session(lenet, 50_000) as sess:
+        for seed in range(3):
+            x = bundle_feeds(lenet, seed)
+            np.testing.assert_allclose(sess.run(None, x)[0], ref.run(None, x)[0],
+                                       rtol=1e-4, atol=1e-5)

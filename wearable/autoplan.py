@@ -1,0 +1,152 @@
+"""What a Session with no fixed split uses to choose one, per inference.
+
+It wraps the planner's :class:`~wearable.planner.planner.AdaptivePlanner` with the run-time
+inputs a Session sees: every transfer (passive bandwidth), probes at connection and on a timer
+(RTT and bandwidth), the handheld's status and profile over the control channel, the measured
+head times (DynO's load factor), the input cadence (streaming vs. one-off), and whether the
+handheld is reachable at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ble_protocol.messages import MsgType, ProtocolError, decode_json
+from wearable.cadence import Cadence
+from wearable.planner.costs import Decision
+from wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
+from wearable.policy import Policy
+from wearable.profile import DeviceProfile
+from wearable.status import DeviceStatus
+
+if TYPE_CHECKING:
+    from ble_protocol.rpc import RpcClient
+    from convert.bundle import Bundle
+    from wearable.session import RunStats
+
+log = logging.getLogger(__name__)
+
+PROBE_SMALL = 16
+PROBE_LARGE = 2048
+STATUS_INTERVAL_S = 30.0
+
+
+class AutoPlan:
+    """Chooses (candidate, packing) before each run and learns from each run."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        *,
+        policy: Policy,
+        wearable_profile: DeviceProfile,
+        handheld_profile: DeviceProfile | None,
+        objective: str | None,
+        latency_budget_ms: Any = _UNSET,
+        packings: Sequence[str] = ("raw",),
+    ) -> None:
+        self.bundle = bundle
+        self.policy = policy
+        self._handheld_profile_fixed = handheld_profile is not None
+        planner = Planner(bundle, wearable_profile, handheld_profile, policy,
+                          packings=tuple(packings))
+        self.adaptive = AdaptivePlanner(planner, objective=objective,
+                                        latency_budget_ms=latency_budget_ms)
+        self.cadence = Cadence()
+        self._forced_streaming = False
+        self._last_status = 0.0
+        self.offline_reason: str | None = None
+
+    # -- choosing ---------------------------------------------------------------------------
+    @property
+    def streaming(self) -> bool:
+        return self._forced_streaming or self.cadence.streaming
+
+    def _sync_streaming(self) -> None:
+        want = self.streaming or self.policy.streaming
+        planner = self.adaptive.planner
+        if planner.policy.streaming != want:
+            planner.policy = dataclasses.replace(planner.policy, streaming=want)
+            self.adaptive.decision = None  # the objective changed: decide again
+
+    def decision(self) -> Decision:
+        self._sync_streaming()
+        return self.adaptive.current()
+
+    def choose(self, offline: str | None) -> tuple[str, str]:
+        """(candidate id, packing) for the next run. Offline -> wearable-only."""
+        if offline is not None:
+            return self.bundle.candidates[-1].id, "raw"
+        return split_config(self.decision().winner)
+
+    def set_streaming(self, on: bool) -> None:
+        self._forced_streaming = on
+
+    # -- learning ---------------------------------------------------------------------------
+    def started(self) -> None:
+        self.cadence.start(time.perf_counter())
+
+    def finished(self, stats: RunStats) -> None:
+        self.cadence.end(time.perf_counter(), stats.total_ms / 1e3)
+        cand = self.bundle.candidate(stats.candidate)
+        if cand.head.file is not None and stats.head_ms > 0:
+            self.adaptive.observe_head(cand.id, stats.head_ms)
+        if not stats.local:
+            link = self.adaptive.link
+            if stats.transfer_ms > 0:
+                link.observe_transfer(stats.bytes_up, stats.transfer_ms / 1e3, "up")
+            if stats.return_ms > 0:
+                link.observe_transfer(stats.bytes_down, stats.return_ms / 1e3, "down")
+
+    # -- control channel ----------------------------------------------------------------------
+    async def on_connect(self, rpc: RpcClient, timeout: float) -> None:
+        """Probe the link, read the handheld's status and (unless given) its profile."""
+        await self.probe(rpc, timeout)
+        await self.refresh_status(rpc, timeout)
+        if not self._handheld_profile_fixed:
+            try:
+                reply = await rpc.request(MsgType.PROFILE, b"", timeout)
+                profile = DeviceProfile.from_bytes(reply.payload)
+            except (ProtocolError, ValueError) as exc:
+                log.info("handheld sent no usable profile (%s); using defaults", exc)
+            else:
+                planner = self.adaptive.planner
+                planner.handheld = profile
+                planner._base = None
+                self.adaptive.decision = None
+
+    async def probe(self, rpc: RpcClient, timeout: float) -> None:
+        """RTT from a tiny echo, bandwidth from a larger one (each crosses twice)."""
+        link = self.adaptive.link
+        t0 = time.perf_counter()
+        await rpc.request(MsgType.PROBE, bytes(PROBE_SMALL), timeout)
+        small = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await rpc.request(MsgType.PROBE, bytes(PROBE_LARGE), timeout)
+        large = time.perf_counter() - t0
+        link.observe_rtt(small * 1e3)
+        extra = large - small
+        if extra > 0:
+            per_direction = extra / 2
+            link.observe_transfer(PROBE_LARGE, per_direction, "up")
+            link.observe_transfer(PROBE_LARGE, per_direction, "down")
+
+    async def refresh_status(self, rpc: RpcClient, timeout: float) -> None:
+        self._last_status = time.monotonic()
+        try:
+            reply = await rpc.request(MsgType.STATUS, b"", timeout)
+            obj = decode_json(reply.payload)
+            self.adaptive.handheld_status = DeviceStatus.from_json(obj.get("device") or {})
+        except (ProtocolError, ValueError) as exc:
+            log.info("handheld status unusable: %s", exc)
+
+    async def maintain(self, rpc: RpcClient, timeout: float) -> None:
+        """Periodic work between runs: the probe timer and the handheld's status."""
+        if self.adaptive.link.probe_due(self.policy.probe_interval_s):
+            await self.probe(rpc, timeout)
+        if time.monotonic() - self._last_status > STATUS_INTERVAL_S:
+            await self.refresh_status(rpc, timeout)

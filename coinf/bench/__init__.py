@@ -14,6 +14,7 @@ from typing import Any
 # (bench name, module, help). Each module defines register(parser) which sets func.
 BENCHES: list[tuple[str, str, str]] = [
     ("overhead", "coinf.bench.overhead", "split head+tail in-process vs the whole model"),
+    ("link", "coinf.bench.link", "goodput of the full BLE protocol over the emulated radio"),
 ]
 
 

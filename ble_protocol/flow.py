@@ -16,6 +16,18 @@ from ble_protocol.link import LinkClosed
 MAX_WINDOW = 1024
 
 
+def fresh(exc: BaseException) -> BaseException:
+    """A new exception equal to ``exc``. Raising one shared instance from many places chains
+    its tracebacks and contexts without bound, so every waiter gets its own copy."""
+    from ble_protocol.messages import ProtocolError
+
+    if isinstance(exc, LinkClosed):
+        return LinkClosed(exc.text)
+    if isinstance(exc, ProtocolError):
+        return ProtocolError(exc.code, exc.text)
+    return exc
+
+
 class CreditGate:
     """Sender side: ``await acquire()`` before each chunk; ``grant(n)`` when credits arrive."""
 
@@ -43,7 +55,7 @@ class CreditGate:
 
     async def acquire(self) -> None:
         if self._closed is not None:
-            raise self._closed
+            raise fresh(self._closed)
         if self.credits > 0 and not self._waiters:
             self.credits -= 1
             return
@@ -62,7 +74,7 @@ class CreditGate:
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
-                fut.set_exception(self._closed)
+                fut.set_exception(fresh(self._closed))
 
 
 class CreditLedger:

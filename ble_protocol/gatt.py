@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from enum import IntEnum
 from typing import Any
 
-from ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger
+from ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
 from ble_protocol.frames import Reassembler, chunk_size_for_mtu, encode_chunks
 from ble_protocol.link import Link, LinkClosed
 from ble_protocol.messages import (
@@ -243,7 +243,7 @@ class GattLink(Link):
     # --- sending -------------------------------------------------------------------------
     async def send(self, message: Message) -> None:
         if not self._open:
-            raise self._closing or LinkClosed(f"{self._name} closed")
+            raise self._closed_error()
         if len(message.payload) > self.peer_max_message_bytes:
             raise ProtocolError(
                 ErrorCode.TOO_LARGE,
@@ -266,7 +266,7 @@ class GattLink(Link):
                 raise
             except Exception as exc:  # the transport failed under us
                 self.connection_lost(f"write failed: {exc}")
-                raise self._closing or LinkClosed(str(exc)) from None
+                raise self._closed_error() from None
         self.stats.count_sent(len(message.payload))
 
     async def _control_writer(self) -> None:
@@ -281,11 +281,11 @@ class GattLink(Link):
     # --- receiving -----------------------------------------------------------------------
     async def receive(self) -> Message:
         if not self._open and self._inbox.empty():
-            raise self._closing or LinkClosed(f"{self._name} closed")
+            raise self._closed_error()
         item = await self._inbox.get()
         if isinstance(item, BaseException):
             self._inbox.put_nowait(item)  # every later receive fails the same way
-            raise item
+            raise fresh(item)
         self._inbox_bytes -= len(item.payload)
         self._maybe_grant()
         self.stats.count_received(len(item.payload))
@@ -374,6 +374,9 @@ class GattLink(Link):
         await asyncio.sleep(0.05)
         with contextlib.suppress(Exception):
             await self._disconnect()
+
+    def _closed_error(self) -> BaseException:
+        return fresh(self._closing) if self._closing else LinkClosed(f"{self._name} closed")
 
     def connection_lost(self, reason: str = "disconnected") -> None:
         """The BLE connection dropped: fail everything pending with :class:`LinkClosed`."""

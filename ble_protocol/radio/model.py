@@ -172,7 +172,7 @@ class RadioLink(LocalLink):
                         break
                     tc = self.air_time(len(c.packet.data) if c else 0, enc and c is not None)
                     tr = self.air_time(len(r.packet.data) if r else 0, enc and r is not None)
-                    if n > 0 and t + tc + tr + 2 * t_ifs > p.interval_s:
+                    if n > 0 and t + tc + t_ifs + tr > p.interval_s + 1e-9:
                         if r is not None:
                             air.queues[False].appendleft(r)
                         if c is not None:

@@ -6,7 +6,8 @@ For bulk data in one direction, each exchange of a connection event is one full 
 empty packet the other way and two T_IFS gaps::
 
     t_pair = t(L) + t(0) + 2 * T_IFS
-    n      = min(max_packets_per_event, floor(interval / t_pair))    # exchanges per event
+    n      = min(max_packets_per_event, floor((interval + T_IFS) / t_pair))  # exchanges/event
+             (the last exchange needs no trailing T_IFS before the next anchor)
     k      = ceil((att_value + 3 + 4) / L)                           # LL packets per ATT PDU
     capacity = att_value * n / (k * interval)                         # ATT payload bytes/s
 
@@ -81,7 +82,8 @@ class RadioParams:
             + self.packet_air_time(0, False)
             + 2 * self.t_ifs_us * 1e-6
         )
-        return max(1, min(self.max_packets_per_event, math.floor(self.interval_s / t_pair)))
+        fit = math.floor((self.interval_s + self.t_ifs_us * 1e-6) / t_pair + 1e-9)
+        return max(1, min(self.max_packets_per_event, fit))
 
     def ll_capacity_bps(self) -> float:
         """Link-layer payload bytes/s in one direction."""

@@ -58,7 +58,9 @@ async def bumble_device(spec: str, address: str = "C0:F1:00:00:00:02") -> Device
             )
             device.keystore = MemoryKeyStore()
             device.pairing_config_factory = lambda _c: PairingConfig(
-                sc=True, mitm=False, bonding=True,
+                sc=True,
+                mitm=False,
+                bonding=True,
                 delegate=PairingDelegate(PairingDelegate.IoCapability.NO_OUTPUT_NO_INPUT),
             )
             await device.power_on()
@@ -89,8 +91,8 @@ def _hci_spec(kwargs: dict[str, Any]) -> str:
 
 
 def _att_error(exc: ATT_Error) -> BleakError:
-    name = hci.HCI_Constant.error_name(exc.error_code) if False else str(exc)
-    return BleakError(f"ATT error: {name}")
+    """bumble's ATT error (e.g. INSUFFICIENT_ENCRYPTION) as the BleakError bleak users expect."""
+    return BleakError(f"ATT error: {exc}")
 
 
 class BumbleBleakClient(BaseBleakClient):
@@ -156,13 +158,15 @@ class BumbleBleakClient(BaseBleakClient):
             collection.add_service(service)
             for ch in await svc.discover_characteristics():
                 props = [
-                    p.name.lower()
-                    for p in type(ch.properties)
-                    if p.name and p in ch.properties
+                    p.name.lower() for p in type(ch.properties) if p.name and p in ch.properties
                 ]
                 char = BleakGATTCharacteristic(
-                    ch, ch.handle, str(ch.uuid).lower(), props,  # type: ignore[arg-type]
-                    lambda: self.mtu_size - 3, service,
+                    ch,
+                    ch.handle,
+                    str(ch.uuid).lower(),
+                    props,  # type: ignore[arg-type]
+                    lambda: self.mtu_size - 3,
+                    service,
                 )
                 collection.add_characteristic(char)
                 for d in await ch.discover_descriptors():
@@ -195,13 +199,17 @@ class BumbleBleakClient(BaseBleakClient):
             raise BleakError("not connected")
         return self._peer.gatt_client
 
-    async def read_gatt_char(self, characteristic: BleakGATTCharacteristic, **kwargs: Any) -> bytearray:
+    async def read_gatt_char(
+        self, characteristic: BleakGATTCharacteristic, **kwargs: Any
+    ) -> bytearray:
         try:
             return bytearray(await self._client().read_value(characteristic.obj))
         except ATT_Error as exc:
             raise _att_error(exc) from exc
 
-    async def read_gatt_descriptor(self, descriptor: BleakGATTDescriptor, **kwargs: Any) -> bytearray:
+    async def read_gatt_descriptor(
+        self, descriptor: BleakGATTDescriptor, **kwargs: Any
+    ) -> bytearray:
         try:
             return bytearray(await self._client().read_value(descriptor.obj))
         except ATT_Error as exc:
@@ -211,7 +219,9 @@ class BumbleBleakClient(BaseBleakClient):
         self, characteristic: BleakGATTCharacteristic, data: Any, response: bool
     ) -> None:
         try:
-            await self._client().write_value(characteristic.obj, bytes(data), with_response=response)
+            await self._client().write_value(
+                characteristic.obj, bytes(data), with_response=response
+            )
         except ATT_Error as exc:
             raise _att_error(exc) from exc
 

@@ -345,7 +345,11 @@ class GattLink(Link):
             else:
                 raise ProtocolError(ErrorCode.MALFORMED, f"unexpected {kind.name} after handshake")
         except (ProtocolError, ValueError) as exc:
-            err = exc if isinstance(exc, ProtocolError) else ProtocolError(ErrorCode.MALFORMED, str(exc))
+            err = (
+                exc
+                if isinstance(exc, ProtocolError)
+                else ProtocolError(ErrorCode.MALFORMED, str(exc))
+            )
             self._fail(err)
 
     async def _expiry(self) -> None:
@@ -353,8 +357,11 @@ class GattLink(Link):
             await asyncio.sleep(min(1.0, self._reasm.timeout_s / 4))
             for rid in self._reasm.expire():
                 self._message_failed(
-                    rid, ProtocolError(ErrorCode.TIMEOUT, f"message {rid} incomplete after "
-                                       f"{self._reasm.timeout_s:.0f} s")
+                    rid,
+                    ProtocolError(
+                        ErrorCode.TIMEOUT,
+                        f"message {rid} incomplete after {self._reasm.timeout_s:.0f} s",
+                    ),
                 )
 
     # --- teardown ------------------------------------------------------------------------

@@ -39,7 +39,9 @@ async def _find(
     if address_or_name is None:
         found = await BleakScanner.find_device_by_filter(
             lambda _d, ad: gatt.SERVICE_UUID in [u.lower() for u in ad.service_uuids],
-            timeout=timeout, backend=scanner_backend, **kwargs,
+            timeout=timeout,
+            backend=scanner_backend,
+            **kwargs,
         )
         what = "a device advertising the coinf service"
     else:
@@ -50,6 +52,14 @@ async def _find(
     if found is None:
         raise LinkClosed(f"scan found no {what} within {timeout:.0f} s")
     return found
+
+
+def _on_disconnect(link_box: list[GattLink]) -> Callable[[Any], None]:
+    def callback(_client: Any) -> None:
+        if link_box:
+            link_box[0].connection_lost("wearable disconnected")
+
+    return callback
 
 
 async def connect_link(
@@ -97,9 +107,7 @@ async def connect_link(
                 backend=backend,
                 timeout=timeout,
                 pair=pair,
-                disconnected_callback=lambda _c: link_box and link_box[0].connection_lost(
-                    "wearable disconnected"
-                ),
+                disconnected_callback=_on_disconnect(link_box),
                 **backend_kwargs,
             )
             await client.connect()
@@ -114,8 +122,15 @@ async def connect_link(
 
     try:
         return await _handshake(
-            client, link_box, bundle_identity, mtu, window, max_message_bytes,
-            reassembly_timeout, protocol_version, timeout,
+            client,
+            link_box,
+            bundle_identity,
+            mtu,
+            window,
+            max_message_bytes,
+            reassembly_timeout,
+            protocol_version,
+            timeout,
         )
     except BaseException:
         with contextlib.suppress(Exception):
@@ -150,6 +165,10 @@ async def _handshake(
         raise ProtocolError(ErrorCode.MALFORMED, "peer does not expose the coinf GATT service")
     reply: asyncio.Future[tuple[Ctrl, Any]] = asyncio.get_running_loop().create_future()
 
+    # The wearable may send chunks and credits right after its HELLO_ACK, before this task has
+    # resumed and built the link: keep them (at most one window) and replay them in order.
+    early: list[tuple[bool, bytes]] = []
+
     def on_control(_char: Any, value: bytearray) -> None:
         if link_box:
             link_box[0].feed_control(bytes(value))
@@ -158,10 +177,14 @@ async def _handshake(
                 reply.set_result(gatt.parse_ctrl(bytes(value)))
             except ProtocolError as exc:
                 reply.set_exception(exc)
+        elif len(early) <= 2 * window:
+            early.append((False, bytes(value)))
 
     def on_data(_char: Any, value: bytearray) -> None:
         if link_box:
             link_box[0].feed_data(bytes(value))
+        elif reply.done() and len(early) <= 2 * window:
+            early.append((True, bytes(value)))
 
     bluez = {"use_start_notify": False}
     try:
@@ -210,6 +233,9 @@ async def _handshake(
     )
     link.bleak_client = client  # type: ignore[attr-defined]
     link_box.append(link)
+    for is_data, value in early:
+        (link.feed_data if is_data else link.feed_control)(value)
+    early.clear()
     if not client.is_connected:
         link.connection_lost("wearable disconnected during the handshake")
     return link

@@ -46,14 +46,20 @@ async def connect_both(
     wspec, hspec = radio.specs
     mtu = radio.params.att_mtu
     accept = asyncio.ensure_future(
-        accept_link(wspec, bundle_identity=w_opts.pop("bundle", "b-1"), timeout=30, mtu=mtu,
-                    **w_opts)
+        accept_link(
+            wspec, bundle_identity=w_opts.pop("bundle", "b-1"), timeout=30, mtu=mtu, **w_opts
+        )
     )
     await asyncio.sleep(0.1)
     try:
         hl = await connect_link(
-            WEARABLE_ADDR, bundle_identity=h_opts.pop("bundle", "b-1"),
-            backend=BumbleBleakClient, hci=hspec, mtu=mtu, timeout=10, **h_opts,
+            WEARABLE_ADDR,
+            bundle_identity=h_opts.pop("bundle", "b-1"),
+            backend=BumbleBleakClient,
+            hci=hspec,
+            mtu=mtu,
+            timeout=10,
+            **h_opts,
         )
     except BaseException:
         accept.cancel()
@@ -114,12 +120,18 @@ def test_unpaired_central_gets_insufficient_encryption() -> None:
                 await client.disconnect()
                 # the protocol-level entry point reports it as a clear ProtocolError
                 with pytest.raises(ProtocolError) as info:
-                    await connect_link(WEARABLE_ADDR, bundle_identity="b",
-                                       backend=BumbleBleakClient, hci=hspec, pair=False)
+                    await connect_link(
+                        WEARABLE_ADDR,
+                        bundle_identity="b",
+                        backend=BumbleBleakClient,
+                        hci=hspec,
+                        pair=False,
+                    )
                 assert info.value.code == ErrorCode.INSUFFICIENT_ENCRYPTION
                 # once paired, the same wearable accepts the handheld
-                hl = await connect_link(WEARABLE_ADDR, bundle_identity="b",
-                                        backend=BumbleBleakClient, hci=hspec)
+                hl = await connect_link(
+                    WEARABLE_ADDR, bundle_identity="b", backend=BumbleBleakClient, hci=hspec
+                )
                 wl = await accept
                 await exchange(hl, wl, b"paired", 1)
                 await hl.close()
@@ -149,8 +161,10 @@ def test_handshake_mismatch_fails_on_both_sides(w_opts, h_opts, code) -> None:
             try:
                 with pytest.raises(ProtocolError) as hinfo:
                     await connect_link(
-                        WEARABLE_ADDR, bundle_identity=h_opts.get("bundle", "b"),
-                        backend=BumbleBleakClient, hci=hspec,
+                        WEARABLE_ADDR,
+                        bundle_identity=h_opts.get("bundle", "b"),
+                        backend=BumbleBleakClient,
+                        hci=hspec,
                         protocol_version=h_opts.get("protocol_version", 1),
                     )
                 with pytest.raises(ProtocolError) as winfo:

@@ -81,9 +81,7 @@ class WearableServer:
             self._transport.source,
             self._transport.sink,
         )
-        device.keystore = (
-            JsonKeyStore(None, self.keystore) if self.keystore else MemoryKeyStore()
-        )
+        device.keystore = JsonKeyStore(None, self.keystore) if self.keystore else MemoryKeyStore()
         device.pairing_config_factory = lambda _conn: PairingConfig(
             sc=True,
             mitm=False,  # the wearable has no display or keyboard: LE SC Just Works
@@ -93,8 +91,10 @@ class WearableServer:
         device.gatt_server.max_mtu = self.mtu
         props = Characteristic.Properties
         self.data_up = Characteristic(
-            gatt.DATA_UP_UUID, props.NOTIFY | props.READ, ENCRYPTED, CharacteristicValue(
-                read=lambda _c: b"")
+            gatt.DATA_UP_UUID,
+            props.NOTIFY | props.READ,
+            ENCRYPTED,
+            CharacteristicValue(read=lambda _c: b""),
         )
         self.data_down = Characteristic(
             gatt.DATA_DOWN_UUID,
@@ -135,8 +135,11 @@ class WearableServer:
             )
         )
         await self.device.start_advertising(
-            auto_restart=True, advertising_data=adv, scan_response_data=scan_rsp,
-            advertising_interval_min=20, advertising_interval_max=20,
+            auto_restart=True,
+            advertising_data=adv,
+            scan_response_data=scan_rsp,
+            advertising_interval_min=20,
+            advertising_interval_max=20,
         )
 
     async def close(self) -> None:
@@ -154,7 +157,9 @@ class WearableServer:
         if self._active is not None:
             log.info("refusing a second handheld %s", connection.peer_address)
             asyncio.get_running_loop().create_task(
-                connection.disconnect(hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR)
+                connection.disconnect(
+                    hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR
+                )
             )
             return
         self._active = connection
@@ -219,8 +224,12 @@ class WearableServer:
         )
         self._link = link
         ack = make_hello(
-            self.bundle_identity, mtu, self.window, self.max_message_bytes,
-            self.protocol_version, role="wearable",
+            self.bundle_identity,
+            mtu,
+            self.window,
+            self.max_message_bytes,
+            self.protocol_version,
+            role="wearable",
         )
 
         async def finish() -> None:

@@ -11,12 +11,12 @@ returns the two HCI transport specs plus a ``stop`` callable.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -106,7 +106,16 @@ def spawn(
     preset_name: str = "pi-zero-2w", overrides: list[str] | None = None, timeout: float = 20.0
 ) -> tuple[str, str, Callable[[], None]]:
     """Run ``coinf radio`` in a subprocess; returns (wearable spec, handheld spec, stop)."""
-    cmd = [sys.executable, "-m", "coinf", "radio", "--preset", preset_name, "--listen", "127.0.0.1:0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "coinf",
+        "radio",
+        "--preset",
+        preset_name,
+        "--listen",
+        "127.0.0.1:0",
+    ]
     for item in overrides or []:
         cmd += ["--set", item]
     env = dict(os.environ)
@@ -115,17 +124,23 @@ def spawn(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     specs: dict[str, str] = {}
-    import select
-
-    while len(specs) < 2:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        line = proc.stdout.readline() if ready else ""
-        if not line:
-            proc.kill()
-            raise RadioError(f"radio process did not start (exit code {proc.poll()})")
-        key, _, value = line.strip().partition("=")
-        if key in SIDES:
-            specs[key] = value
+    timer = threading.Timer(timeout, proc.kill)  # a hung start-up cannot block the caller
+    timer.start()
+    try:
+        while len(specs) < 2:
+            line = proc.stdout.readline()
+            if not line:
+                proc.kill()
+                proc.wait()
+                raise RadioError(
+                    f"radio process did not start within {timeout:.0f} s "
+                    f"(exit code {proc.returncode})"
+                )
+            key, _, value = line.strip().partition("=")
+            if key in SIDES:
+                specs[key] = value
+    finally:
+        timer.cancel()
 
     def stop() -> None:
         if proc.poll() is None:

@@ -39,7 +39,7 @@ class _Pending:
     packet: hci.HCI_AclDataPacket
 
 
-@dataclass
+@dataclass(eq=False)
 class _AirConnection:
     """Both ends of one LE connection and their transmit queues."""
 
@@ -63,8 +63,8 @@ class RadioLink(LocalLink):
         self.params = params
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
-        self._air: dict[frozenset[str], _AirConnection] = {}
-        self.encrypted: set[frozenset[str]] = set()
+        self._air: dict[int, _AirConnection] = {}  # by id() of either end's Connection
+        self.encrypted: set[int] = set()  # id() of connections that reported encryption
         #: how many intervals late an event may run at its nominal time (see ``_run``)
         self.catch_up = 4
 
@@ -82,15 +82,10 @@ class RadioLink(LocalLink):
         return self.params.packet_air_time(payload, encrypted)
 
     # --- queueing --------------------------------------------------------------------------
-    @staticmethod
-    def _key(conn: bumble_controller.Connection) -> frozenset[str]:
-        return frozenset((str(conn.self_address), str(conn.peer_address)))
-
     def _air_connection(
         self, ctrl: RadioController, conn: bumble_controller.Connection
     ) -> _AirConnection | None:
-        key = self._key(conn)
-        air = self._air.get(key)
+        air = self._air.get(id(conn))
         if air is not None and self._alive(air):
             return air
         peer_ctrl = self.find_le_controller(conn.peer_address)
@@ -100,7 +95,11 @@ class RadioLink(LocalLink):
         if peer_conn is None:
             # the peer may know us by another address; search its connections
             peer_conn = next(
-                (c for c in peer_ctrl.le_connections.values() if c.peer_address == conn.self_address),
+                (
+                    c
+                    for c in peer_ctrl.le_connections.values()
+                    if c.peer_address == conn.self_address
+                ),
                 None,
             )
         if peer_conn is None:
@@ -110,8 +109,8 @@ class RadioLink(LocalLink):
         if air is not None and air.task is not None:
             air.task.cancel()
         air = _AirConnection(central, peripheral, anchor0=self.now())
-        air.task = self._loop.create_task(self._run(key, air))
-        self._air[key] = air
+        air.task = self._loop.create_task(self._run(air))
+        self._air[id(conn)] = self._air[id(peer_conn)] = air
         return air
 
     @staticmethod
@@ -122,7 +121,10 @@ class RadioLink(LocalLink):
         return True
 
     def enqueue(
-        self, ctrl: RadioController, conn: bumble_controller.Connection, packet: hci.HCI_AclDataPacket
+        self,
+        ctrl: RadioController,
+        conn: bumble_controller.Connection,
+        packet: hci.HCI_AclDataPacket,
     ) -> None:
         air = self._air_connection(ctrl, conn)
         if air is None:  # no peer: the packet is lost, but the host gets its credit back
@@ -133,13 +135,17 @@ class RadioLink(LocalLink):
         air.wakeup.set()
 
     def drop_connection(self, conn: bumble_controller.Connection) -> None:
-        air = self._air.pop(self._key(conn), None)
-        if air is not None and air.task is not None:
-            air.task.cancel()
-        self.encrypted.discard(self._key(conn))
+        air = self._air.pop(id(conn), None)
+        self.encrypted.discard(id(conn))
+        if air is not None:
+            for _, c in (air.central, air.peripheral):
+                if self._air.get(id(c)) is air:
+                    del self._air[id(c)]
+            if air.task is not None:
+                air.task.cancel()
 
     # --- the scheduler ---------------------------------------------------------------------
-    async def _run(self, key: frozenset[str], air: _AirConnection) -> None:
+    async def _run(self, air: _AirConnection) -> None:
         p = self.params
         t_ifs = p.t_ifs_us * 1e-6
         anchor = -1.0
@@ -163,7 +169,9 @@ class RadioLink(LocalLink):
                     await asyncio.sleep(delay)
                 if not self._alive(air):
                     break
-                enc = key in self.encrypted
+                enc = (
+                    id(air.central[1]) in self.encrypted or id(air.peripheral[1]) in self.encrypted
+                )
                 t = 0.0
                 for n in range(p.max_packets_per_event):
                     c = air.queues[True].popleft() if air.queues[True] else None
@@ -189,8 +197,9 @@ class RadioLink(LocalLink):
                 for pend in q:
                     pend.ctrl.complete(pend.conn, 1)
                 q.clear()
-            if self._air.get(key) is air:
-                del self._air[key]
+            for _, c in (air.central, air.peripheral):
+                if self._air.get(id(c)) is air:
+                    del self._air[id(c)]
 
     def _deliver(self, air: _AirConnection, pend: _Pending) -> None:
         if not self._alive(air):
@@ -208,8 +217,8 @@ class RadioLink(LocalLink):
 
     def stats(self) -> dict[str, int]:
         return {
-            "packets": sum(a.packets for a in self._air.values()),
-            "payload_bytes": sum(a.payload_bytes for a in self._air.values()),
+            "packets": sum(a.packets for a in set(self._air.values())),
+            "payload_bytes": sum(a.payload_bytes for a in set(self._air.values())),
         }
 
 
@@ -248,9 +257,11 @@ class RadioController(bumble_controller.Controller):
             )
         )
 
-    def on_le_encryption_change(self, connection: bumble_controller.Connection, status: int) -> None:
+    def on_le_encryption_change(
+        self, connection: bumble_controller.Connection, status: int
+    ) -> None:
         if status == hci.HCI_ErrorCode.SUCCESS:
-            self.radio.encrypted.add(RadioLink._key(connection))
+            self.radio.encrypted.add(id(connection))
         super().on_le_encryption_change(connection, status)
 
     def on_le_disconnected(self, connection: bumble_controller.Connection, reason: int) -> None:

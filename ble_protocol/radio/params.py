@@ -108,18 +108,33 @@ class RadioParams:
 PRESETS: dict[str, RadioParams] = {
     # Pi Zero 2 W: CYW43438, HCI 4.1/4.2 controller without DLE, 1M PHY, 7.5 ms interval.
     "pi-zero-2w": RadioParams(
-        name="pi-zero-2w", phy_mbps=1, ll_payload=27, interval_ms=7.5, max_packets_per_event=6,
-        att_mtu=517, hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_4_1,
+        name="pi-zero-2w",
+        phy_mbps=1,
+        ll_payload=27,
+        interval_ms=7.5,
+        max_packets_per_event=6,
+        att_mtu=517,
+        hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_4_1,
     ),
     # A BLE 4.2 controller with Data Length Extension (251 B LL payload), 1M PHY.
     "ble42-dle": RadioParams(
-        name="ble42-dle", phy_mbps=1, ll_payload=251, interval_ms=7.5, max_packets_per_event=6,
-        att_mtu=247, hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_4_2,
+        name="ble42-dle",
+        phy_mbps=1,
+        ll_payload=251,
+        interval_ms=7.5,
+        max_packets_per_event=6,
+        att_mtu=247,
+        hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_4_2,
     ),
     # BLE 5 with the 2M PHY and DLE.
     "ble5-2m": RadioParams(
-        name="ble5-2m", phy_mbps=2, ll_payload=251, interval_ms=7.5, max_packets_per_event=6,
-        att_mtu=247, hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_5_0,
+        name="ble5-2m",
+        phy_mbps=2,
+        ll_payload=251,
+        interval_ms=7.5,
+        max_packets_per_event=6,
+        att_mtu=247,
+        hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_5_0,
     ),
 }
 
@@ -142,7 +157,9 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or key not in types:
-            raise RadioError(f"bad radio override {item!r}: expected FIELD=VALUE, FIELD in {sorted(types)}")
+            raise RadioError(
+                f"bad radio override {item!r}: expected FIELD=VALUE, FIELD in {sorted(types)}"
+            )
         kind = str(types[key])
         try:
             if kind == "bool":

@@ -21,11 +21,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bytes", type=int, default=100_000, help="message size in bytes")
     parser.add_argument("--messages", type=int, default=3, help="messages per direction")
     parser.add_argument(
-        "--direction", choices=["up", "down", "both"], default="up",
+        "--direction",
+        choices=["up", "down", "both"],
+        default="up",
         help="up = wearable->handheld (notifications), down = handheld->wearable (writes)",
     )
     parser.add_argument(
-        "--time-scale", type=float, default=1.0,
+        "--time-scale",
+        type=float,
+        default=1.0,
         help="real seconds per emulated second (>1 = slow motion when the CPU cannot keep up)",
     )
     parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="radio override")
@@ -34,7 +38,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 async def measure(
-    preset: str, nbytes: int, messages: int, direction: str, time_scale: float,
+    preset: str,
+    nbytes: int,
+    messages: int,
+    direction: str,
+    time_scale: float,
     overrides: dict[str, Any],
 ) -> dict[str, Any]:
     from ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
@@ -52,7 +60,10 @@ async def measure(
         )
         await asyncio.sleep(0.2)
         handheld = await connect_link(
-            "coinf-wearable", bundle_identity="bench", backend=BumbleBleakClient, hci=hspec,
+            "coinf-wearable",
+            bundle_identity="bench",
+            backend=BumbleBleakClient,
+            hci=hspec,
             mtu=mtu,
         )
         wearable = await accept
@@ -103,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     preset(args.preset, **overrides)  # validate before starting anything
     emit(
         asyncio.run(
-            measure(args.preset, args.bytes, args.messages, args.direction, args.time_scale,
-                    overrides)
+            measure(
+                args.preset, args.bytes, args.messages, args.direction, args.time_scale, overrides
+            )
         )
     )
     return 0

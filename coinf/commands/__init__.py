@@ -12,6 +12,6 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("run", "coinf.commands.run", "run one inference through a Session"),
     ("demo", "coinf.commands.demo", "the main job: split, offload and compare every candidate"),
     ("bench", "coinf.commands.bench", "benchmarks printing JSON"),
-    ("radio", "coinf.commands.radio", "host the emulated BLE radio (wearable + handheld attach)"),
-    ("wearable", "coinf.commands.wearable", "run the wearable's BLE GATT server (real or emulated)"),
+    ("radio", "coinf.commands.radio", "host the emulated BLE radio"),
+    ("wearable", "coinf.commands.wearable", "run the wearable BLE GATT server"),
 ]

@@ -18,14 +18,20 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--preset", default="pi-zero-2w", choices=sorted(PRESETS))
     parser.add_argument(
-        "--listen", default="127.0.0.1:0",
+        "--listen",
+        default="127.0.0.1:0",
         help="HOST:PORT for the wearable's controller; the handheld's is PORT+1 "
         "(PORT 0 = pick free ports). Default 127.0.0.1:0",
     )
-    parser.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                        help="override a radio parameter, e.g. --set interval_ms=15")
-    parser.add_argument("--describe", action="store_true",
-                        help="print the parameters and capacity as JSON and exit")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a radio parameter, e.g. --set interval_ms=15",
+    )
+    parser.add_argument(
+        "--describe", action="store_true", help="print the parameters and capacity as JSON and exit"
+    )
     parser.set_defaults(func=run)
 
 

@@ -17,11 +17,17 @@ import time
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="split bundle directory (its identity is "
-                        "checked in the handshake)")
-    parser.add_argument("--hci", required=True,
-                        help="bumble HCI transport: hci-socket:0 (Pi, bluetoothd stopped), "
-                        "usb:0 (dongle), tcp-client:HOST:PORT (coinf radio)")
+    parser.add_argument(
+        "--bundle",
+        required=True,
+        help="split bundle directory (its identity is checked in the handshake)",
+    )
+    parser.add_argument(
+        "--hci",
+        required=True,
+        help="bumble HCI transport: hci-socket:0 (Pi, bluetoothd stopped), "
+        "usb:0 (dongle), tcp-client:HOST:PORT (coinf radio)",
+    )
     parser.add_argument("--name", default="coinf-wearable", help="advertised name")
     parser.add_argument("--keystore", default=None, help="JSON file keeping bonds across runs")
     parser.add_argument("--probe-bytes", type=int, default=10_000)
@@ -47,17 +53,26 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         try:
             while True:
-                link = await accept_link(args.hci, bundle_identity=identity, name=args.name,
-                                         keystore=args.keystore)
+                link = await accept_link(
+                    args.hci, bundle_identity=identity, name=args.name, keystore=args.keystore
+                )
                 client = RpcClient(link)
                 try:
                     for _ in range(args.probes):
                         t0 = time.monotonic()
                         await client.request(MsgType.PROBE, bytes(args.probe_bytes), timeout=60)
                         dt = time.monotonic() - t0
-                        print(json.dumps({"link": link.description, "probe_bytes": args.probe_bytes,
-                                          "round_trip_s": round(dt, 4),
-                                          "bps": round(2 * args.probe_bytes / dt, 1)}), flush=True)
+                        print(
+                            json.dumps(
+                                {
+                                    "link": link.description,
+                                    "probe_bytes": args.probe_bytes,
+                                    "round_trip_s": round(dt, 4),
+                                    "bps": round(2 * args.probe_bytes / dt, 1),
+                                }
+                            ),
+                            flush=True,
+                        )
                 except (LinkClosed, ProtocolError) as exc:
                     print(json.dumps({"error": str(exc)}), flush=True)
                 finally:

@@ -223,6 +223,8 @@ class GattLink(Link):
         self.inbox_cap = max(1 << 20, self.chunk_size * window)
         self._send_lock = asyncio.Lock()
         self._ctrl_queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._credit_pending = 0  # credits granted but not yet written (merged into one frame)
+        self._ctrl_wakeup = asyncio.Event()
         self._open = True
         self._closing: BaseException | None = None
         self._name = name
@@ -261,6 +263,7 @@ class GattLink(Link):
             except asyncio.CancelledError:
                 if started and not finished and self._open:
                     self._ctrl_queue.put_nowait(ctrl_abort(int(message.type), message.request_id))
+                    self._ctrl_wakeup.set()
                 raise
             except ProtocolError:
                 raise
@@ -270,13 +273,26 @@ class GattLink(Link):
         self.stats.count_sent(len(message.payload))
 
     async def _control_writer(self) -> None:
+        """Writes control frames one at a time. Credits granted while a write is in flight are
+        merged, so a slow write (with response) never limits the credit rate."""
         while True:
-            frame = await self._ctrl_queue.get()
-            try:
-                await self._write_control(frame)
-            except Exception as exc:
-                self.connection_lost(f"control write failed: {exc}")
-                return
+            await self._ctrl_wakeup.wait()
+            self._ctrl_wakeup.clear()
+            frames = []
+            while not self._ctrl_queue.empty():
+                frames.append(self._ctrl_queue.get_nowait())
+            if self._credit_pending:
+                n = min(self._credit_pending, 0xFFFF)
+                self._credit_pending -= n
+                frames.append(ctrl_credit(n))
+                if self._credit_pending:
+                    self._ctrl_wakeup.set()
+            for frame in frames:
+                try:
+                    await self._write_control(frame)
+                except Exception as exc:
+                    self.connection_lost(f"control write failed: {exc}")
+                    return
 
     # --- receiving -----------------------------------------------------------------------
     async def receive(self) -> Message:
@@ -294,7 +310,8 @@ class GattLink(Link):
     def _maybe_grant(self, force: bool = False) -> None:
         n = self._ledger.take_grant(allowed=self._inbox_bytes < self.inbox_cap, force=force)
         if n and self._open:
-            self._ctrl_queue.put_nowait(ctrl_credit(n))
+            self._credit_pending += n
+            self._ctrl_wakeup.set()
 
     def feed_data(self, value: bytes) -> None:
         """One data chunk arrived from the peer."""

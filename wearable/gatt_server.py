@@ -52,8 +52,10 @@ class WearableServer:
         reassembly_timeout: float = 30.0,
         protocol_version: int = PROTOCOL_VERSION,
         mtu: int = gatt.DEFAULT_MTU,
+        max_queued_packets: int = 24,
     ) -> None:
         self.spec = transport_spec
+        self.max_queued_packets = max_queued_packets
         self.bundle_identity = bundle_identity
         self.name = name
         self.address = address
@@ -199,8 +201,28 @@ class WearableServer:
         assert device is not None
         data_up, control = self.data_up, self.control
 
+        queue = device.host.le_acl_packet_queue or device.host.acl_packet_queue
+        limit = self.max_queued_packets
+
         async def write_data(chunk: bytes) -> None:
             await device.notify_subscriber(connection, data_up, chunk)
+            # Keep the host's ACL queue short: ATT responses to the handheld's control writes
+            # (which carry its credits) queue behind our data, and a long queue would stall
+            # the credit loop. Credits bound memory; this bounds latency.
+            while queue is not None and queue.pending > limit and connection is self._active:
+                flowed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+                def on_flow(fut: asyncio.Future[None] = flowed) -> None:
+                    if not fut.done():
+                        fut.set_result(None)
+
+                queue.once("flow", on_flow)
+                try:
+                    await asyncio.wait_for(flowed, 1.0)
+                except TimeoutError:
+                    pass
+                finally:
+                    queue.remove_listener("flow", on_flow)
 
         async def write_control(frame: bytes) -> None:
             await device.notify_subscriber(connection, control, frame)

@@ -52,6 +52,8 @@ class _AirConnection:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     packets: int = 0
+    events: int = 0
+    exchanges: int = 0
     payload_bytes: int = 0
 
 
@@ -169,6 +171,7 @@ class RadioLink(LocalLink):
                     await asyncio.sleep(delay)
                 if not self._alive(air):
                     break
+                air.events += 1
                 enc = (
                     id(air.central[1]) in self.encrypted or id(air.peripheral[1]) in self.encrypted
                 )
@@ -190,6 +193,7 @@ class RadioLink(LocalLink):
                         if pend is not None:
                             self._loop.call_at(self._real(anchor + end), self._deliver, air, pend)
                     t += tc + tr + 2 * t_ifs
+                    air.exchanges += 1
         except asyncio.CancelledError:
             pass
         finally:

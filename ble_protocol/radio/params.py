@@ -123,7 +123,7 @@ PRESETS: dict[str, RadioParams] = {
         ll_payload=251,
         interval_ms=7.5,
         max_packets_per_event=6,
-        att_mtu=247,
+        att_mtu=498,
         hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_4_2,
     ),
     # BLE 5 with the 2M PHY and DLE.
@@ -133,7 +133,7 @@ PRESETS: dict[str, RadioParams] = {
         ll_payload=251,
         interval_ms=7.5,
         max_packets_per_event=6,
-        att_mtu=247,
+        att_mtu=498,
         hci_version=hci.HCI_VERSION_BLUETOOTH_CORE_5_0,
     ),
 }

@@ -53,7 +53,7 @@ DATA_UP_UUID = _BASE.format(0x0001)
 DATA_DOWN_UUID = _BASE.format(0x0002)
 CONTROL_UUID = _BASE.format(0x0003)
 
-DEFAULT_WINDOW = 64  # chunks a receiver accepts before returning credits
+DEFAULT_WINDOW = 128  # chunks a receiver accepts before returning credits
 DEFAULT_MTU = 517
 
 

@@ -229,7 +229,7 @@ class GattLink(Link):
         self._closing: BaseException | None = None
         self._name = name
         loop = asyncio.get_running_loop()
-        self._tasks = [
+        self._tasks: list[asyncio.Task[None]] = [
             loop.create_task(self._control_writer()),
             loop.create_task(self._expiry()),
         ]
@@ -385,14 +385,15 @@ class GattLink(Link):
     def _fail(self, exc: ProtocolError, tell_peer: bool = True) -> None:
         log.warning("%s: closing after protocol error: %s", self._name, exc)
         if tell_peer and self._open:
-            with contextlib.suppress(Exception):
-                task = asyncio.get_running_loop().create_task(
-                    self._write_control(ctrl_error(exc.code, exc.text))
-                )
-                self._tasks.append(task)
+            frame = ctrl_error(exc.code, exc.text)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._write_quietly(frame)))
         self._shutdown(exc)
         task = asyncio.get_running_loop().create_task(self._disconnect_later())
         self._tasks.append(task)
+
+    async def _write_quietly(self, frame: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await self._write_control(frame)
 
     async def _disconnect_later(self) -> None:
         await asyncio.sleep(0.05)

@@ -92,19 +92,19 @@ class WearableServer:
         )
         device.gatt_server.max_mtu = self.mtu
         props = Characteristic.Properties
-        self.data_up = Characteristic(
+        self.data_up: Characteristic[bytes] = Characteristic(
             gatt.DATA_UP_UUID,
             props.NOTIFY | props.READ,
             ENCRYPTED,
             CharacteristicValue(read=lambda _c: b""),
         )
-        self.data_down = Characteristic(
+        self.data_down: Characteristic[bytes] = Characteristic(
             gatt.DATA_DOWN_UUID,
             props.WRITE_WITHOUT_RESPONSE | props.WRITE,
             ENCRYPTED,
             CharacteristicValue(write=self._on_data),
         )
-        self.control = Characteristic(
+        self.control: Characteristic[bytes] = Characteristic(
             gatt.CONTROL_UUID,
             props.WRITE | props.NOTIFY | props.READ,
             ENCRYPTED,

@@ -22,6 +22,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from bumble import controller as bumble_controller
 from bumble import hci
@@ -201,9 +202,9 @@ class RadioLink(LocalLink):
                 for pend in q:
                     pend.ctrl.complete(pend.conn, 1)
                 q.clear()
-            for _, c in (air.central, air.peripheral):
-                if self._air.get(id(c)) is air:
-                    del self._air[id(c)]
+            for _, end_conn in (air.central, air.peripheral):
+                if self._air.get(id(end_conn)) is air:
+                    del self._air[id(end_conn)]
 
     def _deliver(self, air: _AirConnection, pend: _Pending) -> None:
         if not self._alive(air):
@@ -213,7 +214,13 @@ class RadioLink(LocalLink):
         pend.conn.assembler.feed_packet(pend.packet)  # complete L2CAP PDUs go to the peer now
         pend.ctrl.complete(pend.conn, 1)
 
-    def send_acl_data(self, sender_controller, destination_address, transport, data) -> None:  # type: ignore[no-untyped-def]
+    def send_acl_data(
+        self,
+        sender_controller: bumble_controller.Controller,
+        destination_address: hci.Address,
+        transport: Any,
+        data: bytes,
+    ) -> None:
         """Deliver a reassembled L2CAP PDU at once (its air time was already spent)."""
         dest = self.find_le_controller(destination_address)
         if dest is not None:
@@ -272,7 +279,7 @@ class RadioController(bumble_controller.Controller):
         self.radio.drop_connection(connection)
         super().on_le_disconnected(connection, reason)
 
-    def on_hci_reset_command(self, command: hci.HCI_Reset_Command):  # type: ignore[no-untyped-def]
+    def on_hci_reset_command(self, command: hci.HCI_Reset_Command) -> Any:
         """A (re)attached host starts clean: drop connections left by a previous host."""
         for conn in list(self.le_connections.values()):
             peer = self.radio.find_le_controller(conn.peer_address)

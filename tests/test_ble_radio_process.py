@@ -71,3 +71,21 @@ def test_radio_parameters_are_validated() -> None:
     assert p.capacity_bps() < preset("pi-zero-2w").capacity_bps()
     # 2M halves air time: more exchanges fit an event than at 1M with the same payload
     assert preset("ble5-2m").exchanges_per_event() > preset("ble42-dle").exchanges_per_event()
+
+
+def test_radio_cli_describe_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from coinf.cli import main
+
+    assert main(["radio", "--preset", "ble5-2m", "--set", "interval_ms=15", "--describe"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["interval_ms"] == 15.0 and out["capacity_bps"] == pytest.approx(
+        preset("ble5-2m", interval_ms=15.0).capacity_bps(), abs=0.1
+    )
+    assert main(["radio", "--set", "warp=9", "--describe"]) == 2
+    assert "bad radio override 'warp=9'" in capsys.readouterr().err
+    assert main(["radio", "--set", "interval_ms=fast", "--describe"]) == 2
+    assert "is not a float" in capsys.readouterr().err
+    assert main(["wearable", "--bundle", "/nonexistent/bundle", "--hci", "tcp-client:x:1"]) == 2
+    assert "error" in capsys.readouterr().err

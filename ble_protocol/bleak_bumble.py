@@ -34,14 +34,19 @@ from bumble.transport import open_transport
 
 log = logging.getLogger(__name__)
 
-_devices: dict[tuple[int, str], Device] = {}
-_locks: dict[tuple[int, str], asyncio.Lock] = {}
-_transports: dict[tuple[int, str], Any] = {}
+_Key = tuple[asyncio.AbstractEventLoop, str]
+_devices: dict[_Key, Device] = {}
+_locks: dict[_Key, asyncio.Lock] = {}
+_transports: dict[_Key, Any] = {}
 
 
 async def bumble_device(spec: str, address: str = "C0:F1:00:00:00:02") -> Device:
     """The powered-on bumble device for ``spec`` in this event loop (created on first use)."""
-    key = (id(asyncio.get_running_loop()), spec)
+    loop = asyncio.get_running_loop()
+    for table in (_devices, _locks, _transports):
+        for stale in [k for k in table if k[0].is_closed()]:
+            del table[stale]
+    key = (loop, spec)
     lock = _locks.setdefault(key, asyncio.Lock())
     async with lock:
         device = _devices.get(key)
@@ -71,8 +76,8 @@ async def bumble_device(spec: str, address: str = "C0:F1:00:00:00:02") -> Device
 
 async def close_devices() -> None:
     """Power off every bumble device opened in this event loop."""
-    loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _devices if k[0] == loop_id]:
+    loop = asyncio.get_running_loop()
+    for key in [k for k in _devices if k[0] is loop]:
         device = _devices.pop(key)
         with contextlib.suppress(Exception):
             await device.power_off()

@@ -294,7 +294,7 @@ class WearableServer:
         return item
 
 
-_servers: dict[tuple[int, str], WearableServer] = {}
+_servers: dict[tuple[asyncio.AbstractEventLoop, str], WearableServer] = {}
 
 
 async def accept_link(
@@ -308,7 +308,10 @@ async def accept_link(
     """Serve on ``transport_spec`` (started once per event loop and spec) and return the next
     handheld's :class:`Link`. Options: ``address``, ``keystore`` (JSON file for bonds),
     ``window``, ``max_message_bytes``, ``reassembly_timeout``, ``mtu``, ``protocol_version``."""
-    key = (id(asyncio.get_running_loop()), transport_spec)
+    loop = asyncio.get_running_loop()
+    for stale in [k for k in _servers if k[0].is_closed()]:
+        del _servers[stale]
+    key = (loop, transport_spec)
     server = _servers.get(key)
     if server is None:
         server = WearableServer(transport_spec, bundle_identity=bundle_identity, name=name, **opts)
@@ -320,6 +323,6 @@ async def accept_link(
 
 async def close_servers() -> None:
     """Stop every server started by :func:`accept_link` in this event loop."""
-    loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _servers if k[0] == loop_id]:
+    loop = asyncio.get_running_loop()
+    for key in [k for k in _servers if k[0] is loop]:
         await _servers.pop(key).close()

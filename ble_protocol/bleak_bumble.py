@@ -132,21 +132,62 @@ class BumbleBleakClient(BaseBleakClient):
 
     async def connect(self, pair: bool, **kwargs: Any) -> None:
         device = await bumble_device(self._spec, self._own_address)
-        try:
-            self._connection = await device.connect(
+        attempt = asyncio.ensure_future(
+            device.connect(
                 hci.Address(str(self.address), hci.Address.RANDOM_DEVICE_ADDRESS),
                 timeout=self._timeout,
             )
+        )
+        # bumble's own timeout cancels the connection attempt, which a controller may never
+        # confirm; do not wait for that.
+        done, _ = await asyncio.wait({attempt}, timeout=self._timeout + 1.0)
+        if not done:
+            attempt.cancel()
+            raise BleakError(f"cannot connect to {self.address}: not reachable (timeout)")
+        try:
+            self._connection = attempt.result()
         except Exception as exc:
             raise BleakError(f"cannot connect to {self.address}: {exc}") from None
         conn = self._connection
-        conn.on("disconnection", lambda _reason: self._on_disconnection(conn))
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_disconnection(_reason: int) -> None:
+            if not lost.done():
+                lost.set_result(None)
+            self._on_disconnection(conn)
+
+        conn.on("disconnection", on_disconnection)
+        try:
+            await self._guard(self._setup(conn, pair), lost)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            raise
+
+    async def _setup(self, conn: Connection, pair: bool) -> None:
         if pair:
             await self.pair()
         self._peer = Peer(conn)
         with contextlib.suppress(Exception):
             await self._peer.request_mtu(self._want_mtu)
         await self._discover()
+
+    async def _guard(self, coro: Any, lost: asyncio.Future[None]) -> None:
+        """Run ``coro`` but fail at once if the link drops or ``timeout`` passes (bumble's
+        pairing and GATT requests would otherwise wait for their own long timeouts)."""
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait(
+            {task, lost}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if task in done:
+            task.result()
+            return
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        if lost.done():
+            raise BleakError(f"{self.address} disconnected while connecting")
+        raise BleakError(f"connection set-up with {self.address} timed out")
 
     def _on_disconnection(self, conn: Connection) -> None:
         if conn is self._connection:

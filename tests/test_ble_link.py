@@ -241,3 +241,27 @@ def test_radio_throughput_matches_formula(preset: str) -> None:
             assert n / dt >= 0.80 * params.capacity_bps()
 
     asyncio.run(main())
+
+
+def test_second_handheld_is_refused_while_one_is_served() -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2, extra_hosts=1) as radio:
+            try:
+                wl, hl = await connect_both(radio, {}, {})
+                with pytest.raises(ProtocolError):  # LinkClosed or a failed handshake
+                    await connect_link(
+                        WEARABLE_ADDR,
+                        bundle_identity="b-1",
+                        backend=BumbleBleakClient,
+                        hci=radio.spec("extra1"),
+                        own_address="C0:F1:00:00:00:03",
+                        attempts=1,
+                        timeout=5,
+                    )
+                await exchange(wl, hl, b"still served", 1)  # the first handheld is unaffected
+                await hl.close()
+            finally:
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())

@@ -44,11 +44,13 @@ class EmulatedRadio:
         params: RadioParams | str = "pi-zero-2w",
         host: str = "127.0.0.1",
         ports: tuple[int, int] = (0, 0),
+        extra_hosts: int = 0,
         **overrides: Any,
     ) -> None:
         self.params = preset(params, **overrides) if isinstance(params, str) else params
         self.host = host
-        self.ports = list(ports)
+        self.ports = list(ports) + [0] * extra_hosts
+        self.sides = list(SIDES) + [f"extra{i + 1}" for i in range(extra_hosts)]
         self.link: Any = None
         self.controllers: dict[str, Any] = {}
         self._transports: list[Any] = []
@@ -56,7 +58,11 @@ class EmulatedRadio:
     @property
     def specs(self) -> tuple[str, str]:
         """(wearable HCI spec, handheld HCI spec)."""
-        return tuple(f"tcp-client:{self.host}:{p}" for p in self.ports)  # type: ignore[return-value]
+        return self.spec("wearable"), self.spec("handheld")
+
+    def spec(self, side: str) -> str:
+        """HCI transport spec of one side: wearable, handheld, extra1, extra2..."""
+        return f"tcp-client:{self.host}:{self.ports[self.sides.index(side)]}"
 
     async def start(self) -> EmulatedRadio:
         from bumble.transport.tcp_server import open_tcp_server_transport_with_socket
@@ -64,7 +70,7 @@ class EmulatedRadio:
         from ble_protocol.radio.model import RadioController, RadioLink
 
         self.link = RadioLink(self.params)
-        for i, side in enumerate(SIDES):
+        for i, side in enumerate(self.sides):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from ble_protocol.link import Link, LinkClosed
@@ -63,8 +64,18 @@ class RpcClient:
                     fut.set_exception(error)
             self._pending.clear()
 
-    async def request(self, mtype: MsgType, payload: bytes, timeout: float | None) -> Message:
-        """Send one message and wait for its reply. ERROR replies raise :class:`ProtocolError`."""
+    async def request(
+        self,
+        mtype: MsgType,
+        payload: bytes,
+        timeout: float | None,
+        marks: dict[str, float] | None = None,
+    ) -> Message:
+        """Send one message and wait for its reply. ERROR replies raise :class:`ProtocolError`.
+
+        ``marks``, if given, receives ``perf_counter`` times: ``sent`` (the link took the whole
+        message) and ``replied`` (the reply arrived).
+        """
         if not self.link.is_open:
             raise LinkClosed(f"{self.link.description} is not connected")
         self._ensure_reader()
@@ -73,7 +84,11 @@ class RpcClient:
         self._pending[rid] = fut
         try:
             await asyncio.wait_for(self.link.send(Message(mtype, rid, payload)), timeout)
+            if marks is not None:
+                marks["sent"] = time.perf_counter()
             reply = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            if marks is not None:
+                marks["replied"] = time.perf_counter()
         except TimeoutError:
             self._pending.pop(rid, None)
             with contextlib.suppress(ProtocolError, TimeoutError):
@@ -107,25 +122,27 @@ async def serve(link: Link, handler: Handler, max_concurrent: int = 1) -> None:
     slots = asyncio.Semaphore(max_concurrent)
 
     async def run_one(msg: Message) -> None:
-        async with slots:
-            try:
+        reply: Message | None
+        try:
+            async with slots:
                 reply = await handler(msg)
-            except asyncio.CancelledError:
-                return
-            except ProtocolError as exc:
-                reply = Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text))
-            except Exception as exc:  # a bug or a tail failure: report it, keep serving
-                log.exception("handler failed on request %d", msg.request_id)
-                reply = Message(
-                    MsgType.ERROR,
-                    msg.request_id,
-                    encode_error(ErrorCode.TAIL_FAILED, f"{type(exc).__name__}: {exc}"),
-                )
-            finally:
-                inflight.pop(msg.request_id, None)
-            if reply is not None:
-                with contextlib.suppress(LinkClosed):
-                    await link.send(reply)
+        except asyncio.CancelledError:
+            return
+        except ProtocolError as exc:
+            reply = Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text))
+        except Exception as exc:  # a bug or a tail failure: report it, keep serving
+            log.exception("handler failed on request %d", msg.request_id)
+            reply = Message(
+                MsgType.ERROR,
+                msg.request_id,
+                encode_error(ErrorCode.TAIL_FAILED, f"{type(exc).__name__}: {exc}"),
+            )
+        finally:
+            inflight.pop(msg.request_id, None)
+        # Sent outside the slot: the next request computes while this reply travels.
+        if reply is not None:
+            with contextlib.suppress(LinkClosed):
+                await link.send(reply)
 
     try:
         while True:

@@ -57,7 +57,7 @@ def dtype_code(dtype: np.dtype) -> int:
 
 def encode_raw(array: np.ndarray) -> bytes:
     """Encode one tensor as a RAW body."""
-    arr = np.ascontiguousarray(array)
+    arr = np.asarray(array)  # (np.ascontiguousarray would turn a 0-d tensor into 1-d)
     code = dtype_code(arr.dtype)
     if arr.ndim > MAX_NDIM:
         raise ValueError(f"tensor has {arr.ndim} dims; at most {MAX_NDIM} travel")

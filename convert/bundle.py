@@ -10,6 +10,7 @@ Layout::
       model.onnx              # the whole model, shapes resolved
       c001/head.onnx          # one folder per candidate that has a head and/or a tail
       c001/tail.onnx
+      weights.bin             # only with shared weights (then slices are c001.head.onnx, ...)
 """
 
 from __future__ import annotations
@@ -226,6 +227,9 @@ class Bundle:
             raise BundleError(f"{path} is malformed: missing or bad field {exc}") from None
         if len(bundle.candidates) < 2:
             raise BundleError(f"{path} lists {len(bundle.candidates)} candidates; expected >= 2")
+        weights = bundle.meta.get("weights")
+        if isinstance(weights, dict) and not (root / str(weights.get("file"))).is_file():
+            raise BundleError(f"{path}: shared weights file {weights.get('file')} is missing")
         for cand in bundle.candidates:
             for part in (cand.head, cand.tail):
                 if part.file is not None and not (root / part.file).is_file():

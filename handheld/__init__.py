@@ -1,0 +1,1 @@
+"""The handheld side: the daemon that runs tails for a wearable."""

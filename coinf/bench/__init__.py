@@ -14,6 +14,8 @@ from typing import Any
 # (bench name, module, help). Each module defines register(parser) which sets func.
 BENCHES: list[tuple[str, str, str]] = [
     ("overhead", "coinf.bench.overhead", "split head+tail in-process vs the whole model"),
+    ("pack", "coinf.bench.pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
+    ("stream", "coinf.bench.stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "coinf.bench.link", "goodput of the full BLE protocol over the emulated radio"),
 ]
 

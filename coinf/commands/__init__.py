@@ -7,6 +7,7 @@ never imports what it does not use (torch, matplotlib, bleak).
 # (subcommand, module, one-line help). Order is the order of ``coinf --help``.
 COMMANDS: list[tuple[str, str, str]] = [
     ("split", "coinf.commands.split", "slice an ONNX model into a split bundle"),
+    ("calibrate", "coinf.commands.calibrate", "measure packing size and accuracy per candidate"),
     ("models", "coinf.commands.models", "list or build the model zoo"),
     ("handheld", "coinf.commands.handheld", "run the handheld daemon (tail side)"),
     ("run", "coinf.commands.run", "run one inference through a Session"),

@@ -1,0 +1,463 @@
+"""Packing the tensors that cross the cut: input-specific quantization + bit shuffling + LZ4.
+
+This is the DynO CNN-ISPM pipeline (docs/PACKING.md). A packed tensor is self-describing::
+
+    offset size  field
+    0      4     magic  b"CPK1"
+    4      1     codec  (RAW 0, LOSSLESS 1, HALF 2, QUANT 3, CONST 4)
+    5      1     flags  (bit 0: payload is one LZ4 block; other bits must be 0)
+    6      1     bits   (QUANT: 1..16; HALF: 16; otherwise 0)
+    7      1     dtype  (ONNX TensorProto code of the tensor as it was and will be again)
+    8      1     ndim   (<= 8)
+    9      8     scale  f64 (QUANT: step between levels; otherwise 0)
+    17     8     offset f64 (QUANT: the tensor's minimum; CONST: its only value; otherwise 0)
+    25     4     raw_size    u32 (payload bytes after LZ4 decompression)
+    29     4     packed_size u32 (payload bytes on the wire; the rest of the body)
+    33     4*nd  dims u32
+    ...          payload
+
+All integers and floats are little-endian. Payloads before LZ4 are *bit planes*: the tensor's
+elements (padded with zeros to a multiple of 8) are bit-transposed exactly as the ``bitshuffle``
+library does for one block (row ``8*j + k`` holds bit ``k`` of byte ``j`` of every element, LSB
+first). QUANT keeps only the ``bits`` low planes of the quantized levels, so a 3-bit tensor takes
+3 bits per value before LZ4. When LZ4 does not shrink a payload it travels uncompressed (flag 0).
+
+Codecs:
+
+* QUANT (``q``, 1..16 bits): ``level = round((x - min) / step)``, ``step = (max - min) /
+  (2**bits - 1)``; min/max are taken from this very tensor for this very input (ISQuant).
+  Decoding gives ``min + level * step``, within :func:`quantization_bound` of the input.
+* HALF (``f16``): float16 values; lossy beyond float16 precision (11 significant bits).
+* LOSSLESS (``f32``): the tensor's own bytes, bit-shuffled, LZ4. Exact for every dtype.
+* RAW (``raw``): the tensor's own bytes, nothing else.
+* CONST: a float tensor whose min equals max under ``q``: only the value travels.
+
+Non-float tensors (ints, bools, token ids) always travel LOSSLESS whatever the spec; float
+tensors holding NaN or infinity fall back to LOSSLESS under ``q``, and to LOSSLESS under ``f16``
+when a finite value would overflow float16.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import lz4.block
+import numpy as np
+
+from ble_protocol.messages import ErrorCode, ProtocolError
+from ble_protocol.tensors import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
+
+try:  # the compiled SIMD transpose; the pure-numpy one below gives byte-identical output
+    import bitshuffle as _bitshuffle
+except ImportError:  # pragma: no cover - depends on the platform (no aarch64 wheel)
+    _bitshuffle = None
+
+#: Use the compiled ``bitshuffle`` transpose when it is installed (benches flip this to compare).
+USE_BITSHUFFLE = _bitshuffle is not None
+
+MAGIC = b"CPK1"
+HEADER = struct.Struct("<4sBBBBBddII")
+HEADER_SIZE = HEADER.size  # 33, plus 4 bytes per dimension
+
+RAW, LOSSLESS, HALF, QUANT, CONST = 0, 1, 2, 3, 4
+CODEC_NAMES = {RAW: "raw", LOSSLESS: "lossless", HALF: "half", QUANT: "quant", CONST: "const"}
+FLAG_LZ4 = 1
+MAX_BITS = 16
+# LZ4 cannot expand data by more than 255x per input byte (a match emits at most 255 bytes per
+# length byte); a header claiming more is inconsistent and is refused before decompressing.
+LZ4_MAX_RATIO = 255
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
+
+_SPEC_RE = re.compile(r"^(?:q(\d{1,2})|f32|f16|raw|lossless|half)$")
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """How to pack a tensor: ``codec`` is ``"q"`` (with ``bits`` 1..16), ``"f32"``, ``"f16"`` or
+    ``"raw"``. ``str(spec)`` and :meth:`parse` use the short names ``q4``, ``f16``, ``f32``,
+    ``raw``."""
+
+    codec: str
+    bits: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.codec == "q":
+            if not isinstance(self.bits, int) or not 1 <= self.bits <= MAX_BITS:
+                raise ValueError(f"quantized packing needs bits in 1..{MAX_BITS}, got {self.bits}")
+        elif self.codec in ("f32", "f16", "raw"):
+            if self.bits is not None:
+                raise ValueError(f"packing {self.codec!r} takes no bits (got {self.bits})")
+        else:
+            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, f32, f16 or raw")
+
+    def __str__(self) -> str:
+        return f"q{self.bits}" if self.codec == "q" else self.codec
+
+    @property
+    def lossless(self) -> bool:
+        return self.codec in ("f32", "raw")
+
+    @classmethod
+    def parse(cls, text: str | int) -> PackSpec:
+        """``"q4"``/``4`` -> 4-bit; ``"f16"``/``"half"``; ``"f32"``/``"lossless"``; ``"raw"``."""
+        if isinstance(text, int) and not isinstance(text, bool):
+            return cls("q", text)
+        m = _SPEC_RE.match(str(text).strip().lower())
+        if not m:
+            raise ValueError(f"bad packing {text!r}; expected q1..q16, f16, f32 or raw")
+        if m.group(1) is not None:
+            return cls("q", int(m.group(1)))
+        name = m.group(0)
+        return cls({"lossless": "f32", "half": "f16"}.get(name, name))
+
+
+LOSSLESS_SPEC = PackSpec("f32")
+
+
+def quantization_bound(
+    scale: float, peak: float = 0.0, dtype: np.dtype | type = np.float32
+) -> float:
+    """Largest ``|x - unpack(pack(x))|`` for a QUANT tensor of step ``scale``: half a step plus
+    the rounding of ``dtype`` arithmetic on values up to ``peak = max|x|``."""
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    return 0.5 * scale + 8.0 * eps * (abs(peak) + scale)
+
+
+# --- bit transposition ---------------------------------------------------------------------
+
+_M1, _M2, _M3 = (np.uint64(0x00AA00AA00AA00AA), np.uint64(0x0000CCCC0000CCCC),
+                 np.uint64(0x00000000F0F0F0F0))
+_S7, _S14, _S28 = np.uint64(7), np.uint64(14), np.uint64(28)
+
+
+def _transpose8(x: np.ndarray) -> np.ndarray:
+    """Transpose each 8x8 bit matrix held in a uint64 (bit ``8*r + c`` -> ``8*c + r``).
+
+    In place on ``x``; the transposition is its own inverse."""
+    t = np.empty_like(x)
+    for mask, shift in ((_M1, _S7), (_M2, _S14), (_M3, _S28)):
+        np.right_shift(x, shift, out=t)
+        np.bitwise_xor(t, x, out=t)
+        np.bitwise_and(t, mask, out=t)
+        np.bitwise_xor(x, t, out=x)
+        np.left_shift(t, shift, out=t)
+        np.bitwise_xor(x, t, out=x)
+    return x
+
+
+def _numpy_shuffle(raw: np.ndarray, itemsize: int) -> np.ndarray:
+    """Bit planes of ``raw`` (bytes of n elements, n % 8 == 0): shape ``(8*itemsize, n//8)``."""
+    m = raw.size // itemsize // 8
+    by = raw.reshape(m * 8, itemsize).T  # (itemsize, n): byte j of every element
+    out = np.empty((itemsize, 8, m), dtype=np.uint8)
+    for j in range(itemsize):
+        x = np.ascontiguousarray(by[j]).view(np.uint64)
+        out[j] = _transpose8(x.copy()).view(np.uint8).reshape(m, 8).T
+    return out.reshape(8 * itemsize, m)
+
+
+def _numpy_unshuffle(planes: np.ndarray, itemsize: int) -> np.ndarray:
+    """Inverse of :func:`_numpy_shuffle`: bytes of the n elements, C order."""
+    m = planes.shape[1]
+    out = np.empty((m * 8, itemsize), dtype=np.uint8)
+    pl = planes.reshape(itemsize, 8, m)
+    for j in range(itemsize):
+        x = np.ascontiguousarray(pl[j].T).view(np.uint64).reshape(m)
+        out[:, j] = _transpose8(x).view(np.uint8)
+    return out.reshape(-1)
+
+
+def bit_planes(values: np.ndarray, use_library: bool | None = None) -> np.ndarray:
+    """Bit planes of a 1-D array whose length is a multiple of 8: ``(8*itemsize, n//8)`` uint8."""
+    itemsize = values.dtype.itemsize
+    if values.size == 0:
+        return np.zeros((8 * itemsize, 0), dtype=np.uint8)
+    if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
+        shuffled = _bitshuffle.bitshuffle(values, values.size)
+        return shuffled.view(np.uint8).reshape(8 * itemsize, values.size // 8)
+    return _numpy_shuffle(values.view(np.uint8), itemsize)
+
+
+def from_bit_planes(
+    planes: np.ndarray, dtype: np.dtype, use_library: bool | None = None
+) -> np.ndarray:
+    """Inverse of :func:`bit_planes`; ``planes`` has all ``8*itemsize`` rows."""
+    n = planes.shape[1] * 8
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
+        return _bitshuffle.bitunshuffle(planes.reshape(-1).view(dtype), n)
+    return _numpy_unshuffle(planes, dtype.itemsize).view(dtype)
+
+
+# --- packing ---------------------------------------------------------------------------------
+
+
+def _onnx_code(dtype: np.dtype) -> int:
+    code = NUMPY_TO_ONNX.get(np.dtype(dtype).newbyteorder("<"))
+    if code is None:
+        raise ValueError(f"dtype {dtype} cannot be packed; use a numeric or bool tensor")
+    return code
+
+
+def _pad8(flat: np.ndarray) -> np.ndarray:
+    rem = (-flat.size) % 8
+    if rem:
+        flat = np.concatenate([flat, np.zeros(rem, dtype=flat.dtype)])
+    return flat
+
+
+def _flat_planes(flat: np.ndarray) -> memoryview:
+    return bit_planes(_pad8(flat)).reshape(-1).data
+
+
+def _header(codec: int, flags: int, bits: int, code: int, shape: tuple[int, ...],
+            scale: float, offset: float, raw_size: int, packed_size: int) -> bytes:
+    return HEADER.pack(MAGIC, codec, flags, bits, code, len(shape), scale, offset, raw_size,
+                       packed_size) + struct.pack(f"<{len(shape)}I", *shape)
+
+
+def _finish(codec: int, bits: int, code: int, shape: tuple[int, ...], scale: float,
+            offset: float, payload: bytes | memoryview, compress: bool = True) -> bytes:
+    raw_size = memoryview(payload).nbytes
+    flags = 0
+    if compress and raw_size:
+        packed = lz4.block.compress(payload, store_size=False)
+        if len(packed) < raw_size:
+            payload, flags = packed, FLAG_LZ4
+    return _header(codec, flags, bits, code, shape, scale, offset, raw_size,
+                   len(payload)) + bytes(payload)
+
+
+def _quantize(flat: np.ndarray, bits: int, lo: float, span: float) -> np.ndarray:
+    """Levels ``round((x - lo) * (2**bits-1) / span)`` as uint8/uint16, in one fused pass."""
+    levels = (1 << bits) - 1
+    work: type[np.floating] = np.float64
+    if flat.dtype.itemsize <= 4 and span < 1e37 and levels / span < 1e37:
+        work = np.float32
+    tmp = np.subtract(flat, work(lo), dtype=work)
+    tmp *= work(levels / span)
+    tmp += work(0.5)
+    np.minimum(tmp, work(levels), out=tmp)  # guards rounding right at the top level
+    return tmp.astype(np.uint8 if bits <= 8 else np.uint16)
+
+
+def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
+    """Pack one tensor into a self-describing body (see the module docstring)."""
+    if not isinstance(spec, PackSpec):
+        spec = PackSpec.parse(spec)
+    arr = np.asarray(array)
+    if arr.ndim > MAX_NDIM:
+        raise ValueError(f"tensor has {arr.ndim} dims; at most {MAX_NDIM} can be packed")
+    if any(d > 0xFFFFFFFF for d in arr.shape):
+        raise ValueError(f"tensor dimension too large for the wire: {arr.shape}")
+    code = _onnx_code(arr.dtype)
+    le = ONNX_TO_NUMPY[code]
+    flat = np.ascontiguousarray(arr.reshape(-1)).astype(le, copy=False)
+    shape = tuple(int(d) for d in arr.shape)
+    codec = spec.codec
+    if code not in FLOAT_CODES and codec != "raw":
+        codec = "f32"  # non-float tensors always travel losslessly
+    if codec == "raw":
+        return _finish(RAW, 0, code, shape, 0.0, 0.0, flat.view(np.uint8).data, compress=False)
+    if codec == "q" and flat.size:
+        assert spec.bits is not None
+        lo, hi = float(flat.min()), float(flat.max())
+        if math.isfinite(lo) and math.isfinite(hi):
+            if lo == hi:
+                return _header(CONST, 0, 0, code, shape, 0.0, lo, 0, 0)
+            span = hi - lo
+            bits = spec.bits
+            if not (span / ((1 << bits) - 1) > 0 and math.isfinite(((1 << bits) - 1) / span)):
+                return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
+            q = _quantize(flat, bits, lo, span)
+            planes = bit_planes(_pad8(q))[:bits].reshape(-1)
+            return _finish(QUANT, bits, code, shape, span / ((1 << bits) - 1), lo, planes.data)
+        codec = "f32"  # NaN/inf: nothing sensible to quantize
+    elif codec == "q":
+        codec = "f32"  # empty tensor
+    if codec == "f16":
+        with np.errstate(over="ignore"):
+            half = flat.astype("<f2")
+        if np.array_equal(np.isfinite(half), np.isfinite(flat)):
+            return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
+        # a finite value overflows float16: keep it exact instead
+    return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
+
+
+def pack_tensors(
+    tensors: Mapping[str, np.ndarray], spec: PackSpec | str = LOSSLESS_SPEC
+) -> dict[str, bytes]:
+    """Pack every tensor of a map with one spec, ready for
+    ``encode_tensors({}, packed=pack_tensors(...))``. The wearable packs the crossing tensors
+    with the planned spec; the handheld packs results with the default (lossless)."""
+    spec = spec if isinstance(spec, PackSpec) else PackSpec.parse(spec)
+    return {name: pack(arr, spec) for name, arr in tensors.items()}
+
+
+def packed_size(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> int:
+    """Bytes of ``pack(array, spec)`` (header included)."""
+    return len(pack(array, spec))
+
+
+# --- unpacking -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedHeader:
+    """A validated header: what :func:`unpack` will produce and from how many bytes."""
+
+    codec: int
+    flags: int
+    bits: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    scale: float
+    offset: float
+    raw_size: int
+    packed_size: int
+    payload_offset: int
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+
+def _bad(text: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.MALFORMED, f"packed tensor: {text}")
+
+
+def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> PackedHeader:
+    """Parse and validate a packed header against itself, the body length and ``max_bytes``."""
+    mv = memoryview(data)
+    if len(mv) < HEADER_SIZE:
+        raise ProtocolError(ErrorCode.TRUNCATED,
+                            f"packed tensor of {len(mv)} B is shorter than its header")
+    magic, codec, flags, bits, code, ndim, scale, offset, raw_size, psize = HEADER.unpack_from(mv)
+    if magic != MAGIC:
+        raise _bad(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
+    if codec not in CODEC_NAMES:
+        raise _bad(f"unknown codec {codec}")
+    if flags & ~FLAG_LZ4:
+        raise _bad(f"unknown flags 0x{flags:02x}")
+    dtype = ONNX_TO_NUMPY.get(code)
+    if dtype is None:
+        raise _bad(f"unknown dtype code {code}")
+    if ndim > MAX_NDIM:
+        raise _bad(f"{ndim} dims; at most {MAX_NDIM}")
+    start = HEADER_SIZE + 4 * ndim
+    if len(mv) < start:
+        raise ProtocolError(ErrorCode.TRUNCATED, "packed tensor header cut short in its dims")
+    shape = tuple(struct.unpack_from(f"<{ndim}I", mv, HEADER_SIZE))
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
+    if nbytes > max_bytes:
+        raise ProtocolError(ErrorCode.TOO_LARGE,
+                            f"packed tensor {shape} {dtype} of {nbytes} B exceeds {max_bytes} B")
+    n8 = (count + 7) // 8  # bytes per bit plane
+    is_float = code in FLOAT_CODES
+    if codec == QUANT:
+        if not is_float:
+            raise _bad(f"quantized tensor with non-float dtype {dtype}")
+        if not 1 <= bits <= MAX_BITS:
+            raise _bad(f"bitwidth {bits}; expected 1..{MAX_BITS}")
+        if not (math.isfinite(scale) and scale > 0 and math.isfinite(offset)):
+            raise _bad(f"scale {scale} / offset {offset} must be finite with scale > 0")
+        if not math.isfinite(offset + scale * ((1 << bits) - 1)):
+            raise _bad("top quantization level overflows")
+        expected = bits * n8
+    elif codec == HALF:
+        if not is_float or bits != 16:
+            raise _bad(f"half codec needs a float dtype and bits 16, got {dtype}, {bits}")
+        expected = 16 * n8
+    elif codec == CONST:
+        if not is_float or bits or scale != 0 or not math.isfinite(offset):
+            raise _bad("constant tensor needs a float dtype, bits 0, scale 0, finite value")
+        with np.errstate(over="ignore"):
+            representable = float(np.array(offset).astype(dtype)) == offset
+        if not representable:
+            raise _bad(f"constant {offset} is not representable as {dtype}")
+        expected = 0
+    else:
+        if bits or scale != 0 or offset != 0:
+            raise _bad(f"{CODEC_NAMES[codec]} codec carries no bits/scale/offset")
+        expected = nbytes if codec == RAW else 8 * dtype.itemsize * n8
+    if raw_size != expected:
+        raise _bad(f"raw size {raw_size} B but {CODEC_NAMES[codec]} {shape} {dtype}"
+                   f" needs {expected} B")
+    if codec in (RAW, CONST) and flags:
+        raise _bad(f"{CODEC_NAMES[codec]} payload cannot be compressed")
+    have = len(mv) - start
+    if have < psize:
+        raise ProtocolError(ErrorCode.TRUNCATED, f"packed payload has {have} B of {psize} B")
+    if have > psize:
+        raise _bad(f"{have - psize} trailing bytes after the payload")
+    if flags & FLAG_LZ4:
+        if psize == 0 or raw_size > LZ4_MAX_RATIO * psize:
+            raise _bad(f"{psize} B of LZ4 cannot hold {raw_size} B")
+    elif psize != raw_size:
+        raise _bad(f"uncompressed payload of {psize} B, header says {raw_size} B")
+    return PackedHeader(codec, flags, bits, dtype, shape, scale, offset, raw_size, psize, start)
+
+
+def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
+    """Decode a packed body; :class:`ProtocolError` (MALFORMED/TRUNCATED/TOO_LARGE) on anything
+    inconsistent. The result never holds more than the header's shape, nor ``max_bytes``."""
+    h = read_header(data, max_bytes)
+    out_dtype = h.dtype.newbyteorder("=")
+    payload = memoryview(data)[h.payload_offset:]
+    if h.codec == CONST:
+        return np.full(h.shape, h.offset, dtype=out_dtype)
+    if h.flags & FLAG_LZ4:
+        try:
+            buf = lz4.block.decompress(payload, uncompressed_size=h.raw_size)
+        except lz4.block.LZ4BlockError as exc:
+            raise _bad(f"LZ4 payload does not decompress: {exc}") from None
+        if len(buf) != h.raw_size:
+            raise _bad(f"LZ4 payload gave {len(buf)} B, header says {h.raw_size} B")
+    else:
+        buf = bytes(payload)
+    count = h.count
+    if count == 0:
+        return np.zeros(h.shape, dtype=out_dtype)
+    if h.codec == RAW:
+        return np.frombuffer(buf, dtype=h.dtype).astype(out_dtype).reshape(h.shape)
+    n8 = (count + 7) // 8
+    planes = np.frombuffer(buf, dtype=np.uint8).reshape(-1, n8)
+    if h.codec == QUANT:
+        level_dtype = np.dtype(np.uint8 if h.bits <= 8 else "<u2")
+        full = np.zeros((8 * level_dtype.itemsize, n8), dtype=np.uint8)
+        full[: h.bits] = planes
+        levels = from_bit_planes(full, level_dtype)[:count]
+        top = abs(h.offset) + h.scale * ((1 << h.bits) - 1)
+        wide = out_dtype == np.float64 or top > 1e37  # float32 arithmetic would overflow
+        work = np.float64 if wide else np.float32
+        vals = levels.astype(work)
+        np.multiply(vals, work(h.scale), out=vals)
+        np.add(vals, work(h.offset), out=vals)
+        if wide and out_dtype != np.float64:  # round-off at the edge of the dtype's range
+            limit = float(np.finfo(out_dtype).max)
+            np.clip(vals, -limit, limit, out=vals)
+        return vals.astype(out_dtype, copy=False).reshape(h.shape)
+    if h.codec == HALF:
+        half = from_bit_planes(planes, np.dtype("<f2"))[:count]
+        return half.astype(out_dtype).reshape(h.shape)
+    values = from_bit_planes(planes, h.dtype)[:count]
+    return values.astype(out_dtype).reshape(h.shape)  # LOSSLESS: a fresh, writable copy
+
+
+def describe(data: bytes | memoryview) -> dict[str, object]:
+    """A header as a dict (for logs and ``coinf`` diagnostics)."""
+    h = read_header(data)
+    return {"codec": CODEC_NAMES[h.codec], "bits": h.bits, "dtype": str(h.dtype),
+            "shape": list(h.shape), "scale": h.scale, "offset": h.offset,
+            "raw_size": h.raw_size, "packed_size": h.packed_size, "lz4": bool(h.flags & 1)}

@@ -1,0 +1,133 @@
+"""``coinf run``: run inferences through a Session (the wearable process of ``coinf demo``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+import numpy as np
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", help="bundle directory (from `coinf split`)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--split", help="candidate id, handheld-only or wearable-only")
+    which.add_argument("--all", action="store_true", help="run every candidate (or --max of them)")
+    parser.add_argument("--max", type=int, default=0, help="with --all: at most N, evenly spread")
+    parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket"])
+    parser.add_argument("--handheld", help="daemon address for --transport socket")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
+    parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower wearable")
+    parser.add_argument("--threads", type=int, default=0, help="wearable onnxruntime threads")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.set_defaults(func=run)
+
+
+def spread(n_items: int, k: int) -> list[int]:
+    """Up to ``k`` indices evenly spread over ``range(n_items)``, always both ends."""
+    if k <= 0 or k >= n_items:
+        return list(range(n_items))
+    if k == 1:
+        return [n_items - 1]
+    return sorted({round(i * (n_items - 1) / (k - 1)) for i in range(k)})
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnxruntime as ort
+
+    from coinf.errors import CoinfError
+    from coinf.sample import bundle_feeds, load_feeds
+    from convert.bundle import Bundle
+    from wearable.session import Session
+
+    if args.repeat < 1:
+        raise CoinfError("--repeat must be >= 1")
+    if args.transport == "socket" and not args.handheld:
+        raise CoinfError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
+    bundle = Bundle.load(args.bundle)
+    feeds = bundle_feeds(bundle, args.seed)
+    feeds.update(load_feeds(args.input, bundle.inputs))
+    ref_sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),
+                         strict=True))
+    if args.all:
+        ids = [bundle.candidates[i].id for i in spread(len(bundle.candidates), args.max)]
+    else:
+        ids = [bundle.candidate(args.split).id if args.split else ""]
+    rows: list[dict[str, Any]] = []
+    try:
+        session = Session(
+            bundle,
+            split=ids[0] or None,
+            transport=args.transport,
+            handheld=args.handheld,
+            slowdown=args.slowdown,
+            threads=args.threads,
+        )
+    except ValueError as exc:
+        raise CoinfError(str(exc)) from None
+    with session:
+        for cid in ids:
+            if cid:
+                session.set_split(cid)
+            cand = session.split
+            outs, stats = [], []
+            for _ in range(args.repeat):
+                outs = session.run(None, feeds)
+                assert session.last_run is not None
+                stats.append(session.last_run)
+            err = max(
+                float(np.max(np.abs(o.astype(np.float64) - reference[n].astype(np.float64))))
+                if o.size else 0.0
+                for n, o in zip([t.name for t in bundle.outputs], outs, strict=True)
+            )
+            match = all(
+                np.allclose(o, reference[t.name], rtol=RTOL, atol=ATOL)
+                for t, o in zip(bundle.outputs, outs, strict=True)
+            )
+
+            def med(field: str, _stats: list = stats) -> float:
+                return round(statistics.median(getattr(s, field) for s in _stats), 3)
+
+            rows.append({
+                "candidate": cand.id,
+                "label": cand.label,
+                "tensors": len(cand.crossing),
+                "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
+                "head_ms": med("head_ms"),
+                "pack_ms": med("pack_ms"),
+                "transfer_ms": med("transfer_ms"),
+                "tail_ms": med("tail_ms"),
+                "return_ms": med("return_ms"),
+                "total_ms": med("total_ms"),
+                "max_abs_err": err,
+                "match": bool(match),
+            })
+    if args.json:
+        json.dump({"bundle": str(args.bundle), "rows": rows}, sys.stdout, indent=1)
+        print()
+    else:
+        print(format_table(rows))
+    return 0 if all(r["match"] for r in rows) else 1
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'candidate':<10} {'cut after':<28} {'tensors':>7} {'bytes':>9} {'head ms':>8} "
+            f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        label = r["label"] if len(r["label"]) <= 28 else "…" + r["label"][-27:]
+        lines.append(
+            f"{r['candidate']:<10} {label:<28} {r['tensors']:>7} {r['bytes']:>9} "
+            f"{r['head_ms']:>8.2f} {r['pack_ms']:>8.2f} {r['transfer_ms']:>8.2f} "
+            f"{r['tail_ms']:>8.2f} {r['return_ms']:>8.2f} {r['total_ms']:>8.2f}  "
+            f"{'yes' if r['match'] else 'NO'}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,459 @@
+"""Load an ONNX model and analyse its graph: resolved shapes, dynamic vs constant nodes.
+
+:func:`load_graph` returns a :class:`Graph` whose ``model`` is a *resolved* copy of the input:
+symbolic dims fixed, every node named, ``Shape``/``Size`` of statically shaped tensors folded into
+``Constant`` nodes, and ``value_info`` holding a static shape for every tensor. Everything the
+cutter and slicer need (producers, consumers, dynamic flags, byte sizes) is derived from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
+
+from coinf.errors import ModelError
+
+MIN_OPSET = 9
+MIN_IR = 3
+SUBGRAPH_OPS = ("If", "Loop", "Scan")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """ONNX element type code and a static shape."""
+
+    elem: int
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(self.elem))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass
+class Node:
+    """One top-level node. ``inputs`` include outer-scope names captured by its sub-graphs."""
+
+    index: int
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    dynamic: bool = False
+    has_subgraph: bool = False
+
+
+@dataclass
+class Graph:
+    """A loaded, resolved and classified model."""
+
+    model: ModelProto
+    path: Path
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    initializers: dict[str, TensorProto]
+    types: dict[str, TensorType]
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+    dynamic_tensors: set[str]
+    dims: dict[str, int]
+    folded: list[str] = field(default_factory=list)
+    shape_source: str = "onnx"
+
+    @property
+    def opset(self) -> int:
+        return default_opset(self.model)
+
+    @property
+    def dynamic_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.dynamic]
+
+    def ttype(self, name: str) -> TensorType:
+        try:
+            return self.types[name]
+        except KeyError:
+            raise ModelError(f"tensor {name!r} has no known static shape") from None
+
+
+def default_opset(model: ModelProto) -> int:
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return int(op.version)
+    return 0
+
+
+def subgraphs(node: NodeProto) -> list[GraphProto]:
+    """The sub-graphs held in a node's attributes (If branches, Loop/Scan bodies)."""
+    out: list[GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            out.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            out.extend(attr.graphs)
+    return out
+
+
+def captures(graph: GraphProto) -> list[str]:
+    """Names a sub-graph uses but does not define (outer-scope captures), recursively, in order."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    seen: dict[str, None] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in defined:
+                seen.setdefault(name)
+        for sub in subgraphs(node):
+            for name in captures(sub):
+                if name not in defined:
+                    seen.setdefault(name)
+        defined.update(o for o in node.output if o)
+    return list(seen)
+
+
+def node_inputs(node: NodeProto) -> tuple[str, ...]:
+    """Explicit non-empty inputs followed by outer-scope captures, without repeats."""
+    seen: dict[str, None] = {}
+    for name in node.input:
+        if name:
+            seen.setdefault(name)
+    for sub in subgraphs(node):
+        for name in captures(sub):
+            seen.setdefault(name)
+    return tuple(seen)
+
+
+# -- loading --------------------------------------------------------------------------------
+def _read(path: Path) -> ModelProto:
+    if not path.is_file():
+        raise ModelError(f"{path}: no such model file (expected an .onnx file)")
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except Exception as exc:  # protobuf DecodeError, missing external data, ...
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(f"{path} is not a readable ONNX model: {msg}") from None
+    if not model.HasField("graph") or not model.graph.node:
+        raise ModelError(f"{path} is not an ONNX model (no graph nodes found)")
+    return model
+
+
+def _check(model: ModelProto, path: Path) -> None:
+    if model.ir_version < MIN_IR:
+        raise ModelError(f"{path}: IR version {model.ir_version} is too old (need >= {MIN_IR})")
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        raise ModelError(f"{path}: opset {opset} is too old (need default-domain opset >= "
+                         f"{MIN_OPSET}; upgrade with onnx.version_converter)")
+    try:
+        if model.ByteSize() < 2**31 - 1:
+            onnx.checker.check_model(model)
+        else:
+            onnx.checker.check_model(str(path))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()
+        raise ModelError(f"{path} fails the ONNX checker: {first[0] if first else exc}") from None
+
+
+def _name_nodes(graph: GraphProto) -> None:
+    """Give unnamed (or duplicate-named) nodes stable generated names ``OpType_index``."""
+    used = {n.name for n in graph.node if n.name}
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = f"{node.op_type}_{i}"
+        name, k = base, 1
+        while name in used or name in seen:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        seen.add(name)
+        used.add(name)
+
+
+def _fix_dims(model: ModelProto, real_inputs: list[str], dims: Mapping[str, int],
+              path: Path) -> dict[str, int]:
+    """Make every real graph input's shape static; returns the symbolic dims resolved."""
+    used: dict[str, int] = {}
+    seen_names: set[str] = set()
+    for vi in model.graph.input:
+        if vi.name not in real_inputs:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise ModelError(f"{path}: input {vi.name!r} is not a tensor (sequences/maps are "
+                             "not supported)")
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            raise ModelError(f"{path}: input {vi.name!r} has no shape (rank unknown); "
+                             "cannot resolve it")
+        for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            param = d.dim_param if d.HasField("dim_param") else ""
+            key = param or f"{vi.name}[{axis}]"  # an anonymous dim is named INPUT[AXIS]
+            seen_names.add(key)
+            value = int(dims.get(key, 1))
+            if value <= 0:
+                raise ModelError(f"dim {key}={value}: dimension values must be >= 1")
+            d.Clear()
+            d.dim_value = value
+            used[key] = value
+    unknown = sorted(set(dims) - seen_names)
+    if unknown:
+        names = ", ".join(sorted(seen_names)) or "none"
+        raise ModelError(f"unknown dim name(s) {', '.join(unknown)}; this model's symbolic "
+                         f"dims are: {names}")
+    return dict(sorted(used.items()))
+
+
+def _static(vi: ValueInfoProto) -> TensorType | None:
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    if tt.elem_type == 0 or not tt.HasField("shape"):
+        return None
+    shape = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        shape.append(int(d.dim_value))
+    return TensorType(int(tt.elem_type), tuple(shape))
+
+
+def _infer(model: ModelProto) -> tuple[ModelProto, str | None]:
+    """Run ONNX shape inference, strict first; returns (model, strict error or None)."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                 data_prop=True), None
+    except Exception as exc:
+        err = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), err
+    except Exception:
+        return model, err
+
+
+def random_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: Iterable[str],
+                seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs: floats ~ N(0,1); ints in 0..min(vocab-1, 100) when a Gather tells the
+    vocabulary size (or the model records ``coinf.zoo.input_high`` metadata: ids < high),
+    else 0..9; bools at random."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name: t for t in model.graph.initializer}
+    vocab: dict[str, int] = {}
+    for prop in model.metadata_props:
+        if prop.key == "coinf.zoo.input_high":
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                vocab.update({str(k): int(v) for k, v in json.loads(prop.value).items()})
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            dims = list(inits[node.input[0]].dims)
+            if dims and -len(dims) <= axis < len(dims):
+                v = int(dims[axis])
+                vocab[node.input[1]] = min(vocab.get(node.input[1], v), v)
+    feed: dict[str, np.ndarray] = {}
+    for name in inputs:
+        t = types[name]
+        dt = t.dtype
+        if dt.kind == "f":
+            feed[name] = rng.standard_normal(t.shape).astype(dt)
+        elif dt.kind in "iu":
+            hi = min(vocab[name] - 1, 100) if name in vocab else 9
+            feed[name] = rng.integers(0, max(hi, 0) + 1, size=t.shape).astype(dt)
+        elif dt.kind == "b":
+            feed[name] = rng.integers(0, 2, size=t.shape).astype(bool)
+        else:
+            raise ModelError(f"input {name!r} has dtype {dt} which coinf cannot feed")
+    return feed
+
+
+def ort_session(model: ModelProto, threads: int = 1) -> Any:
+    """An onnxruntime session with graph optimisations off (exact, op-by-op results)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType],
+                inputs: list[str]) -> dict[str, TensorType]:
+    """Learn static shapes by running the model once with ``names`` exposed as outputs."""
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for n in names:
+        if n not in have:
+            probe.graph.output.append(ValueInfoProto(name=n))
+    sess = ort_session(probe)
+    out_names = [o.name for o in sess.get_outputs()]
+    values = sess.run(out_names, random_feed(model, types, inputs))
+    found: dict[str, TensorType] = {}
+    for n, v in zip(out_names, values, strict=True):
+        if not isinstance(v, np.ndarray):  # sequences/maps: not a tensor that can cross
+            continue
+        arr = v
+        try:
+            elem = int(helper.np_dtype_to_tensor_dtype(arr.dtype))
+        except Exception:
+            continue
+        found[n] = TensorType(elem, tuple(int(d) for d in arr.shape))
+    return found
+
+
+def _fold_shapes(graph: GraphProto, types: dict[str, TensorType]) -> list[str]:
+    """Replace Shape/Size of statically shaped tensors by Constant nodes (same name/output)."""
+    folded: list[str] = []
+    for i, node in enumerate(graph.node):
+        if node.op_type not in ("Shape", "Size") or node.domain not in ("", "ai.onnx"):
+            continue
+        src = types.get(node.input[0])
+        if src is None:
+            continue
+        if node.op_type == "Shape":
+            attrs = {a.name: a.i for a in node.attribute}
+            rank = len(src.shape)
+            start = attrs.get("start", 0)
+            end = attrs.get("end", rank)
+            start = min(max(start + rank if start < 0 else start, 0), rank)
+            end = min(max(end + rank if end < 0 else end, 0), rank)
+            value = np.array(src.shape[start:end], dtype=np.int64)
+        else:
+            value = np.array(src.numel, dtype=np.int64)
+        const = helper.make_node("Constant", [], [node.output[0]], name=node.name,
+                                 value=onnx.numpy_helper.from_array(value, node.output[0]))
+        graph.node[i].CopyFrom(const)
+        types[node.output[0]] = TensorType(TensorProto.INT64, tuple(value.shape))
+        folded.append(node.name)
+    return folded
+
+
+def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) -> Graph:
+    """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem."""
+    path = Path(model_path)
+    model = _read(path)
+    _check(model, path)
+    dims = dict(dims or {})
+    g = model.graph
+    init_names = {t.name for t in g.initializer}
+    inputs = [vi.name for vi in g.input if vi.name not in init_names]
+    if len(set(inputs)) != len(inputs):
+        raise ModelError(f"{path}: duplicate graph input names")
+    outputs = [vi.name for vi in g.output]
+    _name_nodes(g)
+    used_dims = _fix_dims(model, inputs, dims, path)
+    # Old-style models list initializers as inputs: keep them only where IR < 4 requires it.
+    if model.ir_version >= 4:
+        keep = [vi for vi in g.input if vi.name not in init_names]
+        del g.input[:]
+        g.input.extend(keep)
+    del g.value_info[:]
+    for vi in g.output:
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+
+    inferred, strict_err = _infer(model)
+    types: dict[str, TensorType] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        t = _static(vi)
+        if t is not None:
+            types[vi.name] = t
+    for t in g.initializer:
+        types[t.name] = TensorType(int(t.data_type), tuple(int(d) for d in t.dims))
+
+    node_outs = [o for n in g.node for o in n.output if o]
+    missing = [o for o in node_outs if o not in types]
+    source = "onnx"
+    if missing:
+        source = "onnxruntime"
+        try:
+            types.update(_ort_shapes(model, missing, types, inputs))
+        except ModelError:
+            raise
+        except Exception as exc:
+            why = strict_err or str(exc).strip().splitlines()[0]
+            raise ModelError(f"{path}: cannot resolve the shape of tensor {missing[0]!r} "
+                             f"(shape inference and a trial onnxruntime run both failed: {why})"
+                             ) from None
+    folded = _fold_shapes(g, types)
+
+    # Classify: dynamic = transitively depends on a real graph input.
+    nodes: list[Node] = []
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    dynamic_tensors: set[str] = set(inputs)
+    for i, pn in enumerate(g.node):
+        ins = node_inputs(pn)
+        outs = tuple(o for o in pn.output if o)
+        node = Node(i, pn.name, pn.op_type, ins, outs, has_subgraph=bool(subgraphs(pn)))
+        node.dynamic = any(x in dynamic_tensors for x in ins)
+        if node.dynamic:
+            dynamic_tensors.update(outs)
+        for x in ins:
+            consumers.setdefault(x, [])
+            if not consumers[x] or consumers[x][-1] != i:
+                consumers[x].append(i)
+        for o in outs:
+            producer[o] = i
+        nodes.append(node)
+    defined = set(inputs) | init_names | set(producer)
+    for n in nodes:
+        for x in n.inputs:
+            if x not in defined:
+                raise ModelError(f"{path}: node {n.name!r} uses undefined tensor {x!r}")
+    for o in outputs:
+        if o not in defined:
+            raise ModelError(f"{path}: graph output {o!r} is not produced by any node")
+    for tname in sorted(dynamic_tensors):
+        if tname not in types:
+            raise ModelError(f"{path}: cannot resolve the static shape of dynamic tensor {tname!r}"
+                             " (tensors only: sequence/map values are not supported)"
+                             + (f" ({strict_err})" if strict_err else ""))
+
+    # Write the resolved shapes back so slices and the bundled model carry them.
+    _annotate(model, types, inputs, outputs, init_names)
+    return Graph(model=model, path=path, nodes=nodes, inputs=inputs, outputs=outputs,
+                 initializers={t.name: t for t in g.initializer}, types=types,
+                 producer=producer, consumers=consumers, dynamic_tensors=dynamic_tensors,
+                 dims=used_dims, folded=folded, shape_source=source)
+
+
+def value_info(name: str, t: TensorType) -> ValueInfoProto:
+    return helper.make_tensor_value_info(name, t.elem, list(t.shape))
+
+
+def _annotate(model: ModelProto, types: Mapping[str, TensorType], inputs: list[str],
+              outputs: list[str], init_names: set[str]) -> None:
+    g = model.graph
+    for vi in g.output:
+        if vi.name in types:
+            vi.CopyFrom(value_info(vi.name, types[vi.name]))
+    skip = set(inputs) | set(outputs) | init_names
+    del g.value_info[:]
+    for node in g.node:
+        for o in node.output:
+            if o and o not in skip and o in types:
+                g.value_info.append(value_info(o, types[o]))
+                skip.add(o)

@@ -1,0 +1,213 @@
+"""Make a split bundle: load + analyse, enumerate cuts, slice, write, optionally verify."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto
+
+from coinf import __version__
+from coinf.errors import BundleError
+from convert.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
+from convert.cost import all_costs
+from convert.cuts import DEFAULT_MAX_CANDIDATES, enumerate_cuts
+from convert.graph import Graph, load_graph
+from convert.slicer import build_slice, param_bytes
+from convert.verify import ATOL, RTOL, VerifyError, verify_bundle
+
+Progress = Callable[[str, int, int], None]
+MODEL_FILE = "model.onnx"
+EXTERNAL_THRESHOLD = 1_800_000_000  # bytes; above this a file's weights go to FILE.data
+WEIGHTS_FILE = "weights.bin"
+SHARED_MIN_BYTES = 1024  # smaller initializers stay inside the slices
+SHARED_AUTO_BYTES = 256 * 1024 * 1024  # auto mode shares weights above this bundle weight total
+_CAND_DIR = re.compile(r"^c\d{3,}$")
+_CAND_FILE = re.compile(r"^c\d{3,}\.(head|tail)\.onnx$")
+
+
+def spec(g: Graph, name: str) -> TensorSpec:
+    t = g.ttype(name)
+    return TensorSpec(name, t.shape, t.dtype.name, t.nbytes)
+
+
+def save_model(model: ModelProto, path: Path) -> None:
+    """Write a model self-contained, or with one external ``.data`` file when huge."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if model.ByteSize() > EXTERNAL_THRESHOLD:
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=path.name + ".data", size_threshold=1024)
+    else:
+        path.write_bytes(model.SerializeToString())
+
+
+def prepare_out_dir(out: Path) -> None:
+    """Create ``out`` or clear a previous bundle there; refuse any other non-empty directory."""
+    if out.exists() and not out.is_dir():
+        raise BundleError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MANIFEST).is_file():
+            raise BundleError(f"output directory {out} is not empty and holds no bundle "
+                              f"({MANIFEST} missing); choose a new or empty directory")
+        for child in out.iterdir():
+            if child.is_dir() and _CAND_DIR.match(child.name):
+                shutil.rmtree(child)
+            elif child.name in (MANIFEST, MODEL_FILE, MODEL_FILE + ".data", WEIGHTS_FILE) or \
+                    _CAND_FILE.match(child.name):
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def split_model(model_path: str | Path, out_dir: str | Path, *,
+                dims: Mapping[str, int] | None = None, verify: bool = False,
+                progress: Progress | None = None,
+                max_candidates: int = DEFAULT_MAX_CANDIDATES,
+                shared_weights: bool | None = None) -> Bundle:
+    """Slice ``model_path`` into a bundle in ``out_dir`` and return it (loaded back from disk).
+
+    With ``verify=True`` every candidate is checked (:mod:`convert.verify`) and
+    :class:`~convert.verify.VerifyError` lists the failing candidates. With
+    ``shared_weights=True`` every initializer of >= 1 kB is stored once in ``weights.bin`` and
+    all slices (flat names ``cNNN.head.onnx``) reference it as ONNX external data; ``None``
+    (default) shares when self-contained slices would hold more than 256 MB of weights.
+    """
+    out = Path(out_dir)
+    step = progress or (lambda stage, done, total: None)
+    if out.exists() and out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        prepare_out_dir(out)  # raises before any work is done
+    step("load", 0, 1)
+    g = load_graph(model_path, dims)
+    costs = all_costs(g)
+    step("load", 1, 1)
+    cuts = enumerate_cuts(g, costs, max_candidates)
+    prepare_out_dir(out)
+    if shared_weights is None:
+        shared_weights = len(cuts) * param_bytes(g, range(len(g.nodes))) > SHARED_AUTO_BYTES
+    shared = _SharedWeights(g, out / WEIGHTS_FILE) if shared_weights else None
+
+    def write(model: ModelProto, rel: str) -> None:
+        save_model(shared.externalize(model) if shared else model, out / rel)
+
+    write(g.model, MODEL_FILE)
+
+    dyn = [n.index for n in g.nodes if n.dynamic]
+    names = [g.nodes[i].name for i in range(len(g.nodes))]
+    candidates: list[Candidate] = []
+    for k, cut in enumerate(cuts):
+        cid = f"c{k:03d}"
+        head_nodes = [i for i in dyn if i in cut.head]
+        tail_nodes = [i for i in dyn if i not in cut.head]
+        crossing = list(cut.crossing)
+        head_file = tail_file = None
+        if head_nodes:
+            head_inputs = sorted({t for i in head_nodes for t in g.nodes[i].inputs
+                                  if t in g.inputs} | {t for t in crossing if t in g.inputs},
+                                 key=g.inputs.index)
+            head_file = f"{cid}.head.onnx" if shared else f"{cid}/head.onnx"
+            write(build_slice(g, head_nodes, head_inputs, crossing, "head"), head_file)
+        if tail_nodes or k < len(cuts) - 1:
+            tail_file = f"{cid}.tail.onnx" if shared else f"{cid}/tail.onnx"
+            write(build_slice(g, tail_nodes, crossing, g.outputs, "tail"), tail_file)
+        head_flops = sum(costs[i].flops for i in head_nodes)
+        tail_flops = sum(costs[i].flops for i in tail_nodes)
+        candidates.append(Candidate(
+            id=cid, label=cut.label,
+            crossing=tuple(spec(g, t) for t in crossing),
+            head=Part(head_file, head_flops, param_bytes(g, _with_consts(g, head_nodes)),
+                      tuple(names[i] for i in head_nodes)),
+            tail=Part(tail_file, tail_flops, param_bytes(g, _with_consts(g, tail_nodes)),
+                      tuple(names[i] for i in tail_nodes)),
+            extra={"selected_as": cut.reason,
+                   "head_macs": sum(costs[i].macs for i in head_nodes),
+                   "tail_macs": sum(costs[i].macs for i in tail_nodes)},
+        ))
+        step("slice", k + 1, len(cuts))
+
+    total_flops = sum(costs[i].flops for i in dyn)
+    meta = {
+        "coinf_version": __version__,
+        "source": {"file": Path(model_path).name, "sha256": sha256_file(model_path)},
+        "dims": g.dims,
+        "stats": {
+            "nodes": len(g.nodes),
+            "dynamic_nodes": len(dyn),
+            "constant_nodes": len(g.nodes) - len(dyn),
+            "folded_shape_nodes": len(g.folded),
+            "total_flops": total_flops,
+            "total_macs": sum(costs[i].macs for i in dyn),
+            "param_bytes": param_bytes(g, range(len(g.nodes))),
+            "opset": g.opset,
+            "ir_version": int(g.model.ir_version),
+            "shape_source": g.shape_source,
+        },
+        "selection": {
+            "max_candidates": max_candidates,
+            "orders": ["file", "depth-first", "greedy-frontier"],
+            "tiers": ["pareto", "single-tensor", "in-block", "spread"],
+        },
+    }
+    if shared:
+        meta["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(out / WEIGHTS_FILE),
+                           "tensors": len(shared.table)}
+    bundle = Bundle(root=out, model_file=MODEL_FILE, model_sha256=sha256_file(out / MODEL_FILE),
+                    inputs=tuple(spec(g, t) for t in g.inputs),
+                    outputs=tuple(spec(g, t) for t in g.outputs),
+                    candidates=tuple(candidates), meta=meta)
+    bundle.save()
+    if verify:
+        failures = verify_bundle(bundle, progress=progress)
+        bundle.meta["verified"] = {"ok": not failures, "rtol": RTOL, "atol": ATOL, "seed": 0,
+                                   "failures": failures}
+        bundle.save()
+        if failures:
+            raise VerifyError(failures)
+    return Bundle.load(out)
+
+
+def _with_consts(g: Graph, nodes: list[int]) -> list[int]:
+    from convert.slicer import closure
+
+    return closure(g, nodes)
+
+
+class _SharedWeights:
+    """One ``weights.bin`` holding every large initializer once, 64-byte aligned, in file order."""
+
+    def __init__(self, g: Graph, path: Path) -> None:
+        self.table: dict[str, tuple[int, int]] = {}
+        offset = 0
+        with open(path, "wb") as f:
+            for t in g.model.graph.initializer:
+                if t.data_type == onnx.TensorProto.STRING or t.name in self.table:
+                    continue
+                arr = onnx.numpy_helper.to_array(t)
+                data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+                if len(data) < SHARED_MIN_BYTES:
+                    continue
+                pad = -offset % 64
+                f.write(b"\0" * pad)
+                offset += pad
+                f.write(data)
+                self.table[t.name] = (offset, len(data))
+                offset += len(data)
+
+    def externalize(self, model: ModelProto) -> ModelProto:
+        out = ModelProto()
+        out.CopyFrom(model)
+        for t in out.graph.initializer:
+            if t.name not in self.table:
+                continue
+            off, length = self.table[t.name]
+            dims, name, dtype = list(t.dims), t.name, t.data_type
+            t.Clear()
+            t.name, t.data_type = name, dtype
+            t.dims.extend(dims)
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", WEIGHTS_FILE), ("offset", str(off)),
+                               ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+        return out

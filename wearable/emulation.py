@@ -1,0 +1,44 @@
+"""Make this machine behave like a slower wearable (e.g. a Pi Zero 2 W).
+
+After each head run the wearable waits ``(slowdown - 1) x`` the measured compute time, so an
+``K x`` slower device is emulated with the real model, the real data and the real outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import onnxruntime as ort
+
+
+@dataclass(frozen=True)
+class DeviceEmulation:
+    """How one side runs: a slowdown factor (>= 1) and the onnxruntime thread count (0 = ORT's)."""
+
+    slowdown: float = 1.0
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.slowdown >= 1.0:
+            raise ValueError(f"slowdown must be >= 1 (1 = this machine), got {self.slowdown}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = onnxruntime default), got {self.threads}")
+
+    def session_options(self) -> ort.SessionOptions:
+        opts = ort.SessionOptions()
+        if self.threads:
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        return opts
+
+    def stretch(self, compute_s: float) -> float:
+        """Sleep so that a step that took ``compute_s`` appears to take ``slowdown x`` as long.
+
+        Returns the emulated duration in seconds.
+        """
+        extra = (self.slowdown - 1.0) * compute_s
+        if extra > 0:
+            time.sleep(extra)
+        return compute_s + extra

@@ -1,0 +1,489 @@
+"""``Session``: run a split model like ``onnxruntime.InferenceSession``, offloading the tail.
+
+>>> sess = Session("bundles/mobilenetv2", split="c012", transport="inprocess")
+>>> probs, = sess.run(None, {"input": x})
+>>> sess.last_run.transfer_ms
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ble_protocol.link import Link
+from ble_protocol.loopback import InProcessLink, connect_socket
+from ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    MsgType,
+    ProtocolError,
+    decode_json,
+    decode_result,
+    encode_json,
+    encode_request,
+)
+from ble_protocol.packing import PackSpec, pack_tensors
+from ble_protocol.rpc import RpcClient
+from ble_protocol.shaped import Channel, ShapedLink
+from ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.errors import CoinfError, InputError
+from convert.bundle import Bundle, Candidate, TensorSpec
+from wearable.emulation import DeviceEmulation
+from wearable.loop import LoopThread
+
+if TYPE_CHECKING:
+    from handheld.tail import TailRunner
+
+LinkFactory = Callable[[], Awaitable[Link]]
+log = logging.getLogger(__name__)
+
+_ORT_TYPES = {
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "float64": "tensor(double)",
+    "int8": "tensor(int8)",
+    "uint8": "tensor(uint8)",
+    "int16": "tensor(int16)",
+    "uint16": "tensor(uint16)",
+    "int32": "tensor(int32)",
+    "uint32": "tensor(uint32)",
+    "int64": "tensor(int64)",
+    "uint64": "tensor(uint64)",
+    "bool": "tensor(bool)",
+}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Same fields as ``onnxruntime.NodeArg``: name, shape, type (e.g. ``tensor(float)``)."""
+
+    name: str
+    shape: list[int]
+    type: str
+
+
+@dataclass
+class FrameResult:
+    """One frame of :meth:`Session.stream`: its index, outputs (or error) and timings."""
+
+    index: int
+    outputs: list[np.ndarray] | None
+    error: BaseException | None
+    stats: RunStats | None
+
+    def value(self) -> list[np.ndarray]:
+        """The outputs, or raise this frame's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.outputs is not None
+        return self.outputs
+
+
+@dataclass
+class RunStats:
+    """Timings (ms) and bytes of one ``Session.run``."""
+
+    candidate: str
+    head_ms: float = 0.0
+    pack_ms: float = 0.0
+    transfer_ms: float = 0.0
+    tail_ms: float = 0.0
+    return_ms: float = 0.0
+    total_ms: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    local: bool = False
+    fallback: str | None = None  # why an offloaded inference was completed on the wearable
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Session:
+    """Runs ``bundle`` split between this wearable and a handheld.
+
+    Args:
+        bundle: a bundle directory (``coinf split``) or a loaded :class:`Bundle`.
+        split: candidate id (``c007``) or ``handheld-only`` / ``wearable-only``. ``None`` picks the
+            candidate with the fewest crossing bytes (the planner issue replaces this default).
+        transport: ``"inprocess"`` (a handheld in this process), ``"socket"`` (a
+            ``coinf handheld`` daemon at ``handheld=unix:/path`` or ``tcp:HOST:PORT``), a
+            :class:`~ble_protocol.shaped.Channel` (an in-process handheld behind a link with that
+            bandwidth and latency), a :class:`Link`, or an async factory returning one.
+        handheld: address for ``transport="socket"``.
+        slowdown, threads: wearable emulation (see :class:`DeviceEmulation`).
+        handheld_slowdown, handheld_threads: emulation of the in-process handheld.
+        timeout: seconds to wait for one offloaded inference before failing it.
+        packing: how crossing tensors travel: ``raw`` (as is), ``f32`` (lossless shuffle + LZ4),
+            ``f16``, or ``q1``..``q16`` (per-input quantization + bit shuffle + LZ4; see
+            docs/PACKING.md).
+        fallback: when the handheld is unreachable, times out or fails a tail, finish that
+            inference on the wearable (``last_run.fallback`` says why) and retry the handheld
+            after a backoff (0.5 s doubling to ``max_backoff_s``). Configuration errors (bundle
+            mismatch, protocol version) always raise.
+    """
+
+    def __init__(
+        self,
+        bundle: str | Path | Bundle,
+        *,
+        split: str | None = None,
+        transport: str | Channel | Link | LinkFactory = "inprocess",
+        handheld: str | None = None,
+        slowdown: float = 1.0,
+        threads: int = 0,
+        handheld_slowdown: float = 1.0,
+        handheld_threads: int = 0,
+        timeout: float = 30.0,
+        head_cache: int = 4,
+        packing: str | PackSpec = "raw",
+        fallback: bool = True,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
+        self.emulation = DeviceEmulation(slowdown, threads)
+        self._handheld_emulation = DeviceEmulation(handheld_slowdown, handheld_threads)
+        self.timeout = timeout
+        self._head_cache = head_cache
+        self._heads: OrderedDict[str, ort.InferenceSession] = OrderedDict()
+        self._candidate = self._pick(split)
+        try:
+            self.packing = packing if isinstance(packing, PackSpec) else PackSpec.parse(packing)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self._transport = transport
+        self._handheld_addr = handheld
+        if transport == "socket" and not handheld:
+            raise ValueError("transport='socket' needs handheld='unix:/path' or 'tcp:HOST:PORT'")
+        if isinstance(transport, str) and transport not in ("inprocess", "socket"):
+            raise ValueError(
+                f"unknown transport {transport!r}: expected 'inprocess', 'socket', a Link "
+                "or an async link factory"
+            )
+        self.fallback = fallback
+        self.max_backoff_s = max_backoff_s
+        self._backoff_s = 0.0
+        self._offline_until = 0.0
+        self._offline_reason = ""
+        self._local_tails: TailRunner | None = None
+        self._loop: LoopThread | None = None
+        self._rpc: RpcClient | None = None
+        self._server_task: asyncio.Task[None] | None = None
+        self.handheld_info: dict[str, Any] | None = None
+        self.last_run: RunStats | None = None
+
+    # -- onnxruntime-like surface ----------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(t) for t in self.bundle.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(t) for t in self.bundle.outputs]
+
+    def get_providers(self) -> list[str]:
+        return ["CPUExecutionProvider"]
+
+    @property
+    def split(self) -> Candidate:
+        """The candidate the next run uses."""
+        return self._candidate
+
+    def set_split(self, split: str) -> None:
+        self._candidate = self._pick(split)
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: object | None = None,
+    ) -> list[np.ndarray]:
+        """Run one inference; returns the requested outputs (all when ``output_names`` is None)."""
+        feeds = self._check_feed(input_feed)
+        names = self._check_outputs(output_names)
+        cand = self._candidate
+        stats = RunStats(candidate=cand.id)
+        t_start = time.perf_counter()
+        crossing = self._run_head(cand, feeds, stats)
+        if cand.is_wearable_only:
+            outputs = crossing
+            stats.local = True
+        else:
+            outputs = self._offload_or_local(cand, crossing, stats)
+        stats.total_ms = (time.perf_counter() - t_start) * 1e3
+        self.last_run = stats
+        return [outputs[n] for n in names]
+
+    def stream(
+        self,
+        feeds: Iterable[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        *,
+        depth: int = 3,
+        pipelined: bool = True,
+    ) -> Iterator[FrameResult]:
+        """Run a stream of inputs; yields one :class:`FrameResult` per input, in order.
+
+        Stages overlap: while the handheld computes frame n and the link carries frame n+1, the
+        wearable computes frame n+2. At most ``depth`` frames are in flight; the input iterable is
+        only pulled when there is room (back-pressure). A frame that fails yields a result whose
+        ``error`` is set; later frames go on. ``pipelined=False`` runs frames one at a time.
+        """
+        from wearable.stream import run_stream
+
+        return run_stream(self, feeds, output_names, depth=depth if pipelined else 1)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def connect(self) -> dict[str, Any]:
+        """Connect and handshake now (otherwise done on the first offloaded run)."""
+        if self._rpc is None or not self._rpc.link.is_open:
+            self._loop_thread().run(self._connect(), timeout=self.timeout + 5)
+        assert self.handheld_info is not None
+        return self.handheld_info
+
+    def close(self) -> None:
+        if self._loop is not None:
+            if self._rpc is not None:
+                rpc_client = self._rpc
+                self._rpc = None
+                with contextlib.suppress(Exception):
+                    self._loop.run(rpc_client.close(), timeout=5)
+            self._loop.close()
+            self._loop = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _pick(self, split: str | None) -> Candidate:
+        if split is not None:
+            return self.bundle.candidate(split)
+        inner = self.bundle.candidates[1:-1] or self.bundle.candidates
+        return min(inner, key=lambda c: (c.crossing_bytes, c.head.flops))
+
+    def _check_feed(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        expected = {t.name: t for t in self.bundle.inputs}
+        unknown = sorted(set(feed) - set(expected))
+        if unknown:
+            raise InputError(
+                f"unknown input {unknown[0]!r}; the model's inputs are {sorted(expected)}"
+            )
+        out: dict[str, np.ndarray] = {}
+        for name, spec in expected.items():
+            if name not in feed:
+                raise InputError(
+                    f"missing input {name!r}: expected {spec.dtype}{list(spec.shape)}"
+                )
+            arr = np.asarray(feed[name])
+            if arr.dtype != np.dtype(spec.dtype):
+                raise InputError(
+                    f"input {name!r} has dtype {arr.dtype}, expected {spec.dtype} "
+                    f"with shape {list(spec.shape)}"
+                )
+            if tuple(arr.shape) != spec.shape:
+                raise InputError(
+                    f"input {name!r} has shape {list(arr.shape)}, expected {list(spec.shape)} "
+                    f"({spec.dtype})"
+                )
+            out[name] = arr
+        return out
+
+    def _check_outputs(self, names: Sequence[str] | None) -> list[str]:
+        known = [t.name for t in self.bundle.outputs]
+        if names is None:
+            return known
+        for n in names:
+            if n not in known:
+                raise InputError(f"unknown output {n!r}; the model's outputs are {known}")
+        return list(names)
+
+    def _head_session(self, cand: Candidate) -> ort.InferenceSession:
+        sess = self._heads.get(cand.id)
+        if sess is None:
+            assert cand.head.file is not None
+            sess = ort.InferenceSession(
+                str(self.bundle.path(cand.head.file)),
+                self.emulation.session_options(),
+                providers=["CPUExecutionProvider"],
+            )
+            self._heads[cand.id] = sess
+            while len(self._heads) > self._head_cache:
+                self._heads.popitem(last=False)
+        else:
+            self._heads.move_to_end(cand.id)
+        return sess
+
+    def _run_head(
+        self, cand: Candidate, feeds: dict[str, np.ndarray], stats: RunStats
+    ) -> dict[str, np.ndarray]:
+        """Run the head; return the crossing tensors (graph inputs the tail needs pass through)."""
+        wanted = [t.name for t in cand.crossing]
+        if cand.is_handheld_only:
+            return {n: feeds[n] for n in wanted}
+        sess = self._head_session(cand)
+        head_in = {i.name: feeds[i.name] for i in sess.get_inputs()}
+        head_out = [o.name for o in sess.get_outputs()]
+        t0 = time.perf_counter()
+        values = sess.run(head_out, head_in)
+        stats.head_ms = self.emulation.stretch(time.perf_counter() - t0) * 1e3
+        produced = dict(zip(head_out, values, strict=True))
+        return {n: produced[n] if n in produced else feeds[n] for n in wanted}
+
+    # -- nothing is lost: offload, or finish on the wearable ------------------------------------
+    def _offload_or_local(
+        self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats
+    ) -> dict[str, np.ndarray]:
+        if time.monotonic() < self._offline_until:
+            return self._finish_locally(cand, crossing, stats, self._offline_reason)
+        payload = self._pack(cand, crossing, stats)
+        try:
+            reply = self._loop_thread().run(
+                self._exchange(payload, stats), timeout=self.timeout + 10
+            )
+        except (ProtocolError, TimeoutError) as exc:
+            if not self.fallback or not _transient(exc):
+                raise
+            self._went_offline(exc)
+            return self._finish_locally(cand, crossing, stats, self._offline_reason)
+        self._backoff_s = 0.0
+        return self._unpack(reply, stats)
+
+    def _went_offline(self, exc: BaseException) -> None:
+        self._backoff_s = min(max(self._backoff_s * 2, 0.5), self.max_backoff_s)
+        self._offline_until = time.monotonic() + self._backoff_s
+        self._offline_reason = f"handheld unavailable ({exc}); retry in {self._backoff_s:.1f} s"
+        log.warning("offloading paused: %s", self._offline_reason)
+
+    def _finish_locally(
+        self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats, why: str
+    ) -> dict[str, np.ndarray]:
+        """Run ``cand``'s tail on the wearable (the bundle carries it) instead of the handheld."""
+        if self._local_tails is None:
+            from handheld.tail import TailRunner
+
+            self._local_tails = TailRunner(self.bundle, self.emulation, capacity=2)
+        outputs, elapsed = self._local_tails.run(cand.id, crossing)
+        stats.tail_ms = elapsed * 1e3
+        stats.local = True
+        stats.fallback = why
+        return outputs
+
+    @property
+    def offline(self) -> str | None:
+        """Why offloading is paused right now, or None when the handheld is in use."""
+        return self._offline_reason if time.monotonic() < self._offline_until else None
+
+    def _loop_thread(self) -> LoopThread:
+        if self._loop is None:
+            self._loop = LoopThread()
+        return self._loop
+
+    def _pack(self, cand: Candidate, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
+        t0 = time.perf_counter()
+        if self.packing.codec == "raw":
+            blob = encode_tensors(crossing)
+        else:
+            blob = encode_tensors({}, packed=pack_tensors(crossing, self.packing))
+        payload = encode_request(cand.id, blob)
+        stats.pack_ms = (time.perf_counter() - t0) * 1e3
+        stats.bytes_up = len(payload)
+        return payload
+
+    async def _exchange(self, payload: bytes, stats: RunStats) -> bytes:
+        """Send a packed request, await its result; fills transfer/tail/return times."""
+        if self._rpc is None or not self._rpc.link.is_open:
+            await self._connect()
+        assert self._rpc is not None
+        marks: dict[str, float] = {}
+        t0 = time.perf_counter()
+        reply = await self._rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
+        tail_us, _ = decode_result(reply.payload)
+        stats.tail_ms = tail_us / 1e3
+        stats.transfer_ms = (marks["sent"] - t0) * 1e3
+        stats.return_ms = max((marks["replied"] - marks["sent"]) * 1e3 - stats.tail_ms, 0.0)
+        stats.bytes_down = len(reply.payload)
+        return reply.payload
+
+    def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        _, blob = decode_result(reply)
+        outputs = decode_tensors(blob)
+        stats.return_ms += (time.perf_counter() - t0) * 1e3
+        return outputs
+
+    async def _connect(self) -> None:
+        link = await self._open_link()
+        client = RpcClient(link)
+        hello = {
+            "protocol": PROTOCOL_VERSION,
+            "bundle": self.bundle.identity,
+            "role": "wearable",
+            "capabilities": ["raw", "packed"],
+        }
+        try:
+            reply = await client.request(MsgType.HELLO, encode_json(hello), self.timeout)
+        except BaseException:
+            await client.close()
+            raise
+        self.handheld_info = decode_json(reply.payload)
+        self._rpc = client
+
+    async def _open_link(self) -> Link:
+        transport = self._transport
+        if isinstance(transport, Link):
+            return transport
+        if callable(transport) and not isinstance(transport, Channel):
+            return await transport()
+        if transport == "socket":
+            assert self._handheld_addr is not None
+            return await connect_socket(self._handheld_addr, timeout=self.timeout)
+        # in-process handheld on this loop; tails run on the loop's default executor
+        from handheld.daemon import HandheldDaemon
+
+        ours: Link
+        theirs: Link
+        if isinstance(transport, Channel):
+            ours, theirs = ShapedLink.pair(transport)
+        else:
+            ours, theirs = InProcessLink.pair()
+        daemon = HandheldDaemon(self.bundle, self._handheld_emulation)
+        self._server_task = asyncio.get_running_loop().create_task(daemon.serve(theirs))
+        return ours
+
+
+_TRANSIENT = {
+    ErrorCode.DISCONNECTED,
+    ErrorCode.TIMEOUT,
+    ErrorCode.BUSY,
+    ErrorCode.TAIL_FAILED,
+    ErrorCode.CANCELLED,
+}
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors after which finishing locally and retrying later is right."""
+    return isinstance(exc, TimeoutError) or (
+        isinstance(exc, ProtocolError) and exc.code in _TRANSIENT
+    )
+
+
+def _node_arg(spec: TensorSpec) -> NodeArg:
+    return NodeArg(spec.name, list(spec.shape), _ORT_TYPES.get(spec.dtype, f"tensor({spec.dtype})"))
+
+
+__all__ = ["CoinfError", "FrameResult", "NodeArg", "RunStats", "Session"]

@@ -265,3 +265,24 @@ def test_second_handheld_is_refused_while_one_is_served() -> None:
                 await close_devices()
 
     asyncio.run(main())
+
+
+def test_central_finds_the_wearable_by_its_advertised_service() -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
+            wspec, hspec = radio.specs
+            accept = asyncio.ensure_future(accept_link(wspec, bundle_identity="b", timeout=30))
+            await asyncio.sleep(0.1)
+            try:
+                hl = await connect_link(
+                    None, bundle_identity="b", backend=BumbleBleakClient, hci=hspec, timeout=10
+                )
+                wl = await accept
+                await exchange(wl, hl, b"found by service UUID", 1)
+                await hl.close()
+            finally:
+                accept.cancel()
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())

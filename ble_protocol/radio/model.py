@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -252,6 +253,41 @@ class RadioController(bumble_controller.Controller):
         if p.phy_mbps < 2:
             features &= ~hci.LeFeatureMask.LE_2M_PHY
         self.le_features = features
+
+    def on_advertising_pdu(self, pdu: Any) -> None:
+        """bumble's controller reports the advertising data again as the scan response; report
+        the advertiser's real scan response data instead (the service UUID lives there)."""
+        sender = self.radio.find_le_controller(pdu.advertiser_address)
+        rsp = b""
+        if sender is not None:
+            rsp = bytes(sender.le_legacy_advertiser.scan_response_data)
+            for adv_set in sender.advertising_sets.values():
+                if adv_set.address == pdu.advertiser_address and adv_set.scan_response_data:
+                    rsp = bytes(adv_set.scan_response_data)
+        self._scan_rsp: bytes | None = rsp
+        try:
+            super().on_advertising_pdu(pdu)
+        finally:
+            self._scan_rsp = None
+
+    def send_hci_packet(self, packet: hci.HCI_Packet) -> None:
+        rsp = getattr(self, "_scan_rsp", None)
+        if rsp is not None:
+            if isinstance(packet, hci.HCI_LE_Extended_Advertising_Report_Event):
+                flag: Any = hci.HCI_LE_Extended_Advertising_Report_Event.EventType.SCAN_RESPONSE
+                reports = [
+                    dataclasses.replace(r, data=rsp) if r.event_type & flag else r
+                    for r in packet.reports
+                ]
+                packet = hci.HCI_LE_Extended_Advertising_Report_Event(reports)
+            elif isinstance(packet, hci.HCI_LE_Advertising_Report_Event):
+                flag = hci.HCI_LE_Advertising_Report_Event.EventType.SCAN_RSP
+                legacy = [
+                    dataclasses.replace(r, data=rsp) if r.event_type == flag else r
+                    for r in packet.reports
+                ]
+                packet = hci.HCI_LE_Advertising_Report_Event(legacy)
+        super().send_hci_packet(packet)
 
     def on_hci_acl_data_packet(self, packet: hci.HCI_AclDataPacket) -> None:
         conn = self.find_le_connection_by_handle(packet.connection_handle)

@@ -20,6 +20,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("plan-sweep", "coinf.bench.plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
     ("pack", "coinf.bench.pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
     ("stream", "coinf.bench.stream", "pipelined vs sequential streaming over an emulated radio"),
+    ("link", "coinf.bench.link", "goodput of the full BLE protocol over the emulated radio"),
 ]
 
 

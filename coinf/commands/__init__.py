@@ -17,4 +17,6 @@ COMMANDS: list[tuple[str, str, str]] = [
      "layer predictors"),
     ("policy", "coinf.commands.policy", "show or set the end-user offloading policy"),
     ("bench", "coinf.commands.bench", "benchmarks printing JSON"),
+    ("radio", "coinf.commands.radio", "host the emulated BLE radio"),
+    ("wearable", "coinf.commands.wearable", "run the wearable BLE GATT server"),
 ]

@@ -1,0 +1,357 @@
+"""A bleak backend running on a bumble host, so bleak's real API runs without Bluetooth hardware.
+
+Use it like any bleak backend, giving the HCI transport of the bumble controller to drive::
+
+    client = BleakClient(address, backend=BumbleBleakClient, hci="tcp-client:127.0.0.1:7001")
+    device = await BleakScanner.find_device_by_name(
+        "coinf-wearable", backend=BumbleBleakScanner, hci="tcp-client:127.0.0.1:7001")
+
+One bumble :class:`~bumble.device.Device` is shared per (event loop, HCI spec), so scanners and
+successive clients (reconnections) reuse the same host and bond store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from bleak.backends.characteristic import BleakGATTCharacteristic
+from bleak.backends.client import BaseBleakClient, NotifyCallback
+from bleak.backends.descriptor import BleakGATTDescriptor
+from bleak.backends.device import BLEDevice
+from bleak.backends.scanner import AdvertisementData, BaseBleakScanner
+from bleak.backends.service import BleakGATTService, BleakGATTServiceCollection
+from bleak.exc import BleakError
+from bumble import hci
+from bumble.att import ATT_Error
+from bumble.core import AdvertisingData
+from bumble.device import Connection, Device, Peer
+from bumble.keys import MemoryKeyStore
+from bumble.pairing import PairingConfig, PairingDelegate
+from bumble.transport import open_transport
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[asyncio.AbstractEventLoop, str]
+_devices: dict[_Key, Device] = {}
+_locks: dict[_Key, asyncio.Lock] = {}
+_transports: dict[_Key, Any] = {}
+
+
+async def bumble_device(spec: str, address: str = "C0:F1:00:00:00:02") -> Device:
+    """The powered-on bumble device for ``spec`` in this event loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    for table in (_devices, _locks, _transports):
+        for stale in [k for k in table if k[0].is_closed()]:
+            del table[stale]
+    key = (loop, spec)
+    lock = _locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        device = _devices.get(key)
+        if device is None:
+            try:
+                transport = await open_transport(spec)
+            except Exception as exc:
+                raise BleakError(f"cannot open HCI transport {spec!r}: {exc}") from None
+            device = Device.with_hci(
+                "coinf-handheld",
+                hci.Address(address, hci.Address.RANDOM_DEVICE_ADDRESS),
+                transport.source,
+                transport.sink,
+            )
+            device.keystore = MemoryKeyStore()
+            device.pairing_config_factory = lambda _c: PairingConfig(
+                sc=True,
+                mitm=False,
+                bonding=True,
+                delegate=PairingDelegate(PairingDelegate.IoCapability.NO_OUTPUT_NO_INPUT),
+            )
+            await device.power_on()
+            _devices[key] = device
+            _transports[key] = transport
+        return device
+
+
+async def close_devices() -> None:
+    """Power off every bumble device opened in this event loop."""
+    loop = asyncio.get_running_loop()
+    for key in [k for k in _devices if k[0] is loop]:
+        device = _devices.pop(key)
+        with contextlib.suppress(Exception):
+            await device.power_off()
+        transport = _transports.pop(key, None)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                await transport.close()
+        _locks.pop(key, None)
+
+
+def _hci_spec(kwargs: dict[str, Any]) -> str:
+    spec = kwargs.get("hci")
+    if not spec:
+        raise BleakError("the bumble backend needs hci='<bumble transport spec>'")
+    return str(spec)
+
+
+def _att_error(exc: ATT_Error) -> BleakError:
+    """bumble's ATT error (e.g. INSUFFICIENT_ENCRYPTION) as the BleakError bleak users expect."""
+    return BleakError(f"ATT error: {exc}")
+
+
+class BumbleBleakClient(BaseBleakClient):
+    """:class:`bleak.backends.client.BaseBleakClient` on a bumble host."""
+
+    def __init__(self, address_or_ble_device: BLEDevice | str, **kwargs: Any) -> None:
+        super().__init__(
+            address_or_ble_device,
+            disconnected_callback=kwargs.pop("disconnected_callback", None),
+            timeout=kwargs.pop("timeout", 10.0),
+        )
+        self._spec = _hci_spec(kwargs)
+        self._own_address = kwargs.get("own_address", "C0:F1:00:00:00:02")
+        self._want_mtu = int(kwargs.get("mtu", 517))
+        self._connection: Connection | None = None
+        self._peer: Peer | None = None
+        self._subscribers: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return str(self.address)
+
+    @property
+    def mtu_size(self) -> int:
+        return self._connection.att_mtu if self._connection is not None else 23
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connection is not None and self._connection.handle in (
+            self._connection.device.connections
+        )
+
+    async def connect(self, pair: bool, **kwargs: Any) -> None:
+        device = await bumble_device(self._spec, self._own_address)
+        attempt = asyncio.ensure_future(
+            device.connect(
+                hci.Address(str(self.address), hci.Address.RANDOM_DEVICE_ADDRESS),
+                timeout=self._timeout,
+            )
+        )
+        # bumble's own timeout cancels the connection attempt, which a controller may never
+        # confirm; do not wait for that.
+        done, _ = await asyncio.wait({attempt}, timeout=self._timeout + 1.0)
+        if not done:
+            attempt.cancel()
+            raise BleakError(f"cannot connect to {self.address}: not reachable (timeout)")
+        try:
+            self._connection = attempt.result()
+        except Exception as exc:
+            raise BleakError(f"cannot connect to {self.address}: {exc}") from None
+        conn = self._connection
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_disconnection(_reason: int) -> None:
+            if not lost.done():
+                lost.set_result(None)
+            self._on_disconnection(conn)
+
+        conn.on("disconnection", on_disconnection)
+        try:
+            await self._guard(self._setup(conn, pair), lost)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+            raise
+
+    async def _setup(self, conn: Connection, pair: bool) -> None:
+        if pair:
+            await self.pair()
+        self._peer = Peer(conn)
+        with contextlib.suppress(Exception):
+            await self._peer.request_mtu(self._want_mtu)
+        await self._discover()
+
+    async def _guard(self, coro: Any, lost: asyncio.Future[None]) -> None:
+        """Run ``coro`` but fail at once if the link drops or ``timeout`` passes (bumble's
+        pairing and GATT requests would otherwise wait for their own long timeouts)."""
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait(
+            {task, lost}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if task in done:
+            task.result()
+            return
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        if lost.done():
+            raise BleakError(f"{self.address} disconnected while connecting")
+        raise BleakError(f"connection set-up with {self.address} timed out")
+
+    def _on_disconnection(self, conn: Connection) -> None:
+        if conn is self._connection:
+            self._connection = None
+            self._peer = None
+            if self._disconnected_callback is not None:
+                self._disconnected_callback()
+
+    async def _discover(self) -> None:
+        assert self._peer is not None
+        collection = BleakGATTServiceCollection()
+        for svc in await self._peer.discover_services():
+            service = BleakGATTService(svc, svc.handle, str(svc.uuid).lower())
+            collection.add_service(service)
+            for ch in await svc.discover_characteristics():
+                props = [
+                    p.name.lower() for p in type(ch.properties) if p.name and p in ch.properties
+                ]
+                char = BleakGATTCharacteristic(
+                    ch,
+                    ch.handle,
+                    str(ch.uuid).lower(),
+                    props,  # type: ignore[arg-type]
+                    lambda: self.mtu_size - 3,
+                    service,
+                )
+                collection.add_characteristic(char)
+                for d in await ch.discover_descriptors():
+                    collection.add_descriptor(
+                        BleakGATTDescriptor(d, d.handle, str(d.type).lower(), char)
+                    )
+        self.services = collection
+
+    async def disconnect(self) -> None:
+        conn = self._connection
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+
+    async def pair(self, *args: Any, **kwargs: Any) -> None:
+        if self._connection is None:
+            raise BleakError("not connected")
+        try:
+            await self._connection.pair()
+        except Exception as exc:
+            raise BleakError(f"pairing failed: {exc}") from None
+
+    async def unpair(self) -> None:
+        if self._connection is not None and self._connection.device.keystore is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.device.keystore.delete(str(self.address))
+
+    def _client(self) -> Any:
+        if self._peer is None:
+            raise BleakError("not connected")
+        return self._peer.gatt_client
+
+    async def read_gatt_char(
+        self, characteristic: BleakGATTCharacteristic, **kwargs: Any
+    ) -> bytearray:
+        try:
+            return bytearray(await self._client().read_value(characteristic.obj))
+        except ATT_Error as exc:
+            raise _att_error(exc) from exc
+
+    async def read_gatt_descriptor(
+        self, descriptor: BleakGATTDescriptor, **kwargs: Any
+    ) -> bytearray:
+        try:
+            return bytearray(await self._client().read_value(descriptor.obj))
+        except ATT_Error as exc:
+            raise _att_error(exc) from exc
+
+    async def write_gatt_char(
+        self, characteristic: BleakGATTCharacteristic, data: Any, response: bool
+    ) -> None:
+        try:
+            await self._client().write_value(
+                characteristic.obj, bytes(data), with_response=response
+            )
+        except ATT_Error as exc:
+            raise _att_error(exc) from exc
+
+    async def write_gatt_descriptor(self, descriptor: BleakGATTDescriptor, data: Any) -> None:
+        try:
+            await self._client().write_value(descriptor.obj, bytes(data), with_response=True)
+        except ATT_Error as exc:
+            raise _att_error(exc) from exc
+
+    async def start_notify(
+        self, characteristic: BleakGATTCharacteristic, callback: NotifyCallback, **kwargs: Any
+    ) -> None:
+        def subscriber(value: bytes) -> None:
+            callback(bytearray(value))
+
+        try:
+            await self._client().subscribe(characteristic.obj, subscriber, prefer_notify=True)
+        except ATT_Error as exc:
+            raise _att_error(exc) from exc
+        self._subscribers[characteristic.handle] = subscriber
+
+    async def stop_notify(self, characteristic: BleakGATTCharacteristic) -> None:
+        sub = self._subscribers.pop(characteristic.handle, None)
+        with contextlib.suppress(Exception):
+            await self._client().unsubscribe(characteristic.obj, sub)
+
+
+class BumbleBleakScanner(BaseBleakScanner):
+    """:class:`bleak.backends.scanner.BaseBleakScanner` on a bumble host (active scan)."""
+
+    def __init__(
+        self,
+        detection_callback: Any,
+        service_uuids: list[str] | None,
+        scanning_mode: str = "active",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(detection_callback, service_uuids)
+        self._spec = _hci_spec(kwargs)
+        self._own_address = kwargs.get("own_address", "C0:F1:00:00:00:02")
+        self._device: Device | None = None
+
+    async def start(self) -> None:
+        self.seen_devices = {}
+        self._device = await bumble_device(self._spec, self._own_address)
+        self._device.on("advertisement", self._on_advertisement)
+        await self._device.start_scanning(active=True, filter_duplicates=False)
+
+    async def stop(self) -> None:
+        if self._device is not None:
+            self._device.remove_listener("advertisement", self._on_advertisement)
+            with contextlib.suppress(Exception):
+                await self._device.stop_scanning()
+
+    def _on_advertisement(self, adv: Any) -> None:
+        data: AdvertisingData = adv.data
+        name = data.get(AdvertisingData.COMPLETE_LOCAL_NAME) or data.get(
+            AdvertisingData.SHORTENED_LOCAL_NAME
+        )
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        uuids = [
+            str(u).lower()
+            for tag in (
+                AdvertisingData.COMPLETE_LIST_OF_128_BIT_SERVICE_CLASS_UUIDS,
+                AdvertisingData.INCOMPLETE_LIST_OF_128_BIT_SERVICE_CLASS_UUIDS,
+            )
+            for u in (data.get(tag) or [])
+        ]
+        address = str(adv.address).split("/")[0]
+        prev = self.seen_devices.get(address)
+        if prev is not None:
+            name = name or prev[1].local_name
+            uuids = sorted(set(uuids) | set(prev[1].service_uuids))
+        if not self.is_allowed_uuid(uuids):
+            return
+        ad = AdvertisementData(
+            local_name=name,
+            manufacturer_data={},
+            service_data={},
+            service_uuids=uuids,
+            tx_power=None,
+            rssi=adv.rssi,
+            platform_data=(adv,),
+        )
+        device = self.create_or_update_device(address, address, name, adv, ad)
+        self.call_detection_callbacks(device, ad)

@@ -1,0 +1,427 @@
+"""The coinf GATT service and the :class:`GattLink` both sides build on (docs/PROTOCOL.md).
+
+Service ``c0f10000-5e7a-4b1e-9c3d-8f2a6b0e4d17`` with three characteristics:
+
+* ``DATA_UP``   (…0001, notify): data chunks wearable -> handheld.
+* ``DATA_DOWN`` (…0002, write without response): data chunks handheld -> wearable.
+* ``CONTROL``   (…0003, write with response + notify): control frames (handshake, credits,
+  aborts, errors). Control frames are never subject to credits.
+
+All three require an encrypted (paired) link. Data chunks follow :mod:`ble_protocol.frames`; a
+control frame is ``u8 kind | body``:
+
+====  ===========  =====================================================================
+kind  name         body
+====  ===========  =====================================================================
+1     HELLO        UTF-8 JSON (handheld -> wearable), see :func:`make_hello`
+2     HELLO_ACK    UTF-8 JSON (wearable -> handheld), same keys
+3     CREDIT       u16 n: the sender of this frame accepts ``n`` more data chunks
+4     ERROR        u16 error code | UTF-8 text; the link is then closed
+5     ABORT        u8 message type | u32 request id: drop that partial message
+====  ===========  =====================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from enum import IntEnum
+from typing import Any
+
+from ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
+from ble_protocol.frames import Reassembler, chunk_size_for_mtu, encode_chunks
+from ble_protocol.link import Link, LinkClosed
+from ble_protocol.messages import (
+    MAX_CONTROL_BYTES,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+    encode_error,
+)
+
+log = logging.getLogger(__name__)
+
+_BASE = "c0f1{:04x}-5e7a-4b1e-9c3d-8f2a6b0e4d17"
+SERVICE_UUID = _BASE.format(0x0000)
+DATA_UP_UUID = _BASE.format(0x0001)
+DATA_DOWN_UUID = _BASE.format(0x0002)
+CONTROL_UUID = _BASE.format(0x0003)
+
+DEFAULT_WINDOW = 128  # chunks a receiver accepts before returning credits
+DEFAULT_MTU = 517
+
+
+class Ctrl(IntEnum):
+    HELLO = 1
+    HELLO_ACK = 2
+    CREDIT = 3
+    ERROR = 4
+    ABORT = 5
+
+
+# --- control frames ----------------------------------------------------------------------------
+
+
+def ctrl_json(kind: Ctrl, obj: dict[str, Any]) -> bytes:
+    data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    if len(data) + 1 > 512:
+        raise ValueError("handshake does not fit one ATT value")
+    return bytes([kind]) + data
+
+
+def ctrl_credit(n: int) -> bytes:
+    return bytes([Ctrl.CREDIT]) + struct.pack("<H", n)
+
+
+def ctrl_error(code: ErrorCode, text: str) -> bytes:
+    return bytes([Ctrl.ERROR]) + encode_error(code, text)[:500]
+
+
+def ctrl_abort(mtype: int, rid: int) -> bytes:
+    return bytes([Ctrl.ABORT]) + struct.pack("<BI", mtype, rid)
+
+
+def parse_ctrl(frame: bytes) -> tuple[Ctrl, Any]:
+    """Decode a control frame. Raises :class:`ProtocolError` on anything malformed."""
+    if not frame:
+        raise ProtocolError(ErrorCode.TRUNCATED, "empty control frame")
+    try:
+        kind = Ctrl(frame[0])
+    except ValueError:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown control frame {frame[0]}") from None
+    body = bytes(frame[1:])
+    if kind in (Ctrl.HELLO, Ctrl.HELLO_ACK):
+        if len(body) > MAX_CONTROL_BYTES:
+            raise ProtocolError(ErrorCode.TOO_LARGE, "handshake too large")
+        try:
+            obj = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ProtocolError(ErrorCode.MALFORMED, "handshake is not JSON") from None
+        if not isinstance(obj, dict):
+            raise ProtocolError(ErrorCode.MALFORMED, "handshake must be a JSON object")
+        return kind, obj
+    if kind == Ctrl.CREDIT:
+        if len(body) != 2:
+            raise ProtocolError(ErrorCode.MALFORMED, "CREDIT frame must carry exactly a u16")
+        return kind, struct.unpack("<H", body)[0]
+    if kind == Ctrl.ERROR:
+        if len(body) < 2:
+            raise ProtocolError(ErrorCode.TRUNCATED, "ERROR frame shorter than 2 bytes")
+        (raw,) = struct.unpack_from("<H", body)
+        try:
+            code = ErrorCode(raw)
+        except ValueError:
+            code = ErrorCode.MALFORMED
+        return kind, ProtocolError(code, "peer: " + body[2:].decode("utf-8", "replace"))
+    if len(body) != 5:
+        raise ProtocolError(ErrorCode.MALFORMED, "ABORT frame must be u8 type + u32 id")
+    return kind, struct.unpack("<BI", body)
+
+
+# --- handshake ---------------------------------------------------------------------------------
+
+
+def make_hello(
+    bundle_identity: str,
+    mtu: int,
+    window: int = DEFAULT_WINDOW,
+    max_message_bytes: int = 64 * 1024 * 1024,
+    protocol: int = PROTOCOL_VERSION,
+    role: str = "handheld",
+) -> dict[str, Any]:
+    return {
+        "protocol": protocol,
+        "bundle": bundle_identity,
+        "mtu": mtu,
+        "role": role,
+        "capabilities": {"window": window, "max_message_bytes": max_message_bytes, "crc32": True},
+    }
+
+
+def check_hello(
+    obj: dict[str, Any], bundle_identity: str, protocol: int = PROTOCOL_VERSION
+) -> tuple[int, int, int]:
+    """Validate a peer's handshake; returns (mtu, window, max_message_bytes)."""
+    peer_version = obj.get("protocol")
+    if peer_version != protocol:
+        raise ProtocolError(
+            ErrorCode.BAD_VERSION,
+            f"peer speaks protocol {peer_version!r}, this side speaks {protocol}",
+        )
+    if obj.get("bundle") != bundle_identity:
+        raise ProtocolError(
+            ErrorCode.BUNDLE_MISMATCH,
+            f"peer runs bundle {str(obj.get('bundle'))[:80]!r}, this side runs {bundle_identity!r}",
+        )
+    caps = obj.get("capabilities")
+    mtu = obj.get("mtu")
+    if not isinstance(caps, dict) or not isinstance(mtu, int) or not 23 <= mtu <= 517:
+        raise ProtocolError(ErrorCode.MALFORMED, "handshake lacks a valid mtu or capabilities")
+    window, limit = caps.get("window"), caps.get("max_message_bytes")
+    if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise ProtocolError(ErrorCode.MALFORMED, f"handshake window {window!r} is invalid")
+    if not isinstance(limit, int) or limit < 1:
+        raise ProtocolError(ErrorCode.MALFORMED, f"handshake max_message_bytes {limit!r} invalid")
+    return mtu, window, limit
+
+
+# --- the link ------------------------------------------------------------------------------------
+
+Writer = Callable[[bytes], Awaitable[None]]
+
+
+class GattLink(Link):
+    """A :class:`Link` over two GATT pipes: chunks on a data characteristic, frames on control.
+
+    The transport side calls :meth:`feed_data` / :meth:`feed_control` with every received value
+    and :meth:`connection_lost` on disconnect. A link never survives a disconnection: pending
+    sends and receives raise :class:`LinkClosed` at once and a new link must be accepted /
+    connected (the wearable's server keeps advertising; the handheld reconnects with backoff).
+    """
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        mtu: int,
+        peer_window: int,
+        peer_max_message_bytes: int,
+        write_data: Writer,
+        write_control: Writer,
+        disconnect: Callable[[], Awaitable[None]],
+        window: int = DEFAULT_WINDOW,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        reassembly_timeout: float = 30.0,
+        name: str = "gatt",
+    ) -> None:
+        super().__init__()
+        self.role = role  # "wearable" (RPC client) or "handheld" (RPC server)
+        self.mtu = mtu
+        self.chunk_size = chunk_size_for_mtu(mtu)
+        self.max_message_bytes = max_message_bytes
+        self.peer_max_message_bytes = peer_max_message_bytes
+        self._write_data, self._write_control, self._disconnect = (
+            write_data,
+            write_control,
+            disconnect,
+        )
+        self._gate = CreditGate(peer_window)
+        self._ledger = CreditLedger(window)
+        self._reasm = Reassembler(
+            max_message_bytes=max_message_bytes,
+            budget_bytes=max_message_bytes + 64 * 1024,
+            timeout_s=reassembly_timeout,
+        )
+        self._inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue()
+        self._inbox_bytes = 0
+        self.inbox_cap = max(1 << 20, self.chunk_size * window)
+        self._send_lock = asyncio.Lock()
+        self._ctrl_queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._credit_pending = 0  # credits granted but not yet written (merged into one frame)
+        self._ctrl_wakeup = asyncio.Event()
+        self._open = True
+        self._closing: BaseException | None = None
+        self._name = name
+        loop = asyncio.get_running_loop()
+        self._tasks: list[asyncio.Task[None]] = [
+            loop.create_task(self._control_writer()),
+            loop.create_task(self._expiry()),
+        ]
+
+    @property
+    def description(self) -> str:
+        return f"{self._name} (mtu {self.mtu}, chunk {self.chunk_size} B)"
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    # --- sending -------------------------------------------------------------------------
+    async def send(self, message: Message) -> None:
+        if not self._open:
+            raise self._closed_error()
+        if len(message.payload) > self.peer_max_message_bytes:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"message of {len(message.payload)} B exceeds the peer's limit of "
+                f"{self.peer_max_message_bytes} B",
+            )
+        async with self._send_lock:
+            started = finished = False
+            try:
+                for chunk in encode_chunks(message, self.chunk_size):
+                    await self._gate.acquire()
+                    started = True
+                    await self._write_data(chunk)
+                finished = True
+            except asyncio.CancelledError:
+                if started and not finished and self._open:
+                    self._ctrl_queue.put_nowait(ctrl_abort(int(message.type), message.request_id))
+                    self._ctrl_wakeup.set()
+                raise
+            except ProtocolError:
+                raise
+            except Exception as exc:  # the transport failed under us
+                self.connection_lost(f"write failed: {exc}")
+                raise self._closed_error() from None
+        self.stats.count_sent(len(message.payload))
+
+    async def _control_writer(self) -> None:
+        """Writes control frames one at a time. Credits granted while a write is in flight are
+        merged, so a slow write (with response) never limits the credit rate."""
+        while True:
+            await self._ctrl_wakeup.wait()
+            self._ctrl_wakeup.clear()
+            frames = []
+            while not self._ctrl_queue.empty():
+                frames.append(self._ctrl_queue.get_nowait())
+            if self._credit_pending:
+                n = min(self._credit_pending, 0xFFFF)
+                self._credit_pending -= n
+                frames.append(ctrl_credit(n))
+                if self._credit_pending:
+                    self._ctrl_wakeup.set()
+            for frame in frames:
+                try:
+                    await self._write_control(frame)
+                except Exception as exc:
+                    self.connection_lost(f"control write failed: {exc}")
+                    return
+
+    # --- receiving -----------------------------------------------------------------------
+    async def receive(self) -> Message:
+        if not self._open and self._inbox.empty():
+            raise self._closed_error()
+        item = await self._inbox.get()
+        if isinstance(item, BaseException):
+            self._inbox.put_nowait(item)  # every later receive fails the same way
+            raise fresh(item)
+        self._inbox_bytes -= len(item.payload)
+        self._maybe_grant()
+        self.stats.count_received(len(item.payload))
+        return item
+
+    def _maybe_grant(self, force: bool = False) -> None:
+        n = self._ledger.take_grant(allowed=self._inbox_bytes < self.inbox_cap, force=force)
+        if n and self._open:
+            self._credit_pending += n
+            self._ctrl_wakeup.set()
+
+    def feed_data(self, value: bytes) -> None:
+        """One data chunk arrived from the peer."""
+        if not self._open:
+            return
+        try:
+            self._ledger.on_chunk()
+            msg = self._reasm.feed(value)
+        except ProtocolError as exc:
+            rid = getattr(exc, "request_id", None)
+            self._maybe_grant(force=True)
+            if rid is None or exc.code == ErrorCode.BAD_VERSION:
+                self._fail(exc)
+            else:
+                self._message_failed(rid, exc)
+            return
+        if msg is not None:
+            self._inbox_bytes += len(msg.payload)
+            self._inbox.put_nowait(msg)
+        self._maybe_grant()
+
+    def _message_failed(self, rid: int, exc: ProtocolError) -> None:
+        """A single message was bad: fail the local waiter (wearable) or tell the peer."""
+        log.warning("%s: dropped message %d: %s", self._name, rid, exc)
+        err = Message(MsgType.ERROR, rid, encode_error(exc.code, exc.text))
+        if self.role == "wearable":
+            self._inbox.put_nowait(err)
+        else:
+            task = asyncio.get_running_loop().create_task(self._send_quietly(err))
+            self._tasks.append(task)
+
+    async def _send_quietly(self, msg: Message) -> None:
+        with contextlib.suppress(ProtocolError):
+            await self.send(msg)
+
+    def feed_control(self, value: bytes) -> None:
+        """One control frame arrived from the peer (after the handshake)."""
+        if not self._open:
+            return
+        try:
+            kind, body = parse_ctrl(value)
+            if kind == Ctrl.CREDIT:
+                self._gate.grant(body)
+            elif kind == Ctrl.ERROR:
+                self._fail(body, tell_peer=False)
+            elif kind == Ctrl.ABORT:
+                self._reasm.cancel(body[1])
+            else:
+                raise ProtocolError(ErrorCode.MALFORMED, f"unexpected {kind.name} after handshake")
+        except (ProtocolError, ValueError) as exc:
+            err = (
+                exc
+                if isinstance(exc, ProtocolError)
+                else ProtocolError(ErrorCode.MALFORMED, str(exc))
+            )
+            self._fail(err)
+
+    async def _expiry(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self._reasm.timeout_s / 4))
+            for rid in self._reasm.expire():
+                self._message_failed(
+                    rid,
+                    ProtocolError(
+                        ErrorCode.TIMEOUT,
+                        f"message {rid} incomplete after {self._reasm.timeout_s:.0f} s",
+                    ),
+                )
+
+    # --- teardown ------------------------------------------------------------------------
+    def _fail(self, exc: ProtocolError, tell_peer: bool = True) -> None:
+        log.warning("%s: closing after protocol error: %s", self._name, exc)
+        if tell_peer and self._open:
+            frame = ctrl_error(exc.code, exc.text)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._write_quietly(frame)))
+        self._shutdown(exc)
+        task = asyncio.get_running_loop().create_task(self._disconnect_later())
+        self._tasks.append(task)
+
+    async def _write_quietly(self, frame: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await self._write_control(frame)
+
+    async def _disconnect_later(self) -> None:
+        await asyncio.sleep(0.05)
+        with contextlib.suppress(Exception):
+            await self._disconnect()
+
+    def _closed_error(self) -> BaseException:
+        return fresh(self._closing) if self._closing else LinkClosed(f"{self._name} closed")
+
+    def connection_lost(self, reason: str = "disconnected") -> None:
+        """The BLE connection dropped: fail everything pending with :class:`LinkClosed`."""
+        self._shutdown(LinkClosed(f"{self._name}: {reason}"))
+
+    def _shutdown(self, exc: BaseException) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._closing = exc
+        self._gate.close(exc)
+        self._inbox.put_nowait(exc)
+        for task in self._tasks[:2]:
+            task.cancel()
+
+    async def close(self) -> None:
+        was_open = self._open
+        self._shutdown(LinkClosed(f"{self._name} closed locally"))
+        if was_open:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._disconnect(), 5.0)
+        for task in self._tasks:
+            task.cancel()

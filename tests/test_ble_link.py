@@ -1,0 +1,288 @@
+"""The full BLE stack over the emulated radio: bumble GATT server (wearable) and bleak on the
+bumble backend (handheld), each on its own bumble host and controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from bleak import BleakClient
+from bleak.exc import BleakError
+
+from ble_protocol import gatt
+from ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+from ble_protocol.link import Link, LinkClosed
+from ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from ble_protocol.radio import EmulatedRadio
+from ble_protocol.rpc import RpcClient, serve
+from handheld.ble_central import connect_link
+from wearable.gatt_server import accept_link, close_servers
+
+WEARABLE_ADDR = "C0:F1:00:00:00:01"
+
+
+@contextlib.asynccontextmanager
+async def radio_pair(
+    preset: str = "pi-zero-2w", time_scale: float = 0.5, w_opts: Any = None, h_opts: Any = None
+) -> AsyncIterator[tuple[EmulatedRadio, Link, Link]]:
+    async with EmulatedRadio(preset, time_scale=time_scale) as radio:
+        try:
+            wl, hl = await connect_both(radio, w_opts or {}, h_opts or {})
+            yield radio, wl, hl
+            await hl.close()
+            await wl.close()
+        finally:
+            await close_servers()
+            await close_devices()
+
+
+async def connect_both(
+    radio: EmulatedRadio, w_opts: dict[str, Any], h_opts: dict[str, Any]
+) -> tuple[Link, Link]:
+    wspec, hspec = radio.specs
+    mtu = radio.params.att_mtu
+    accept = asyncio.ensure_future(
+        accept_link(
+            wspec, bundle_identity=w_opts.pop("bundle", "b-1"), timeout=30, mtu=mtu, **w_opts
+        )
+    )
+    await asyncio.sleep(0.1)
+    try:
+        hl = await connect_link(
+            WEARABLE_ADDR,
+            bundle_identity=h_opts.pop("bundle", "b-1"),
+            backend=BumbleBleakClient,
+            hci=hspec,
+            mtu=mtu,
+            timeout=10,
+            **h_opts,
+        )
+    except BaseException:
+        accept.cancel()
+        raise
+    return await accept, hl
+
+
+async def exchange(src: Link, dst: Link, payload: bytes, rid: int) -> None:
+    await src.send(Message(MsgType.REQUEST, rid, payload))
+    got = await asyncio.wait_for(dst.receive(), 120)
+    assert got.type == MsgType.REQUEST and got.request_id == rid
+    assert got.payload == payload
+
+
+def test_sizes_byte_exact_both_directions_pi_zero() -> None:
+    async def main() -> None:
+        async with radio_pair("pi-zero-2w", time_scale=0.3) as (_radio, wl, hl):
+            for i, n in enumerate([1, 1000, 100_000]):
+                data = os.urandom(n)
+                await exchange(wl, hl, data, 10 + i)
+                await exchange(hl, wl, data[::-1], 20 + i)
+            assert wl.stats.messages_sent == 3 and hl.stats.messages_received == 3
+
+    asyncio.run(main())
+
+
+def test_one_megabyte_both_directions_fast_preset() -> None:
+    async def main() -> None:
+        async with radio_pair("ble5-2m", time_scale=0.2) as (_radio, wl, hl):
+            data = os.urandom(1_000_000)
+            await exchange(wl, hl, data, 1)
+            await exchange(hl, wl, data, 2)
+
+    asyncio.run(main())
+
+
+def test_unpaired_central_gets_insufficient_encryption() -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
+            wspec, hspec = radio.specs
+            accept = asyncio.ensure_future(accept_link(wspec, bundle_identity="b", timeout=30))
+            await asyncio.sleep(0.1)
+            try:
+                client = BleakClient(
+                    WEARABLE_ADDR, backend=BumbleBleakClient, hci=hspec, pair=False, timeout=10
+                )
+                await client.connect()
+                up = client.services.get_characteristic(gatt.DATA_UP_UUID)
+                down = client.services.get_characteristic(gatt.DATA_DOWN_UUID)
+                control = client.services.get_characteristic(gatt.CONTROL_UUID)
+                with pytest.raises(BleakError, match="INSUFFICIENT_ENCRYPTION"):
+                    await client.read_gatt_char(up)
+                with pytest.raises(BleakError, match="INSUFFICIENT_ENCRYPTION"):
+                    await client.write_gatt_char(down, b"\x01" * 20, response=True)
+                with pytest.raises(BleakError, match="INSUFFICIENT_ENCRYPTION"):
+                    await client.write_gatt_char(control, b"\x01{}", response=True)
+                assert not accept.done()  # nothing reached the wearable's protocol
+                await client.disconnect()
+                # the protocol-level entry point reports it as a clear ProtocolError
+                with pytest.raises(ProtocolError) as info:
+                    await connect_link(
+                        WEARABLE_ADDR,
+                        bundle_identity="b",
+                        backend=BumbleBleakClient,
+                        hci=hspec,
+                        pair=False,
+                    )
+                assert info.value.code == ErrorCode.INSUFFICIENT_ENCRYPTION
+                # once paired, the same wearable accepts the handheld
+                hl = await connect_link(
+                    WEARABLE_ADDR, bundle_identity="b", backend=BumbleBleakClient, hci=hspec
+                )
+                wl = await accept
+                await exchange(hl, wl, b"paired", 1)
+                await hl.close()
+            finally:
+                accept.cancel()
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("w_opts", "h_opts", "code"),
+    [
+        ({"bundle": "model-A"}, {"bundle": "model-B"}, ErrorCode.BUNDLE_MISMATCH),
+        ({}, {"protocol_version": 99}, ErrorCode.BAD_VERSION),
+    ],
+)
+def test_handshake_mismatch_fails_on_both_sides(w_opts, h_opts, code) -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
+            wspec, hspec = radio.specs
+            accept = asyncio.ensure_future(
+                accept_link(wspec, bundle_identity=w_opts.get("bundle", "b"), timeout=30)
+            )
+            await asyncio.sleep(0.1)
+            try:
+                with pytest.raises(ProtocolError) as hinfo:
+                    await connect_link(
+                        WEARABLE_ADDR,
+                        bundle_identity=h_opts.get("bundle", "b"),
+                        backend=BumbleBleakClient,
+                        hci=hspec,
+                        protocol_version=h_opts.get("protocol_version", 1),
+                    )
+                with pytest.raises(ProtocolError) as winfo:
+                    await accept
+                assert hinfo.value.code == code and winfo.value.code == code
+            finally:
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())
+
+
+def test_disconnect_mid_message_fails_fast_then_reconnect_works() -> None:
+    async def echo(msg: Message) -> Message:
+        return Message(MsgType.RESULT, msg.request_id, msg.payload[:16])
+
+    async def main() -> None:
+        async with EmulatedRadio("pi-zero-2w", time_scale=0.3) as radio:
+            try:
+                wl, hl = await connect_both(radio, {}, {})
+                server = asyncio.ensure_future(serve(hl, echo))
+                client = RpcClient(wl)
+                request = asyncio.ensure_future(
+                    client.request(MsgType.REQUEST, os.urandom(100_000), timeout=60)
+                )
+                await asyncio.sleep(0.6)  # some chunks are on the air
+                assert not request.done()
+                await hl.bleak_client.disconnect()  # type: ignore[attr-defined]
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                with pytest.raises(LinkClosed):
+                    await asyncio.wait_for(request, 10)
+                elapsed = loop.time() - t0
+                await asyncio.wait_for(server, 5)
+                await client.close()
+                # reconnect: a new link on both sides, the next request succeeds
+                wl2, hl2 = await connect_both(radio, {}, {})
+                server2 = asyncio.ensure_future(serve(hl2, echo))
+                client2 = RpcClient(wl2)
+                payload = os.urandom(5000)
+                reply = await client2.request(MsgType.REQUEST, payload, timeout=60)
+                assert reply.type == MsgType.RESULT and reply.payload == payload[:16]
+                await client2.close()
+                await hl2.close()
+                server2.cancel()
+                assert elapsed < 2.0  # the request failed promptly, not by its 60 s timeout
+            finally:
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("preset", ["pi-zero-2w", "ble42-dle", "ble5-2m"])
+def test_radio_throughput_matches_formula(preset: str) -> None:
+    """Link-layer payload rate on the air, and ATT goodput, against the documented formula.
+
+    Slow motion (time_scale > 1) keeps the Python hosts from being the bottleneck, so this
+    measures the radio model, not this machine's CPU."""
+
+    async def main() -> None:
+        async with radio_pair(preset, time_scale=3.0) as (radio, wl, hl):
+            params = radio.params
+            n = int(params.capacity_bps() * 0.6)  # ~0.6 s of emulated air time
+            await exchange(wl, hl, b"warm-up", 1)
+            air = next(iter(radio.link._air.values()))
+            b0, t0 = air.payload_bytes, radio.now()
+            await exchange(wl, hl, os.urandom(n), 2)
+            dt = radio.now() - t0
+            ll_rate = (air.payload_bytes - b0) / dt
+            assert ll_rate == pytest.approx(params.ll_capacity_bps(), rel=0.10)
+            # ATT goodput through the whole protocol (14 B chunk headers, credits, CRC): a
+            # loose sanity bound here; `coinf bench link` measures the efficiency itself.
+            assert n / dt >= 0.80 * params.capacity_bps()
+
+    asyncio.run(main())
+
+
+def test_second_handheld_is_refused_while_one_is_served() -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2, extra_hosts=1) as radio:
+            try:
+                wl, hl = await connect_both(radio, {}, {})
+                with pytest.raises(ProtocolError):  # LinkClosed or a failed handshake
+                    await connect_link(
+                        WEARABLE_ADDR,
+                        bundle_identity="b-1",
+                        backend=BumbleBleakClient,
+                        hci=radio.spec("extra1"),
+                        own_address="C0:F1:00:00:00:03",
+                        attempts=1,
+                        timeout=5,
+                    )
+                await exchange(wl, hl, b"still served", 1)  # the first handheld is unaffected
+                await hl.close()
+            finally:
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())
+
+
+def test_central_finds_the_wearable_by_its_advertised_service() -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
+            wspec, hspec = radio.specs
+            accept = asyncio.ensure_future(accept_link(wspec, bundle_identity="b", timeout=30))
+            await asyncio.sleep(0.1)
+            try:
+                hl = await connect_link(
+                    None, bundle_identity="b", backend=BumbleBleakClient, hci=hspec, timeout=10
+                )
+                wl = await accept
+                await exchange(wl, hl, b"found by service UUID", 1)
+                await hl.close()
+            finally:
+                accept.cancel()
+                await close_servers()
+                await close_devices()
+
+    asyncio.run(main())

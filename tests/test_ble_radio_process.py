@@ -1,0 +1,91 @@
+"""Cross-process: `coinf radio` hosts the link; the handheld runs in another process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ble_protocol.messages import MsgType
+from ble_protocol.radio import RadioError, preset, spawn
+from ble_protocol.rpc import RpcClient
+from wearable.gatt_server import accept_link, close_servers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HANDHELD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from ble_protocol.bleak_bumble import BumbleBleakClient
+    from ble_protocol.messages import Message, MsgType
+    from handheld.ble_central import serve_with_reconnect
+
+    async def echo(msg):
+        return Message(MsgType.RESULT, msg.request_id, msg.payload[::-1])
+
+    async def main():
+        stop = asyncio.Event()
+        await serve_with_reconnect("coinf-wearable", echo, bundle_identity="xp",
+                                   backend=BumbleBleakClient, hci=sys.argv[1], stop=stop)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_wearable_and_handheld_in_separate_processes_over_radio_process() -> None:
+    wspec, hspec, stop = spawn("ble5-2m", overrides=["time_scale=0.5"])
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    handheld = subprocess.Popen([sys.executable, "-c", HANDHELD, hspec], env=env)
+    try:
+
+        async def main() -> None:
+            link = await accept_link(wspec, bundle_identity="xp", timeout=60, mtu=247)
+            client = RpcClient(link)
+            payload = os.urandom(20_000)
+            reply = await client.request(MsgType.REQUEST, payload, timeout=60)
+            assert reply.type == MsgType.RESULT and reply.payload == payload[::-1]
+            await client.close()
+            await close_servers()
+
+        asyncio.run(main())
+    finally:
+        handheld.kill()
+        handheld.wait()
+        stop()
+
+
+def test_radio_parameters_are_validated() -> None:
+    with pytest.raises(RadioError, match="unknown radio preset"):
+        preset("ble6")
+    with pytest.raises(RadioError, match="ll_payload"):
+        preset("pi-zero-2w", ll_payload=300)
+    with pytest.raises(RadioError, match="unknown radio parameter"):
+        preset("pi-zero-2w", warp=9)
+    p = preset("pi-zero-2w", interval_ms=15.0)
+    assert p.capacity_bps() < preset("pi-zero-2w").capacity_bps()
+    # 2M halves air time: more exchanges fit an event than at 1M with the same payload
+    assert preset("ble5-2m").exchanges_per_event() > preset("ble42-dle").exchanges_per_event()
+
+
+def test_radio_cli_describe_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from coinf.cli import main
+
+    assert main(["radio", "--preset", "ble5-2m", "--set", "interval_ms=15", "--describe"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["interval_ms"] == 15.0 and out["capacity_bps"] == pytest.approx(
+        preset("ble5-2m", interval_ms=15.0).capacity_bps(), abs=0.1
+    )
+    assert main(["radio", "--set", "warp=9", "--describe"]) == 2
+    assert "bad radio override 'warp=9'" in capsys.readouterr().err
+    assert main(["radio", "--set", "interval_ms=fast", "--describe"]) == 2
+    assert "is not a float" in capsys.readouterr().err
+    assert main(["wearable", "--bundle", "/nonexistent/bundle", "--hci", "tcp-client:x:1"]) == 2
+    assert "error" in capsys.readouterr().err

@@ -1,0 +1,68 @@
+"""Session(transport=<BLE link factory>) end to end: wearable and handheld on their own bumble
+hosts, the emulated radio in its own process (`coinf radio`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+
+from ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+from ble_protocol.radio import spawn
+from handheld.ble_central import connect_link
+from handheld.daemon import HandheldDaemon
+from tests.bundles import make_tiny_bundle, reference
+from wearable import Session
+from wearable.gatt_server import accept_link, close_servers
+
+
+def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
+    bundle = make_tiny_bundle(tmp_path / "tiny")
+    wspec, hspec, stop_radio = spawn("pi-zero-2w", overrides=["time_scale=0.5"])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def handheld() -> None:
+        async def main() -> None:
+            try:
+                link = await connect_link(
+                    "coinf-wearable",
+                    bundle_identity=bundle.identity,
+                    backend=BumbleBleakClient,
+                    hci=hspec,
+                    timeout=20,
+                )
+                serving = asyncio.ensure_future(HandheldDaemon(bundle).serve(link))
+                while not stop.is_set() and not serving.done():
+                    await asyncio.sleep(0.05)
+                serving.cancel()
+                await link.close()
+            except BaseException as exc:  # reported by the test below
+                errors.append(exc)
+            finally:
+                await close_devices()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=handheld, daemon=True)
+    thread.start()
+    try:
+        x = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
+        with Session(
+            bundle,
+            split="c001",
+            fallback=False,
+            timeout=60,
+            transport=lambda: accept_link(wspec, bundle_identity=bundle.identity, timeout=60),
+        ) as sess:
+            (y,) = sess.run(None, {"x": x})
+            stats = sess.last_run
+            sess._loop_thread().run(close_servers())  # the server lives on the session's loop
+        np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
+        assert stats is not None and not stats.local and stats.bytes_up > 0
+    finally:
+        stop.set()
+        thread.join(30)
+        stop_radio()
+    assert not errors, errors

@@ -1,0 +1,328 @@
+"""The wearable's GATT server on bumble: advertise, accept one handheld, pair, hand out a Link.
+
+On a Pi it runs over ``hci-socket:0`` (bluetoothd stopped) or a USB dongle (``usb:0``); in tests
+and the demo over the emulated radio (``tcp-client:127.0.0.1:PORT``). See docs/PROTOCOL.md.
+
+Reconnection: a :class:`~ble_protocol.gatt.GattLink` dies with its BLE connection (pending
+requests fail with ``LinkClosed``); the server keeps advertising and the next :func:`accept_link`
+(same transport spec, same device, same bonds) returns a fresh link when a handheld comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from bumble import hci
+from bumble.core import UUID, AdvertisingData
+from bumble.device import Connection, Device
+from bumble.gatt import Characteristic, CharacteristicValue, Service
+from bumble.keys import JsonKeyStore, MemoryKeyStore
+from bumble.pairing import PairingConfig, PairingDelegate
+from bumble.transport import open_transport
+
+from ble_protocol import gatt
+from ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
+from ble_protocol.link import Link, LinkClosed
+from ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+ENCRYPTED = (
+    Characteristic.Permissions.READ_REQUIRES_ENCRYPTION
+    | Characteristic.Permissions.WRITE_REQUIRES_ENCRYPTION
+)
+
+
+class WearableServer:
+    """One bumble device serving the coinf service to at most one handheld at a time."""
+
+    def __init__(
+        self,
+        transport_spec: str,
+        *,
+        bundle_identity: str,
+        name: str = "coinf-wearable",
+        address: str = "C0:F1:00:00:00:01",
+        keystore: str | None = None,
+        window: int = gatt.DEFAULT_WINDOW,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        reassembly_timeout: float = 30.0,
+        protocol_version: int = PROTOCOL_VERSION,
+        mtu: int = gatt.DEFAULT_MTU,
+        max_queued_packets: int = 24,
+    ) -> None:
+        self.spec = transport_spec
+        self.max_queued_packets = max_queued_packets
+        self.bundle_identity = bundle_identity
+        self.name = name
+        self.address = address
+        self.keystore = keystore
+        self.window = window
+        self.max_message_bytes = max_message_bytes
+        self.reassembly_timeout = reassembly_timeout
+        self.protocol_version = protocol_version
+        self.mtu = mtu
+        self.device: Device | None = None
+        self._transport: Any = None
+        self._active: Connection | None = None
+        self._link: GattLink | None = None
+        self._accepted: asyncio.Queue[GattLink | ProtocolError] = asyncio.Queue()
+
+    # --- setup -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            self._transport = await open_transport(self.spec)
+        except Exception as exc:
+            raise LinkClosed(f"cannot open HCI transport {self.spec!r}: {exc}") from None
+        device = Device.with_hci(
+            self.name,
+            hci.Address(self.address, hci.Address.RANDOM_DEVICE_ADDRESS),
+            self._transport.source,
+            self._transport.sink,
+        )
+        device.keystore = JsonKeyStore(None, self.keystore) if self.keystore else MemoryKeyStore()
+        device.pairing_config_factory = lambda _conn: PairingConfig(
+            sc=True,
+            mitm=False,  # the wearable has no display or keyboard: LE SC Just Works
+            bonding=True,
+            delegate=PairingDelegate(PairingDelegate.IoCapability.NO_OUTPUT_NO_INPUT),
+        )
+        device.gatt_server.max_mtu = self.mtu
+        props = Characteristic.Properties
+        self.data_up: Characteristic[bytes] = Characteristic(
+            gatt.DATA_UP_UUID,
+            props.NOTIFY | props.READ,
+            ENCRYPTED,
+            CharacteristicValue(read=lambda _c: b""),
+        )
+        self.data_down: Characteristic[bytes] = Characteristic(
+            gatt.DATA_DOWN_UUID,
+            props.WRITE_WITHOUT_RESPONSE | props.WRITE,
+            ENCRYPTED,
+            CharacteristicValue(write=self._on_data),
+        )
+        self.control: Characteristic[bytes] = Characteristic(
+            gatt.CONTROL_UUID,
+            props.WRITE | props.NOTIFY | props.READ,
+            ENCRYPTED,
+            CharacteristicValue(read=lambda _c: b"", write=self._on_control),
+        )
+        device.add_service(Service(gatt.SERVICE_UUID, [self.data_up, self.data_down, self.control]))
+        device.on("connection", self._on_connection)
+        await device.power_on()
+        self.device = device
+        await self._advertise()
+
+    async def _advertise(self) -> None:
+        assert self.device is not None
+        adv = bytes(
+            AdvertisingData(
+                [
+                    (AdvertisingData.FLAGS, bytes([0x06])),
+                    (AdvertisingData.COMPLETE_LOCAL_NAME, self.name.encode()[:20]),
+                ]
+            )
+        )
+        scan_rsp = bytes(
+            AdvertisingData(
+                [
+                    (
+                        AdvertisingData.COMPLETE_LIST_OF_128_BIT_SERVICE_CLASS_UUIDS,
+                        bytes(UUID(gatt.SERVICE_UUID).to_bytes()),
+                    )
+                ]
+            )
+        )
+        await self.device.start_advertising(
+            auto_restart=True,
+            advertising_data=adv,
+            scan_response_data=scan_rsp,
+            advertising_interval_min=20,
+            advertising_interval_max=20,
+        )
+
+    async def close(self) -> None:
+        if self._link is not None:
+            await self._link.close()
+        if self.device is not None:
+            with contextlib.suppress(Exception):
+                await self.device.power_off()
+        if self._transport is not None:
+            with contextlib.suppress(Exception):
+                await self._transport.close()
+
+    # --- connection lifecycle ------------------------------------------------------------
+    def _on_connection(self, connection: Connection) -> None:
+        if self._active is not None:
+            log.info("refusing a second handheld %s", connection.peer_address)
+            asyncio.get_running_loop().create_task(
+                connection.disconnect(
+                    hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR
+                )
+            )
+            return
+        self._active = connection
+        connection.on("disconnection", lambda reason: self._on_disconnection(connection, reason))
+
+    def _on_disconnection(self, connection: Connection, reason: int) -> None:
+        if connection is not self._active:
+            return
+        self._active = None
+        link, self._link = self._link, None
+        if link is not None:
+            link.connection_lost(f"handheld disconnected ({hci.HCI_Constant.error_name(reason)})")
+
+    # --- GATT writes -----------------------------------------------------------------------
+    def _on_data(self, connection: Connection, value: bytes) -> None:
+        if connection is self._active and self._link is not None:
+            self._link.feed_data(bytes(value))
+
+    def _on_control(self, connection: Connection, value: bytes) -> None:
+        if connection is not self._active:
+            return
+        if self._link is not None:
+            self._link.feed_control(bytes(value))
+            return
+        try:
+            kind, body = gatt.parse_ctrl(bytes(value))
+            if kind != Ctrl.HELLO:
+                raise ProtocolError(ErrorCode.MALFORMED, f"expected HELLO, got {kind.name}")
+            mtu, peer_window, peer_max = check_hello(
+                body, self.bundle_identity, self.protocol_version
+            )
+        except ProtocolError as exc:
+            self._reject(connection, exc)
+            return
+        mtu = min(mtu, connection.att_mtu, self.mtu)
+        device = self.device
+        assert device is not None
+        data_up, control = self.data_up, self.control
+
+        queue = device.host.le_acl_packet_queue or device.host.acl_packet_queue
+        limit = self.max_queued_packets
+
+        async def write_data(chunk: bytes) -> None:
+            await device.notify_subscriber(connection, data_up, chunk)
+            # Keep the host's ACL queue short: ATT responses to the handheld's control writes
+            # (which carry its credits) queue behind our data, and a long queue would stall
+            # the credit loop. Credits bound memory; this bounds latency.
+            while queue is not None and queue.pending > limit and connection is self._active:
+                flowed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+                def on_flow(fut: asyncio.Future[None] = flowed) -> None:
+                    if not fut.done():
+                        fut.set_result(None)
+
+                queue.once("flow", on_flow)
+                try:
+                    await asyncio.wait_for(flowed, 1.0)
+                except TimeoutError:
+                    pass
+                finally:
+                    queue.remove_listener("flow", on_flow)
+
+        async def write_control(frame: bytes) -> None:
+            await device.notify_subscriber(connection, control, frame)
+
+        async def disconnect() -> None:
+            if connection is self._active:
+                await connection.disconnect()
+
+        link = GattLink(
+            role="wearable",
+            mtu=mtu,
+            peer_window=peer_window,
+            peer_max_message_bytes=peer_max,
+            write_data=write_data,
+            write_control=write_control,
+            disconnect=disconnect,
+            window=self.window,
+            max_message_bytes=self.max_message_bytes,
+            reassembly_timeout=self.reassembly_timeout,
+            name=f"ble:{connection.peer_address}",
+        )
+        self._link = link
+        ack = make_hello(
+            self.bundle_identity,
+            mtu,
+            self.window,
+            self.max_message_bytes,
+            self.protocol_version,
+            role="wearable",
+        )
+
+        async def finish() -> None:
+            try:
+                await write_control(ctrl_json(Ctrl.HELLO_ACK, ack))
+            except Exception as exc:
+                link.connection_lost(f"handshake failed: {exc}")
+                return
+            self._accepted.put_nowait(link)
+
+        asyncio.get_running_loop().create_task(finish())
+
+    def _reject(self, connection: Connection, exc: ProtocolError) -> None:
+        log.warning("handshake with %s failed: %s", connection.peer_address, exc)
+        device = self.device
+        assert device is not None
+
+        async def tell_and_drop() -> None:
+            with contextlib.suppress(Exception):
+                await device.notify_subscriber(
+                    connection, self.control, ctrl_error(exc.code, exc.text)
+                )
+            await asyncio.sleep(0.2)
+            with contextlib.suppress(Exception):
+                await connection.disconnect()
+
+        asyncio.get_running_loop().create_task(tell_and_drop())
+        self._accepted.put_nowait(exc)
+
+    async def accept(self, timeout: float | None = None) -> Link:
+        """Wait for a handheld to connect, pair, subscribe and complete the handshake."""
+        try:
+            item = await asyncio.wait_for(self._accepted.get(), timeout)
+        except TimeoutError:
+            raise ProtocolError(
+                ErrorCode.TIMEOUT, f"no handheld completed the handshake within {timeout} s"
+            ) from None
+        if isinstance(item, ProtocolError):
+            raise item
+        return item
+
+
+_servers: dict[tuple[asyncio.AbstractEventLoop, str], WearableServer] = {}
+
+
+async def accept_link(
+    transport_spec: str,
+    *,
+    bundle_identity: str,
+    name: str = "coinf-wearable",
+    timeout: float | None = None,
+    **opts: Any,
+) -> Link:
+    """Serve on ``transport_spec`` (started once per event loop and spec) and return the next
+    handheld's :class:`Link`. Options: ``address``, ``keystore`` (JSON file for bonds),
+    ``window``, ``max_message_bytes``, ``reassembly_timeout``, ``mtu``, ``protocol_version``."""
+    loop = asyncio.get_running_loop()
+    for stale in [k for k in _servers if k[0].is_closed()]:
+        del _servers[stale]
+    key = (loop, transport_spec)
+    server = _servers.get(key)
+    if server is None:
+        server = WearableServer(transport_spec, bundle_identity=bundle_identity, name=name, **opts)
+        await server.start()
+        _servers[key] = server
+    server.bundle_identity = bundle_identity
+    return await server.accept(timeout)
+
+
+async def close_servers() -> None:
+    """Stop every server started by :func:`accept_link` in this event loop."""
+    loop = asyncio.get_running_loop()
+    for key in [k for k in _servers if k[0] is loop]:
+        await _servers.pop(key).close()

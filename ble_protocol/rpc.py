@@ -89,6 +89,11 @@ class RpcClient:
             reply = await asyncio.wait_for(asyncio.shield(fut), timeout)
             if marks is not None:
                 marks["replied"] = time.perf_counter()
+        except ProtocolError:
+            self._pending.pop(rid, None)  # the send failed: nobody will resolve this future
+            if not fut.done():
+                fut.cancel()
+            raise
         except TimeoutError:
             self._pending.pop(rid, None)
             with contextlib.suppress(ProtocolError, TimeoutError):

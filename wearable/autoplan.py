@@ -95,12 +95,13 @@ class AutoPlan:
         cand = self.bundle.candidate(stats.candidate)
         if cand.head.file is not None and stats.head_ms > 0:
             self.adaptive.observe_head(cand.id, stats.head_ms)
-        if not stats.local:
+        if not stats.local and not self._forced_streaming:  # pipelined frames wait in queues
             link = self.adaptive.link
-            if stats.transfer_ms > 0:
-                link.observe_transfer(stats.bytes_up, stats.transfer_ms / 1e3, "up")
-            if stats.return_ms > 0:
-                link.observe_transfer(stats.bytes_down, stats.return_ms / 1e3, "down")
+            half_rtt = link.estimate().rtt_ms / 2
+            for nbytes, ms, way in ((stats.bytes_up, stats.transfer_ms, "up"),
+                                    (stats.bytes_down, stats.return_ms, "down")):
+                if ms - half_rtt > 0:
+                    link.observe_transfer(nbytes, (ms - half_rtt) / 1e3, way)
 
     # -- control channel ----------------------------------------------------------------------
     async def on_connect(self, rpc: RpcClient, timeout: float) -> None:

@@ -128,6 +128,10 @@ class Session:
             :class:`~ble_protocol.shaped.Channel` (an in-process handheld behind a link with that
             bandwidth and latency), a :class:`Link`, or an async factory returning one.
         handheld: address for ``transport="socket"``.
+        hci, ble_options: for ``transport="ble"``, the bumble HCI transport of this wearable's
+            controller (``hci-socket:0`` on a Pi, ``usb:0``, or ``tcp-client:HOST:PORT`` of
+            ``coinf radio``) and options of :func:`wearable.gatt_server.accept_link` (``name``,
+            ``keystore``...). The wearable advertises and waits for the handheld to connect.
         slowdown, threads: wearable emulation (see :class:`DeviceEmulation`).
         handheld_slowdown, handheld_threads: emulation of the in-process handheld.
         timeout: seconds to wait for one offloaded inference before failing it.
@@ -171,6 +175,8 @@ class Session:
         wearable_profile: DeviceProfile | str | Path | None = None,
         handheld_profile: DeviceProfile | str | Path | None = None,
         packings: Sequence[str] = ("raw",),
+        hci: str | None = None,
+        ble_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self.emulation = DeviceEmulation(slowdown, threads)
@@ -194,11 +200,18 @@ class Session:
         self._handheld_addr = handheld
         if transport == "socket" and not handheld:
             raise ValueError("transport='socket' needs handheld='unix:/path' or 'tcp:HOST:PORT'")
-        if isinstance(transport, str) and transport not in ("inprocess", "socket"):
+        if transport == "ble" and not hci:
+            raise ValueError("transport='ble' needs hci='hci-socket:0', 'usb:0' or "
+                             "'tcp-client:HOST:PORT' (coinf radio)")
+        if isinstance(transport, str) and transport not in ("inprocess", "socket", "ble"):
             raise ValueError(
-                f"unknown transport {transport!r}: expected 'inprocess', 'socket', a Link "
-                "or an async link factory"
+                f"unknown transport {transport!r}: expected 'inprocess', 'socket', 'ble', a "
+                "Channel, a Link or an async link factory"
             )
+        self._hci = hci
+        self._ble_options = dict(ble_options or {})
+        self._connected_once = False
+        self._rtt_ms = 0.0
         self.fallback = fallback
         self.max_backoff_s = max_backoff_s
         self._backoff_s = 0.0
@@ -362,6 +375,11 @@ class Session:
         return self.handheld_info
 
     def close(self) -> None:
+        if self._loop is not None and self._transport == "ble":
+            from wearable.gatt_server import close_servers
+
+            with contextlib.suppress(Exception):
+                self._loop.run(close_servers(), timeout=10)
         if self._loop is not None:
             if self._rpc is not None:
                 rpc_client = self._rpc
@@ -534,9 +552,15 @@ class Session:
         reply = await self._rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
         tail_us, _ = decode_result(reply.payload)
         stats.tail_ms = tail_us / 1e3
-        stats.transfer_ms = (marks["sent"] - t0) * 1e3
-        stats.return_ms = max((marks["replied"] - marks["sent"]) * 1e3 - stats.tail_ms, 0.0)
         stats.bytes_down = len(reply.payload)
+        # A link may take a message before it is on the air (BLE queues a window of chunks),
+        # so "send returned" is not "delivered". What is exact: round trip minus tail compute.
+        # Split that network time: half the idle round trip each way, the rest by bytes.
+        net = max((marks["replied"] - t0) * 1e3 - stats.tail_ms, 0.0)
+        rtt = min(self._rtt_ms, net)
+        share = stats.bytes_up / max(stats.bytes_up + stats.bytes_down, 1)
+        stats.transfer_ms = rtt / 2 + (net - rtt) * share
+        stats.return_ms = rtt / 2 + (net - rtt) * (1 - share)
         return reply.payload
 
     def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
@@ -556,12 +580,19 @@ class Session:
             "capabilities": ["raw", "packed"],
         }
         try:
+            t0 = time.perf_counter()
             reply = await client.request(MsgType.HELLO, encode_json(hello), self.timeout)
+            self._rtt_ms = (time.perf_counter() - t0) * 1e3
+            for _ in range(2):  # the idle round trip: the smallest of a few tiny echoes
+                t0 = time.perf_counter()
+                await client.request(MsgType.PROBE, b"", self.timeout)
+                self._rtt_ms = min(self._rtt_ms, (time.perf_counter() - t0) * 1e3)
         except BaseException:
             await client.close()
             raise
         self.handheld_info = decode_json(reply.payload)
         self._rpc = client
+        self._connected_once = True
         if self.autoplan is not None:
             try:
                 await self.autoplan.on_connect(client, self.timeout)
@@ -574,9 +605,21 @@ class Session:
             return transport
         if callable(transport) and not isinstance(transport, Channel):
             return await transport()
+        # after the first connection a lost handheld is waited for briefly, then we go local
+        wait = self.timeout if not self._connected_once else min(self.timeout, 3.0)
         if transport == "socket":
             assert self._handheld_addr is not None
-            return await connect_socket(self._handheld_addr, timeout=self.timeout)
+            return await connect_socket(self._handheld_addr, timeout=wait)
+        if transport == "ble":
+            from wearable.gatt_server import accept_link
+
+            assert self._hci is not None
+            try:
+                return await accept_link(self._hci, bundle_identity=self.bundle.identity,
+                                         timeout=wait, **self._ble_options)
+            except TimeoutError:
+                raise ProtocolError(ErrorCode.DISCONNECTED,
+                                    f"no handheld connected within {wait:.0f} s") from None
         # in-process handheld on this loop; tails run on the loop's default executor
         from handheld.daemon import HandheldDaemon
 

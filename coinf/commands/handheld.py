@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from ble_protocol.loopback import parse_address, serve_socket
 from convert.bundle import Bundle
@@ -16,6 +17,12 @@ from convert.bundle import Bundle
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory (from `coinf split`)")
+    parser.add_argument("--transport", default="socket", choices=["socket", "ble"],
+                        help="socket: listen for wearables; ble: connect to the wearable over BLE")
+    parser.add_argument("--wearable", default="coinf-wearable",
+                        help="--transport ble: name or address of the wearable")
+    parser.add_argument("--hci", help="--transport ble: use a bumble host on this HCI transport "
+                        "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
     parser.add_argument(
         "--listen",
         default="tcp:127.0.0.1:7878",
@@ -51,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     profile = load_or_default("handheld", args.profile)
     daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile)
 
+    if args.transport == "ble":
+        return run_ble(args, bundle, daemon)
+
     async def main() -> None:
         if kind == "unix":
             with contextlib.suppress(FileNotFoundError):
@@ -71,6 +81,44 @@ def run(args: argparse.Namespace) -> int:
         )
         async with server:
             await stop.wait()
+
+    asyncio.run(main())
+    return 0
+
+
+def run_ble(args: argparse.Namespace, bundle: Bundle, daemon: Any) -> int:
+    """Connect to the wearable (GATT central via bleak), serve, reconnect with backoff."""
+    from handheld.ble_central import serve_with_reconnect
+
+    opts: dict[str, Any] = {}
+    if args.hci:
+        from ble_protocol.bleak_bumble import BumbleBleakClient
+
+        opts.update(backend=BumbleBleakClient, hci=args.hci)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        print(
+            f"coinf handheld: serving {len(bundle.candidates)} candidates of "
+            f"{bundle.model_file} ({bundle.identity}) to BLE wearable {args.wearable!r}",
+            flush=True,
+        )
+        task = asyncio.ensure_future(serve_with_reconnect(
+            args.wearable, daemon.handle, bundle_identity=bundle.identity, stop=stop, **opts))
+        waiter = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (task, waiter):
+            t.cancel()
+        if task in done and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        if args.hci:
+            from ble_protocol.bleak_bumble import close_devices
+
+            await close_devices()
 
     asyncio.run(main())
     return 0

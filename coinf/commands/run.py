@@ -19,8 +19,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--split", help="candidate id, handheld-only or wearable-only")
     which.add_argument("--all", action="store_true", help="run every candidate (or --max of them)")
     parser.add_argument("--max", type=int, default=0, help="with --all: at most N, evenly spread")
-    parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket"])
+    parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket", "ble"])
     parser.add_argument("--handheld", help="daemon address for --transport socket")
+    parser.add_argument("--hci", help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
+                        "tcp-client:HOST:PORT (coinf radio)")
+    parser.add_argument("--packing", default="raw", help="raw, f32, f16 or q1..q16")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
     parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
@@ -51,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         raise CoinfError("--repeat must be >= 1")
     if args.transport == "socket" and not args.handheld:
         raise CoinfError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
+    if args.transport == "ble" and not args.hci:
+        raise CoinfError("--transport ble needs --hci hci-socket:0, usb:0 or tcp-client:HOST:PORT")
     bundle = Bundle.load(args.bundle)
     feeds = bundle_feeds(bundle, args.seed)
     feeds.update(load_feeds(args.input, bundle.inputs))
@@ -68,12 +73,18 @@ def run(args: argparse.Namespace) -> int:
             split=ids[0] or None,
             transport=args.transport,
             handheld=args.handheld,
+            hci=args.hci,
             slowdown=args.slowdown,
             threads=args.threads,
+            packing=args.packing,
+            timeout=120.0,
+            fallback=False,
         )
     except ValueError as exc:
         raise CoinfError(str(exc)) from None
     with session:
+        if any(c and not bundle.candidate(c).is_wearable_only for c in ids):
+            session.connect()  # connection set-up is not an inference: keep it out of timings
         for cid in ids:
             if cid:
                 session.set_split(cid)

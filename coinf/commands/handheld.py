@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s handheld %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # bumble logs tracebacks for expected teardown (peer gone, radio off)
+        logging.getLogger("bumble").setLevel(logging.CRITICAL)
     try:
         kind, target = parse_address(args.listen)
         emulation = DeviceEmulation(args.slowdown, args.threads)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 from typing import Any
@@ -29,6 +30,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower wearable")
     parser.add_argument("--threads", type=int, default=0, help="wearable onnxruntime threads")
+    parser.add_argument("--stream", type=int, default=0, metavar="N",
+                        help="also stream N frames, sequential then pipelined, and report fps "
+                        "(with --all: at the most balanced offloading cut measured)")
+    parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     parser.set_defaults(func=run)
 
@@ -52,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise CoinfError("--repeat must be >= 1")
+    logging.getLogger("bumble").setLevel(logging.CRITICAL)  # teardown noise, see handheld
     if args.transport == "socket" and not args.handheld:
         raise CoinfError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
     if args.transport == "ble" and not args.hci:
@@ -74,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             transport=args.transport,
             handheld=args.handheld,
             hci=args.hci,
+            ble_options={"keystore": args.keystore} if args.keystore else None,
             slowdown=args.slowdown,
             threads=args.threads,
             packing=args.packing,
@@ -121,11 +128,19 @@ def run(args: argparse.Namespace) -> int:
                 "max_abs_err": err,
                 "match": bool(match),
             })
+        stream = None
+        if args.stream > 1:
+            if args.all:
+                session.set_split(balanced(rows))
+            stream = measure_stream(session, bundle, args.stream)
     if args.json:
-        json.dump({"bundle": str(args.bundle), "rows": rows}, sys.stdout, indent=1)
+        json.dump({"bundle": str(args.bundle), "rows": rows, "stream": stream}, sys.stdout,
+                  indent=1)
         print()
     else:
         print(format_table(rows))
+        if stream:
+            print(format_stream(stream))
     return 0 if all(r["match"] for r in rows) else 1
 
 
@@ -142,3 +157,36 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{'yes' if r['match'] else 'NO'}"
         )
     return "\n".join(lines)
+
+
+def balanced(rows: list[dict[str, Any]]) -> str:
+    """The offloading cut whose slowest pipeline stage (head, pack, link, tail) is fastest."""
+    pool = [r for r in rows if r["bytes"] > 0 and r["label"] != "handheld-only"]
+    pool = pool or [r for r in rows if r["bytes"] > 0] or rows
+
+    def period(r: dict[str, Any]) -> float:
+        return max(r["head_ms"], r["pack_ms"], r["transfer_ms"] + r["return_ms"], r["tail_ms"])
+
+    return str(min(pool, key=period)["candidate"])
+
+
+def measure_stream(session: Any, bundle: Any, frames: int) -> dict[str, Any]:
+    """Frames/s of ``frames`` inputs run one at a time, then pipelined, on the current split."""
+    import time
+
+    from coinf.sample import bundle_feeds
+
+    data = [bundle_feeds(bundle, seed) for seed in range(frames)]
+    out: dict[str, Any] = {"frames": frames, "cut": session.split.id}
+    for name, pipelined in (("sequential_fps", False), ("pipelined_fps", True)):
+        t0 = time.perf_counter()
+        for result in session.stream(data, pipelined=pipelined):
+            result.value()
+        out[name] = round(frames / (time.perf_counter() - t0), 3)
+    out["speedup"] = round(out["pipelined_fps"] / out["sequential_fps"], 3)
+    return out
+
+
+def format_stream(s: dict[str, Any]) -> str:
+    return (f"streaming {s['frames']} frames at {s['cut']}: {s['sequential_fps']:.2f} frames/s one "
+            f"at a time, {s['pipelined_fps']:.2f} frames/s pipelined ({s['speedup']:.2f}x)")

@@ -14,7 +14,7 @@ def test_bench_plan_measures_every_candidate(tmp_path: Path) -> None:
     # 5 MB/s: moving the 3 kB input is cheaper than... whatever the planner says, the report
     # must hold every candidate, both baselines and a ratio >= 1 against the measured best
     r = plan_one(bundle.root, bandwidth_kbps=5000, slowdown=1.0, threads=1, runs=1,
-                 preset="latency", repeats=2)
+                 objective="latency", repeats=2)
     ids = [c["id"] for c in r["candidates"]]
     assert ids == [c.id for c in bundle.candidates]
     assert r["chosen"] in ids and r["best"] in ids

@@ -23,20 +23,19 @@ from typing import Any
 from coinf.bench import emit, progress
 from coinf.errors import CoinfError
 
-LATENCY_S = 0.0075  # the shaped channel's one-way latency
-
 
 def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threads: int,
-             runs: int, stop_above_ms: float | None) -> tuple[float, bool, dict[str, float]]:
+             runs: int, stop_above_ms: float | None,
+             latency_s: float) -> tuple[float, bool, dict[str, float]]:
     """Median end-to-end ms of ``runs`` runs (after one warm-up), whether it stopped early (the
     first timed run exceeded ``stop_above_ms``), and the median of each RunStats time."""
     from ble_protocol.shaped import Channel
-    from coinf.sample import random_feeds
+    from coinf.sample import bundle_feeds
     from wearable.session import Session
 
-    feeds = random_feeds(bundle.inputs)
+    feeds = bundle_feeds(bundle)
     stats = []
-    with Session(bundle, split=cid, transport=Channel(bandwidth_bps, LATENCY_S),
+    with Session(bundle, split=cid, transport=Channel(bandwidth_bps, latency_s),
                  slowdown=slowdown, threads=threads, handheld_threads=threads) as sess:
         sess.run(None, feeds)  # warm-up: connect, load the slices
         for _ in range(runs):
@@ -51,12 +50,15 @@ def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threa
     return (stats[0].total_ms if stopped else med["total_ms"]), stopped, med
 
 
-def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, threads: int,
-             runs: int, preset: str, repeats: int,
-             predictor_profile: str | None = None) -> dict[str, Any]:
-    """One configuration. With ``predictor_profile`` the planner never sees this model's
-    timings: compute times come from that profile's layer predictors."""
+def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: float, threads: int,
+             runs: int, objective: str, repeats: int,
+             predictor_profile: str | None = None, preset: str = "pi-zero-2w") -> dict[str, Any]:
+    """One configuration. The link is a shaped channel at the radio ``preset``'s ATT capacity
+    (or ``bandwidth_kbps``) with half its connection interval of latency each way. With
+    ``predictor_profile`` the planner never sees this model's timings: compute times come from
+    that profile's layer predictors."""
     from ble_protocol.shaped import Channel
+    from coinf.bench.stream import channel_for
     from convert.bundle import Bundle
     from wearable.planner.adapt import LinkEstimate
     from wearable.planner.planner import Planner
@@ -64,7 +66,8 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
     from wearable.profile import DeviceProfile, profile_bundle
 
     bundle = Bundle.load(bundle_dir)
-    bps = bandwidth_kbps * 1000.0
+    channel, bps = channel_for(preset, bandwidth_kbps)
+    latency_s = channel.latency_s
     wear = DeviceProfile.pi_zero_2w()
     wear.threads, wear.slowdown = threads, slowdown
     hand = DeviceProfile.laptop()
@@ -79,27 +82,28 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
         mp = profile_bundle(bundle, threads, warmup=2, repeats=repeats)
         wear.models[bundle.identity] = mp
         hand.models[bundle.identity] = mp
-    planner = Planner(bundle, wear, hand, Policy(objective=preset, battery_aware=False,
+    planner = Planner(bundle, wear, hand, Policy(objective=objective, battery_aware=False,
                                                  charging_rule=False))
-    overhead = Channel(bps, LATENCY_S).overhead_bytes
-    budget = 0 if preset == "auto" else None
+    overhead = Channel(bps, latency_s).overhead_bytes
+    budget = 0 if objective == "auto" else None
     first, last = bundle.candidates[0].id, bundle.candidates[-1].id
     # What a Session knows after its first inferences: run both baselines, then calibrate
     # DynO's load factors (measured / predicted compute) and the link's fixed per-exchange
     # cost (measured network time minus airtime) -- the planner's run-time inputs.
-    nominal = planner.costs(LinkEstimate(bps, bps, 2000.0 * LATENCY_S, "nominal",
+    nominal = planner.costs(LinkEstimate(bps, bps, 2000.0 * latency_s, "nominal",
                                          overhead_bytes=overhead))
     base = {r.id: r for r in nominal}
     measured: dict[str, float] = {}
     stopped: dict[str, str] = {}
     meds: dict[str, dict[str, float]] = {}
     for cid in (first, last):
-        measured[cid], _, meds[cid] = _measure(bundle, cid, bps, slowdown, threads, runs, None)
+        measured[cid], _, meds[cid] = _measure(bundle, cid, bps, slowdown, threads, runs, None,
+                                                latency_s)
         stopped[cid] = ""
     load = meds[last]["head_ms"] / base[last].head_ms if base[last].head_ms > 0 else 1.0
     hload = meds[first]["tail_ms"] / base[first].tail_ms if base[first].tail_ms > 0 else 1.0
     air = 1000.0 * (base[first].crossing_bytes + overhead) / bps + \
-        (base[first].return_ms - 1000.0 * LATENCY_S)
+        (base[first].return_ms - 1000.0 * latency_s)
     rtt = max(0.0, meds[first]["transfer_ms"] + meds[first]["return_ms"] - air)
     link = LinkEstimate(bps, bps, rtt, "calibrated", overhead_bytes=overhead)
     load = min(max(load, 0.01), 999.0)
@@ -120,14 +124,16 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
             measured[cid], stopped[cid] = airtime[cid], "upload airtime > best"
         else:
             limit = None if cid in full or best is None else best
-            ms, stop, _ = _measure(bundle, cid, bps, slowdown, threads, runs, limit)
+            ms, stop, _ = _measure(bundle, cid, bps, slowdown, threads, runs, limit,
+                                        latency_s)
             measured[cid], stopped[cid] = ms, ("first run > best" if stop else "")
         progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {measured[cid]:.1f} ms"
                  + (f" (stopped: {stopped[cid]})" if stopped[cid] else ""))
     best_id = min(measured, key=lambda c: measured[c])
     chosen = decision.winner
     return {
-        "model": bundle.root.name, "preset": preset, "slowdown": slowdown,
+        "model": bundle.root.name, "preset": preset, "objective": objective,
+        "slowdown": slowdown,
         "times_from": "predictor" if predictor_profile else "measured slices",
         "bandwidth_bps": bps,
         "calibration": {"wearable_load_factor": load, "handheld_load_factor": hload,
@@ -144,37 +150,41 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float, slowdown: float, thr
 def _check(args: argparse.Namespace) -> None:
     if args.runs < 1 or args.threads < 1 or args.repeats < 1:
         raise CoinfError("--runs, --threads and --repeats must be >= 1")
-    if args.preset not in ("latency", "auto", "throughput"):
-        raise CoinfError("--preset must be latency (the oracle measures latency), auto or "
+    if args.objective not in ("latency", "auto", "throughput"):
+        raise CoinfError("--objective must be latency (the oracle measures latency), auto or "
                          "throughput")
 
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    if args.wearable_slowdown < 1 or args.bandwidth_kbps <= 0:
+    if args.wearable_slowdown < 1 or (args.bandwidth_kbps is not None
+                                      and args.bandwidth_kbps <= 0):
         raise CoinfError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
     emit(plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
-                  args.runs, args.preset, args.repeats, args.predicted))
+                  args.runs, args.objective, args.repeats, args.predicted, args.preset))
     return 0
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     _check(args)
-    root = Path(args.bundles)
-    bundles = sorted(p for p in root.iterdir() if (p / "manifest.json").is_file()) \
-        if root.is_dir() else []
-    if not bundles:
-        raise CoinfError(f"{root} holds no bundles (directories with manifest.json)")
+    if args.bundles:
+        root = Path(args.bundles)
+        bundles = sorted(p for p in root.iterdir() if (p / "manifest.json").is_file()) \
+            if root.is_dir() else []
+        if not bundles:
+            raise CoinfError(f"{root} holds no bundles (directories with manifest.json)")
+    else:
+        bundles = zoo_bundles(Path(args.cache), args.max_candidates)
     results = []
     for b in bundles:
         for kbps in args.bandwidths_kbps:
             for k in args.slowdowns:
-                results.append(plan_one(b, kbps, k, args.threads, args.runs, args.preset,
-                                        args.repeats, args.predicted))
+                results.append(plan_one(b, kbps, k, args.threads, args.runs, args.objective,
+                                        args.repeats, args.predicted, args.preset))
     ratios = [r["ratio"] for r in results]
     worse = sum(r["chosen_ms"] > 1.02 * min(r["wearable_only_ms"], r["handheld_only_ms"])
                 for r in results)
-    emit({"configs": len(results),
+    emit({"preset": args.preset, "configs": len(results),
           "within_2pct": sum(x <= 1.02 for x in ratios) / len(ratios),
           "mean_ratio": statistics.fmean(ratios), "worse_than_best_baseline": worse,
           "results": [{k: r[k] for k in ("model", "bandwidth_bps", "slowdown", "chosen", "best",
@@ -182,8 +192,37 @@ def run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def zoo_bundles(cache: Path, max_candidates: int) -> list[Path]:
+    """Bundles of every committed zoo model, split into ``cache`` unless already there."""
+    from convert.bundle import MANIFEST, Bundle, sha256_file
+    from convert.split import split_model
+    from models.zoo import ZOO, committed_path
+
+    out = []
+    for name in ZOO:
+        model, dest = committed_path(name), cache / name
+        fresh = False
+        if (dest / MANIFEST).is_file():
+            try:
+                b = Bundle.load(dest)
+                fresh = (b.meta.get("source", {}).get("sha256") == sha256_file(model)
+                         and len(b.candidates) <= max_candidates)
+            except CoinfError:
+                fresh = False
+        if not fresh:
+            progress(f"splitting {name} into {dest} (--max-candidates {max_candidates})")
+            split_model(model, dest, max_candidates=max_candidates)
+        out.append(dest)
+    return out
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="latency", help="planner objective (default latency)")
+    parser.add_argument("--preset", default="pi-zero-2w",
+                        help="radio preset whose capacity and interval shape the link "
+                        "(default %(default)s)")
+    parser.add_argument("--objective", default="latency",
+                        help="planner objective: latency (default; the oracle measures "
+                        "latency), auto or throughput")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per candidate (median)")
     parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per slice")
@@ -196,13 +235,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True)
     parser.add_argument("--wearable-slowdown", type=float, default=10.0)
-    parser.add_argument("--bandwidth-kbps", type=float, default=20.0)
+    parser.add_argument("--bandwidth-kbps", type=float, default=None,
+                        help="link bandwidth (default: the preset's ATT capacity)")
     _common(parser)
     parser.set_defaults(func=run)
 
 
 def register_sweep(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundles", required=True, help="directory of bundles (one per model)")
+    parser.add_argument("--bundles", help="directory of bundles (one per model; default: the "
+                        "zoo, split into --cache)")
+    parser.add_argument("--cache", default="out/bench/bundles", help="where zoo bundles go")
+    parser.add_argument("--max-candidates", type=int, default=12,
+                        help="candidates per zoo bundle (default %(default)s)")
     parser.add_argument("--bandwidths-kbps", type=float, nargs="+", default=[10.0, 20.0, 36.0])
     parser.add_argument("--slowdowns", type=float, nargs="+", default=[5.0, 20.0])
     _common(parser)

@@ -95,3 +95,51 @@ def test_realtime_source_keeps_everything_when_fast_enough():
     src = RealtimeSource(frames(10), rate_hz=100.0, limit=10)
     assert len(list(src)) == 10
     assert src.dropped == 0
+
+
+def test_astream_with_an_async_source(bundle):
+    import asyncio
+
+    data = frames(12, seed=4)
+
+    async def camera():
+        for f in data:
+            await asyncio.sleep(0)
+            yield f
+
+    async def main(sess):
+        ticks = 0
+
+        async def ticker():  # the caller's loop stays responsive while frames are computed
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        t = asyncio.create_task(ticker())
+        out = [r async for r in sess.astream(camera(), depth=3)]
+        t.cancel()
+        return out, ticks
+
+    with Session(bundle, split="c001", handheld_slowdown=100) as sess:
+        expected = [sess.run(None, f)[0] for f in data]
+        results, ticks = asyncio.run(main(sess))
+    assert [r.index for r in results] == list(range(12))
+    for r, e in zip(results, expected, strict=True):
+        np.testing.assert_array_equal(r.value()[0], e)
+    assert ticks > 1
+
+
+def test_astream_stops_early_without_hanging(bundle):
+    import asyncio
+
+    async def main(sess):
+        got = []
+        async for r in sess.astream(frames(100)):
+            got.append(r)
+            if len(got) == 3:
+                break
+        return got
+
+    with Session(bundle, split="c001") as sess:
+        assert len(asyncio.run(main(sess))) == 3

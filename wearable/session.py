@@ -11,9 +11,19 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -365,6 +375,67 @@ class Session:
         from wearable.stream import run_stream
 
         return run_stream(self, feeds, output_names, depth=depth if pipelined else 1)
+
+    async def astream(
+        self,
+        feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        *,
+        depth: int = 3,
+        pipelined: bool = True,
+    ) -> AsyncIterator[FrameResult]:
+        """The asyncio variant of :meth:`stream`: ``async for r in sess.astream(frames)``.
+
+        ``feeds`` may be an async iterable (e.g. a camera coroutine); it is pulled only when
+        the pipeline has room, and results are delivered in order without blocking the caller's
+        event loop.
+        """
+        loop = asyncio.get_running_loop()
+        results: asyncio.Queue[FrameResult | BaseException | None] = asyncio.Queue(depth)
+        done = threading.Event()
+
+        def pull() -> Iterator[Mapping[str, Any]]:
+            if not isinstance(feeds, AsyncIterable):
+                yield from feeds
+                return
+            agen = aiter(feeds)
+
+            async def next_feed() -> Mapping[str, Any]:
+                return await anext(agen)
+
+            while not done.is_set():
+                try:
+                    yield asyncio.run_coroutine_threadsafe(next_feed(), loop).result()
+                except StopAsyncIteration:
+                    return
+
+        def worker() -> None:
+            try:
+                for r in self.stream(pull(), output_names, depth=depth, pipelined=pipelined):
+                    if done.is_set():
+                        break
+                    asyncio.run_coroutine_threadsafe(results.put(r), loop).result()
+                item: BaseException | None = None
+            except BaseException as exc:  # delivered to the caller below
+                item = exc
+            if not done.is_set():
+                asyncio.run_coroutine_threadsafe(results.put(item), loop).result()
+
+        thread = threading.Thread(target=worker, name="coinf-astream", daemon=True)
+        thread.start()
+        try:
+            while True:
+                got = await results.get()
+                if got is None:
+                    return
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
+        finally:
+            done.set()
+            while not results.empty():  # unblock a worker waiting to put
+                results.get_nowait()
+            await asyncio.to_thread(thread.join, 30)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def connect(self) -> dict[str, Any]:

@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(BIN)/coinf demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy coinf wearable handheld convert ble_protocol models
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -266,14 +266,44 @@ def test_packings_are_configurations_dyno_picks_within_accuracy(tmp_path: Path) 
                   for c in b.candidates)
     b.candidates = cands
     w, h = profiles(b)
-    planner = Planner(b, w, h, Policy(objective="latency"), packings=("raw", "q8", "q4", "f16"))
+    packings = ("raw", "q8", "q4", "f16")
+    loose = Planner(b, w, h, Policy(objective="latency", accuracy_tolerance_pp=5.0),
+                    packings=packings)
     link = LinkEstimate(200_000, 200_000, 0)
-    rows = {r.id: r for r in planner.costs(link)}
+    rows = {r.id: r for r in loose.costs(link)}
     assert set(rows) == {"c000", "c000~q4", "c000~q8", "c001", "c001~q8", "c002", "c003"}
     assert rows["c000~q4"].accuracy_drop_pp == 3.0
     assert rows["c000~q4"].crossing_bytes == rows["c000"].crossing_bytes - 12288 + 1600
-    # fastest overall is the 4-bit upload; with accuracy_drop <= 1 pp it must be 8-bit
-    assert planner.decide(link).winner == "c000~q4"
-    d = dyno(planner.costs(link), [parse_constraint("accuracy_drop<=1")], [])
+    # packing costs wearable time: the packed rows' heads are longer than the raw one's
+    assert rows["c000~q4"].head_ms > rows["c000"].head_ms
+    # with a 5 pp tolerance the fastest is the 4-bit upload
+    assert loose.decide(link).winner == "c000~q4"
+    # the default tolerance (1 pp) never offers the 3 pp packing: 8-bit it is
+    strict = Planner(b, w, h, Policy(objective="latency"), packings=packings)
+    assert "c000~q4" not in {r.id for r in strict.costs(link)}
+    assert strict.decide(link).winner == "c000~q8"
+    d = dyno(loose.costs(link), [parse_constraint("accuracy_drop<=1")], [])
     assert split_config(d.winner) == ("c000", "q8")
+
+
+def test_joint_choice_packs_harder_when_bandwidth_drops(tmp_path: Path) -> None:
+    """Fast link: raw (packing time is not worth it); slow link: the smallest packing within
+    the tolerance."""
+    from dataclasses import replace
+
+    from wearable.planner.planner import split_config
+
+    b = make_bundle(tmp_path / "b", hw=32)
+    cal = {"c000": [{"spec": "q8", "mean_bytes": 3100.0, "accuracy_drop_pp": 0.4},
+                    {"spec": "q4", "mean_bytes": 1600.0, "accuracy_drop_pp": 0.9},
+                    {"spec": "q2", "mean_bytes": 800.0, "accuracy_drop_pp": 4.0}]}
+    b.candidates = tuple(replace(c, extra={**c.extra, "packing": cal.get(c.id, [])})
+                         for c in b.candidates)
+    w, h = profiles(b)
+    planner = Planner(b, w, h, Policy(objective="latency"), packings=("raw", "q8", "q4", "q2"),
+                      pack_mb_s=1.0)
+    fast = planner.decide(LinkEstimate(1e9, 1e9, 0))
+    slow = planner.decide(LinkEstimate(100_000, 100_000, 0))
+    assert split_config(fast.winner)[1] == "raw"
+    assert split_config(slow.winner) == ("c000", "q4")  # q2 is faster but costs 4 pp
     assert split_config("c003") == ("c003", "raw")

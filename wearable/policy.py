@@ -52,6 +52,8 @@ class Policy:
     targets: tuple[str, ...] = ("latency",)
     replan_threshold: float = 0.05
     probe_interval_s: float = 300.0
+    #: lossy packings whose calibrated accuracy drop exceeds this are never chosen (DynO)
+    accuracy_tolerance_pp: float = 1.0
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +69,9 @@ class Policy:
             raise PolicyError(f"policy latency_budget_ms must be >= 0 or null, got {b!r}")
         if not 0 < self.replan_threshold < 10:
             raise PolicyError("policy replan_threshold must be in (0, 10), e.g. 0.05 for 5%")
+        t = self.accuracy_tolerance_pp
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 100:
+            raise PolicyError(f"policy accuracy_tolerance_pp must be in [0, 100], got {t!r}")
         if not 1 <= self.probe_interval_s <= 86400:
             raise PolicyError("policy probe_interval_s must be in [1, 86400] seconds")
         try:

@@ -69,14 +69,21 @@ class Planner:
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
                  predictor_style: str = "coinf",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
-                 packings: Sequence[str] = ("raw",)) -> None:
+                 packings: Sequence[str] = ("raw",), pack_mb_s: float = 50.0) -> None:
         """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels raw; by
         default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`.
 
         ``packings`` (e.g. ``("raw", "f16", "q8", "q4")``) makes each (candidate, packing) a
         configuration, DynO-style: a row ``c003~q4`` uses the calibrated mean packed size and
         accuracy drop from the bundle (``coinf calibrate``); packings a candidate was not
-        calibrated for are skipped. Use :func:`split_config` on the winner."""
+        calibrated for are skipped, and so are those whose calibrated accuracy drop exceeds the
+        policy's ``accuracy_tolerance_pp`` (default 1 pp). Packing costs wearable time:
+        ``crossing bytes / pack_mb_s`` (default 50 MB/s, an estimate for a Pi Zero 2 W core;
+        ``coinf bench pack`` measures it), added to the head. Use :func:`split_config` on the
+        winner."""
+        if not pack_mb_s > 0:
+            raise ValueError(f"pack_mb_s must be > 0, got {pack_mb_s}")
+        self.pack_mb_s = pack_mb_s
         self.bundle = bundle
         self.wire_bytes = wire_bytes or (lambda c: protocol_wire_bytes(c, bundle.outputs))
         self.wearable = wearable_profile or DeviceProfile.default("wearable")
@@ -136,8 +143,11 @@ class Planner:
         pw, ph = self.wearable.power, self.handheld.power
         rows = []
         for c, (h, t, _, _) in zip(self.bundle.candidates, self.base_times(), strict=True):
-            head, tail = h * sw, t * sh
+            tail = t * sh
             for spec, nbytes, out_bytes, acc in self._configs(c):
+                head = h * sw
+                if spec != "raw":  # quantize + shuffle + LZ4 on the wearable
+                    head += c.crossing_bytes / (self.pack_mb_s * 1e3) * sw * self.wearable.slowdown
                 xfer = ret = 0.0
                 if not c.is_wearable_only:
                     xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
@@ -172,6 +182,8 @@ class Planner:
                     drop = accuracy_drop(c, spec)
                 except (ImportError, CoinfError, KeyError, ValueError):
                     continue  # not calibrated for this packing: not a configuration
+                if drop > self.policy.accuracy_tolerance_pp:
+                    continue  # beyond the user's accuracy tolerance: never a choice
                 out.append((spec, round(packed) + header, res, drop))
         self._wire_cfg[c.id] = out
         return out

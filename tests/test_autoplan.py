@@ -94,3 +94,25 @@ def test_results_equal_the_whole_model_whatever_the_planner_picks(lenet):
             x = bundle_feeds(lenet, seed)
             np.testing.assert_allclose(sess.run(None, x)[0], ref.run(None, x)[0],
                                        rtol=1e-4, atol=1e-5)
+
+
+def test_session_packs_on_a_slow_link_within_tolerance(lenet, tmp_path):
+    import shutil
+
+    from coinf.cli import main
+
+    cal = tmp_path / "lenet_cal"
+    shutil.copytree(lenet.root, cal)
+    assert main(["calibrate", str(cal), "--data", "digits", "--bits", "2,4,8"]) == 0
+    x = bundle_feeds(lenet)
+    with session(cal, 20_000, packings=("raw", "q2", "q4", "q8")) as sess:
+        for _ in range(3):
+            sess.run(None, x)
+        stats = sess.last_run
+        decision = sess.plan()
+    assert stats is not None and not stats.local
+    assert stats.packing in ("q2", "q4", "q8")  # 20 kB/s: packing pays
+    cand = sess.bundle.candidate(stats.candidate)
+    row = next(r for r in cand.extra["packing"] if r["spec"] == stats.packing)
+    assert row["accuracy_drop_pp"] <= 1.0
+    assert "~" in decision.winner  # plan() shows the packing choice

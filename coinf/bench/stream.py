@@ -32,7 +32,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 def channel_for(preset: str, bandwidth_kbps: float | None) -> tuple[Any, float]:
     """A shaped channel at the preset's theoretical ATT capacity (or the given bandwidth)."""
     from ble_protocol.radio.params import preset as radio_preset
-
     from ble_protocol.shaped import Channel
 
     params = radio_preset(preset)
@@ -41,14 +40,24 @@ def channel_for(preset: str, bandwidth_kbps: float | None) -> tuple[Any, float]:
     return Channel(bps, latency_s=params.interval_s / 2, overhead_bytes=16), bps
 
 
-def throughput_choice(bundle: Any, slowdown: float, bps: float) -> str:
-    """The planner's throughput objective (max of stages), when the planner is available."""
-    try:
-        from wearable.planner.api import choose_for_stream
-    except ImportError:
-        inner = bundle.candidates[1:-1] or bundle.candidates
-        return str(min(inner, key=lambda c: c.crossing_bytes).id)
-    return str(choose_for_stream(bundle, slowdown=slowdown, bandwidth_bps=bps))
+def throughput_choice(bundle: Any, slowdown: float, bps: float, latency_s: float,
+                      threads: int) -> str:
+    """The planner's throughput objective (period = slowest of head, link, tail), from this
+    machine's measured slice times (the wearable's x ``slowdown``) and the channel."""
+    from wearable.planner.adapt import LinkEstimate
+    from wearable.planner.planner import Planner
+    from wearable.policy import Policy
+    from wearable.profile import DeviceProfile, profile_bundle
+
+    progress(f"{bundle.root.name}: profiling slices for the throughput objective ...")
+    measured = profile_bundle(bundle, threads, warmup=1, repeats=3)
+    wear, hand = DeviceProfile.pi_zero_2w(), DeviceProfile.laptop()
+    wear.slowdown = slowdown
+    wear.models[bundle.identity] = hand.models[bundle.identity] = measured
+    planner = Planner(bundle, wear, hand, Policy(objective="throughput", battery_aware=False,
+                                                 charging_rule=False))
+    link = LinkEstimate(bps, bps, 2000.0 * latency_s, "preset")
+    return str(planner.decide(link, objective="throughput").winner)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise CoinfError("need --frames >= 2, --repeats >= 1 and --depth >= 2")
     bundle = Bundle.load(args.bundle)
     channel, bps = channel_for(args.preset, args.bandwidth_kbps)
-    split = args.split or throughput_choice(bundle, args.slowdown, bps)
+    split = args.split or throughput_choice(bundle, args.slowdown, bps, channel.latency_s,
+                                            args.threads)
     frames = [bundle_feeds(bundle, seed) for seed in range(args.frames)]
     seq_fps: list[float] = []
     pipe_fps: list[float] = []

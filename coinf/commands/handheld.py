@@ -71,21 +71,24 @@ def run(args: argparse.Namespace) -> int:
             server = await serve_socket(args.listen, daemon.serve)
         except OSError as exc:
             raise CoinfError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        print(
-            f"coinf handheld: serving {len(bundle.candidates)} candidates of "
-            f"{bundle.model_file} ({bundle.identity}) on {args.listen}",
-            flush=True,
-        )
+        stop = ready(bundle, f"on {args.listen}")
         async with server:
             await stop.wait()
 
     asyncio.run(main())
     return 0
+
+
+def ready(bundle: Bundle, where: str) -> asyncio.Event:
+    """Stop on SIGINT/SIGTERM; print the ready line (the demo and tests wait for it)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    print(f"coinf handheld: serving {len(bundle.candidates)} candidates of {bundle.model_file} "
+          f"({bundle.identity}) {where}", flush=True)
+    return stop
 
 
 def run_ble(args: argparse.Namespace, bundle: Bundle, daemon: Any) -> int:
@@ -99,16 +102,7 @@ def run_ble(args: argparse.Namespace, bundle: Bundle, daemon: Any) -> int:
         opts.update(backend=BumbleBleakClient, hci=args.hci)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        print(
-            f"coinf handheld: serving {len(bundle.candidates)} candidates of "
-            f"{bundle.model_file} ({bundle.identity}) to BLE wearable {args.wearable!r}",
-            flush=True,
-        )
+        stop = ready(bundle, f"to BLE wearable {args.wearable!r}")
         task = asyncio.ensure_future(serve_with_reconnect(
             args.wearable, daemon.handle, bundle_identity=bundle.identity, stop=stop, **opts))
         waiter = asyncio.ensure_future(stop.wait())

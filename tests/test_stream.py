@@ -143,3 +143,22 @@ def test_astream_stops_early_without_hanging(bundle):
 
     with Session(bundle, split="c001") as sess:
         assert len(asyncio.run(main(sess))) == 3
+
+
+def test_bench_stream_reports_every_figure(bundle, capsys):
+    import json
+
+    from coinf.cli import main
+
+    rc = main(["bench", "stream", "--bundle", str(bundle.root), "--split", "c001",
+               "--bandwidth-kbps", "200", "--frames", "6", "--repeats", "1", "--rate", "500",
+               "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cut"] == "c001"
+    assert set(out["stage_ms"]) == {"head", "pack", "transfer", "tail", "return"}
+    assert out["bound_fps"] == pytest.approx(1000 / max(out["stage_ms"].values()), rel=1e-3)
+    assert out["efficiency"] == pytest.approx(out["throughput_fps"] / out["bound_fps"], rel=1e-3)
+    rt = out["realtime"]
+    assert rt["offered"] == 6 and rt["processed"] + rt["dropped"] == 6
+    assert rt["effective_accuracy"] <= rt["accuracy"] == 1.0

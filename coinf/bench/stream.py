@@ -25,6 +25,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="batches of each kind (median)")
     parser.add_argument("--depth", type=int, default=3, help="frames in flight when pipelined")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
+    parser.add_argument("--rate", type=float, default=0.0, metavar="HZ",
+                        help="also run a real-time source at HZ frames/s: frames the pipeline "
+                        "cannot take are dropped; reports effective accuracy")
+    parser.add_argument("--accuracy", type=float, default=None,
+                        help="model accuracy for effective accuracy (default: the zoo's "
+                        "recorded test accuracy, else 1)")
     parser.add_argument("--json", action="store_true", help="(always JSON)")
     parser.set_defaults(func=run)
 
@@ -58,6 +64,36 @@ def throughput_choice(bundle: Any, slowdown: float, bps: float, latency_s: float
                                                  charging_rule=False))
     link = LinkEstimate(bps, bps, 2000.0 * latency_s, "preset")
     return str(planner.decide(link, objective="throughput").winner)
+
+
+def recorded_accuracy(bundle: Any) -> float:
+    """The zoo's recorded test accuracy of the bundle's source model, else 1.0."""
+    import json
+    from pathlib import Path
+
+    name = Path(str(bundle.meta.get("source", {}).get("file", ""))).stem
+    try:
+        from models.zoo import metadata_path
+
+        return float(json.loads(metadata_path(name).read_text())["test_accuracy"])
+    except Exception:  # not a trained zoo model
+        return 1.0
+
+
+def realtime_run(sess: Any, frames: list[Any], rate_hz: float, depth: int,
+                 accuracy: float) -> dict[str, Any]:
+    """Frames arrive at ``rate_hz`` for as long as ``len(frames)`` of them take; the pipeline
+    takes what it can, the rest are dropped (never queued)."""
+    from wearable.stream import RealtimeSource, effective_accuracy
+
+    src = RealtimeSource(frames, rate_hz, limit=len(frames))
+    t0 = time.perf_counter()
+    done = sum(1 for r in sess.stream(src, depth=depth) if r.error is None)
+    elapsed = max(time.perf_counter() - t0, len(frames) / rate_hz)
+    fps = done / elapsed
+    return {"rate_hz": rate_hz, "offered": src.offered, "processed": done,
+            "dropped": src.dropped, "throughput_fps": round(fps, 3), "accuracy": accuracy,
+            "effective_accuracy": round(effective_accuracy(fps, accuracy, rate_hz), 4)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
                             stage_samples[s].append(getattr(r.stats, f"{s}_ms"))
                 (pipe_fps if pipelined else seq_fps).append(fps)
                 progress(f"  {'pipelined' if pipelined else 'sequential'}: {fps:.2f} frames/s")
+        realtime = (realtime_run(sess, frames, args.rate, args.depth,
+                                 args.accuracy if args.accuracy is not None
+                                 else recorded_accuracy(bundle))
+                    if args.rate > 0 else None)
     stage_ms = {s: round(median(v), 3) for s, v in stage_samples.items()}
     bound = 1000.0 / max(max(stage_ms.values()), 1e-9)
     throughput = median(pipe_fps)
@@ -115,5 +155,6 @@ def run(args: argparse.Namespace) -> int:
         "sequential_fps": round(sequential, 3),
         "speedup_vs_sequential": round(throughput / sequential, 4),
         "link": "shaped (preset capacity + half-interval latency)",
+        **({"realtime": realtime} if realtime else {}),
     })
     return 0

@@ -1,7 +1,7 @@
 """``coinf bench pack``: packing ratio vs accuracy per cut, codec speed, end-to-end gain.
 
-Without ``--bundle`` it measures a LeNet-5 trained here on sklearn digits
-(:mod:`coinf.bench.pack_reference`); with ``--bundle DIR --data digits|FILE.npz`` any bundle.
+Without ``--bundle`` it measures the zoo's trained ``lenet_digits`` (split here) on the digits
+validation split; with ``--bundle DIR --data digits|FILE.npz`` any bundle.
 The end-to-end figure is a model, not a radio measurement: head and pack times measured on this
 machine times ``--pi-slowdown`` (the Pi Zero 2 W is assumed that much slower), tail and unpack
 times as measured (the handheld), and transfer at the pi-zero-2w preset's ATT capacity from the
@@ -30,7 +30,7 @@ from coinf.errors import InputError
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
     parser.add_argument("--bundle", default=None,
-                        help="bundle to measure (default: train a reference LeNet on digits)")
+                        help="bundle to measure (default: the zoo's trained lenet_digits)")
     parser.add_argument("--data", default="digits",
                         help="with --bundle: 'digits' or an .npz (see coinf calibrate)")
     parser.add_argument("--limit", type=int, default=None, help="first N validation inputs")
@@ -110,14 +110,14 @@ def run(args: argparse.Namespace) -> int:
         data = cal.load_dataset(args.data, bundle, args.limit)
         model = bundle.root.resolve().name
     else:
-        from coinf.bench import pack_reference
+        from convert.split import split_model
+        from models.zoo import committed_path
 
-        tmp = tempfile.TemporaryDirectory(prefix="coinf-packref-")
-        progress("training the reference LeNet-5 on sklearn digits (no --bundle given)...")
-        bundle, x_val, y_val = pack_reference.build(Path(tmp.name) / "lenet_digits")
-        n = len(x_val) if args.limit is None else min(args.limit, len(x_val))
-        data = cal.Dataset("sklearn-digits-val", {bundle.inputs[0].name: x_val[:n]}, y_val[:n])
-        model = "lenet5-digits (reference, trained by the bench)"
+        tmp = tempfile.TemporaryDirectory(prefix="coinf-pack-")
+        progress("splitting the zoo's lenet_digits (no --bundle given) ...")
+        bundle = split_model(committed_path("lenet_digits"), Path(tmp.name) / "lenet_digits")
+        data = cal.load_dataset("digits", bundle, args.limit)
+        model = "lenet_digits"
     try:
         result = measure(bundle, data, model, args)
     finally:

@@ -29,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
             bench_parser.set_defaults(func=_missing(name, module))
             continue
         mod.register(bench_parser)
+        if not any("--json" in a.option_strings for a in bench_parser._actions):
+            bench_parser.add_argument("--json", action="store_true",
+                                      help="(output is always JSON; accepted everywhere)")
 
     def show_help(args: argparse.Namespace) -> int:
         parser.print_help()

@@ -93,7 +93,7 @@ def test_dense_bits_per_value() -> None:
         body = P.pack(x, P.PackSpec("q", bits))
         head = P.read_header(body)
         assert head.raw_size == bits * ((n + 7) // 8)
-        assert len(body) <= P.HEADER_SIZE + 4 + head.raw_size
+        assert len(body) == P.HEADER_SIZE + 2 + P.PARAMS.size + head.raw_size  # 1001: 2-B varint
 
 
 @FAST
@@ -161,7 +161,7 @@ def test_constant_tensors(value: float, dtype: str) -> None:
     x = np.full((4, 5), value, dtype=dtype)
     body = P.pack(x, "q2")
     assert P.read_header(body).codec == P.CONST
-    assert len(body) == P.HEADER_SIZE + 8
+    assert len(body) == P.HEADER_SIZE + 2 + P.VALUE.size
     y = P.unpack(body)
     assert y.dtype == x.dtype and np.array_equal(x, y)
 
@@ -244,38 +244,51 @@ QBODY = P.pack(relu_activation((1, 4, 10, 10)), "q4")
 ZBODY = P.pack(np.pad(relu_activation((1, 4, 10, 10)), ((0, 0), (0, 0), (0, 30), (0, 0))), "q4")
 assert P.read_header(ZBODY).flags & P.FLAG_LZ4
 LBODY = P.pack(relu_activation((1, 4, 10, 10)), "f32")
+NBODY = P.pack(np.random.default_rng(1).random(64).astype(np.float32), "q8")  # noise: no LZ4
+assert not P.read_header(NBODY).flags
+
+
+Q = P.HEADER_SIZE + 4  # QBODY's params: its 4 dims (1, 4, 10, 10) are one varint byte each
+assert P.read_header(QBODY).payload_offset == Q + P.PARAMS.size
 
 
 @pytest.mark.parametrize(
     "name, body, code",
     [
         ("empty", b"", ErrorCode.TRUNCATED),
-        ("short header", QBODY[:20], ErrorCode.TRUNCATED),
-        ("short dims", QBODY[: P.HEADER_SIZE + 5], ErrorCode.TRUNCATED),
-        ("short payload", QBODY[:-1], ErrorCode.TRUNCATED),
-        ("trailing byte", QBODY + b"\0", ErrorCode.MALFORMED),
-        ("magic", b"XPK1" + QBODY[4:], ErrorCode.MALFORMED),
-        ("codec", _with(QBODY, "<B", 4, 9), ErrorCode.MALFORMED),
-        ("flags", _with(QBODY, "<B", 5, 3), ErrorCode.MALFORMED),
-        ("bits 0", _with(QBODY, "<B", 6, 0), ErrorCode.MALFORMED),
-        ("bits 17", _with(QBODY, "<B", 6, 17), ErrorCode.MALFORMED),
-        ("bits vs size", _with(QBODY, "<B", 6, 5), ErrorCode.MALFORMED),
-        ("dtype", _with(QBODY, "<B", 7, 99), ErrorCode.MALFORMED),
-        ("quant int dtype", _with(QBODY, "<B", 7, 6), ErrorCode.MALFORMED),
-        ("ndim", _with(QBODY, "<B", 8, 9), ErrorCode.MALFORMED),
-        ("scale 0", _with(QBODY, "<d", 9, 0.0), ErrorCode.MALFORMED),
-        ("scale nan", _with(QBODY, "<d", 9, float("nan")), ErrorCode.MALFORMED),
-        ("offset inf", _with(QBODY, "<d", 17, float("inf")), ErrorCode.MALFORMED),
-        ("raw size", _with(QBODY, "<I", 25, 1 << 20), ErrorCode.MALFORMED),
-        ("packed size", _with(QBODY, "<I", 29, 3), ErrorCode.MALFORMED),
-        ("dim vs size", _with(QBODY, "<I", P.HEADER_SIZE + 4, 40), ErrorCode.MALFORMED),
-        ("huge shape", _with(QBODY, "<I", P.HEADER_SIZE + 4, 0xFFFFFFFF), ErrorCode.TOO_LARGE),
-        ("lossless scale", _with(LBODY, "<d", 9, 1.0), ErrorCode.MALFORMED),
-        ("lz4 garbage", ZBODY[: P.HEADER_SIZE + 16] + b"\xff" * (len(ZBODY) - P.HEADER_SIZE - 16),
+        ("short header", QBODY[:5], ErrorCode.TRUNCATED),
+        ("short dims", QBODY[: P.HEADER_SIZE + 2], ErrorCode.TRUNCATED),
+        ("short params", QBODY[: Q + 10], ErrorCode.TRUNCATED),
+        ("short payload", NBODY[:-1], ErrorCode.TRUNCATED),
+        ("short lz4 payload", ZBODY[:-1], ErrorCode.MALFORMED),
+        ("trailing byte", NBODY + b"\0", ErrorCode.MALFORMED),
+        ("trailing lz4 byte", ZBODY + b"\0", ErrorCode.MALFORMED),
+        ("magic", b"XP2" + QBODY[3:], ErrorCode.MALFORMED),
+        ("old format", b"CPK1" + QBODY[3:], ErrorCode.MALFORMED),
+        ("codec", _with(QBODY, "<B", 3, 9), ErrorCode.MALFORMED),
+        ("flags", _with(QBODY, "<B", 4, 3), ErrorCode.MALFORMED),
+        ("bits 0", _with(QBODY, "<B", 5, 0), ErrorCode.MALFORMED),
+        ("bits 17", _with(QBODY, "<B", 5, 17), ErrorCode.MALFORMED),
+        ("dtype", _with(QBODY, "<B", 6, 99), ErrorCode.MALFORMED),
+        ("quant int dtype", _with(QBODY, "<B", 6, 6), ErrorCode.MALFORMED),
+        ("ndim", _with(QBODY, "<B", 7, 9), ErrorCode.MALFORMED),
+        ("scale 0", _with(QBODY, "<d", Q, 0.0), ErrorCode.MALFORMED),
+        ("scale nan", _with(QBODY, "<d", Q, float("nan")), ErrorCode.MALFORMED),
+        ("offset inf", _with(QBODY, "<d", Q + 8, float("inf")), ErrorCode.MALFORMED),
+        ("dim vs size", _with(QBODY, "<B", P.HEADER_SIZE + 3, 40), None),
+        ("huge shape", P._header(P.LOSSLESS, 0, 0, 1, (1 << 31, 4), 0.0, 0.0) + b"\0" * 8,
+         ErrorCode.TOO_LARGE),
+        ("dim > u32", P.HEADER.pack(P.MAGIC, P.LOSSLESS, 0, 0, 1, 1) + b"\xff" * 4 + b"\x7f",
          ErrorCode.MALFORMED),
+        ("dim varint 6 B", P.HEADER.pack(P.MAGIC, P.LOSSLESS, 0, 0, 1, 1) + b"\x81" * 5 + b"\0",
+         ErrorCode.MALFORMED),
+        ("dim not minimal", P.HEADER.pack(P.MAGIC, P.LOSSLESS, 0, 0, 1, 1) + b"\x81\x00",
+         ErrorCode.MALFORMED),
+        ("lossless bits", _with(LBODY, "<B", 5, 3), ErrorCode.MALFORMED),
+        ("lz4 garbage", ZBODY[: Q + 20] + b"\xff" * (len(ZBODY) - Q - 20), ErrorCode.MALFORMED),
     ],
 )
-def test_malformed_packets_are_rejected(name: str, body: bytes, code: ErrorCode) -> None:
+def test_malformed_packets_are_rejected(name: str, body: bytes, code: ErrorCode | None) -> None:
     _rejects(body, code)
 
 
@@ -288,15 +301,16 @@ def test_size_is_checked_before_decompressing() -> None:
     _rejects(body, ErrorCode.TOO_LARGE, max_bytes=head.nbytes - 1)
     assert P.unpack(body, max_bytes=head.nbytes).shape == (1, 64, 1024)
     # a header that claims more than LZ4 could ever expand to is inconsistent
-    fake = P._header(P.LOSSLESS, P.FLAG_LZ4, 0, 1, (1 << 20,), 0.0, 0.0, 4 << 20, 8) + b"\0" * 8
+    fake = P._header(P.LOSSLESS, P.FLAG_LZ4, 0, 1, (1 << 20,), 0.0, 0.0) + b"\0" * 8
     _rejects(fake, ErrorCode.MALFORMED, max_bytes=1 << 30)
 
 
 def test_constant_header_is_checked() -> None:
     body = P.pack(np.full(3, 2.0, np.float16), "q4")
-    _rejects(_with(body, "<d", 17, 1e9), ErrorCode.MALFORMED)  # not a float16 value
-    _rejects(_with(body, "<B", 5, 1), ErrorCode.MALFORMED)  # const cannot be compressed
-    _rejects(_with(body, "<B", 7, 6), ErrorCode.MALFORMED)  # const int
+    _rejects(_with(body, "<d", P.HEADER_SIZE + 1, 1e9), ErrorCode.MALFORMED)  # not a float16
+    _rejects(_with(body, "<B", 4, 1), ErrorCode.MALFORMED)  # const cannot be compressed
+    _rejects(_with(body, "<B", 6, 6), ErrorCode.MALFORMED)  # const int
+    _rejects(body + b"\0", ErrorCode.MALFORMED)  # const has no payload
 
 
 VALID = [

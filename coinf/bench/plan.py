@@ -184,11 +184,19 @@ def run_sweep(args: argparse.Namespace) -> int:
     ratios = [r["ratio"] for r in results]
     worse = sum(r["chosen_ms"] > 1.02 * min(r["wearable_only_ms"], r["handheld_only_ms"])
                 for r in results)
+    # configs whose measured best is a real split (not an extreme): where choosing is hard
+    split_best = sum(r["best_ms"] < 0.98 * min(r["wearable_only_ms"], r["handheld_only_ms"])
+                     for r in results)
     emit({"preset": args.preset, "configs": len(results),
           "within_2pct": sum(x <= 1.02 for x in ratios) / len(ratios),
           "mean_ratio": statistics.fmean(ratios), "worse_than_best_baseline": worse,
+          "best_is_split": split_best,
+          "best_is_wearable_only": sum(r["best_ms"] >= 0.98 * r["wearable_only_ms"]
+                                       for r in results),
+          "bandwidths_kbps": list(args.bandwidths_kbps), "slowdowns": list(args.slowdowns),
           "results": [{k: r[k] for k in ("model", "bandwidth_bps", "slowdown", "chosen", "best",
-                                         "chosen_ms", "best_ms", "ratio")} for r in results]})
+                                         "chosen_ms", "best_ms", "ratio", "wearable_only_ms",
+                                         "handheld_only_ms")} for r in results]})
     return 0
 
 

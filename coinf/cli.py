@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from coinf import __version__
 from coinf.commands import COMMANDS
 from coinf.errors import CoinfError
+from coinf.extras import EXTRA_OF, MissingDependency, missing_message
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -24,9 +25,25 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, help=help_text, add_help=False)
             continue
-        mod = importlib.import_module(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if top not in EXTRA_OF:  # not an optional dependency: a real bug
+                raise
+            stub = sub.add_parser(name, help=f"{help_text} (needs {top})", add_help=False)
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(func=_missing(missing_message(top, f"coinf {name}")))
+            continue
         mod.register(sub.add_parser(name, help=help_text, description=help_text))
     return parser
+
+
+def _missing(message: str) -> Callable[[argparse.Namespace], int]:
+    def fail(args: argparse.Namespace) -> int:
+        raise MissingDependency(message)
+
+    return fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,6 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CoinfError as exc:
         print(f"coinf {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:  # an optional dependency this install does not have
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRA_OF:
+            raise
+        print(f"coinf {args.command}: error: {missing_message(top, 'this command')}",
+              file=sys.stderr)
+        return MissingDependency.exit_code
     except KeyboardInterrupt:
         print(f"coinf {args.command}: interrupted", file=sys.stderr)
         return 130

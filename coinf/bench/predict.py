@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
         if pred is None:
             raise CoinfError(f"{args.profile} has no predictor; run `coinf profile --train`")
     else:
+        from wearable.planner.predict import require_training_deps
+
+        require_training_deps()
         samples, overhead = run_sweep(args.scale, args.seed, args.threads, 5, progress)
         pred = Predictor.train(samples, threads=args.threads, run_overhead_ms=overhead)
     feats = node_features(onnx.load(str(bundle.model_path)))

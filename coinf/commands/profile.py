@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     changed = args.threads is not None or args.slowdown is not None or bool(args.name)
     report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role}
     if args.train:
-        from wearable.planner.predict import Predictor
+        from wearable.planner.predict import Predictor, require_training_deps
+
+        require_training_deps()  # before the sweep, not after it
         from wearable.planner.sweep import run_sweep
 
         scale = 0.1 if args.quick else args.scale

@@ -32,8 +32,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 _INT32_MAX = 2**31 - 1
 #: scipy's max-flow algorithm; Edmonds-Karp was faster than Dinic on CNN-like DAGs (see
@@ -168,6 +166,12 @@ def transfer_costs(dag: Dag, bandwidth_bps: float, rtt_ms: float = 0.0,
 def min_cut(dag: Dag, up_ms: Mapping[str, float], down_ms: Mapping[str, float] | None = None,
             *, validate: bool = True) -> CutResult:
     """The latency-optimal downward-closed wearable set, exactly, by max-flow/min-cut."""
+    from coinf.extras import require
+
+    require("scipy", "convert", "the exact min-cut planner")
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
     if validate:
         dag.validate()
     down_ms = down_ms or {}

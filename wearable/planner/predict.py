@@ -161,6 +161,14 @@ def _r2(y: np.ndarray, p: np.ndarray) -> float:
     return float("nan") if ss == 0 else 1.0 - float(np.sum((y - p) ** 2)) / ss
 
 
+def require_training_deps() -> None:
+    """Training needs scipy and scikit-learn (``coinf[train]``); predicting needs neither."""
+    from coinf.extras import require
+
+    require("scipy", "train", "training latency predictors")
+    require("sklearn", "train", "training latency predictors")
+
+
 def _fit_linear(x: np.ndarray, y: np.ndarray) -> Linear:
     """Least squares with non-negative coefficients and intercept (time grows with size), so the
     model cannot extrapolate to negative or wildly cancelling predictions."""
@@ -220,6 +228,7 @@ class Predictor:
               run_overhead_ms: float = 0.0) -> Predictor:
         """Fit both models per kind on a random (1 - test_fraction) of the configurations and
         report R² on the held-out rest; then refit on everything."""
+        require_training_deps()
         rng = np.random.default_rng(seed)
         kinds: dict[str, KindModel] = {}
         for kind in sorted({s.features.kind for s in samples}):

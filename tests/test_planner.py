@@ -307,3 +307,25 @@ def test_joint_choice_packs_harder_when_bandwidth_drops(tmp_path: Path) -> None:
     assert split_config(fast.winner)[1] == "raw"
     assert split_config(slow.winner) == ("c000", "q4")  # q2 is faster but costs 4 pp
     assert split_config("c003") == ("c003", "raw")
+
+
+def test_default_packings_are_every_calibrated_one(tmp_path: Path) -> None:
+    """``auto`` (the default): the calibrated packings within tolerance; raw when uncalibrated;
+    a bad packing name is refused up front."""
+    from dataclasses import replace
+
+    b = make_bundle(tmp_path / "b", hw=32)
+    w, h = profiles(b)
+    link = LinkEstimate(20_000, 20_000, 0)
+    plain = Planner(b, w, h, Policy(objective="latency"))
+    assert all("~" not in r.id for r in plain.costs(link))
+    cal = {"c000": [{"spec": "q8", "mean_bytes": 3100.0, "accuracy_drop_pp": 0.4},
+                    {"spec": "q2", "mean_bytes": 800.0, "accuracy_drop_pp": 4.0}],
+           "c001": [{"spec": "f16", "mean_bytes": 8200.0, "accuracy_drop_pp": 0.0}]}
+    b.candidates = tuple(replace(c, extra={**c.extra, "packing": cal.get(c.id, [])})
+                         for c in b.candidates)
+    auto = Planner(b, w, h, Policy(objective="latency"))
+    packed = {r.id for r in auto.costs(link) if "~" in r.id}
+    assert packed == {"c000~q8", "c001~f16"}  # q2 is beyond the 1 pp tolerance
+    with pytest.raises(ValueError, match="q99|bits"):
+        Planner(b, w, h, packings=("raw", "q99"))

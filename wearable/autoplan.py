@@ -47,7 +47,7 @@ class AutoPlan:
         handheld_profile: DeviceProfile | None,
         objective: str | None,
         latency_budget_ms: Any = _UNSET,
-        packings: Sequence[str] = ("raw",),
+        packings: Sequence[str] = ("auto",),
     ) -> None:
         self.bundle = bundle
         self.policy = policy

@@ -160,7 +160,9 @@ class Session:
             default the saved ones, else built-in Pi Zero 2 W / laptop estimates. Without a
             handheld profile the handheld is asked for its own when the link comes up.
         packings: packings the planner may choose from with each cut (``("raw", "q8", "q4")``);
-            only those ``coinf calibrate`` measured for a candidate are considered.
+            only those ``coinf calibrate`` measured for a candidate are considered, and only
+            within the policy's accuracy tolerance. The default ``("auto",)`` is every
+            calibrated packing; an uncalibrated bundle travels raw.
     """
 
     def __init__(
@@ -184,7 +186,7 @@ class Session:
         policy: Policy | str | Path | None = None,
         wearable_profile: DeviceProfile | str | Path | None = None,
         handheld_profile: DeviceProfile | str | Path | None = None,
-        packings: Sequence[str] = ("raw",),
+        packings: Sequence[str] = ("auto",),
         hci: str | None = None,
         ble_options: Mapping[str, Any] | None = None,
     ) -> None:

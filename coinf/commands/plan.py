@@ -31,9 +31,12 @@ def run(args: argparse.Namespace) -> int:
         if args.wearable_slowdown <= 0:
             raise CoinfError("--wearable-slowdown must be > 0")
         wear.slowdown = args.wearable_slowdown
-    packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("raw",)
-    planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
-                      packings=packings)
+    packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("auto",)
+    try:
+        planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
+                          packings=packings)
+    except ValueError as exc:
+        raise CoinfError(f"--packings: {exc}") from None
     bps = args.bandwidth_kbps * 1000.0
     link = LinkEstimate(bps, bps, args.rtt_ms, "command line")
     wst = DeviceStatus(battery_pct=args.wearable_battery) if args.wearable_battery is not None \
@@ -85,9 +88,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", help="policy file (default $COINF_CONFIG or "
                                          "~/.config/coinf/policy.json)")
     parser.add_argument("--predictor", choices=("coinf", "neurosurgeon"), default="coinf")
-    parser.add_argument("--packings", default="raw",
+    parser.add_argument("--packings", default="auto",
                         help="comma-separated packings to consider with each cut, e.g. "
-                             "raw,f16,q8,q4 (needs `coinf calibrate`)")
+                             "raw,f16,q8,q4 (needs `coinf calibrate`); default auto: every calibrated packing "
+                             "within the policy's accuracy tolerance")
     parser.add_argument("--optimal", action="store_true",
                         help="also solve the exact min-cut over every cut of the graph")
     parser.add_argument("--png", help="write a per-candidate stacked bar chart")

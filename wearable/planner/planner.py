@@ -69,11 +69,12 @@ class Planner:
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
                  predictor_style: str = "coinf",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
-                 packings: Sequence[str] = ("raw",), pack_mb_s: float = 50.0) -> None:
+                 packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0) -> None:
         """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels raw; by
         default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`.
 
-        ``packings`` (e.g. ``("raw", "f16", "q8", "q4")``) makes each (candidate, packing) a
+        ``packings`` (e.g. ``("raw", "f16", "q8", "q4")``; the default ``("auto",)`` means every
+        packing the bundle was calibrated for) makes each (candidate, packing) a
         configuration, DynO-style: a row ``c003~q4`` uses the calibrated mean packed size and
         accuracy drop from the bundle (``coinf calibrate``); packings a candidate was not
         calibrated for are skipped, and so are those whose calibrated accuracy drop exceeds the
@@ -92,6 +93,14 @@ class Planner:
         self.predictor_style = predictor_style
         self._features: Any = None
         self._wire_cfg: dict[str, list[tuple[str, int, int, float]]] = {}
+        for spec in packings:
+            if spec != "auto":
+                from ble_protocol.packing import PackSpec
+
+                try:
+                    PackSpec.parse(spec)
+                except ValueError as exc:
+                    raise ValueError(f"{exc}, or auto (every calibrated packing)") from None
         self.packings = tuple(packings)
         self._base: list[tuple[float, float, str, str]] | None = None
 
@@ -161,6 +170,18 @@ class Planner:
                 rows.append(CandidateCost(rid, head, tail, xfer, ret, ew, eh, nbytes, acc, label))
         return rows
 
+    def _specs(self, c: Any) -> list[str]:
+        """``self.packings`` with ``auto`` expanded to every packing ``c`` was calibrated for."""
+        out: list[str] = []
+        for spec in self.packings:
+            if spec == "auto":
+                rows = c.extra.get("packing")
+                out += [str(r["spec"]) for r in rows if isinstance(r, dict) and "spec" in r] \
+                    if isinstance(rows, list) else []
+            else:
+                out.append(spec)
+        return list(dict.fromkeys(out))
+
     def _configs(self, c: Any) -> list[tuple[str, int, int, float]]:
         """(packing, request bytes, result bytes, accuracy drop) of each configuration of
         candidate ``c``: raw, plus every packing in ``self.packings`` it was calibrated for."""
@@ -172,7 +193,7 @@ class Planner:
             req, res = self.wire_bytes(c)
             out = [("raw", req, res, float(c.extra.get("accuracy_drop_pp", 0.0)))]
             header = req - int(c.extra.get("wire_bytes", c.crossing_bytes))
-            for spec in self.packings:
+            for spec in self._specs(c):
                 if spec == "raw":
                     continue
                 try:

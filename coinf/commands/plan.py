@@ -90,8 +90,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictor", choices=("coinf", "neurosurgeon"), default="coinf")
     parser.add_argument("--packings", default="auto",
                         help="comma-separated packings to consider with each cut, e.g. "
-                             "raw,f16,q8,q4 (needs `coinf calibrate`); default auto: every calibrated packing "
-                             "within the policy's accuracy tolerance")
+                             "raw,f16,q8,q4 (needs `coinf calibrate`); default auto: every "
+                             "calibrated packing within the policy's accuracy tolerance")
     parser.add_argument("--optimal", action="store_true",
                         help="also solve the exact min-cut over every cut of the graph")
     parser.add_argument("--png", help="write a per-candidate stacked bar chart")

@@ -89,3 +89,30 @@ def test_radio_cli_describe_and_errors(capsys: pytest.CaptureFixture[str]) -> No
     assert "is not a float" in capsys.readouterr().err
     assert main(["wearable", "--bundle", "/nonexistent/bundle", "--hci", "tcp-client:x:1"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_radio_sockets_disable_nagle() -> None:
+    """HCI packets are tiny: with Nagle on, a packet written right after another waited for the
+    host's delayed ACK (~40 ms per round trip in the emulation). Accepted sockets must have
+    TCP_NODELAY."""
+    import socket
+
+    from ble_protocol.radio import EmulatedRadio
+
+    async def main() -> list[int]:
+        async with EmulatedRadio("pi-zero-2w") as radio:
+            flags = []
+            for port in radio.ports:
+                _, writer = await asyncio.open_connection(radio.host, port)
+                for _ in range(100):  # wait for the radio's side to accept
+                    t = radio._transports[radio.ports.index(port)].sink.transport
+                    if t is not None:
+                        break
+                    await asyncio.sleep(0.01)
+                assert t is not None
+                sock = t.get_extra_info("socket")
+                flags.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                writer.close()
+            return flags
+
+    assert all(asyncio.run(main()))

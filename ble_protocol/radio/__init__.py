@@ -73,6 +73,9 @@ class EmulatedRadio:
         for i, side in enumerate(self.sides):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # HCI packets are small: without TCP_NODELAY, Nagle + the host's delayed ACK held a
+            # packet sent right after another for ~40 ms (accepted sockets inherit the option).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 sock.bind((self.host, self.ports[i]))
             except OSError as exc:

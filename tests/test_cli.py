@@ -37,3 +37,23 @@ def test_missing_optional_dependency_is_a_one_line_error(
     assert main(["profile", "--train", "--quick", "--out", "/nonexistent/p.json"]) == 2
     err = capsys.readouterr().err
     assert "coinf[train]" in err and "scipy" in err
+
+
+def test_run_every_candidate_then_let_the_planner_choose(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """`coinf run --all --plan N` (what the demo's wearable process does), in-process."""
+    import json
+
+    from tests.bundles import make_tiny_bundle
+
+    bundle = make_tiny_bundle(tmp_path / "b")
+    assert main(["run", str(bundle.root), "--all", "--repeat", "1", "--plan", "2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ids = {c.id for c in bundle.candidates}
+    assert {r["candidate"] for r in out["rows"]} == ids and all(r["match"] for r in out["rows"])
+    plan = out["plan"]
+    assert plan["runs"] == 2 and sum(plan["choices"].values()) == 2
+    assert plan["chosen"].split("~")[0] in ids and plan["measured_ms"] > 0
+    assert plan["fastest_in_table"] in ids
+    assert main(["run", str(bundle.root), "--plan", "-1"]) == 2

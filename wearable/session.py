@@ -272,7 +272,7 @@ class Session:
         auto = self.autoplan or self._planner_off
         if auto is None:
             auto = self._planner_off = self._make_autoplan(
-                None, _UNSET, None, None, None, ("raw",)
+                None, _UNSET, None, None, None, ("auto",)
             )
         decision = auto.decision()
         if self.offline is not None:

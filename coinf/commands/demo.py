@@ -37,6 +37,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "roughly a Pi Zero 2 W core against a laptop core)")
     parser.add_argument("--stream", type=int, default=20, metavar="N",
                         help="frames in the streaming part (0 to skip)")
+    parser.add_argument("--plan", type=int, default=5, metavar="N",
+                        help="inferences with the planner choosing the cut (0 to skip)")
     parser.set_defaults(func=run)
 
 
@@ -61,7 +63,7 @@ def ensure_bundle(model: Path, out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.commands.run import format_stream, format_table
+    from coinf.commands.run import format_plan, format_stream, format_table
     from coinf.errors import CoinfError
     from models import zoo
 
@@ -118,11 +120,11 @@ def run(args: argparse.Namespace) -> int:
                 result: dict[str, Any] = json.loads(proc.stdout)
                 return result
 
-            progress(f"wearable process: running up to {args.max} candidates, then streaming "
-                     f"{args.stream} frames ...")
+            progress(f"wearable process: running up to {args.max} candidates, streaming "
+                     f"{args.stream} frames, then {args.plan} runs with the planner choosing ...")
             result = wearable("--all", "--max", str(args.max), "--repeat", str(args.repeat),
-                              "--stream", str(args.stream))
-            rows, stream = result["rows"], result.get("stream")
+                              "--stream", str(args.stream), "--plan", str(args.plan))
+            rows, stream, planned = result["rows"], result.get("stream"), result.get("plan")
     finally:
         for stop in reversed(stops):
             stop()
@@ -133,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nfastest: {best['candidate']} ({best['label']}) at {best['total_ms']:.1f} ms")
     if stream:
         print(format_stream(stream))
+    if planned:
+        print(format_plan(planned))
     bad = [r["candidate"] for r in rows if not r["match"]]
     if bad:
         print(f"\nMISMATCH against the whole model at: {', '.join(bad)}")

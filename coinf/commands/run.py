@@ -33,6 +33,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", type=int, default=0, metavar="N",
                         help="also stream N frames, sequential then pipelined, and report fps "
                         "(with --all: at the most balanced offloading cut measured)")
+    parser.add_argument("--plan", type=int, default=0, metavar="N",
+                        help="then let the planner choose (latency objective) for N runs in a "
+                        "new session, and compare its choice with the table")
     parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     parser.set_defaults(func=run)
@@ -55,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from convert.bundle import Bundle
     from wearable.session import Session
 
-    if args.repeat < 1:
-        raise CoinfError("--repeat must be >= 1")
+    if args.repeat < 1 or args.plan < 0:
+        raise CoinfError("--repeat must be >= 1 and --plan >= 0")
     logging.getLogger("bumble").setLevel(logging.CRITICAL)  # teardown noise, see handheld
     if args.transport == "socket" and not args.handheld:
         raise CoinfError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
@@ -73,22 +76,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         ids = [bundle.candidate(args.split).id if args.split else ""]
     rows: list[dict[str, Any]] = []
-    try:
-        session = Session(
-            bundle,
-            split=ids[0] or None,
-            transport=args.transport,
-            handheld=args.handheld,
-            hci=args.hci,
-            ble_options={"keystore": args.keystore} if args.keystore else None,
-            slowdown=args.slowdown,
-            threads=args.threads,
-            packing=args.packing,
-            timeout=120.0,
-            fallback=False,
-        )
-    except ValueError as exc:
-        raise CoinfError(str(exc)) from None
+
+    def open_session(split: str | None, **extra: Any) -> Session:
+        try:
+            return Session(
+                bundle,
+                split=split,
+                transport=args.transport,
+                handheld=args.handheld,
+                hci=args.hci,
+                ble_options={"keystore": args.keystore} if args.keystore else None,
+                slowdown=args.slowdown,
+                threads=args.threads,
+                timeout=120.0,
+                fallback=False,
+                **extra,
+            )
+        except ValueError as exc:
+            raise CoinfError(str(exc)) from None
+
+    session = open_session(ids[0] or None, packing=args.packing)
     with session:
         if any(c and not bundle.candidate(c).is_wearable_only for c in ids):
             session.connect()  # connection set-up is not an inference: keep it out of timings
@@ -133,14 +140,20 @@ def run(args: argparse.Namespace) -> int:
             if args.all:
                 session.set_split(balanced(rows))
             stream = measure_stream(session, bundle, args.stream)
+    planned = None
+    if args.plan:
+        with open_session(None, objective="latency") as planner_session:
+            planned = measure_plan(planner_session, feeds, args.plan, rows)
     if args.json:
-        json.dump({"bundle": str(args.bundle), "rows": rows, "stream": stream}, sys.stdout,
-                  indent=1)
+        json.dump({"bundle": str(args.bundle), "rows": rows, "stream": stream,
+                   "plan": planned}, sys.stdout, indent=1)
         print()
     else:
         print(format_table(rows))
         if stream:
             print(format_stream(stream))
+        if planned:
+            print(format_plan(planned))
     return 0 if all(r["match"] for r in rows) else 1
 
 
@@ -190,3 +203,41 @@ def measure_stream(session: Any, bundle: Any, frames: int) -> dict[str, Any]:
 def format_stream(s: dict[str, Any]) -> str:
     return (f"streaming {s['frames']} frames at {s['cut']}: {s['sequential_fps']:.2f} frames/s one "
             f"at a time, {s['pipelined_fps']:.2f} frames/s pipelined ({s['speedup']:.2f}x)")
+
+
+def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
+                 rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run ``runs`` inferences with the planner choosing; its choice vs the table's fastest."""
+    session.connect()
+    chosen, totals = [], []
+    for _ in range(runs):
+        session.run(None, feeds)
+        stats = session.last_run
+        assert stats is not None
+        chosen.append(stats.candidate + ("" if stats.packing == "raw" else f"~{stats.packing}"))
+        totals.append(stats.total_ms)
+    decision = session.plan()
+    winner = max(set(chosen), key=chosen.count)
+    predicted = next((r.latency_ms() for r in decision.rows if r.id == winner), None)
+    fastest = min(rows, key=lambda r: r["total_ms"]) if rows else None
+    return {
+        "objective": "latency",
+        "runs": runs,
+        "chosen": winner,
+        "label": session.bundle.candidate(winner.split("~")[0]).label,
+        "choices": {c: chosen.count(c) for c in sorted(set(chosen))},
+        "predicted_ms": None if predicted is None else round(predicted, 3),
+        "measured_ms": round(statistics.median(totals), 3),
+        "fastest_in_table": None if fastest is None else fastest["candidate"],
+        "fastest_ms": None if fastest is None else fastest["total_ms"],
+    }
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    predicted = "?" if p["predicted_ms"] is None else f"{p['predicted_ms']:.2f}"
+    line = (f"planner ({p['objective']} objective, {p['runs']} runs): chose {p['chosen']} "
+            f"({p['label']}), predicted {predicted} ms, measured {p['measured_ms']:.2f} ms "
+            "(median)")
+    if p["fastest_in_table"]:
+        line += f"; fastest in the table: {p['fastest_in_table']} at {p['fastest_ms']:.2f} ms"
+    return line

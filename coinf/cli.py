@@ -28,15 +28,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            top = (exc.name or "").split(".")[0]
-            if top not in EXTRA_OF:  # not an optional dependency: a real bug
-                raise
+            top = _optional(exc)
             stub = sub.add_parser(name, help=f"{help_text} (needs {top})", add_help=False)
             stub.add_argument("rest", nargs=argparse.REMAINDER)
             stub.set_defaults(func=_missing(missing_message(top, f"coinf {name}")))
             continue
         mod.register(sub.add_parser(name, help=help_text, description=help_text))
     return parser
+
+
+def _optional(exc: ModuleNotFoundError) -> str:
+    """The missing optional package behind ``exc``; re-raises when it is not one (a bug)."""
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        raise exc
+    return top
 
 
 def _missing(message: str) -> Callable[[argparse.Namespace], int]:
@@ -61,9 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coinf {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except ModuleNotFoundError as exc:  # an optional dependency this install does not have
-        top = (exc.name or "").split(".")[0]
-        if top not in EXTRA_OF:
-            raise
+        top = _optional(exc)
         print(f"coinf {args.command}: error: {missing_message(top, 'this command')}",
               file=sys.stderr)
         return MissingDependency.exit_code

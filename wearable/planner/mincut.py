@@ -166,10 +166,7 @@ def transfer_costs(dag: Dag, bandwidth_bps: float, rtt_ms: float = 0.0,
 def min_cut(dag: Dag, up_ms: Mapping[str, float], down_ms: Mapping[str, float] | None = None,
             *, validate: bool = True) -> CutResult:
     """The latency-optimal downward-closed wearable set, exactly, by max-flow/min-cut."""
-    from coinf.extras import require
-
-    require("scipy", "convert", "the exact min-cut planner")
-    from scipy.sparse import csr_matrix
+    from scipy.sparse import csr_matrix  # imported here: a wearable-only install has no scipy
     from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
     if validate:

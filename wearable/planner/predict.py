@@ -162,7 +162,8 @@ def _r2(y: np.ndarray, p: np.ndarray) -> float:
 
 
 def require_training_deps() -> None:
-    """Training needs scipy and scikit-learn (``coinf[train]``); predicting needs neither."""
+    """Training needs scipy and scikit-learn (``coinf[train]``); predicting needs neither.
+    Callers that sweep first check this before the sweep, not after it."""
     from coinf.extras import require
 
     require("scipy", "train", "training latency predictors")
@@ -228,7 +229,6 @@ class Predictor:
               run_overhead_ms: float = 0.0) -> Predictor:
         """Fit both models per kind on a random (1 - test_fraction) of the configurations and
         report R² on the held-out rest; then refit on everything."""
-        require_training_deps()
         rng = np.random.default_rng(seed)
         kinds: dict[str, KindModel] = {}
         for kind in sorted({s.features.kind for s in samples}):

@@ -93,14 +93,15 @@ class Planner:
         self.predictor_style = predictor_style
         self._features: Any = None
         self._wire_cfg: dict[str, list[tuple[str, int, int, float]]] = {}
-        for spec in packings:
-            if spec != "auto":
-                from ble_protocol.packing import PackSpec
+        from ble_protocol.packing import PackSpec
 
-                try:
-                    PackSpec.parse(spec)
-                except ValueError as exc:
-                    raise ValueError(f"{exc}, or auto (every calibrated packing)") from None
+        for spec in packings:
+            if spec == "auto":
+                continue
+            try:
+                PackSpec.parse(spec)
+            except ValueError as exc:
+                raise ValueError(f"{exc}, or auto (every calibrated packing)") from None
         self.packings = tuple(packings)
         self._base: list[tuple[float, float, str, str]] | None = None
 
@@ -172,14 +173,11 @@ class Planner:
 
     def _specs(self, c: Any) -> list[str]:
         """``self.packings`` with ``auto`` expanded to every packing ``c`` was calibrated for."""
+        from convert.calibrate import packing_rows
+
         out: list[str] = []
         for spec in self.packings:
-            if spec == "auto":
-                rows = c.extra.get("packing")
-                out += [str(r["spec"]) for r in rows if isinstance(r, dict) and "spec" in r] \
-                    if isinstance(rows, list) else []
-            else:
-                out.append(spec)
+            out += [str(r.get("spec")) for r in packing_rows(c)] if spec == "auto" else [spec]
         return list(dict.fromkeys(out))
 
     def _configs(self, c: Any) -> list[tuple[str, int, int, float]]:

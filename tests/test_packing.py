@@ -351,12 +351,17 @@ def test_random_bytes_are_rejected(data: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(rest=st.binary(max_size=120))
-def test_random_bytes_after_the_magic_never_crash(rest: bytes) -> None:
-    """Whatever follows a valid magic (dims varints included): ProtocolError or a tensor no
-    larger than its declared shape allows."""
+@given(codec=st.integers(0, 4), flags=st.integers(0, 1), bits=st.integers(0, 16),
+       dtype=st.sampled_from([1, 6, 7, 10, 11]), ndim=st.integers(0, 8),
+       rest=st.binary(max_size=120))
+def test_random_bytes_after_a_valid_fixed_header_never_crash(
+    codec: int, flags: int, bits: int, dtype: int, ndim: int, rest: bytes
+) -> None:
+    """Whatever follows a well-formed fixed header (dims varints, parameters, payload):
+    ProtocolError or a tensor no larger than its declared shape allows."""
+    body = P.HEADER.pack(P.MAGIC, codec, flags, bits, dtype, ndim) + rest
     try:
-        y = P.unpack(P.MAGIC + rest, max_bytes=1 << 16)
+        y = P.unpack(body, max_bytes=1 << 16)
     except ProtocolError:
         return
     assert y.nbytes <= 1 << 16

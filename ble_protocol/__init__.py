@@ -9,7 +9,7 @@ Layers, bottom up (see docs/PROTOCOL.md):
 * ``rpc``       -- request/response over a link: request ids, timeouts, cancellation.
 """
 
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import Message, MsgType, ProtocolError
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import Message, MsgType, ProtocolError
 
 __all__ = ["Link", "LinkClosed", "Message", "MsgType", "ProtocolError"]

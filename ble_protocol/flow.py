@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from ble_protocol.link import LinkClosed
+from coinf.ble_protocol.link import LinkClosed
 
 MAX_WINDOW = 1024
 
@@ -19,7 +19,7 @@ MAX_WINDOW = 1024
 def fresh(exc: BaseException) -> BaseException:
     """A new exception equal to ``exc``. Raising one shared instance from many places chains
     its tracebacks and contexts without bound, so every waiter gets its own copy."""
-    from ble_protocol.messages import ProtocolError
+    from coinf.ble_protocol.messages import ProtocolError
 
     if isinstance(exc, LinkClosed):
         return LinkClosed(exc.text)
@@ -91,7 +91,7 @@ class CreditLedger:
     def on_chunk(self) -> None:
         """A chunk arrived. A sender exceeding its credits breaks the protocol."""
         if self.outstanding <= 0:
-            from ble_protocol.messages import ErrorCode, ProtocolError
+            from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 
             raise ProtocolError(ErrorCode.MALFORMED, "peer sent a chunk without holding a credit")
         self.outstanding -= 1

@@ -22,7 +22,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, ProtocolError, parse_type
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    ProtocolError,
+    parse_type,
+)
 
 CHUNK_HEADER = struct.Struct("<BBIII")
 HEADER_BYTES = CHUNK_HEADER.size  # 14
@@ -155,9 +161,7 @@ class Reassembler:
         return len(self._partials)
 
     def _fail(self, code: ErrorCode, text: str, rid: int | None) -> ProtocolError:
-        exc = ProtocolError(code, text)
-        exc.request_id = rid  # type: ignore[attr-defined]
-        return exc
+        return ProtocolError(code, text, request_id=rid)
 
     def feed(self, chunk: bytes | memoryview) -> Message | None:
         """Consume one chunk; return the completed message, if this chunk finished one."""

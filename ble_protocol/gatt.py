@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable
 from enum import IntEnum
 from typing import Any
 
-from ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
-from ble_protocol.frames import Reassembler, chunk_size_for_mtu, encode_chunks
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import (
+from coinf.ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
+from coinf.ble_protocol.frames import Reassembler, chunk_size_for_mtu, encode_chunks
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import (
     MAX_CONTROL_BYTES,
     PROTOCOL_VERSION,
     ErrorCode,
@@ -321,7 +321,7 @@ class GattLink(Link):
             self._ledger.on_chunk()
             msg = self._reasm.feed(value)
         except ProtocolError as exc:
-            rid = getattr(exc, "request_id", None)
+            rid = exc.request_id
             self._maybe_grant(force=True)
             if rid is None or exc.code == ErrorCode.BAD_VERSION:
                 self._fail(exc)

@@ -11,14 +11,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from ble_protocol.messages import ErrorCode, Message, ProtocolError
+from coinf.ble_protocol.messages import Message
 
+from coinf.errors import LinkClosed
 
-class LinkClosed(ProtocolError):
-    """The peer went away (disconnect, closed socket). Pending requests fail with this."""
-
-    def __init__(self, text: str = "link closed") -> None:
-        super().__init__(ErrorCode.DISCONNECTED, text)
+__all__ = ["Link", "LinkClosed", "LinkStats"]
 
 
 @dataclass

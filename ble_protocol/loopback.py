@@ -16,8 +16,14 @@ import struct
 import zlib
 from collections.abc import Awaitable, Callable
 
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, ProtocolError, parse_type
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    ProtocolError,
+    parse_type,
+)
 
 _HEADER = struct.Struct("<2sBBII")
 _MAGIC = b"CF"

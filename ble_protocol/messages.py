@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from coinf.errors import CoinfError
+from coinf.errors import ErrorCode, ProtocolError
+
+# ErrorCode and ProtocolError live in coinf.errors (the one exception hierarchy); re-exported.
+__all__ = [
+    "MAX_CONTROL_BYTES", "PROTOCOL_VERSION", "ErrorCode", "Message", "MsgType", "ProtocolError",
+    "decode_error", "decode_json", "decode_request", "decode_result", "encode_error",
+    "encode_json", "encode_request", "encode_result", "parse_type",
+]
 
 PROTOCOL_VERSION = 1
 MAX_CONTROL_BYTES = 4096
@@ -29,32 +36,6 @@ class MsgType(IntEnum):
     ERROR = 7  # either way: u16 code + UTF-8 text
     CANCEL = 8  # wearable -> handheld: empty; abandon request_id
     PROFILE = 9  # request: empty; reply: the device profile, UTF-8 JSON (<= 8 MiB)
-
-
-class ErrorCode(IntEnum):
-    BAD_VERSION = 1
-    BAD_CRC = 2
-    TRUNCATED = 3
-    TOO_LARGE = 4
-    UNKNOWN_TYPE = 5
-    MALFORMED = 6
-    BUNDLE_MISMATCH = 7
-    UNKNOWN_CANDIDATE = 8
-    TAIL_FAILED = 9
-    BUSY = 10
-    TIMEOUT = 11
-    CANCELLED = 12
-    DISCONNECTED = 13
-    INSUFFICIENT_ENCRYPTION = 14
-
-
-class ProtocolError(CoinfError):
-    """A peer sent something that breaks the protocol, or a request failed remotely."""
-
-    def __init__(self, code: ErrorCode, text: str) -> None:
-        super().__init__(f"{code.name.lower()}: {text}")
-        self.code = code
-        self.text = text
 
 
 @dataclass(frozen=True, slots=True)

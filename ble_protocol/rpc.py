@@ -14,8 +14,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import (
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import (
     ErrorCode,
     Message,
     MsgType,

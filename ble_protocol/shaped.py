@@ -13,8 +13,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import Message
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import Message
 
 
 @dataclass(frozen=True)

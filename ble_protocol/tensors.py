@@ -19,8 +19,7 @@ import struct
 from collections.abc import Mapping
 
 import numpy as np
-
-from ble_protocol.messages import ErrorCode, ProtocolError
+from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 
 CODEC_RAW = 0
 CODEC_PACKED = 1
@@ -152,7 +151,7 @@ def decode_tensors(
         if codec == CODEC_RAW:
             arr = decode_raw(body, budget)
         elif codec == CODEC_PACKED:
-            from ble_protocol import packing  # the packing codec is optional on the wire
+            from coinf.ble_protocol import packing  # the packing codec is optional on the wire
 
             arr = packing.unpack(bytes(body), max_bytes=budget)
         else:

@@ -1,10 +1,45 @@
-"""coinf: cooperative DL inference between a wearable and its handheld over Bluetooth LE.
+"""coinf: cooperative DL inference between a wearable and the devices around it over Bluetooth LE.
 
-The public surface is small on purpose:
+The public surface is small on purpose::
 
-* :class:`wearable.Session` -- run a model, split between wearable and handheld
-  (mirrors ``onnxruntime.InferenceSession``).
-* ``coinf`` -- the command line (``coinf --help``).
+    from coinf import Session, SessionOptions      # shaped like onnxruntime.InferenceSession
+    from coinf import AsyncSession                 # the same, for asyncio programs
+
+The packages follow the data path: ``coinf.convert`` (offline) -> ``coinf.wearable`` (API,
+planner, head) -> ``coinf.ble_protocol`` (frames, packing, links) -> ``coinf.handheld`` (daemon,
+tail); ``coinf.device`` holds what both sides share; ``coinf.cli`` is the command line.
+Errors: :mod:`coinf.errors`. Heavy modules load only when one of these names is first used.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+_LAZY = {
+    "Session": "coinf.wearable.session",
+    "SessionOptions": "coinf.wearable.options",
+    "RunOptions": "coinf.wearable.options",
+    "AsyncSession": "coinf.wearable.core",
+    "RunStats": "coinf.wearable.frame",
+    "FrameResult": "coinf.wearable.frame",
+}
+
+if TYPE_CHECKING:
+    from coinf.wearable.core import AsyncSession
+    from coinf.wearable.frame import FrameResult, RunStats
+    from coinf.wearable.options import RunOptions, SessionOptions
+    from coinf.wearable.session import Session
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coinf' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["AsyncSession", "FrameResult", "RunOptions", "RunStats", "Session", "SessionOptions"]

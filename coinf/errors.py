@@ -1,19 +1,127 @@
-"""Errors a user can cause and fix. The CLI prints them as one line and exits with code 2."""
+"""Every exception coinf raises on purpose, in one hierarchy (the bottom layer: imports nothing).
+
+::
+
+    CoinfError
+    ├── UserError            the caller's input is wrong; fixing it fixes the error
+    │   ├── InputError       (also ValueError) a feed, argument or option is not what was expected
+    │   ├── ModelError       an ONNX model cannot be loaded, checked or shaped
+    │   ├── BundleError      a split bundle is missing, malformed or lacks what was asked
+    │   └── MissingDependency  a feature needs a package from an extra that is not installed
+    └── LinkError            the link or the peer failed; ``transient`` says whether retrying
+        │                    later (and finishing the inference locally now) is right
+        └── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
+            └── LinkClosed   the peer went away (DISCONNECTED)
+
+Exit codes belong to the command line (``coinf.cli``), not to these classes.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
 
 
 class CoinfError(Exception):
     """Base class of every error caused by input (files, flags, peers), not by a bug."""
 
-    exit_code = 2
+
+class UserError(CoinfError):
+    """Something the user gave (a file, a flag, a feed) is wrong."""
 
 
-class ModelError(CoinfError):
+class InputError(UserError, ValueError):
+    """A feed, argument or option does not match what was expected (name, shape, dtype, range)."""
+
+
+class ModelError(UserError):
     """The ONNX model cannot be loaded, checked or shaped."""
 
 
-class BundleError(CoinfError):
+class BundleError(UserError):
     """A split bundle is missing, malformed, or does not have what was asked for."""
 
 
-class InputError(CoinfError, ValueError):
-    """A feed does not match the model's inputs (name, shape or dtype)."""
+class MissingDependency(UserError):
+    """A feature needs a package from an extra that is not installed."""
+
+
+class ErrorCode(IntEnum):
+    """Error codes carried by ERROR messages and control frames (docs/PROTOCOL.md)."""
+
+    BAD_VERSION = 1
+    BAD_CRC = 2
+    TRUNCATED = 3
+    TOO_LARGE = 4
+    UNKNOWN_TYPE = 5
+    MALFORMED = 6
+    BUNDLE_MISMATCH = 7
+    UNKNOWN_CANDIDATE = 8
+    TAIL_FAILED = 9
+    BUSY = 10
+    TIMEOUT = 11
+    CANCELLED = 12
+    DISCONNECTED = 13
+    INSUFFICIENT_ENCRYPTION = 14
+
+
+#: Codes after which the peer may well succeed later: finish locally now, retry after a backoff.
+#: The others (version or bundle mismatch, a peer that breaks the protocol, missing encryption)
+#: are configuration faults that retrying does not mend.
+TRANSIENT_CODES = frozenset({
+    ErrorCode.DISCONNECTED,
+    ErrorCode.TIMEOUT,
+    ErrorCode.BUSY,
+    ErrorCode.TAIL_FAILED,
+    ErrorCode.CANCELLED,
+})
+
+
+class LinkError(CoinfError):
+    """The link to a peer, or the peer, failed.
+
+    ``transient`` is True when the same request may succeed later (disconnect, timeout, busy
+    peer): a Session then finishes the inference on the wearable and retries after a backoff.
+    """
+
+    @property
+    def transient(self) -> bool:
+        return True
+
+
+class ProtocolError(LinkError):
+    """A peer sent something that breaks the protocol, or a request failed remotely.
+
+    ``code`` is the wire :class:`ErrorCode`; ``request_id`` the request it concerns, if any.
+    """
+
+    def __init__(self, code: ErrorCode, text: str, request_id: int | None = None) -> None:
+        super().__init__(f"{code.name.lower()}: {text}")
+        self.code = code
+        self.text = text
+        self.request_id = request_id
+
+    @property
+    def transient(self) -> bool:
+        return self.code in TRANSIENT_CODES
+
+
+class LinkClosed(ProtocolError):
+    """The peer went away (disconnect, closed socket). Pending requests fail with this."""
+
+    def __init__(self, text: str = "link closed") -> None:
+        super().__init__(ErrorCode.DISCONNECTED, text)
+
+
+__all__ = [
+    "TRANSIENT_CODES",
+    "BundleError",
+    "CoinfError",
+    "ErrorCode",
+    "InputError",
+    "LinkClosed",
+    "LinkError",
+    "MissingDependency",
+    "ModelError",
+    "ProtocolError",
+    "UserError",
+]

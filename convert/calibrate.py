@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from coinf.ble_protocol import packing
+from coinf.ble_protocol.packing import PackSpec
+from coinf.convert.bundle import Bundle, Candidate
 
-from ble_protocol import packing
-from ble_protocol.packing import PackSpec
-from coinf.errors import BundleError, CoinfError, InputError
-from convert.bundle import Bundle, Candidate
+from coinf.errors import BundleError, InputError, UserError
 
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
@@ -77,7 +77,7 @@ def load_dataset(source: str, bundle: Bundle, limit: int | None = None) -> Datas
     labels: np.ndarray | None
     if source == "digits":
         try:
-            from models.digits import digits_data
+            from coinf.models.digits import digits_data
         except ImportError:
             raise InputError(
                 "--data digits needs the model zoo (models/digits.py); pass an .npz instead"
@@ -315,5 +315,5 @@ def best_row(rows: list[dict[str, Any]], tolerance_pp: float = DEFAULT_TOLERANCE
 def check_calibrated(bundle: Bundle) -> None:
     """Raise :class:`CoinfError` when no candidate carries a packing table."""
     if not any(packing_rows(c) for c in bundle.candidates):
-        raise CoinfError(f"bundle {bundle.root} has no packing calibration; "
+        raise UserError(f"bundle {bundle.root} has no packing calibration; "
                          "run `coinf calibrate BUNDLE --data ...`")

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx
+from coinf.convert.graph import Graph, TensorType
 from onnx import NodeProto
-
-from convert.graph import Graph, TensorType
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Abs", "Neg", "Sqrt",

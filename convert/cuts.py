@@ -22,10 +22,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coinf.convert.bundle import HANDHELD_ONLY, WEARABLE_ONLY
+from coinf.convert.cost import NodeCost
+from coinf.convert.graph import Graph
+
 from coinf.errors import ModelError
-from convert.bundle import HANDHELD_ONLY, WEARABLE_ONLY
-from convert.cost import NodeCost
-from convert.graph import Graph
 
 DEFAULT_MAX_CANDIDATES = 64
 # Ops that runtimes fuse into the producer before them (Conv+BN+Relu, Gemm+Relu...). A cut between

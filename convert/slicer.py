@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from coinf.convert.cost import tensor_bytes
+from coinf.convert.graph import Graph, subgraphs, value_info
 from onnx import GraphProto, ModelProto, helper
-
-from convert.cost import tensor_bytes
-from convert.graph import Graph, subgraphs, value_info
 
 
 def closure(g: Graph, dynamic_nodes: Iterable[int], tensors: Iterable[str] = ()) -> list[int]:

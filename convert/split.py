@@ -8,16 +8,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import onnx
+from coinf.convert.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
+from coinf.convert.cost import all_costs
+from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES, enumerate_cuts
+from coinf.convert.graph import Graph, load_graph
+from coinf.convert.slicer import build_slice, param_bytes
+from coinf.convert.verify import ATOL, RTOL, VerifyError, verify_bundle
 from onnx import ModelProto
 
 from coinf import __version__
 from coinf.errors import BundleError
-from convert.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
-from convert.cost import all_costs
-from convert.cuts import DEFAULT_MAX_CANDIDATES, enumerate_cuts
-from convert.graph import Graph, load_graph
-from convert.slicer import build_slice, param_bytes
-from convert.verify import ATOL, RTOL, VerifyError, verify_bundle
 
 Progress = Callable[[str, int, int], None]
 MODEL_FILE = "model.onnx"
@@ -168,7 +168,7 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
 
 
 def _with_consts(g: Graph, nodes: list[int]) -> list[int]:
-    from convert.slicer import closure
+    from coinf.convert.slicer import closure
 
     return closure(g, nodes)
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+from coinf.convert.bundle import Bundle, Candidate, TensorSpec
+from coinf.convert.graph import TensorType, ort_session, random_feed
 from onnx import ModelProto, helper
 
 from coinf.errors import ModelError
-from convert.bundle import Bundle, Candidate, TensorSpec
-from convert.graph import TensorType, ort_session, random_feed
 
 RTOL = 1e-5
 ATOL = 1e-5

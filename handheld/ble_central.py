@@ -21,10 +21,10 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ble_protocol import gatt
-from ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, ProtocolError
+from coinf.ble_protocol import gatt
+from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, Message, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ async def connect_link(
     from bleak import BleakClient
 
     if backend is not None and scanner_backend is None:
-        from ble_protocol.bleak_bumble import BumbleBleakClient, BumbleBleakScanner
+        from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, BumbleBleakScanner
 
         if issubclass(backend, BumbleBleakClient):
             scanner_backend = BumbleBleakScanner
@@ -252,7 +252,7 @@ async def serve_with_reconnect(
 ) -> None:
     """Connect, serve RPC until the link drops, reconnect with exponential backoff; forever
     (or until ``stop`` is set). Handshake mismatches (BAD_VERSION, BUNDLE_MISMATCH) are raised."""
-    from ble_protocol.rpc import serve
+    from coinf.ble_protocol.rpc import serve
 
     delay = 0.5
     while stop is None or not stop.is_set():

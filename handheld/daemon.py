@@ -13,10 +13,9 @@ import time
 from typing import Any
 
 import numpy as np
-
-from ble_protocol import rpc
-from ble_protocol.link import Link
-from ble_protocol.messages import (
+from coinf.ble_protocol import rpc
+from coinf.ble_protocol.link import Link
+from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
     ErrorCode,
     Message,
@@ -27,13 +26,13 @@ from ble_protocol.messages import (
     encode_json,
     encode_result,
 )
-from ble_protocol.packing import LOSSLESS_SPEC, pack
-from ble_protocol.tensors import decode_tensors, encode_tensors
-from convert.bundle import Bundle
-from handheld.tail import TailRunner
-from wearable.emulation import DeviceEmulation
-from wearable.profile import DeviceProfile
-from wearable.status import read_status
+from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.convert.bundle import Bundle
+from coinf.device.emulation import DeviceEmulation
+from coinf.device.profile import DeviceProfile
+from coinf.device.runtime import TailRunner
+from coinf.device.status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class HandheldDaemon:
         }
 
     def status(self) -> dict[str, Any]:
-        """``device`` is a :class:`~wearable.status.DeviceStatus` (load, clock, battery)."""
+        """``device`` is a :class:`~device.status.DeviceStatus` (load, clock, battery)."""
         try:
             device = read_status().to_json()
         except ImportError:  # psutil not installed: no device figures

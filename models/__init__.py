@@ -3,6 +3,14 @@
 ``models.zoo`` (registry, paths, digits data) needs numpy and onnx only; building imports torch.
 """
 
-from models.zoo import ZOO, InputSpec, ModelSpec, build, committed_path, digits_data, random_feed
+from coinf.models.zoo import (
+    ZOO,
+    InputSpec,
+    ModelSpec,
+    build,
+    committed_path,
+    digits_data,
+    random_feed,
+)
 
 __all__ = ["ZOO", "InputSpec", "ModelSpec", "build", "committed_path", "digits_data", "random_feed"]

@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from coinf.models.digits import digits_data
 from torch import nn
-
-from models.digits import digits_data
 
 EPOCHS = 30
 BATCH = 32

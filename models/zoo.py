@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from coinf.models.digits import DigitsSplit
+from coinf.models.digits import digits_data as _digits_data
 
-from coinf.errors import CoinfError
-from models.digits import DigitsSplit
-from models.digits import digits_data as _digits_data
+from coinf.errors import UserError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -80,7 +80,7 @@ def _arch(
     """Builder for a seeded random-weight model made by ``models.architectures.<factory>``."""
 
     def builder(large: bool) -> Built:
-        from models import architectures as arch
+        from coinf.models import architectures as arch
 
         model = getattr(arch, factory)(large)
         if batchnorm:
@@ -93,8 +93,8 @@ def _arch(
 
 
 def _trained_lenet(large: bool) -> Built:
-    from models import architectures as arch
-    from models.training import train_digits
+    from coinf.models import architectures as arch
+    from coinf.models.training import train_digits
 
     model = arch.make_lenet(large)
     metrics, seconds = train_digits(model, SEED)
@@ -180,7 +180,7 @@ def spec_for(name: str) -> ModelSpec:
     try:
         return ZOO[name]
     except KeyError:
-        raise CoinfError(f"unknown model {name!r}; expected one of: {', '.join(ZOO)}") from None
+        raise UserError(f"unknown model {name!r}; expected one of: {', '.join(ZOO)}") from None
 
 
 def committed_path(name: str) -> Path:
@@ -217,7 +217,7 @@ def require_torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise CoinfError("building models needs torch: pip install 'coinf[models]'") from None
+        raise UserError("building models needs torch: pip install 'coinf[models]'") from None
     return torch
 
 
@@ -262,15 +262,15 @@ def build(
     """
     spec = spec_for(name)
     torch = require_torch()
-    from models.export import export_onnx, max_abs_error
+    from coinf.models.export import export_onnx, max_abs_error
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise CoinfError(f"output {out} exists and is not a directory")
+        raise UserError(f"output {out} exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CoinfError(f"cannot create output directory {out}: {exc.strerror}") from None
+        raise UserError(f"cannot create output directory {out}: {exc.strerror}") from None
     start = time.perf_counter()
     model, meta = construct(name, large, progress)
     inputs = spec.input_specs(large)
@@ -298,7 +298,7 @@ def build(
     try:
         path.write_bytes(data)
     except OSError as exc:
-        raise CoinfError(f"cannot write {path}: {exc.strerror}") from None
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
     if meta is not None:
         meta = {
             "name": spec.name,

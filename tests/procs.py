@@ -19,7 +19,7 @@ def coinf_cmd(*args: str) -> list[str]:
 @contextmanager
 def handheld_daemon(bundle: Path, address: str, *extra: str) -> Iterator[subprocess.Popen]:
     """Run ``coinf handheld`` until the block exits; yields once it prints its ready line."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     proc = subprocess.Popen(
         coinf_cmd("handheld", "--bundle", str(bundle), "--listen", address, *extra),
         stdout=subprocess.PIPE,

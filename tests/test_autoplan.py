@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from coinf.ble_protocol.shaped import Channel, ShapedLink
+from coinf.convert.split import split_model
+from coinf.device.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
+from coinf.models.zoo import committed_path
+from coinf.wearable import Session
+from coinf.wearable.policy import Policy
 
-from ble_protocol.shaped import Channel, ShapedLink
-from coinf.sample import bundle_feeds
-from convert.split import split_model
-from models.zoo import committed_path
-from wearable import Session
-from wearable.policy import Policy
-from wearable.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
+from coinf.cli.sample import bundle_feeds
 
 SLOW_WEARABLE = DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER, gflops=0.002)
 FAST_HANDHELD = DeviceProfile("fast", "handheld", LAPTOP_POWER, gflops=50.0)

@@ -7,11 +7,8 @@ import random
 import struct
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from ble_protocol.flow import CreditGate, CreditLedger
-from ble_protocol.frames import (
+from coinf.ble_protocol.flow import CreditGate, CreditLedger
+from coinf.ble_protocol.frames import (
     CHUNK_HEADER,
     HEADER_BYTES,
     Reassembler,
@@ -19,8 +16,10 @@ from ble_protocol.frames import (
     chunk_size_for_mtu,
     encode_chunks,
 )
-from ble_protocol.link import LinkClosed
-from ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.link import LinkClosed
+from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 types = st.sampled_from(list(MsgType))
 
@@ -122,7 +121,7 @@ def test_bad_crc_and_inconsistent_length():
     with pytest.raises(ProtocolError) as info:
         feed_all(r, [chunks[0], bytes(bad), *chunks[2:]])
     assert info.value.code == ErrorCode.BAD_CRC
-    assert info.value.request_id == 7  # type: ignore[attr-defined]
+    assert info.value.request_id == 7
     r2 = Reassembler()
     r2.feed(chunks[0])
     version, mtype, rid, total, offset = CHUNK_HEADER.unpack_from(chunks[1])

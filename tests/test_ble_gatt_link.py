@@ -7,9 +7,8 @@ import asyncio
 import struct
 
 import pytest
-
-from ble_protocol.frames import CHUNK_HEADER, encode_chunks
-from ble_protocol.gatt import (
+from coinf.ble_protocol.frames import CHUNK_HEADER, encode_chunks
+from coinf.ble_protocol.gatt import (
     Ctrl,
     GattLink,
     check_hello,
@@ -18,8 +17,8 @@ from ble_protocol.gatt import (
     make_hello,
     parse_ctrl,
 )
-from ble_protocol.link import LinkClosed
-from ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError, decode_error
+from coinf.ble_protocol.link import LinkClosed
+from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError, decode_error
 
 
 def wired(window: int = 4, mtu: int = 60) -> tuple[GattLink, GattLink, list[bytes]]:

@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 from bleak import BleakClient
 from bleak.exc import BleakError
-
-from ble_protocol import gatt
-from ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
-from ble_protocol.radio import EmulatedRadio
-from ble_protocol.rpc import RpcClient, serve
-from handheld.ble_central import connect_link
-from wearable.gatt_server import accept_link, close_servers
+from coinf.ble_protocol import gatt
+from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.radio import EmulatedRadio
+from coinf.ble_protocol.rpc import RpcClient, serve
+from coinf.handheld.ble_central import connect_link
+from coinf.wearable.gatt_server import accept_link, close_servers
 
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
 

@@ -10,20 +10,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from ble_protocol.messages import MsgType
-from ble_protocol.radio import RadioError, preset, spawn
-from ble_protocol.rpc import RpcClient
-from wearable.gatt_server import accept_link, close_servers
+from coinf.ble_protocol.messages import MsgType
+from coinf.ble_protocol.radio import RadioError, preset, spawn
+from coinf.ble_protocol.rpc import RpcClient
+from coinf.wearable.gatt_server import accept_link, close_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 
 HANDHELD = textwrap.dedent(
     """
     import asyncio, sys
-    from ble_protocol.bleak_bumble import BumbleBleakClient
-    from ble_protocol.messages import Message, MsgType
-    from handheld.ble_central import serve_with_reconnect
+    from coinf.ble_protocol.bleak_bumble import BumbleBleakClient
+    from coinf.ble_protocol.messages import Message, MsgType
+    from coinf.handheld.ble_central import serve_with_reconnect
 
     async def echo(msg):
         return Message(MsgType.RESULT, msg.request_id, msg.payload[::-1])
@@ -40,7 +39,7 @@ HANDHELD = textwrap.dedent(
 
 def test_wearable_and_handheld_in_separate_processes_over_radio_process() -> None:
     wspec, hspec, stop = spawn("ble5-2m", overrides=["time_scale=0.5"])
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     handheld = subprocess.Popen([sys.executable, "-c", HANDHELD, hspec], env=env)
     try:
 
@@ -97,7 +96,7 @@ def test_radio_sockets_disable_nagle() -> None:
     TCP_NODELAY."""
     import socket
 
-    from ble_protocol.radio import EmulatedRadio
+    from coinf.ble_protocol.radio import EmulatedRadio
 
     async def main() -> list[int]:
         async with EmulatedRadio("pi-zero-2w") as radio:

@@ -7,14 +7,14 @@ import asyncio
 import threading
 
 import numpy as np
+from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+from coinf.ble_protocol.radio import spawn
+from coinf.handheld.ble_central import connect_link
+from coinf.handheld.daemon import HandheldDaemon
+from coinf.wearable import Session
+from coinf.wearable.gatt_server import accept_link, close_servers
 
-from ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
-from ble_protocol.radio import spawn
-from handheld.ble_central import connect_link
-from handheld.daemon import HandheldDaemon
 from tests.bundles import make_tiny_bundle, reference
-from wearable import Session
-from wearable.gatt_server import accept_link, close_servers
 
 
 def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:

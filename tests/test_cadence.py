@@ -1,4 +1,4 @@
-from wearable.cadence import Cadence
+from coinf.wearable.cadence import Cadence
 
 
 class Clock:

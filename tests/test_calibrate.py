@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from coinf.ble_protocol import packing
+from coinf.convert import calibrate as cal
+from coinf.convert.bundle import Bundle, Candidate, Part, TensorSpec
 from onnx import TensorProto, helper, numpy_helper
 
-from ble_protocol import packing
 from coinf.cli import main
 from coinf.errors import BundleError
-from convert import calibrate as cal
-from convert.bundle import Bundle, Candidate, Part, TensorSpec
 
 RNG = np.random.default_rng(7)
 W1 = RNG.standard_normal((16, 64)).astype(np.float32)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coinf.bench import BENCHES
 from coinf.cli import build_parser, main
+from coinf.cli.bench import BENCHES
 
 
 @pytest.mark.parametrize("name", [b[0] for b in BENCHES])

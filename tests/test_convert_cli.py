@@ -7,11 +7,11 @@ from pathlib import Path
 
 import onnx
 import pytest
+from coinf.convert.cost import all_costs
+from coinf.convert.cuts import enumerate_cuts
+from coinf.convert.graph import load_graph
 
 from coinf.cli import main
-from convert.cost import all_costs
-from convert.cuts import enumerate_cuts
-from convert.graph import load_graph
 from tests import convert_graphs as cg
 
 
@@ -87,7 +87,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_deterministic_bundles(tmp_path: Path) -> None:
-    from convert.split import split_model
+    from coinf.convert.split import split_model
 
     onnx.save(cg.with_if(), str(tmp_path / "a.onnx"))
     onnx.save(cg.with_if(), str(tmp_path / "b.onnx"))
@@ -128,8 +128,7 @@ def test_2000_node_graph_enumeration() -> None:
 
 def test_shared_weights_bundle(tmp_path: Path) -> None:
     import numpy as np
-
-    from convert.split import split_model
+    from coinf.convert.split import split_model
 
     m = cg.chain_blocks(3)
     w = np.arange(64 * 4, dtype=np.float32).reshape(4, 64) / 100  # 1 kB: goes to weights.bin

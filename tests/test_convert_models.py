@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from coinf.convert.graph import load_graph
+from coinf.convert.split import split_model
+from coinf.convert.verify import verify_bundle
 
 from coinf.errors import ModelError
-from convert.graph import load_graph
-from convert.split import split_model
-from convert.verify import verify_bundle
 from tests import convert_graphs as cg
 from tests.test_convert_split import check_invariants
 
@@ -153,7 +153,7 @@ def test_if_with_outer_scope_captures(tmp_path: Path) -> None:
 
 
 def test_costs_of_heavy_ops(tmp_path: Path) -> None:
-    from convert.cost import all_costs
+    from coinf.convert.cost import all_costs
 
     path = _torch_export(_resnet(), (1, 3, 16, 16), tmp_path / "res.onnx")
     g = load_graph(path)
@@ -184,7 +184,7 @@ def test_lstm_cost(tmp_path: Path) -> None:
     path = tmp_path / "lm.onnx"
     torch.onnx.export(LM().eval(), torch.zeros(7, 1, dtype=torch.int64), str(path),
                       input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
-    from convert.cost import all_costs
+    from coinf.convert.cost import all_costs
 
     g = load_graph(path)
     lstm = next(c for n, c in zip(g.nodes, all_costs(g), strict=True) if n.op_type == "LSTM")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from coinf.convert.split import split_model
 
-from convert.split import split_model
 from tests.test_convert_split import check_invariants
 
 ZOO = sorted((Path(__file__).resolve().parent.parent / "models" / "onnx").glob("*.onnx"))

@@ -12,10 +12,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
-from coinf.cli import main
-from models.digits import DIGITS_SEED
-from models.zoo import (
+from coinf.models.digits import DIGITS_SEED
+from coinf.models.zoo import (
     ONNX_DIR,
     ZOO,
     committed_path,
@@ -25,6 +23,8 @@ from models.zoo import (
     random_feed,
     spec_for,
 )
+
+from coinf.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(ZOO)
@@ -227,7 +227,7 @@ def test_rebuild_is_byte_identical(name: str, rebuilt: Path) -> None:
 @pytest.mark.parametrize("name", RANDOM_WEIGHT_NAMES)
 def test_committed_onnx_matches_torch_module(name: str) -> None:
     torch = pytest.importorskip("torch")
-    from models.zoo import construct
+    from coinf.models.zoo import construct
 
     model, _ = construct(name)
     sess = _session(committed_path(name))

@@ -6,13 +6,12 @@ import struct
 
 import numpy as np
 import pytest
+from coinf.ble_protocol import packing as P
+from coinf.ble_protocol.messages import ErrorCode, ProtocolError
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from ble_protocol import packing as P
-from ble_protocol.messages import ErrorCode, ProtocolError
-from ble_protocol.tensors import decode_tensors, encode_tensors
 
 RNG = np.random.default_rng(1234)
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from coinf.convert.bundle import Bundle
+from coinf.device.profile import DeviceProfile, ModelProfile, ProfileError, profile_bundle
+from coinf.device.status import DeviceStatus
+from coinf.wearable.planner.adapt import LinkEstimate, LinkEstimator, LoadFactor, ReplanTrigger
+from coinf.wearable.planner.planner import Planner
+from coinf.wearable.policy import Policy
 
-from convert.bundle import Bundle
 from tests.planner_bundle import make_bundle
-from wearable.planner.adapt import LinkEstimate, LinkEstimator, LoadFactor, ReplanTrigger
-from wearable.planner.planner import Planner
-from wearable.policy import Policy
-from wearable.profile import DeviceProfile, ModelProfile, ProfileError, profile_bundle
-from wearable.status import DeviceStatus
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,8 @@ def test_policy_objectives_and_budget(bundle: Bundle) -> None:
     assert rows["c000"].head_ms == 0
     # what travels is the exact raw REQUEST payload: 128 bytes of tensor plus headers
     import numpy as np
-
-    from ble_protocol.messages import encode_request, encode_result
-    from ble_protocol.tensors import encode_tensors
+    from coinf.ble_protocol.messages import encode_request, encode_result
+    from coinf.ble_protocol.tensors import encode_tensors
 
     c2 = bundle.candidate("c002")
     req = len(encode_request("c002", encode_tensors(
@@ -195,7 +194,7 @@ def test_load_factor_smooths_and_clamps() -> None:
 
 
 def test_adaptive_planner_replans_only_past_threshold(bundle: Bundle) -> None:
-    from wearable.planner.planner import AdaptivePlanner
+    from coinf.wearable.planner.planner import AdaptivePlanner
 
     now = [0.0]
     w, h = profiles(bundle)
@@ -217,7 +216,7 @@ def test_adaptive_planner_replans_only_past_threshold(bundle: Bundle) -> None:
 
 
 def test_plot_decision_writes_png(bundle: Bundle, tmp_path: Path) -> None:
-    from wearable.planner.chart import plot_decision
+    from coinf.wearable.planner.chart import plot_decision
 
     w, h = profiles(bundle)
     out = plot_decision(Planner(bundle, w, h).decide(), tmp_path / "plan.png")
@@ -255,8 +254,8 @@ def test_packings_are_configurations_dyno_picks_within_accuracy(tmp_path: Path) 
     """(candidate, packing) rows from the bundle's calibration; DynO's accuracy constraint."""
     from dataclasses import replace
 
-    from wearable.planner.planner import split_config
-    from wearable.planner.schedulers import dyno, parse_constraint
+    from coinf.wearable.planner.planner import split_config
+    from coinf.wearable.planner.schedulers import dyno, parse_constraint
 
     b = make_bundle(tmp_path / "b", hw=32)
     cal = {"c000": [{"spec": "q4", "mean_bytes": 1600.0, "accuracy_drop_pp": 3.0},
@@ -291,7 +290,7 @@ def test_joint_choice_packs_harder_when_bandwidth_drops(tmp_path: Path) -> None:
     the tolerance."""
     from dataclasses import replace
 
-    from wearable.planner.planner import split_config
+    from coinf.wearable.planner.planner import split_config
 
     b = make_bundle(tmp_path / "b", hw=32)
     cal = {"c000": [{"spec": "q8", "mean_bytes": 3100.0, "accuracy_drop_pp": 0.4},

@@ -8,7 +8,7 @@ from tests.planner_bundle import make_bundle
 
 
 def test_bench_plan_measures_every_candidate(tmp_path: Path) -> None:
-    from coinf.bench.plan import plan_one
+    from coinf.cli.bench.plan import plan_one
 
     bundle = make_bundle(tmp_path / "b", hw=16)
     # 5 MB/s: moving the 3 kB input is cheaper than... whatever the planner says, the report

@@ -5,16 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from wearable.planner.mincut import (
+from coinf.wearable.planner.mincut import (
     Dag,
     brute_force_cut,
     cut_latency,
     min_cut,
     transfer_costs,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @st.composite
@@ -94,8 +93,9 @@ def test_rejects_cycles_and_unknown_nodes() -> None:
 def test_onnx_adapter_matches_brute_force(tmp_path: Path) -> None:
     import random
 
+    from coinf.wearable.planner.onnx_dag import dag_from_onnx
+
     from tests.planner_bundle import make_skip_model
-    from wearable.planner.onnx_dag import dag_from_onnx
 
     model = make_skip_model(tmp_path / "skip.onnx", hw=16)
     dag = dag_from_onnx(model, {}, {})
@@ -118,9 +118,10 @@ def test_onnx_adapter_matches_brute_force(tmp_path: Path) -> None:
 
 
 def test_planner_optimal_cut_on_a_bundle(tmp_path: Path) -> None:
+    from coinf.wearable.planner.adapt import LinkEstimate
+    from coinf.wearable.planner.planner import Planner
+
     from tests.planner_bundle import make_bundle
-    from wearable.planner.adapt import LinkEstimate
-    from wearable.planner.planner import Planner
 
     bundle = make_bundle(tmp_path / "b", hw=32)
     planner = Planner(bundle)

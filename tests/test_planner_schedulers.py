@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from wearable.planner import CandidateCost, Constraint, Target, coinf, dyno, neurosurgeon
+from coinf.wearable.planner import CandidateCost, Constraint, Target, coinf, dyno, neurosurgeon
 
 
 def row(cid: str, head: float, xfer: float, tail: float, ew: float, eh: float,

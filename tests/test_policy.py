@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from coinf.device.status import DeviceStatus
+from coinf.wearable.planner import CandidateCost, coinf
+from coinf.wearable.policy import PROFILES, Policy, PolicyError, load_policy, policy_from_json
 
 from coinf.cli import main
-from wearable.planner import CandidateCost, coinf
-from wearable.policy import PROFILES, Policy, PolicyError, load_policy, policy_from_json
-from wearable.status import DeviceStatus
 
 # offloading saves the wearable energy but costs the handheld; local does the opposite
 ROWS = [

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import onnx
 import pytest
+from coinf.device.features import node_features
+from coinf.device.predict import Predictor
+from coinf.device.sweep import Sample, run_sweep, sweep_configs
 
 from tests.planner_bundle import make_model
-from wearable.planner.features import node_features
-from wearable.planner.predict import Predictor
-from wearable.planner.sweep import Sample, run_sweep, sweep_configs
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from coinf.wearable import Session
 
 from coinf.errors import BundleError, InputError
 from tests.bundles import make_tiny_bundle, reference
-from wearable import Session
 
 
 @pytest.fixture()
@@ -65,7 +65,7 @@ def test_unknown_output_and_split(bundle):
 
 
 def test_slowdown_stretches_compute_time():
-    from wearable.emulation import DeviceEmulation
+    from coinf.device.emulation import DeviceEmulation
 
     t0 = time.perf_counter()
     emulated = DeviceEmulation(slowdown=4.0).stretch(0.02)
@@ -105,8 +105,8 @@ def test_bad_packing_is_rejected(bundle):
 
 
 def test_large_results_travel_packed(tmp_path):
-    from ble_protocol.tensors import decode_tensors
-    from handheld.daemon import encode_results
+    from coinf.ble_protocol.tensors import decode_tensors
+    from coinf.handheld.daemon import encode_results
 
     big = {"y": np.zeros((1, 4096), np.float32), "z": np.arange(3, dtype=np.float32)}
     blob = encode_results(big)

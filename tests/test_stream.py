@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
+from coinf.wearable import Session
+from coinf.wearable.stream import RealtimeSource, effective_accuracy
 
 from tests.bundles import make_tiny_bundle
-from wearable import Session
-from wearable.stream import RealtimeSource, effective_accuracy
 
 
 @pytest.fixture()

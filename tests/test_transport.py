@@ -9,18 +9,18 @@ import zlib
 
 import numpy as np
 import pytest
+from coinf.ble_protocol.link import LinkClosed
+from coinf.ble_protocol.loopback import InProcessLink, SocketLink, connect_socket, parse_address
+from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.rpc import RpcClient, serve
+from coinf.ble_protocol.tensors import ONNX_TO_NUMPY, decode_tensors, encode_raw, encode_tensors
+from coinf.wearable import Session
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ble_protocol.link import LinkClosed
-from ble_protocol.loopback import InProcessLink, SocketLink, connect_socket, parse_address
-from ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
-from ble_protocol.rpc import RpcClient, serve
-from ble_protocol.tensors import ONNX_TO_NUMPY, decode_tensors, encode_raw, encode_tensors
 from tests.bundles import make_tiny_bundle, reference
 from tests.procs import handheld_daemon
-from wearable import Session
 
 DTYPES = list(ONNX_TO_NUMPY.values())
 
@@ -192,7 +192,7 @@ def test_bundle_mismatch_is_refused(tmp_path):
 
 
 def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
-    from ble_protocol.messages import encode_json, encode_request
+    from coinf.ble_protocol.messages import encode_json, encode_request
 
     bundle = make_tiny_bundle(tmp_path / "t")
     sock = tmp_path / "hh.sock"
@@ -219,7 +219,7 @@ def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
 
 
 def test_shaped_link_delivers_in_order_no_faster_than_its_bandwidth():
-    from ble_protocol.shaped import Channel, ShapedLink
+    from coinf.ble_protocol.shaped import Channel, ShapedLink
 
     async def main():
         a, b = ShapedLink.pair(Channel(bandwidth_bps=100_000, latency_s=0.01, overhead_bytes=0))
@@ -238,7 +238,7 @@ def test_shaped_link_delivers_in_order_no_faster_than_its_bandwidth():
 
 
 def test_session_over_shaped_channel(tmp_path):
-    from ble_protocol.shaped import Channel
+    from coinf.ble_protocol.shaped import Channel
 
     bundle = make_tiny_bundle(tmp_path / "t")
     x = np.ones((1, 16), np.float32)

@@ -1,5 +1,5 @@
 """The wearable side: :class:`Session` (the public API), head execution, emulation."""
 
-from wearable.session import NodeArg, RunStats, Session
+from coinf.wearable.session import NodeArg, RunStats, Session
 
 __all__ = ["NodeArg", "RunStats", "Session"]

@@ -15,18 +15,18 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ble_protocol.messages import MsgType, ProtocolError, decode_json
-from wearable.cadence import Cadence
-from wearable.planner.costs import Decision
-from wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
-from wearable.policy import Policy
-from wearable.profile import DeviceProfile
-from wearable.status import DeviceStatus
+from coinf.ble_protocol.messages import MsgType, ProtocolError, decode_json
+from coinf.device.profile import DeviceProfile
+from coinf.device.status import DeviceStatus
+from coinf.wearable.cadence import Cadence
+from coinf.wearable.planner.costs import Decision
+from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
+from coinf.wearable.policy import Policy
 
 if TYPE_CHECKING:
-    from ble_protocol.rpc import RpcClient
-    from convert.bundle import Bundle
-    from wearable.session import RunStats
+    from coinf.ble_protocol.rpc import RpcClient
+    from coinf.convert.bundle import Bundle
+    from coinf.wearable.session import RunStats
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,10 @@ from bumble.gatt import Characteristic, CharacteristicValue, Service
 from bumble.keys import JsonKeyStore, MemoryKeyStore
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
-
-from ble_protocol import gatt
-from ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
-from ble_protocol.link import Link, LinkClosed
-from ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from coinf.ble_protocol import gatt
+from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from coinf.errors import CoinfError
-from wearable.planner.schedulers import Constraint, Target, constraint_from_json, target_from_json
-from wearable.status import DeviceStatus
+from coinf.device.status import DeviceStatus
+from coinf.wearable.planner.schedulers import (
+    Constraint,
+    Target,
+    constraint_from_json,
+    target_from_json,
+)
+
+from coinf.errors import UserError
 
 OBJECTIVES = ("auto", "latency", "energy", "throughput", "neurosurgeon-latency",
               "neurosurgeon-energy", "dyno")
@@ -32,7 +38,7 @@ MIN_BATTERY_WEIGHT = 0.05
 MAX_POLICY_BYTES = 64 * 1024
 
 
-class PolicyError(CoinfError):
+class PolicyError(UserError):
     """The policy file or a policy setting is invalid."""
 
 

@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
-
-from ble_protocol.link import Link
-from ble_protocol.loopback import InProcessLink, connect_socket
-from ble_protocol.messages import (
+from coinf.ble_protocol.link import Link
+from coinf.ble_protocol.loopback import InProcessLink, connect_socket
+from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
     ErrorCode,
     MsgType,
@@ -43,22 +42,23 @@ from ble_protocol.messages import (
     encode_json,
     encode_request,
 )
-from ble_protocol.packing import PackSpec, pack_tensors
-from ble_protocol.rpc import RpcClient
-from ble_protocol.shaped import Channel, ShapedLink
-from ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.ble_protocol.packing import PackSpec, pack_tensors
+from coinf.ble_protocol.rpc import RpcClient
+from coinf.ble_protocol.shaped import Channel, ShapedLink
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.convert.bundle import Bundle, Candidate, TensorSpec
+from coinf.device.emulation import DeviceEmulation
+from coinf.device.profile import DeviceProfile, load_or_default
+from coinf.wearable.autoplan import AutoPlan
+from coinf.wearable.loop import LoopThread
+from coinf.wearable.planner.costs import Decision
+from coinf.wearable.planner.planner import _UNSET
+from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
+
 from coinf.errors import CoinfError, InputError
-from convert.bundle import Bundle, Candidate, TensorSpec
-from wearable.autoplan import AutoPlan
-from wearable.emulation import DeviceEmulation
-from wearable.loop import LoopThread
-from wearable.planner.costs import Decision
-from wearable.planner.planner import _UNSET
-from wearable.policy import OBJECTIVES, Policy, load_policy
-from wearable.profile import DeviceProfile, load_or_default
 
 if TYPE_CHECKING:
-    from handheld.tail import TailRunner
+    from coinf.device.runtime import TailRunner
 
 LinkFactory = Callable[[], Awaitable[Link]]
 log = logging.getLogger(__name__)
@@ -374,7 +374,7 @@ class Session:
         only pulled when there is room (back-pressure). A frame that fails yields a result whose
         ``error`` is set; later frames go on. ``pipelined=False`` runs frames one at a time.
         """
-        from wearable.stream import run_stream
+        from coinf.wearable.stream import run_stream
 
         return run_stream(self, feeds, output_names, depth=depth if pipelined else 1)
 
@@ -449,7 +449,7 @@ class Session:
 
     def close(self) -> None:
         if self._loop is not None and self._transport == "ble":
-            from wearable.gatt_server import close_servers
+            from coinf.wearable.gatt_server import close_servers
 
             with contextlib.suppress(Exception):
                 self._loop.run(close_servers(), timeout=10)
@@ -576,7 +576,7 @@ class Session:
     ) -> dict[str, np.ndarray]:
         """Run ``cand``'s tail on the wearable (the bundle carries it) instead of the handheld."""
         if self._local_tails is None:
-            from handheld.tail import TailRunner
+            from coinf.device.runtime import TailRunner
 
             self._local_tails = TailRunner(self.bundle, self.emulation, capacity=2)
         outputs, elapsed = self._local_tails.run(cand.id, crossing)
@@ -683,7 +683,7 @@ class Session:
             assert self._handheld_addr is not None
             return await connect_socket(self._handheld_addr, timeout=wait)
         if transport == "ble":
-            from wearable.gatt_server import accept_link
+            from coinf.wearable.gatt_server import accept_link
 
             assert self._hci is not None
             try:
@@ -693,7 +693,7 @@ class Session:
                 raise ProtocolError(ErrorCode.DISCONNECTED,
                                     f"no handheld connected within {wait:.0f} s") from None
         # in-process handheld on this loop; tails run on the loop's default executor
-        from handheld.daemon import HandheldDaemon
+        from coinf.handheld.daemon import HandheldDaemon
 
         ours: Link
         theirs: Link

@@ -16,11 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wearable.session import FrameResult, RunStats, _transient
+from coinf.wearable.session import FrameResult, RunStats, _transient
 
 if TYPE_CHECKING:
-    from convert.bundle import Candidate
-    from wearable.session import Session
+    from coinf.convert.bundle import Candidate
+    from coinf.wearable.session import Session
 
 
 @dataclass

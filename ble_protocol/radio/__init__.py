@@ -20,7 +20,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ble_protocol.radio.params import PRESETS, RadioError, RadioParams, parse_overrides, preset
+from coinf.ble_protocol.radio.params import (
+    PRESETS,
+    RadioError,
+    RadioParams,
+    parse_overrides,
+    preset,
+)
 
 __all__ = [
     "PRESETS",
@@ -66,8 +72,7 @@ class EmulatedRadio:
 
     async def start(self) -> EmulatedRadio:
         from bumble.transport.tcp_server import open_tcp_server_transport_with_socket
-
-        from ble_protocol.radio.model import RadioController, RadioLink
+        from coinf.ble_protocol.radio.model import RadioController, RadioLink
 
         self.link = RadioLink(self.params)
         for i, side in enumerate(self.sides):

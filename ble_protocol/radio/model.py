@@ -28,8 +28,7 @@ from typing import Any
 from bumble import controller as bumble_controller
 from bumble import hci
 from bumble.link import LocalLink
-
-from ble_protocol.radio.params import RadioParams
+from coinf.ble_protocol.radio.params import RadioParams
 
 log = logging.getLogger(__name__)
 

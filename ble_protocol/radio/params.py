@@ -23,10 +23,10 @@ from typing import Any
 
 from bumble import hci
 
-from coinf.errors import CoinfError
+from coinf.errors import UserError
 
 
-class RadioError(CoinfError):
+class RadioError(UserError):
     """Bad radio preset or parameter."""
 
 

@@ -4,7 +4,7 @@ Pure functions live in :mod:`.costs`, :mod:`.schedulers` and :mod:`.mincut`; :cl
 (in :mod:`.planner`) ties them to a bundle, device profiles and a policy.
 """
 
-from wearable.planner.costs import CandidateCost, Decision
-from wearable.planner.schedulers import Constraint, Target, coinf, dyno, neurosurgeon
+from coinf.wearable.planner.costs import CandidateCost, Decision
+from coinf.wearable.planner.schedulers import Constraint, Target, coinf, dyno, neurosurgeon
 
 __all__ = ["CandidateCost", "Constraint", "Decision", "Target", "coinf", "dyno", "neurosurgeon"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wearable.planner.costs import Decision
+from coinf.wearable.planner.costs import Decision
 
 
 def plot_decision(decision: Decision, path: str | Path, title: str = "") -> Path:

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 
 import numpy as np
 import onnx
-
-from wearable.planner.features import shape_map
-from wearable.planner.mincut import Dag
+from coinf.device.features import shape_map
+from coinf.wearable.planner.mincut import Dag
 
 _ITEMSIZE: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.DOUBLE: 8,

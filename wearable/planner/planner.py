@@ -10,21 +10,22 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coinf.errors import CoinfError
-from wearable.planner.adapt import (
+from coinf.device.profile import DeviceProfile
+from coinf.device.status import DeviceStatus
+from coinf.wearable.planner.adapt import (
     DEFAULT_LINK,
     LinkEstimate,
     LinkEstimator,
     LoadFactor,
     ReplanTrigger,
 )
-from wearable.planner.costs import CandidateCost, Decision
-from wearable.planner.mincut import CutResult, min_cut
-from wearable.planner.onnx_dag import dag_from_onnx
-from wearable.planner.schedulers import coinf, dyno, neurosurgeon
-from wearable.policy import OBJECTIVES, Policy
-from wearable.profile import DeviceProfile
-from wearable.status import DeviceStatus
+from coinf.wearable.planner.costs import CandidateCost, Decision
+from coinf.wearable.planner.mincut import CutResult, min_cut
+from coinf.wearable.planner.onnx_dag import dag_from_onnx
+from coinf.wearable.planner.schedulers import coinf, dyno, neurosurgeon
+from coinf.wearable.policy import OBJECTIVES, Policy
+
+from coinf.errors import CoinfError
 
 _UNSET: Any = object()
 #: separates candidate id and packing in a configuration id (``c003~q4``)
@@ -46,9 +47,8 @@ def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
     out_bytes = sum(t.nbytes for t in out)
     try:
         import numpy as np
-
-        from ble_protocol.messages import encode_request, encode_result
-        from ble_protocol.tensors import encode_tensors
+        from coinf.ble_protocol.messages import encode_request, encode_result
+        from coinf.ble_protocol.tensors import encode_tensors
     except ImportError:
         return nbytes, out_bytes
 
@@ -93,7 +93,7 @@ class Planner:
         self.predictor_style = predictor_style
         self._features: Any = None
         self._wire_cfg: dict[str, list[tuple[str, int, int, float]]] = {}
-        from ble_protocol.packing import PackSpec
+        from coinf.ble_protocol.packing import PackSpec
 
         for spec in packings:
             if spec == "auto":
@@ -109,8 +109,7 @@ class Planner:
     def _node_features(self) -> Any:
         if self._features is None:
             import onnx
-
-            from wearable.planner.features import node_features
+            from coinf.device.features import node_features
 
             self._features = node_features(onnx.load(str(self.bundle.model_path)))
         return self._features
@@ -173,7 +172,7 @@ class Planner:
 
     def _specs(self, c: Any) -> list[str]:
         """``self.packings`` with ``auto`` expanded to every packing ``c`` was calibrated for."""
-        from convert.calibrate import packing_rows
+        from coinf.convert.calibrate import packing_rows
 
         out: list[str] = []
         for spec in self.packings:
@@ -195,7 +194,7 @@ class Planner:
                 if spec == "raw":
                     continue
                 try:
-                    from convert.calibrate import accuracy_drop, expected_packed_bytes
+                    from coinf.convert.calibrate import accuracy_drop, expected_packed_bytes
 
                     packed = expected_packed_bytes(c, spec)
                     drop = accuracy_drop(c, spec)

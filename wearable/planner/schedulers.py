@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from wearable.planner.costs import CandidateCost, Decision
+from coinf.wearable.planner.costs import CandidateCost, Decision
 
 
 def _check_rows(rows: Sequence[CandidateCost]) -> list[CandidateCost]:

@@ -1,0 +1,96 @@
+"""The ``coinf`` command line. Nothing in the library imports this package.
+
+Errors print one line, never a traceback: a user's mistake (:class:`~coinf.errors.UserError`)
+exits 2, a failed link or peer (:class:`~coinf.errors.LinkError`) exits 3, any other
+:class:`~coinf.errors.CoinfError` exits 1. Bugs keep their traceback. Exit codes live here only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from coinf import __version__
+from coinf.cli.commands import COMMANDS
+from coinf.deps import EXTRA_OF, missing_message
+from coinf.errors import CoinfError, LinkError, MissingDependency, UserError
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the parser; with ``only``, import just that subcommand's module."""
+    parser = argparse.ArgumentParser(
+        prog="coinf",
+        description="Cooperative inference between a wearable and its handheld over BLE.",
+    )
+    parser.add_argument("--version", action="version", version=f"coinf {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_text in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
+        try:
+            mod = importlib.import_module(f"coinf.cli.commands.{module}")
+        except ModuleNotFoundError as exc:
+            top = _optional(exc)
+            stub = sub.add_parser(name, help=f"{help_text} (needs {top})", add_help=False)
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(func=_missing(missing_message(top, f"coinf {name}")))
+            continue
+        mod.register(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def _optional(exc: ModuleNotFoundError) -> str:
+    """The missing optional package behind ``exc``; re-raises when it is not one (a bug)."""
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        raise exc
+    return top
+
+
+def _missing(message: str) -> Callable[[argparse.Namespace], int]:
+    def fail(args: argparse.Namespace) -> int:
+        raise MissingDependency(message)
+
+    return fail
+
+
+EXIT_USER = 2  # the user's input is wrong
+EXIT_LINK = 3  # the link or the peer failed
+EXIT_OTHER = 1
+
+
+def exit_code(exc: CoinfError) -> int:
+    """The process exit code for an error that reached the command line."""
+    if isinstance(exc, UserError):
+        return EXIT_USER
+    if isinstance(exc, LinkError):
+        return EXIT_LINK
+    return EXIT_OTHER
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    names = {name for name, _, _ in COMMANDS}
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(first if first in names else None)
+    args = parser.parse_args(args_list)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2 if args.command is None else 0
+    try:
+        rc = args.func(args)
+    except CoinfError as exc:
+        print(f"coinf {args.command}: error: {exc}", file=sys.stderr)
+        return exit_code(exc)
+    except ModuleNotFoundError as exc:  # an optional dependency this install does not have
+        top = _optional(exc)
+        print(f"coinf {args.command}: error: {missing_message(top, 'this command')}",
+              file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print(f"coinf {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)

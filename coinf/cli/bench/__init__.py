@@ -1,0 +1,40 @@
+"""Benchmarks behind ``coinf bench NAME``. Each prints one JSON object on stdout.
+
+Timing goals live here, never in tests. Figures are medians over repeats, and comparisons are
+ratios measured side by side (interleaved) in one run, because the machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Any
+
+# (bench name, module, help). Each module defines register(parser) which sets func.
+BENCHES: list[tuple[str, str, str]] = [
+    ("overhead", "overhead", "split head+tail in-process vs the whole model"),
+    ("mincut", "mincut", "exact min-cut split search time on a ~1,700-node DAG"),
+    ("predict", "predict", "latency predictors vs measured candidate slices"),
+    ("plan", "plan", "the planner's choice vs every candidate measured end to end"),
+    ("plan-sweep", "plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
+    ("pack", "pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
+    ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
+    ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
+]
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print a benchmark result as one JSON object (the contract of every ``coinf bench``)."""
+    json.dump(result, sys.stdout, indent=1, sort_keys=False)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def progress(message: str) -> None:
+    """Progress goes to stderr so stdout stays pure JSON."""
+    print(message, file=sys.stderr, flush=True)

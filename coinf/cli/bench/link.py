@@ -1,0 +1,122 @@
+"""``coinf bench link``: goodput of the full BLE protocol over the emulated radio.
+
+A wearable (bumble GATT server) and a handheld (bleak on the bumble backend) connect through an
+in-process :class:`~ble_protocol.radio.EmulatedRadio`, pair, handshake, then send ``--messages``
+messages of ``--bytes`` bytes. Goodput = payload bytes / emulated seconds from the first chunk
+handed to the link to the last message reassembled, per message; the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from coinf.cli.bench import emit, median, progress
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default pi-zero-2w)")
+    parser.add_argument("--bytes", type=int, default=100_000, help="message size in bytes")
+    parser.add_argument("--messages", type=int, default=3, help="messages per direction")
+    parser.add_argument(
+        "--direction",
+        choices=["up", "down", "both"],
+        default="up",
+        help="up = wearable->handheld (notifications), down = handheld->wearable (writes)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="real seconds per emulated second (>1 = slow motion when the CPU cannot keep up)",
+    )
+    parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="radio override")
+    parser.add_argument("--json", action="store_true", help="print JSON (always on; kept for CI)")
+    parser.set_defaults(func=run)
+
+
+async def measure(
+    preset: str,
+    nbytes: int,
+    messages: int,
+    direction: str,
+    time_scale: float,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+    from coinf.ble_protocol.messages import Message, MsgType
+    from coinf.ble_protocol.radio import EmulatedRadio
+    from coinf.handheld.ble_central import connect_link
+    from coinf.wearable.gatt_server import accept_link, close_servers
+
+    overrides = {**overrides, "time_scale": time_scale}
+    async with EmulatedRadio(preset, **overrides) as radio:
+        wspec, hspec = radio.specs
+        mtu = radio.params.att_mtu
+        accept = asyncio.ensure_future(
+            accept_link(wspec, bundle_identity="bench", timeout=60, mtu=mtu)
+        )
+        await asyncio.sleep(0.2)
+        handheld = await connect_link(
+            "coinf-wearable",
+            bundle_identity="bench",
+            backend=BumbleBleakClient,
+            hci=hspec,
+            mtu=mtu,
+        )
+        wearable = await accept
+        payload = os.urandom(nbytes)
+        rates: list[float] = []
+        dirs = ["up", "down"] if direction == "both" else [direction]
+        try:
+            for d in dirs:
+                src, dst = (wearable, handheld) if d == "up" else (handheld, wearable)
+                for i in range(messages):
+                    t0 = radio.now()
+                    await src.send(Message(MsgType.REQUEST, i + 1, payload))
+                    got = await dst.receive()
+                    dt = radio.now() - t0
+                    if got.payload != payload:
+                        raise RuntimeError("payload corrupted in transit")
+                    rates.append(nbytes / dt)
+                    progress(f"{d} message {i + 1}: {dt:.3f} s emulated, {nbytes / dt:.0f} B/s")
+        finally:
+            await handheld.close()
+            await wearable.close()
+            await close_servers()
+            await close_devices()
+        capacity = radio.params.capacity_bps()
+        goodput = median(rates)
+        return {
+            "preset": preset,
+            "message_bytes": nbytes,
+            "messages": len(rates),
+            "goodput_bps": round(goodput, 1),
+            "capacity_bps": round(capacity, 1),
+            "efficiency": round(goodput / capacity, 4),
+            "direction": direction,
+            "time_scale": time_scale,
+            "att_mtu": mtu,
+            "chunk_bytes": wearable.chunk_size,  # type: ignore[attr-defined]
+            "radio": radio.params.describe(),
+        }
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.ble_protocol.radio import parse_overrides, preset
+    from coinf.errors import UserError
+
+    if args.bytes < 1 or args.messages < 1:
+        raise UserError("--bytes and --messages must be >= 1")
+    overrides = parse_overrides(args.set)
+    preset(args.preset, **overrides)  # validate before starting anything
+    emit(
+        asyncio.run(
+            measure(
+                args.preset, args.bytes, args.messages, args.direction, args.time_scale, overrides
+            )
+        )
+    )
+    return 0

@@ -1,0 +1,119 @@
+"""``coinf bench overhead``: cost of splitting, head+tail in-process vs the whole model.
+
+Both sides use the same onnxruntime settings; runs are interleaved (whole, split, whole, ...)
+so machine noise hits both equally; medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from coinf.cli.bench import emit, median, progress
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="ONNX model file")
+    parser.add_argument("--split", help="candidate id (default: the middle candidate)")
+    parser.add_argument("--bundle", help="reuse this bundle of MODEL instead of splitting anew")
+    parser.add_argument("--runs", type=int, default=200, help="interleaved pairs (median)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
+    parser.add_argument("--session", action="store_true",
+                        help="also time Session.run over the in-process link")
+    parser.add_argument("--json", action="store_true", help="(always JSON; accepted for symmetry)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnxruntime as ort
+
+    from coinf.cli.sample import bundle_feeds
+    from coinf.convert.bundle import Bundle
+    from coinf.errors import UserError
+
+    if args.runs < 1:
+        raise UserError("--runs must be >= 1")
+    model = Path(args.model)
+    tmp = None
+    if args.bundle:
+        bundle = Bundle.load(args.bundle)
+    else:
+        from coinf.convert.split import split_model
+
+        tmp = tempfile.TemporaryDirectory(prefix="coinf-bench-")
+        progress(f"splitting {model} ...")
+        bundle = split_model(model, Path(tmp.name) / "bundle")
+    if args.split:
+        cand = bundle.candidate(args.split)
+    else:
+        cand = bundle.candidates[len(bundle.candidates) // 2]
+    if cand.head.file is None or cand.tail.file is None:
+        raise UserError(f"candidate {cand.id} is an extreme; pick one with a head and a tail")
+
+    def session(path: Path) -> ort.InferenceSession:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        opts.inter_op_num_threads = 1
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    whole = session(bundle.model_path)
+    head = session(bundle.path(cand.head.file))
+    tail = session(bundle.path(cand.tail.file))
+    feeds = bundle_feeds(bundle)
+    head_in = {i.name: feeds[i.name] for i in head.get_inputs()}
+    head_out = [o.name for o in head.get_outputs()]
+    tail_in_names = [i.name for i in tail.get_inputs()]
+
+    def run_split() -> None:
+        produced = dict(zip(head_out, head.run(head_out, head_in), strict=True))
+        tail.run(None, {n: produced[n] if n in produced else feeds[n] for n in tail_in_names})
+
+    def run_whole() -> None:
+        whole.run(None, feeds)
+
+    sess = None
+    if args.session:
+        from coinf.wearable.session import Session
+
+        sess = Session(bundle, split=cand.id, threads=args.threads,
+                       handheld_threads=args.threads)
+
+    for _ in range(args.warmup):
+        run_whole()
+        run_split()
+        if sess is not None:
+            sess.run(None, feeds)
+    full_ms: list[float] = []
+    split_ms: list[float] = []
+    session_ms: list[float] = []
+    progress(f"timing {args.runs} interleaved runs of {model.name} at {cand.id} ...")
+    for i in range(args.runs):
+        order = (run_whole, run_split) if i % 2 == 0 else (run_split, run_whole)
+        for fn in order:
+            t0 = time.perf_counter()
+            fn()
+            (full_ms if fn is run_whole else split_ms).append((time.perf_counter() - t0) * 1e3)
+        if sess is not None:
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            session_ms.append((time.perf_counter() - t0) * 1e3)
+    result = {
+        "model": model.name,
+        "split": cand.id,
+        "runs": args.runs,
+        "threads": args.threads,
+        "full_ms": round(median(full_ms), 4),
+        "split_ms": round(median(split_ms), 4),
+        "ratio": round(median(split_ms) / median(full_ms), 4),
+    }
+    if sess is not None:
+        result["session_ms"] = round(median(session_ms), 4)
+        result["session_ratio"] = round(median(session_ms) / median(full_ms), 4)
+        sess.close()
+    emit(result)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0

@@ -1,0 +1,238 @@
+"""``coinf bench pack``: packing ratio vs accuracy per cut, codec speed, end-to-end gain.
+
+Without ``--bundle`` it measures the zoo's trained ``lenet_digits`` (split here) on the digits
+validation split; with ``--bundle DIR --data digits|FILE.npz`` any bundle.
+The end-to-end figure is a model, not a radio measurement: head and pack times measured on this
+machine times ``--pi-slowdown`` (the Pi Zero 2 W is assumed that much slower), tail and unpack
+times as measured (the handheld), and transfer at the pi-zero-2w preset's ATT capacity from the
+air-time formula (1M PHY, 27-B LL payload, 7.5 ms interval, 6 exchanges per event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coinf.ble_protocol import packing
+from coinf.ble_protocol.tensors import encode_tensors
+from coinf.cli.bench import emit, median, progress
+from coinf.errors import InputError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    parser.add_argument("--bundle", default=None,
+                        help="bundle to measure (default: the zoo's trained lenet_digits)")
+    parser.add_argument("--data", default="digits",
+                        help="with --bundle: 'digits' or an .npz (see coinf calibrate)")
+    parser.add_argument("--limit", type=int, default=None, help="first N validation inputs")
+    parser.add_argument("--repeats", type=int, default=15, help="timing repeats (median)")
+    parser.add_argument("--tolerance", type=float, default=1.0, help="accuracy drop allowed, pp")
+    parser.add_argument("--pi-slowdown", type=float, default=10.0,
+                        help="assumed Pi Zero 2 W / this-machine compute time ratio")
+    parser.add_argument("--throughput-mb", type=float, default=4.0,
+                        help="size of the tensor the codec speed is measured on (MB of float32)")
+    parser.set_defaults(func=run)
+
+
+def pi_zero_capacity() -> tuple[float, str]:
+    """ATT payload bytes/s of the pi-zero-2w preset, from the BLE air-time formula."""
+    try:
+        from coinf.ble_protocol.radio.params import preset
+
+        return float(preset("pi-zero-2w").capacity_bps()), "coinf.ble_protocol.radio.params"
+    except ImportError:
+        pass
+    # same formula, inlined: 1M PHY (8 us/byte), 27-B LL payload, encrypted (MIC), 7.5 ms
+    # interval, at most 6 exchanges per event, ATT value 512 B per notification
+    t_pair = (1 + 4 + 2 + 27 + 4 + 3) * 8e-6 + (1 + 4 + 2 + 3) * 8e-6 + 2 * 150e-6
+    exchanges = min(6, math.floor(7.5e-3 / t_pair))
+    per_att = math.ceil((512 + 7) / 27)
+    return 512 * exchanges / (per_att * 7.5e-3), "inline formula"
+
+
+def _time(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up)."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return median(out)
+
+
+def _codec_speed(tensor: np.ndarray, spec: str, repeats: int) -> dict[str, float]:
+    """Pack/unpack MB/s (MB of float32 input) with bitshuffle and with the numpy fallback,
+    interleaved so both see the same machine load."""
+    mb = tensor.size * 4 / 1e6
+    body = packing.pack(tensor, spec)
+    times: dict[str, list[float]] = {k: [] for k in ("pack", "unpack", "pack_np", "unpack_np")}
+    lib = packing.USE_BITSHUFFLE
+    try:
+        for _ in range(repeats):
+            for use, suffix in ((lib, ""), (False, "_np")):
+                packing.USE_BITSHUFFLE = use
+                times["pack" + suffix].append(_time(lambda: packing.pack(tensor, spec), 1))
+                times["unpack" + suffix].append(_time(lambda: packing.unpack(body), 1))
+    finally:
+        packing.USE_BITSHUFFLE = lib
+    out = {f"{k}_mb_s": round(mb / median(v), 1) for k, v in times.items()}
+    out["ratio"] = round(tensor.size * 4 / len(body), 2)
+    return out
+
+
+def _pack_all(tensors: dict[str, np.ndarray], spec: str) -> list[bytes]:
+    return [packing.pack(v, spec) for v in tensors.values()]
+
+
+def _unpack_all(bodies: dict[str, bytes]) -> list[np.ndarray]:
+    return [packing.unpack(b) for b in bodies.values()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.convert import calibrate as cal
+    from coinf.convert.bundle import Bundle
+
+    if args.repeats < 1 or (args.limit is not None and args.limit < 1):
+        raise InputError("--repeats and --limit must be >= 1")
+    tmp = None
+    if args.bundle:
+        bundle = Bundle.load(args.bundle)
+        data = cal.load_dataset(args.data, bundle, args.limit)
+        model = bundle.root.resolve().name
+    else:
+        from coinf.convert.split import split_model
+        from coinf.models.zoo import committed_path
+
+        tmp = tempfile.TemporaryDirectory(prefix="coinf-pack-")
+        progress("splitting the zoo's lenet_digits (no --bundle given) ...")
+        bundle = split_model(committed_path("lenet_digits"), Path(tmp.name) / "lenet_digits")
+        data = cal.load_dataset("digits", bundle, args.limit)
+        model = "lenet_digits"
+    try:
+        result = measure(bundle, data, model, args)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    emit(result)
+    return 0
+
+
+def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    from coinf.convert import calibrate as cal
+
+    tol = args.tolerance
+    tables = cal.calibrate(bundle, data, cal.DEFAULT_SPECS, progress=progress)
+    rows = [{"cut": f"{cid} {bundle.candidate(cid).label}", "bits": r["spec"],
+             "ratio": r["ratio"], "accuracy_drop_pp": r["accuracy_drop_pp"],
+             "mean_bytes": r["mean_bytes"]}
+            for cid, rs in tables.items() for r in rs]
+    ok = [r for r in rows if r["accuracy_drop_pp"] <= tol]
+    best = max(ok, key=lambda r: r["ratio"]) if ok else None
+
+    # --- codec speed: the largest crossing tensor of the model, tiled to --throughput-mb ----
+    biggest = max((c for c in bundle.candidates if c.id in tables), key=lambda c: c.crossing_bytes)
+    runner = cal.CandidateRunner(bundle, biggest)
+    name = max(biggest.crossing, key=lambda t: t.nbytes).name
+    tensor = runner.run_head(data.feed(0))[name].astype(np.float32)
+    want = max(1, int(args.throughput_mb * 1e6 / tensor.nbytes))
+    # distinct inputs' activations side by side (tiling one would flatter LZ4)
+    parts = [runner.run_head(data.feed(i % len(data)))[name].astype(np.float32).reshape(-1)
+             for i in range(want)]
+    large = np.concatenate(parts)
+    speed_spec = best["bits"] if best and best["bits"].startswith("q") else "q4"
+    progress(f"codec speed on {large.nbytes / 1e6:.1f} MB ({want} inputs' {biggest.id} "
+             f"tensors), {speed_spec}...")
+    speed_large = _codec_speed(large, speed_spec, args.repeats)
+    speed_model = _codec_speed(tensor, speed_spec, args.repeats)
+
+    # --- end-to-end model on the pi-zero-2w preset --------------------------------------------
+    cap, cap_source = pi_zero_capacity()
+    slow = args.pi_slowdown
+    lat_raw: dict[str, float] = {}
+    lat_pack: dict[tuple[str, str], float] = {}
+    feed = data.feed(0)
+    for cand in bundle.candidates:
+        head_ms = 0.0
+        if cand.head.file is not None:
+            sess = cal.session(bundle.path(cand.head.file))
+            names = [o.name for o in sess.get_outputs()]
+            head_ms = 1e3 * _time(partial(sess.run, names, feed), args.repeats)
+        if cand.is_wearable_only:
+            lat_raw[cand.id] = head_ms * slow
+            continue
+        run = cal.CandidateRunner(bundle, cand)
+        crossing = run.run_head(feed)
+        tail_ms = 1e3 * _time(partial(run.run_tail, crossing), args.repeats)
+        out = run.tail.run(None, {n: crossing[n] for n in run.tail_inputs})
+        ret_bytes = len(encode_tensors({f"o{i}": o for i, o in enumerate(out)}))
+        fixed = head_ms * slow + tail_ms + 1e3 * ret_bytes / cap
+        lat_raw[cand.id] = fixed + 1e3 * len(encode_tensors(crossing)) / cap
+        for r in tables[cand.id]:
+            if r["accuracy_drop_pp"] > tol:
+                continue
+            spec = r["spec"]
+            bodies = {k: packing.pack(v, spec) for k, v in crossing.items()}
+            pack_ms = 1e3 * _time(partial(_pack_all, crossing, spec), args.repeats)
+            unpack_ms = 1e3 * _time(partial(_unpack_all, bodies), args.repeats)
+            map_overhead = len(encode_tensors({}, packed=bodies)) - sum(map(len, bodies.values()))
+            wire = r["mean_bytes"] + map_overhead
+            lat_pack[(cand.id, spec)] = fixed + pack_ms * slow + unpack_ms + 1e3 * wire / cap
+    offload_raw = {k: v for k, v in lat_raw.items() if not bundle.candidate(k).is_wearable_only}
+    raw_off = min(offload_raw, key=lambda k: offload_raw[k])
+    raw_best = min(lat_raw, key=lambda k: lat_raw[k])
+    pack_best = min(lat_pack, key=lambda k: lat_pack[k]) if lat_pack else None
+    best_packed_ms = min(lat_raw[raw_best], lat_pack[pack_best]) if pack_best else lat_raw[raw_best]
+
+    def cut(cid: str) -> str:
+        return f"{cid} {bundle.candidate(cid).label}"
+
+    return {
+        "model": model,
+        "data": data.name,
+        "samples": len(data),
+        "metric": "top1_accuracy" if data.labels is not None else "top1_disagreement",
+        "rows": rows,
+        "best_ratio_at_1pp": best["ratio"] if best else None,
+        "best_at_1pp": {"cut": best["cut"], "bits": best["bits"]} if best else None,
+        "pack_mb_s": speed_large["pack_mb_s"],
+        "unpack_mb_s": speed_large["unpack_mb_s"],
+        "codec_speed": {
+            "bits": speed_spec,
+            "note": "MB of float32 input per second, one core, median over repeats",
+            "bitshuffle_installed": packing._bitshuffle is not None,
+            "large_tensor": {"mb": round(large.nbytes / 1e6, 2), "inputs": want,
+                             "distinct_inputs": min(want, len(data)), **speed_large},
+            "model_tensor": {"cut": cut(biggest.id), "shape": list(tensor.shape),
+                             **speed_model},
+        },
+        "e2e_speedup_pi_zero": round(lat_raw[raw_best] / best_packed_ms, 2),
+        "e2e": {
+            "preset": "pi-zero-2w",
+            "transfer_model": "formula",
+            "capacity_bytes_per_s": round(cap, 1),
+            "capacity_source": cap_source,
+            "pi_slowdown_assumed": slow,
+            "tolerance_pp": tol,
+            "without_packing": {"cut": cut(raw_best), "latency_ms": round(lat_raw[raw_best], 2)},
+            "with_packing": ({"cut": cut(pack_best[0]), "bits": pack_best[1],
+                              "latency_ms": round(lat_pack[pack_best], 2)} if pack_best else None),
+            "offload_speedup": (round(lat_raw[raw_off] / lat_pack[pack_best], 2)
+                                if pack_best else None),
+            "offload_without_packing": {"cut": cut(raw_off),
+                                        "latency_ms": round(lat_raw[raw_off], 2)},
+            "latency_ms_without_packing": {cut(k): round(v, 2) for k, v in lat_raw.items()},
+            "latency_ms_with_packing": {f"{cut(k[0])} {k[1]}": round(v, 2)
+                                        for k, v in lat_pack.items()},
+        },
+        "targets": {"best_ratio_at_1pp": 20, "pack_mb_s": 300},
+    }

@@ -1,0 +1,261 @@
+"""``coinf bench plan``: the planner's choice against a measured oracle, over the emulated setup.
+
+This machine plays both sides: the wearable is emulated by ``Session(slowdown=K, threads=T)``,
+the link by a shaped in-process channel at ``--bandwidth-kbps``. The planner gets what
+``coinf profile`` would measure on the devices -- this machine's slice times, the wearable's
+multiplied by K -- and the link's nominal bandwidth and latency, then picks a candidate (the
+latency objective: the oracle is end-to-end latency). Every candidate is then run end to end
+through a Session: the two baselines and the chosen one fully, the others cheapest prediction
+first, each dropped after its first run when that run is already slower than the best median so
+far, or not run at all when the upload's airtime alone exceeds it (``stopped_early`` says which;
+``measured_ms`` is then that first run or that lower bound).
+
+``coinf bench plan-sweep`` runs it over every bundle in a directory x bandwidths x slowdowns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from coinf.cli.bench import emit, progress
+from coinf.errors import CoinfError, UserError
+
+
+def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threads: int,
+             runs: int, stop_above_ms: float | None,
+             latency_s: float) -> tuple[float, bool, dict[str, float]]:
+    """Median end-to-end ms of ``runs`` runs (after one warm-up), whether it stopped early (the
+    first timed run exceeded ``stop_above_ms``), and the median of each RunStats time."""
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.cli.sample import bundle_feeds
+    from coinf.wearable.session import Session
+
+    feeds = bundle_feeds(bundle)
+    stats = []
+    with Session(bundle, split=cid, transport=Channel(bandwidth_bps, latency_s),
+                 slowdown=slowdown, threads=threads, handheld_threads=threads) as sess:
+        sess.run(None, feeds)  # warm-up: connect, load the slices
+        for _ in range(runs):
+            sess.run(None, feeds)
+            assert sess.last_run is not None
+            stats.append(sess.last_run)
+            if stop_above_ms is not None and stats[0].total_ms > stop_above_ms:
+                break
+    med = {k: statistics.median(getattr(s, k) for s in stats)
+           for k in ("total_ms", "head_ms", "tail_ms", "transfer_ms", "return_ms")}
+    stopped = stop_above_ms is not None and stats[0].total_ms > stop_above_ms
+    return (stats[0].total_ms if stopped else med["total_ms"]), stopped, med
+
+
+def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: float, threads: int,
+             runs: int, objective: str, repeats: int,
+             predictor_profile: str | None = None, preset: str = "pi-zero-2w") -> dict[str, Any]:
+    """One configuration. The link is a shaped channel at the radio ``preset``'s ATT capacity
+    (or ``bandwidth_kbps``) with half its connection interval of latency each way. With
+    ``predictor_profile`` the planner never sees this model's timings: compute times come from
+    that profile's layer predictors."""
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.cli.bench.stream import channel_for
+    from coinf.convert.bundle import Bundle
+    from coinf.device.profile import DeviceProfile, profile_bundle
+    from coinf.wearable.planner.adapt import LinkEstimate
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.policy import Policy
+
+    bundle = Bundle.load(bundle_dir)
+    channel, bps = channel_for(preset, bandwidth_kbps)
+    latency_s = channel.latency_s
+    wear = DeviceProfile.pi_zero_2w()
+    wear.threads, wear.slowdown = threads, slowdown
+    hand = DeviceProfile.laptop()
+    hand.threads = threads
+    if predictor_profile:
+        pred = DeviceProfile.load(predictor_profile).predictor
+        if pred is None:
+            raise UserError(f"{predictor_profile} has no predictor; run `coinf profile --train`")
+        wear.predictor = hand.predictor = pred
+    else:
+        progress(f"{bundle.root.name}: profiling slices ({threads} thread(s))")
+        mp = profile_bundle(bundle, threads, warmup=2, repeats=repeats)
+        wear.models[bundle.identity] = mp
+        hand.models[bundle.identity] = mp
+    planner = Planner(bundle, wear, hand, Policy(objective=objective, battery_aware=False,
+                                                 charging_rule=False))
+    overhead = Channel(bps, latency_s).overhead_bytes
+    budget = 0 if objective == "auto" else None
+    first, last = bundle.candidates[0].id, bundle.candidates[-1].id
+    # What a Session knows after its first inferences: run both baselines, then calibrate
+    # DynO's load factors (measured / predicted compute) and the link's fixed per-exchange
+    # cost (measured network time minus airtime) -- the planner's run-time inputs.
+    nominal = planner.costs(LinkEstimate(bps, bps, 2000.0 * latency_s, "nominal",
+                                         overhead_bytes=overhead))
+    base = {r.id: r for r in nominal}
+    measured: dict[str, float] = {}
+    stopped: dict[str, str] = {}
+    meds: dict[str, dict[str, float]] = {}
+    for cid in (first, last):
+        measured[cid], _, meds[cid] = _measure(bundle, cid, bps, slowdown, threads, runs, None,
+                                                latency_s)
+        stopped[cid] = ""
+    load = meds[last]["head_ms"] / base[last].head_ms if base[last].head_ms > 0 else 1.0
+    hload = meds[first]["tail_ms"] / base[first].tail_ms if base[first].tail_ms > 0 else 1.0
+    air = 1000.0 * (base[first].crossing_bytes + overhead) / bps + \
+        (base[first].return_ms - 1000.0 * latency_s)
+    rtt = max(0.0, meds[first]["transfer_ms"] + meds[first]["return_ms"] - air)
+    link = LinkEstimate(bps, bps, rtt, "calibrated", overhead_bytes=overhead)
+    load = min(max(load, 0.01), 999.0)
+    hload = min(max(hload, 0.01), 999.0)
+    decision = planner.decide(link, latency_budget_ms=budget, load_factor=load,
+                              handheld_load=hload)
+    predicted = {r.id: r.latency_ms() for r in decision.rows}
+    full = [first, last, decision.winner]  # the baselines and the choice: always measured
+    rest = sorted((c for c in predicted if c not in full), key=lambda c: predicted[c])
+    airtime = {r.id: 1000.0 * (r.crossing_bytes + link.overhead_bytes) / bps
+               for r in decision.rows}
+    for cid in dict.fromkeys(full + rest):
+        if cid in measured:
+            continue
+        best = min(measured.values(), default=None)
+        if cid not in full and best is not None and airtime[cid] > best:
+            # the upload alone takes longer than the best measured run: a hard lower bound
+            measured[cid], stopped[cid] = airtime[cid], "upload airtime > best"
+        else:
+            limit = None if cid in full or best is None else best
+            ms, stop, _ = _measure(bundle, cid, bps, slowdown, threads, runs, limit,
+                                        latency_s)
+            measured[cid], stopped[cid] = ms, ("first run > best" if stop else "")
+        progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {measured[cid]:.1f} ms"
+                 + (f" (stopped: {stopped[cid]})" if stopped[cid] else ""))
+    best_id = min(measured, key=lambda c: measured[c])
+    chosen = decision.winner
+    return {
+        "model": bundle.root.name, "preset": preset, "objective": objective,
+        "slowdown": slowdown,
+        "times_from": "predictor" if predictor_profile else "measured slices",
+        "bandwidth_bps": bps,
+        "calibration": {"wearable_load_factor": load, "handheld_load_factor": hload,
+                        "rtt_ms": rtt},
+        "candidates": [{"id": c.id, "predicted_ms": predicted[c.id],
+                        "measured_ms": measured[c.id], "stopped_early": stopped[c.id] or None}
+                       for c in bundle.candidates],
+        "chosen": chosen, "best": best_id, "chosen_ms": measured[chosen],
+        "best_ms": measured[best_id], "ratio": measured[chosen] / measured[best_id],
+        "wearable_only_ms": measured[last], "handheld_only_ms": measured[first],
+    }
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.runs < 1 or args.threads < 1 or args.repeats < 1:
+        raise UserError("--runs, --threads and --repeats must be >= 1")
+    if args.objective not in ("latency", "auto", "throughput"):
+        raise UserError("--objective must be latency (the oracle measures latency), auto or "
+                         "throughput")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    if args.wearable_slowdown < 1 or (args.bandwidth_kbps is not None
+                                      and args.bandwidth_kbps <= 0):
+        raise UserError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
+    emit(plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
+                  args.runs, args.objective, args.repeats, args.predicted, args.preset))
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    _check(args)
+    if args.bundles:
+        root = Path(args.bundles)
+        bundles = sorted(p for p in root.iterdir() if (p / "manifest.json").is_file()) \
+            if root.is_dir() else []
+        if not bundles:
+            raise UserError(f"{root} holds no bundles (directories with manifest.json)")
+    else:
+        bundles = zoo_bundles(Path(args.cache), args.max_candidates)
+    results = []
+    for b in bundles:
+        for kbps in args.bandwidths_kbps:
+            for k in args.slowdowns:
+                results.append(plan_one(b, kbps, k, args.threads, args.runs, args.objective,
+                                        args.repeats, args.predicted, args.preset))
+    ratios = [r["ratio"] for r in results]
+    worse = sum(r["chosen_ms"] > 1.02 * min(r["wearable_only_ms"], r["handheld_only_ms"])
+                for r in results)
+    # configs whose measured best is a real split (not an extreme): where choosing is hard
+    split_best = sum(r["best_ms"] < 0.98 * min(r["wearable_only_ms"], r["handheld_only_ms"])
+                     for r in results)
+    emit({"preset": args.preset, "configs": len(results),
+          "within_2pct": sum(x <= 1.02 for x in ratios) / len(ratios),
+          "mean_ratio": statistics.fmean(ratios), "worse_than_best_baseline": worse,
+          "best_is_split": split_best,
+          "best_is_wearable_only": sum(r["best_ms"] >= 0.98 * r["wearable_only_ms"]
+                                       for r in results),
+          "bandwidths_kbps": list(args.bandwidths_kbps), "slowdowns": list(args.slowdowns),
+          "results": [{k: r[k] for k in ("model", "bandwidth_bps", "slowdown", "chosen", "best",
+                                         "chosen_ms", "best_ms", "ratio", "wearable_only_ms",
+                                         "handheld_only_ms")} for r in results]})
+    return 0
+
+
+def zoo_bundles(cache: Path, max_candidates: int) -> list[Path]:
+    """Bundles of every committed zoo model, split into ``cache`` unless already there."""
+    from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
+    from coinf.convert.split import split_model
+    from coinf.models.zoo import ZOO, committed_path
+
+    out = []
+    for name in ZOO:
+        model, dest = committed_path(name), cache / name
+        fresh = False
+        if (dest / MANIFEST).is_file():
+            try:
+                b = Bundle.load(dest)
+                fresh = (b.meta.get("source", {}).get("sha256") == sha256_file(model)
+                         and len(b.candidates) <= max_candidates)
+            except CoinfError:
+                fresh = False
+        if not fresh:
+            progress(f"splitting {name} into {dest} (--max-candidates {max_candidates})")
+            split_model(model, dest, max_candidates=max_candidates)
+        out.append(dest)
+    return out
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="pi-zero-2w",
+                        help="radio preset whose capacity and interval shape the link "
+                        "(default %(default)s)")
+    parser.add_argument("--objective", default="latency",
+                        help="planner objective: latency (default; the oracle measures "
+                        "latency), auto or throughput")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per candidate (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per slice")
+    parser.add_argument("--predicted", metavar="PROFILE",
+                        help="plan from this profile's layer predictors instead of profiling "
+                             "the bundle (a model never profiled)")
+    parser.add_argument("--json", action="store_true", help="(output is always JSON)")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bundle", required=True)
+    parser.add_argument("--wearable-slowdown", type=float, default=10.0)
+    parser.add_argument("--bandwidth-kbps", type=float, default=None,
+                        help="link bandwidth (default: the preset's ATT capacity)")
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
+def register_sweep(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bundles", help="directory of bundles (one per model; default: the "
+                        "zoo, split into --cache)")
+    parser.add_argument("--cache", default="out/bench/bundles", help="where zoo bundles go")
+    parser.add_argument("--max-candidates", type=int, default=12,
+                        help="candidates per zoo bundle (default %(default)s)")
+    parser.add_argument("--bandwidths-kbps", type=float, nargs="+", default=[10.0, 20.0, 36.0])
+    parser.add_argument("--slowdowns", type=float, nargs="+", default=[5.0, 20.0])
+    _common(parser)
+    parser.set_defaults(func=run_sweep)

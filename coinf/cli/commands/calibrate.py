@@ -1,0 +1,54 @@
+"""``coinf calibrate BUNDLE --data digits|FILE.npz``: packing accuracy/size table per candidate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from coinf.errors import InputError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", help="split bundle directory (made by `coinf split`)")
+    parser.add_argument("--data", required=True,
+                        help="'digits' (the zoo's validation split) or an .npz with one array "
+                             "per model input (first axis = samples) and optional 'labels'")
+    parser.add_argument("--bits", default=None,
+                        help="comma-separated packings to calibrate, e.g. 2,3,4,8,f16 "
+                             "(default: 2..8,10,12,16,f16,f32)")
+    parser.add_argument("--candidates", default=None,
+                        help="comma-separated candidate ids (default: all that send something)")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N samples only")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the tables as JSON but do not write the manifest")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.convert import calibrate as cal
+    from coinf.convert.bundle import Bundle
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be >= 1, got {args.limit}")
+    bundle = Bundle.load(args.bundle)
+    specs = cal.DEFAULT_SPECS
+    if args.bits:
+        parts = args.bits.replace(" ", "").split(",")
+        specs = tuple(f"q{s}" if s.isdigit() else s for s in parts)
+    ids = args.candidates.split(",") if args.candidates else None
+    data = cal.load_dataset(args.data, bundle, args.limit)
+    progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    results = cal.calibrate(bundle, data, specs, ids, progress)
+    if args.dry_run:
+        json.dump(results, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    path = cal.store(bundle, results, data)
+    print(f"calibrated {len(results)} candidates on {len(data)} inputs of {data.name}: {path}")
+    for cid, rows in results.items():
+        best = cal.best_row(rows)
+        text = f"{best['spec']} x{best['ratio']:.1f} ({best['accuracy_drop_pp']:+.2f} pp)" \
+            if best else "none within 1 pp"
+        print(f"  {cid}: best within 1 pp: {text}")
+    return 0

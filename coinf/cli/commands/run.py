@@ -1,0 +1,243 @@
+"""``coinf run``: run inferences through a Session (the wearable process of ``coinf demo``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from typing import Any
+
+import numpy as np
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", help="bundle directory (from `coinf split`)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--split", help="candidate id, handheld-only or wearable-only")
+    which.add_argument("--all", action="store_true", help="run every candidate (or --max of them)")
+    parser.add_argument("--max", type=int, default=0, help="with --all: at most N, evenly spread")
+    parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket", "ble"])
+    parser.add_argument("--handheld", help="daemon address for --transport socket")
+    parser.add_argument("--hci", help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
+                        "tcp-client:HOST:PORT (coinf radio)")
+    parser.add_argument("--packing", default="raw", help="raw, f32, f16 or q1..q16")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
+    parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower wearable")
+    parser.add_argument("--threads", type=int, default=0, help="wearable onnxruntime threads")
+    parser.add_argument("--stream", type=int, default=0, metavar="N",
+                        help="also stream N frames, sequential then pipelined, and report fps "
+                        "(with --all: at the most balanced offloading cut measured)")
+    parser.add_argument("--plan", type=int, default=0, metavar="N",
+                        help="then let the planner choose (latency objective) for N runs in a "
+                        "new session, and compare its choice with the table")
+    parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.set_defaults(func=run)
+
+
+def spread(n_items: int, k: int) -> list[int]:
+    """Up to ``k`` indices evenly spread over ``range(n_items)``, always both ends."""
+    if k <= 0 or k >= n_items:
+        return list(range(n_items))
+    if k == 1:
+        return [n_items - 1]
+    return sorted({round(i * (n_items - 1) / (k - 1)) for i in range(k)})
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnxruntime as ort
+
+    from coinf.cli.sample import bundle_feeds, load_feeds
+    from coinf.convert.bundle import Bundle
+    from coinf.errors import UserError
+    from coinf.wearable.session import Session
+
+    if args.repeat < 1 or args.plan < 0:
+        raise UserError("--repeat must be >= 1 and --plan >= 0")
+    logging.getLogger("bumble").setLevel(logging.CRITICAL)  # teardown noise, see handheld
+    if args.transport == "socket" and not args.handheld:
+        raise UserError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
+    if args.transport == "ble" and not args.hci:
+        raise UserError("--transport ble needs --hci hci-socket:0, usb:0 or tcp-client:HOST:PORT")
+    bundle = Bundle.load(args.bundle)
+    feeds = bundle_feeds(bundle, args.seed)
+    feeds.update(load_feeds(args.input, bundle.inputs))
+    ref_sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),
+                         strict=True))
+    if args.all:
+        ids = [bundle.candidates[i].id for i in spread(len(bundle.candidates), args.max)]
+    else:
+        ids = [bundle.candidate(args.split).id if args.split else ""]
+    rows: list[dict[str, Any]] = []
+
+    def open_session(split: str | None, **extra: Any) -> Session:
+        try:
+            return Session(
+                bundle,
+                split=split,
+                transport=args.transport,
+                handheld=args.handheld,
+                hci=args.hci,
+                ble_options={"keystore": args.keystore} if args.keystore else None,
+                slowdown=args.slowdown,
+                threads=args.threads,
+                timeout=120.0,
+                fallback=False,
+                **extra,
+            )
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    session = open_session(ids[0] or None, packing=args.packing)
+    with session:
+        if any(c and not bundle.candidate(c).is_wearable_only for c in ids):
+            session.connect()  # connection set-up is not an inference: keep it out of timings
+        for cid in ids:
+            if cid:
+                session.set_split(cid)
+            cand = session.split
+            outs, stats = [], []
+            for _ in range(args.repeat):
+                outs = session.run(None, feeds)
+                assert session.last_run is not None
+                stats.append(session.last_run)
+            err = max(
+                float(np.max(np.abs(o.astype(np.float64) - reference[n].astype(np.float64))))
+                if o.size else 0.0
+                for n, o in zip([t.name for t in bundle.outputs], outs, strict=True)
+            )
+            match = all(
+                np.allclose(o, reference[t.name], rtol=RTOL, atol=ATOL)
+                for t, o in zip(bundle.outputs, outs, strict=True)
+            )
+
+            def med(field: str, _stats: list = stats) -> float:
+                return round(statistics.median(getattr(s, field) for s in _stats), 3)
+
+            rows.append({
+                "candidate": cand.id,
+                "label": cand.label,
+                "tensors": len(cand.crossing),
+                "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
+                "head_ms": med("head_ms"),
+                "pack_ms": med("pack_ms"),
+                "transfer_ms": med("transfer_ms"),
+                "tail_ms": med("tail_ms"),
+                "return_ms": med("return_ms"),
+                "total_ms": med("total_ms"),
+                "max_abs_err": err,
+                "match": bool(match),
+            })
+        stream = None
+        if args.stream > 1:
+            if args.all:
+                session.set_split(balanced(rows))
+            stream = measure_stream(session, bundle, args.stream)
+    planned = None
+    if args.plan:
+        with open_session(None, objective="latency") as planner_session:
+            planned = measure_plan(planner_session, feeds, args.plan, rows)
+    if args.json:
+        json.dump({"bundle": str(args.bundle), "rows": rows, "stream": stream,
+                   "plan": planned}, sys.stdout, indent=1)
+        print()
+    else:
+        print(format_table(rows))
+        if stream:
+            print(format_stream(stream))
+        if planned:
+            print(format_plan(planned))
+    return 0 if all(r["match"] for r in rows) else 1
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'candidate':<10} {'cut after':<28} {'tensors':>7} {'bytes':>9} {'head ms':>8} "
+            f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        label = r["label"] if len(r["label"]) <= 28 else "…" + r["label"][-27:]
+        lines.append(
+            f"{r['candidate']:<10} {label:<28} {r['tensors']:>7} {r['bytes']:>9} "
+            f"{r['head_ms']:>8.2f} {r['pack_ms']:>8.2f} {r['transfer_ms']:>8.2f} "
+            f"{r['tail_ms']:>8.2f} {r['return_ms']:>8.2f} {r['total_ms']:>8.2f}  "
+            f"{'yes' if r['match'] else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def balanced(rows: list[dict[str, Any]]) -> str:
+    """The offloading cut whose slowest pipeline stage (head, pack, link, tail) is fastest."""
+    pool = [r for r in rows if r["bytes"] > 0 and r["label"] != "handheld-only"]
+    pool = pool or [r for r in rows if r["bytes"] > 0] or rows
+
+    def period(r: dict[str, Any]) -> float:
+        return max(r["head_ms"], r["pack_ms"], r["transfer_ms"] + r["return_ms"], r["tail_ms"])
+
+    return str(min(pool, key=period)["candidate"])
+
+
+def measure_stream(session: Any, bundle: Any, frames: int) -> dict[str, Any]:
+    """Frames/s of ``frames`` inputs run one at a time, then pipelined, on the current split."""
+    import time
+
+    from coinf.cli.sample import bundle_feeds
+
+    data = [bundle_feeds(bundle, seed) for seed in range(frames)]
+    out: dict[str, Any] = {"frames": frames, "cut": session.split.id}
+    for name, pipelined in (("sequential_fps", False), ("pipelined_fps", True)):
+        t0 = time.perf_counter()
+        for result in session.stream(data, pipelined=pipelined):
+            result.value()
+        out[name] = round(frames / (time.perf_counter() - t0), 3)
+    out["speedup"] = round(out["pipelined_fps"] / out["sequential_fps"], 3)
+    return out
+
+
+def format_stream(s: dict[str, Any]) -> str:
+    return (f"streaming {s['frames']} frames at {s['cut']}: {s['sequential_fps']:.2f} frames/s one "
+            f"at a time, {s['pipelined_fps']:.2f} frames/s pipelined ({s['speedup']:.2f}x)")
+
+
+def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
+                 rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run ``runs`` inferences with the planner choosing; its choice vs the table's fastest."""
+    session.connect()
+    chosen, totals = [], []
+    for _ in range(runs):
+        session.run(None, feeds)
+        stats = session.last_run
+        assert stats is not None
+        chosen.append(stats.candidate + ("" if stats.packing == "raw" else f"~{stats.packing}"))
+        totals.append(stats.total_ms)
+    decision = session.plan()
+    winner = max(set(chosen), key=chosen.count)
+    predicted = next((r.latency_ms() for r in decision.rows if r.id == winner), None)
+    fastest = min(rows, key=lambda r: r["total_ms"]) if rows else None
+    return {
+        "objective": "latency",
+        "runs": runs,
+        "chosen": winner,
+        "label": session.bundle.candidate(winner.split("~")[0]).label,
+        "choices": {c: chosen.count(c) for c in sorted(set(chosen))},
+        "predicted_ms": None if predicted is None else round(predicted, 3),
+        "measured_ms": round(statistics.median(totals), 3),
+        "fastest_in_table": None if fastest is None else fastest["candidate"],
+        "fastest_ms": None if fastest is None else fastest["total_ms"],
+    }
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    predicted = "?" if p["predicted_ms"] is None else f"{p['predicted_ms']:.2f}"
+    line = (f"planner ({p['objective']} objective, {p['runs']} runs): chose {p['chosen']} "
+            f"({p['label']}), predicted {predicted} ms, measured {p['measured_ms']:.2f} ms "
+            "(median)")
+    if p["fastest_in_table"]:
+        line += f"; fastest in the table: {p['fastest_in_table']} at {p['fastest_ms']:.2f} ms"
+    return line

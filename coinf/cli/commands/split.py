@@ -1,0 +1,137 @@
+"""``coinf split MODEL.onnx -o BUNDLE``: slice a model into a split bundle (docs/BUNDLE.md).
+
+``coinf split --list BUNDLE`` prints a bundle's candidate table; ``--show ID`` one candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from coinf.errors import ModelError, UserError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", help="the ONNX model to split")
+    parser.add_argument("-o", "--output", metavar="BUNDLE", help="bundle directory to write")
+    parser.add_argument("--verify", action="store_true",
+                        help="check tail(head(x)) == model(x) for every candidate")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help="value of a symbolic input dim (default 1); repeatable")
+    parser.add_argument("--max-candidates", type=int, default=None, metavar="K",
+                        help="keep at most K candidate cuts including the extremes (default 64)")
+    parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
+                        help="store weights once in BUNDLE/weights.bin instead of in every "
+                             "slice (auto: when slices would hold > 256 MB of weights)")
+    parser.add_argument("--list", metavar="BUNDLE", help="print the candidate table of a bundle")
+    parser.add_argument("--show", metavar="ID", help="with --list: print one candidate in full")
+    parser.set_defaults(func=run)
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().isdigit() or int(value) < 1:
+            raise ModelError(f"--dim {item!r}: expected NAME=VALUE with VALUE a positive integer")
+        dims[name.strip()] = int(value)
+    return dims
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def _fmt_flops(n: int) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def table(bundle: Any) -> str:
+    rows = [("id", "label", "tensors", "crossing", "head FLOPs", "tail FLOPs", "head nodes")]
+    for c in bundle.candidates:
+        rows.append((c.id, c.label[:32], str(len(c.crossing)), _fmt_bytes(c.crossing_bytes),
+                     _fmt_flops(c.head.flops), _fmt_flops(c.tail.flops), str(len(c.head.nodes))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+class _Bar:
+    """tqdm on a terminal, plain progress lines otherwise (stderr)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bars: dict[str, Any] = {}
+        self.last: dict[str, int] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.tty:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self.tty = False
+            else:
+                bar = self.bars.get(stage)
+                if bar is None:
+                    bar = self.bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr,
+                                                  leave=False)
+                bar.n = done
+                bar.refresh()
+                if done >= total:
+                    bar.close()
+                return
+        step = max(total // 10, 1)
+        if done == total or done - self.last.get(stage, -step) >= step:
+            self.last[stage] = done
+            print(f"{stage}: {done}/{total}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.convert.bundle import Bundle
+
+    if args.list:
+        bundle = Bundle.load(args.list)
+        if args.show:
+            print(json.dumps(bundle.candidate(args.show).to_json(), indent=1))
+        else:
+            print(table(bundle))
+        return 0
+    if args.show:
+        raise UserError("--show ID needs --list BUNDLE")
+    if not args.model or not args.output:
+        raise UserError("usage: coinf split MODEL.onnx -o BUNDLE [--verify] [--dim N=V] "
+                         "[--max-candidates K]  (or coinf split --list BUNDLE)")
+    from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES
+    from coinf.convert.split import split_model
+
+    dims = parse_dims(args.dim)
+    k = DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates
+    t0 = time.perf_counter()
+    bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,
+                         progress=_Bar(), max_candidates=k,
+                         shared_weights={"auto": None, "yes": True, "no": False}[
+                             args.shared_weights])
+    took = time.perf_counter() - t0
+    stats = bundle.meta.get("stats", {})
+    cross = [c.crossing_bytes for c in bundle.candidates[:-1]]
+    print(table(bundle))
+    print()
+    print(f"model        {args.model}  ({stats.get('nodes')} nodes: "
+          f"{stats.get('dynamic_nodes')} dynamic, {stats.get('constant_nodes')} constant)")
+    print(f"total FLOPs  {_fmt_flops(int(stats.get('total_flops', 0)))}")
+    print(f"candidates   {len(bundle.candidates)}  (crossing {_fmt_bytes(min(cross))} .. "
+          f"{_fmt_bytes(max(cross))})")
+    if args.verify:
+        print("verified     all candidates: tail(head(x)) == model(x) within 1e-5")
+    print(f"bundle       {args.output}  written in {took:.2f} s")
+    return 0

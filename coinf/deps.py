@@ -1,0 +1,30 @@
+"""Optional dependencies: which extra brings a package, and a one-line error when it is missing.
+
+A Pi installs ``coinf[wearable]`` only; commands and features that need more say so instead of
+failing with a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from coinf.errors import MissingDependency
+
+#: top-level import name -> the extra of setup.cfg that installs it
+EXTRA_OF: dict[str, str] = {
+    "scipy": "convert", "matplotlib": "convert", "tqdm": "convert",
+    "torch": "models", "sklearn": "train",
+    "bleak": "handheld", "bumble": "wearable", "psutil": "wearable",
+}
+
+
+def missing_message(package: str, what: str, extra: str | None = None) -> str:
+    extra = extra or EXTRA_OF.get(package)
+    hint = f"pip install 'coinf[{extra}]'" if extra else f"pip install {package}"
+    return f"{what} needs {package!r}, which is not installed ({hint})"
+
+
+def require(package: str, extra: str | None = None, what: str = "this feature") -> None:
+    """Raise :class:`MissingDependency` naming the extra when ``package`` cannot be imported."""
+    if importlib.util.find_spec(package) is None:
+        raise MissingDependency(missing_message(package, what, extra))

@@ -1,0 +1,303 @@
+"""Device profiles: how fast a device computes, what its power draw is, and per-model timings.
+
+A profile is JSON (``coinf-device-profile``, version 1)::
+
+    {"format": "coinf-device-profile", "version": 1, "name": "pi-zero-2w", "role": "wearable",
+     "threads": 4, "slowdown": 1.0, "gflops": 1.0,
+     "power": {"cpu_active_w": 2.0, "cpu_idle_w": 0.6, "ble_tx_w": 0.15, "ble_rx_w": 0.12},
+     "predictor": {... coinf-predictor ...} | null,
+     "models": {"<bundle identity>": {"nodes": {"conv1": 3.2, ...},
+                                      "candidates": {"c003": {"head_ms": 12.0, "tail_ms": 4.1}},
+                                      "node_sum_error": {...}}}}
+
+Compute time of one side of a cut, best source first: the measured slice
+(``models[id].candidates``), the sum of measured per-node times, the layer predictor on the
+model's nodes, and last ``flops / gflops``. Every time is multiplied by ``slowdown`` (emulation:
+one machine playing a slower device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coinf.device.predict import Predictor
+
+from coinf.errors import UserError
+
+FORMAT = "coinf-device-profile"
+VERSION = 1
+MAX_PROFILE_BYTES = 8 * 1024 * 1024  # a profile that arrives over the control channel
+
+
+class ProfileError(UserError):
+    """A device profile is missing, malformed or does not fit."""
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """Power draw in watts (ms x W = mJ). BLE figures are the *extra* draw while the radio moves
+    data, on top of the idle CPU."""
+
+    cpu_active_w: float
+    cpu_idle_w: float
+    ble_tx_w: float
+    ble_rx_w: float
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if not isinstance(v, (int, float)) or not 0 <= v < 1000:
+                raise ProfileError(f"power model: {k} must be a number of watts in [0, 1000), "
+                                   f"got {v!r}")
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PowerModel:
+        try:
+            return cls(**{k: float(obj[k]) for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"power model needs {list(cls.__dataclass_fields__)}: {exc}") \
+                from None
+
+
+# Defaults. Every number is an estimate from public measurements; see docs/PLANNER.md "Energy".
+PI_ZERO_2W_POWER = PowerModel(cpu_active_w=2.0, cpu_idle_w=0.6, ble_tx_w=0.15, ble_rx_w=0.12)
+LAPTOP_POWER = PowerModel(cpu_active_w=15.0, cpu_idle_w=4.0, ble_tx_w=0.05, ble_rx_w=0.05)
+
+
+@dataclass
+class ModelProfile:
+    """Timings of one bundle on one device (ms), keyed by node name and candidate id."""
+
+    nodes: dict[str, float] = field(default_factory=dict)
+    candidates: dict[str, dict[str, float]] = field(default_factory=dict)
+    node_sum_error: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ModelProfile:
+        nodes = {str(k): _ms(v, f"node {k}") for k, v in obj.get("nodes", {}).items()}
+        cands = {str(c): {str(k): _ms(v, f"candidate {c} {k}") for k, v in d.items()}
+                 for c, d in obj.get("candidates", {}).items()}
+        err = {str(k): float(v) for k, v in obj.get("node_sum_error", {}).items()}
+        return cls(nodes, cands, err)
+
+
+def _ms(v: Any, what: str) -> float:
+    if not isinstance(v, (int, float)) or not 0 <= v < 1e7:
+        raise ProfileError(f"profile: {what} must be a time in ms >= 0, got {v!r}")
+    return float(v)
+
+
+@dataclass
+class DeviceProfile:
+    """What the planner knows about one device."""
+
+    name: str
+    role: str
+    power: PowerModel
+    threads: int = 1
+    slowdown: float = 1.0
+    gflops: float = 1.0
+    predictor: Predictor | None = None
+    models: dict[str, ModelProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.role not in ("wearable", "handheld"):
+            raise ProfileError(f"profile role must be 'wearable' or 'handheld', got {self.role!r}")
+        if not 0 < self.slowdown < 1e4:
+            raise ProfileError(f"profile slowdown must be in (0, 10000), got {self.slowdown}")
+        if not 0 < self.gflops < 1e6:
+            raise ProfileError(f"profile gflops must be in (0, 1e6), got {self.gflops}")
+        if not 1 <= self.threads <= 256:
+            raise ProfileError(f"profile threads must be in [1, 256], got {self.threads}")
+
+    # -- defaults ---------------------------------------------------------------------------
+    @classmethod
+    def pi_zero_2w(cls) -> DeviceProfile:
+        """Raspberry Pi Zero 2 W: 4x Cortex-A53 @ 1 GHz; ~1 GFLOP/s fp32 through onnxruntime
+        (estimate) and :data:`PI_ZERO_2W_POWER`."""
+        return cls("pi-zero-2w", "wearable", PI_ZERO_2W_POWER, threads=4, gflops=1.0)
+
+    @classmethod
+    def laptop(cls) -> DeviceProfile:
+        """A typical laptop handheld: ~30 GFLOP/s fp32 (estimate), :data:`LAPTOP_POWER`."""
+        return cls("laptop", "handheld", LAPTOP_POWER, threads=4, gflops=30.0)
+
+    @classmethod
+    def default(cls, role: str) -> DeviceProfile:
+        return cls.pi_zero_2w() if role == "wearable" else cls.laptop()
+
+    # -- compute time -----------------------------------------------------------------------
+    def part_ms(self, identity: str, cid: str, side: str, node_names: tuple[str, ...],
+                flops: int, node_predictions: Callable[[], dict[str, float]] | None = None,
+                ) -> tuple[float, str]:
+        """Time (ms) of one side (``head``/``tail``) of candidate ``cid`` and where it came from."""
+        if not node_names and flops == 0:
+            return 0.0, "empty"
+        mp = self.models.get(identity)
+        if mp is not None:
+            measured = mp.candidates.get(cid, {}).get(f"{side}_ms")
+            if measured is not None:
+                return measured * self.slowdown, "measured slice"
+            if node_names and mp.nodes:
+                # the profile covers the whole model: a node it lacks was optimised away
+                return sum(mp.nodes.get(n, 0.0) for n in node_names) * self.slowdown, \
+                    "measured nodes"
+        if self.predictor is not None and node_predictions is not None and node_names:
+            pred = node_predictions()
+            if all(n in pred for n in node_names):
+                return sum(pred[n] for n in node_names) * self.slowdown, "predicted nodes"
+        return flops / (self.gflops * 1e6) * self.slowdown, "flops/gflops"
+
+    def node_ms(self, identity: str, feats: list[Any], style: str = "coinf") -> dict[str, float]:
+        """Per-node time (ms) for every featurised node: measured, else predicted, else flops."""
+        mp = self.models.get(identity)
+        out = {}
+        for f in feats:
+            if mp is not None and f.name in mp.nodes:
+                ms = mp.nodes[f.name]
+            elif self.predictor is not None:
+                ms = self.predictor.predict(f, style)
+            else:
+                ms = f.flops / (self.gflops * 1e6)
+            out[f.name] = ms * self.slowdown
+        return out
+
+    # -- JSON -------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "name": self.name, "role": self.role,
+                "threads": self.threads, "slowdown": self.slowdown, "gflops": self.gflops,
+                "power": asdict(self.power),
+                "predictor": self.predictor.to_json() if self.predictor else None,
+                "models": {k: m.to_json() for k, m in self.models.items()}}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> DeviceProfile:
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ProfileError("not a coinf device profile (format must be 'coinf-device-profile')")
+        if obj.get("version") != VERSION:
+            raise ProfileError(f"device profile version {obj.get('version')}; this coinf reads "
+                               f"{VERSION} (re-run `coinf profile`)")
+        try:
+            pred = Predictor.from_json(obj["predictor"]) if obj.get("predictor") else None
+            return cls(str(obj["name"]), str(obj["role"]), PowerModel.from_json(obj["power"]),
+                       int(obj.get("threads", 1)), float(obj.get("slowdown", 1.0)),
+                       float(obj.get("gflops", 1.0)), pred,
+                       {str(k): ModelProfile.from_json(v)
+                        for k, v in obj.get("models", {}).items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProfileError(f"device profile is malformed: {exc}") from None
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> DeviceProfile:
+        """Parse a profile received from the peer (size-capped, JSON only)."""
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise ProfileError(f"device profile is {len(raw)} bytes; the limit is "
+                               f"{MAX_PROFILE_BYTES}")
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"device profile is not valid JSON: {exc}") from None
+        return cls.from_json(obj)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeviceProfile:
+        path = Path(path)
+        if not path.is_file():
+            raise ProfileError(f"no device profile at {path} (make one with `coinf profile`)")
+        return cls.from_bytes(path.read_bytes())
+
+
+# -- profiling ------------------------------------------------------------------------------
+def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
+                  repeats: int = 5) -> dict[str, float]:
+    """Per-node latency (ms, median over ``repeats`` runs after ``warmup``) from onnxruntime's
+    profiler, with basic graph optimisation so node names survive (no fusion)."""
+    import onnxruntime as ort
+    from coinf.device.sweep import random_feeds
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.enable_profiling = True
+    opts.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.profile_file_prefix = os.path.join(tmp, "prof")
+        sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        feeds = random_feeds(sess)
+        for _ in range(warmup + repeats):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                  if e.get("cat") == "Session" and e.get("name") == "model_run")
+    keep = runs[warmup:]
+    per_node: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
+            continue
+        if not any(a <= e["ts"] <= b for a, b in keep):
+            continue
+        name = str(e["name"])[: -len("_kernel_time")]
+        per_node.setdefault(name, []).append(e["dur"] / 1000.0)
+    n = max(1, len(keep))
+    # a node may run several kernels per run: sum per run, then take the median across runs
+    return {k: statistics.median(v) * (len(v) / n) if len(v) > n else statistics.median(v)
+            for k, v in per_node.items()}
+
+
+def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int = 5,
+                   slices: bool = True, progress: Callable[[str], None] | None = None,
+                   ) -> ModelProfile:
+    """Per-node times of the whole model plus directly measured head/tail slice times."""
+    from coinf.device.sweep import make_session, random_feeds, time_session
+
+    mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats))
+    if not slices:
+        return mp
+    for i, cand in enumerate(bundle.candidates):
+        entry: dict[str, float] = {}
+        for side, part in (("head", cand.head), ("tail", cand.tail)):
+            if part.file is None:
+                entry[f"{side}_ms"] = 0.0
+                continue
+            sess = make_session(str(bundle.path(part.file)), threads)
+            entry[f"{side}_ms"] = time_session(sess, random_feeds(sess), warmup, repeats, 5.0)
+            node_sum = sum(mp.nodes.get(n, 0.0) for n in part.nodes)
+            if entry[f"{side}_ms"] > 0:
+                mp.node_sum_error[f"{cand.id}.{side}"] = node_sum / entry[f"{side}_ms"] - 1.0
+        mp.candidates[cand.id] = entry
+        if progress:
+            progress(f"{i + 1}/{len(bundle.candidates)} {cand.id}: head "
+                     f"{entry['head_ms']:.2f} ms, tail {entry['tail_ms']:.2f} ms")
+    return mp
+
+
+def default_profile_path(role: str) -> Path:
+    """``<config dir>/<role>-profile.json`` next to the policy file."""
+    from coinf.wearable.policy import config_path
+
+    return config_path().parent / f"{role}-profile.json"
+
+
+def load_or_default(role: str, path: str | Path | None = None) -> DeviceProfile:
+    """The saved profile for ``role`` if there is one, else the built-in default."""
+    p = Path(path) if path else default_profile_path(role)
+    if p.is_file():
+        prof = DeviceProfile.load(p)
+        if prof.role != role:
+            raise ProfileError(f"{p} is a {prof.role} profile; expected {role}")
+        return prof
+    return DeviceProfile.default(role)

@@ -11,7 +11,8 @@
     └── LinkError            the link or the peer failed; ``transient`` says whether retrying
         │                    later (and finishing the inference locally now) is right
         └── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
-            └── LinkClosed   the peer went away (DISCONNECTED)
+            ├── LinkClosed   the peer went away (DISCONNECTED)
+            └── PeerResultError  a result that does not match the model's outputs
 
 Exit codes belong to the command line (``coinf.cli``), not to these classes.
 """
@@ -112,6 +113,18 @@ class LinkClosed(ProtocolError):
         super().__init__(ErrorCode.DISCONNECTED, text)
 
 
+class PeerResultError(ProtocolError):
+    """A peer's result does not match the model's output signature (names, dtypes, shapes,
+    finite values). Transient: the inference is finished locally and the peer retried later."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(ErrorCode.MALFORMED, text)
+
+    @property
+    def transient(self) -> bool:
+        return True
+
+
 __all__ = [
     "TRANSIENT_CODES",
     "BundleError",
@@ -122,6 +135,7 @@ __all__ = [
     "LinkError",
     "MissingDependency",
     "ModelError",
+    "PeerResultError",
     "ProtocolError",
     "UserError",
 ]

@@ -1,10 +1,14 @@
-"""Run candidate tails with onnxruntime, keeping a small LRU of loaded sessions."""
+"""Run a bundle's slices with onnxruntime, keeping a small LRU of loaded sessions.
+
+Both sides use it: the wearable for heads (and for tails when it finishes an inference itself),
+the handheld daemon for tails.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -13,44 +17,73 @@ from coinf.convert.bundle import Bundle, Candidate
 from coinf.device.emulation import DeviceEmulation
 
 
-class TailRunner:
-    """Loads tail slices on demand (at most ``capacity`` kept) and runs them."""
+class SliceRunner:
+    """Loads ``(candidate, part)`` slices on demand (at most ``capacity`` kept) and runs them.
+
+    ``part`` is ``"head"`` or ``"tail"``. Thread-safe: sessions may run on several threads.
+    """
 
     def __init__(
-        self, bundle: Bundle, emulation: DeviceEmulation | None = None, capacity: int = 4
+        self,
+        bundle: Bundle,
+        emulation: DeviceEmulation | None = None,
+        capacity: int = 4,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
     ) -> None:
         if capacity < 1:
             raise ValueError("LRU capacity must be >= 1")
         self.bundle = bundle
         self.emulation = emulation or DeviceEmulation()
         self.capacity = capacity
-        self._sessions: OrderedDict[str, ort.InferenceSession] = OrderedDict()
+        self.providers = list(providers)
+        self._sessions: OrderedDict[tuple[str, str], ort.InferenceSession] = OrderedDict()
         self._lock = threading.Lock()
 
-    def session(self, cand: Candidate) -> ort.InferenceSession:
-        if cand.tail.file is None:
+    def slice_session(self, cand: Candidate, part: str) -> ort.InferenceSession:
+        file = (cand.head if part == "head" else cand.tail).file
+        if file is None:
             raise ProtocolError(
-                ErrorCode.UNKNOWN_CANDIDATE, f"candidate {cand.id} has no tail (wearable-only)"
+                ErrorCode.UNKNOWN_CANDIDATE, f"candidate {cand.id} has no {part} slice"
             )
+        key = (cand.id, part)
         with self._lock:
-            sess = self._sessions.get(cand.id)
+            sess = self._sessions.get(key)
             if sess is not None:
-                self._sessions.move_to_end(cand.id)
+                self._sessions.move_to_end(key)
                 return sess
-        path = str(self.bundle.path(cand.tail.file))
         sess = ort.InferenceSession(
-            path, self.emulation.session_options(), providers=["CPUExecutionProvider"]
+            str(self.bundle.path(file)), self.emulation.session_options(),
+            providers=self.providers,
         )
         with self._lock:
-            self._sessions[cand.id] = sess
+            self._sessions[key] = sess
             while len(self._sessions) > self.capacity:
                 self._sessions.popitem(last=False)
         return sess
 
+    def run_slice(
+        self, cand: Candidate, part: str, feeds: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Run one slice on the feeds it needs; (outputs by name, emulated compute seconds)."""
+        sess = self.slice_session(cand, part)
+        wanted = [i.name for i in sess.get_inputs()]
+        names = [o.name for o in sess.get_outputs()]
+        slice_in = {k: feeds[k] for k in wanted}
+        values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in))
+        return dict(zip(names, values, strict=True)), elapsed
+
     @property
     def loaded(self) -> list[str]:
         with self._lock:
-            return list(self._sessions)
+            return [cid for cid, _ in self._sessions]
+
+
+class TailRunner(SliceRunner):
+    """The handheld's view: tails by candidate id, crossing tensors checked against the
+    manifest (the wire is untrusted)."""
+
+    def session(self, cand: Candidate) -> ort.InferenceSession:
+        return self.slice_session(cand, "tail")
 
     def candidate(self, cid: str) -> Candidate:
         for cand in self.bundle.candidates:
@@ -81,9 +114,4 @@ class TailRunner:
         """Run candidate ``cid``'s tail; returns (outputs by name, emulated compute seconds)."""
         cand = self.candidate(cid)
         self.check_feeds(cand, feeds)
-        sess = self.session(cand)
-        wanted = {i.name for i in sess.get_inputs()}
-        tail_in = {k: v for k, v in feeds.items() if k in wanted}
-        values, elapsed = self.emulation.timed(lambda: sess.run(None, tail_in))
-        names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, values, strict=True)), elapsed
+        return self.run_slice(cand, "tail", feeds)

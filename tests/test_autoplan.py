@@ -8,9 +8,9 @@ from coinf.ble_protocol.shaped import Channel, ShapedLink
 from coinf.convert.split import split_model
 from coinf.device.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
 from coinf.models.zoo import committed_path
-from coinf.wearable import Session
 from coinf.wearable.policy import Policy
 
+from coinf import Session
 from coinf.cli.sample import bundle_feeds
 
 SLOW_WEARABLE = DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER, gflops=0.002)

@@ -19,7 +19,8 @@ from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolErr
 from coinf.ble_protocol.radio import EmulatedRadio
 from coinf.ble_protocol.rpc import RpcClient, serve
 from coinf.handheld.ble_central import connect_link
-from coinf.wearable.gatt_server import accept_link, close_servers
+
+from tests.ble_servers import accept_link, close_servers
 
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
 

@@ -13,7 +13,8 @@ import pytest
 from coinf.ble_protocol.messages import MsgType
 from coinf.ble_protocol.radio import RadioError, preset, spawn
 from coinf.ble_protocol.rpc import RpcClient
-from coinf.wearable.gatt_server import accept_link, close_servers
+
+from tests.ble_servers import accept_link, close_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
-"""Session(transport=<BLE link factory>) end to end: wearable and handheld on their own bumble
-hosts, the emulated radio in its own process (`coinf radio`)."""
+"""Session(transport="ble:...") end to end: wearable and handheld on their own bumble hosts, the
+emulated radio in its own process (`coinf radio`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
 from coinf.ble_protocol.radio import spawn
 from coinf.handheld.ble_central import connect_link
 from coinf.handheld.daemon import HandheldDaemon
-from coinf.wearable import Session
-from coinf.wearable.gatt_server import accept_link, close_servers
 
+from coinf import Session
 from tests.bundles import make_tiny_bundle, reference
 
 
@@ -54,11 +53,11 @@ def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
             split="c001",
             fallback=False,
             timeout=60,
-            transport=lambda: accept_link(wspec, bundle_identity=bundle.identity, timeout=60),
+            transport=f"ble:{wspec}",
         ) as sess:
             (y,) = sess.run(None, {"x": x})
             stats = sess.last_run
-            sess._loop_thread().run(close_servers())  # the server lives on the session's loop
+            assert sess.core.connection.links_opened == 1
         np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
         assert stats is not None and not stats.local and stats.bytes_up > 0
     finally:

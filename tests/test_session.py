@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from coinf.wearable import Session
 
+from coinf import Session
 from coinf.errors import BundleError, InputError
 from tests.bundles import make_tiny_bundle, reference
 
@@ -53,7 +53,7 @@ def test_bad_feeds_raise_value_error_before_sending(bundle, feed, message):
     sess = Session(bundle, split="c001")
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         sess.run(None, feed)
-    assert sess._loop is None  # nothing was connected, let alone sent
+    assert sess.core.connection.links_opened == 0  # nothing was connected, let alone sent
     sess.close()
 
 

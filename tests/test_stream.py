@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 import pytest
-from coinf.wearable import Session
 from coinf.wearable.stream import RealtimeSource, effective_accuracy
 
+from coinf import Session
 from tests.bundles import make_tiny_bundle
 
 

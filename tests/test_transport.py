@@ -14,11 +14,11 @@ from coinf.ble_protocol.loopback import InProcessLink, SocketLink, connect_socke
 from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
 from coinf.ble_protocol.rpc import RpcClient, serve
 from coinf.ble_protocol.tensors import ONNX_TO_NUMPY, decode_tensors, encode_raw, encode_tensors
-from coinf.wearable import Session
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from coinf import Session
 from tests.bundles import make_tiny_bundle, reference
 from tests.procs import handheld_daemon
 

@@ -1,5 +1,16 @@
-"""The wearable side: :class:`Session` (the public API), head execution, emulation."""
+"""The wearable side: the ``Session`` API (sync) over the ``AsyncSession`` core, the planner,
+head execution, connections to helpers.
 
-from coinf.wearable.session import NodeArg, RunStats, Session
+Modules: ``session`` (the onnxruntime-shaped front), ``core`` (the per-frame function and the
+stream pipeline), ``connection`` (one link per helper: handshake, backoff), ``plan`` (stages and
+links), ``frame`` (feed/result checks, timings), ``options``, ``autoplan`` + ``planner/``
+(choosing the split), ``policy``, ``cadence``, ``stream`` (real-time sources), ``loop``.
+"""
 
-__all__ = ["NodeArg", "RunStats", "Session"]
+from coinf.wearable.core import AsyncSession
+from coinf.wearable.frame import FrameResult, NodeArg, RunStats
+from coinf.wearable.options import RunOptions, SessionOptions
+from coinf.wearable.session import Session
+
+__all__ = ["AsyncSession", "FrameResult", "NodeArg", "RunOptions", "RunStats", "Session",
+           "SessionOptions"]

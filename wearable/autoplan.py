@@ -26,7 +26,7 @@ from coinf.wearable.policy import Policy
 if TYPE_CHECKING:
     from coinf.ble_protocol.rpc import RpcClient
     from coinf.convert.bundle import Bundle
-    from coinf.wearable.session import RunStats
+    from coinf.wearable.frame import RunStats
 
 log = logging.getLogger(__name__)
 

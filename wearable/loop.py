@@ -24,9 +24,19 @@ class LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for it. On ``timeout`` (or Ctrl-C) the coroutine is
+        cancelled, and its cancellation awaited, before this raises: nothing is left running."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("LoopThread.run called from its own loop; await the coroutine")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            if not fut.done():
+                fut.cancel()  # cancels the task on the loop
+                with contextlib.suppress(BaseException):
+                    fut.result(10)
+            raise
 
     def close(self) -> None:
         if self.loop.is_closed():

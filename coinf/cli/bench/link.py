@@ -47,17 +47,17 @@ async def measure(
 ) -> dict[str, Any]:
     from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
     from coinf.ble_protocol.messages import Message, MsgType
+    from coinf.ble_protocol.peripheral import WearableServer
     from coinf.ble_protocol.radio import EmulatedRadio
     from coinf.handheld.ble_central import connect_link
-    from coinf.wearable.gatt_server import accept_link, close_servers
 
     overrides = {**overrides, "time_scale": time_scale}
     async with EmulatedRadio(preset, **overrides) as radio:
         wspec, hspec = radio.specs
         mtu = radio.params.att_mtu
-        accept = asyncio.ensure_future(
-            accept_link(wspec, bundle_identity="bench", timeout=60, mtu=mtu)
-        )
+        server = WearableServer(wspec, bundle_identity="bench", mtu=mtu)
+        await server.start()
+        accept = asyncio.ensure_future(server.accept(60))
         await asyncio.sleep(0.2)
         handheld = await connect_link(
             "coinf-wearable",
@@ -85,7 +85,7 @@ async def measure(
         finally:
             await handheld.close()
             await wearable.close()
-            await close_servers()
+            await server.close()
             await close_devices()
         capacity = radio.params.capacity_bps()
         goodput = median(rates)

@@ -45,17 +45,16 @@ def bundle_identity(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from coinf.ble_protocol.link import LinkClosed
     from coinf.ble_protocol.messages import MsgType, ProtocolError
+    from coinf.ble_protocol.peripheral import WearableServer
     from coinf.ble_protocol.rpc import RpcClient
-    from coinf.wearable.gatt_server import accept_link, close_servers
 
     identity = bundle_identity(args.bundle)
 
     async def main() -> None:
-        try:
+        async with WearableServer(args.hci, bundle_identity=identity, name=args.name,
+                                  keystore=args.keystore) as server:
             while True:
-                link = await accept_link(
-                    args.hci, bundle_identity=identity, name=args.name, keystore=args.keystore
-                )
+                link = await server.accept()
                 client = RpcClient(link)
                 try:
                     for _ in range(args.probes):
@@ -79,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
                     await client.close()
                 if args.once:
                     return
-        finally:
-            await close_servers()
 
     asyncio.run(main())
     return 0

@@ -3,16 +3,19 @@
 On a Pi it runs over ``hci-socket:0`` (bluetoothd stopped) or a USB dongle (``usb:0``); in tests
 and the demo over the emulated radio (``tcp-client:127.0.0.1:PORT``). See docs/PROTOCOL.md.
 
-Reconnection: a :class:`~ble_protocol.gatt.GattLink` dies with its BLE connection (pending
-requests fail with ``LinkClosed``); the server keeps advertising and the next :func:`accept_link`
-(same transport spec, same device, same bonds) returns a fresh link when a handheld comes back.
+Reconnection: a :class:`~coinf.ble_protocol.gatt.GattLink` dies with its BLE connection (pending
+requests fail with ``LinkClosed``); the server keeps advertising and the next
+:meth:`WearableServer.accept` (same device, same bonds) returns a fresh link when a handheld comes
+back. :class:`PeripheralConnector` is the ``ble:HCI`` transport of a Session: it owns one server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from bumble import hci
@@ -26,6 +29,9 @@ from coinf.ble_protocol import gatt
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from coinf.ble_protocol.transport import Connector
+
+from coinf.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,20 @@ class WearableServer:
         self._active: Connection | None = None
         self._link: GattLink | None = None
         self._accepted: asyncio.Queue[GattLink | ProtocolError] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task this server keeps, and cancels on :meth:`close`."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def __aenter__(self) -> WearableServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     # --- setup -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -144,6 +164,9 @@ class WearableServer:
         )
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._link is not None:
             await self._link.close()
         if self.device is not None:
@@ -157,7 +180,7 @@ class WearableServer:
     def _on_connection(self, connection: Connection) -> None:
         if self._active is not None:
             log.info("refusing a second handheld %s", connection.peer_address)
-            asyncio.get_running_loop().create_task(
+            self._spawn(
                 connection.disconnect(
                     hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR
                 )
@@ -261,7 +284,7 @@ class WearableServer:
                 return
             self._accepted.put_nowait(link)
 
-        asyncio.get_running_loop().create_task(finish())
+        self._spawn(finish())
 
     def _reject(self, connection: Connection, exc: ProtocolError) -> None:
         log.warning("handshake with %s failed: %s", connection.peer_address, exc)
@@ -277,7 +300,7 @@ class WearableServer:
             with contextlib.suppress(Exception):
                 await connection.disconnect()
 
-        asyncio.get_running_loop().create_task(tell_and_drop())
+        self._spawn(tell_and_drop())
         self._accepted.put_nowait(exc)
 
     async def accept(self, timeout: float | None = None) -> Link:
@@ -293,35 +316,42 @@ class WearableServer:
         return item
 
 
-_servers: dict[tuple[asyncio.AbstractEventLoop, str], WearableServer] = {}
+class PeripheralConnector(Connector):
+    """The ``ble:HCI`` transport: this wearable's GATT server on one controller. The server is
+    started on the first :meth:`connect` and kept (advertising, bonds) until :meth:`aclose`;
+    each ``connect`` waits for the next handheld to connect, pair and handshake."""
 
+    def __init__(self, hci_spec: str, *, bundle: Any = None, bundle_identity: str | None = None,
+                 **options: Any) -> None:
+        if not hci_spec:
+            raise InputError("transport 'ble:' needs an HCI transport: ble:hci-socket:0, "
+                             "ble:usb:0 or ble:tcp-client:HOST:PORT (coinf radio)")
+        identity = bundle_identity or (bundle.identity if bundle is not None else None)
+        if identity is None:
+            raise InputError("the ble transport needs the bundle (its identity is checked in "
+                             "the handshake)")
+        known = set(inspect.signature(WearableServer.__init__).parameters) - {
+            "self", "transport_spec", "bundle_identity"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InputError(f"unknown ble transport option {unknown[0]!r}; expected one of "
+                             f"{sorted(known)}")
+        self.spec = f"ble:{hci_spec}"
+        self.server = WearableServer(hci_spec, bundle_identity=identity, **options)
+        self._started = False
 
-async def accept_link(
-    transport_spec: str,
-    *,
-    bundle_identity: str,
-    name: str = "coinf-wearable",
-    timeout: float | None = None,
-    **opts: Any,
-) -> Link:
-    """Serve on ``transport_spec`` (started once per event loop and spec) and return the next
-    handheld's :class:`Link`. Options: ``address``, ``keystore`` (JSON file for bonds),
-    ``window``, ``max_message_bytes``, ``reassembly_timeout``, ``mtu``, ``protocol_version``."""
-    loop = asyncio.get_running_loop()
-    for stale in [k for k in _servers if k[0].is_closed()]:
-        del _servers[stale]
-    key = (loop, transport_spec)
-    server = _servers.get(key)
-    if server is None:
-        server = WearableServer(transport_spec, bundle_identity=bundle_identity, name=name, **opts)
-        await server.start()
-        _servers[key] = server
-    server.bundle_identity = bundle_identity
-    return await server.accept(timeout)
+    async def connect(self, timeout: float) -> Link:
+        if not self._started:
+            await self.server.start()
+            self._started = True
+        try:
+            return await self.server.accept(timeout)
+        except ProtocolError as exc:
+            if exc.code == ErrorCode.TIMEOUT:
+                raise LinkClosed(f"no handheld connected within {timeout:.0f} s") from None
+            raise
 
-
-async def close_servers() -> None:
-    """Stop every server started by :func:`accept_link` in this event loop."""
-    loop = asyncio.get_running_loop()
-    for key in [k for k in _servers if k[0] is loop]:
-        await _servers.pop(key).close()
+    async def aclose(self) -> None:
+        if self._started:
+            self._started = False
+            await self.server.close()

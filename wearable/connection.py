@@ -1,0 +1,146 @@
+"""The session's link to one helper device: connect once, handshake, back off, come back.
+
+However many frames are in flight, there is at most one link per :class:`Connection`: the first
+caller connects while the others wait on the same attempt. A failed exchange marks the helper
+offline for a backoff (0.5 s doubling to ``max_backoff_s``); while offline, inferences finish on
+the wearable; the next request after the backoff reconnects. Every wait is bounded and every
+bound cancels what it waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, decode_json, encode_json
+from coinf.ble_protocol.rpc import RpcClient
+from coinf.ble_protocol.transport import Connector, connect_within
+
+from coinf.errors import LinkClosed, LinkError
+
+log = logging.getLogger(__name__)
+
+OnConnect = Callable[[RpcClient, float], Awaitable[None]]
+
+
+class Connection:
+    """One helper device behind a :class:`Connector`, with the handshake and offline state."""
+
+    def __init__(
+        self,
+        connector: Connector,
+        bundle_identity: str,
+        *,
+        connect_timeout: float,
+        reconnect_timeout: float,
+        request_timeout: float,
+        max_backoff_s: float,
+        on_connect: OnConnect | None = None,
+    ) -> None:
+        self.connector = connector
+        self.bundle_identity = bundle_identity
+        self.connect_timeout = connect_timeout
+        self.reconnect_timeout = reconnect_timeout
+        self.request_timeout = request_timeout
+        self.max_backoff_s = max_backoff_s
+        self.on_connect = on_connect
+        self.info: dict[str, Any] | None = None  # the helper's HELLO_ACK
+        self.rtt_ms = 0.0
+        self.links_opened = 0
+        self._rpc: RpcClient | None = None
+        self._lock: asyncio.Lock | None = None
+        self._backoff_s = 0.0
+        self._offline_until = 0.0
+        self._offline_reason = ""
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def rpc_client(self) -> RpcClient | None:
+        """The open RPC client, if connected."""
+        rpc = self._rpc
+        return rpc if rpc is not None and rpc.link.is_open else None
+
+    @property
+    def offline(self) -> str | None:
+        """Why offloading is paused right now, or None."""
+        return self._offline_reason if time.monotonic() < self._offline_until else None
+
+    async def went_offline(self, exc: BaseException) -> None:
+        """A transient failure: pause offloading for the next backoff and drop the link."""
+        self._backoff_s = min(max(self._backoff_s * 2, 0.5), self.max_backoff_s)
+        self._offline_until = time.monotonic() + self._backoff_s
+        self._offline_reason = f"handheld unavailable ({exc}); retry in {self._backoff_s:.1f} s"
+        log.warning("offloading paused: %s", self._offline_reason)
+        rpc, self._rpc = self._rpc, None
+        if rpc is not None:  # a link that failed is never reused
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await rpc.close()
+
+    def succeeded(self) -> None:
+        self._backoff_s = 0.0
+
+    # -- connecting -------------------------------------------------------------------------
+    async def client(self) -> RpcClient:
+        """The open RPC client; connects (once, whatever the concurrency) when there is none."""
+        rpc = self.rpc_client
+        if rpc is not None:
+            return rpc
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            rpc = self.rpc_client
+            if rpc is not None:
+                return rpc
+            stale, self._rpc = self._rpc, None
+            if stale is not None:
+                await stale.close()
+            timeout = (self.connect_timeout if self.links_opened == 0
+                       else min(self.connect_timeout, self.reconnect_timeout))
+            link = await connect_within(self.connector, timeout)
+            self.links_opened += 1
+            rpc = RpcClient(link)
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    await self._handshake(rpc)
+            except BaseException as exc:
+                await rpc.close()
+                if isinstance(exc, TimeoutError):
+                    raise LinkClosed(f"handshake with {link.description} took over "
+                                     f"{self.connect_timeout:.1f} s") from None
+                raise
+            self._rpc = rpc
+        if self.on_connect is not None:
+            try:
+                await self.on_connect(rpc, self.request_timeout)
+            except LinkError as exc:
+                log.info("link probe at connection failed: %s", exc)
+        return rpc
+
+    async def _handshake(self, rpc: RpcClient) -> None:
+        hello = {
+            "protocol": PROTOCOL_VERSION,
+            "bundle": self.bundle_identity,
+            "role": "wearable",
+            "capabilities": ["raw", "packed"],
+        }
+        t0 = time.perf_counter()
+        reply = await rpc.request(MsgType.HELLO, encode_json(hello), self.connect_timeout)
+        rtt = (time.perf_counter() - t0) * 1e3
+        for _ in range(2):  # the idle round trip: the smallest of a few tiny echoes
+            t0 = time.perf_counter()
+            await rpc.request(MsgType.PROBE, b"", self.connect_timeout)
+            rtt = min(rtt, (time.perf_counter() - t0) * 1e3)
+        self.rtt_ms = rtt
+        self.info = decode_json(reply.payload)
+
+    async def close(self) -> None:
+        rpc, self._rpc = self._rpc, None
+        if rpc is not None:
+            with contextlib.suppress(Exception):
+                await rpc.close()
+        await self.connector.aclose()

@@ -1,0 +1,511 @@
+"""``AsyncSession``: the execution core. One inference is one call of :meth:`AsyncSession._frame`.
+
+    async with AsyncSession("bundles/lenet", transport="ble:hci-socket:0") as sess:
+        (logits,) = await sess.run(None, {"x": x})
+        async for frame in sess.astream(frames):
+            ...
+
+Per frame: choose a :class:`~coinf.wearable.plan.Plan` (the planner, or the fixed split) ->
+run the first stage here (head thread) -> pack the crossing tensors (codec thread) -> exchange
+them with the next stage's device over its :class:`~coinf.wearable.connection.Connection` ->
+unpack and validate the result against the model's outputs (codec thread). A transient link
+error, a timeout or a bad result finishes that frame on the wearable instead. Streaming runs the
+same function for up to ``depth`` frames at once: the single head thread computes frame n+2
+while frame n+1 is packed and frame n crosses the link, and results come back in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import onnxruntime as ort
+from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
+from coinf.ble_protocol.packing import PackSpec, pack_tensors
+from coinf.ble_protocol.rpc import RpcClient
+from coinf.ble_protocol.shaped import Channel
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.ble_protocol.transport import open_connector
+from coinf.convert.bundle import Bundle, Candidate
+from coinf.device.emulation import DeviceEmulation
+from coinf.device.profile import DeviceProfile, load_or_default
+from coinf.device.runtime import SliceRunner
+from coinf.wearable.autoplan import AutoPlan
+from coinf.wearable.connection import Connection
+from coinf.wearable.frame import (
+    FrameResult,
+    NodeArg,
+    RunStats,
+    check_feed,
+    check_output_names,
+    validate_result,
+)
+from coinf.wearable.options import UNSET, RunOptions, SessionOptions, check_run_options
+from coinf.wearable.plan import Plan
+from coinf.wearable.planner.costs import Decision
+from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
+
+from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_END = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelMetadata:
+    """Same fields as ``onnxruntime.ModelMetadata``, read from the bundle's model."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
+
+
+class AsyncSession:
+    """Runs ``bundle`` split between this wearable and the devices around it, from asyncio.
+
+    ``sess_options`` (a :class:`SessionOptions`) and keyword overrides of its fields configure
+    it; ``providers`` are the onnxruntime execution providers of this wearable's slices.
+    Constructing does no I/O on the link: it connects on first use (or :meth:`connect`).
+    """
+
+    def __init__(
+        self,
+        bundle: str | Path | Bundle,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[str] | None = None,
+        **options: Any,
+    ) -> None:
+        base = sess_options if sess_options is not None else SessionOptions()
+        if not isinstance(base, SessionOptions):
+            raise InputError(f"sess_options must be coinf.SessionOptions, got "
+                             f"{type(base).__name__}")
+        opts = base.replace(**options).validate()
+        self.options = opts
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
+        self._providers = _check_providers(providers)
+        self.emulation = DeviceEmulation(opts.slowdown, opts.threads)
+        self._slices = SliceRunner(self.bundle, self.emulation, capacity=opts.head_cache + 2,
+                                   providers=self._providers)
+        self._packing = _parse_packing(opts.packing)
+        self.autoplan: AutoPlan | None = None
+        self._planner_off: AutoPlan | None = None
+        split = opts.split
+        if split is None:
+            self.autoplan = self._make_autoplan(opts.objective, opts.latency_budget_ms,
+                                                opts.policy, opts.wearable_profile,
+                                                opts.handheld_profile, opts.packings)
+            split = self.autoplan.choose(None)[0]
+        self._candidate = self.bundle.candidate(split)
+        transport, transport_options = opts.transport, dict(opts.transport_options)
+        if isinstance(transport, Channel):
+            transport, transport_options["channel"] = "inprocess", transport
+        if transport == "inprocess":
+            transport_options.setdefault("slowdown", opts.handheld_slowdown)
+            transport_options.setdefault("threads", opts.handheld_threads)
+        self.connection = Connection(
+            open_connector(transport, bundle=self.bundle, **transport_options),
+            self.bundle.identity,
+            connect_timeout=opts.effective_connect_timeout,
+            reconnect_timeout=opts.reconnect_timeout,
+            request_timeout=opts.timeout,
+            max_backoff_s=opts.max_backoff_s,
+            on_connect=self._on_connect,
+        )
+        self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-head")
+        self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-codec")
+        self._meta: ModelMetadata | None = None
+        self.last_run: RunStats | None = None
+        self._closed = False
+
+    # -- onnxruntime's surface ------------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg.of(t) for t in self.bundle.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg.of(t) for t in self.bundle.outputs]
+
+    def get_providers(self) -> list[str]:
+        return list(self._providers)
+
+    def get_session_options(self) -> SessionOptions:
+        return dataclasses.replace(self.options)
+
+    def get_modelmeta(self) -> ModelMetadata:
+        if self._meta is None:
+            import onnx
+
+            m = onnx.load(str(self.bundle.model_path), load_external_data=False)
+            self._meta = ModelMetadata(
+                producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
+                description=m.doc_string, graph_description=m.graph.doc_string,
+                version=m.model_version,
+                custom_metadata_map={p.key: p.value for p in m.metadata_props},
+            )
+        return self._meta
+
+    async def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: RunOptions | None = None,
+    ) -> list[np.ndarray]:
+        """One inference; the requested outputs (all of them for ``None`` or ``[]``)."""
+        ro = check_run_options(run_options)
+        names = check_output_names(self.bundle, output_names)
+        feeds = check_feed(self.bundle, input_feed)
+        if self.autoplan is not None:
+            self.autoplan.started()
+        outputs, _ = await self._frame(feeds, ro)
+        return [outputs[n] for n in names]
+
+    async def astream(
+        self,
+        feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+        output_names: Sequence[str] | None = None,
+        *,
+        depth: int | None = None,
+        pipelined: bool = True,
+    ) -> AsyncIterator[FrameResult]:
+        """Run a stream of inputs; one :class:`FrameResult` per input, in order.
+
+        At most ``depth`` frames are in flight and ``feeds`` is pulled only when there is room
+        (back-pressure; a blocking iterator is pulled on a worker thread). A failing frame
+        yields a result whose ``error`` is set; later frames go on. Closing the iterator
+        cancels the frames in flight (and their requests, on both sides).
+        """
+        depth = depth if depth is not None else self.options.stream_depth
+        if depth < 1:
+            raise InputError(f"depth must be >= 1, got {depth}")
+        if not pipelined:
+            depth = 1
+        names = check_output_names(self.bundle, output_names)
+        pull = _puller(feeds)
+        inflight: deque[tuple[int, asyncio.Task[tuple[dict[str, np.ndarray], RunStats]]]] = deque()
+        loop = asyncio.get_running_loop()
+        index, exhausted = 0, False
+        if self.autoplan is not None:
+            self.autoplan.set_streaming(depth > 1)
+        try:
+            while True:
+                while not exhausted and len(inflight) < depth:
+                    feed = await pull()
+                    if feed is _END:
+                        exhausted = True
+                        break
+                    inflight.append((index, loop.create_task(self._checked_frame(feed))))
+                    index += 1
+                if not inflight:
+                    return
+                i, task = inflight.popleft()
+                try:
+                    outputs, stats = await task
+                except Exception as exc:
+                    yield FrameResult(i, None, exc, None)
+                else:
+                    yield FrameResult(i, [outputs[n] for n in names], None, stats)
+        finally:
+            for _, task in inflight:
+                task.cancel()
+            await asyncio.gather(*(t for _, t in inflight), return_exceptions=True)
+            if self.autoplan is not None:
+                self.autoplan.set_streaming(False)
+
+    # -- the per-frame function ----------------------------------------------------------------
+    async def _checked_frame(self, feed: Any) -> tuple[dict[str, np.ndarray], RunStats]:
+        return await self._frame(check_feed(self.bundle, feed), RunOptions())
+
+    async def _frame(
+        self, feeds: dict[str, np.ndarray], ro: RunOptions
+    ) -> tuple[dict[str, np.ndarray], RunStats]:
+        """Everything one inference does, whoever asked for it (run or a stream)."""
+        if self._closed:
+            raise InputError("this session is closed")
+        plan = await self._next_plan(ro)
+        stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag)
+        t_start = time.perf_counter()
+        crossing = await self._on(self._head_pool, self._run_head, plan.candidate, feeds, stats)
+        if plan.local:
+            outputs = crossing
+            stats.local = True
+        else:
+            outputs = await self._offload_or_finish(plan, crossing, stats, ro)
+        stats.total_ms = (time.perf_counter() - t_start) * 1e3
+        self.last_run = stats
+        if self.autoplan is not None:
+            self.autoplan.finished(stats)
+        return outputs, stats
+
+    async def _next_plan(self, ro: RunOptions) -> Plan:
+        if self.autoplan is not None:
+            if not ro.local_only and self.connection.offline is None:
+                await self._probe_link()  # the planner must know the link before deciding
+            cid, spec = self.autoplan.choose(self.connection.offline)
+            if cid != self._candidate.id:
+                self._candidate = self.bundle.candidate(cid)
+            if str(self._packing) != spec:
+                self._packing = PackSpec.parse(spec)
+        cand = self.bundle.candidate("wearable-only") if ro.local_only else self._candidate
+        return Plan.for_candidate(cand, self._packing)
+
+    async def _probe_link(self) -> None:
+        if self.connection.rpc_client is not None:
+            return
+        try:
+            await self.connection.client()
+        except LinkError as exc:
+            if not (self.options.fallback and exc.transient):
+                raise
+            await self.connection.went_offline(exc)
+
+    def _run_head(self, cand: Candidate, feeds: dict[str, np.ndarray],
+                  stats: RunStats) -> dict[str, np.ndarray]:
+        """Run the first stage; the crossing tensors (graph inputs the tail needs pass through)."""
+        wanted = [t.name for t in cand.crossing]
+        if cand.is_handheld_only:
+            return {n: feeds[n] for n in wanted}
+        produced, elapsed = self._slices.run_slice(cand, "head", feeds)
+        stats.head_ms = elapsed * 1e3
+        return {n: produced[n] if n in produced else feeds[n] for n in wanted}
+
+    async def _offload_or_finish(
+        self, plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats, ro: RunOptions
+    ) -> dict[str, np.ndarray]:
+        offline = self.connection.offline
+        if offline is not None:
+            return await self._finish_here(plan.candidate, crossing, stats, offline)
+        timeout = ro.timeout if ro.timeout is not None else self.options.timeout
+        try:
+            rpc = await self.connection.client()
+            if self.autoplan is not None:
+                await self.autoplan.maintain(rpc, timeout)
+            payload = await self._on(self._codec_pool, _pack, plan, crossing, stats)
+            async with asyncio.timeout(timeout):
+                reply = await self._exchange(rpc, payload, stats, timeout)
+                outputs = await self._on(self._codec_pool, self._unpack, reply, stats)
+        except TimeoutError:
+            exc: LinkError = ProtocolError(ErrorCode.TIMEOUT, f"no result within {timeout:.1f} s")
+        except LinkError as caught:
+            exc = caught
+        else:
+            self.connection.succeeded()
+            return outputs
+        if not (self.options.fallback and exc.transient):
+            raise exc
+        await self.connection.went_offline(exc)
+        return await self._finish_here(plan.candidate, crossing, stats, self.connection.offline
+                                       or str(exc))
+
+    async def _exchange(self, rpc: RpcClient, payload: bytes, stats: RunStats,
+                        timeout: float) -> bytes:
+        """Send a packed request, await its result; fills transfer/tail/return times."""
+        marks: dict[str, float] = {}
+        t0 = time.perf_counter()
+        reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks)
+        tail_us, _ = decode_result(reply.payload)
+        stats.tail_ms = tail_us / 1e3
+        stats.bytes_down = len(reply.payload)
+        # A link may take a message before it is on the air (BLE queues a window of chunks),
+        # so "send returned" is not "delivered". What is exact: round trip minus tail compute.
+        # Split that network time: half the idle round trip each way, the rest by bytes.
+        net = max((marks["replied"] - t0) * 1e3 - stats.tail_ms, 0.0)
+        rtt = min(self.connection.rtt_ms, net)
+        share = stats.bytes_up / max(stats.bytes_up + stats.bytes_down, 1)
+        stats.transfer_ms = rtt / 2 + (net - rtt) * share
+        stats.return_ms = rtt / 2 + (net - rtt) * (1 - share)
+        return reply.payload
+
+    def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        _, blob = decode_result(reply)
+        outputs = validate_result(self.bundle, decode_tensors(blob))
+        stats.return_ms += (time.perf_counter() - t0) * 1e3
+        return outputs
+
+    async def _finish_here(self, cand: Candidate, crossing: dict[str, np.ndarray],
+                           stats: RunStats, why: str) -> dict[str, np.ndarray]:
+        """Run ``cand``'s tail on the wearable (the bundle carries it) instead of the helper."""
+
+        def tail() -> dict[str, np.ndarray]:
+            outputs, elapsed = self._slices.run_slice(cand, "tail", crossing)
+            stats.tail_ms = elapsed * 1e3
+            return outputs
+
+        outputs = await self._on(self._head_pool, tail)
+        stats.local = True
+        stats.fallback = why
+        return outputs
+
+    @staticmethod
+    async def _on(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    # -- planning ---------------------------------------------------------------------------
+    @property
+    def split(self) -> Candidate:
+        """The candidate the next run uses."""
+        return self._candidate
+
+    @property
+    def packing(self) -> PackSpec:
+        return self._packing
+
+    @property
+    def offline(self) -> str | None:
+        """Why offloading is paused right now, or None when the helper is in use."""
+        return self.connection.offline
+
+    def set_split(self, split: str | None, packing: str | PackSpec | None = None) -> None:
+        """Fix the split (and packing) from now on; ``None`` hands the choice back to the
+        planner (only for a session created without ``split``)."""
+        if split is None:
+            if self._planner_off is None:
+                raise InputError("this session was created with a fixed split; it has no "
+                                 "planner")
+            self.autoplan, self._planner_off = self._planner_off, None
+            return
+        self._candidate = self.bundle.candidate(split)
+        if packing is not None:
+            self._packing = packing if isinstance(packing, PackSpec) else _parse_packing(packing)
+        if self.autoplan is not None:
+            self._planner_off, self.autoplan = self.autoplan, None
+
+    def plan(self) -> Decision:
+        """The planner's current decision: every candidate's predicted costs, the winner, why."""
+        auto = self.autoplan or self._planner_off
+        if auto is None:
+            auto = self._planner_off = self._make_autoplan(None, UNSET, None, None, None,
+                                                           ("auto",))
+        decision = auto.decision()
+        if self.offline is not None:
+            decision.notes.append(
+                f"offline: runs complete on the wearable (wearable-only) - {self.offline}")
+        if self.autoplan is None:
+            decision.notes.append(f"split fixed by the caller at {self._candidate.id}")
+        return decision
+
+    def _make_autoplan(self, objective: str | None, latency_budget_ms: Any,
+                       policy: Policy | str | Path | None,
+                       wearable_profile: DeviceProfile | str | Path | None,
+                       handheld_profile: DeviceProfile | str | Path | None,
+                       packings: Sequence[str]) -> AutoPlan:
+        pol = policy if isinstance(policy, Policy) else load_policy(policy)[0]
+        if objective is not None and objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {objective!r}; expected one of "
+                             f"{', '.join(OBJECTIVES)}")
+        wprof = (wearable_profile if isinstance(wearable_profile, DeviceProfile)
+                 else load_or_default("wearable", wearable_profile))
+        measured_here = bool(wprof.models) or wprof.predictor is not None
+        if measured_here and self.emulation.slowdown != 1.0 and wprof.slowdown == 1.0:
+            # a profile measured on this machine, which now plays a K x slower wearable
+            wprof = dataclasses.replace(wprof, slowdown=self.emulation.slowdown)
+        hprof = (handheld_profile if isinstance(handheld_profile, DeviceProfile)
+                 else load_or_default("handheld", handheld_profile)
+                 if handheld_profile is not None else None)
+        return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
+                        objective=objective, latency_budget_ms=latency_budget_ms,
+                        packings=packings)
+
+    async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
+        if self.autoplan is not None:
+            await self.autoplan.on_connect(rpc, timeout)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def handheld_info(self) -> dict[str, Any] | None:
+        """The helper's handshake reply, once connected."""
+        return self.connection.info
+
+    async def connect(self) -> dict[str, Any]:
+        """Connect and handshake now (otherwise done on the first offloaded run)."""
+        await self.connection.client()
+        assert self.connection.info is not None
+        return self.connection.info
+
+    async def close(self) -> None:
+        """Close the link and whatever the transport opened; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.connection.close()
+        finally:
+            self._head_pool.shutdown(wait=False, cancel_futures=True)
+            self._codec_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
+    t0 = time.perf_counter()
+    if plan.packing.codec == "raw":
+        blob = encode_tensors(crossing)
+    else:
+        blob = encode_tensors({}, packed=pack_tensors(crossing, plan.packing))
+    payload = encode_request(plan.candidate.id, blob)
+    stats.pack_ms = (time.perf_counter() - t0) * 1e3
+    stats.bytes_up = len(payload)
+    return payload
+
+
+def _parse_packing(packing: str | PackSpec) -> PackSpec:
+    if isinstance(packing, PackSpec):
+        return packing
+    try:
+        return PackSpec.parse(packing)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _check_providers(providers: Sequence[str] | None) -> list[str]:
+    if providers is None:
+        return ["CPUExecutionProvider"]
+    available = ort.get_available_providers()
+    names = [p if isinstance(p, str) else p[0] for p in providers]
+    bad = [p for p in names if p not in available]
+    if bad or not names:
+        raise InputError(f"execution provider(s) {bad or names} not available; this "
+                         f"onnxruntime has {available}")
+    return names
+
+
+def _puller(feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]]
+            ) -> Callable[[], Any]:
+    """An awaitable 'next feed or _END' over an async or a (possibly blocking) sync iterable."""
+    if isinstance(feeds, AsyncIterable):
+        agen = aiter(feeds)
+
+        async def next_async() -> Any:
+            try:
+                return await anext(agen)
+            except StopAsyncIteration:
+                return _END
+
+        return next_async
+    it = iter(feeds)
+
+    async def next_sync() -> Any:
+        if isinstance(feeds, list | tuple):  # in memory: no thread needed
+            return next(it, _END)
+        return await asyncio.to_thread(next, it, _END)
+
+    return next_sync
+
+
+__all__ = ["AsyncSession", "FrameResult", "ModelMetadata", "NodeArg", "RunStats"]

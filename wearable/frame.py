@@ -1,0 +1,139 @@
+"""What one inference takes and gives: feed and output checks, result validation, timings.
+
+Everything here is pure (no I/O): the per-frame function in :mod:`coinf.wearable.core` calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from coinf.convert.bundle import Bundle, TensorSpec
+
+from coinf.errors import InputError, PeerResultError
+
+_ORT_TYPES = {
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "float64": "tensor(double)",
+    "int8": "tensor(int8)",
+    "uint8": "tensor(uint8)",
+    "int16": "tensor(int16)",
+    "uint16": "tensor(uint16)",
+    "int32": "tensor(int32)",
+    "uint32": "tensor(uint32)",
+    "int64": "tensor(int64)",
+    "uint64": "tensor(uint64)",
+    "bool": "tensor(bool)",
+}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Same fields as ``onnxruntime.NodeArg``: name, shape, type (e.g. ``tensor(float)``)."""
+
+    name: str
+    shape: list[int]
+    type: str
+
+    @classmethod
+    def of(cls, spec: TensorSpec) -> NodeArg:
+        return cls(spec.name, list(spec.shape),
+                   _ORT_TYPES.get(spec.dtype, f"tensor({spec.dtype})"))
+
+
+@dataclass
+class RunStats:
+    """Timings (ms) and bytes of one inference."""
+
+    candidate: str
+    packing: str = "raw"
+    head_ms: float = 0.0
+    pack_ms: float = 0.0
+    transfer_ms: float = 0.0
+    tail_ms: float = 0.0
+    return_ms: float = 0.0
+    total_ms: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    local: bool = False
+    fallback: str | None = None  # why an offloaded inference was completed on the wearable
+    tag: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FrameResult:
+    """One frame of a stream: its index, outputs (or error) and timings."""
+
+    index: int
+    outputs: list[np.ndarray] | None
+    error: BaseException | None
+    stats: RunStats | None
+
+    def value(self) -> list[np.ndarray]:
+        """The outputs, or raise this frame's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.outputs is not None
+        return self.outputs
+
+
+def check_feed(bundle: Bundle, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The feed as arrays, exactly the model's inputs in name, dtype and shape."""
+    if not isinstance(feed, Mapping):
+        raise InputError(f"input_feed must be a mapping of input name to array, got "
+                         f"{type(feed).__name__}")
+    expected = {t.name: t for t in bundle.inputs}
+    unknown = sorted(set(feed) - set(expected))
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {sorted(expected)}")
+    out: dict[str, np.ndarray] = {}
+    for name, spec in expected.items():
+        if name not in feed:
+            raise InputError(f"missing input {name!r}: expected {spec.dtype}{list(spec.shape)}")
+        arr = np.asarray(feed[name])
+        if arr.dtype != np.dtype(spec.dtype):
+            raise InputError(f"input {name!r} has dtype {arr.dtype}, expected {spec.dtype} "
+                             f"with shape {list(spec.shape)}")
+        if tuple(arr.shape) != spec.shape:
+            raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected "
+                             f"{list(spec.shape)} ({spec.dtype})")
+        out[name] = arr
+    return out
+
+
+def check_output_names(bundle: Bundle, names: Sequence[str] | None) -> list[str]:
+    """onnxruntime's rule: ``None`` or an empty list means every output, in model order."""
+    known = [t.name for t in bundle.outputs]
+    if not names:
+        return known
+    if isinstance(names, str):
+        raise InputError(f"output_names must be a list of names, got the string {names!r}")
+    for n in names:
+        if n not in known:
+            raise InputError(f"unknown output {n!r}; the model's outputs are {known}")
+    return list(names)
+
+
+def validate_result(bundle: Bundle, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A peer's result must be exactly the model's outputs: names, dtypes, shapes, and finite
+    where a float output of the local model would be. Anything else is a peer error
+    (:class:`PeerResultError`), which a Session answers by finishing the inference locally."""
+    expected = {t.name: t for t in bundle.outputs}
+    if set(outputs) != set(expected):
+        missing = sorted(set(expected) - set(outputs))
+        extra = sorted(set(outputs) - set(expected))
+        raise PeerResultError(f"result has missing outputs {missing}, unexpected outputs {extra}")
+    for name, arr in outputs.items():
+        spec = expected[name]
+        if arr.dtype != np.dtype(spec.dtype) or tuple(arr.shape) != spec.shape:
+            raise PeerResultError(f"result {name!r} is {arr.dtype}{list(arr.shape)}, the model's "
+                                f"output is {spec.dtype}{list(spec.shape)}")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise PeerResultError(f"result {name!r} has NaN or infinite values")
+    return dict(outputs)

@@ -1,0 +1,59 @@
+"""A plan: the stages one inference runs through, and the links between them.
+
+A stage is (device, slice, runtime): which device runs which slice of the bundle with which
+runtime. Consecutive stages are joined by a link that carries the crossing tensors, packed as
+the plan says. The first stage always runs on this wearable; a plan of one stage is local. Two
+devices (wearable head -> handheld tail) is the N = 2 case; nothing here assumes two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coinf.ble_protocol.packing import PackSpec
+from coinf.convert.bundle import Candidate
+
+WEARABLE = "wearable"
+HANDHELD = "handheld"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One device's part of an inference."""
+
+    device: str
+    slice: str  # "head", "tail", "whole" (a bundle file role of the candidate)
+    runtime: str = "onnxruntime"
+
+    def __str__(self) -> str:
+        return f"{self.slice}@{self.device}({self.runtime})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stages in order; ``packing`` says how tensors travel on every link between them."""
+
+    candidate: Candidate
+    packing: PackSpec
+    stages: tuple[Stage, ...]
+
+    @classmethod
+    def for_candidate(cls, cand: Candidate, packing: PackSpec,
+                      helper: str = HANDHELD) -> Plan:
+        """The plan of a two-part candidate: head here, tail on ``helper`` (unless local)."""
+        if cand.is_wearable_only:
+            return cls(cand, PackSpec.parse("raw"), (Stage(WEARABLE, "whole"),))
+        return cls(cand, packing, (Stage(WEARABLE, "head"), Stage(helper, "tail")))
+
+    @property
+    def local(self) -> bool:
+        """True when the whole inference stays on this wearable."""
+        return len(self.stages) == 1
+
+    @property
+    def remote(self) -> tuple[Stage, ...]:
+        """The stages after the first: what crosses links."""
+        return self.stages[1:]
+
+    def __str__(self) -> str:
+        return f"{self.candidate.id}[{self.packing}]: " + " -> ".join(map(str, self.stages))

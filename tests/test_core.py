@@ -1,0 +1,236 @@
+"""The execution core: one link per session, bounded and cancelled waits, onnxruntime parity,
+results checked against the model's outputs. Peers here are real links with a real RPC server
+whose handler misbehaves on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from coinf.ble_protocol import rpc
+from coinf.ble_protocol.link import Link
+from coinf.ble_protocol.loopback import InProcessLink
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    Message,
+    MsgType,
+    encode_json,
+    encode_result,
+)
+from coinf.ble_protocol.tensors import encode_tensors
+
+from coinf import AsyncSession, RunOptions, Session, SessionOptions
+from coinf.errors import InputError, PeerResultError, ProtocolError
+from tests.bundles import make_tiny_bundle, reference
+
+X = np.random.default_rng(7).standard_normal((1, 16)).astype(np.float32)
+Handler = Callable[[Message], Awaitable[Message | None]]
+
+
+@pytest.fixture()
+def bundle(tmp_path):
+    return make_tiny_bundle(tmp_path / "tiny")
+
+
+def peer(bundle, on_request: Handler, concurrent: int = 1
+         ) -> tuple[Callable[[], Awaitable[Link]], list[asyncio.Task]]:
+    """An async link factory whose peer answers the handshake and hands REQUESTs to
+    ``on_request``; the serving tasks are returned so a test can check and stop them."""
+    tasks: list[asyncio.Task] = []
+
+    async def handle(msg: Message) -> Message | None:
+        if msg.type == MsgType.HELLO:
+            ack = {"protocol": PROTOCOL_VERSION, "bundle": bundle.identity, "role": "handheld",
+                   "capabilities": ["raw", "packed"]}
+            return Message(MsgType.HELLO_ACK, msg.request_id, encode_json(ack))
+        return await on_request(msg)
+
+    async def factory() -> Link:
+        ours, theirs = InProcessLink.pair()
+        tasks.append(asyncio.get_running_loop().create_task(
+            rpc.serve(theirs, handle, max_concurrent=concurrent)))
+        return ours
+
+    return factory, tasks
+
+
+def result(request_id: int, outputs: dict[str, np.ndarray]) -> Message:
+    return Message(MsgType.RESULT, request_id, encode_result(10, encode_tensors(outputs)))
+
+
+def test_stream_on_a_fresh_session_opens_exactly_one_link(bundle):
+    frames = [{"x": X + i} for i in range(12)]
+    with Session(bundle, split="c001", stream_depth=4) as sess:
+        got = [r.value()[0] for r in sess.stream(frames)]
+        assert sess.core.connection.links_opened == 1
+        assert sess.core.connection.connector.links == 1  # the in-process connector's count
+    for i, y in enumerate(got):
+        np.testing.assert_allclose(y, reference(bundle, X + i), rtol=1e-5, atol=1e-6)
+
+
+def test_a_hung_link_factory_is_cancelled_and_leaves_no_task(bundle):
+    cancelled = asyncio.Event()
+
+    async def hung() -> Link:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+        raise AssertionError("unreachable")
+
+    async def main() -> None:
+        async with AsyncSession(bundle, split="c001", transport=hung, timeout=0.3) as sess:
+            (y,) = await asyncio.wait_for(sess.run(None, {"x": X}), 30)  # hang guard only
+            assert sess.last_run is not None and sess.last_run.local
+            assert "no link within" in (sess.last_run.fallback or "")
+            assert cancelled.is_set()
+            np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5, atol=1e-6)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert left == []
+
+    asyncio.run(main())
+
+
+def test_a_hung_factory_without_fallback_raises_a_transient_link_error(bundle):
+    async def hung() -> Link:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    with Session(bundle, split="c001", transport=hung, timeout=0.3, fallback=False) as sess, \
+            pytest.raises(ProtocolError) as info:
+        sess.run(None, {"x": X})
+    assert info.value.transient and "no link within" in str(info.value)
+
+
+def test_a_timed_out_request_is_cancelled_on_both_sides(bundle):
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def stall(msg: Message) -> Message | None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()  # the peer received CANCEL and stopped the work
+            raise
+        return None
+
+    factory, tasks = peer(bundle, stall)
+
+    async def main() -> None:
+        async with AsyncSession(bundle, split="c001", transport=factory) as sess:
+            (y,) = await sess.run(None, {"x": X}, RunOptions(timeout=0.3, tag="t1"))
+            stats = sess.last_run
+            assert stats is not None and stats.local and stats.tag == "t1"
+            assert "timeout" in (stats.fallback or "")
+            np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5, atol=1e-6)
+            assert started.is_set()
+            await asyncio.wait_for(cancelled.wait(), 10)  # hang guard, not a timing assertion
+        for t in tasks:
+            await asyncio.wait_for(t, 10)  # the peer's server ended with the link
+
+    asyncio.run(main())
+
+
+def test_closing_a_stream_cancels_the_frames_in_flight(bundle):
+    seen, cancelled = [], []
+
+    async def stall(msg: Message) -> Message | None:
+        seen.append(msg.request_id)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(msg.request_id)
+            raise
+        return None
+
+    factory, _ = peer(bundle, stall, concurrent=3)
+
+    async def main() -> None:
+        async with AsyncSession(bundle, split="c001", transport=factory, timeout=60) as sess:
+            stream = sess.astream([{"x": X}] * 5, depth=3)
+            first = asyncio.ensure_future(anext(stream))
+            for _ in range(1000):  # hang guard: all three frames reach the peer
+                if len(seen) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(seen) == 3
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await stream.aclose()
+            for _ in range(500):
+                if len(cancelled) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert sorted(cancelled) == sorted(seen)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("outputs", "problem"),
+    [
+        ({"y": np.zeros((1, 5), np.float32)}, "is float32"),
+        ({"y": np.zeros((1, 4), np.float64)}, "is float64"),
+        ({"y": np.full((1, 4), np.nan, np.float32)}, "NaN"),
+        ({}, "missing outputs ['y']"),
+        ({"y": np.zeros((1, 4), np.float32), "z": np.zeros(1, np.float32)}, "unexpected"),
+    ],
+)
+def test_a_bad_result_never_reaches_the_caller(bundle, outputs, problem):
+    async def lie(msg: Message) -> Message | None:
+        return result(msg.request_id, outputs)
+
+    factory, _ = peer(bundle, lie)
+    with Session(bundle, split="c001", transport=factory) as sess:
+        (y,) = sess.run(None, {"x": X})
+        assert sess.last_run is not None and sess.last_run.local
+        assert problem in (sess.last_run.fallback or "")
+    np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5, atol=1e-6)
+    factory, _ = peer(bundle, lie)
+    with Session(bundle, split="c001", transport=factory, fallback=False) as sess, \
+            pytest.raises(PeerResultError, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        sess.run(None, {"x": X})
+
+
+def test_run_matches_onnxruntime_semantics(bundle):
+    ref = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    with Session(bundle, split="c001") as sess:
+        for names in (None, [], ["y"]):
+            ours = sess.run(names, {"x": X})
+            theirs = ref.run(names, {"x": X})
+            assert len(ours) == len(theirs) == 1
+            np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+        with pytest.raises(InputError, match="unknown output 'nope'"):
+            sess.run(["nope"], {"x": X})
+        with pytest.raises(InputError, match="coinf.RunOptions"):
+            sess.run(None, {"x": X}, ort.RunOptions())
+        assert sess.get_providers() == ["CPUExecutionProvider"]
+        meta = sess.get_modelmeta()
+        assert meta.graph_name == ref.get_modelmeta().graph_name
+        assert sess.get_session_options().split == "c001"
+
+
+def test_local_only_run_opens_no_link(bundle):
+    with Session(bundle, split="c001") as sess:
+        (y,) = sess.run(None, {"x": X}, RunOptions(local_only=True))
+        assert sess.last_run is not None and sess.last_run.local
+        assert sess.core.connection.links_opened == 0
+    np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5, atol=1e-6)
+
+
+def test_options_object_and_keywords(bundle):
+    opts = SessionOptions(split="c000", timeout=5.0)
+    with Session(bundle, opts, timeout=7.0) as sess:
+        assert sess.options.split == "c000" and sess.options.timeout == 7.0
+    assert opts.timeout == 5.0  # the caller's object is not changed
+    with pytest.raises(InputError, match="unknown Session option 'splitt'"):
+        Session(bundle, splitt="c000")
+    with pytest.raises(InputError, match="timeout must be"):
+        Session(bundle, timeout=0)
+    with pytest.raises(InputError, match="unknown transport 'carrier-pigeon:1'"):
+        Session(bundle, transport="carrier-pigeon:1")
+    with pytest.raises(InputError, match="not available"):
+        Session(bundle, providers=["NoSuchExecutionProvider"])

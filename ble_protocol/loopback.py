@@ -51,11 +51,17 @@ class InProcessLink(Link):
         if not self._open or (self.peer is not None and not self.peer._open):
             raise LinkClosed("in-process link closed")
         await self._outbox.put(message)
+        if self.peer is not None and not self.peer._open:  # it closed while we waited for room
+            raise LinkClosed("peer closed the in-process link")
         self.stats.count_sent(len(message.payload))
 
     async def receive(self) -> Message:
         if not self._open:
             raise LinkClosed("in-process link closed")
+        if self._inbox.empty() and self.peer is not None and not self.peer._open:
+            # the peer's close marker did not fit in our full queue; we have read it empty now
+            self._open = False
+            raise LinkClosed("peer closed the in-process link")
         msg = await self._inbox.get()
         if msg is None:
             self._open = False
@@ -66,14 +72,17 @@ class InProcessLink(Link):
     async def close(self) -> None:
         if self._open:
             self._open = False
-            with contextlib.suppress(asyncio.QueueFull):
+            # Unread messages are dropped (nobody will read them): that also frees a peer's
+            # send waiting for room in our queue, which then sees we closed and fails.
+            while not self._inbox.empty():
+                self._inbox.get_nowait()
+            self._inbox.put_nowait(None)  # wakes our own pending receive
+            with contextlib.suppress(asyncio.QueueFull):  # full: the peer's receive checks us
                 self._outbox.put_nowait(None)
-            with contextlib.suppress(asyncio.QueueFull):
-                self._inbox.put_nowait(None)
 
     @property
     def is_open(self) -> bool:
-        return self._open
+        return self._open and (self.peer is None or self.peer._open)
 
 
 class SocketLink(Link):

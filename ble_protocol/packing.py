@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import lz4.block
 import numpy as np
+from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
-from coinf.ble_protocol.tensors import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 
 try:  # the compiled SIMD transpose; the pure-numpy one below gives byte-identical output
     import bitshuffle as _bitshuffle

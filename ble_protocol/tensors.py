@@ -19,32 +19,15 @@ import struct
 from collections.abc import Mapping
 
 import numpy as np
+from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 
 CODEC_RAW = 0
 CODEC_PACKED = 1
 
 MAX_TENSORS = 1024
-MAX_NDIM = 8
 MAX_NAME_BYTES = 512
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-
-# ONNX TensorProto.DataType codes <-> numpy dtypes (little-endian).
-ONNX_TO_NUMPY: dict[int, np.dtype] = {
-    1: np.dtype("<f4"),
-    2: np.dtype("u1"),
-    3: np.dtype("i1"),
-    4: np.dtype("<u2"),
-    5: np.dtype("<i2"),
-    6: np.dtype("<i4"),
-    7: np.dtype("<i8"),
-    9: np.dtype("?"),
-    10: np.dtype("<f2"),
-    11: np.dtype("<f8"),
-    12: np.dtype("<u4"),
-    13: np.dtype("<u8"),
-}
-NUMPY_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in ONNX_TO_NUMPY.items()}
 
 
 def dtype_code(dtype: np.dtype) -> int:

@@ -7,4 +7,5 @@ Shared by the wearable and the handheld (neither imports the other):
 * ``status``    -- CPU load, clock, battery (what the planner adapts to).
 * ``profile``   -- measured slice and layer latency of a device (``coinf profile``).
 * ``predict``, ``features``, ``sweep`` -- layer-latency predictors for never-profiled slices.
+* ``config``    -- where the per-user policy file and saved profiles live.
 """

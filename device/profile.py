@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coinf.device.config import config_path
 from coinf.device.predict import Predictor
 
 from coinf.errors import UserError
@@ -287,8 +288,6 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
 
 def default_profile_path(role: str) -> Path:
     """``<config dir>/<role>-profile.json`` next to the policy file."""
-    from coinf.wearable.policy import config_path
-
     return config_path().parent / f"{role}-profile.json"
 
 

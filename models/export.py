@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from coinf.models.zoo import InputSpec
+    from coinf.models.inputs import InputSpec
 
 OPSET = 17
 ATOL = 1e-4

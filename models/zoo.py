@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from coinf.models.digits import DigitsSplit
 from coinf.models.digits import digits_data as _digits_data
+from coinf.models.inputs import InputSpec
 
 from coinf.errors import UserError
 
@@ -29,27 +30,6 @@ SEED = 0
 """Seed of the torch RNG before a model is constructed (weights) and trained (shuffles)."""
 
 Built = tuple["nn.Module", dict[str, Any] | None]
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One graph input. Integer inputs (token ids) are drawn from ``[0, high)``."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    high: int | None = None
-
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
-        """A random feed valid for this input (standard normal floats, ids below ``high``)."""
-        if self.dtype == "int64":
-            assert self.high is not None
-            return rng.integers(0, self.high, size=self.shape, dtype=np.int64)
-        return rng.standard_normal(self.shape).astype(self.dtype)
-
-    def describe(self) -> str:
-        dims = "x".join(str(d) for d in self.shape)
-        return f"{self.name}:{dims}" + ("" if self.dtype == "float32" else f":{self.dtype}")
 
 
 @dataclass(frozen=True)

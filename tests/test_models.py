@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import subprocess
@@ -202,26 +203,195 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _diff_report(a: Path, b: Path) -> str:
+# A rebuild is compared with the committed file by graph structure (exactly) and by numbers
+# (within a tolerance), so the test passes on any CPU that builds the same model:
+#
+# * Random-weight models come from the seeded RNG alone; on a CPU with other SIMD kernels their
+#   ``normal_`` samples may differ by an ulp (docs/MODELS.md), so their bounds are tight.
+# * ``lenet_digits`` is trained for 30 epochs, and the CPU-dependent rounding of the GEMM and
+#   convolution kernels grows with training. Measured, committed file vs a rebuild on another
+#   x86-64 CPU: relative L2 difference per weight tensor 0.004-0.155 (fc layers largest), logits
+#   on the digits test set 0.061 relative, 99.7 % identical predictions, test accuracy 0.3 pp
+#   lower. Retraining with another seed instead gives 1.25-1.8 per tensor and 0.36 on the logits,
+#   so the bounds below tell CPU noise from a changed recipe; accuracy is judged in points.
+EXACT_RTOL, EXACT_ATOL = 1e-5, 1e-6  # random-weight models: weights, elementwise
+OUTPUT_RTOL, OUTPUT_ATOL = 1e-4, 1e-5  # random-weight models: outputs (atol scaled by |output|)
+TRAINED_WEIGHT_REL_L2 = 0.5  # per tensor: ||new - old|| / ||old||
+TRAINED_LOGIT_REL_L2 = 0.2  # on the digits test set
+TRAINED_AGREEMENT = 0.97  # fraction of test images with the same predicted class
+ACCURACY_PP = 1.5  # |rebuilt - committed| accuracy, percentage points
+
+
+def _attr_value(attr: onnx.AttributeProto) -> object:
+    """An attribute for the structure listing; tensor values are left to the weight check."""
+    if attr.type == onnx.AttributeProto.TENSOR:
+        t = attr.t
+        return f"tensor {onnx.TensorProto.DataType.Name(t.data_type)} {list(t.dims)}"
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def _value_info(v: onnx.ValueInfoProto) -> str:
+    t = v.type.tensor_type
+    dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+    return f"{v.name} {onnx.TensorProto.DataType.Name(t.elem_type)} {dims}"
+
+
+def _structure(proto: onnx.ModelProto) -> list[str]:
+    """Everything about a model but its numbers, one line per fact, in file order."""
+    g = proto.graph
+    lines = [
+        f"ir_version {proto.ir_version}",
+        f"producer {proto.producer_name} {proto.producer_version}",
+        *(f"opset {o.domain or 'ai.onnx'} {o.version}" for o in proto.opset_import),
+        f"doc {proto.doc_string}",
+        *(f"metadata {p.key} = {p.value}" for p in proto.metadata_props),
+        f"graph {g.name}",
+        *(f"input {_value_info(v)}" for v in g.input),
+        *(f"output {_value_info(v)}" for v in g.output),
+        *(f"value_info {_value_info(v)}" for v in g.value_info),
+        *(
+            f"initializer {t.name} {onnx.TensorProto.DataType.Name(t.data_type)} {list(t.dims)}"
+            for t in g.initializer
+        ),
+    ]
+    for i, n in enumerate(g.node):
+        attrs = {a.name: _attr_value(a) for a in n.attribute}
+        lines.append(
+            f"node {i} {n.domain or 'ai.onnx'}::{n.op_type} {n.name!r} in={list(n.input)} "
+            f"out={list(n.output)} attrs={attrs}"
+        )
+    return lines
+
+
+def _numbers(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and tensor-valued attributes (Constant nodes), by name."""
+    out = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    for n in proto.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                out[f"{n.name}.{a.name}"] = onnx.numpy_helper.to_array(a.t)
+    return out
+
+
+def _weight_diffs(new: onnx.ModelProto, old: onnx.ModelProto) -> dict[str, tuple[float, float]]:
+    """name -> (max |new - old|, ||new - old|| / ||old||) for tensors present in both."""
+    wn, wo = _numbers(new), _numbers(old)
+    out = {}
+    for k in wo.keys() & wn.keys():
+        if wn[k].shape != wo[k].shape or not np.issubdtype(wo[k].dtype, np.number):
+            continue
+        d = wn[k].astype(np.float64) - wo[k].astype(np.float64)
+        norm = float(np.linalg.norm(wo[k].astype(np.float64)))
+        out[k] = (
+            float(np.max(np.abs(d), initial=0.0)),
+            float(np.linalg.norm(d)) / norm if norm else float(np.linalg.norm(d)),
+        )
+    return out
+
+
+def _diff_report(new: Path, old: Path) -> str:
     """Where two ONNX files differ (graph or weights), for a useful failure message."""
-    pa, pb = onnx.load(str(a)), onnx.load(str(b))
-    nodes_a = [(n.name, n.op_type) for n in pa.graph.node]
-    nodes_b = [(n.name, n.op_type) for n in pb.graph.node]
-    if nodes_a != nodes_b:
-        return "graph structure differs"
-    wa = {t.name: onnx.numpy_helper.to_array(t) for t in pa.graph.initializer}
-    wb = {t.name: onnx.numpy_helper.to_array(t) for t in pb.graph.initializer}
-    diffs = {k: float(np.max(np.abs(wa[k] - wb[k]))) for k in wa if k in wb}
-    worst = max(diffs, key=lambda k: diffs[k], default=None)
-    return f"same graph; worst weight {worst}: {diffs.get(worst or '', 0.0):.2e}"
+    pn, po = onnx.load(str(new)), onnx.load(str(old))
+    sn, so = _structure(pn), _structure(po)
+    if sn != so:
+        diff = difflib.unified_diff(so, sn, "committed", "rebuilt", n=1, lineterm="")
+        lines = list(diff)
+        more = f"\n... {len(lines) - 40} more lines" if len(lines) > 40 else ""
+        return "graph structure differs:\n" + "\n".join(lines[:40]) + more
+    diffs = _weight_diffs(pn, po)
+    worst = sorted(diffs, key=lambda k: diffs[k][1], reverse=True)[:3]
+    return "same graph; largest weight differences (max abs, relative L2): " + ", ".join(
+        f"{k}: {diffs[k][0]:.2e}, {diffs[k][1]:.2e}" for k in worst
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rebuild_is_byte_identical(name: str, rebuilt: Path) -> None:
+def test_rebuild_has_the_committed_graph_structure(name: str, rebuilt: Path) -> None:
+    """Node op types and order, names, inputs/outputs, attributes, initializer names, shapes and
+    dtypes, graph inputs/outputs, opset and metadata: all exactly as committed."""
     new, old = rebuilt / f"{name}.onnx", committed_path(name)
-    assert new.read_bytes() == old.read_bytes(), _diff_report(new, old)
+    pn, po = onnx.load(str(new)), onnx.load(str(old))
+    assert _structure(pn) == _structure(po), _diff_report(new, old)
+    assert _numbers(pn).keys() == _numbers(po).keys()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rebuild_weights_match_within_tolerance(name: str, rebuilt: Path) -> None:
+    new, old = rebuilt / f"{name}.onnx", committed_path(name)
+    wn, wo = _numbers(onnx.load(str(new))), _numbers(onnx.load(str(old)))
+    assert wn.keys() == wo.keys(), _diff_report(new, old)
+    trained = spec_for(name).trained
+    off = []
+    for k, want in wo.items():
+        got = wn[k]
+        if (got.shape, got.dtype) != (want.shape, want.dtype):
+            off.append(f"{k}: {got.dtype}{got.shape} instead of {want.dtype}{want.shape}")
+        elif not np.issubdtype(want.dtype, np.floating):
+            if not np.array_equal(got, want):  # shapes, ids, indices: exact
+                off.append(f"{k}: integer values differ")
+        elif trained:
+            rel = float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-12))
+            if not rel <= TRAINED_WEIGHT_REL_L2:
+                off.append(f"{k}: relative L2 difference {rel:.3f} > {TRAINED_WEIGHT_REL_L2}")
+        elif not np.allclose(got, want, rtol=EXACT_RTOL, atol=EXACT_ATOL):
+            worst = float(np.max(np.abs(got.astype(np.float64) - want)))
+            off.append(f"{k}: max |difference| {worst:.2e} (rtol {EXACT_RTOL}, atol {EXACT_ATOL})")
+    assert not off, "\n".join([*off, _diff_report(new, old)])
+
+
+def _logits(path: Path, images: np.ndarray) -> np.ndarray:
+    sess = _session(path)
+    return np.concatenate([sess.run(None, {"image": x[None]})[0] for x in images])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rebuild_outputs_match_within_tolerance(name: str, rebuilt: Path) -> None:
+    new, old = rebuilt / f"{name}.onnx", committed_path(name)
     if spec_for(name).trained:
-        assert (rebuilt / f"{name}.json").read_text() == metadata_path(name).read_text()
+        images = digits_data().x_test
+        got, want = _logits(new, images), _logits(old, images)
+        rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        same = float(np.mean(got.argmax(1) == want.argmax(1)))
+        assert rel <= TRAINED_LOGIT_REL_L2, (rel, _diff_report(new, old))
+        assert same >= TRAINED_AGREEMENT, (same, _diff_report(new, old))
+        return
+    sn, so = _session(new), _session(old)
+    for seed in (3, 4):
+        feed = random_feed(name, seed=seed)
+        for got, want in zip(sn.run(None, feed), so.run(None, feed), strict=True):
+            atol = OUTPUT_ATOL * max(1.0, float(np.max(np.abs(want))))
+            worst = float(np.max(np.abs(got.astype(np.float64) - want)))
+            assert np.allclose(got, want, rtol=OUTPUT_RTOL, atol=atol), (
+                f"seed {seed}: outputs differ by up to {worst:.2e}; {_diff_report(new, old)}"
+            )
+
+
+def test_rebuilt_digit_model_keeps_its_accuracy_and_metadata(rebuilt: Path) -> None:
+    """The rebuilt JSON matches the committed one except for the accuracies (within
+    ACCURACY_PP) and the hash, which names the rebuilt file."""
+    name = "lenet_digits"
+    assert [n for n in NAMES if spec_for(n).trained] == [name]  # extend this test for others
+    new_meta = json.loads((rebuilt / f"{name}.json").read_text())
+    old_meta = json.loads(metadata_path(name).read_text())
+    assert new_meta.keys() == old_meta.keys()
+    accuracies = {k for k in old_meta if k.endswith("_accuracy")}
+    assert accuracies == {"train_accuracy", "val_accuracy", "test_accuracy"}
+    for key in old_meta.keys() - accuracies - {"onnx_sha256"}:
+        assert new_meta[key] == old_meta[key], key
+    for key in sorted(accuracies):
+        drift_pp = 100 * abs(new_meta[key] - old_meta[key])
+        assert drift_pp <= ACCURACY_PP, (key, new_meta[key], old_meta[key])
+    onnx_bytes = (rebuilt / f"{name}.onnx").read_bytes()
+    assert new_meta["onnx_sha256"] == hashlib.sha256(onnx_bytes).hexdigest()
+    # the recorded accuracy is the rebuilt file's own, measured in onnxruntime
+    data = digits_data()
+    preds = _logits(rebuilt / f"{name}.onnx", data.x_test).argmax(1)
+    assert abs(float(np.mean(preds == data.y_test)) - new_meta["test_accuracy"]) <= 0.005
 
 
 @pytest.mark.parametrize("name", RANDOM_WEIGHT_NAMES)

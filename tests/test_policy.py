@@ -104,3 +104,23 @@ def test_policy_json_validation() -> None:
     assert p.dyno_constraints()[0].threshold == 100
     assert [t.goal for t in p.dyno_targets()] == ["min", "max"]
     assert json.loads(json.dumps(p.to_json()))["targets"][0] == "energy"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"COINF_CONFIG": "/tmp/x/policy.json"}, {"XDG_CONFIG_HOME": "/tmp/xdg"}, {}],
+    ids=["COINF_CONFIG", "XDG_CONFIG_HOME", "home"],
+)
+def test_profiles_live_next_to_the_policy_file(env: dict[str, str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """device.config (what profiles use) and wearable.policy name the same policy file."""
+    from coinf.device.config import config_path
+    from coinf.device.profile import default_profile_path
+    from coinf.wearable import policy
+
+    monkeypatch.delenv("COINF_CONFIG", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert policy.config_path() == config_path()
+    assert default_profile_path("wearable") == config_path().parent / "wearable-profile.json"

@@ -45,48 +45,47 @@ async def measure(
     time_scale: float,
     overrides: dict[str, Any],
 ) -> dict[str, Any]:
-    from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+    from coinf.ble_protocol.central import Central
     from coinf.ble_protocol.messages import Message, MsgType
     from coinf.ble_protocol.radio import EmulatedRadio
-    from coinf.handheld.ble_central import connect_link
-    from coinf.wearable.gatt_server import accept_link, close_servers
+    from coinf.wearable.gatt_server import WearableServer
 
     overrides = {**overrides, "time_scale": time_scale}
     async with EmulatedRadio(preset, **overrides) as radio:
         wspec, hspec = radio.specs
         mtu = radio.params.att_mtu
-        accept = asyncio.ensure_future(
-            accept_link(wspec, bundle_identity="bench", timeout=60, mtu=mtu)
-        )
-        await asyncio.sleep(0.2)
-        handheld = await connect_link(
-            "coinf-wearable",
-            bundle_identity="bench",
-            backend=BumbleBleakClient,
-            hci=hspec,
-            mtu=mtu,
-        )
-        wearable = await accept
-        payload = os.urandom(nbytes)
-        rates: list[float] = []
-        dirs = ["up", "down"] if direction == "both" else [direction]
+        server = WearableServer(wspec, bundle_identity="bench", mtu=mtu)
+        await server.start()
         try:
-            for d in dirs:
-                src, dst = (wearable, handheld) if d == "up" else (handheld, wearable)
-                for i in range(messages):
-                    t0 = radio.now()
-                    await src.send(Message(MsgType.REQUEST, i + 1, payload))
-                    got = await dst.receive()
-                    dt = radio.now() - t0
-                    if got.payload != payload:
-                        raise RuntimeError("payload corrupted in transit")
-                    rates.append(nbytes / dt)
-                    progress(f"{d} message {i + 1}: {dt:.3f} s emulated, {nbytes / dt:.0f} B/s")
+            async with Central("coinf-wearable", bundle_identity="bench", hci=hspec,
+                               mtu=mtu) as central:
+                accept = asyncio.ensure_future(server.accept(60))
+                try:
+                    handheld = await central.connect()
+                    wearable = await accept
+                finally:
+                    accept.cancel()
+                payload = os.urandom(nbytes)
+                rates: list[float] = []
+                dirs = ["up", "down"] if direction == "both" else [direction]
+                try:
+                    for d in dirs:
+                        src, dst = (wearable, handheld) if d == "up" else (handheld, wearable)
+                        for i in range(messages):
+                            t0 = radio.now()
+                            await src.send(Message(MsgType.REQUEST, i + 1, payload))
+                            got = await dst.receive()
+                            dt = radio.now() - t0
+                            if got.payload != payload:
+                                raise RuntimeError("payload corrupted in transit")
+                            rates.append(nbytes / dt)
+                            progress(f"{d} message {i + 1}: {dt:.3f} s emulated, "
+                                     f"{nbytes / dt:.0f} B/s")
+                finally:
+                    await handheld.close()
+                    await wearable.close()
         finally:
-            await handheld.close()
-            await wearable.close()
-            await close_servers()
-            await close_devices()
+            await server.close()
         capacity = radio.params.capacity_bps()
         goodput = median(rates)
         return {

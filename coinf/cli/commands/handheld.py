@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with daemon, listener:
-            where = (f"to BLE wearable {args.wearable!r} ({listener.description})"
+            where = (f"to BLE wearable {args.wearable!r} via {listener.spec}"
                      if options else f"on {listener.description}")
             stop = ready(bundle, where)
             serving = asyncio.ensure_future(daemon.serve_listener(listener))

@@ -20,7 +20,7 @@ Specs (the implementation is imported only when its scheme is used):
 Options go to the implementation, which refuses the ones it does not know: the BLE listener
 needs ``bundle_identity`` and takes ``name`` (the wearable's name or address, default
 ``coinf-wearable``) and the options of :class:`~coinf.ble_protocol.central.Central`; the socket
-listeners take none.
+listeners take ``max_links`` (connections served at once, default 16).
 
 The consumer owns each link it receives and closes it when done (a link that failed is released
 too); the listener then takes the next connection (BLE: reconnects). Leaving the listener
@@ -228,14 +228,21 @@ class Listener(ABC):
 
 class SocketListener(Listener):
     """``tcp:HOST:PORT`` or ``unix:/path``: an asyncio server (:func:`serve_socket`); each
-    connection is one link. A stale unix socket file is replaced, and removed on close."""
+    connection is one link. At most ``max_links`` links are out at once: a connection beyond
+    that is closed at once. A stale unix socket file is replaced, and removed on close."""
 
-    def __init__(self, spec: str, **options: Any) -> None:
+    def __init__(self, spec: str, *, max_links: int = 16, **options: Any) -> None:
         from coinf.ble_protocol.loopback import parse_address
 
         super().__init__()
         if options:
-            raise InputError(f"listener {spec!r} takes no options, got {sorted(options)}")
+            raise InputError(
+                f"unknown option {sorted(options)[0]!r} for listener {spec!r}: it takes max_links"
+            )
+        if max_links < 1:
+            raise InputError(f"max_links must be >= 1, got {max_links}")
+        self.max_links = max_links
+        self.refused = 0
         try:
             self._kind, self._target = parse_address(spec)
         except ValueError as exc:
@@ -276,6 +283,11 @@ class SocketListener(Listener):
     async def _on_link(self, link: Link) -> None:
         """Runs in the server's task for one connection: hand the link out, wait until the
         consumer released it (serve_socket then closes it)."""
+        if len(self._connections) >= self.max_links:
+            self.refused += 1
+            log.warning("%s: refused a connection, %d links are out (max_links)",
+                        self.description, len(self._connections))
+            return  # serve_socket closes it
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)

@@ -182,8 +182,7 @@ async def serve(
             )
         # Sent outside the slot: the next request computes while this reply travels. The
         # request stays admitted (and cancellable) until the link took its reply.
-        if reply is not None:
-            await _send_reply(link, reply)
+        if reply is not None and await _send_reply(link, reply):
             counts.replied += 1
 
     def forget(rid: int, task: asyncio.Task[None]) -> None:
@@ -237,19 +236,23 @@ async def serve(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _send_reply(link: Link, reply: Message) -> None:
-    """Send a handler's reply; a reply the link refuses (e.g. larger than the peer accepts)
-    becomes an ERROR with the link's code, so the peer is not left waiting for its timeout."""
+async def _send_reply(link: Link, reply: Message) -> bool:
+    """Send a handler's reply; True once the link took it. A reply the link refuses (e.g.
+    larger than the peer accepts) becomes an ERROR with the link's code, so the peer is not left
+    waiting for its timeout."""
     try:
         await link.send(reply)
+        return True
     except LinkClosed:
-        return
+        return False
     except ProtocolError as exc:
         if reply.type == MsgType.ERROR:
             log.warning("could not send ERROR for request %d: %s", reply.request_id, exc)
-            return
+            return False
         log.warning("could not send reply to request %d: %s", reply.request_id, exc)
         with contextlib.suppress(ProtocolError):
             await link.send(
                 Message(MsgType.ERROR, reply.request_id, encode_error(exc.code, exc.text))
             )
+            return True
+        return False

@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -158,6 +158,7 @@ class HandheldDaemon:
     async def serve(self, link: Link) -> None:
         """Serve one connected wearable until the link closes; then close it."""
         self.connections += 1
+        t0 = time.monotonic()
         log.info("wearable connected over %s", link.description)
         try:
             await rpc.serve(
@@ -170,13 +171,14 @@ class HandheldDaemon:
         finally:
             await link.close()
             log.info(
-                "wearable on %s went away: %d B in, %d B out",
+                "wearable on %s went away after %.1f s: %d B in, %d B out",
                 link.description,
+                time.monotonic() - t0,
                 link.stats.bytes_received,
                 link.stats.bytes_sent,
             )
 
-    async def serve_listener(self, links: Any) -> None:
+    async def serve_listener(self, links: AsyncIterable[Link]) -> None:
         """Serve every link an async iterable of links (a listener) yields, each in its own
         task, until it ends."""
         async for link in links:

@@ -15,12 +15,13 @@ from bleak import BleakClient
 from bleak.exc import BleakError
 from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, BumbleHost
 from coinf.ble_protocol.central import Central, CentralListener
-from coinf.ble_protocol.link import LinkClosed
+from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import open_listener
 from coinf.ble_protocol.loopback import connect_socket
 from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
     ErrorCode,
+    Message,
     MsgType,
     ProtocolError,
     decode_result,
@@ -29,6 +30,7 @@ from coinf.ble_protocol.messages import (
 )
 from coinf.ble_protocol.radio import EmulatedRadio
 from coinf.ble_protocol.rpc import RpcClient
+from coinf.ble_protocol.rpc import serve as rpc_serve
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.handheld.daemon import HandheldDaemon
 from coinf.wearable.gatt_server import WearableServer
@@ -57,8 +59,10 @@ def test_unknown_specs_and_options_are_input_errors() -> None:
     for bad in ["tcp", "tcp:localhost", "unix:"]:
         with pytest.raises(InputError, match="expected unix:"):
             open_listener(bad)
-    with pytest.raises(InputError, match="takes no options"):
+    with pytest.raises(InputError, match="unknown option 'bundle_identity'"):
         open_listener("tcp:127.0.0.1:0", bundle_identity="b")
+    with pytest.raises(InputError, match="max_links"):
+        open_listener("unix:/tmp/x.sock", max_links=0)
     with pytest.raises(InputError, match="bundle_identity"):
         open_listener("ble:tcp-client:127.0.0.1:1")
     with pytest.raises(InputError, match="unknown ble listener option 'colour'"):
@@ -120,6 +124,29 @@ def test_socket_listener_serves_a_real_daemon(tmp_path, kind: str) -> None:
         assert not path.exists()  # the listener removed its socket file
 
 
+def test_socket_listener_bounds_the_links_it_hands_out(tmp_path) -> None:
+    async def main() -> None:
+        async with open_listener("tcp:127.0.0.1:0", max_links=1) as listener:
+            address = listener.address  # type: ignore[attr-defined]
+            first = await connect_socket(address)
+            served = await asyncio.wait_for(listener.accept(), 10)
+            second = await connect_socket(address)
+            with pytest.raises(LinkClosed):  # closed by the listener: one link is out
+                await asyncio.wait_for(second.receive(), 10)
+            assert listener.refused == 1  # type: ignore[attr-defined]
+            await served.close()  # released: the next connection is taken
+            with pytest.raises(LinkClosed):
+                await asyncio.wait_for(first.receive(), 10)
+            third = await connect_socket(address)
+            link = await asyncio.wait_for(listener.accept(), 10)
+            await third.send(Message(MsgType.PROBE, 1, b"hi"))
+            assert (await asyncio.wait_for(link.receive(), 10)).payload == b"hi"
+            for end in (first, second, third):
+                await end.close()
+
+    asyncio.run(main())
+
+
 def test_listener_that_cannot_bind_says_so(tmp_path) -> None:
     regular = tmp_path / "not-a-socket"
     regular.write_text("keep me")
@@ -176,6 +203,41 @@ def test_ble_listener_stops_on_a_bundle_mismatch(tmp_path) -> None:
                     assert info.value.code == ErrorCode.BUNDLE_MISMATCH
                     with pytest.raises(ProtocolError):  # and stays stopped
                         await listener.accept()
+            finally:
+                await server.close()
+
+    asyncio.run(main())
+
+
+def test_central_serves_with_reconnect_until_stopped() -> None:
+    async def echo(msg: Message) -> Message:
+        return Message(MsgType.RESULT, msg.request_id, msg.payload[::-1])
+
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
+            wspec, hspec = radio.specs
+            server = WearableServer(wspec, bundle_identity="b")
+            await server.start()
+            try:
+                served: list[Link] = []
+
+                async def serve_link(link: Link) -> None:
+                    served.append(link)
+                    await rpc_serve(link, echo)
+
+                stop = asyncio.Event()
+                async with Central(
+                    "coinf-wearable", bundle_identity="b", hci=hspec, timeout=10, backoff=0.1
+                ) as central:
+                    task = asyncio.create_task(central.serve_with_reconnect(serve_link, stop=stop))
+                    for _ in range(2):
+                        client = RpcClient(await server.accept(60))
+                        reply = await client.request(MsgType.REQUEST, b"abc", 30)
+                        assert reply.payload == b"cba"
+                        await client.close()  # the wearable drops the link: the central is back
+                    stop.set()  # most likely while it reconnects: that attempt is cancelled
+                    await asyncio.wait_for(task, 10)
+                assert len(served) == 2 and not any(link.is_open for link in served)
             finally:
                 await server.close()
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from coinf.convert.bundle import Bundle
 
+DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory (from `coinf split`)")
@@ -20,7 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
         "ble (connect to the wearable over this machine's Bluetooth) or ble:HCI (over a bumble "
         "host on that HCI transport, e.g. ble:tcp-client:HOST:PORT of coinf radio); "
-        "default tcp:127.0.0.1:7878",
+        f"default {DEFAULT_LISTEN}",
     )
     parser.add_argument("--transport", choices=["socket", "ble"],
                         help="older spelling: ble = --listen ble (or ble:HCI with --hci)")
@@ -45,12 +47,16 @@ def listen_spec(args: argparse.Namespace) -> str:
     from coinf.errors import UserError
 
     if args.listen is not None:
-        if args.transport is not None or args.hci is not None:
-            raise UserError("give --listen, or --transport/--hci, not both")
+        if args.transport == "ble" or args.hci is not None:
+            raise UserError("give --listen ble:HCI, or --transport ble --hci HCI, not both")
         return str(args.listen)
+    if args.transport == "socket":
+        if args.hci is not None:
+            raise UserError("--hci is for BLE: --listen ble:HCI (or --transport ble --hci HCI)")
+        return DEFAULT_LISTEN
     if args.transport == "ble" or args.hci is not None:
         return f"ble:{args.hci}" if args.hci else "ble"
-    return "tcp:127.0.0.1:7878"
+    return DEFAULT_LISTEN
 
 
 def run(args: argparse.Namespace) -> int:

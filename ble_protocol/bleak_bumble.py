@@ -61,6 +61,7 @@ class BumbleHost:
         self._transport: Any = None
         self._closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._opening = asyncio.Lock()
 
     @property
     def device(self) -> Device:
@@ -75,6 +76,10 @@ class BumbleHost:
         return self._device is not None
 
     async def open(self) -> BumbleHost:
+        async with self._opening:  # concurrent opens open one device
+            return await self._open()
+
+    async def _open(self) -> BumbleHost:
         if self._device is not None:
             return self
         if self._closed:

@@ -29,7 +29,7 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol import gatt
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
@@ -38,6 +38,9 @@ from coinf.ble_protocol.listen import Listener
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
 
 from coinf.errors import InputError
+
+if TYPE_CHECKING:
+    from coinf.ble_protocol.bleak_bumble import BumbleHost
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,7 @@ class Central:
         *,
         bundle_identity: str,
         hci: str | None = None,
-        host: Any = None,
+        host: BumbleHost | None = None,
         own_address: str | None = None,
         keystore: str | None = None,
         backend: Any = None,
@@ -149,10 +152,12 @@ class Central:
         self._links: set[Link] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._opening = asyncio.Lock()
 
     @property
     def description(self) -> str:
-        where = f"bumble host on {self.hci or self.host.spec}" if self.host or self.hci else "OS"
+        spec = self.hci or (self.host.spec if self.host is not None else None)
+        where = f"bumble host on {spec}" if spec else "OS stack"
         return f"BLE central to {self.target or 'the coinf service'} ({where})"
 
     # --- lifetime ----------------------------------------------------------------------------
@@ -160,17 +165,18 @@ class Central:
         """Open the bumble host (``hci=``); :meth:`connect` does it on first use."""
         if self._closed:
             raise LinkClosed("this central was closed")
-        if self._own_host and self.host is None:
-            from bleak.exc import BleakError
-            from coinf.ble_protocol.bleak_bumble import BumbleHost
+        async with self._opening:  # concurrent first connects open one host
+            if self._own_host and self.host is None:
+                from bleak.exc import BleakError
+                from coinf.ble_protocol.bleak_bumble import BumbleHost
 
-            assert self.hci is not None
-            host = BumbleHost(self.hci, **self._host_options)
-            try:
-                await host.open()
-            except BleakError as exc:
-                raise LinkClosed(str(exc)) from None
-            self.host = host
+                assert self.hci is not None
+                host = BumbleHost(self.hci, **self._host_options)
+                try:
+                    await host.open()
+                except BleakError as exc:
+                    raise LinkClosed(str(exc)) from None
+                self.host = host
         return self
 
     async def aclose(self) -> None:

@@ -1,13 +1,15 @@
 """A bleak backend running on a bumble host, so bleak's real API runs without Bluetooth hardware.
 
-Use it like any bleak backend, giving the HCI transport of the bumble controller to drive::
+A :class:`BumbleHost` owns one bumble :class:`~bumble.device.Device` on one HCI transport; give
+it to bleak's client and scanner like any backend option. Whoever opens the host closes it::
 
-    client = BleakClient(address, backend=BumbleBleakClient, hci="tcp-client:127.0.0.1:7001")
-    device = await BleakScanner.find_device_by_name(
-        "coinf-wearable", backend=BumbleBleakScanner, hci="tcp-client:127.0.0.1:7001")
+    async with BumbleHost("tcp-client:127.0.0.1:7001") as host:
+        device = await BleakScanner.find_device_by_name(
+            "coinf-wearable", backend=BumbleBleakScanner, host=host)
+        client = BleakClient(device, backend=BumbleBleakClient, host=host)
 
-One bumble :class:`~bumble.device.Device` is shared per (event loop, HCI spec), so scanners and
-successive clients (reconnections) reuse the same host and bond store.
+Scanners and successive clients (reconnections) on one host share its device and bond store.
+ATT errors reach bleak users as :class:`BumbleATTError`, which carries the ATT error code.
 """
 
 from __future__ import annotations
@@ -28,40 +30,74 @@ from bumble import hci
 from bumble.att import ATT_Error
 from bumble.core import AdvertisingData
 from bumble.device import Connection, Device, Peer
-from bumble.keys import MemoryKeyStore
+from bumble.keys import JsonKeyStore, MemoryKeyStore
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
 
 log = logging.getLogger(__name__)
 
-_Key = tuple[asyncio.AbstractEventLoop, str]
-_devices: dict[_Key, Device] = {}
-_locks: dict[_Key, asyncio.Lock] = {}
-_transports: dict[_Key, Any] = {}
+DEFAULT_ADDRESS = "C0:F1:00:00:00:02"
 
 
-async def bumble_device(spec: str, address: str = "C0:F1:00:00:00:02") -> Device:
-    """The powered-on bumble device for ``spec`` in this event loop (created on first use)."""
-    loop = asyncio.get_running_loop()
-    for table in (_devices, _locks, _transports):
-        for stale in [k for k in table if k[0].is_closed()]:
-            del table[stale]
-    key = (loop, spec)
-    lock = _locks.setdefault(key, asyncio.Lock())
-    async with lock:
-        device = _devices.get(key)
-        if device is None:
-            try:
-                transport = await open_transport(spec)
-            except Exception as exc:
-                raise BleakError(f"cannot open HCI transport {spec!r}: {exc}") from None
+class BumbleHost:
+    """One powered-on bumble device on one HCI transport spec (``tcp-client:HOST:PORT`` of the
+    emulated radio, ``usb:0``, ``hci-socket:0``...). An async context manager: entering opens the
+    transport and powers the device on; leaving disconnects its connections, powers it off and
+    closes the transport. ``keystore``: a JSON file to keep bonds in (default: memory)."""
+
+    def __init__(
+        self,
+        spec: str,
+        *,
+        address: str = DEFAULT_ADDRESS,
+        name: str = "coinf-handheld",
+        keystore: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.address = address
+        self.name = name
+        self.keystore = keystore
+        self._device: Device | None = None
+        self._transport: Any = None
+        self._closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._opening = asyncio.Lock()
+
+    @property
+    def device(self) -> Device:
+        """The powered-on device; :class:`BleakError` unless the host is open."""
+        if self._device is None:
+            state = "closed" if self._closed else "not open"
+            raise BleakError(f"bumble host on {self.spec!r} is {state}")
+        return self._device
+
+    @property
+    def is_open(self) -> bool:
+        return self._device is not None
+
+    async def open(self) -> BumbleHost:
+        async with self._opening:  # concurrent opens open one device
+            return await self._open()
+
+    async def _open(self) -> BumbleHost:
+        if self._device is not None:
+            return self
+        if self._closed:
+            raise BleakError(f"bumble host on {self.spec!r} was closed; open a new one")
+        try:
+            transport = await open_transport(self.spec)
+        except Exception as exc:
+            raise BleakError(f"cannot open HCI transport {self.spec!r}: {exc}") from None
+        try:
             device = Device.with_hci(
-                "coinf-handheld",
-                hci.Address(address, hci.Address.RANDOM_DEVICE_ADDRESS),
+                self.name,
+                hci.Address(self.address, hci.Address.RANDOM_DEVICE_ADDRESS),
                 transport.source,
                 transport.sink,
             )
-            device.keystore = MemoryKeyStore()
+            device.keystore = (
+                JsonKeyStore(None, self.keystore) if self.keystore else MemoryKeyStore()
+            )
             device.pairing_config_factory = lambda _c: PairingConfig(
                 sc=True,
                 mitm=False,
@@ -69,35 +105,66 @@ async def bumble_device(spec: str, address: str = "C0:F1:00:00:00:02") -> Device
                 delegate=PairingDelegate(PairingDelegate.IoCapability.NO_OUTPUT_NO_INPUT),
             )
             await device.power_on()
-            _devices[key] = device
-            _transports[key] = transport
-        return device
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await transport.close()
+            raise
+        self._device, self._transport = device, transport
+        return self
 
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task of this host (cancelled on :meth:`close`)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
-async def close_devices() -> None:
-    """Power off every bumble device opened in this event loop."""
-    loop = asyncio.get_running_loop()
-    for key in [k for k in _devices if k[0] is loop]:
-        device = _devices.pop(key)
-        with contextlib.suppress(Exception):
-            await device.power_off()
-        transport = _transports.pop(key, None)
+    async def close(self) -> None:
+        """Cancel the host's tasks, disconnect every connection of the device, power it off and
+        close the transport."""
+        device, transport = self._device, self._transport
+        self._device, self._transport, self._closed = None, None, True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # a cancelled connection attempt waits for the controller: bounded here
+            await asyncio.wait(tasks, timeout=2.0)
+        if device is not None:
+            for conn in list(device.connections.values()):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.disconnect(), 2.0)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(device.power_off(), 2.0)
         if transport is not None:
             with contextlib.suppress(Exception):
                 await transport.close()
-        _locks.pop(key, None)
+
+    async def __aenter__(self) -> BumbleHost:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
-def _hci_spec(kwargs: dict[str, Any]) -> str:
-    spec = kwargs.get("hci")
-    if not spec:
-        raise BleakError("the bumble backend needs hci='<bumble transport spec>'")
-    return str(spec)
+def _host(kwargs: dict[str, Any]) -> BumbleHost:
+    host = kwargs.get("host")
+    if not isinstance(host, BumbleHost):
+        raise BleakError("the bumble backend needs host=<an open BumbleHost>")
+    return host
 
 
-def _att_error(exc: ATT_Error) -> BleakError:
-    """bumble's ATT error (e.g. INSUFFICIENT_ENCRYPTION) as the BleakError bleak users expect."""
-    return BleakError(f"ATT error: {exc}")
+class BumbleATTError(BleakError):
+    """An ATT error response from the peer, with its code (``att_error_code``, e.g. 0x0F
+    INSUFFICIENT_ENCRYPTION) so callers classify it without reading the message text."""
+
+    def __init__(self, att_error_code: int, text: str) -> None:
+        super().__init__(text)
+        self.att_error_code = att_error_code
+
+
+def _att_error(exc: ATT_Error) -> BumbleATTError:
+    """bumble's ATT error as the BleakError bleak users expect, keeping its code."""
+    return BumbleATTError(int(exc.error_code), f"ATT error: {exc}")
 
 
 class BumbleBleakClient(BaseBleakClient):
@@ -109,8 +176,7 @@ class BumbleBleakClient(BaseBleakClient):
             disconnected_callback=kwargs.pop("disconnected_callback", None),
             timeout=kwargs.pop("timeout", 10.0),
         )
-        self._spec = _hci_spec(kwargs)
-        self._own_address = kwargs.get("own_address", "C0:F1:00:00:00:02")
+        self._host = _host(kwargs)
         self._want_mtu = int(kwargs.get("mtu", 517))
         self._connection: Connection | None = None
         self._peer: Peer | None = None
@@ -131,16 +197,20 @@ class BumbleBleakClient(BaseBleakClient):
         )
 
     async def connect(self, pair: bool, **kwargs: Any) -> None:
-        device = await bumble_device(self._spec, self._own_address)
-        attempt = asyncio.ensure_future(
+        device = self._host.device
+        attempt = self._host.spawn(
             device.connect(
                 hci.Address(str(self.address), hci.Address.RANDOM_DEVICE_ADDRESS),
                 timeout=self._timeout,
             )
         )
         # bumble's own timeout cancels the connection attempt, which a controller may never
-        # confirm; do not wait for that.
-        done, _ = await asyncio.wait({attempt}, timeout=self._timeout + 1.0)
+        # confirm; do not wait for that (the host keeps the attempt and reaps it on close).
+        try:
+            done, _ = await asyncio.wait({attempt}, timeout=self._timeout + 1.0)
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
         if not done:
             attempt.cancel()
             raise BleakError(f"cannot connect to {self.address}: not reachable (timeout)")
@@ -161,7 +231,7 @@ class BumbleBleakClient(BaseBleakClient):
             await self._guard(self._setup(conn, pair), lost)
         except BaseException:
             with contextlib.suppress(Exception):
-                await conn.disconnect()
+                await asyncio.wait_for(conn.disconnect(), 2.0)
             raise
 
     async def _setup(self, conn: Connection, pair: bool) -> None:
@@ -174,17 +244,21 @@ class BumbleBleakClient(BaseBleakClient):
 
     async def _guard(self, coro: Any, lost: asyncio.Future[None]) -> None:
         """Run ``coro`` but fail at once if the link drops or ``timeout`` passes (bumble's
-        pairing and GATT requests would otherwise wait for their own long timeouts)."""
+        pairing and GATT requests would otherwise wait for their own long timeouts). The work
+        is cancelled (and awaited) whenever this returns early or is cancelled."""
         task = asyncio.ensure_future(coro)
-        done, _ = await asyncio.wait(
-            {task, lost}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
-        )
+        try:
+            done, _ = await asyncio.wait(
+                {task, lost}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         if task in done:
             task.result()
             return
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
         if lost.done():
             raise BleakError(f"{self.address} disconnected while connecting")
         raise BleakError(f"connection set-up with {self.address} timed out")
@@ -225,7 +299,7 @@ class BumbleBleakClient(BaseBleakClient):
         conn = self._connection
         if conn is not None:
             with contextlib.suppress(Exception):
-                await conn.disconnect()
+                await asyncio.wait_for(conn.disconnect(), 5.0)
 
     async def pair(self, *args: Any, **kwargs: Any) -> None:
         if self._connection is None:
@@ -306,13 +380,12 @@ class BumbleBleakScanner(BaseBleakScanner):
         **kwargs: Any,
     ) -> None:
         super().__init__(detection_callback, service_uuids)
-        self._spec = _hci_spec(kwargs)
-        self._own_address = kwargs.get("own_address", "C0:F1:00:00:00:02")
+        self._host = _host(kwargs)
         self._device: Device | None = None
 
     async def start(self) -> None:
         self.seen_devices = {}
-        self._device = await bumble_device(self._spec, self._own_address)
+        self._device = self._host.device
         self._device.on("advertisement", self._on_advertisement)
         await self._device.start_scanning(active=True, filter_duplicates=False)
 

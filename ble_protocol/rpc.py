@@ -2,17 +2,20 @@
 
 The wearable side (:class:`RpcClient`) numbers requests, matches replies by ``request_id``,
 enforces per-request timeouts and sends CANCEL for abandoned requests. The handheld side
-(:func:`serve`) answers HELLO, PROBE and REQUEST messages with a user handler.
+(:func:`serve`) answers HELLO, PROBE and REQUEST messages with a user handler, admitting a
+bounded number of requests at a time (the rest get ERROR BUSY).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
@@ -116,38 +119,78 @@ class RpcClient:
         await self.link.close()
 
 
-async def serve(link: Link, handler: Handler, max_concurrent: int = 1) -> None:
-    """Answer messages on ``link`` until it closes.
+@dataclass
+class ServeStats:
+    """What :func:`serve` did. One object may be shared by several links (a daemon's totals)."""
 
-    PROBE is echoed by this loop; CANCEL cancels the matching in-flight request; everything else
+    #: requests handed to the handler (a task was created)
+    admitted: int = 0
+    #: requests refused at admission with ERROR BUSY (no task was created)
+    busy: int = 0
+    #: in-flight requests cancelled by the peer's CANCEL (no reply is sent for them)
+    cancelled: int = 0
+    #: requests whose reply (RESULT or ERROR) the link took
+    replied: int = 0
+    #: requests whose handler raised (answered with ERROR)
+    failed: int = 0
+
+
+async def serve(
+    link: Link,
+    handler: Handler,
+    max_concurrent: int = 1,
+    *,
+    max_pending: int = 4,
+    stats: ServeStats | None = None,
+    on_cancel: Callable[[int], None] | None = None,
+) -> None:
+    """Answer messages on ``link`` until it closes (or this coroutine is cancelled).
+
+    PROBE is echoed by this loop; CANCEL cancels the matching in-flight request (no reply is sent
+    for it; ``on_cancel(request_id)`` is called and ``stats.cancelled`` counted); everything else
     goes to ``handler``, whose reply (if any) is sent back. A handler exception becomes an ERROR
     reply; a :class:`ProtocolError` keeps its code.
+
+    Admission is bounded: at most ``max_pending`` requests are in flight (waiting for one of the
+    ``max_concurrent`` execution slots, running, or having their reply sent). A request beyond
+    that is answered at once with ERROR BUSY and no task is created for it; so is a request whose
+    id is already in flight. Every task this function creates is cancelled and awaited before it
+    returns.
     """
+    if max_concurrent < 1 or max_pending < 1:
+        raise ValueError("max_concurrent and max_pending must be >= 1")
+    counts = stats if stats is not None else ServeStats()
     inflight: dict[int, asyncio.Task[None]] = {}
     slots = asyncio.Semaphore(max_concurrent)
+    loop = asyncio.get_running_loop()
 
     async def run_one(msg: Message) -> None:
         reply: Message | None
         try:
             async with slots:
                 reply = await handler(msg)
-        except asyncio.CancelledError:
-            return
         except ProtocolError as exc:
+            counts.failed += 1
             reply = Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text))
         except Exception as exc:  # a bug or a tail failure: report it, keep serving
+            counts.failed += 1
             log.exception("handler failed on request %d", msg.request_id)
             reply = Message(
                 MsgType.ERROR,
                 msg.request_id,
                 encode_error(ErrorCode.TAIL_FAILED, f"{type(exc).__name__}: {exc}"),
             )
-        finally:
-            inflight.pop(msg.request_id, None)
-        # Sent outside the slot: the next request computes while this reply travels.
-        if reply is not None:
-            with contextlib.suppress(LinkClosed):
-                await link.send(reply)
+        # Sent outside the slot: the next request computes while this reply travels. The
+        # request stays admitted (and cancellable) until the link took its reply.
+        if reply is not None and await _send_reply(link, reply):
+            counts.replied += 1
+
+    def forget(rid: int, task: asyncio.Task[None]) -> None:
+        if inflight.get(rid) is task:
+            del inflight[rid]
+
+    async def refuse(rid: int, code: ErrorCode, text: str) -> None:
+        await link.send(Message(MsgType.ERROR, rid, encode_error(code, text)))
 
     try:
         while True:
@@ -158,14 +201,58 @@ async def serve(link: Link, handler: Handler, max_concurrent: int = 1) -> None:
             except ProtocolError as exc:
                 log.warning("dropping link after protocol error: %s", exc)
                 return
-            if msg.type == MsgType.PROBE:
-                await link.send(Message(MsgType.PROBE, msg.request_id, msg.payload))
-            elif msg.type == MsgType.CANCEL:
-                task = inflight.pop(msg.request_id, None)
-                if task is not None:
-                    task.cancel()
-            else:
-                inflight[msg.request_id] = asyncio.get_running_loop().create_task(run_one(msg))
+            try:
+                if msg.type == MsgType.PROBE:
+                    await link.send(Message(MsgType.PROBE, msg.request_id, msg.payload))
+                elif msg.type == MsgType.CANCEL:
+                    task = inflight.pop(msg.request_id, None)
+                    if task is not None and not task.done():
+                        task.cancel()
+                        counts.cancelled += 1
+                        if on_cancel is not None:
+                            on_cancel(msg.request_id)
+                elif msg.request_id in inflight:
+                    await refuse(msg.request_id, ErrorCode.MALFORMED,
+                                 f"request {msg.request_id} is already in flight")
+                elif len(inflight) >= max_pending:
+                    counts.busy += 1
+                    await refuse(msg.request_id, ErrorCode.BUSY,
+                                 f"{len(inflight)} requests in flight, at most {max_pending}")
+                else:
+                    counts.admitted += 1
+                    task = loop.create_task(run_one(msg))
+                    inflight[msg.request_id] = task
+                    task.add_done_callback(functools.partial(forget, msg.request_id))
+            except LinkClosed:
+                return
+            except ProtocolError as exc:  # e.g. an echo larger than the peer accepts
+                log.warning("cannot answer %s %d: %s", msg.type.name, msg.request_id, exc)
     finally:
-        for task in list(inflight.values()):
+        tasks = list(inflight.values())
+        inflight.clear()
+        for task in tasks:
             task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _send_reply(link: Link, reply: Message) -> bool:
+    """Send a handler's reply; True once the link took it. A reply the link refuses (e.g.
+    larger than the peer accepts) becomes an ERROR with the link's code, so the peer is not left
+    waiting for its timeout."""
+    try:
+        await link.send(reply)
+        return True
+    except LinkClosed:
+        return False
+    except ProtocolError as exc:
+        if reply.type == MsgType.ERROR:
+            log.warning("could not send ERROR for request %d: %s", reply.request_id, exc)
+            return False
+        log.warning("could not send reply to request %d: %s", reply.request_id, exc)
+        with contextlib.suppress(ProtocolError):
+            await link.send(
+                Message(MsgType.ERROR, reply.request_id, encode_error(exc.code, exc.text))
+            )
+            return True
+        return False

@@ -1,7 +1,16 @@
 """The handheld daemon: answers a wearable's handshake, runs tails, returns results.
 
 One daemon serves one bundle. It is transport-agnostic: give :meth:`HandheldDaemon.serve` any
-:class:`~ble_protocol.link.Link` (socket, in-process, BLE).
+:class:`~coinf.ble_protocol.link.Link` (socket, in-process, BLE), or :meth:`~HandheldDaemon.start`
+it on every link a :mod:`~coinf.ble_protocol.listen` listener yields::
+
+    async with HandheldDaemon(bundle) as daemon, open_listener("tcp:127.0.0.1:7878") as links:
+        async for link in links:
+            daemon.start(link)
+
+A REQUEST is one executor job, payload in, payload out: decoding the crossing tensors, the tail
+and encoding the results all run off the event loop (:meth:`HandheldDaemon.run_request`), so a
+large tensor never stalls the loop that moves other links' bytes.
 """
 
 from __future__ import annotations
@@ -9,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
-from typing import Any
+from collections.abc import AsyncIterable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import numpy as np
 from coinf.ble_protocol import rpc
@@ -39,7 +51,7 @@ log = logging.getLogger(__name__)
 CAPABILITIES = ["raw", "packed"]
 
 
-def encode_results(outputs: dict[str, np.ndarray]) -> bytes:
+def encode_results(outputs: Mapping[str, np.ndarray]) -> bytes:
     """Results travel losslessly: each tensor raw or shuffled + LZ4, whichever is smaller."""
     packed = {}
     for name, arr in outputs.items():
@@ -49,8 +61,27 @@ def encode_results(outputs: dict[str, np.ndarray]) -> bytes:
     return encode_tensors({k: v for k, v in outputs.items() if k not in packed}, packed=packed)
 
 
+class RequestCancelled(Exception):
+    """The request was cancelled (by the peer's CANCEL) between two steps of its job."""
+
+
+class Reply(NamedTuple):
+    """What :meth:`HandheldDaemon.run_request` produced: the RESULT payload and, for the log,
+    the candidate and the (emulated) tail seconds."""
+
+    payload: bytes
+    candidate: str
+    tail_s: float
+
+
 class HandheldDaemon:
-    """Tail side of coinf. ``handle`` is the RPC handler; ``serve`` runs it over a link."""
+    """Tail side of coinf: ``handle`` is the RPC handler, ``serve`` runs it over one link.
+
+    An async context manager: on exit every task it started (:meth:`start`) is cancelled and
+    awaited, and its executor is shut down. Counters: ``requests`` (REQUESTs answered with a
+    RESULT), ``cancelled`` (requests cancelled by the peer's CANCEL), ``busy`` (requests refused
+    at admission), ``connections``; ``serve_stats`` has the rest, summed over all links.
+    """
 
     def __init__(
         self,
@@ -59,14 +90,101 @@ class HandheldDaemon:
         lru: int = 4,
         max_request_bytes: int = 64 * 1024 * 1024,
         profile: DeviceProfile | None = None,
+        *,
+        max_pending: int = 4,
+        concurrency: int = 1,
     ) -> None:
+        if max_pending < 1 or concurrency < 1:
+            raise ValueError("max_pending and concurrency must be >= 1")
         self.bundle = bundle
         self.profile = profile
         self.tails = TailRunner(bundle, emulation, capacity=lru)
         self.max_request_bytes = max_request_bytes
+        self.max_pending = max_pending
+        self.concurrency = concurrency
+        self.serve_stats = rpc.ServeStats()
         self.requests = 0
+        self.connections = 0
         self.started = time.monotonic()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._executor: ThreadPoolExecutor | None = None
 
+    @property
+    def cancelled(self) -> int:
+        return self.serve_stats.cancelled
+
+    @property
+    def busy(self) -> int:
+        return self.serve_stats.busy
+
+    # --- lifetime ----------------------------------------------------------------------------
+    async def __aenter__(self) -> HandheldDaemon:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task this daemon keeps and cancels in :meth:`aclose`."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def start(self, link: Link) -> asyncio.Task[Any]:
+        """Serve ``link`` in a task of this daemon (:meth:`serve`)."""
+        return self.spawn(self.serve(link))
+
+    async def aclose(self) -> None:
+        """Cancel and await every task started here; stop the executor (a tail already running
+        in it finishes in its thread, its result is dropped)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.concurrency, thread_name_prefix="coinf-tail"
+            )
+        return self._executor
+
+    # --- serving -----------------------------------------------------------------------------
+    async def serve(self, link: Link) -> None:
+        """Serve one connected wearable until the link closes; then close it."""
+        self.connections += 1
+        t0 = time.monotonic()
+        log.info("wearable connected over %s", link.description)
+        try:
+            await rpc.serve(
+                link,
+                self.handle,
+                self.concurrency,
+                max_pending=self.max_pending,
+                stats=self.serve_stats,
+            )
+        finally:
+            await link.close()
+            log.info(
+                "wearable on %s went away after %.1f s: %d B in, %d B out",
+                link.description,
+                time.monotonic() - t0,
+                link.stats.bytes_received,
+                link.stats.bytes_sent,
+            )
+
+    async def serve_listener(self, links: AsyncIterable[Link]) -> None:
+        """Serve every link an async iterable of links (a listener) yields, each in its own
+        task, until it ends."""
+        async for link in links:
+            self.start(link)
+
+    # --- messages ----------------------------------------------------------------------------
     def hello_payload(self) -> dict[str, Any]:
         return {
             "protocol": PROTOCOL_VERSION,
@@ -85,6 +203,8 @@ class HandheldDaemon:
             "device": device,
             "role": "handheld",
             "requests": self.requests,
+            "cancelled": self.cancelled,
+            "busy": self.busy,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "tails_loaded": self.tails.loaded,
         }
@@ -113,20 +233,66 @@ class HandheldDaemon:
             payload = json.dumps(self.profile.to_json(), separators=(",", ":")).encode()
             return Message(MsgType.PROFILE, msg.request_id, payload)
         if msg.type == MsgType.REQUEST:
-            if len(msg.payload) > self.max_request_bytes:
-                raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
-            cid, blob = decode_request(msg.payload)
-            feeds = decode_tensors(blob, max_bytes=self.max_request_bytes)
-            outputs, elapsed = await asyncio.get_running_loop().run_in_executor(
-                None, self.tails.run, cid, feeds
-            )
-            self.requests += 1
-            payload = encode_result(int(elapsed * 1e6), encode_results(outputs))
-            return Message(MsgType.RESULT, msg.request_id, payload)
+            return await self._request(msg)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"handheld does not accept {msg.type.name}")
 
-    async def serve(self, link: Link) -> None:
-        """Serve one connected wearable until the link closes."""
-        log.info("wearable connected over %s", link.description)
-        await rpc.serve(link, self.handle)
-        log.info("wearable on %s went away", link.description)
+    async def _request(self, msg: Message) -> Message:
+        rid, size = msg.request_id, len(msg.payload)
+        if size > self.max_request_bytes:
+            log.info("request %d refused: %d B exceeds %d B", rid, size, self.max_request_bytes)
+            raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
+        cancel = threading.Event()
+        t0 = time.perf_counter()
+        job = asyncio.get_running_loop().run_in_executor(
+            self._pool(), self.run_request, msg.payload, cancel
+        )
+        try:
+            reply = await job
+        except asyncio.CancelledError:
+            cancel.set()  # the job stops at its next step if it already started
+            log.info("request %d cancelled after %.1f ms (%d B in)", rid, _ms(t0), size)
+            raise
+        except ProtocolError as exc:
+            log.info("request %d refused after %.1f ms (%d B in): %s", rid, _ms(t0), size, exc)
+            raise
+        except RequestCancelled:  # only set once this task was cancelled; never reached
+            raise ProtocolError(ErrorCode.CANCELLED, "request cancelled") from None
+        self.requests += 1
+        log.info(
+            "request %d %s: %d B in, %d B out, tail %.1f ms, %.1f ms in the daemon",
+            rid,
+            reply.candidate,
+            size,
+            len(reply.payload),
+            reply.tail_s * 1e3,
+            _ms(t0),
+        )
+        return Message(MsgType.RESULT, rid, reply.payload)
+
+    # --- the executor job --------------------------------------------------------------------
+    def run_request(self, payload: bytes, cancel: threading.Event | None = None) -> Reply:
+        """REQUEST payload -> RESULT payload (decode, tail, encode). Runs in an executor thread;
+        between steps it stops with :class:`RequestCancelled` once ``cancel`` is set."""
+        cid, feeds = self.decode(payload)
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelled(cid)
+        outputs, elapsed = self.tails.run(cid, feeds)
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelled(cid)
+        return Reply(self.encode(outputs, elapsed), cid, elapsed)
+
+    def decode(self, payload: bytes) -> tuple[str, dict[str, np.ndarray]]:
+        """REQUEST payload -> (candidate id, crossing tensors). Everything in it is untrusted."""
+        cid, blob = decode_request(payload)
+        return cid, decode_tensors(blob, max_bytes=self.max_request_bytes)
+
+    def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float) -> bytes:
+        """Tail outputs -> RESULT payload."""
+        return encode_result(int(elapsed * 1e6), encode_results(outputs))
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+__all__ = ["CAPABILITIES", "HandheldDaemon", "Reply", "RequestCancelled", "encode_results"]

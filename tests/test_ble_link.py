@@ -11,60 +11,64 @@ from typing import Any
 
 import pytest
 from bleak import BleakClient
-from bleak.exc import BleakError
+from bleak.exc import BleakDBusError, BleakError
 from coinf.ble_protocol import gatt
-from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+from coinf.ble_protocol.bleak_bumble import BumbleATTError, BumbleBleakClient, BumbleHost
+from coinf.ble_protocol.central import Central, classify_bleak_error
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.peripheral import WearableServer
 from coinf.ble_protocol.radio import EmulatedRadio
 from coinf.ble_protocol.rpc import RpcClient, serve
-from coinf.handheld.ble_central import connect_link
-
-from tests.ble_servers import accept_link, close_servers
 
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
+
+
+@contextlib.asynccontextmanager
+async def endpoints(
+    radio: EmulatedRadio, w_opts: Any = None, h_opts: Any = None
+) -> AsyncIterator[tuple[WearableServer, Central]]:
+    """The wearable's GATT server and the handheld's central, each on its own controller."""
+    wspec, hspec = radio.specs
+    mtu = radio.params.att_mtu
+    w_opts, h_opts = dict(w_opts or {}), dict(h_opts or {})
+    server = WearableServer(wspec, bundle_identity=w_opts.pop("bundle", "b-1"), mtu=mtu, **w_opts)
+    await server.start()
+    try:
+        async with Central(
+            h_opts.pop("target", WEARABLE_ADDR),
+            bundle_identity=h_opts.pop("bundle", "b-1"),
+            hci=h_opts.pop("hci", hspec),
+            mtu=mtu,
+            timeout=h_opts.pop("timeout", 10),
+            **h_opts,
+        ) as central:
+            yield server, central
+    finally:
+        await server.close()
+
+
+async def connect_both(server: WearableServer, central: Central) -> tuple[Link, Link]:
+    accept = asyncio.ensure_future(server.accept(30))
+    try:
+        hl = await central.connect()
+    except BaseException:
+        accept.cancel()
+        raise
+    return await accept, hl
 
 
 @contextlib.asynccontextmanager
 async def radio_pair(
     preset: str = "pi-zero-2w", time_scale: float = 0.5, w_opts: Any = None, h_opts: Any = None
 ) -> AsyncIterator[tuple[EmulatedRadio, Link, Link]]:
-    async with EmulatedRadio(preset, time_scale=time_scale) as radio:
-        try:
-            wl, hl = await connect_both(radio, w_opts or {}, h_opts or {})
-            yield radio, wl, hl
-            await hl.close()
-            await wl.close()
-        finally:
-            await close_servers()
-            await close_devices()
-
-
-async def connect_both(
-    radio: EmulatedRadio, w_opts: dict[str, Any], h_opts: dict[str, Any]
-) -> tuple[Link, Link]:
-    wspec, hspec = radio.specs
-    mtu = radio.params.att_mtu
-    accept = asyncio.ensure_future(
-        accept_link(
-            wspec, bundle_identity=w_opts.pop("bundle", "b-1"), timeout=30, mtu=mtu, **w_opts
-        )
-    )
-    await asyncio.sleep(0.1)
-    try:
-        hl = await connect_link(
-            WEARABLE_ADDR,
-            bundle_identity=h_opts.pop("bundle", "b-1"),
-            backend=BumbleBleakClient,
-            hci=hspec,
-            mtu=mtu,
-            timeout=10,
-            **h_opts,
-        )
-    except BaseException:
-        accept.cancel()
-        raise
-    return await accept, hl
+    async with EmulatedRadio(preset, time_scale=time_scale) as radio, endpoints(
+        radio, w_opts, h_opts
+    ) as (server, central):
+        wl, hl = await connect_both(server, central)
+        yield radio, wl, hl
+        await hl.close()
+        await wl.close()
 
 
 async def exchange(src: Link, dst: Link, payload: bytes, rid: int) -> None:
@@ -100,47 +104,61 @@ def test_unpaired_central_gets_insufficient_encryption() -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
             wspec, hspec = radio.specs
-            accept = asyncio.ensure_future(accept_link(wspec, bundle_identity="b", timeout=30))
-            await asyncio.sleep(0.1)
+            server = WearableServer(wspec, bundle_identity="b")
+            await server.start()
+            accept = asyncio.ensure_future(server.accept(30))
             try:
-                client = BleakClient(
-                    WEARABLE_ADDR, backend=BumbleBleakClient, hci=hspec, pair=False, timeout=10
-                )
-                await client.connect()
-                up = client.services.get_characteristic(gatt.DATA_UP_UUID)
-                down = client.services.get_characteristic(gatt.DATA_DOWN_UUID)
-                control = client.services.get_characteristic(gatt.CONTROL_UUID)
-                with pytest.raises(BleakError, match="INSUFFICIENT_ENCRYPTION"):
-                    await client.read_gatt_char(up)
-                with pytest.raises(BleakError, match="INSUFFICIENT_ENCRYPTION"):
-                    await client.write_gatt_char(down, b"\x01" * 20, response=True)
-                with pytest.raises(BleakError, match="INSUFFICIENT_ENCRYPTION"):
-                    await client.write_gatt_char(control, b"\x01{}", response=True)
-                assert not accept.done()  # nothing reached the wearable's protocol
-                await client.disconnect()
-                # the protocol-level entry point reports it as a clear ProtocolError
-                with pytest.raises(ProtocolError) as info:
-                    await connect_link(
-                        WEARABLE_ADDR,
-                        bundle_identity="b",
-                        backend=BumbleBleakClient,
-                        hci=hspec,
-                        pair=False,
+                async with BumbleHost(hspec) as host:
+                    client = BleakClient(
+                        WEARABLE_ADDR, backend=BumbleBleakClient, host=host, pair=False,
+                        timeout=10,
                     )
-                assert info.value.code == ErrorCode.INSUFFICIENT_ENCRYPTION
-                # once paired, the same wearable accepts the handheld
-                hl = await connect_link(
-                    WEARABLE_ADDR, bundle_identity="b", backend=BumbleBleakClient, hci=hspec
-                )
-                wl = await accept
-                await exchange(hl, wl, b"paired", 1)
-                await hl.close()
+                    await client.connect()
+                    up = client.services.get_characteristic(gatt.DATA_UP_UUID)
+                    down = client.services.get_characteristic(gatt.DATA_DOWN_UUID)
+                    control = client.services.get_characteristic(gatt.CONTROL_UUID)
+                    with pytest.raises(BumbleATTError, match="INSUFFICIENT_ENCRYPTION") as err:
+                        await client.read_gatt_char(up)
+                    assert err.value.att_error_code == 0x0F  # the typed field, not the text
+                    with pytest.raises(BumbleATTError, match="INSUFFICIENT_ENCRYPTION"):
+                        await client.write_gatt_char(down, b"\x01" * 20, response=True)
+                    with pytest.raises(BumbleATTError, match="INSUFFICIENT_ENCRYPTION"):
+                        await client.write_gatt_char(control, b"\x01{}", response=True)
+                    assert not accept.done()  # nothing reached the wearable's protocol
+                    await client.disconnect()
+                    # the protocol-level entry point reports it as a clear, non-transient error
+                    unpaired = Central(WEARABLE_ADDR, bundle_identity="b", host=host, pair=False)
+                    async with unpaired:
+                        with pytest.raises(ProtocolError) as info:
+                            await unpaired.connect()
+                    assert info.value.code == ErrorCode.INSUFFICIENT_ENCRYPTION
+                    assert not info.value.transient
+                    # once paired, the same wearable accepts the handheld
+                    async with Central(WEARABLE_ADDR, bundle_identity="b", host=host) as central:
+                        hl = await central.connect()
+                        wl = await accept
+                        await exchange(hl, wl, b"paired", 1)
+                    assert not hl.is_open  # the central closed the link it made
+                    assert host.is_open  # ... but not the host it was given
             finally:
                 accept.cancel()
-                await close_servers()
-                await close_devices()
+                await server.close()
 
     asyncio.run(main())
+
+
+def test_bleak_errors_are_classified_by_typed_fields_not_text() -> None:
+    """bleak's real exception types: the bumble backend's ATT code, BlueZ's D-Bus error name."""
+    assert classify_bleak_error(BumbleATTError(0x0F, "x")) == ErrorCode.INSUFFICIENT_ENCRYPTION
+    assert classify_bleak_error(BumbleATTError(0x05, "x")) == ErrorCode.INSUFFICIENT_ENCRYPTION
+    assert classify_bleak_error(BumbleATTError(0x0E, "x")) == ErrorCode.DISCONNECTED
+    bluez = BleakDBusError("org.bluez.Error.NotPermitted", ["Not paired"])
+    assert classify_bleak_error(bluez) == ErrorCode.INSUFFICIENT_ENCRYPTION
+    failed = BleakDBusError("org.bluez.Error.Failed", ["Not connected"])
+    assert classify_bleak_error(failed) == ErrorCode.DISCONNECTED
+    # a message that merely mentions encryption is not a security refusal
+    assert classify_bleak_error(BleakError("insufficient encryption")) == ErrorCode.DISCONNECTED
+    assert classify_bleak_error(TimeoutError()) == ErrorCode.DISCONNECTED
 
 
 @pytest.mark.parametrize(
@@ -152,27 +170,20 @@ def test_unpaired_central_gets_insufficient_encryption() -> None:
 )
 def test_handshake_mismatch_fails_on_both_sides(w_opts, h_opts, code) -> None:
     async def main() -> None:
-        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
-            wspec, hspec = radio.specs
-            accept = asyncio.ensure_future(
-                accept_link(wspec, bundle_identity=w_opts.get("bundle", "b"), timeout=30)
-            )
-            await asyncio.sleep(0.1)
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio, endpoints(
+            radio, {"bundle": w_opts.get("bundle", "b")}, {"bundle": h_opts.get("bundle", "b"),
+                                                           "protocol_version":
+                                                           h_opts.get("protocol_version", 1)}
+        ) as (server, central):
+            accept = asyncio.ensure_future(server.accept(30))
             try:
                 with pytest.raises(ProtocolError) as hinfo:
-                    await connect_link(
-                        WEARABLE_ADDR,
-                        bundle_identity=h_opts.get("bundle", "b"),
-                        backend=BumbleBleakClient,
-                        hci=hspec,
-                        protocol_version=h_opts.get("protocol_version", 1),
-                    )
+                    await central.connect()
                 with pytest.raises(ProtocolError) as winfo:
                     await accept
                 assert hinfo.value.code == code and winfo.value.code == code
             finally:
-                await close_servers()
-                await close_devices()
+                accept.cancel()
 
     asyncio.run(main())
 
@@ -182,38 +193,37 @@ def test_disconnect_mid_message_fails_fast_then_reconnect_works() -> None:
         return Message(MsgType.RESULT, msg.request_id, msg.payload[:16])
 
     async def main() -> None:
-        async with EmulatedRadio("pi-zero-2w", time_scale=0.3) as radio:
-            try:
-                wl, hl = await connect_both(radio, {}, {})
-                server = asyncio.ensure_future(serve(hl, echo))
-                client = RpcClient(wl)
-                request = asyncio.ensure_future(
-                    client.request(MsgType.REQUEST, os.urandom(100_000), timeout=60)
-                )
-                await asyncio.sleep(0.6)  # some chunks are on the air
-                assert not request.done()
-                await hl.bleak_client.disconnect()  # type: ignore[attr-defined]
-                loop = asyncio.get_running_loop()
-                t0 = loop.time()
-                with pytest.raises(LinkClosed):
-                    await asyncio.wait_for(request, 10)
-                elapsed = loop.time() - t0
-                await asyncio.wait_for(server, 5)
-                await client.close()
-                # reconnect: a new link on both sides, the next request succeeds
-                wl2, hl2 = await connect_both(radio, {}, {})
-                server2 = asyncio.ensure_future(serve(hl2, echo))
-                client2 = RpcClient(wl2)
-                payload = os.urandom(5000)
-                reply = await client2.request(MsgType.REQUEST, payload, timeout=60)
-                assert reply.type == MsgType.RESULT and reply.payload == payload[:16]
-                await client2.close()
-                await hl2.close()
-                server2.cancel()
-                assert elapsed < 2.0  # the request failed promptly, not by its 60 s timeout
-            finally:
-                await close_servers()
-                await close_devices()
+        async with EmulatedRadio("pi-zero-2w", time_scale=0.3) as radio, endpoints(radio) as (
+            server,
+            central,
+        ):
+            wl, hl = await connect_both(server, central)
+            server_task = asyncio.ensure_future(serve(hl, echo))
+            client = RpcClient(wl)
+            request = asyncio.ensure_future(
+                client.request(MsgType.REQUEST, os.urandom(100_000), timeout=60)
+            )
+            await asyncio.sleep(0.6)  # some chunks are on the air
+            assert not request.done()
+            await hl.bleak_client.disconnect()  # type: ignore[attr-defined]
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(LinkClosed):
+                await asyncio.wait_for(request, 10)
+            elapsed = loop.time() - t0
+            await asyncio.wait_for(server_task, 5)
+            await client.close()
+            # reconnect: a new link on both sides, the next request succeeds
+            wl2, hl2 = await connect_both(server, central)
+            server2 = asyncio.ensure_future(serve(hl2, echo))
+            client2 = RpcClient(wl2)
+            payload = os.urandom(5000)
+            reply = await client2.request(MsgType.REQUEST, payload, timeout=60)
+            assert reply.type == MsgType.RESULT and reply.payload == payload[:16]
+            await client2.close()
+            await hl2.close()
+            server2.cancel()
+            assert elapsed < 2.0  # the request failed promptly, not by its 60 s timeout
 
     asyncio.run(main())
 
@@ -245,44 +255,33 @@ def test_radio_throughput_matches_formula(preset: str) -> None:
 
 def test_second_handheld_is_refused_while_one_is_served() -> None:
     async def main() -> None:
-        async with EmulatedRadio("ble5-2m", time_scale=0.2, extra_hosts=1) as radio:
-            try:
-                wl, hl = await connect_both(radio, {}, {})
+        async with EmulatedRadio("ble5-2m", time_scale=0.2, extra_hosts=1) as radio, endpoints(
+            radio
+        ) as (server, central):
+            wl, hl = await connect_both(server, central)
+            async with Central(
+                WEARABLE_ADDR,
+                bundle_identity="b-1",
+                hci=radio.spec("extra1"),
+                own_address="C0:F1:00:00:00:03",
+                attempts=1,
+                timeout=5,
+            ) as second:
                 with pytest.raises(ProtocolError):  # LinkClosed or a failed handshake
-                    await connect_link(
-                        WEARABLE_ADDR,
-                        bundle_identity="b-1",
-                        backend=BumbleBleakClient,
-                        hci=radio.spec("extra1"),
-                        own_address="C0:F1:00:00:00:03",
-                        attempts=1,
-                        timeout=5,
-                    )
-                await exchange(wl, hl, b"still served", 1)  # the first handheld is unaffected
-                await hl.close()
-            finally:
-                await close_servers()
-                await close_devices()
+                    await second.connect()
+            await exchange(wl, hl, b"still served", 1)  # the first handheld is unaffected
+            await hl.close()
 
     asyncio.run(main())
 
 
 def test_central_finds_the_wearable_by_its_advertised_service() -> None:
     async def main() -> None:
-        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
-            wspec, hspec = radio.specs
-            accept = asyncio.ensure_future(accept_link(wspec, bundle_identity="b", timeout=30))
-            await asyncio.sleep(0.1)
-            try:
-                hl = await connect_link(
-                    None, bundle_identity="b", backend=BumbleBleakClient, hci=hspec, timeout=10
-                )
-                wl = await accept
-                await exchange(wl, hl, b"found by service UUID", 1)
-                await hl.close()
-            finally:
-                accept.cancel()
-                await close_servers()
-                await close_devices()
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio, endpoints(
+            radio, h_opts={"target": None}
+        ) as (server, central):
+            wl, hl = await connect_both(server, central)
+            await exchange(wl, hl, b"found by service UUID", 1)
+            await hl.close()
 
     asyncio.run(main())

@@ -21,17 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 HANDHELD = textwrap.dedent(
     """
     import asyncio, sys
-    from coinf.ble_protocol.bleak_bumble import BumbleBleakClient
+    from coinf.ble_protocol.central import Central
     from coinf.ble_protocol.messages import Message, MsgType
-    from coinf.handheld.ble_central import serve_with_reconnect
+    from coinf.ble_protocol.rpc import serve
 
     async def echo(msg):
         return Message(MsgType.RESULT, msg.request_id, msg.payload[::-1])
 
     async def main():
-        stop = asyncio.Event()
-        await serve_with_reconnect("coinf-wearable", echo, bundle_identity="xp",
-                                   backend=BumbleBleakClient, hci=sys.argv[1], stop=stop)
+        async with Central("coinf-wearable", bundle_identity="xp", hci=sys.argv[1]) as central:
+            await central.serve_with_reconnect(lambda link: serve(link, echo))
 
     asyncio.run(main())
     """

@@ -7,9 +7,8 @@ import asyncio
 import threading
 
 import numpy as np
-from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+from coinf.ble_protocol.central import Central
 from coinf.ble_protocol.radio import spawn
-from coinf.handheld.ble_central import connect_link
 from coinf.handheld.daemon import HandheldDaemon
 
 from coinf import Session
@@ -25,22 +24,14 @@ def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
     def handheld() -> None:
         async def main() -> None:
             try:
-                link = await connect_link(
-                    "coinf-wearable",
-                    bundle_identity=bundle.identity,
-                    backend=BumbleBleakClient,
-                    hci=hspec,
-                    timeout=20,
-                )
-                serving = asyncio.ensure_future(HandheldDaemon(bundle).serve(link))
-                while not stop.is_set() and not serving.done():
-                    await asyncio.sleep(0.05)
-                serving.cancel()
-                await link.close()
+                async with Central(
+                    "coinf-wearable", bundle_identity=bundle.identity, hci=hspec, timeout=20
+                ) as central, HandheldDaemon(bundle) as daemon:
+                    serving = daemon.start(await central.connect())
+                    while not stop.is_set() and not serving.done():
+                        await asyncio.sleep(0.05)
             except BaseException as exc:  # reported by the test below
                 errors.append(exc)
-            finally:
-                await close_devices()
 
         asyncio.run(main())
 

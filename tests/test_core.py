@@ -205,7 +205,7 @@ def test_run_matches_onnxruntime_semantics(bundle):
             np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
         with pytest.raises(InputError, match="unknown output 'nope'"):
             sess.run(["nope"], {"x": X})
-        with pytest.raises(InputError, match="coinf.RunOptions"):
+        with pytest.raises(InputError, match=r"coinf\.RunOptions"):
             sess.run(None, {"x": X}, ort.RunOptions())
         assert sess.get_providers() == ["CPUExecutionProvider"]
         meta = sess.get_modelmeta()

@@ -97,27 +97,19 @@ async def socket_pair(kind: str) -> AsyncIterator[tuple[Link, Link]]:
 async def ble_pair() -> AsyncIterator[tuple[Link, Link]]:
     """(wearable GattLink from the bumble GATT server, handheld GattLink from bleak on bumble)
     over the emulated radio. The one place that knows where the BLE pieces live."""
-    from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+    from coinf.ble_protocol.central import Central
+    from coinf.ble_protocol.peripheral import WearableServer
     from coinf.ble_protocol.radio import EmulatedRadio
-    from coinf.handheld.ble_central import connect_link
-    from coinf.wearable.gatt_server import accept_link, close_servers
 
     async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
         wspec, hspec = radio.specs
         mtu = radio.params.att_mtu
-        try:
-            accept = asyncio.ensure_future(
-                accept_link(wspec, bundle_identity="contract", timeout=30, mtu=mtu)
-            )
+        async with WearableServer(wspec, bundle_identity="contract", mtu=mtu) as server, \
+                Central("C0:F1:00:00:00:01", bundle_identity="contract", hci=hspec, mtu=mtu,
+                        timeout=10) as central:
+            accept = asyncio.ensure_future(server.accept(30))
             try:
-                handheld = await connect_link(
-                    "C0:F1:00:00:00:01",  # accept_link's default wearable address
-                    bundle_identity="contract",
-                    backend=BumbleBleakClient,
-                    hci=hspec,
-                    mtu=mtu,
-                    timeout=10,
-                )
+                handheld = await central.connect()
             except BaseException:
                 accept.cancel()
                 raise
@@ -127,9 +119,6 @@ async def ble_pair() -> AsyncIterator[tuple[Link, Link]]:
             finally:
                 await guard(handheld.close())
                 await guard(wearable.close())
-        finally:
-            await close_servers()
-            await close_devices()
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,10 @@ async def measure(
     time_scale: float,
     overrides: dict[str, Any],
 ) -> dict[str, Any]:
-    from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, close_devices
+    from coinf.ble_protocol.central import Central
     from coinf.ble_protocol.messages import Message, MsgType
     from coinf.ble_protocol.peripheral import WearableServer
     from coinf.ble_protocol.radio import EmulatedRadio
-    from coinf.handheld.ble_central import connect_link
 
     overrides = {**overrides, "time_scale": time_scale}
     async with EmulatedRadio(preset, **overrides) as radio:
@@ -57,36 +56,36 @@ async def measure(
         mtu = radio.params.att_mtu
         server = WearableServer(wspec, bundle_identity="bench", mtu=mtu)
         await server.start()
-        accept = asyncio.ensure_future(server.accept(60))
-        await asyncio.sleep(0.2)
-        handheld = await connect_link(
-            "coinf-wearable",
-            bundle_identity="bench",
-            backend=BumbleBleakClient,
-            hci=hspec,
-            mtu=mtu,
-        )
-        wearable = await accept
-        payload = os.urandom(nbytes)
-        rates: list[float] = []
-        dirs = ["up", "down"] if direction == "both" else [direction]
         try:
-            for d in dirs:
-                src, dst = (wearable, handheld) if d == "up" else (handheld, wearable)
-                for i in range(messages):
-                    t0 = radio.now()
-                    await src.send(Message(MsgType.REQUEST, i + 1, payload))
-                    got = await dst.receive()
-                    dt = radio.now() - t0
-                    if got.payload != payload:
-                        raise RuntimeError("payload corrupted in transit")
-                    rates.append(nbytes / dt)
-                    progress(f"{d} message {i + 1}: {dt:.3f} s emulated, {nbytes / dt:.0f} B/s")
+            async with Central("coinf-wearable", bundle_identity="bench", hci=hspec,
+                               mtu=mtu) as central:
+                accept = asyncio.ensure_future(server.accept(60))
+                try:
+                    handheld = await central.connect()
+                    wearable = await accept
+                finally:
+                    accept.cancel()
+                payload = os.urandom(nbytes)
+                rates: list[float] = []
+                dirs = ["up", "down"] if direction == "both" else [direction]
+                try:
+                    for d in dirs:
+                        src, dst = (wearable, handheld) if d == "up" else (handheld, wearable)
+                        for i in range(messages):
+                            t0 = radio.now()
+                            await src.send(Message(MsgType.REQUEST, i + 1, payload))
+                            got = await dst.receive()
+                            dt = radio.now() - t0
+                            if got.payload != payload:
+                                raise RuntimeError("payload corrupted in transit")
+                            rates.append(nbytes / dt)
+                            progress(f"{d} message {i + 1}: {dt:.3f} s emulated, "
+                                     f"{nbytes / dt:.0f} B/s")
+                finally:
+                    await handheld.close()
+                    await wearable.close()
         finally:
-            await handheld.close()
-            await wearable.close()
             await server.close()
-            await close_devices()
         capacity = radio.params.capacity_bps()
         goodput = median(rates)
         return {

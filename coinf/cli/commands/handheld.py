@@ -6,38 +6,61 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from typing import Any
 
-from coinf.ble_protocol.loopback import parse_address, serve_socket
 from coinf.convert.bundle import Bundle
+
+DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory (from `coinf split`)")
-    parser.add_argument("--transport", default="socket", choices=["socket", "ble"],
-                        help="socket: listen for wearables; ble: connect to the wearable over BLE")
-    parser.add_argument("--wearable", default="coinf-wearable",
-                        help="--transport ble: name or address of the wearable")
-    parser.add_argument("--hci", help="--transport ble: use a bumble host on this HCI transport "
-                        "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
     parser.add_argument(
         "--listen",
-        default="tcp:127.0.0.1:7878",
-        help="where wearables connect: unix:/path/to.sock or tcp:HOST:PORT (default %(default)s)",
+        help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
+        "ble (connect to the wearable over this machine's Bluetooth) or ble:HCI (over a bumble "
+        "host on that HCI transport, e.g. ble:tcp-client:HOST:PORT of coinf radio); "
+        f"default {DEFAULT_LISTEN}",
     )
+    parser.add_argument("--transport", choices=["socket", "ble"],
+                        help="older spelling: ble = --listen ble (or ble:HCI with --hci)")
+    parser.add_argument("--wearable", default="coinf-wearable",
+                        help="BLE: name or address of the wearable (default %(default)s)")
+    parser.add_argument("--hci", help="BLE: use a bumble host on this HCI transport "
+                        "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
     parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
+    parser.add_argument("--max-pending", type=int, default=4,
+                        help="requests admitted at once per link; more get BUSY (default 4)")
     parser.add_argument("--profile", help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log each connection")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log each connection and request")
     parser.set_defaults(func=run)
 
 
+def listen_spec(args: argparse.Namespace) -> str:
+    """The listener spec from --listen, or the older --transport/--hci spelling."""
+    from coinf.errors import UserError
+
+    if args.listen is not None:
+        if args.transport == "ble" or args.hci is not None:
+            raise UserError("give --listen ble:HCI, or --transport ble --hci HCI, not both")
+        return str(args.listen)
+    if args.transport == "socket":
+        if args.hci is not None:
+            raise UserError("--hci is for BLE: --listen ble:HCI (or --transport ble --hci HCI)")
+        return DEFAULT_LISTEN
+    if args.transport == "ble" or args.hci is not None:
+        return f"ble:{args.hci}" if args.hci else "ble"
+    return DEFAULT_LISTEN
+
+
 def run(args: argparse.Namespace) -> int:
+    from coinf.ble_protocol.listen import open_listener
     from coinf.device.emulation import DeviceEmulation
     from coinf.errors import UserError
     from coinf.handheld.daemon import HandheldDaemon
@@ -49,31 +72,39 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.verbose:  # bumble logs tracebacks for expected teardown (peer gone, radio off)
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
+    spec = listen_spec(args)
     try:
-        kind, target = parse_address(args.listen)
         emulation = DeviceEmulation(args.slowdown, args.threads)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.max_pending < 1:
+        raise UserError("--max-pending must be >= 1")
     bundle = Bundle.load(args.bundle)
+    options: dict[str, Any] = {}
+    if spec.partition(":")[0] == "ble":
+        options = {"bundle_identity": bundle.identity, "name": args.wearable}
+    listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     from coinf.device.profile import load_or_default
 
     profile = load_or_default("handheld", args.profile)
-    daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile)
-
-    if args.transport == "ble":
-        return run_ble(args, bundle, daemon)
+    daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile,
+                            max_pending=args.max_pending)
 
     async def main() -> None:
-        if kind == "unix":
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(str(target))
-        try:
-            server = await serve_socket(args.listen, daemon.serve)
-        except OSError as exc:
-            raise UserError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
-        stop = ready(bundle, f"on {args.listen}")
-        async with server:
-            await stop.wait()
+        async with daemon, listener:
+            where = (f"to BLE wearable {args.wearable!r} via {listener.spec}"
+                     if options else f"on {listener.description}")
+            stop = ready(bundle, where)
+            serving = asyncio.ensure_future(daemon.serve_listener(listener))
+            waiter = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (serving, waiter):
+                    task.cancel()
+                await asyncio.gather(serving, waiter, return_exceptions=True)
+            if not serving.cancelled() and serving.exception() is not None:
+                raise serving.exception()  # type: ignore[misc]
 
     asyncio.run(main())
     return 0
@@ -89,32 +120,3 @@ def ready(bundle: Bundle, where: str) -> asyncio.Event:
     print(f"coinf handheld: serving {len(bundle.candidates)} candidates of {bundle.model_file} "
           f"({bundle.identity}) {where}", flush=True)
     return stop
-
-
-def run_ble(args: argparse.Namespace, bundle: Bundle, daemon: Any) -> int:
-    """Connect to the wearable (GATT central via bleak), serve, reconnect with backoff."""
-    from coinf.handheld.ble_central import serve_with_reconnect
-
-    opts: dict[str, Any] = {}
-    if args.hci:
-        from coinf.ble_protocol.bleak_bumble import BumbleBleakClient
-
-        opts.update(backend=BumbleBleakClient, hci=args.hci)
-
-    async def main() -> None:
-        stop = ready(bundle, f"to BLE wearable {args.wearable!r}")
-        task = asyncio.ensure_future(serve_with_reconnect(
-            args.wearable, daemon.handle, bundle_identity=bundle.identity, stop=stop, **opts))
-        waiter = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (task, waiter):
-            t.cancel()
-        if task in done and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-        if args.hci:
-            from coinf.ble_protocol.bleak_bumble import close_devices
-
-            await close_devices()
-
-    asyncio.run(main())
-    return 0

@@ -1,0 +1,529 @@
+"""The handheld's GATT central on bleak: scan, connect, pair, subscribe, handshake -> Link.
+
+:class:`Central` runs on the laptop's own stack (BlueZ, CoreBluetooth, WinRT) by default, or on a
+bumble host (``hci="tcp-client:..."``, which the central opens and closes, or ``host=`` a
+:class:`~coinf.ble_protocol.bleak_bumble.BumbleHost` the caller owns) for tests and the demo::
+
+    async with Central("coinf-wearable", bundle_identity=bundle.identity) as central:
+        link = await central.connect()
+        # or, forever with backoff: await central.serve_with_reconnect(daemon.serve)
+
+:class:`CentralListener` is the ``ble`` / ``ble:HCI`` scheme of
+:func:`~coinf.ble_protocol.listen.open_listener`. Known traps handled here:
+
+* BlueZ reports an MTU of 23 until it is acquired: we call the backend's ``_acquire_mtu()``.
+* Bulk writes are ``response=False`` (write without response); control writes use responses so
+  credits and handshakes are never silently dropped.
+* On BlueZ notifications use ``use_start_notify=False`` (AcquireNotify: a socket, not D-Bus).
+* Disconnects fail the link (``LinkClosed``); :meth:`Central.serve_with_reconnect` and the
+  listener reconnect with exponential backoff.
+* Whether a failed handshake write is worth retrying is decided from typed fields of the
+  error (the ATT code of the bumble backend, the D-Bus error name on BlueZ), never its text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from coinf.ble_protocol import gatt
+from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
+from coinf.ble_protocol.link import Link, LinkClosed
+from coinf.ble_protocol.listen import Listener
+from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+
+from coinf.errors import InputError
+
+if TYPE_CHECKING:
+    from coinf.ble_protocol.bleak_bumble import BumbleHost
+
+log = logging.getLogger(__name__)
+
+_MAC = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$|^[0-9A-Fa-f-]{36}$")
+
+#: ATT error codes (Core spec Vol 3 Part F 3.4.1.1) that mean "pair / encrypt first".
+_ATT_SECURITY = frozenset({
+    0x05,  # Insufficient Authentication
+    0x08,  # Insufficient Authorization
+    0x0C,  # Insufficient Encryption Key Size
+    0x0F,  # Insufficient Encryption
+})
+#: BlueZ D-Bus error names for the same (BlueZ maps ATT 0x05, 0x0C and 0x0F to NotPermitted
+#: "Not paired" -- older versions to NotPaired -- and 0x08 to NotAuthorized), and pairing faults.
+_DBUS_SECURITY = frozenset({
+    "org.bluez.Error.NotPermitted",
+    "org.bluez.Error.NotPaired",
+    "org.bluez.Error.NotAuthorized",
+    "org.bluez.Error.AuthenticationFailed",
+    "org.bluez.Error.AuthenticationRejected",
+    "org.bluez.Error.AuthenticationCanceled",
+})
+#: Handshake faults that reconnecting does not mend: the user must fix the setup.
+FATAL_CODES = frozenset({
+    ErrorCode.BAD_VERSION,
+    ErrorCode.BUNDLE_MISMATCH,
+    ErrorCode.INSUFFICIENT_ENCRYPTION,
+})
+
+
+def classify_bleak_error(exc: BaseException) -> ErrorCode:
+    """The wire code a bleak failure stands for, from its type and typed fields:
+    INSUFFICIENT_ENCRYPTION for a security refusal (not transient: pair first), else
+    DISCONNECTED (transient)."""
+    code = getattr(exc, "att_error_code", None)  # BumbleATTError
+    if isinstance(code, int) and code in _ATT_SECURITY:
+        return ErrorCode.INSUFFICIENT_ENCRYPTION
+    try:
+        from bleak.exc import BleakDBusError
+    except ImportError:  # pragma: no cover - bleak always ships it
+        return ErrorCode.DISCONNECTED
+    if isinstance(exc, BleakDBusError) and exc.dbus_error in _DBUS_SECURITY:
+        return ErrorCode.INSUFFICIENT_ENCRYPTION
+    return ErrorCode.DISCONNECTED
+
+
+class Central:
+    """Connects this handheld, as a GATT central, to one wearable; hands out :class:`GattLink`
+    objects. An async context manager: leaving it closes the links it made and the bumble host
+    it opened (``hci=``), and cancels every task it started.
+
+    ``target``: a MAC/UUID address, an advertised name, or None (the first device advertising
+    the coinf service). ``hci``: open a bumble host on this HCI transport spec; ``host``: use
+    this open :class:`~coinf.ble_protocol.bleak_bumble.BumbleHost` (the caller closes it);
+    neither: bleak's default backend (the OS stack), or ``backend``. ``own_address`` and
+    ``keystore`` configure the host opened for ``hci``. Extra keyword arguments go to the bleak
+    backend. Connection attempts are retried ``attempts`` times with exponential backoff;
+    handshake errors are not retried.
+    """
+
+    def __init__(
+        self,
+        target: str | None = "coinf-wearable",
+        *,
+        bundle_identity: str,
+        hci: str | None = None,
+        host: BumbleHost | None = None,
+        own_address: str | None = None,
+        keystore: str | None = None,
+        backend: Any = None,
+        scanner_backend: Any = None,
+        timeout: float = 20.0,
+        attempts: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        pair: bool = True,
+        mtu: int = gatt.DEFAULT_MTU,
+        window: int = gatt.DEFAULT_WINDOW,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        reassembly_timeout: float = 30.0,
+        protocol_version: int = PROTOCOL_VERSION,
+        **backend_kwargs: Any,
+    ) -> None:
+        if hci is not None and host is not None:
+            raise InputError("give the central hci= (it opens a host) or host=, not both")
+        if (own_address is not None or keystore is not None) and hci is None:
+            raise InputError("own_address and keystore configure the host opened for hci=")
+        self.target = target
+        self.bundle_identity = bundle_identity
+        self.hci = hci
+        self.host = host
+        self._own_host = hci is not None
+        self._host_options = {
+            k: v for k, v in (("address", own_address), ("keystore", keystore)) if v is not None
+        }
+        self.backend = backend
+        self.scanner_backend = scanner_backend
+        self.timeout = timeout
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.pair = pair
+        self.mtu = mtu
+        self.window = window
+        self.max_message_bytes = max_message_bytes
+        self.reassembly_timeout = reassembly_timeout
+        self.protocol_version = protocol_version
+        self.backend_kwargs = backend_kwargs
+        self._links: set[Link] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._opening = asyncio.Lock()
+
+    @property
+    def description(self) -> str:
+        spec = self.hci or (self.host.spec if self.host is not None else None)
+        where = f"bumble host on {spec}" if spec else "OS stack"
+        return f"BLE central to {self.target or 'the coinf service'} ({where})"
+
+    # --- lifetime ----------------------------------------------------------------------------
+    async def open(self) -> Central:
+        """Open the bumble host (``hci=``); :meth:`connect` does it on first use."""
+        if self._closed:
+            raise LinkClosed("this central was closed")
+        async with self._opening:  # concurrent first connects open one host
+            if self._own_host and self.host is None:
+                from bleak.exc import BleakError
+                from coinf.ble_protocol.bleak_bumble import BumbleHost
+
+                assert self.hci is not None
+                host = BumbleHost(self.hci, **self._host_options)
+                try:
+                    await host.open()
+                except BleakError as exc:
+                    raise LinkClosed(str(exc)) from None
+                self.host = host
+        return self
+
+    async def aclose(self) -> None:
+        """Cancel this central's tasks, close the links it made and the host it opened."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for link in list(self._links):
+            with contextlib.suppress(Exception):
+                await link.close()
+        self._links.clear()
+        if self._own_host and self.host is not None:
+            host, self.host = self.host, None
+            await host.close()
+
+    async def __aenter__(self) -> Central:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _backends(self) -> tuple[Any, Any, dict[str, Any]]:
+        backend, scanner, kwargs = self.backend, self.scanner_backend, dict(self.backend_kwargs)
+        if self.host is not None:
+            from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, BumbleBleakScanner
+
+            backend = backend or BumbleBleakClient
+            scanner = scanner or BumbleBleakScanner
+            kwargs["host"] = self.host
+        elif backend is not None and scanner is None:
+            from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, BumbleBleakScanner
+
+            if issubclass(backend, BumbleBleakClient):
+                scanner = BumbleBleakScanner
+        return backend, scanner, kwargs
+
+    # --- connecting --------------------------------------------------------------------------
+    async def connect(self) -> Link:
+        """Connect to the wearable and return a handshaken :class:`GattLink`. Raises
+        :class:`LinkClosed` when no attempt connected, :class:`ProtocolError` when the
+        handshake failed (``code`` says why; :data:`FATAL_CODES` will not mend by retrying)."""
+        await self.open()
+        self._links = {link for link in self._links if link.is_open}
+        return await self._spawn(self._connect())
+
+    async def _connect(self) -> Link:
+        from bleak import BleakClient
+
+        backend, scanner, kwargs = self._backends()
+        target: Any = self.target
+        last: Exception | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                await asyncio.sleep(min(self.backoff * 2 ** (attempt - 1), 8.0))
+            client = None
+            try:
+                if self.target is None or not _MAC.match(self.target):
+                    target = await _find(self.target, scanner, self.timeout, kwargs)
+                link_box: list[GattLink] = []
+                client = BleakClient(
+                    target,
+                    backend=backend,
+                    timeout=self.timeout,
+                    pair=self.pair,
+                    disconnected_callback=_on_disconnect(link_box),
+                    **kwargs,
+                )
+                await client.connect()
+                break
+            except asyncio.CancelledError:
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(client.disconnect(), 5.0)
+                raise
+            except LinkClosed as exc:
+                last = exc
+            except Exception as exc:  # bleak raises BleakError, TimeoutError, OSError...
+                last = exc
+                log.info("connect attempt %d failed: %s", attempt + 1, exc)
+        else:
+            raise LinkClosed(f"cannot connect to {self.target or 'a wearable'}: {last}")
+
+        try:
+            link = await _handshake(
+                client,
+                link_box,
+                self.bundle_identity,
+                self.mtu,
+                self.window,
+                self.max_message_bytes,
+                self.reassembly_timeout,
+                self.protocol_version,
+                self.timeout,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.disconnect(), 5.0)
+            raise
+        self._links.add(link)
+        return link
+
+    async def serve_with_reconnect(
+        self,
+        serve: Callable[[Link], Awaitable[Any]],
+        *,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Connect, run ``serve(link)`` (e.g. ``daemon.serve``) until the link drops, reconnect
+        with exponential backoff; until ``stop`` is set (or this is cancelled). Faults in
+        :data:`FATAL_CODES` are raised."""
+        stopped = stop or asyncio.Event()
+        delay = self.backoff
+        while not stopped.is_set():
+            try:
+                link = await _unless(stopped, self.connect())
+            except ProtocolError as exc:
+                if exc.code in FATAL_CODES:
+                    raise
+                log.warning("wearable unreachable (%s); retrying in %.1f s", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopped.wait(), delay)
+                delay = min(delay * 2, self.max_backoff)
+                continue
+            if link is None:
+                return
+            delay = self.backoff
+            try:
+                await _unless(stopped, serve(link))
+            finally:
+                await link.close()
+
+
+async def _unless(stop: asyncio.Event, aw: Awaitable[Any]) -> Any:
+    """Await ``aw`` unless ``stop`` is set first: then ``aw`` is cancelled and None returned.
+    Nothing started here outlives the call."""
+    work = asyncio.ensure_future(aw)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, waiter):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(work, waiter, return_exceptions=True)
+    return work.result() if work in done else None
+
+
+async def _find(
+    address_or_name: str | None, scanner_backend: Any, timeout: float, kwargs: dict[str, Any]
+) -> Any:
+    from bleak import BleakScanner
+
+    if address_or_name is None:
+        found = await BleakScanner.find_device_by_filter(
+            lambda _d, ad: gatt.SERVICE_UUID in [u.lower() for u in ad.service_uuids],
+            timeout=timeout,
+            backend=scanner_backend,
+            **kwargs,
+        )
+        what = "a device advertising the coinf service"
+    else:
+        found = await BleakScanner.find_device_by_name(
+            address_or_name, timeout=timeout, backend=scanner_backend, **kwargs
+        )
+        what = f"a device named {address_or_name!r}"
+    if found is None:
+        raise LinkClosed(f"scan found no {what} within {timeout:.0f} s")
+    return found
+
+
+def _on_disconnect(link_box: list[GattLink]) -> Callable[[Any], None]:
+    def callback(_client: Any) -> None:
+        if link_box:
+            link_box[0].connection_lost("wearable disconnected")
+
+    return callback
+
+
+async def _handshake(
+    client: Any,
+    link_box: list[GattLink],
+    bundle_identity: str,
+    mtu: int,
+    window: int,
+    max_message_bytes: int,
+    reassembly_timeout: float,
+    protocol_version: int,
+    timeout: float,
+) -> GattLink:
+    from bleak import BleakError
+
+    backend = getattr(client, "_backend", None)
+    acquire = getattr(backend, "_acquire_mtu", None)  # BlueZ: MTU is 23 until acquired
+    if acquire is not None:
+        with contextlib.suppress(Exception):
+            await acquire()
+    negotiated = min(mtu, int(client.mtu_size))
+    services = client.services
+    data_up = services.get_characteristic(gatt.DATA_UP_UUID)
+    data_down = services.get_characteristic(gatt.DATA_DOWN_UUID)
+    control = services.get_characteristic(gatt.CONTROL_UUID)
+    if data_up is None or data_down is None or control is None:
+        raise ProtocolError(ErrorCode.MALFORMED, "peer does not expose the coinf GATT service")
+    reply: asyncio.Future[tuple[Ctrl, Any]] = asyncio.get_running_loop().create_future()
+
+    # The wearable may send chunks and credits right after its HELLO_ACK, before this task has
+    # resumed and built the link: keep them (at most one window) and replay them in order.
+    early: list[tuple[bool, bytes]] = []
+
+    def on_control(_char: Any, value: bytearray) -> None:
+        if link_box:
+            link_box[0].feed_control(bytes(value))
+        elif not reply.done():
+            try:
+                reply.set_result(gatt.parse_ctrl(bytes(value)))
+            except ProtocolError as exc:
+                reply.set_exception(exc)
+        elif len(early) <= 2 * window:
+            early.append((False, bytes(value)))
+
+    def on_data(_char: Any, value: bytearray) -> None:
+        if link_box:
+            link_box[0].feed_data(bytes(value))
+        elif reply.done() and len(early) <= 2 * window:
+            early.append((True, bytes(value)))
+
+    bluez = {"use_start_notify": False}
+    try:
+        await client.start_notify(control, on_control, bluez=bluez)
+        await client.start_notify(data_up, on_data, bluez=bluez)
+        hello = make_hello(
+            bundle_identity, negotiated, window, max_message_bytes, protocol_version, "handheld"
+        )
+        await client.write_gatt_char(control, ctrl_json(Ctrl.HELLO, hello), response=True)
+    except BleakError as exc:
+        raise ProtocolError(classify_bleak_error(exc), f"handshake write failed: {exc}") from None
+    try:
+        kind, body = await asyncio.wait_for(reply, timeout)
+    except TimeoutError:
+        raise ProtocolError(ErrorCode.TIMEOUT, f"no handshake reply within {timeout} s") from None
+    if kind == Ctrl.ERROR:
+        raise body
+    if kind != Ctrl.HELLO_ACK:
+        raise ProtocolError(ErrorCode.MALFORMED, f"expected HELLO_ACK, got {kind.name}")
+    peer_mtu, peer_window, peer_max = check_hello(body, bundle_identity, protocol_version)
+
+    async def write_data(chunk: bytes) -> None:
+        await client.write_gatt_char(data_down, chunk, response=False)
+
+    async def write_control(frame: bytes) -> None:
+        await client.write_gatt_char(control, frame, response=True)
+
+    link = GattLink(
+        role="handheld",
+        mtu=min(negotiated, peer_mtu),
+        peer_window=peer_window,
+        peer_max_message_bytes=peer_max,
+        write_data=write_data,
+        write_control=write_control,
+        disconnect=client.disconnect,
+        window=window,
+        max_message_bytes=max_message_bytes,
+        reassembly_timeout=reassembly_timeout,
+        name=f"ble:{client.address}",
+    )
+    link.bleak_client = client  # type: ignore[attr-defined]
+    link_box.append(link)
+    for is_data, value in early:
+        (link.feed_data if is_data else link.feed_control)(value)
+    early.clear()
+    if not client.is_connected:
+        link.connection_lost("wearable disconnected during the handshake")
+    return link
+
+
+class CentralListener(Listener):
+    """The ``ble`` / ``ble:HCI`` listener: connects to the wearable as a central, hands out the
+    link, and once that link is released connects again, with exponential backoff while the
+    wearable is unreachable. A fault in :data:`FATAL_CODES` stops it: :meth:`accept` raises it.
+
+    Options: ``bundle_identity`` (required), ``name`` (the wearable's advertised name or
+    address; default ``coinf-wearable``; None: the first device advertising the service) and
+    the keyword options of :class:`Central`.
+    """
+
+    def __init__(
+        self,
+        hci: str = "",
+        *,
+        bundle_identity: str | None = None,
+        name: str | None = "coinf-wearable",
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if not bundle_identity:
+            raise InputError("the ble listener needs bundle_identity= (checked in the handshake)")
+        known = set(inspect.signature(Central.__init__).parameters) - {
+            "self", "target", "bundle_identity", "hci", "host", "backend_kwargs"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InputError(
+                f"unknown ble listener option {unknown[0]!r}; expected one of "
+                f"{sorted(known | {'name'})}"
+            )
+        self.spec = f"ble:{hci}" if hci else "ble"
+        self.central = Central(name, bundle_identity=bundle_identity, hci=hci or None, **options)
+
+    @property
+    def description(self) -> str:
+        return self.central.description
+
+    async def _open(self) -> None:
+        await self.central.open()
+        self._spawn(self._run())
+
+    async def _run(self) -> None:
+        delay = self.central.backoff
+        while True:
+            try:
+                link = await self.central.connect()
+            except ProtocolError as exc:
+                if exc.code in FATAL_CODES:
+                    self._fail(exc)
+                    return
+                log.warning("wearable unreachable (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.central.max_backoff)
+                continue
+            delay = self.central.backoff
+            held = self._offer(link)
+            try:
+                await held.released.wait()
+            finally:
+                self._forget(held)
+                await link.close()
+
+    async def _release(self) -> None:
+        await self.central.aclose()
+
+
+__all__ = ["FATAL_CODES", "Central", "CentralListener", "classify_bleak_error"]

@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from enum import IntEnum
 from typing import Any
 
@@ -228,11 +228,8 @@ class GattLink(Link):
         self._open = True
         self._closing: BaseException | None = None
         self._name = name
-        loop = asyncio.get_running_loop()
-        self._tasks: list[asyncio.Task[None]] = [
-            loop.create_task(self._control_writer()),
-            loop.create_task(self._expiry()),
-        ]
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._workers = [self._spawn(self._control_writer()), self._spawn(self._expiry())]
 
     @property
     def description(self) -> str:
@@ -340,8 +337,7 @@ class GattLink(Link):
         if self.role == "wearable":
             self._inbox.put_nowait(err)
         else:
-            task = asyncio.get_running_loop().create_task(self._send_quietly(err))
-            self._tasks.append(task)
+            self._spawn(self._send_quietly(err))
 
     async def _send_quietly(self, msg: Message) -> None:
         with contextlib.suppress(ProtocolError):
@@ -386,10 +382,16 @@ class GattLink(Link):
         log.warning("%s: closing after protocol error: %s", self._name, exc)
         if tell_peer and self._open:
             frame = ctrl_error(exc.code, exc.text)
-            self._tasks.append(asyncio.get_running_loop().create_task(self._write_quietly(frame)))
+            self._spawn(self._write_quietly(frame))
         self._shutdown(exc)
-        task = asyncio.get_running_loop().create_task(self._disconnect_later())
-        self._tasks.append(task)
+        self._spawn(self._disconnect_later())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task this link keeps until it ends, and cancels (and awaits) in :meth:`close`."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _write_quietly(self, frame: bytes) -> None:
         with contextlib.suppress(Exception):
@@ -414,7 +416,7 @@ class GattLink(Link):
         self._closing = exc
         self._gate.close(exc)
         self._inbox.put_nowait(exc)
-        for task in self._tasks[:2]:
+        for task in self._workers:
             task.cancel()
 
     async def close(self) -> None:
@@ -423,5 +425,7 @@ class GattLink(Link):
         if was_open:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._disconnect(), 5.0)
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

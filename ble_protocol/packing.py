@@ -481,7 +481,10 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
         buf = bytes(payload)
     count = h.count
     if count == 0:
-        return np.zeros(h.shape, dtype=out_dtype)
+        try:  # numpy refuses some zero-element shapes (e.g. a 0 next to huge dims)
+            return np.zeros(h.shape, dtype=out_dtype)
+        except ValueError as exc:
+            raise _bad(f"shape {list(h.shape)} is not a valid empty tensor: {exc}") from None
     if h.codec == RAW:
         return np.frombuffer(buf, dtype=h.dtype).astype(out_dtype).reshape(h.shape)
     n8 = (count + 7) // 8

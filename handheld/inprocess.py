@@ -7,9 +7,6 @@ through the ``coinf.connectors`` entry point, so the wearable never imports this
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.loopback import InProcessLink
 from coinf.ble_protocol.shaped import Channel, ShapedLink
@@ -22,8 +19,8 @@ from coinf.errors import InputError
 
 
 class InProcessConnector(Connector):
-    """Each :meth:`connect` starts a daemon task serving the other end of a fresh link; every
-    such task is kept and cancelled by :meth:`aclose`."""
+    """Each :meth:`connect` has the daemon serve the other end of a fresh link (a task the
+    daemon keeps); :meth:`aclose` closes the daemon, which cancels them."""
 
     def __init__(self, rest: str = "", *, bundle: Bundle | None = None,
                  channel: Channel | None = None, slowdown: float = 1.0, threads: int = 0,
@@ -36,7 +33,6 @@ class InProcessConnector(Connector):
         self.channel = channel
         self.daemon = daemon or HandheldDaemon(bundle, DeviceEmulation(slowdown, threads))  # type: ignore[arg-type]
         self.links = 0
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def connect(self, timeout: float) -> Link:
         ours: Link
@@ -45,21 +41,10 @@ class InProcessConnector(Connector):
             ours, theirs = ShapedLink.pair(self.channel)
         else:
             ours, theirs = InProcessLink.pair()
-        task = asyncio.get_running_loop().create_task(self._serve(theirs))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.daemon.start(theirs)
         self.links += 1
         return ours
 
-    async def _serve(self, link: Link) -> None:
-        try:
-            await self.daemon.serve(link)
-        finally:
-            await link.close()
-
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.daemon.aclose()
 

@@ -51,11 +51,6 @@ RANKS: dict[str, int] = {
 SIBLINGS_APART = [frozenset({"coinf.wearable", "coinf.handheld"})]
 #: Modules whose imports are not checked (the public facade and ``python -m coinf``).
 EXEMPT_IMPORTERS = frozenset({"coinf", "coinf.__main__"})
-#: Packages whose module cycles are known and being removed (reported, xfail, not strict).
-KNOWN_MODULE_CYCLES = {
-    "coinf.wearable": "session <-> stream cycles inside coinf.wearable are being removed "
-    "by the wearable refactor",
-}
 
 
 @dataclass(frozen=True)
@@ -344,32 +339,11 @@ def test_no_cycles_between_top_level_packages(scanned) -> None:
     assert not cycles, "\n".join(describe_cycle(c, checked, top_package) for c in cycles)
 
 
-def _cycles_in(package: str | None, edges: list[Import]) -> list[str]:
-    """Module cycles whose members lie in ``package`` (None: in none of KNOWN_MODULE_CYCLES)."""
-    out = []
-    for comp in module_cycles(edges):
-        owners = {top_package(m) for m in comp}
-        inside_known = len(owners) == 1 and owners <= set(KNOWN_MODULE_CYCLES)
-        if (owners == {package}) if package else not inside_known:
-            out.append(describe_cycle(comp, _checked(edges)))
-    return out
-
-
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(None, id="all-other-packages"),
-        *(
-            pytest.param(p, id=p, marks=pytest.mark.xfail(strict=False, reason=reason))
-            for p, reason in KNOWN_MODULE_CYCLES.items()
-        ),
-    ],
-)
-def test_no_import_cycles_between_modules(scanned, package: str | None) -> None:
-    """Cycles between modules, function-level imports included. A cycle touching a package in
-    KNOWN_MODULE_CYCLES *and* another package still fails the strict case."""
+def test_no_import_cycles_between_modules(scanned) -> None:
+    """Cycles between modules, function-level imports included."""
     _, edges = scanned
-    cycles = _cycles_in(package, edges)
+    checked = _checked(edges)
+    cycles = [describe_cycle(comp, checked) for comp in module_cycles(edges)]
     assert not cycles, "\n\n".join(cycles)
 
 
@@ -455,26 +429,3 @@ def test_find_cycles_on_synthetic_graphs() -> None:
         ["a", "b"],
         ["c", "d"],
     ]
-
-
-def test_known_cycle_packages_are_only_excused_for_cycles_inside_them() -> None:
-    def imp(src: str, dst: str) -> Import:
-        return Import(src, src.replace(".", "/") + ".py", 1, dst)
-
-    edges = [
-        imp("coinf.wearable.session", "coinf.wearable.stream"),  # inside the known package
-        imp("coinf.wearable.stream", "coinf.wearable.session"),
-        imp("coinf.wearable.policy", "coinf.device.status"),  # across packages: never excused
-        imp("coinf.device.status", "coinf.wearable.policy"),
-        imp("coinf.convert.a", "coinf.convert.b"),  # elsewhere
-        imp("coinf.convert.b", "coinf.convert.a"),
-    ]
-    strict = "\n".join(_cycles_in(None, edges))
-    assert "coinf.convert.a, coinf.convert.b" in strict
-    assert "coinf.device.status, coinf.wearable.policy" in strict
-    assert "coinf.wearable.session" not in strict
-    known = "\n".join(_cycles_in("coinf.wearable", edges))
-    assert "coinf/wearable/stream.py:1: coinf.wearable.stream imports coinf.wearable.session" in (
-        known
-    )
-    assert "coinf.device" not in known and "coinf.convert" not in known

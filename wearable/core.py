@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -178,7 +178,7 @@ class AsyncSession:
         *,
         depth: int | None = None,
         pipelined: bool = True,
-    ) -> AsyncIterator[FrameResult]:
+    ) -> AsyncGenerator[FrameResult, None]:
         """Run a stream of inputs; one :class:`FrameResult` per input, in order.
 
         At most ``depth`` frames are in flight and ``feeds`` is pulled only when there is room

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from coinf.device.config import config_path
 from coinf.device.status import DeviceStatus
 from coinf.wearable.planner.schedulers import (
     Constraint,
@@ -129,14 +129,6 @@ PROFILES: dict[str, Policy] = {
     "streaming": Policy("streaming", objective="throughput", streaming=True,
                         notes="pipelined frames: best throughput"),
 }
-
-
-def config_path() -> Path:
-    env = os.environ.get("COINF_CONFIG")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(Path.home(), ".config")
-    return Path(base) / "coinf" / "policy.json"
 
 
 _FIELDS = {f.name: f for f in fields(Policy) if f.name != "notes"}

@@ -58,6 +58,7 @@ from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _END = object()
+INLINE_CODEC_BYTES = 16 * 1024  # at or below this, packing/unpacking runs on the loop (µs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,10 +292,10 @@ class AsyncSession:
             rpc = await self.connection.client()
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
-            payload = await self._on(self._codec_pool, _pack, plan, crossing, stats)
+            payload = await self._codec(_pack, _nbytes(crossing), plan, crossing, stats)
             async with asyncio.timeout(timeout):
                 reply = await self._exchange(rpc, payload, stats, timeout)
-                outputs = await self._on(self._codec_pool, self._unpack, reply, stats)
+                outputs = await self._codec(self._unpack, len(reply), reply, stats)
         except TimeoutError:
             exc: LinkError = ProtocolError(ErrorCode.TIMEOUT, f"no result within {timeout:.1f} s")
         except LinkError as caught:
@@ -347,6 +348,13 @@ class AsyncSession:
         stats.local = True
         stats.fallback = why
         return outputs
+
+    async def _codec(self, fn: Callable[..., T], nbytes: int, *args: Any) -> T:
+        """Codec work: small bodies inline (a thread hop costs more than encoding a few KB),
+        larger ones on the codec thread so the event loop only moves bytes."""
+        if nbytes <= INLINE_CODEC_BYTES:
+            return fn(*args)
+        return await self._on(self._codec_pool, fn, *args)
 
     @staticmethod
     async def _on(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
@@ -462,6 +470,10 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes
     stats.pack_ms = (time.perf_counter() - t0) * 1e3
     stats.bytes_up = len(payload)
     return payload
+
+
+def _nbytes(tensors: Mapping[str, np.ndarray]) -> int:
+    return sum(int(a.nbytes) for a in tensors.values())
 
 
 def _parse_packing(packing: str | PackSpec) -> PackSpec:

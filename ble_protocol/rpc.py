@@ -154,8 +154,8 @@ async def serve(
     Admission is bounded: at most ``max_pending`` requests are in flight (waiting for one of the
     ``max_concurrent`` execution slots, running, or having their reply sent). A request beyond
     that is answered at once with ERROR BUSY and no task is created for it; a request whose id
-    is already in flight is answered with ERROR MALFORMED. Every task this function creates is cancelled and awaited before it
-    returns.
+    is already in flight is answered with ERROR MALFORMED. Every task this function creates is
+    cancelled and awaited before it returns.
     """
     if max_concurrent < 1 or max_pending < 1:
         raise ValueError("max_concurrent and max_pending must be >= 1")

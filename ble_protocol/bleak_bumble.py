@@ -33,6 +33,7 @@ from bumble.device import Connection, Device, Peer
 from bumble.keys import JsonKeyStore, MemoryKeyStore
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
+from coinf.ble_protocol.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class BumbleHost:
         self._device: Device | None = None
         self._transport: Any = None
         self._closed = False
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._opening = asyncio.Lock()
 
     @property
@@ -114,21 +115,15 @@ class BumbleHost:
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as a task of this host (cancelled on :meth:`close`)."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     async def close(self) -> None:
         """Cancel the host's tasks, disconnect every connection of the device, power it off and
         close the transport."""
         device, transport = self._device, self._transport
         self._device, self._transport, self._closed = None, None, True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:  # a cancelled connection attempt waits for the controller: bounded here
-            await asyncio.wait(tasks, timeout=2.0)
+        # a cancelled connection attempt waits for the controller: bounded here
+        await self._tasks.cancel_all(timeout=2.0)
         if device is not None:
             for conn in list(device.connections.values()):
                 with contextlib.suppress(Exception):

@@ -36,6 +36,7 @@ from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import Listener
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from coinf.ble_protocol.tasks import TaskSet
 
 from coinf.errors import InputError
 
@@ -150,7 +151,7 @@ class Central:
         self.protocol_version = protocol_version
         self.backend_kwargs = backend_kwargs
         self._links: set[Link] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._closed = False
         self._opening = asyncio.Lock()
 
@@ -182,11 +183,7 @@ class Central:
     async def aclose(self) -> None:
         """Cancel this central's tasks, close the links it made and the host it opened."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         for link in list(self._links):
             with contextlib.suppress(Exception):
                 await link.close()
@@ -202,10 +199,7 @@ class Central:
         await self.aclose()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     def _backends(self) -> tuple[Any, Any, dict[str, Any]]:
         backend, scanner, kwargs = self.backend, self.scanner_backend, dict(self.backend_kwargs)

@@ -44,6 +44,7 @@ from coinf.ble_protocol.messages import (
     ProtocolError,
     encode_error,
 )
+from coinf.ble_protocol.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class GattLink(Link):
         self._open = True
         self._closing: BaseException | None = None
         self._name = name
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._workers = [self._spawn(self._control_writer()), self._spawn(self._expiry())]
 
     @property
@@ -388,10 +389,7 @@ class GattLink(Link):
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task this link keeps until it ends, and cancels (and awaits) in :meth:`close`."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     async def _write_quietly(self, frame: bytes) -> None:
         with contextlib.suppress(Exception):
@@ -425,7 +423,4 @@ class GattLink(Link):
         if was_open:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._disconnect(), 5.0)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()

@@ -41,6 +41,7 @@ from typing import Any
 
 from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.messages import Message
+from coinf.ble_protocol.tasks import TaskSet
 
 from coinf.errors import InputError, LinkClosed, ProtocolError
 
@@ -128,7 +129,7 @@ class Listener(ABC):
 
     def __init__(self) -> None:
         self._incoming: asyncio.Queue[HeldLink | BaseException] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._held: set[HeldLink] = set()
         self._started = False
         self._closed = False
@@ -143,10 +144,7 @@ class Listener(ABC):
         were cancelled and the handed-out links closed)."""
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     def _offer(self, link: Link) -> HeldLink:
         """Queue ``link`` for :meth:`accept`; returns the wrapper whose ``released`` event says
@@ -205,11 +203,7 @@ class Listener(ABC):
         if self._closed:
             return
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         for held in list(self._held):
             with contextlib.suppress(Exception):
                 await held.close()

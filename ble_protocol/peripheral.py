@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Coroutine
 from typing import Any
 
 from bumble import hci
@@ -29,6 +28,7 @@ from coinf.ble_protocol import gatt
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.transport import Connector
 
 from coinf.errors import InputError
@@ -75,13 +75,8 @@ class WearableServer:
         self._active: Connection | None = None
         self._link: GattLink | None = None
         self._accepted: asyncio.Queue[GattLink | ProtocolError] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` as a task this server keeps, and cancels on :meth:`close`."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks = TaskSet()  # cancelled on close()
+        self._spawn = self._tasks.spawn
 
     async def __aenter__(self) -> WearableServer:
         await self.start()
@@ -164,9 +159,7 @@ class WearableServer:
         )
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self._link is not None:
             await self._link.close()
         if self.device is not None:

@@ -39,6 +39,7 @@ from coinf.ble_protocol.messages import (
     encode_result,
 )
 from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
+from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.bundle import Bundle
 from coinf.device.emulation import DeviceEmulation
@@ -106,7 +107,7 @@ class HandheldDaemon:
         self.requests = 0
         self.connections = 0
         self.started = time.monotonic()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._executor: ThreadPoolExecutor | None = None
 
     @property
@@ -126,10 +127,7 @@ class HandheldDaemon:
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` as a task this daemon keeps and cancels in :meth:`aclose`."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     def start(self, link: Link) -> asyncio.Task[Any]:
         """Serve ``link`` in a task of this daemon (:meth:`serve`)."""
@@ -138,11 +136,7 @@ class HandheldDaemon:
     async def aclose(self) -> None:
         """Cancel and await every task started here; stop the executor (a tail already running
         in it finishes in its thread, its result is dropped)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None

@@ -53,7 +53,7 @@ from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
-from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
+from coinf.errors import InputError, LinkError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -304,13 +304,11 @@ class AsyncSession:
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
             payload = await self._codec(_pack, _nbytes(crossing), plan, crossing, stats)
-            async with asyncio.timeout(timeout):
-                reply = await self._exchange(rpc, payload, stats, timeout)
-                outputs = await self._codec(self._unpack, len(reply), reply, stats)
-        except TimeoutError:
-            exc: LinkError = ProtocolError(ErrorCode.TIMEOUT, f"no result within {timeout:.1f} s")
+            # the request's timeout cancels it here and, by CANCEL, on the peer
+            reply = await self._exchange(rpc, payload, stats, timeout)
+            outputs = await self._codec(self._unpack, len(reply), reply, stats)
         except LinkError as caught:
-            exc = caught
+            exc: LinkError = caught
         else:
             self.connection.succeeded()
             return outputs

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import onnxruntime as ort
+from coinf.device.cancel import CancelToken
 
 T = TypeVar("T")
 
@@ -37,23 +38,28 @@ class DeviceEmulation:
         opts.log_severity_level = 3
         return opts
 
-    def stretch(self, compute_s: float, cpu_s: float | None = None) -> float:
+    def stretch(self, compute_s: float, cpu_s: float | None = None,
+                cancel: CancelToken | None = None) -> float:
         """Sleep so that a step that took ``compute_s`` appears to take ``slowdown x`` as long.
 
         With one onnxruntime thread the step runs on the calling thread, and ``cpu_s`` (that
         thread's CPU time for the step) is the better base: other work on a shared machine
         delays the step's wall time, and the slowdown would multiply that noise K times.
-        Returns the emulated duration in seconds.
+        Returns the emulated duration in seconds. A set ``cancel`` cuts the sleep short and
+        raises :class:`~coinf.device.cancel.Cancelled`.
         """
         base = cpu_s if (cpu_s is not None and self.threads == 1) else compute_s
         extra = (self.slowdown - 1.0) * base
         if extra > 0:
-            time.sleep(extra)
+            if cancel is None:
+                time.sleep(extra)
+            elif cancel.wait(extra):
+                cancel.check()
         return compute_s + extra
 
-    def timed(self, fn: Callable[[], T]) -> tuple[T, float]:
+    def timed(self, fn: Callable[[], T], cancel: CancelToken | None = None) -> tuple[T, float]:
         """Run ``fn`` as an emulated step; returns (its result, emulated seconds)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         result = fn()
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        return result, self.stretch(wall, cpu)
+        return result, self.stretch(wall, cpu, cancel)

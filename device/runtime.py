@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.convert.bundle import Bundle, Candidate
+from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 
 
@@ -62,14 +63,28 @@ class SliceRunner:
         return sess
 
     def run_slice(
-        self, cand: Candidate, part: str, feeds: Mapping[str, np.ndarray]
+        self, cand: Candidate, part: str, feeds: Mapping[str, np.ndarray],
+        cancel: CancelToken | None = None,
     ) -> tuple[dict[str, np.ndarray], float]:
-        """Run one slice on the feeds it needs; (outputs by name, emulated compute seconds)."""
+        """Run one slice on the feeds it needs; (outputs by name, emulated compute seconds).
+        A set ``cancel`` aborts the run (and an emulated device's sleep): :class:`Cancelled`."""
         sess = self.slice_session(cand, part)
         wanted = [i.name for i in sess.get_inputs()]
         names = [o.name for o in sess.get_outputs()]
         slice_in = {k: feeds[k] for k in wanted}
-        values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in))
+        if cancel is None:
+            values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in))
+            return dict(zip(names, values, strict=True)), elapsed
+        with cancel.run_options() as ro:
+            try:
+                values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in, ro),
+                                                       cancel)
+            except Cancelled:
+                raise
+            except Exception:
+                if cancel.is_set():  # onnxruntime's "terminate flag" failure
+                    raise Cancelled(f"{part} of {cand.id} cancelled") from None
+                raise
         return dict(zip(names, values, strict=True)), elapsed
 
     @property
@@ -110,8 +125,9 @@ class TailRunner(SliceRunner):
                     f"candidate {cand.id} expects {spec.dtype}{list(spec.shape)}",
                 )
 
-    def run(self, cid: str, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    def run(self, cid: str, feeds: Mapping[str, np.ndarray], cancel: CancelToken | None = None,
+            ) -> tuple[dict[str, np.ndarray], float]:
         """Run candidate ``cid``'s tail; returns (outputs by name, emulated compute seconds)."""
         cand = self.candidate(cid)
         self.check_feeds(cand, feeds)
-        return self.run_slice(cand, "tail", feeds)
+        return self.run_slice(cand, "tail", feeds, cancel)

@@ -42,6 +42,7 @@ from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.bundle import Bundle
+from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.profile import DeviceProfile
 from coinf.device.runtime import TailRunner
@@ -235,7 +236,7 @@ class HandheldDaemon:
         if size > self.max_request_bytes:
             log.info("request %d refused: %d B exceeds %d B", rid, size, self.max_request_bytes)
             raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
-        cancel = threading.Event()
+        cancel = CancelToken()
         t0 = time.perf_counter()
         job = asyncio.get_running_loop().run_in_executor(
             self._pool(), self.run_request, msg.payload, cancel
@@ -243,7 +244,7 @@ class HandheldDaemon:
         try:
             reply = await job
         except asyncio.CancelledError:
-            cancel.set()  # the job stops at its next step if it already started
+            cancel.set()  # stops the tail mid-run (onnxruntime terminate) or the next step
             log.info("request %d cancelled after %.1f ms (%d B in)", rid, _ms(t0), size)
             raise
         except ProtocolError as exc:
@@ -266,11 +267,16 @@ class HandheldDaemon:
     # --- the executor job --------------------------------------------------------------------
     def run_request(self, payload: bytes, cancel: threading.Event | None = None) -> Reply:
         """REQUEST payload -> RESULT payload (decode, tail, encode). Runs in an executor thread;
-        between steps it stops with :class:`RequestCancelled` once ``cancel`` is set."""
+        it stops with :class:`RequestCancelled` once ``cancel`` is set: between steps, and (for
+        a :class:`~coinf.device.cancel.CancelToken`) inside the tail's onnxruntime run."""
         cid, feeds = self.decode(payload)
         if cancel is not None and cancel.is_set():
             raise RequestCancelled(cid)
-        outputs, elapsed = self.tails.run(cid, feeds)
+        token = cancel if isinstance(cancel, CancelToken) else None
+        try:
+            outputs, elapsed = self.tails.run(cid, feeds, token)
+        except Cancelled:
+            raise RequestCancelled(cid) from None
         if cancel is not None and cancel.is_set():
             raise RequestCancelled(cid)
         return Reply(self.encode(outputs, elapsed), cid, elapsed)

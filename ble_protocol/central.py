@@ -517,6 +517,10 @@ class CentralListener(Listener):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.central.max_backoff)
                 continue
+            except Exception as exc:  # never end silently: whoever accepts learns why
+                log.error("the BLE listener stopped: %s: %s", type(exc).__name__, exc)
+                self._fail(exc)
+                return
             delay = self.central.backoff
             held = self._offer(link)
             try:

@@ -83,12 +83,16 @@ def chunk_count(payload_bytes: int, chunk_size: int) -> int:
 
 @dataclass
 class _Partial:
+    """A message being reassembled. Only the chunks received are held (``pieces``); the body
+    is allocated once, when the last byte has arrived."""
+
     mtype: int
     total: int
-    body: bytearray
     started: float
+    pieces: list[tuple[int, bytes]] = field(default_factory=list)
     intervals: list[tuple[int, int]] = field(default_factory=list)  # disjoint, sorted [start,end)
     received: int = 0
+    held: int = 0  # bytes held in pieces (duplicates are not kept)
 
     def add(self, offset: int, data: bytes | memoryview) -> bool:
         """Place ``data``; returns False if it was entirely a duplicate."""
@@ -97,7 +101,9 @@ class _Partial:
         i = bisect.bisect_right(starts, offset) - 1
         if i >= 0 and self.intervals[i][0] <= offset and end <= self.intervals[i][1]:
             return False
-        self.body[offset:end] = data
+        piece = bytes(data)
+        self.pieces.append((offset, piece))
+        self.held += len(piece)
         # merge [offset, end) into the interval list
         lo, hi = offset, end
         j = max(i, 0)
@@ -112,6 +118,13 @@ class _Partial:
         self.intervals[j:k] = [(lo, hi)]
         self.received += (hi - lo) - removed
         return True
+
+    def body(self, size: int) -> bytearray:
+        """The whole body (every byte has arrived)."""
+        out = bytearray(size)
+        for offset, piece in self.pieces:
+            out[offset:offset + len(piece)] = piece
+        return out
 
 
 @dataclass
@@ -153,8 +166,13 @@ class Reassembler:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes currently allocated for incomplete messages."""
-        return sum(len(p.body) for p in self._partials.values())
+        """Bytes currently held for incomplete messages (only what was received)."""
+        return sum(p.held for p in self._partials.values())
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Declared sizes of the incomplete messages, counted against the budget."""
+        return sum(p.total + CRC_BYTES for p in self._partials.values())
 
     @property
     def pending(self) -> int:
@@ -204,14 +222,15 @@ class Reassembler:
                 raise self._fail(
                     ErrorCode.BUSY, f"more than {self.max_partial} messages in reassembly", rid
                 )
-            if self.buffered_bytes + body_len > self.budget_bytes:
+            reserved = self.reserved_bytes
+            if reserved + body_len > self.budget_bytes:
                 raise self._fail(
                     ErrorCode.BUSY,
                     f"message {rid} of {total} B exceeds the reassembly budget "
-                    f"({self.buffered_bytes} of {self.budget_bytes} B in use)",
+                    f"({reserved} of {self.budget_bytes} B reserved)",
                     rid,
                 )
-            part = _Partial(mtype, total, bytearray(body_len), self.clock())
+            part = _Partial(mtype, total, self.clock())
             self._partials[key] = part
         elif part.total != total:
             del self._partials[key]
@@ -227,8 +246,9 @@ class Reassembler:
             return None
         del self._partials[key]
         self._remember(key)
-        payload = bytes(part.body[:total])
-        (crc,) = struct.unpack_from("<I", part.body, total)
+        body = part.body(body_len)
+        payload = bytes(body[:total])
+        (crc,) = struct.unpack_from("<I", body, total)
         if _crc(version, mtype, rid, total, payload) != crc:
             raise self._fail(ErrorCode.BAD_CRC, f"message {rid} failed its CRC32 check", rid)
         self.stats.completed += 1

@@ -36,12 +36,12 @@ from coinf.ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
 from coinf.ble_protocol.frames import Reassembler, chunk_size_for_mtu, encode_chunks
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
-    MAX_CONTROL_BYTES,
     PROTOCOL_VERSION,
     ErrorCode,
     Message,
     MsgType,
     ProtocolError,
+    decode_json,
     encode_error,
 )
 from coinf.ble_protocol.tasks import TaskSet
@@ -98,15 +98,7 @@ def parse_ctrl(frame: bytes) -> tuple[Ctrl, Any]:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown control frame {frame[0]}") from None
     body = bytes(frame[1:])
     if kind in (Ctrl.HELLO, Ctrl.HELLO_ACK):
-        if len(body) > MAX_CONTROL_BYTES:
-            raise ProtocolError(ErrorCode.TOO_LARGE, "handshake too large")
-        try:
-            obj = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ProtocolError(ErrorCode.MALFORMED, "handshake is not JSON") from None
-        if not isinstance(obj, dict):
-            raise ProtocolError(ErrorCode.MALFORMED, "handshake must be a JSON object")
-        return kind, obj
+        return kind, decode_json(body, what="handshake")
     if kind == Ctrl.CREDIT:
         if len(body) != 2:
             raise ProtocolError(ErrorCode.MALFORMED, "CREDIT frame must carry exactly a u16")

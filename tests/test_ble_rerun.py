@@ -9,6 +9,7 @@ import sys
 import time
 
 from coinf.ble_protocol.radio import spawn
+
 from tests.bundles import make_tiny_bundle
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.messages import MsgType, ProtocolError, decode_json
-from coinf.device.profile import DeviceProfile
+from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import DeviceStatus
 from coinf.wearable.cadence import Cadence
 from coinf.wearable.planner.costs import Decision
@@ -112,7 +112,7 @@ class AutoPlan:
             try:
                 reply = await rpc.request(MsgType.PROFILE, b"", timeout)
                 profile = DeviceProfile.from_bytes(reply.payload)
-            except (ProtocolError, ValueError) as exc:
+            except (ProtocolError, ProfileError) as exc:  # the peer's data: never trusted
                 log.info("handheld sent no usable profile (%s); using defaults", exc)
             else:
                 planner = self.adaptive.planner

@@ -53,7 +53,7 @@ from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
-from coinf.errors import InputError, LinkError
+from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -133,6 +133,7 @@ class AsyncSession:
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-codec")
         self._meta: ModelMetadata | None = None
         self._head_ms: dict[str, float] = {}  # last measured head time per candidate
+        self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
         self.last_run: RunStats | None = None
         self._closed = False
 
@@ -340,7 +341,12 @@ class AsyncSession:
     def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         _, blob = decode_result(reply)
-        outputs = validate_result(self.bundle, decode_tensors(blob))
+        # never allocate more than the model's outputs take, whatever the peer declares
+        try:
+            decoded = decode_tensors(blob, max_bytes=self._result_bytes)
+        except ProtocolError as exc:
+            raise PeerResultError(f"result does not decode: {exc}") from None
+        outputs = validate_result(self.bundle, decoded)
         stats.return_ms += (time.perf_counter() - t0) * 1e3
         return outputs
 

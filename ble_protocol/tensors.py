@@ -77,7 +77,8 @@ def decode_raw(body: memoryview | bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> 
     try:
         arr = np.frombuffer(data, dtype=dtype).reshape(shape)
     except ValueError as exc:  # numpy refuses some empty shapes (a 0 next to huge dims)
-        raise ProtocolError(ErrorCode.MALFORMED, f"shape {list(shape)} is not valid: {exc}") from None
+        raise ProtocolError(ErrorCode.MALFORMED,
+                            f"shape {list(shape)} is not valid: {exc}") from None
     return arr.astype(dtype.newbyteorder("="))
 
 

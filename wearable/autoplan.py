@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from coinf.ble_protocol.messages import MsgType, ProtocolError, decode_json
+from coinf.ble_protocol.messages import MsgType, ProtocolError
 from coinf.device.profile import DeviceProfile, ProfileError
-from coinf.device.status import DeviceStatus
+from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
@@ -140,9 +140,8 @@ class AutoPlan:
         self._last_status = time.monotonic()
         try:
             reply = await rpc.request(MsgType.STATUS, b"", timeout)
-            obj = decode_json(reply.payload)
-            self.adaptive.handheld_status = DeviceStatus.from_json(obj.get("device") or {})
-        except (ProtocolError, ValueError) as exc:
+            self.adaptive.handheld_status = decode_status_reply(reply.payload)
+        except ProtocolError as exc:
             log.info("handheld status unusable: %s", exc)
 
     async def maintain(self, rpc: RpcClient, timeout: float) -> None:

@@ -61,3 +61,21 @@ def test_float64_extremes_pack_into_bodies_the_decoder_accepts(spec):
     a = np.array([-1.7e308, 1.7e308, 0.0, 5e-324])
     out = packing.unpack(packing.pack(a, spec))
     assert out.shape == a.shape and np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("bad", ["../../../../etc/passwd", "/etc/passwd"])
+def test_manifest_paths_stay_inside_the_bundle(tmp_path, bad):
+    import json
+
+    from coinf.convert.bundle import Bundle
+
+    from coinf.errors import BundleError
+    from tests.bundles import make_tiny_bundle
+
+    bundle = make_tiny_bundle(tmp_path / "tiny")
+    manifest = bundle.root / "manifest.json"
+    obj = json.loads(manifest.read_text())
+    obj["candidates"][1]["head"]["file"] = bad
+    manifest.write_text(json.dumps(obj))
+    with pytest.raises(BundleError, match="outside the bundle"):
+        Bundle.load(bundle.root)

@@ -311,8 +311,8 @@ class AsyncSession:
                 await self.autoplan.maintain(rpc, timeout)
             payload = await self._codec(_pack, _nbytes(crossing), plan, crossing, stats)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
-            link = self.autoplan.link_estimate() if self.autoplan is not None else (None, None)
-            timeout = request_timeout(timeout, len(payload), *link,
+            bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
+            timeout = request_timeout(timeout, len(payload), bps, rtt,
                                       explicit=ro.timeout is not None)
             # the request's timeout cancels it here and, by CANCEL, on the peer
             reply = await self._exchange(rpc, payload, stats, timeout)

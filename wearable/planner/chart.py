@@ -118,7 +118,8 @@ def build_figure(d: Decision, title: str = "", context: str = "") -> Any:
     for yi, a, b in zip(y, ew, eh, strict=True):
         ax2.text(a + b + emax * 0.01, yi, _mj(a + b), va="center", fontsize=8)
     ax2.set_xlim(0, emax * 1.25)
-    ax2.set_xlabel("energy per inference (mJ over idle, both devices)")
+    ax2.set_xlabel("energy per inference (over idle, both devices)")
+    ax2.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _mj(v) if v else "0"))
     ax2.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
     ax1.set_yticks(y)
     ax1.set_yticklabels(labels, fontsize=9)

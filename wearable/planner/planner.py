@@ -316,6 +316,8 @@ class Planner:
                          + (f", x{prof.slowdown:g} slowdown" if prof.slowdown != 1 else "")
                          + ")")
         text = "compute times: " + "; ".join(parts)
+        if "flops/gflops" in text:
+            text += " -- flops/gflops are rough estimates: `coinf profile` measures them"
         if load_factor != 1.0:
             text += f"; wearable load factor {load_factor:.2f}"
         return text
@@ -352,6 +354,9 @@ class Planner:
             obj += ", streaming"
         n_ex = sum(1 for r in d.rows if r.id in d.excluded)
         ex = f"; {n_ex} of {len(d.rows)} rows excluded" if n_ex else ""
+        n_pack = len(d.excluded) - n_ex
+        if n_pack:
+            ex += f"; {n_pack} packed configurations refused (accuracy)"
         return f"{obj}{ex} -> chose {d.winner}: {d.why}"
 
 

@@ -89,6 +89,7 @@ class _Partial:
     mtype: int
     total: int
     started: float
+    last: float  # when new data last arrived
     pieces: list[tuple[int, bytes]] = field(default_factory=list)
     intervals: list[tuple[int, int]] = field(default_factory=list)  # disjoint, sorted [start,end)
     received: int = 0
@@ -152,12 +153,14 @@ class Reassembler:
         max_partial: int = 8,
         timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        min_rate_bps: float = 1000.0,
         version: int = PROTOCOL_VERSION,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.budget_bytes = budget_bytes if budget_bytes is not None else max_message_bytes + 64
         self.max_partial = max_partial
         self.timeout_s = timeout_s
+        self.min_rate_bps = min_rate_bps
         self.clock = clock
         self.version = version
         self._partials: dict[tuple[int, int], _Partial] = {}
@@ -230,7 +233,8 @@ class Reassembler:
                     f"({reserved} of {self.budget_bytes} B reserved)",
                     rid,
                 )
-            part = _Partial(mtype, total, self.clock())
+            now = self.clock()
+            part = _Partial(mtype, total, now, now)
             self._partials[key] = part
         elif part.total != total:
             del self._partials[key]
@@ -242,6 +246,7 @@ class Reassembler:
         if not part.add(offset, data):
             self.stats.duplicates += 1
             return None
+        part.last = self.clock()
         if part.received < body_len:
             return None
         del self._partials[key]
@@ -271,10 +276,19 @@ class Reassembler:
         self.stats.dropped += len(keys)
         return len(keys)
 
+    def deadline(self, body_bytes: int) -> float:
+        """Longest a message of ``body_bytes`` may take in all: ``timeout_s`` plus its size at
+        ``min_rate_bps`` (1 kB/s: a 602 kB image gets 632 s, a 4 kB tensor 34 s)."""
+        return self.timeout_s + body_bytes / self.min_rate_bps
+
     def expire(self, now: float | None = None) -> list[int]:
-        """Drop partial messages older than ``timeout_s``; returns their request ids."""
+        """Drop partial messages that stalled (no new data for ``timeout_s``) or outlived
+        :meth:`deadline`; returns their request ids. A large message that keeps arriving is
+        never cut at a fixed age: the timeout scales with its size."""
         now = self.clock() if now is None else now
-        old = [k for k, p in self._partials.items() if now - p.started > self.timeout_s]
+        old = [k for k, p in self._partials.items()
+               if now - p.last > self.timeout_s
+               or now - p.started > self.deadline(p.total + CRC_BYTES)]
         for k in old:
             del self._partials[k]
         self.stats.expired += len(old)

@@ -366,7 +366,8 @@ class GattLink(Link):
                     rid,
                     ProtocolError(
                         ErrorCode.TIMEOUT,
-                        f"message {rid} incomplete after {self._reasm.timeout_s:.0f} s",
+                        f"message {rid} incomplete: no data for {self._reasm.timeout_s:.0f} s "
+                        f"or slower than {self._reasm.min_rate_bps / 1e3:g} kB/s",
                     ),
                 )
 

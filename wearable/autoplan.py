@@ -48,12 +48,13 @@ class AutoPlan:
         objective: str | None,
         latency_budget_ms: Any = _UNSET,
         packings: Sequence[str] = ("auto",),
+        timeout_s: float = 30.0,
     ) -> None:
         self.bundle = bundle
         self.policy = policy
         self._handheld_profile_fixed = handheld_profile is not None
         planner = Planner(bundle, wearable_profile, handheld_profile, policy,
-                          packings=tuple(packings))
+                          packings=tuple(packings), timeout_s=timeout_s)
         self.adaptive = AdaptivePlanner(planner, objective=objective,
                                         latency_budget_ms=latency_budget_ms)
         self.cadence = Cadence()
@@ -82,6 +83,11 @@ class AutoPlan:
         if offline is not None:
             return self.bundle.candidates[-1].id, "raw"
         return split_config(self.decision().winner)
+
+    def link_estimate(self) -> tuple[float, float]:
+        """(uplink bytes/s, RTT ms) as measured so far: what ``request_timeout`` scales by."""
+        est = self.adaptive.link.estimate()
+        return est.up_bps, est.rtt_ms
 
     def set_streaming(self, on: bool) -> None:
         self._forced_streaming = on

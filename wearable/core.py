@@ -48,7 +48,13 @@ from coinf.wearable.frame import (
     check_output_names,
     validate_result,
 )
-from coinf.wearable.options import UNSET, RunOptions, SessionOptions, check_run_options
+from coinf.wearable.options import (
+    UNSET,
+    RunOptions,
+    SessionOptions,
+    check_run_options,
+    request_timeout,
+)
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
@@ -305,6 +311,10 @@ class AsyncSession:
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
             payload = await self._codec(_pack, _nbytes(crossing), plan, crossing, stats)
+            # a request the link cannot carry within the timeout gets 2x its airtime (options)
+            bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
+            timeout = request_timeout(timeout, len(payload), bps, rtt,
+                                      explicit=ro.timeout is not None)
             # the request's timeout cancels it here and, by CANCEL, on the peer
             reply = await self._exchange(rpc, payload, stats, timeout)
             outputs = await self._codec(self._unpack, len(reply), reply, stats)
@@ -439,7 +449,7 @@ class AsyncSession:
                  if handheld_profile is not None else None)
         return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
                         objective=objective, latency_budget_ms=latency_budget_ms,
-                        packings=packings)
+                        packings=packings, timeout_s=self.options.timeout)
 
     async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
         if self.autoplan is not None:

@@ -122,7 +122,8 @@ def _join(chunks: list[bytes]) -> bytes:
 
 
 def _split(data: bytes) -> list[bytes]:
-    out, pos = [], 0
+    out: list[bytes] = []
+    pos = 0
     while pos + 2 <= len(data) and len(out) < 64:
         (n,) = struct.unpack_from("<H", data, pos)
         out.append(data[pos + 2: pos + 2 + n])

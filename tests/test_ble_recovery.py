@@ -16,7 +16,7 @@ from coinf.errors import LinkClosed
 
 async def served(radio: EmulatedRadio, connector: PeripheralConnector) -> None:
     """One handheld connects through ``radio``; the connector hands the wearable a link."""
-    wspec, hspec = radio.specs
+    hspec = radio.specs[1]
     async with Central("coinf-wearable", bundle_identity="b", hci=hspec, timeout=10) as central:
         accept = asyncio.ensure_future(connector.connect(30))
         handheld = await central.connect()

@@ -259,6 +259,7 @@ class WearableServer:
             max_message_bytes=self.max_message_bytes,
             reassembly_timeout=self.reassembly_timeout,
             name=f"ble:{connection.peer_address}",
+            heartbeat=gatt.peer_heartbeat(body),
         )
         self._link = link
         ack = make_hello(

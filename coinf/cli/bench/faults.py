@@ -111,17 +111,22 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"phase {phase}: {per_phase} inferences")
                 fault_at, heal_at = per_phase // 4, per_phase // 2
                 worst_after, offloaded_after, resumed = 0.0, 0, phase == "baseline"
-                i, healed_t, resumed_s = 0, 0.0, 0.0
-                # after the heal, go on until offloading resumed (3 offloaded) or 30 s passed
-                while i < per_phase or (not resumed and time.monotonic() - healed_t < 30):
-                    if i == fault_at:
+                i, healed_t, resumed_s, injected_t = 0, 0.0, 0.0, 0.0
+                healed = phase == "baseline"
+                # the fault lasts at least --fault-s; after the heal, go on until offloading
+                # resumed (3 offloaded inferences) or 30 s passed
+                while (i < per_phase or not healed
+                       or (not resumed and time.monotonic() - healed_t < 30)):
+                    if i == fault_at and not injected_t:
                         inject(phase, procs, args)
-                    if i == heal_at:
+                        injected_t = time.monotonic()
+                    if (not healed and i >= heal_at
+                            and time.monotonic() - injected_t >= args.fault_s):
                         heal(phase, procs)
-                        healed_t = time.monotonic()
+                        healed, healed_t = True, time.monotonic()
                     i += 1
                     if i > per_phase:
-                        time.sleep(0.05)  # waiting for the handheld: no need to spin
+                        time.sleep(0.05)  # waiting: no need to spin
                     k = totals["inferences"] % len(feeds)
                     t0 = time.perf_counter()
                     try:
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                     totals["hangs"] += ms > args.hang_s * 1e3
                     if i > fault_at:
                         worst_after = max(worst_after, ms)
-                    if i > heal_at and not stats.local:
+                    if healed and i > heal_at and not stats.local:
                         offloaded_after += 1
                         if not resumed and offloaded_after >= 3:
                             resumed, resumed_s = True, time.monotonic() - healed_t
@@ -189,6 +194,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="ble5-2m", help="radio preset")
     parser.add_argument("--inferences", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=1.5, help="per-inference timeout (s)")
+    parser.add_argument("--fault-s", type=float, default=10.0,
+                        help="each fault lasts at least this long (s)")
     parser.add_argument("--hang-s", type=float, default=10.0, help="an inference longer than "
                         "this counts as a hang")
     parser.add_argument("--json", action="store_true", help="(always JSON)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -25,6 +26,8 @@ EXTERNAL_THRESHOLD = 1_800_000_000  # bytes; above this a file's weights go to F
 WEIGHTS_FILE = "weights.bin"
 SHARED_MIN_BYTES = 1024  # smaller initializers stay inside the slices
 SHARED_AUTO_BYTES = 256 * 1024 * 1024  # auto mode shares weights above this bundle weight total
+_CAND_DIR = re.compile(r"^c\d{3,}$")
+_CAND_FILE = re.compile(r"^c\d{3,}\.(head|tail)\.onnx$")
 
 
 def spec(g: Graph, name: str) -> TensorSpec:
@@ -63,6 +66,11 @@ def _install(tmp: Path, out: Path) -> None:
     """Move the finished bundle ``tmp`` to ``out``, replacing an old bundle or empty directory."""
     old: Path | None = None
     if out.is_dir():
+        for child in out.iterdir():  # the user's own files in a replaced bundle folder stay
+            ours = (_CAND_DIR.match(child.name) or _CAND_FILE.match(child.name)
+                    or child.name in (MANIFEST, MODEL_FILE, MODEL_FILE + ".data", WEIGHTS_FILE))
+            if not ours and not (tmp / child.name).exists():
+                child.rename(tmp / child.name)
         if any(out.iterdir()):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             old.rmdir()

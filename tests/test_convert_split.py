@@ -212,3 +212,13 @@ def test_existing_bundle_needs_force(tmp_path: Path) -> None:
         split_model(tmp_path / "m.onnx", tmp_path / "b")
     (tmp_path / "empty").mkdir()  # an empty folder is fine
     assert len(split_model(tmp_path / "m.onnx", tmp_path / "empty").candidates) > 4
+
+
+def test_forced_resplit_keeps_the_users_files(tmp_path: Path) -> None:
+    onnx.save(cg.diamond(), str(tmp_path / "m.onnx"))
+    split_model(tmp_path / "m.onnx", tmp_path / "b", shared_weights=True)
+    (tmp_path / "b" / "notes.txt").write_text("mine")
+    split_model(tmp_path / "m.onnx", tmp_path / "b", shared_weights=False, force=True)
+    assert (tmp_path / "b" / "notes.txt").read_text() == "mine"
+    assert not list((tmp_path / "b").glob("*.head.onnx"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "m.onnx"]

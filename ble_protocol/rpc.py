@@ -27,6 +27,8 @@ from coinf.ble_protocol.messages import (
     encode_error,
 )
 
+from coinf.errors import CoinfError
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[Message | None]]
@@ -174,7 +176,10 @@ async def serve(
             reply = Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text))
         except Exception as exc:  # a bug or a tail failure: report it, keep serving
             counts.failed += 1
-            log.exception("handler failed on request %d", msg.request_id)
+            if isinstance(exc, CoinfError):  # a known cause (e.g. a damaged bundle file): one line
+                log.error("request %d failed: %s", msg.request_id, exc)
+            else:
+                log.exception("handler failed on request %d", msg.request_id)
             reply = Message(
                 MsgType.ERROR,
                 msg.request_id,

@@ -9,6 +9,21 @@ import json
 from coinf.errors import UserError
 
 
+def check_output_file(path: str, flag: str) -> None:
+    """Refuse an output file that cannot be written, before any work (one line, exit 2)."""
+    import os
+    from pathlib import Path
+
+    out = Path(path)
+    folder = out.parent
+    if out.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; give a file name such as {out / 'plan.png'}")
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {path}: the folder {folder} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
     from coinf.device.profile import load_or_default
@@ -23,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--bandwidth-kbps must be > 0 and --rtt-ms >= 0")
     if args.budget_ms is not None and args.budget_ms < 0:
         raise UserError("--budget-ms must be >= 0 (0 = fastest)")
+    if args.png:
+        check_output_file(args.png, "--png")
     bundle = Bundle.load(args.bundle)
     policy = load_policy(args.policy)[0]
     wear = load_or_default("wearable", args.wearable_profile)

@@ -51,10 +51,8 @@ def spread(n_items: int, k: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import onnxruntime as ort
-
     from coinf.cli.sample import bundle_feeds, load_feeds
-    from coinf.convert.bundle import Bundle
+    from coinf.convert.bundle import Bundle, open_slice
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 
@@ -68,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     bundle = Bundle.load(args.bundle)
     feeds = bundle_feeds(bundle, args.seed)
     feeds.update(load_feeds(args.input, bundle.inputs))
-    ref_sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    ref_sess = open_slice(bundle.model_path)
     reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),
                          strict=True))
     if args.all:

@@ -96,16 +96,20 @@ class RpcClient:
                 marks["replied"] = time.perf_counter()
         except ProtocolError:
             self._pending.pop(rid, None)  # the send failed: nobody will resolve this future
-            if not fut.done():
-                fut.cancel()
+            _discard(fut)
             raise
         except TimeoutError:
             self._pending.pop(rid, None)
+            _discard(fut)
             with contextlib.suppress(ProtocolError, TimeoutError):
                 await asyncio.wait_for(self.link.send(Message(MsgType.CANCEL, rid)), 1.0)
             raise ProtocolError(ErrorCode.TIMEOUT, f"no reply within {timeout:.1f} s") from None
         except asyncio.CancelledError:
             self._pending.pop(rid, None)
+            # Interrupted (Ctrl-C closes the session): the reader may already have failed this
+            # future with LinkClosed; nobody awaits it now, so retrieve it here, or asyncio logs
+            # "Future exception was never retrieved" at exit.
+            _discard(fut)
             with contextlib.suppress(ProtocolError, TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self.link.send(Message(MsgType.CANCEL, rid)), 1.0)
             raise
@@ -119,6 +123,14 @@ class RpcClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await self.link.close()
+
+
+def _discard(fut: asyncio.Future[Message]) -> None:
+    """Drop a reply future nobody will await: cancel it, or consume the error it already holds."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
 
 
 @dataclass

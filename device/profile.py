@@ -109,6 +109,8 @@ class DeviceProfile:
     gflops: float = 1.0
     predictor: Predictor | None = None
     models: dict[str, ModelProfile] = field(default_factory=dict)
+    #: the machine it was measured on (:func:`this_host`), None for defaults and old profiles
+    host: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("wearable", "handheld"):
@@ -178,7 +180,8 @@ class DeviceProfile:
                 "threads": self.threads, "slowdown": self.slowdown, "gflops": self.gflops,
                 "power": asdict(self.power),
                 "predictor": self.predictor.to_json() if self.predictor else None,
-                "models": {k: m.to_json() for k, m in self.models.items()}}
+                "models": {k: m.to_json() for k, m in self.models.items()},
+                "host": self.host}
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceProfile:
@@ -193,7 +196,8 @@ class DeviceProfile:
                        int(obj.get("threads", 1)), float(obj.get("slowdown", 1.0)),
                        float(obj.get("gflops", 1.0)), pred,
                        {str(k): ModelProfile.from_json(v)
-                        for k, v in obj.get("models", {}).items()})
+                        for k, v in obj.get("models", {}).items()},
+                       _host(obj.get("host")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"device profile is malformed: {exc}") from None
 
@@ -284,6 +288,55 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
             progress(f"{i + 1}/{len(bundle.candidates)} {cand.id}: head "
                      f"{entry['head_ms']:.2f} ms, tail {entry['tail_ms']:.2f} ms")
     return mp
+
+
+def _host(obj: Any) -> dict[str, str] | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ProfileError(f"device profile host must be an object, got {obj!r}")
+    return {str(k): str(v) for k, v in obj.items()}
+
+
+def this_host() -> dict[str, str]:
+    """The machine a profile is measured on: host name and CPU architecture."""
+    import platform
+
+    return {"node": platform.node(), "machine": platform.machine(),
+            "system": platform.system()}
+
+
+def same_host(a: dict[str, str], b: dict[str, str]) -> bool:
+    return a.get("node") == b.get("node") and a.get("machine") == b.get("machine")
+
+
+def describe_host(host: dict[str, str] | None) -> str:
+    if not host:
+        return "an unrecorded machine"
+    return f"{host.get('node') or '?'} ({host.get('machine') or '?'})"
+
+
+def _board_model() -> str:
+    for path in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
+        try:
+            return Path(path).read_bytes().rstrip(b"\0").decode("utf-8", "replace")
+        except OSError:
+            continue
+    return ""
+
+
+def detect_role() -> str | None:
+    """``wearable`` on a Raspberry Pi, ``handheld`` on a PC (x86, or macOS / Windows), None when
+    this machine could be either (another ARM board): then the caller must be told."""
+    import platform
+
+    if _board_model().startswith("Raspberry Pi"):
+        return "wearable"
+    if platform.system() in ("Darwin", "Windows"):
+        return "handheld"
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return "handheld"
+    return None
 
 
 def default_profile_path(role: str) -> Path:

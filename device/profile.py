@@ -8,7 +8,11 @@ A profile is JSON (``coinf-device-profile``, version 1)::
      "predictor": {... coinf-predictor ...} | null,
      "models": {"<bundle identity>": {"nodes": {"conv1": 3.2, ...},
                                       "candidates": {"c003": {"head_ms": 12.0, "tail_ms": 4.1}},
-                                      "node_sum_error": {...}}}}
+                                      "node_sum_error": {...}}},
+     "host": {"node": "raspberrypi", "machine": "aarch64", "system": "Linux"} | null}
+
+``host`` is the machine the timings were measured on (``coinf profile`` refuses to overwrite
+another machine's profile without ``--force``).
 
 Compute time of one side of a cut, best source first: the measured slice
 (``models[id].candidates``), the sum of measured per-node times, the layer predictor on the

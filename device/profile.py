@@ -236,6 +236,7 @@ def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
     """Per-node latency (ms, median over ``repeats`` runs after ``warmup``) from onnxruntime's
     profiler, with basic graph optimisation so node names survive (no fusion)."""
     import onnxruntime as ort
+    from coinf.convert.bundle import open_slice
     from coinf.device.sweep import random_feeds
 
     opts = ort.SessionOptions()
@@ -245,7 +246,7 @@ def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
     opts.log_severity_level = 3
     with tempfile.TemporaryDirectory() as tmp:
         opts.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        sess = open_slice(model_path, opts)  # a damaged file: BundleError naming it
         feeds = random_feeds(sess)
         for _ in range(warmup + repeats):
             sess.run(None, feeds)

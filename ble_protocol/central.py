@@ -263,7 +263,16 @@ class Central:
         handshake failed (``code`` says why; :data:`FATAL_CODES` will not mend by retrying)."""
         await self.open()
         self._links = {link for link in self._links if link.is_open}
-        return await self._spawn(self._connect())
+        try:
+            return await self._spawn(self._connect())
+        except asyncio.CancelledError:
+            # bumble cancels a pending GATT request when its connection drops (the wearable went
+            # away mid-handshake, e.g. while it restarted): that is a lost link, not our own
+            # cancellation, and must not end a reconnect loop.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise LinkClosed("the wearable disconnected during connection set-up") from None
 
     async def _connect(self) -> Link:
         from bleak import BleakClient
@@ -556,6 +565,10 @@ class CentralListener(Listener):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.central.max_backoff)
                 continue
+            except Exception as exc:  # never end silently: whoever accepts learns why
+                log.error("the BLE listener stopped: %s: %s", type(exc).__name__, exc)
+                self._fail(exc)
+                return
             delay = self.central.backoff
             held = self._offer(link)
             try:

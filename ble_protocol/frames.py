@@ -83,12 +83,17 @@ def chunk_count(payload_bytes: int, chunk_size: int) -> int:
 
 @dataclass
 class _Partial:
+    """A message being reassembled. Only the chunks received are held (``pieces``); the body
+    is allocated once, when the last byte has arrived."""
+
     mtype: int
     total: int
-    body: bytearray
     started: float
+    last: float  # when new data last arrived
+    pieces: list[tuple[int, bytes]] = field(default_factory=list)
     intervals: list[tuple[int, int]] = field(default_factory=list)  # disjoint, sorted [start,end)
     received: int = 0
+    held: int = 0  # bytes held in pieces (duplicates are not kept)
 
     def add(self, offset: int, data: bytes | memoryview) -> bool:
         """Place ``data``; returns False if it was entirely a duplicate."""
@@ -97,7 +102,9 @@ class _Partial:
         i = bisect.bisect_right(starts, offset) - 1
         if i >= 0 and self.intervals[i][0] <= offset and end <= self.intervals[i][1]:
             return False
-        self.body[offset:end] = data
+        piece = bytes(data)
+        self.pieces.append((offset, piece))
+        self.held += len(piece)
         # merge [offset, end) into the interval list
         lo, hi = offset, end
         j = max(i, 0)
@@ -112,6 +119,13 @@ class _Partial:
         self.intervals[j:k] = [(lo, hi)]
         self.received += (hi - lo) - removed
         return True
+
+    def body(self, size: int) -> bytearray:
+        """The whole body (every byte has arrived)."""
+        out = bytearray(size)
+        for offset, piece in self.pieces:
+            out[offset:offset + len(piece)] = piece
+        return out
 
 
 @dataclass
@@ -139,12 +153,14 @@ class Reassembler:
         max_partial: int = 8,
         timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        min_rate_bps: float = 1000.0,
         version: int = PROTOCOL_VERSION,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.budget_bytes = budget_bytes if budget_bytes is not None else max_message_bytes + 64
         self.max_partial = max_partial
         self.timeout_s = timeout_s
+        self.min_rate_bps = min_rate_bps
         self.clock = clock
         self.version = version
         self._partials: dict[tuple[int, int], _Partial] = {}
@@ -153,8 +169,13 @@ class Reassembler:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes currently allocated for incomplete messages."""
-        return sum(len(p.body) for p in self._partials.values())
+        """Bytes currently held for incomplete messages (only what was received)."""
+        return sum(p.held for p in self._partials.values())
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Declared sizes of the incomplete messages, counted against the budget."""
+        return sum(p.total + CRC_BYTES for p in self._partials.values())
 
     @property
     def pending(self) -> int:
@@ -204,14 +225,16 @@ class Reassembler:
                 raise self._fail(
                     ErrorCode.BUSY, f"more than {self.max_partial} messages in reassembly", rid
                 )
-            if self.buffered_bytes + body_len > self.budget_bytes:
+            reserved = self.reserved_bytes
+            if reserved + body_len > self.budget_bytes:
                 raise self._fail(
                     ErrorCode.BUSY,
                     f"message {rid} of {total} B exceeds the reassembly budget "
-                    f"({self.buffered_bytes} of {self.budget_bytes} B in use)",
+                    f"({reserved} of {self.budget_bytes} B reserved)",
                     rid,
                 )
-            part = _Partial(mtype, total, bytearray(body_len), self.clock())
+            now = self.clock()
+            part = _Partial(mtype, total, now, now)
             self._partials[key] = part
         elif part.total != total:
             del self._partials[key]
@@ -223,12 +246,14 @@ class Reassembler:
         if not part.add(offset, data):
             self.stats.duplicates += 1
             return None
+        part.last = self.clock()
         if part.received < body_len:
             return None
         del self._partials[key]
         self._remember(key)
-        payload = bytes(part.body[:total])
-        (crc,) = struct.unpack_from("<I", part.body, total)
+        body = part.body(body_len)
+        payload = bytes(body[:total])
+        (crc,) = struct.unpack_from("<I", body, total)
         if _crc(version, mtype, rid, total, payload) != crc:
             raise self._fail(ErrorCode.BAD_CRC, f"message {rid} failed its CRC32 check", rid)
         self.stats.completed += 1
@@ -251,10 +276,19 @@ class Reassembler:
         self.stats.dropped += len(keys)
         return len(keys)
 
+    def deadline(self, body_bytes: int) -> float:
+        """Longest a message of ``body_bytes`` may take in all: ``timeout_s`` plus its size at
+        ``min_rate_bps`` (1 kB/s: a 602 kB image gets 632 s, a 4 kB tensor 34 s)."""
+        return self.timeout_s + body_bytes / self.min_rate_bps
+
     def expire(self, now: float | None = None) -> list[int]:
-        """Drop partial messages older than ``timeout_s``; returns their request ids."""
+        """Drop partial messages that stalled (no new data for ``timeout_s``) or outlived
+        :meth:`deadline`; returns their request ids. A large message that keeps arriving is
+        never cut at a fixed age: the timeout scales with its size."""
         now = self.clock() if now is None else now
-        old = [k for k, p in self._partials.items() if now - p.started > self.timeout_s]
+        old = [k for k, p in self._partials.items()
+               if now - p.last > self.timeout_s
+               or now - p.started > self.deadline(p.total + CRC_BYTES)]
         for k in old:
             del self._partials[k]
         self.stats.expired += len(old)

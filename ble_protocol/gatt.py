@@ -42,12 +42,12 @@ from coinf.ble_protocol.frames import (
 )
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
-    MAX_CONTROL_BYTES,
     PROTOCOL_VERSION,
     ErrorCode,
     Message,
     MsgType,
     ProtocolError,
+    decode_json,
     encode_error,
 )
 from coinf.ble_protocol.tasks import TaskSet
@@ -104,15 +104,7 @@ def parse_ctrl(frame: bytes) -> tuple[Ctrl, Any]:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown control frame {frame[0]}") from None
     body = bytes(frame[1:])
     if kind in (Ctrl.HELLO, Ctrl.HELLO_ACK):
-        if len(body) > MAX_CONTROL_BYTES:
-            raise ProtocolError(ErrorCode.TOO_LARGE, "handshake too large")
-        try:
-            obj = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ProtocolError(ErrorCode.MALFORMED, "handshake is not JSON") from None
-        if not isinstance(obj, dict):
-            raise ProtocolError(ErrorCode.MALFORMED, "handshake must be a JSON object")
-        return kind, obj
+        return kind, decode_json(body, what="handshake")
     if kind == Ctrl.CREDIT:
         if len(body) != 2:
             raise ProtocolError(ErrorCode.MALFORMED, "CREDIT frame must carry exactly a u16")
@@ -386,7 +378,8 @@ class GattLink(Link):
                     rid,
                     ProtocolError(
                         ErrorCode.TIMEOUT,
-                        f"message {rid} incomplete after {self._reasm.timeout_s:.0f} s",
+                        f"message {rid} incomplete: no data for {self._reasm.timeout_s:.0f} s "
+                        f"or slower than {self._reasm.min_rate_bps / 1e3:g} kB/s",
                     ),
                 )
 

@@ -173,7 +173,7 @@ def _numpy_unshuffle(planes: np.ndarray, itemsize: int) -> np.ndarray:
     out = np.empty((m * 8, itemsize), dtype=np.uint8)
     pl = planes.reshape(itemsize, 8, m)
     for j in range(itemsize):
-        x = np.ascontiguousarray(pl[j].T).view(np.uint64).reshape(m)
+        x = np.array(pl[j].T, order="C").view(np.uint64).reshape(m)  # own, writable copy
         out[:, j] = _transpose8(x).view(np.uint8)
     return out.reshape(-1)
 
@@ -299,7 +299,11 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
                 return _header(CONST, 0, 0, code, shape, 0.0, lo)
             span = hi - lo
             bits = spec.bits
-            if not (span / ((1 << bits) - 1) > 0 and math.isfinite(((1 << bits) - 1) / span)):
+            levels = (1 << bits) - 1
+            scale = span / levels
+            # the decoder accepts only a finite, positive step whose top level stays finite
+            if not (math.isfinite(span) and scale > 0 and math.isfinite(levels / span)
+                    and math.isfinite(lo + scale * levels)):
                 return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
             q = _quantize(flat, bits, lo, span)
             planes = bit_planes(_pad8(q))[:bits].reshape(-1)

@@ -74,7 +74,12 @@ def decode_raw(body: memoryview | bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> 
             ErrorCode.MALFORMED,
             f"tensor {tuple(shape)} {dtype} needs {nbytes} B, body has {len(data)} B",
         )
-    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    try:
+        arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # numpy refuses some empty shapes (a 0 next to huge dims)
+        raise ProtocolError(ErrorCode.MALFORMED,
+                            f"shape {list(shape)} is not valid: {exc}") from None
+    return arr.astype(dtype.newbyteorder("="))
 
 
 def encode_tensors(

@@ -147,11 +147,12 @@ class Bundle:
         raise BundleError(f"unknown candidate id {cid!r}; this bundle has {ids}{more}")
 
     def path(self, relative: str) -> Path:
-        return self.root / relative
+        """A file of the bundle; a path that would leave the bundle's folder is refused."""
+        return inside(self.root, relative)
 
     @property
     def model_path(self) -> Path:
-        return self.root / self.model_file
+        return inside(self.root, self.model_file)
 
     @property
     def identity(self) -> str:
@@ -227,14 +228,25 @@ class Bundle:
             raise BundleError(f"{path} is malformed: missing or bad field {exc}") from None
         if len(bundle.candidates) < 2:
             raise BundleError(f"{path} lists {len(bundle.candidates)} candidates; expected >= 2")
+        bundle.model_path  # noqa: B018 - validates the path
         weights = bundle.meta.get("weights")
-        if isinstance(weights, dict) and not (root / str(weights.get("file"))).is_file():
+        if isinstance(weights, dict) and not inside(root, str(weights.get("file"))).is_file():
             raise BundleError(f"{path}: shared weights file {weights.get('file')} is missing")
         for cand in bundle.candidates:
             for part in (cand.head, cand.tail):
-                if part.file is not None and not (root / part.file).is_file():
+                if part.file is not None and not inside(root, part.file).is_file():
                     raise BundleError(f"{path}: candidate {cand.id} needs missing {part.file}")
         return bundle
+
+
+def inside(root: Path, relative: str) -> Path:
+    """``root / relative``, refusing absolute paths and ones that leave ``root`` (``..``,
+    symlinks): a manifest names files of its own bundle only."""
+    rel = Path(relative)
+    target = (root / rel).resolve()
+    if rel.is_absolute() or not target.is_relative_to(root.resolve()):
+        raise BundleError(f"bundle {root}: file {relative!r} is outside the bundle's folder")
+    return root / rel
 
 
 def sha256_file(path: str | Path) -> str:

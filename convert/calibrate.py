@@ -35,6 +35,8 @@ DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
 )
 DEFAULT_TOLERANCE_PP = 1.0
+#: one-sided confidence of the reported upper bound on the accuracy drop
+CONFIDENCE = 0.95
 EXTRA_KEY = "packing"
 META_KEY = "packing_calibration"
 
@@ -169,6 +171,30 @@ def _top1(logits: np.ndarray) -> int:
     return int(np.argmax(rows[0]))
 
 
+def upper_bound(k: int, n: int, confidence: float = CONFIDENCE) -> float:
+    """One-sided Clopper-Pearson upper bound on a rate seen ``k`` times in ``n`` trials.
+
+    With no disagreement at all it is ``1 - (1 - confidence) ** (1 / n)``: 31 % at 8 samples,
+    under 1 % only from 299 samples -- the tolerance a calibration can establish."""
+    if n <= 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    from scipy.stats import beta
+
+    return float(beta.ppf(confidence, k + 1, n - k))
+
+
+def samples_needed(tolerance_pp: float, confidence: float = CONFIDENCE) -> int:
+    """Fewest samples whose upper bound, with no disagreement seen, is within the tolerance."""
+    import math
+
+    p = tolerance_pp / 100.0
+    if p >= 1:
+        return 1
+    return math.ceil(math.log(1 - confidence) / math.log(1 - p))
+
+
 def calibrate_candidate(
     bundle: Bundle, cand: Candidate, data: Dataset, specs: Sequence[str] = DEFAULT_SPECS
 ) -> list[dict[str, Any]]:
@@ -204,8 +230,11 @@ def calibrate_candidate(
     for j, spec in enumerate(parsed):
         if data.labels is not None:
             drop = 100.0 * (float(ref_correct.mean()) - float(correct[j].mean()))
+            # the drop is at most the share of inputs packing turned from right to wrong
+            lost = int(np.sum(ref_correct & ~correct[j]))
         else:
             drop = 100.0 * (1.0 - float(agree[j].mean()))
+            lost = int(np.sum(~agree[j]))
         mean_bytes = float(sizes[j].mean())
         rows.append({
             "spec": str(spec),
@@ -216,6 +245,8 @@ def calibrate_candidate(
             "accuracy_drop_pp": round(drop, 4),
             "top1_agreement": round(float(agree[j].mean()), 5),
             "rel_l2": float(f"{rel[j].mean():.4g}"),
+            "samples": n,
+            "accuracy_drop_upper_pp": round(100.0 * upper_bound(lost, n), 4),
         })
     return rows
 
@@ -242,7 +273,8 @@ def calibrate(
         results[cand.id] = calibrate_candidate(bundle, cand, data, specs)
         if progress:
             best = best_row(results[cand.id], DEFAULT_TOLERANCE_PP)
-            note = f"best within 1 pp: {best['spec']} x{best['ratio']:.1f}" if best else ""
+            note = (f"best established within 1 pp: {best['spec']} x{best['ratio']:.1f}"
+                    if best else "no lossy packing established within 1 pp")
             progress(f"{cand.id} {cand.label}: {len(data)} inputs x {len(specs)} packings "
                      f"in {time.perf_counter() - t0:.1f} s; {note}")
     return results
@@ -305,10 +337,34 @@ def accuracy_drop(candidate: Candidate, bits: int | str | PackSpec) -> float:
     return max(0.0, float(_row(candidate, bits)["accuracy_drop_pp"]))
 
 
+def row_bound(row: dict[str, Any], samples: int | None = None) -> tuple[float, int | None]:
+    """(upper bound on the drop in pp, samples) of a table row. Rows written before the bound
+    existed get it from ``top1_agreement`` and ``samples`` (the row's or the given count);
+    without any sample count the measured drop is all there is."""
+    n = row.get("samples", samples)
+    if "accuracy_drop_upper_pp" in row:
+        return float(row["accuracy_drop_upper_pp"]), n
+    if n and "top1_agreement" in row:
+        k = round((1.0 - float(row["top1_agreement"])) * int(n))
+        return 100.0 * upper_bound(k, int(n)), int(n)
+    return max(0.0, float(row.get("accuracy_drop_pp", 0.0))), n
+
+
+def accuracy_bound(candidate: Candidate, bits: int | str | PackSpec,
+                   samples: int | None = None) -> tuple[float, int | None]:
+    """(95 % upper bound on the accuracy drop in pp, samples) of packing the candidate's
+    crossing with ``bits``; lossless packings and ``wearable-only`` are (0, None)."""
+    if candidate.is_wearable_only or PackSpec.parse(_spec_name(bits)).lossless:
+        return 0.0, None
+    return row_bound(_row(candidate, bits), samples)
+
+
 def best_row(rows: list[dict[str, Any]], tolerance_pp: float = DEFAULT_TOLERANCE_PP
              ) -> dict[str, Any] | None:
-    """The smallest packing whose accuracy drop is within ``tolerance_pp``."""
-    ok = [r for r in rows if r["accuracy_drop_pp"] <= tolerance_pp]
+    """The smallest packing whose accuracy drop is within ``tolerance_pp`` and whose upper
+    bound establishes it (rows without a bound: the measured drop)."""
+    ok = [r for r in rows if r["accuracy_drop_pp"] <= tolerance_pp
+          and row_bound(r)[0] <= tolerance_pp]
     return min(ok, key=lambda r: r["mean_bytes"]) if ok else None
 
 

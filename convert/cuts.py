@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -214,6 +215,60 @@ def _spread(items: list[_Prefix], m: int) -> list[_Prefix]:
     return [items[i] for i in sorted(taken)]
 
 
+_GENERIC = re.compile(r"^(n|node|v)?[_-]?\d+$", re.IGNORECASE)
+#: shorter names of long op types, so a label and its scope fit a table column
+_SHORT_OPS = {"BatchNormalization": "BatchNorm", "GlobalAveragePool": "GlobalAvgPool",
+              "GlobalMaxPool": "GlobalMaxPool", "InstanceNormalization": "InstanceNorm",
+              "LayerNormalization": "LayerNorm", "ConvTranspose": "ConvT"}
+
+
+def _scope(name: str, op_type: str) -> tuple[str, int]:
+    """The meaningful part of a node name and the op's index in it: its path without the
+    trailing op-type component and without path parts the next one repeats
+    (``/layer2/layer2.0/bn2/BatchNormalization`` -> ``("layer2.0/bn2", 0)``,
+    ``/layer1/layer1.0/Relu_1`` -> ``("layer1.0", 1)``); "" when the name says nothing
+    (``n12``, ``/Relu_3``, ``Conv_7``)."""
+    parts = [p for p in name.replace("::", "/").split("/") if p]
+    k = 0
+    m = re.fullmatch(rf"{re.escape(op_type)}(?:_(\d+))?", parts[-1]) if parts else None
+    if m:
+        parts = parts[:-1]
+        k = int(m.group(1) or 0)
+    parts = [p for p in parts if not _GENERIC.match(p)]
+    kept = [p for i, p in enumerate(parts)
+            if i + 1 == len(parts) or not parts[i + 1].startswith(p)]
+    return "/".join(kept[-2:]), k
+
+
+def node_labels(g: Graph) -> dict[int, str]:
+    """A readable label for every node: op and scope (``BatchNorm layer2.0/bn2``,
+    ``Relu#2 layer1.0`` for ``/layer1/layer1.0/Relu_1``) when the node's name has a scope, else
+    op type and position: ``Conv#12 after layer3`` (the 12th Conv, after the last named scope),
+    or ``Conv#12 of 53`` (``MaxPool, node 4 of 69`` for a lone op) in a model with no names at
+    all. Never cut."""
+    totals: dict[str, int] = {}
+    for n in g.nodes:
+        totals[n.op_type] = totals.get(n.op_type, 0) + 1
+    counts: dict[str, int] = {}
+    last_scope = ""
+    out: dict[int, str] = {}
+    for n in g.nodes:
+        counts[n.op_type] = k = counts.get(n.op_type, 0) + 1
+        op = _SHORT_OPS.get(n.op_type, n.op_type)
+        scope, within = _scope(n.name, n.op_type)
+        if scope:
+            out[n.index] = f"{op}#{within + 1} {scope}" if within else f"{op} {scope}"
+            last_scope = scope
+            continue
+        nth = f"#{k}" if totals[n.op_type] > 1 else ""
+        if last_scope:
+            out[n.index] = f"{op}{nth} after {last_scope}"
+        else:
+            out[n.index] = (f"{op}{nth} of {totals[n.op_type]}" if nth
+                            else f"{op}, node {n.index + 1} of {len(g.nodes)}")
+    return out
+
+
 def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
                    max_candidates: int = DEFAULT_MAX_CANDIDATES) -> list[Cut]:
     """Candidate cuts ordered by head FLOPs; first is handheld-only, last is wearable-only."""
@@ -270,6 +325,7 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
     take(ordered, "spread")
 
     by_id = {id(p): p for p in prefixes}
+    labels = node_labels(g)
     total = sum(dag.flops.values())
     cuts = [Cut(frozenset(), dag.crossing(frozenset()), 0, in_bytes, HANDHELD_ONLY, HANDHELD_ONLY)]
     middle: list[Cut] = []
@@ -280,14 +336,14 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
         crossing = dag.crossing(head)
         nbytes = sum(dag.nbytes[t] for t in crossing)
         assert nbytes == p.nbytes, "incremental crossing bytes disagree with recomputation"
-        middle.append(Cut(head, crossing, p.flops, nbytes, g.nodes[order[p.k - 1]].name, reason))
+        middle.append(Cut(head, crossing, p.flops, nbytes, labels[order[p.k - 1]], reason))
     middle.sort(key=lambda c: (c.head_flops, c.crossing_bytes, len(c.head), sorted(c.head)))
     seen: dict[str, int] = {}
-    for k, c in enumerate(middle):  # labels are unique: a repeated last node gets "#2", "#3"
+    for k, c in enumerate(middle):  # labels are unique: a repeated last node gets " (2)"...
         n = seen[c.label] = seen.get(c.label, 0) + 1
         if n > 1:
             middle[k] = Cut(c.head, c.crossing, c.head_flops, c.crossing_bytes,
-                            f"{c.label}#{n}", c.reason)
+                            f"{c.label} ({n})", c.reason)
     cuts.extend(middle)
     full = frozenset(dag.nodes)
     out_bytes = sum(g.types[t].nbytes for t in g.outputs)

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coinf.ble_protocol.messages import ProtocolError, decode_json
 from coinf.device.config import config_path
 from coinf.device.predict import Predictor
 
@@ -212,10 +213,12 @@ class DeviceProfile:
             raise ProfileError(f"device profile is {len(raw)} bytes; the limit is "
                                f"{MAX_PROFILE_BYTES}")
         try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"device profile is not valid JSON: {exc}") from None
-        return cls.from_json(obj)
+            obj = decode_json(raw, MAX_PROFILE_BYTES, what="device profile")
+            return cls.from_json(obj)
+        except ProfileError:
+            raise
+        except (ProtocolError, ValueError, TypeError, KeyError, OverflowError) as exc:
+            raise ProfileError(f"device profile is not valid: {exc}") from None
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

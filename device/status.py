@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from coinf.ble_protocol.messages import decode_json
+
+from coinf.errors import ErrorCode, ProtocolError
+
 MAX_STATUS_BYTES = 4096
 
 
@@ -82,6 +86,17 @@ class DeviceStatus:
             return cls.from_json(json.loads(raw))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"device status is not valid JSON: {exc}") from None
+
+
+def decode_status_reply(payload: bytes) -> DeviceStatus:
+    """A peer's STATUS reply (``{"device": {...}, ...}``, docs/PROTOCOL.md) -> its device
+    status. Anything invalid is a :class:`~coinf.errors.ProtocolError` (MALFORMED)."""
+    obj = decode_json(payload, what="STATUS reply")
+    device = obj.get("device", {})
+    try:
+        return DeviceStatus.from_json(device)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(ErrorCode.MALFORMED, f"STATUS reply: {exc}") from None
 
 
 def _read(path: str) -> str | None:

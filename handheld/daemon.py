@@ -284,7 +284,9 @@ class HandheldDaemon:
     def decode(self, payload: bytes) -> tuple[str, dict[str, np.ndarray]]:
         """REQUEST payload -> (candidate id, crossing tensors). Everything in it is untrusted."""
         cid, blob = decode_request(payload)
-        return cid, decode_tensors(blob, max_bytes=self.max_request_bytes)
+        # never allocate more than the candidate's crossing tensors take, whatever is declared
+        budget = min(self.tails.candidate(cid).crossing_bytes, self.max_request_bytes)
+        return cid, decode_tensors(blob, max_bytes=budget)
 
     def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float) -> bytes:
         """Tail outputs -> RESULT payload."""

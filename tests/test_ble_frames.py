@@ -109,7 +109,16 @@ def test_oversized_rejected_before_allocation():
     with pytest.raises(ProtocolError) as info:
         r.feed(_chunk(rid=2, total=900))  # would exceed the 1500 B budget
     assert info.value.code == ErrorCode.BUSY
-    assert r.buffered_bytes == 904
+    assert r.reserved_bytes == 904  # the budget counts declared sizes ...
+    assert r.buffered_bytes < 100  # ... but only the bytes that arrived are held
+
+
+def test_a_small_chunk_declaring_a_huge_message_holds_only_its_bytes():
+    r = Reassembler(max_message_bytes=64 * 1024 * 1024)
+    chunk = _chunk(rid=3, total=64 * 1024 * 1024 - 8)
+    r.feed(chunk)
+    assert r.pending == 1
+    assert r.buffered_bytes <= len(chunk)
 
 
 def test_bad_crc_and_inconsistent_length():

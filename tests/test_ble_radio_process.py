@@ -115,3 +115,32 @@ def test_radio_sockets_disable_nagle() -> None:
             return flags
 
     assert all(asyncio.run(main()))
+
+
+def test_a_killed_handheld_is_reported_after_the_supervision_timeout() -> None:
+    """The handheld's process dies without a word: its controller falls silent, and the
+    wearable's controller reports the link lost after the LL supervision timeout (radio
+    parameter supervision_ms), instead of the wearable waiting for a request timeout."""
+    from coinf.errors import LinkClosed
+
+    wspec, hspec, stop = spawn("ble5-2m", overrides=["time_scale=0.5", "supervision_ms=1000"])
+    handheld = subprocess.Popen([sys.executable, "-c", HANDHELD, hspec])
+    try:
+
+        async def main() -> None:
+            link = await accept_link(wspec, bundle_identity="xp", timeout=60, mtu=247)
+            client = RpcClient(link)
+            reply = await client.request(MsgType.REQUEST, b"alive", timeout=60)
+            assert reply.payload == b"evila"
+            handheld.kill()  # SIGKILL: no disconnect is ever sent
+            with pytest.raises(LinkClosed):
+                # hang guard only: without supervision this would wait for the request timeout
+                await client.request(MsgType.REQUEST, b"anyone?", timeout=60)
+            await client.close()
+            await close_servers()
+
+        asyncio.run(main())
+    finally:
+        handheld.kill()
+        handheld.wait()
+        stop()

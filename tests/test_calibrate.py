@@ -178,3 +178,22 @@ def test_bad_inputs_are_one_line_errors(bundle: Bundle, tmp_path: Path,
         assert err.startswith("coinf calibrate: error:") and "\n" not in err
     assert main(["calibrate", str(tmp_path / "nobundle"), "--data", "x.npz"]) == 2
     assert "not a bundle directory" in capsys.readouterr().err
+
+
+def test_few_samples_report_a_bound_warn_and_establish_nothing(
+        bundle: Bundle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18: 8 unlabelled samples resolve 12.5 pp, not 1 pp: the bound says so."""
+    make_data(tmp_path / "val.npz", n=8, labels=False)
+    assert main(["calibrate", str(bundle.root), "--data", str(tmp_path / "val.npz"),
+                 "--bits", "8,16,f16"]) == 0
+    out = capsys.readouterr()
+    assert "8 samples cannot establish a 1 pp tolerance" in out.err
+    assert "31.2 pp" in out.err and ">= 299 samples" in out.err
+    assert "q8:0.00[31.2]" in out.out
+    rows = {r["spec"]: r for r in cal.packing_rows(Bundle.load(bundle.root).candidate("c001"))}
+    assert rows["q8"]["samples"] == 8
+    assert rows["q8"]["accuracy_drop_upper_pp"] == pytest.approx(31.23, abs=0.01)
+    assert rows["f16"]["accuracy_drop_upper_pp"] == pytest.approx(31.23, abs=0.01)
+    # nothing lossy is established; a lossless packing needs no samples
+    assert cal.best_row([rows["q8"], rows["q16"]]) is None
+    assert cal.accuracy_bound(Bundle.load(bundle.root).candidate("c001"), "f32") == (0.0, None)

@@ -20,6 +20,7 @@ from coinf.ble_protocol.messages import (
     encode_json,
     encode_result,
 )
+from coinf.ble_protocol.packing import pack
 from coinf.ble_protocol.tensors import encode_tensors
 
 from coinf import AsyncSession, RunOptions, Session, SessionOptions
@@ -172,15 +173,21 @@ def test_closing_a_stream_cancels_the_frames_in_flight(bundle):
 @pytest.mark.parametrize(
     ("outputs", "problem"),
     [
-        ({"y": np.zeros((1, 5), np.float32)}, "is float32"),
-        ({"y": np.zeros((1, 4), np.float64)}, "is float64"),
+        ({"y": np.zeros((1, 5), np.float32)}, "exceeds"),  # larger than the outputs: refused
+        ({"y": np.zeros((1, 3), np.float32)}, "is float32"),
+        ({"y": np.zeros((1, 4), np.float64)}, "exceeds"),  # 32 B where the outputs take 16
         ({"y": np.full((1, 4), np.nan, np.float32)}, "NaN"),
         ({}, "missing outputs ['y']"),
-        ({"y": np.zeros((1, 4), np.float32), "z": np.zeros(1, np.float32)}, "unexpected"),
+        (b"\x00" * 21, "does not decode"),  # garbage
+        (encode_tensors({}, packed={"y": pack(np.zeros((4096, 4096), np.float32), "q8")}),
+         "does not decode"),  # a 30-byte CONST body declaring 64 MiB: refused, not allocated
+        ({"y": np.zeros((1, 4), np.float32), "z": np.zeros(0, np.float32)}, "unexpected"),
     ],
 )
 def test_a_bad_result_never_reaches_the_caller(bundle, outputs, problem):
     async def lie(msg: Message) -> Message | None:
+        if isinstance(outputs, bytes):  # a tensor map as raw bytes
+            return Message(MsgType.RESULT, msg.request_id, encode_result(10, outputs))
         return result(msg.request_id, outputs)
 
     factory, _ = peer(bundle, lie)

@@ -202,10 +202,15 @@ def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
         client = RpcClient(link)
         hello = {"protocol": 1, "bundle": bundle.identity}
         await client.request(MsgType.HELLO, encode_json(hello), 5)
-        bad = encode_request("c001", encode_tensors({"h": np.ones((1, 9), np.float32)}))
+        bad = encode_request("c001", encode_tensors({"h": np.ones((1, 7), np.float32)}))
         with pytest.raises(ProtocolError, match=r"expects float32\[1, 8\]") as info:
             await client.request(MsgType.REQUEST, bad, 5)
         assert info.value.code == ErrorCode.MALFORMED
+        # more bytes than the candidate's crossing tensors take: refused before allocation
+        big = encode_request("c001", encode_tensors({"h": np.ones((1, 9), np.float32)}))
+        with pytest.raises(ProtocolError) as info:
+            await client.request(MsgType.REQUEST, big, 5)
+        assert info.value.code == ErrorCode.TOO_LARGE
         unknown = encode_request("c777", encode_tensors({}))
         with pytest.raises(ProtocolError) as info:
             await client.request(MsgType.REQUEST, unknown, 5)

@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from coinf.ble_protocol.messages import MsgType, ProtocolError, decode_json
-from coinf.device.profile import DeviceProfile
-from coinf.device.status import DeviceStatus
+from coinf.ble_protocol.messages import MsgType, ProtocolError
+from coinf.device.profile import DeviceProfile, ProfileError
+from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
@@ -48,12 +48,13 @@ class AutoPlan:
         objective: str | None,
         latency_budget_ms: Any = _UNSET,
         packings: Sequence[str] = ("auto",),
+        timeout_s: float = 30.0,
     ) -> None:
         self.bundle = bundle
         self.policy = policy
         self._handheld_profile_fixed = handheld_profile is not None
         planner = Planner(bundle, wearable_profile, handheld_profile, policy,
-                          packings=tuple(packings))
+                          packings=tuple(packings), timeout_s=timeout_s)
         self.adaptive = AdaptivePlanner(planner, objective=objective,
                                         latency_budget_ms=latency_budget_ms)
         self.cadence = Cadence()
@@ -82,6 +83,11 @@ class AutoPlan:
         if offline is not None:
             return self.bundle.candidates[-1].id, "raw"
         return split_config(self.decision().winner)
+
+    def link_estimate(self) -> tuple[float, float]:
+        """(uplink bytes/s, RTT ms) as measured so far: what ``request_timeout`` scales by."""
+        est = self.adaptive.link.estimate()
+        return est.up_bps, est.rtt_ms
 
     def set_streaming(self, on: bool) -> None:
         self._forced_streaming = on
@@ -112,7 +118,7 @@ class AutoPlan:
             try:
                 reply = await rpc.request(MsgType.PROFILE, b"", timeout)
                 profile = DeviceProfile.from_bytes(reply.payload)
-            except (ProtocolError, ValueError) as exc:
+            except (ProtocolError, ProfileError) as exc:  # the peer's data: never trusted
                 log.info("handheld sent no usable profile (%s); using defaults", exc)
             else:
                 planner = self.adaptive.planner
@@ -140,9 +146,8 @@ class AutoPlan:
         self._last_status = time.monotonic()
         try:
             reply = await rpc.request(MsgType.STATUS, b"", timeout)
-            obj = decode_json(reply.payload)
-            self.adaptive.handheld_status = DeviceStatus.from_json(obj.get("device") or {})
-        except (ProtocolError, ValueError) as exc:
+            self.adaptive.handheld_status = decode_status_reply(reply.payload)
+        except ProtocolError as exc:
             log.info("handheld status unusable: %s", exc)
 
     async def maintain(self, rpc: RpcClient, timeout: float) -> None:

@@ -48,12 +48,18 @@ from coinf.wearable.frame import (
     check_output_names,
     validate_result,
 )
-from coinf.wearable.options import UNSET, RunOptions, SessionOptions, check_run_options
+from coinf.wearable.options import (
+    UNSET,
+    RunOptions,
+    SessionOptions,
+    check_run_options,
+    request_timeout,
+)
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
-from coinf.errors import InputError, LinkError
+from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -133,6 +139,7 @@ class AsyncSession:
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-codec")
         self._meta: ModelMetadata | None = None
         self._head_ms: dict[str, float] = {}  # last measured head time per candidate
+        self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
         self.last_run: RunStats | None = None
         self._closed = False
 
@@ -304,6 +311,10 @@ class AsyncSession:
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
             payload = await self._codec(_pack, _nbytes(crossing), plan, crossing, stats)
+            # a request the link cannot carry within the timeout gets 2x its airtime (options)
+            bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
+            timeout = request_timeout(timeout, len(payload), bps, rtt,
+                                      explicit=ro.timeout is not None)
             # the request's timeout cancels it here and, by CANCEL, on the peer
             reply = await self._exchange(rpc, payload, stats, timeout)
             outputs = await self._codec(self._unpack, len(reply), reply, stats)
@@ -340,7 +351,12 @@ class AsyncSession:
     def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         _, blob = decode_result(reply)
-        outputs = validate_result(self.bundle, decode_tensors(blob))
+        # never allocate more than the model's outputs take, whatever the peer declares
+        try:
+            decoded = decode_tensors(blob, max_bytes=self._result_bytes)
+        except ProtocolError as exc:
+            raise PeerResultError(f"result does not decode: {exc}") from None
+        outputs = validate_result(self.bundle, decoded)
         stats.return_ms += (time.perf_counter() - t0) * 1e3
         return outputs
 
@@ -433,7 +449,7 @@ class AsyncSession:
                  if handheld_profile is not None else None)
         return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
                         objective=objective, latency_budget_ms=latency_budget_ms,
-                        packings=packings)
+                        packings=packings, timeout_s=self.options.timeout)
 
     async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
         if self.autoplan is not None:

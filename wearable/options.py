@@ -37,7 +37,10 @@ class SessionOptions:
             forms are accepted too.
         transport_options: options of the transport (BLE: ``name``, ``keystore``, ``mtu``...).
         timeout: seconds one offloaded inference may take before it is cancelled (on both
-            sides) and, with ``fallback``, finished on the wearable.
+            sides) and, with ``fallback``, finished on the wearable. The planner never picks a
+            configuration predicted to need more than half of it; a request larger than the
+            link can carry in it gets ``request_timeout``'s stretched deadline (docs/PLANNER.md,
+            "Timeouts and feasibility").
         connect_timeout: seconds to open a link and handshake (default: ``timeout``); after the
             first connection a lost handheld is awaited at most ``reconnect_timeout``.
         fallback: finish an inference locally when the handheld is unreachable, slow or failing
@@ -129,6 +132,27 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
             raise InputError(f"RunOptions.timeout must be > 0 s, got {self.timeout!r}")
+
+
+def request_timeout(configured: float, request_bytes: int, up_bps: float | None = None,
+                    rtt_ms: float | None = None, explicit: bool = False) -> float:
+    """The deadline of one offloaded request, in seconds.
+
+    ``max(configured, TIMEOUT_MARGIN x (RTT/2 + request_bytes / up_bps))`` with the measured
+    uplink bandwidth (default: the planner's 20 kB/s, 30 ms estimate): a request the link cannot
+    carry within the configured timeout gets twice its predicted airtime instead of failing
+    every time. A plan the planner chose never needs the stretch (it excludes configurations
+    whose exchange x the margin exceeds the timeout); a split fixed by the caller may. An
+    ``explicit`` per-call ``RunOptions.timeout`` is a hard bound and is never stretched."""
+    from coinf.wearable.planner.adapt import DEFAULT_LINK
+    from coinf.wearable.planner.costs import TIMEOUT_MARGIN
+
+    if explicit:
+        return configured
+    bps = up_bps if up_bps and up_bps > 0 else DEFAULT_LINK.up_bps
+    rtt = DEFAULT_LINK.rtt_ms if rtt_ms is None else rtt_ms
+    predicted_s = rtt / 2e3 + request_bytes / bps
+    return max(configured, TIMEOUT_MARGIN * predicted_s)
 
 
 def check_run_options(run_options: object | None) -> RunOptions:

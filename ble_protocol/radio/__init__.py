@@ -11,6 +11,7 @@ returns the two HCI transport specs plus a ``stop`` callable.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -60,6 +61,7 @@ class EmulatedRadio:
         self.link: Any = None
         self.controllers: dict[str, Any] = {}
         self._transports: list[Any] = []
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def specs(self) -> tuple[str, str]:
@@ -96,9 +98,34 @@ class EmulatedRadio:
                 host_sink=transport.sink,
                 public_address=f"F0:F1:F2:F3:F4:{0xA0 + i:02X}",
             )
+        self._watchdog = asyncio.get_running_loop().create_task(self._supervise())
         return self
 
+    async def _supervise(self) -> None:
+        """A host whose HCI socket closed (its process died) leaves a silent device: after the
+        supervision timeout its peers' controllers report the connection lost."""
+        from bumble import hci
+
+        timeout = self.params.supervision_ms / 1000.0 * self.params.time_scale  # real seconds
+        gone_since: dict[str, float] = {}
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(0.05, timeout / 4))
+            for side, transport in zip(self.sides, self._transports, strict=True):
+                attached = transport.sink.transport is not None
+                if attached:
+                    gone_since.pop(side, None)
+                    continue
+                since = gone_since.setdefault(side, loop.time())
+                controller = self.controllers[side]
+                if loop.time() - since >= timeout and controller.le_connections:
+                    controller.drop_all(hci.HCI_ErrorCode.CONNECTION_TIMEOUT_ERROR)
+
     async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+            self._watchdog = None
         for t in self._transports:
             with contextlib.suppress(Exception):
                 t.server.close()

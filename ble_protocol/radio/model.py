@@ -316,15 +316,22 @@ class RadioController(bumble_controller.Controller):
 
     def on_hci_reset_command(self, command: hci.HCI_Reset_Command) -> Any:
         """A (re)attached host starts clean: drop connections left by a previous host."""
+        self.drop_all(hci.HCI_ErrorCode.REMOTE_USER_TERMINATED_CONNECTION_ERROR)
+        return super().on_hci_reset_command(command)
+
+    def drop_all(self, reason: int) -> int:
+        """End every LE connection of this controller; the peers are told ``reason``. Returns
+        how many were dropped. (A host that vanished: its device went silent, and after the
+        supervision timeout the peer's controller reports CONNECTION_TIMEOUT.)"""
+        dropped = 0
         for conn in list(self.le_connections.values()):
             peer = self.radio.find_le_controller(conn.peer_address)
             with contextlib.suppress(Exception):
                 if peer is not None:
                     peer_conn = peer.le_connections.get(conn.self_address)
                     if peer_conn is not None:
-                        peer.on_le_disconnected(
-                            peer_conn, hci.HCI_ErrorCode.REMOTE_USER_TERMINATED_CONNECTION_ERROR
-                        )
+                        peer.on_le_disconnected(peer_conn, reason)
             self.radio.drop_connection(conn)
             del self.le_connections[conn.peer_address]
-        return super().on_hci_reset_command(command)
+            dropped += 1
+        return dropped

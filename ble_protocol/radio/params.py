@@ -45,6 +45,9 @@ class RadioParams:
     att_mtu: int = 517  # ATT MTU both hosts request
     hci_version: int = hci.HCI_VERSION_BLUETOOTH_CORE_4_2
     time_scale: float = 1.0  # real seconds per emulated second
+    # LL supervision timeout: a controller whose peer falls silent (its host and controller
+    # gone, as when the process dies) reports the link lost after this long
+    supervision_ms: float = 1000.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -56,6 +59,7 @@ class RadioParams:
             (1 <= self.acl_buffers <= 1024, "acl_buffers must be in [1, 1024]"),
             (23 <= self.att_mtu <= 517, "att_mtu must be in [23, 517]"),
             (0 < self.time_scale <= 100, "time_scale must be in (0, 100]"),
+            (100 <= self.supervision_ms <= 32000, "supervision_ms must be in [100, 32000]"),
         ]
         for ok, text in checks:
             if not ok:

@@ -9,6 +9,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: a configuration is feasible when ``TIMEOUT_MARGIN`` x its predicted exchange (transfer + tail
+#: + return) fits in the Session's per-inference timeout; the same factor stretches the request
+#: deadline of a split fixed by the user (``wearable.options.request_timeout``). 2x absorbs a
+#: bandwidth estimate that is off by half (BLE throughput swings that much).
+TIMEOUT_MARGIN = 2.0
+
 
 @dataclass(frozen=True)
 class CandidateCost:
@@ -51,6 +57,10 @@ class CandidateCost:
             return max(self.head_ms, self.transfer_ms + self.return_ms, self.tail_ms)
         return self.head_ms + self.transfer_ms + self.tail_ms + self.return_ms
 
+    def exchange_ms(self) -> float:
+        """What the link and the handheld take: ``transfer + tail + return`` (0 when local)."""
+        return self.transfer_ms + self.tail_ms + self.return_ms
+
     def throughput_fps(self, streaming: bool = True) -> float:
         """Inferences per second when frames arrive back to back (pipelined by default)."""
         lat = self.latency_ms(streaming)
@@ -82,34 +92,52 @@ class Decision:
     streaming: bool = False
     #: context the planner adds: where the times came from, effective weights, link estimate.
     notes: list[str] = field(default_factory=list)
+    #: rows the planner ruled out before the scheduler ran, with the reason (infeasible under
+    #: the timeout, accuracy bound not established...). They stay in ``rows`` for display.
+    excluded: dict[str, str] = field(default_factory=dict)
+    #: one line: the objective in force and why the winner won (``coinf plan`` prints it first).
+    headline: str = ""
 
     @property
     def row(self) -> CandidateCost:
         return next(r for r in self.rows if r.id == self.winner)
 
     def explain(self) -> str:
-        """A fixed-width table of every candidate, the winner marked with ``*``, then why."""
-        head = (f"{'':1} {'candidate':<16} {'head':>9} {'xfer':>9} {'tail':>9} {'ret':>8} "
+        """One headline (objective, winner, why), then a fixed-width table of every row (the
+        winner marked ``*``, excluded rows ``x``, full labels), then the exclusions and notes."""
+        width = max([16] + [len(self._name(r)) for r in self.rows])
+        head = (f"{'':1} {'candidate':<{width}} {'head':>9} {'xfer':>9} {'tail':>9} {'ret':>8} "
                 f"{'latency':>9} {'E_wear':>9} {'E_hand':>9} {'bytes':>9} {'acc':>5}")
-        unit = (f"{'':1} {'':<16} {'ms':>9} {'ms':>9} {'ms':>9} {'ms':>8} {'ms':>9} "
+        unit = (f"{'':1} {'':<{width}} {'ms':>9} {'ms':>9} {'ms':>9} {'ms':>8} {'ms':>9} "
                 f"{'mJ':>9} {'mJ':>9} {'':>9} {'pp':>5}")
-        lines = [f"scheduler: {self.scheduler}" + ("  (streaming)" if self.streaming else ""),
-                 head, unit]
+        lines = [self.headline] if self.headline else []
+        lines += [f"scheduler: {self.scheduler}" + ("  (streaming)" if self.streaming else ""),
+                  head, unit]
         for r in self.rows:
-            mark = "*" if r.id == self.winner else " "
-            name = r.id if not r.label or r.label == r.id else f"{r.id} {r.label}"
+            mark = "*" if r.id == self.winner else ("x" if r.id in self.excluded else " ")
             lines.append(
-                f"{mark} {name[:16]:<16} {r.head_ms:9.1f} {r.transfer_ms:9.1f} {r.tail_ms:9.1f} "
-                f"{r.return_ms:8.1f} {r.latency_ms(self.streaming):9.1f} "
+                f"{mark} {self._name(r):<{width}} {r.head_ms:9.1f} {r.transfer_ms:9.1f} "
+                f"{r.tail_ms:9.1f} {r.return_ms:8.1f} {r.latency_ms(self.streaming):9.1f} "
                 f"{r.wearable_energy_mj:9.1f} {r.handheld_energy_mj:9.1f} "
                 f"{r.crossing_bytes:9d} {r.accuracy_drop_pp:5.2f}")
+        ids = {r.id for r in self.rows}
+        shown = [k for k in self.excluded if k in ids]
+        others = [k for k in self.excluded if k not in ids]
+        lines.extend(f"excluded {k}: {self.excluded[k]}" for k in shown)
+        lines.extend(f"excluded {k}: {self.excluded[k]}" for k in others[:8])
+        if len(others) > 8:
+            lines.append(f"excluded {len(others) - 8} more packed configurations likewise")
         lines.extend(f"note: {n}" for n in self.notes)
         lines.append(("best effort (no candidate met every constraint): " if self.best_effort
                       else "why: ") + self.why)
         return "\n".join(lines)
 
+    @staticmethod
+    def _name(r: CandidateCost) -> str:
+        return r.id if not r.label or r.label == r.id else f"{r.id} {r.label}"
+
     def to_json(self) -> dict[str, Any]:
         return {"winner": self.winner, "why": self.why, "scheduler": self.scheduler,
                 "best_effort": self.best_effort, "streaming": self.streaming,
                 "rows": [r.to_json() for r in self.rows], "scores": self.scores,
-                "notes": self.notes}
+                "notes": self.notes, "excluded": self.excluded, "headline": self.headline}

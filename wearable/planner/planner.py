@@ -19,7 +19,7 @@ from coinf.wearable.planner.adapt import (
     LoadFactor,
     ReplanTrigger,
 )
-from coinf.wearable.planner.costs import CandidateCost, Decision
+from coinf.wearable.planner.costs import TIMEOUT_MARGIN, CandidateCost, Decision
 from coinf.wearable.planner.mincut import CutResult, min_cut
 from coinf.wearable.planner.onnx_dag import dag_from_onnx
 from coinf.wearable.planner.schedulers import coinf, dyno, neurosurgeon
@@ -69,7 +69,8 @@ class Planner:
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
                  predictor_style: str = "coinf",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
-                 packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0) -> None:
+                 packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0,
+                 timeout_s: float = 30.0) -> None:
         """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels raw; by
         default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`.
 
@@ -81,10 +82,20 @@ class Planner:
         policy's ``accuracy_tolerance_pp`` (default 1 pp). Packing costs wearable time:
         ``crossing bytes / pack_mb_s`` (default 50 MB/s, an estimate for a Pi Zero 2 W core;
         ``coinf bench pack`` measures it), added to the head. Use :func:`split_config` on the
-        winner."""
+        winner.
+
+        ``timeout_s`` is the Session's per-inference timeout (``SessionOptions.timeout``):
+        a configuration whose predicted exchange (transfer + tail + return) times
+        ``TIMEOUT_MARGIN`` (2) exceeds it is infeasible and never chosen (``Decision.excluded``
+        says so); ``wearable-only`` always is feasible."""
         if not pack_mb_s > 0:
             raise ValueError(f"pack_mb_s must be > 0, got {pack_mb_s}")
         self.pack_mb_s = pack_mb_s
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = float(timeout_s)
+        #: configurations ruled out by calibration, with the reason (filled by ``_configs``)
+        self.excluded_configs: dict[str, str] = {}
         self.bundle = bundle
         self.wire_bytes = wire_bytes or (lambda c: protocol_wire_bytes(c, bundle.outputs))
         self.wearable = wearable_profile or DeviceProfile.default("wearable")
@@ -194,17 +205,36 @@ class Planner:
                 if spec == "raw":
                     continue
                 try:
-                    from coinf.convert.calibrate import accuracy_drop, expected_packed_bytes
+                    from coinf.convert.calibrate import (
+                        accuracy_bound,
+                        accuracy_drop,
+                        expected_packed_bytes,
+                    )
 
                     packed = expected_packed_bytes(c, spec)
                     drop = accuracy_drop(c, spec)
+                    bound, samples = accuracy_bound(c, spec, self._calibration_samples())
                 except (ImportError, CoinfError, KeyError, ValueError):
                     continue  # not calibrated for this packing: not a configuration
-                if drop > self.policy.accuracy_tolerance_pp:
-                    continue  # beyond the user's accuracy tolerance: never a choice
+                tol = self.policy.accuracy_tolerance_pp
+                rid = f"{c.id}{PACK_SEP}{spec}"
+                if drop > tol:  # beyond the user's accuracy tolerance: never a choice
+                    self.excluded_configs[rid] = (
+                        f"accuracy drop {drop:.2f} pp > tolerance {tol:g} pp")
+                    continue
+                if bound > tol:  # too few samples to show the drop is within the tolerance
+                    self.excluded_configs[rid] = (
+                        f"accuracy drop {drop:.2f} pp measured on {samples} samples, but its "
+                        f"95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp")
+                    continue
                 out.append((spec, round(packed) + header, res, drop))
         self._wire_cfg[c.id] = out
         return out
+
+    def _calibration_samples(self) -> int | None:
+        meta = getattr(self.bundle, "meta", None) or {}
+        n = (meta.get("packing_calibration") or {}).get("samples")
+        return int(n) if isinstance(n, int) else None
 
     # -- exact optimum over every cut of the graph -----------------------------------------
     def optimal_cut(self, link: LinkEstimate | None = None,
@@ -244,8 +274,9 @@ class Planner:
             raise ValueError(f"unknown objective {objective!r}; expected one of "
                              f"{', '.join(OBJECTIVES)}")
         budget = pol.latency_budget_ms if latency_budget_ms is _UNSET else latency_budget_ms
-        rows = self.costs(link_estimate, wearable_status, handheld_status, load_factor,
-                          handheld_load if handheld_load is not None else 1.0)
+        all_rows = self.costs(link_estimate, wearable_status, handheld_status, load_factor,
+                              handheld_load if handheld_load is not None else 1.0)
+        rows, excluded = self.feasible(all_rows)
         ww, wh, why_w = pol.weights(wearable_status, handheld_status)
         streaming = pol.streaming or objective == "throughput"
         if objective == "auto":
@@ -258,20 +289,75 @@ class Planner:
             k = handheld_load if handheld_load is not None else (
                 handheld_status.speed_factor() if handheld_status else 1.0)
             # the handheld's load is applied by K here, not twice
-            rows = self.costs(link_estimate, wearable_status, None, load_factor)
+            rows = self.feasible(self.costs(link_estimate, wearable_status, None, load_factor))[0]
             d = neurosurgeon(rows, objective.split("-", 1)[1], handheld_load=k)
         else:
             d = dyno(rows, pol.dyno_constraints(), pol.dyno_targets(), streaming=streaming,
                      w_wearable=ww, w_handheld=wh)
         link = link_estimate or DEFAULT_LINK
+        ranked = {r.id: r for r in d.rows}
+        d.rows = [ranked.get(r.id, r) for r in all_rows]  # bundle order, the excluded too
+        d.excluded = {**excluded, **self.excluded_configs}
+        d.headline = self._headline(d, objective, budget, streaming)
         d.notes.append(f"link: up {link.up_bps / 1000:.1f} kB/s, down "
                        f"{link.down_bps / 1000:.1f} kB/s, RTT {link.rtt_ms:.0f} ms ({link.source})")
         d.notes.append("weights: " + "; ".join(why_w))
-        srcs = {f"head {hs}" for _, _, hs, _ in self.base_times()} | \
-            {f"tail {ts}" for _, _, _, ts in self.base_times()}
-        d.notes.append(f"times from: {', '.join(sorted(srcs))}; wearable x"
-                       f"{self.wearable.slowdown:g} slowdown, load factor {load_factor:.2f}")
+        d.notes.append(self.sources_note(load_factor))
         return d
+
+    def sources_note(self, load_factor: float = 1.0) -> str:
+        """Where the compute times came from, per side, in words."""
+        parts = []
+        for side, idx, prof in (("wearable heads", 2, self.wearable),
+                                ("handheld tails", 3, self.handheld)):
+            srcs = sorted({str(b[idx]) for b in self.base_times()} - {"empty"})
+            parts.append(f"{side} from {' / '.join(srcs) or 'nothing to run'} "
+                         f"(profile {prof.name!r}"
+                         + (f", x{prof.slowdown:g} slowdown" if prof.slowdown != 1 else "")
+                         + ")")
+        text = "compute times: " + "; ".join(parts)
+        if "flops/gflops" in text:
+            text += " -- flops/gflops are rough estimates: `coinf profile` measures them"
+        if load_factor != 1.0:
+            text += f"; wearable load factor {load_factor:.2f}"
+        return text
+
+    def feasible(self, rows: list[CandidateCost]) -> tuple[list[CandidateCost], dict[str, str]]:
+        """Rows whose predicted exchange fits the timeout with ``TIMEOUT_MARGIN``, and the
+        reason each other row is excluded. Never empty: with nothing feasible every row stays
+        (the Session's deadline stretches instead, see ``wearable.options.request_timeout``)."""
+        limit_ms = self.timeout_s * 1e3 / TIMEOUT_MARGIN
+        ok, excluded = [], {}
+        for r in rows:
+            if r.exchange_ms() <= limit_ms or r.exchange_ms() == 0:
+                ok.append(r)
+            else:
+                excluded[r.id] = (
+                    f"infeasible: predicted exchange {r.exchange_ms() / 1e3:.1f} s (transfer "
+                    f"{r.transfer_ms / 1e3:.1f} s of {r.crossing_bytes / 1e3:.0f} kB) x"
+                    f"{TIMEOUT_MARGIN:g} margin exceeds the {self.timeout_s:g} s timeout")
+        return (ok, excluded) if ok else (rows, {})
+
+    @staticmethod
+    def _headline(d: Decision, objective: str, budget: float | None, streaming: bool) -> str:
+        """``objective: ...; chose X: why`` in one line."""
+        if objective == "auto":
+            if budget is None or math.isinf(budget):
+                obj = "least energy (objective auto, no latency budget)"
+            elif budget == 0:
+                obj = "lowest latency (objective auto, budget 0)"
+            else:
+                obj = f"least energy within {budget:g} ms (objective auto)"
+        else:
+            obj = f"objective {objective}"
+        if streaming:
+            obj += ", streaming"
+        n_ex = sum(1 for r in d.rows if r.id in d.excluded)
+        ex = f"; {n_ex} of {len(d.rows)} rows excluded" if n_ex else ""
+        n_pack = len(d.excluded) - n_ex
+        if n_pack:
+            ex += f"; {n_pack} packed configurations refused (accuracy)"
+        return f"{obj}{ex} -> chose {d.winner}: {d.why}"
 
 
 class AdaptivePlanner:

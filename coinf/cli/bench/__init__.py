@@ -21,6 +21,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("pack", "pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
     ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
+    ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
 ]
 
 

@@ -45,10 +45,38 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     path = cal.store(bundle, results, data)
-    print(f"calibrated {len(results)} candidates on {len(data)} inputs of {data.name}: {path}")
+    tol = _tolerance()
+    n = len(data)
+    print(f"calibrated {len(results)} candidates on {n} inputs of {data.name}: {path}")
+    need = cal.samples_needed(tol)
+    if n < need:
+        print(f"warning: {n} samples cannot establish a {tol:g} pp tolerance: even with no "
+              f"disagreement the {cal.CONFIDENCE:.0%} upper bound is "
+              f"{100 * cal.upper_bound(0, n):.1f} pp; lossy packings whose bound exceeds "
+              f"{tol:g} pp are not used by the planner. Calibrate on >= {need} samples.",
+              file=sys.stderr)
+    print(f"  accuracy drop in pp, measured [{cal.CONFIDENCE:.0%} upper bound], per packing; "
+          f"tolerance {tol:g} pp")
     for cid, rows in results.items():
-        best = cal.best_row(rows)
-        text = f"{best['spec']} x{best['ratio']:.1f} ({best['accuracy_drop_pp']:+.2f} pp)" \
-            if best else "none within 1 pp"
-        print(f"  {cid}: best within 1 pp: {text}")
+        cells = " ".join(
+            f"{r['spec']}:{r['accuracy_drop_pp']:.2f}[{r['accuracy_drop_upper_pp']:.1f}]"
+            for r in rows if r["codec"] != "f32")
+        best = cal.best_row(rows, tol)
+        text = (f"{best['spec']} x{best['ratio']:.1f} ({best['accuracy_drop_pp']:+.2f} pp, "
+                f"bound {best['accuracy_drop_upper_pp']:.2f} pp)" if best
+                else f"none established within {tol:g} pp (raw is used)")
+        print(f"  {cid}: best: {text}")
+        print(f"    {cells}")
     return 0
+
+
+def _tolerance() -> float:
+    """The policy's accuracy tolerance (what the planner will apply), 1 pp by default."""
+    from coinf.convert.calibrate import DEFAULT_TOLERANCE_PP
+
+    try:
+        from coinf.wearable.policy import load_policy
+
+        return float(load_policy(None)[0].accuracy_tolerance_pp)
+    except Exception:  # a broken policy file is `coinf policy`'s to report, not ours
+        return DEFAULT_TOLERANCE_PP

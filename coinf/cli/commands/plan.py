@@ -5,8 +5,61 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coinf.errors import UserError
+
+if TYPE_CHECKING:
+    from coinf.wearable.planner.adapt import LinkEstimate
+
+#: bytes per second of each accepted unit (k = 1000; BLE rates are quoted in kB/s here)
+_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "bit/s": 1 / 8, "kbit/s": 1e3 / 8,
+          "mbit/s": 1e6 / 8}
+
+
+def parse_bandwidth(text: str) -> float:
+    """``"20kB/s"``, ``"160 kbit/s"``, ``"1MB/s"`` or a bare number of kB/s -> bytes/s."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-zA-Z/]*)\s*", text)
+    if not m:
+        raise UserError(f"--bandwidth {text!r}: expected a rate such as 20kB/s, 160kbit/s or "
+                        "1MB/s")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit.lower() in ("kbps", "mbps", "bps"):
+        raise UserError(f"--bandwidth {text!r}: {unit} is ambiguous (bits or bytes?); write "
+                        f"kB/s (bytes) or kbit/s (bits)")
+    per = 1e3 if not unit else _UNITS.get(unit.lower().replace("bytes", "b").replace("byte", "b"))
+    if per is None:
+        raise UserError(f"--bandwidth {text!r}: unknown unit {unit!r}; use B/s, kB/s, MB/s, "
+                        "bit/s, kbit/s or Mbit/s")
+    if not value > 0:
+        raise UserError(f"--bandwidth must be > 0, got {text!r}")
+    return value * per
+
+
+def _link(args: argparse.Namespace) -> LinkEstimate:
+    from coinf.wearable.planner.adapt import DEFAULT_LINK, LinkEstimate
+
+    if args.bandwidth is not None and args.bandwidth_kbps is not None:
+        raise UserError("give --bandwidth or --bandwidth-kbps, not both")
+    if args.bandwidth_kbps is not None:
+        if not args.bandwidth_kbps > 0:
+            raise UserError("--bandwidth-kbps (kilobytes per second) must be > 0")
+        bps: float | None = args.bandwidth_kbps * 1000.0
+    else:
+        bps = parse_bandwidth(args.bandwidth) if args.bandwidth is not None else None
+    if args.rtt_ms is not None and args.rtt_ms < 0:
+        raise UserError("--rtt-ms must be >= 0")
+    given = [name for name, v in (("bandwidth", bps), ("RTT", args.rtt_ms)) if v is not None]
+    if not given:
+        source = "default: a BLE 4.2 estimate; set --bandwidth"
+    elif len(given) == 2:
+        source = "command line"
+    else:
+        source = f"{given[0]} from the command line, {'RTT' if bps else 'bandwidth'} default"
+    return LinkEstimate(bps or DEFAULT_LINK.up_bps, bps or DEFAULT_LINK.down_bps,
+                        DEFAULT_LINK.rtt_ms if args.rtt_ms is None else args.rtt_ms, source)
 
 
 def check_output_file(path: str, flag: str) -> None:
@@ -28,16 +81,16 @@ def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
     from coinf.device.profile import load_or_default
     from coinf.device.status import DeviceStatus
-    from coinf.wearable.planner.adapt import LinkEstimate
     from coinf.wearable.planner.planner import Planner
     from coinf.wearable.policy import OBJECTIVES, load_policy
 
     if args.objective and args.objective not in OBJECTIVES:
         raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}")
-    if args.bandwidth_kbps <= 0 or args.rtt_ms < 0:
-        raise UserError("--bandwidth-kbps must be > 0 and --rtt-ms >= 0")
+    link = _link(args)
     if args.budget_ms is not None and args.budget_ms < 0:
         raise UserError("--budget-ms must be >= 0 (0 = fastest)")
+    if not args.timeout > 0:
+        raise UserError("--timeout must be > 0 s")
     if args.png:
         check_output_file(args.png, "--png")
     bundle = Bundle.load(args.bundle)
@@ -51,28 +104,32 @@ def run(args: argparse.Namespace) -> int:
     packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("auto",)
     try:
         planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
-                          packings=packings)
+                          packings=packings, timeout_s=args.timeout)
     except ValueError as exc:
         raise UserError(f"--packings: {exc}") from None
-    bps = args.bandwidth_kbps * 1000.0
-    link = LinkEstimate(bps, bps, args.rtt_ms, "command line")
     wst = DeviceStatus(battery_pct=args.wearable_battery) if args.wearable_battery is not None \
         else None
     hst = DeviceStatus(battery_pct=args.handheld_battery, charging=args.handheld_charging) \
         if args.handheld_battery is not None or args.handheld_charging else None
     budget = policy.latency_budget_ms if args.budget_ms is None else args.budget_ms
     d = planner.decide(link, wst, hst, args.objective, budget)
+    d.notes.insert(1, f"devices: wearable {wear.name!r}, handheld {hand.name!r}; per-inference "
+                      f"timeout {args.timeout:g} s")
     out = d.to_json()
     if args.optimal:
         cut = planner.optimal_cut(link, wst, hst)
-        best = min(r.latency_ms(d.streaming) for r in d.rows)
+        best = min(r.latency_ms(d.streaming) for r in d.rows if r.id not in d.excluded)
         out["optimal_cut"] = {"latency_ms": cut.latency_ms, "wearable_nodes": len(cut.wearable),
                               "crossing": list(cut.crossing),
                               "best_candidate_latency_ms": best}
     if args.png:
         from coinf.wearable.planner.chart import plot_decision
 
-        plot_decision(d, args.png, f"{bundle.root.name}: {d.scheduler}")
+        slow = f" (x{wear.slowdown:g} slowdown)" if wear.slowdown != 1 else ""
+        context = (f"link {link.up_bps / 1e3:g} kB/s each way, RTT {link.rtt_ms:g} ms "
+                   f"({link.source})  |  wearable {wear.name}{slow}, handheld {hand.name}  |  "
+                   f"per-inference timeout {args.timeout:g} s")
+        plot_decision(d, args.png, bundle.root.name, context)
     if args.json:
         print(json.dumps(out, indent=1))
     else:
@@ -91,11 +148,19 @@ def run(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle")
     parser.add_argument("--objective", help="auto, latency, energy, throughput, "
-                                            "neurosurgeon-latency, neurosurgeon-energy, dyno")
-    parser.add_argument("--budget-ms", type=float, help="latency budget (default: the policy's)")
-    parser.add_argument("--bandwidth-kbps", type=float, default=20.0,
-                        help="link bandwidth in kB/s (default 20)")
-    parser.add_argument("--rtt-ms", type=float, default=30.0)
+                                            "neurosurgeon-latency, neurosurgeon-energy, dyno "
+                                            "(default: the policy's; balanced = auto)")
+    parser.add_argument("--budget-ms", type=float,
+                        help="latency budget in ms (default: the policy's; none = least energy)")
+    parser.add_argument("--bandwidth", metavar="RATE",
+                        help="link bandwidth, both ways: 20kB/s, 160kbit/s, 1MB/s; a bare number "
+                             "is kB/s (default 20 kB/s, a BLE 4.2 estimate)")
+    parser.add_argument("--bandwidth-kbps", type=float, metavar="KB_PER_S",
+                        help="the same in kilobytes (1000 B) per second, e.g. 20")
+    parser.add_argument("--rtt-ms", type=float, help="round-trip time in ms (default 30)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="the Session's per-inference timeout in seconds (default 30): "
+                             "plans whose predicted exchange x2 exceeds it are infeasible")
     parser.add_argument("--wearable-profile", help="default <config dir>/wearable-profile.json")
     parser.add_argument("--handheld-profile", help="default <config dir>/handheld-profile.json")
     parser.add_argument("--wearable-slowdown", type=float, help="override the profile's slowdown")
@@ -111,6 +176,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "calibrated packing within the policy's accuracy tolerance")
     parser.add_argument("--optimal", action="store_true",
                         help="also solve the exact min-cut over every cut of the graph")
-    parser.add_argument("--png", help="write a per-candidate stacked bar chart")
+    parser.add_argument("--png", help="write a bar chart of the candidates (Pareto front, "
+                                      "the chosen one and the extremes)")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)

@@ -65,7 +65,6 @@ def _link(args: argparse.Namespace) -> LinkEstimate:
 def check_output_file(path: str, flag: str) -> None:
     """Refuse an output file that cannot be written, before any work (one line, exit 2)."""
     import os
-    from pathlib import Path
 
     out = Path(path)
     folder = out.parent

@@ -498,6 +498,7 @@ async def _handshake(
         max_message_bytes=max_message_bytes,
         reassembly_timeout=reassembly_timeout,
         name=f"ble:{client.address}",
+        heartbeat=gatt.peer_heartbeat(body),
     )
     link.bleak_client = client  # type: ignore[attr-defined]
     link_box.append(link)

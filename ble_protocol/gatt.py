@@ -60,6 +60,8 @@ DATA_UP_UUID = _BASE.format(0x0001)
 DATA_DOWN_UUID = _BASE.format(0x0002)
 CONTROL_UUID = _BASE.format(0x0003)
 
+HEARTBEAT_S = 1.0  # PING a peer silent this long (only one that announced "heartbeat")
+SILENCE_LIMIT_S = 3.0  # a peer silent this long is gone
 DEFAULT_WINDOW = 128  # chunks a receiver accepts before returning credits
 DEFAULT_MTU = 517
 
@@ -70,6 +72,8 @@ class Ctrl(IntEnum):
     CREDIT = 3
     ERROR = 4
     ABORT = 5
+    PING = 6  # u32 nonce: "are you there?" (only to a peer that announced "heartbeat")
+    PONG = 7  # u32 nonce of the PING it answers
 
 
 # --- control frames ----------------------------------------------------------------------------
@@ -88,6 +92,10 @@ def ctrl_credit(n: int) -> bytes:
 
 def ctrl_error(code: ErrorCode, text: str) -> bytes:
     return bytes([Ctrl.ERROR]) + encode_error(code, text)[:500]
+
+
+def ctrl_ping(nonce: int, pong: bool = False) -> bytes:
+    return bytes([Ctrl.PONG if pong else Ctrl.PING]) + struct.pack("<I", nonce & 0xFFFFFFFF)
 
 
 def ctrl_abort(mtype: int, rid: int) -> bytes:
@@ -118,6 +126,10 @@ def parse_ctrl(frame: bytes) -> tuple[Ctrl, Any]:
         except ValueError:
             code = ErrorCode.MALFORMED
         return kind, ProtocolError(code, "peer: " + body[2:].decode("utf-8", "replace"))
+    if kind in (Ctrl.PING, Ctrl.PONG):
+        if len(body) != 4:
+            raise ProtocolError(ErrorCode.MALFORMED, f"{kind.name} frame must carry a u32")
+        return kind, struct.unpack("<I", body)[0]
     if len(body) != 5:
         raise ProtocolError(ErrorCode.MALFORMED, "ABORT frame must be u8 type + u32 id")
     return kind, struct.unpack("<BI", body)
@@ -139,8 +151,15 @@ def make_hello(
         "bundle": bundle_identity,
         "mtu": mtu,
         "role": role,
-        "capabilities": {"window": window, "max_message_bytes": max_message_bytes, "crc32": True},
+        "capabilities": {"window": window, "max_message_bytes": max_message_bytes, "crc32": True,
+                         "heartbeat": True},
     }
+
+
+def peer_heartbeat(obj: dict[str, Any]) -> bool:
+    """Whether a (checked) handshake announced that its sender answers PING with PONG."""
+    caps = obj.get("capabilities")
+    return isinstance(caps, dict) and caps.get("heartbeat") is True
 
 
 def check_hello(
@@ -198,6 +217,9 @@ class GattLink(Link):
         max_message_bytes: int = 64 * 1024 * 1024,
         reassembly_timeout: float = 30.0,
         name: str = "gatt",
+        heartbeat: bool = False,
+        heartbeat_s: float = HEARTBEAT_S,
+        silence_limit_s: float = SILENCE_LIMIT_S,
     ) -> None:
         super().__init__()
         self.role = role  # "wearable" (RPC client) or "handheld" (RPC server)
@@ -229,6 +251,11 @@ class GattLink(Link):
         self._name = name
         self._tasks = TaskSet()
         self._workers = [self._spawn(self._control_writer()), self._spawn(self._expiry())]
+        self.heartbeat_s, self.silence_limit_s = heartbeat_s, silence_limit_s
+        self._last_heard = time.monotonic()
+        self._pings = 0
+        if heartbeat:  # the peer answers PING: watch that it stays alive
+            self._workers.append(self._spawn(self._watch_peer()))
 
     @property
     def description(self) -> str:
@@ -319,6 +346,7 @@ class GattLink(Link):
         """One data chunk arrived from the peer."""
         if not self._open:
             return
+        self._last_heard = time.monotonic()
         try:
             self._ledger.on_chunk()
             msg = self._reasm.feed(value)
@@ -352,9 +380,14 @@ class GattLink(Link):
         """One control frame arrived from the peer (after the handshake)."""
         if not self._open:
             return
+        self._last_heard = time.monotonic()
         try:
             kind, body = parse_ctrl(value)
-            if kind == Ctrl.CREDIT:
+            if kind == Ctrl.PING:
+                self._queue_control(ctrl_ping(body, pong=True))
+            elif kind == Ctrl.PONG:
+                pass  # hearing it was the point
+            elif kind == Ctrl.CREDIT:
                 self._gate.grant(body)
             elif kind == Ctrl.ERROR:
                 self._fail(body, tell_peer=False)
@@ -369,6 +402,26 @@ class GattLink(Link):
                 else ProtocolError(ErrorCode.MALFORMED, str(exc))
             )
             self._fail(err)
+
+    def _queue_control(self, frame: bytes) -> None:
+        self._ctrl_queue.put_nowait(frame)
+        self._ctrl_wakeup.set()
+
+    async def _watch_peer(self) -> None:
+        """Liveness: after ``heartbeat_s`` without a frame from the peer, PING it; after
+        ``silence_limit_s`` of silence the peer is gone (its process stopped or hung while the
+        controllers keep the connection up): the link fails with :class:`LinkClosed`."""
+        while self._open:
+            await asyncio.sleep(self.heartbeat_s / 2)
+            silent = time.monotonic() - self._last_heard
+            if silent > self.silence_limit_s:
+                log.warning("%s: peer silent for %.1f s; closing", self._name, silent)
+                self._shutdown(LinkClosed(f"{self._name}: peer silent for {silent:.1f} s"))
+                self._spawn(self._disconnect_later())
+                return
+            if silent >= self.heartbeat_s:
+                self._pings += 1
+                self._queue_control(ctrl_ping(self._pings))
 
     async def _expiry(self) -> None:
         while True:

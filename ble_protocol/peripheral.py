@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from typing import Any
@@ -258,6 +259,7 @@ class WearableServer:
             max_message_bytes=self.max_message_bytes,
             reassembly_timeout=self.reassembly_timeout,
             name=f"ble:{connection.peer_address}",
+            heartbeat=gatt.peer_heartbeat(body),
         )
         self._link = link
         ack = make_hello(
@@ -296,14 +298,34 @@ class WearableServer:
         self._spawn(tell_and_drop())
         self._accepted.put_nowait(exc)
 
+    @property
+    def transport_lost(self) -> bool:
+        """True once the HCI transport under this server is gone (controller unplugged, the
+        radio process died): the server must be started again on a new transport."""
+        terminated = getattr(getattr(self._transport, "source", None), "terminated", None)
+        return terminated is not None and terminated.done()
+
     async def accept(self, timeout: float | None = None) -> Link:
-        """Wait for a handheld to connect, pair, subscribe and complete the handshake."""
+        """Wait for a handheld to connect, pair, subscribe and complete the handshake. Raises
+        :class:`LinkClosed` at once if the HCI transport is lost meanwhile."""
+        getter = asyncio.ensure_future(self._accepted.get())
+        waits: set[asyncio.Future[Any]] = {getter}
+        terminated = getattr(getattr(self._transport, "source", None), "terminated", None)
+        if terminated is not None:
+            waits.add(terminated)
         try:
-            item = await asyncio.wait_for(self._accepted.get(), timeout)
-        except TimeoutError:
+            done, _ = await asyncio.wait(waits, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter not in done:
+            if terminated is not None and terminated.done():
+                raise LinkClosed(f"HCI transport {self.spec!r} was lost")
             raise ProtocolError(
                 ErrorCode.TIMEOUT, f"no handheld completed the handshake within {timeout} s"
-            ) from None
+            )
+        item = getter.result()
         if isinstance(item, ProtocolError):
             raise item
         return item
@@ -330,12 +352,18 @@ class PeripheralConnector(Connector):
             raise InputError(f"unknown ble transport option {unknown[0]!r}; expected one of "
                              f"{sorted(known)}")
         self.spec = f"ble:{hci_spec}"
-        self.server = WearableServer(hci_spec, bundle_identity=identity, **options)
+        self._make = functools.partial(WearableServer, hci_spec, bundle_identity=identity,
+                                       **options)
+        self.server = self._make()
         self._started = False
 
     async def connect(self, timeout: float) -> Link:
+        if self._started and self.server.transport_lost:
+            log.warning("%s: HCI transport lost; starting the GATT server again", self.spec)
+            await self.aclose()
+            self.server = self._make()  # bonds live in the keystore file, if one is set
         if not self._started:
-            await self.server.start()
+            await self.server.start()  # LinkClosed (transient) while the transport is down
             self._started = True
         try:
             return await self.server.accept(timeout)

@@ -144,3 +144,35 @@ def test_a_killed_handheld_is_reported_after_the_supervision_timeout() -> None:
         handheld.kill()
         handheld.wait()
         stop()
+
+
+def test_a_stopped_handheld_is_detected_by_the_heartbeat() -> None:
+    """SIGSTOP: the handheld's controller keeps the connection up, but its host stops
+    answering. The wearable PINGs a silent peer on the control characteristic and closes the
+    link after SILENCE_LIMIT_S, instead of waiting for the request timeout."""
+    import signal
+
+    from coinf.errors import LinkClosed
+
+    wspec, hspec, stop = spawn("ble5-2m", overrides=["time_scale=0.5"])
+    handheld = subprocess.Popen([sys.executable, "-c", HANDHELD, hspec])
+    try:
+
+        async def main() -> None:
+            link = await accept_link(wspec, bundle_identity="xp", timeout=60, mtu=247)
+            client = RpcClient(link)
+            reply = await client.request(MsgType.REQUEST, b"alive", timeout=60)
+            assert reply.payload == b"evila"
+            handheld.send_signal(signal.SIGSTOP)
+            with pytest.raises(LinkClosed, match="silent"):
+                # hang guard only: without the heartbeat this waits out the 60 s timeout
+                await client.request(MsgType.REQUEST, b"anyone?", timeout=60)
+            await client.close()
+            await close_servers()
+
+        asyncio.run(main())
+    finally:
+        handheld.send_signal(signal.SIGCONT)
+        handheld.kill()
+        handheld.wait()
+        stop()

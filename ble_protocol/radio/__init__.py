@@ -127,6 +127,9 @@ class EmulatedRadio:
             await asyncio.gather(self._watchdog, return_exceptions=True)
             self._watchdog = None
         for t in self._transports:
+            with contextlib.suppress(Exception):  # the hosts attached now lose their radio
+                if t.sink.transport is not None:
+                    t.sink.transport.close()
             with contextlib.suppress(Exception):
                 t.server.close()
             with contextlib.suppress(Exception):

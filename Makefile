@@ -1,8 +1,11 @@
-# Fresh machine: `make demo` or `make test`. Both create .venv if missing and install what they need.
+# Fresh machine: `make demo` or `make test`. Both create .venv if missing and install what they need:
+# the demo only the `demo` extra (seconds), the tests the whole `dev` extra (torch, mypy: minutes).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+SUM    := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-dev-$(SUM)
+DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
 .PHONY: demo test lint typecheck check models clean
 
@@ -10,13 +13,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall whenever setup.cfg/pyproject.toml change.
+# Reinstall whenever setup.cfg/pyproject.toml change. dev includes demo: installing dev stamps both,
+# so `make demo` after `make test` installs nothing, and `make test` after `make demo` adds dev.
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/.installed-*
+	touch $@ $(DEMO_STAMP)
+
+$(DEMO_STAMP): $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	rm -f $(VENV)/.installed-demo-*
 	touch $@
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/coinf demo
 
 test: $(STAMP)

@@ -19,12 +19,16 @@ bumble host (``hci="tcp-client:..."``, which the central opens and closes, or ``
   listener reconnect with exponential backoff.
 * Whether a failed handshake write is worth retrying is decided from typed fields of the
   error (the ATT code of the bumble backend, the D-Bus error name on BlueZ), never its text.
+* A wearable that is not there (yet) is retried; a local adapter or stack that cannot be used
+  at all (no adapter, no BlueZ on the D-Bus system bus, an HCI transport that does not open) is
+  :class:`~coinf.errors.AdapterError` at once (:func:`adapter_fault`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import inspect
 import logging
 import re
@@ -38,7 +42,7 @@ from coinf.ble_protocol.listen import Listener
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
 from coinf.ble_protocol.tasks import TaskSet
 
-from coinf.errors import InputError
+from coinf.errors import AdapterError, InputError
 
 if TYPE_CHECKING:
     from coinf.ble_protocol.bleak_bumble import BumbleHost
@@ -70,6 +74,42 @@ FATAL_CODES = frozenset({
     ErrorCode.BUNDLE_MISMATCH,
     ErrorCode.INSUFFICIENT_ENCRYPTION,
 })
+
+
+#: D-Bus errors meaning "there is no Bluetooth stack to talk to" (BlueZ not running).
+_DBUS_NO_STACK = frozenset({
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+})
+#: OSError numbers of connecting to the D-Bus system bus socket that mean no D-Bus/BlueZ here.
+_NO_BUS_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EACCES})
+
+
+def adapter_fault(exc: BaseException) -> str | None:
+    """Why the OS Bluetooth stack cannot be used at all, if ``exc`` says so (typed fields only):
+    no adapter or none with the central role (bleak >= 2), BlueZ absent from the D-Bus system bus,
+    or no system bus socket. None for everything else (a wearable not found, a powered-off
+    adapter that may be switched on, a failed connection: those are retried)."""
+    try:
+        from bleak.exc import BleakDBusError
+    except ImportError:  # pragma: no cover - bleak always ships it
+        return None
+    try:
+        from bleak.exc import (  # type: ignore[attr-defined,unused-ignore]
+            BleakBluetoothNotAvailableError,
+            BleakBluetoothNotAvailableReason,
+        )
+    except ImportError:  # bleak < 2
+        pass
+    else:
+        if isinstance(exc, BleakBluetoothNotAvailableError) and \
+                exc.reason != BleakBluetoothNotAvailableReason.POWERED_OFF:
+            return f"no usable Bluetooth adapter ({exc.args[0]})"
+    if isinstance(exc, BleakDBusError) and exc.dbus_error in _DBUS_NO_STACK:
+        return f"BlueZ is not running ({exc.dbus_error})"
+    if isinstance(exc, OSError) and exc.errno in _NO_BUS_ERRNOS:
+        return f"cannot reach BlueZ on the D-Bus system bus ({exc})"
+    return None
 
 
 def classify_bleak_error(exc: BaseException) -> ErrorCode:
@@ -175,8 +215,8 @@ class Central:
                 host = BumbleHost(self.hci, **self._host_options)
                 try:
                     await host.open()
-                except BleakError as exc:
-                    raise LinkClosed(str(exc)) from None
+                except BleakError as exc:  # the transport (adapter, radio) does not open at all
+                    raise AdapterError(f"{exc} (check --hci)") from None
                 self.host = host
         return self
 
@@ -266,6 +306,11 @@ class Central:
             except LinkClosed as exc:
                 last = exc
             except Exception as exc:  # bleak raises BleakError, TimeoutError, OSError...
+                fault = adapter_fault(exc) if self.host is None else None
+                if fault is not None:  # retrying cannot help: say so once
+                    raise AdapterError(
+                        f"{fault}: this machine has no Bluetooth to reach the wearable with "
+                        f"(plug in an adapter / start bluetoothd, or use --hci)") from None
                 last = exc
                 log.info("connect attempt %d failed: %s", attempt + 1, exc)
         else:
@@ -510,6 +555,9 @@ class CentralListener(Listener):
         while True:
             try:
                 link = await self.central.connect()
+            except AdapterError as exc:
+                self._fail(exc)
+                return
             except ProtocolError as exc:
                 if exc.code in FATAL_CODES:
                     self._fail(exc)
@@ -534,4 +582,4 @@ class CentralListener(Listener):
         await self.central.aclose()
 
 
-__all__ = ["FATAL_CODES", "Central", "CentralListener", "classify_bleak_error"]
+__all__ = ["FATAL_CODES", "Central", "CentralListener", "adapter_fault", "classify_bleak_error"]

@@ -34,7 +34,12 @@ from enum import IntEnum
 from typing import Any
 
 from coinf.ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
-from coinf.ble_protocol.frames import Reassembler, chunk_size_for_mtu, encode_chunks
+from coinf.ble_protocol.frames import (
+    HEADER_BYTES,
+    Reassembler,
+    chunk_size_for_mtu,
+    encode_chunks,
+)
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
@@ -272,11 +277,15 @@ class GattLink(Link):
             )
         async with self._send_lock:
             started = finished = False
+            stats = self.stats
+            stats.sending_done, stats.sending_since = 0, time.monotonic()
+            stats.sending_total = len(message.payload)
             try:
                 for chunk in encode_chunks(message, self.chunk_size):
                     await self._gate.acquire()
                     started = True
                     await self._write_data(chunk)
+                    stats.sending_done += len(chunk) - HEADER_BYTES
                 finished = True
             except asyncio.CancelledError:
                 if started and not finished and self._open:
@@ -288,6 +297,8 @@ class GattLink(Link):
             except Exception as exc:  # the transport failed under us
                 self.connection_lost(f"write failed: {exc}")
                 raise self._closed_error() from None
+            finally:
+                stats.sending_total = 0
         self.stats.count_sent(len(message.payload))
 
     async def _control_writer(self) -> None:

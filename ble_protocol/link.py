@@ -27,6 +27,20 @@ class LinkStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     created: float = field(default_factory=time.monotonic)
+    #: the message being sent, for progress displays (links that send in chunks keep these;
+    #: ``sending_total`` is 0 when no message is under way): its payload size, the payload
+    #: bytes the transport took so far, and when it started (``time.monotonic``)
+    sending_total: int = 0
+    sending_done: int = 0
+    sending_since: float = 0.0
+
+    def sending(self) -> tuple[int, int, float] | None:
+        """``(done, total, seconds)`` of the message being sent, or None. Safe to call from
+        another thread (a snapshot of three counters; good enough for a progress line)."""
+        total, done, since = self.sending_total, self.sending_done, self.sending_since
+        if total <= 0:
+            return None
+        return min(done, total), total, time.monotonic() - since
 
     def count_sent(self, nbytes: int) -> None:
         self.messages_sent += 1

@@ -27,6 +27,8 @@ from coinf.ble_protocol.messages import (
     encode_error,
 )
 
+from coinf.errors import CoinfError
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[Message | None]]
@@ -94,16 +96,20 @@ class RpcClient:
                 marks["replied"] = time.perf_counter()
         except ProtocolError:
             self._pending.pop(rid, None)  # the send failed: nobody will resolve this future
-            if not fut.done():
-                fut.cancel()
+            _discard(fut)
             raise
         except TimeoutError:
             self._pending.pop(rid, None)
+            _discard(fut)
             with contextlib.suppress(ProtocolError, TimeoutError):
                 await asyncio.wait_for(self.link.send(Message(MsgType.CANCEL, rid)), 1.0)
             raise ProtocolError(ErrorCode.TIMEOUT, f"no reply within {timeout:.1f} s") from None
         except asyncio.CancelledError:
             self._pending.pop(rid, None)
+            # Interrupted (Ctrl-C closes the session): the reader may already have failed this
+            # future with LinkClosed; nobody awaits it now, so retrieve it here, or asyncio logs
+            # "Future exception was never retrieved" at exit.
+            _discard(fut)
             with contextlib.suppress(ProtocolError, TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self.link.send(Message(MsgType.CANCEL, rid)), 1.0)
             raise
@@ -117,6 +123,14 @@ class RpcClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await self.link.close()
+
+
+def _discard(fut: asyncio.Future[Message]) -> None:
+    """Drop a reply future nobody will await: cancel it, or consume the error it already holds."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
 
 
 @dataclass
@@ -174,7 +188,10 @@ async def serve(
             reply = Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text))
         except Exception as exc:  # a bug or a tail failure: report it, keep serving
             counts.failed += 1
-            log.exception("handler failed on request %d", msg.request_id)
+            if isinstance(exc, CoinfError):  # a known cause (e.g. a damaged bundle file): one line
+                log.error("request %d failed: %s", msg.request_id, exc)
+            else:
+                log.exception("handler failed on request %d", msg.request_id)
             reply = Message(
                 MsgType.ERROR,
                 msg.request_id,

@@ -7,7 +7,8 @@
     │   ├── InputError       (also ValueError) a feed, argument or option is not what was expected
     │   ├── ModelError       an ONNX model cannot be loaded, checked or shaped
     │   ├── BundleError      a split bundle is missing, malformed or lacks what was asked
-    │   └── MissingDependency  a feature needs a package from an extra that is not installed
+    │   ├── MissingDependency  a feature needs a package from an extra that is not installed
+    │   └── AdapterError     this machine's Bluetooth adapter / HCI transport cannot be opened
     └── LinkError            the link or the peer failed; ``transient`` says whether retrying
         │                    later (and finishing the inference locally now) is right
         └── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
@@ -44,6 +45,11 @@ class BundleError(UserError):
 
 class MissingDependency(UserError):
     """A feature needs a package from an extra that is not installed."""
+
+
+class AdapterError(UserError):
+    """This machine's Bluetooth adapter, Bluetooth stack or HCI transport cannot be opened at all
+    (no adapter, no BlueZ, a bad ``--hci``): retrying does not mend it, the user must."""
 
 
 class ErrorCode(IntEnum):
@@ -127,6 +133,7 @@ class PeerResultError(ProtocolError):
 
 __all__ = [
     "TRANSIENT_CODES",
+    "AdapterError",
     "BundleError",
     "CoinfError",
     "ErrorCode",

@@ -255,3 +255,24 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def open_slice(path: str | Path, sess_options: Any = None,
+               providers: list[str] | tuple[str, ...] = ("CPUExecutionProvider",)) -> Any:
+    """``onnxruntime.InferenceSession`` of a bundle file; a file onnxruntime cannot load (truncated,
+    overwritten, not ONNX) raises :class:`BundleError` naming it, not onnxruntime's traceback."""
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(path), sess_options, providers=list(providers))
+    except Exception as exc:  # onnxruntime's InvalidProtobuf, Fail, NoSuchFile, ...
+        if not Path(path).is_file():
+            raise BundleError(f"bundle file {path} is missing") from None
+        text = str(exc).strip()
+        if "INVALID_PROTOBUF" in text or "Protobuf parsing failed" in text:
+            reason = "not a valid ONNX file: truncated or overwritten?"
+        else:
+            reason = (text.splitlines()[0] if text else type(exc).__name__)[:160]
+        raise BundleError(
+            f"bundle file {path} is damaged ({reason}); re-create the bundle with "
+            f"`coinf split MODEL -o BUNDLE --force`") from None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import onnx
 from coinf.convert.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
-from coinf.convert.cost import all_costs
-from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES, enumerate_cuts
+from coinf.convert.cost import NodeCost, all_costs
+from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES, Cut, enumerate_cuts
 from coinf.convert.graph import Graph, load_graph
 from coinf.convert.slicer import build_slice, param_bytes
 from coinf.convert.verify import ATOL, RTOL, VerifyError, verify_bundle
@@ -46,28 +47,48 @@ def save_model(model: ModelProto, path: Path) -> None:
         path.write_bytes(model.SerializeToString())
 
 
-def prepare_out_dir(out: Path) -> None:
-    """Create ``out`` or clear a previous bundle there; refuse any other non-empty directory."""
+def check_out_dir(out: Path, force: bool) -> None:
+    """Refuse an ``out`` that :func:`split_model` must not replace.
+
+    A missing path or an empty directory is fine; an existing bundle only with ``force``; anything
+    else (a file, a directory holding other things) never.
+    """
     if out.exists() and not out.is_dir():
         raise BundleError(f"output {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not (out / MANIFEST).is_file():
             raise BundleError(f"output directory {out} is not empty and holds no bundle "
                               f"({MANIFEST} missing); choose a new or empty directory")
-        for child in out.iterdir():
-            if child.is_dir() and _CAND_DIR.match(child.name):
-                shutil.rmtree(child)
-            elif child.name in (MANIFEST, MODEL_FILE, MODEL_FILE + ".data", WEIGHTS_FILE) or \
-                    _CAND_FILE.match(child.name):
-                child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+        if not force:
+            raise BundleError(f"bundle {out} already exists; pass --force (force=True) to "
+                              f"replace it, or choose another output")
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Move the finished bundle ``tmp`` to ``out``, replacing an old bundle or empty directory."""
+    old: Path | None = None
+    if out.is_dir():
+        for child in out.iterdir():  # the user's own files in a replaced bundle folder stay
+            ours = (_CAND_DIR.match(child.name) or _CAND_FILE.match(child.name)
+                    or child.name in (MANIFEST, MODEL_FILE, MODEL_FILE + ".data", WEIGHTS_FILE))
+            if not ours and not (tmp / child.name).exists():
+                child.rename(tmp / child.name)
+        if any(out.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            old.rmdir()
+            out.rename(old)
+        else:
+            out.rmdir()
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def split_model(model_path: str | Path, out_dir: str | Path, *,
                 dims: Mapping[str, int] | None = None, verify: bool = False,
                 progress: Progress | None = None,
                 max_candidates: int = DEFAULT_MAX_CANDIDATES,
-                shared_weights: bool | None = None) -> Bundle:
+                shared_weights: bool | None = None, force: bool = False) -> Bundle:
     """Slice ``model_path`` into a bundle in ``out_dir`` and return it (loaded back from disk).
 
     With ``verify=True`` every candidate is checked (:mod:`convert.verify`) and
@@ -75,17 +96,41 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
     ``shared_weights=True`` every initializer of >= 1 kB is stored once in ``weights.bin`` and
     all slices (flat names ``cNNN.head.onnx``) reference it as ONNX external data; ``None``
     (default) shares when self-contained slices would hold more than 16 MB of weights.
+
+    The bundle is written into a hidden sibling folder (``.NAME.tmp-*``) and renamed to
+    ``out_dir`` only when complete: an error or an interruption (KeyboardInterrupt) leaves
+    ``out_dir`` as it was and no temporary folder behind. An existing bundle in ``out_dir`` is
+    replaced only with ``force=True`` (:class:`BundleError` otherwise, before any work). A bundle
+    that fails verification is still installed (its manifest records the failures) and
+    :class:`~convert.verify.VerifyError` is raised after.
     """
     out = Path(out_dir)
+    check_out_dir(out, force)  # raises before any work is done
     step = progress or (lambda stage, done, total: None)
-    if out.exists() and out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        prepare_out_dir(out)  # raises before any work is done
     step("load", 0, 1)
     g = load_graph(model_path, dims)
     costs = all_costs(g)
     step("load", 1, 1)
     cuts = enumerate_cuts(g, costs, max_candidates)
-    prepare_out_dir(out)
+    check_out_dir(out, force)  # again: something may have appeared there meanwhile
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        failures = _write_bundle(g, costs, cuts, model_path, tmp, max_candidates,
+                                 shared_weights, verify, progress, step)
+        _install(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if failures:
+        raise VerifyError(failures)
+    return Bundle.load(out)
+
+
+def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: str | Path,
+                  out: Path, max_candidates: int, shared_weights: bool | None, verify: bool,
+                  progress: Progress | None, step: Progress) -> list[str]:
+    """Write every file of the bundle into ``out``; return the verification failures."""
     if shared_weights is None:
         shared_weights = len(cuts) * param_bytes(g, range(len(g.nodes))) > SHARED_AUTO_BYTES
     shared = _SharedWeights(g, out / WEIGHTS_FILE) if shared_weights else None
@@ -164,9 +209,8 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
         bundle.meta["verified"] = {"ok": not failures, "rtol": RTOL, "atol": ATOL, "seed": 0,
                                    "failures": failures}
         bundle.save()
-        if failures:
-            raise VerifyError(failures)
-    return Bundle.load(out)
+        return list(failures)
+    return []
 
 
 def _with_consts(g: Graph, nodes: list[int]) -> list[int]:

@@ -8,7 +8,11 @@ A profile is JSON (``coinf-device-profile``, version 1)::
      "predictor": {... coinf-predictor ...} | null,
      "models": {"<bundle identity>": {"nodes": {"conv1": 3.2, ...},
                                       "candidates": {"c003": {"head_ms": 12.0, "tail_ms": 4.1}},
-                                      "node_sum_error": {...}}}}
+                                      "node_sum_error": {...}}},
+     "host": {"node": "raspberrypi", "machine": "aarch64", "system": "Linux"} | null}
+
+``host`` is the machine the timings were measured on (``coinf profile`` refuses to overwrite
+another machine's profile without ``--force``).
 
 Compute time of one side of a cut, best source first: the measured slice
 (``models[id].candidates``), the sum of measured per-node times, the layer predictor on the
@@ -110,6 +114,8 @@ class DeviceProfile:
     gflops: float = 1.0
     predictor: Predictor | None = None
     models: dict[str, ModelProfile] = field(default_factory=dict)
+    #: the machine it was measured on (:func:`this_host`), None for defaults and old profiles
+    host: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("wearable", "handheld"):
@@ -179,7 +185,8 @@ class DeviceProfile:
                 "threads": self.threads, "slowdown": self.slowdown, "gflops": self.gflops,
                 "power": asdict(self.power),
                 "predictor": self.predictor.to_json() if self.predictor else None,
-                "models": {k: m.to_json() for k, m in self.models.items()}}
+                "models": {k: m.to_json() for k, m in self.models.items()},
+                "host": self.host}
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceProfile:
@@ -194,7 +201,8 @@ class DeviceProfile:
                        int(obj.get("threads", 1)), float(obj.get("slowdown", 1.0)),
                        float(obj.get("gflops", 1.0)), pred,
                        {str(k): ModelProfile.from_json(v)
-                        for k, v in obj.get("models", {}).items()})
+                        for k, v in obj.get("models", {}).items()},
+                       _host(obj.get("host")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"device profile is malformed: {exc}") from None
 
@@ -231,6 +239,7 @@ def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
     """Per-node latency (ms, median over ``repeats`` runs after ``warmup``) from onnxruntime's
     profiler, with basic graph optimisation so node names survive (no fusion)."""
     import onnxruntime as ort
+    from coinf.convert.bundle import open_slice
     from coinf.device.sweep import random_feeds
 
     opts = ort.SessionOptions()
@@ -240,7 +249,7 @@ def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
     opts.log_severity_level = 3
     with tempfile.TemporaryDirectory() as tmp:
         opts.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        sess = open_slice(model_path, opts)  # a damaged file: BundleError naming it
         feeds = random_feeds(sess)
         for _ in range(warmup + repeats):
             sess.run(None, feeds)
@@ -287,6 +296,55 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
             progress(f"{i + 1}/{len(bundle.candidates)} {cand.id}: head "
                      f"{entry['head_ms']:.2f} ms, tail {entry['tail_ms']:.2f} ms")
     return mp
+
+
+def _host(obj: Any) -> dict[str, str] | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ProfileError(f"device profile host must be an object, got {obj!r}")
+    return {str(k): str(v) for k, v in obj.items()}
+
+
+def this_host() -> dict[str, str]:
+    """The machine a profile is measured on: host name and CPU architecture."""
+    import platform
+
+    return {"node": platform.node(), "machine": platform.machine(),
+            "system": platform.system()}
+
+
+def same_host(a: dict[str, str], b: dict[str, str]) -> bool:
+    return a.get("node") == b.get("node") and a.get("machine") == b.get("machine")
+
+
+def describe_host(host: dict[str, str] | None) -> str:
+    if not host:
+        return "an unrecorded machine"
+    return f"{host.get('node') or '?'} ({host.get('machine') or '?'})"
+
+
+def _board_model() -> str:
+    for path in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
+        try:
+            return Path(path).read_bytes().rstrip(b"\0").decode("utf-8", "replace")
+        except OSError:
+            continue
+    return ""
+
+
+def detect_role() -> str | None:
+    """``wearable`` on a Raspberry Pi, ``handheld`` on a PC (x86, or macOS / Windows), None when
+    this machine could be either (another ARM board): then the caller must be told."""
+    import platform
+
+    if _board_model().startswith("Raspberry Pi"):
+        return "wearable"
+    if platform.system() in ("Darwin", "Windows"):
+        return "handheld"
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return "handheld"
+    return None
 
 
 def default_profile_path(role: str) -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
-from coinf.convert.bundle import Bundle, Candidate
+from coinf.convert.bundle import Bundle, Candidate, open_slice
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 
@@ -52,10 +52,8 @@ class SliceRunner:
             if sess is not None:
                 self._sessions.move_to_end(key)
                 return sess
-        sess = ort.InferenceSession(
-            str(self.bundle.path(file)), self.emulation.session_options(),
-            providers=self.providers,
-        )
+        sess = open_slice(self.bundle.path(file), self.emulation.session_options(),
+                          self.providers)
         with self._lock:
             self._sessions[key] = sess
             while len(self._sessions) > self.capacity:

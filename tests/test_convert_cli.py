@@ -32,9 +32,18 @@ def test_split_summary_and_list(tmp_path: Path, capsys) -> None:  # type: ignore
     assert rc == 0 and "wearable-only" in out and "handheld-only" in out
     rc, out, _ = run_cli(["split", "--list", str(tmp_path / "b"), "--show", "c002"], capsys)
     assert rc == 0 and '"id": "c002"' in out
-    # re-splitting into an existing bundle directory replaces it
+    # re-splitting into an existing bundle directory is refused (one line, exit 2) ...
+    before = sorted(p.name for p in (tmp_path / "b").iterdir())
     rc, _, err = run_cli(["split", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "b")], capsys)
+    assert rc == 2 and "already exists" in err and "--force" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == before
+    # ... and replaces it with --force, leaving no temporary folder behind
+    rc, out, err = run_cli(["split", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "b"),
+                            "--force", "--max-candidates", "4"], capsys)
     assert rc == 0, err
+    assert "candidates   4" in out and not (tmp_path / "b" / "c004").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "m.onnx"]
 
 
 def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
@@ -150,6 +159,6 @@ def test_shared_weights_bundle(tmp_path: Path) -> None:
     rc = main(["split", "--list", str(tmp_path / "shared")])
     assert rc == 2  # "shared weights file weights.bin is missing"
     # re-splitting the shared bundle without sharing leaves no stale flat files behind
-    split_model(tmp_path / "m.onnx", tmp_path / "shared", shared_weights=False)
+    split_model(tmp_path / "m.onnx", tmp_path / "shared", shared_weights=False, force=True)
     assert not list((tmp_path / "shared").glob("*.head.onnx"))
     assert not (tmp_path / "shared" / "weights.bin").exists()

@@ -167,3 +167,58 @@ def test_constant_graph_outputs(tmp_path: Path) -> None:
     for c in bundle.candidates[:-1]:
         assert not {"filled", "table"} & {t.name for t in c.crossing}
     assert [t.name for t in bundle.candidates[-1].crossing] == ["y", "filled", "table"]
+
+
+def _interrupt_third_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import coinf.convert.split as split_mod
+
+    real = split_mod.build_slice
+    calls = []
+
+    def flaky(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(split_mod, "build_slice", flaky)
+
+
+def test_interrupted_split_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx.save(cg.diamond(), str(tmp_path / "m.onnx"))
+    _interrupt_third_slice(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        split_model(tmp_path / "m.onnx", tmp_path / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # no b, no .b.tmp-*
+
+
+def test_interrupted_resplit_keeps_the_old_bundle(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx.save(cg.diamond(), str(tmp_path / "m.onnx"))
+    old = split_model(tmp_path / "m.onnx", tmp_path / "b", max_candidates=4)
+    _interrupt_third_slice(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        split_model(tmp_path / "m.onnx", tmp_path / "b", force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "m.onnx"]
+    assert len(Bundle.load(tmp_path / "b").candidates) == len(old.candidates) == 4
+
+
+def test_existing_bundle_needs_force(tmp_path: Path) -> None:
+    from coinf.errors import BundleError
+
+    onnx.save(cg.diamond(), str(tmp_path / "m.onnx"))
+    split_model(tmp_path / "m.onnx", tmp_path / "b", max_candidates=4)
+    with pytest.raises(BundleError, match="already exists"):
+        split_model(tmp_path / "m.onnx", tmp_path / "b")
+    (tmp_path / "empty").mkdir()  # an empty folder is fine
+    assert len(split_model(tmp_path / "m.onnx", tmp_path / "empty").candidates) > 4
+
+
+def test_forced_resplit_keeps_the_users_files(tmp_path: Path) -> None:
+    onnx.save(cg.diamond(), str(tmp_path / "m.onnx"))
+    split_model(tmp_path / "m.onnx", tmp_path / "b", shared_weights=True)
+    (tmp_path / "b" / "notes.txt").write_text("mine")
+    split_model(tmp_path / "m.onnx", tmp_path / "b", shared_weights=False, force=True)
+    assert (tmp_path / "b" / "notes.txt").read_text() == "mine"
+    assert not list((tmp_path / "b").glob("*.head.onnx"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "m.onnx"]

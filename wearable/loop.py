@@ -28,7 +28,17 @@ class LoopThread:
         cancelled, and its cancellation awaited, before this raises: nothing is left running."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("LoopThread.run called from its own loop; await the coroutine")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+        async def guarded() -> T:
+            # Once the caller gave up (Ctrl-C, timeout), nobody reads this task's outcome: an
+            # error it still ends with (LinkClosed as the session closes) must not be logged as
+            # "Task exception was never retrieved".
+            task = asyncio.current_task()
+            assert task is not None
+            task.add_done_callback(_consume)
+            return await coro
+
+        fut = asyncio.run_coroutine_threadsafe(guarded(), self.loop)
         try:
             return fut.result(timeout)
         except BaseException:
@@ -54,3 +64,8 @@ class LoopThread:
         self._thread.join(5)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -57,8 +57,10 @@ def random_feeds(
 
 
 def load_feeds(pairs: Iterable[str], specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
-    """Parse ``NAME=file.npy`` pairs (from the CLI) into feeds."""
-    names = {s.name for s in specs}
+    """Parse ``NAME=file.npy`` pairs (from the CLI) into feeds, checked against ``specs``
+    (name, shape, dtype) so a wrong file is a one-line :class:`InputError`, not a runtime error."""
+    by_name = {s.name: s for s in specs}
+    names = set(by_name)
     feeds: dict[str, np.ndarray] = {}
     for pair in pairs:
         name, sep, path = pair.partition("=")
@@ -69,9 +71,22 @@ def load_feeds(pairs: Iterable[str], specs: Iterable[TensorSpec]) -> dict[str, n
         if not Path(path).is_file():
             raise InputError(f"--input {name}: no such file {path}")
         try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except ValueError as exc:
+            value = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
             raise InputError(f"--input {name}: {path} is not a .npy array ({exc})") from None
+        if not isinstance(value, np.ndarray):
+            raise InputError(f"--input {name}: {path} holds several arrays (.npz); give one .npy")
+        spec = by_name[name]
+        want = np.dtype(spec.dtype)
+        if tuple(value.shape) != tuple(spec.shape):
+            raise InputError(f"--input {name}: {path} has shape {list(value.shape)}; the model "
+                             f"expects {list(spec.shape)} ({want.name})")
+        if value.dtype != want:
+            if not np.can_cast(value.dtype, want, casting="same_kind"):
+                raise InputError(f"--input {name}: {path} holds {value.dtype.name}; the model "
+                                 f"expects {want.name}")
+            value = value.astype(want)
+        feeds[name] = value
     return feeds
 
 

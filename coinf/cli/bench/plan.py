@@ -219,7 +219,7 @@ def zoo_bundles(cache: Path, max_candidates: int) -> list[Path]:
                 fresh = False
         if not fresh:
             progress(f"splitting {name} into {dest} (--max-candidates {max_candidates})")
-            split_model(model, dest, max_candidates=max_candidates)
+            split_model(model, dest, max_candidates=max_candidates, force=True)
         out.append(dest)
     return out
 

@@ -57,7 +57,7 @@ def ensure_bundle(model: Path, out: Path) -> Path:
             progress(f"rebuilding bundle {out} ({exc})")
     progress(f"splitting {model} into {out} ...")
     t0 = time.perf_counter()
-    split_model(model, out, verify=True)
+    split_model(model, out, verify=True, force=True)
     progress(f"split + verify took {time.perf_counter() - t0:.1f} s")
     return out
 

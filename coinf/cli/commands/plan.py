@@ -62,6 +62,20 @@ def _link(args: argparse.Namespace) -> LinkEstimate:
                         DEFAULT_LINK.rtt_ms if args.rtt_ms is None else args.rtt_ms, source)
 
 
+def check_output_file(path: str, flag: str) -> None:
+    """Refuse an output file that cannot be written, before any work (one line, exit 2)."""
+    import os
+
+    out = Path(path)
+    folder = out.parent
+    if out.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; give a file name such as {out / 'plan.png'}")
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {path}: the folder {folder} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
     from coinf.device.profile import load_or_default
@@ -76,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--budget-ms must be >= 0 (0 = fastest)")
     if not args.timeout > 0:
         raise UserError("--timeout must be > 0 s")
-    if args.png and not Path(args.png).resolve().parent.is_dir():
-        raise UserError(f"--png {args.png}: folder {Path(args.png).parent} does not exist")
+    if args.png:
+        check_output_file(args.png, "--png")
     bundle = Bundle.load(args.bundle)
     policy = load_policy(args.policy)[0]
     wear = load_or_default("wearable", args.wearable_profile)

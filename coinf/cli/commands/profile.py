@@ -5,6 +5,10 @@
 * ``--train``: run the synthetic single-layer sweep and store the layer predictors (prints the
   held-out R² per layer kind);
 * neither: print the profile.
+
+The role is detected (a Raspberry Pi is the wearable, a PC the handheld) or given with
+``--role``. The profile records the machine it was measured on; an existing profile of another
+machine (or of the other role) is not overwritten without ``--force``.
 """
 
 from __future__ import annotations
@@ -13,15 +17,60 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from coinf.errors import UserError
 
 
-def run(args: argparse.Namespace) -> int:
-    from coinf.device.profile import DeviceProfile, default_profile_path, load_or_default
+def resolve_role(given: str | None) -> str:
+    from coinf.device.profile import describe_host, detect_role, this_host
 
-    out = Path(args.out) if args.out else default_profile_path(args.role)
-    prof = load_or_default(args.role, out) if out.is_file() else DeviceProfile.default(args.role)
+    if given:
+        return given
+    role = detect_role()
+    if role is None:
+        raise UserError(f"cannot tell whether this machine ({describe_host(this_host())}) is the "
+                        f"wearable or the handheld; pass --role wearable or --role handheld")
+    return role
+
+
+def starting_profile(role: str, out: Path, writes: bool, force: bool) -> Any:
+    """The profile to update: the one at ``out`` when it is this role's and this machine's, else
+    the built-in default; refuses (without ``force``) to replace another machine's profile."""
+    from coinf.device.profile import DeviceProfile, describe_host, same_host, this_host
+
+    if not out.is_file():
+        return DeviceProfile.default(role)
+    existing = DeviceProfile.load(out)
+    here = this_host()
+    if writes and existing.role != role:
+        if not force:
+            raise UserError(f"{out} is the {existing.role} profile (measured on "
+                            f"{describe_host(existing.host)}); this run profiles this machine "
+                            f"as the {role}: pass --role {existing.role}, another --out, or "
+                            f"--force to replace it")
+        return DeviceProfile.default(role)
+    if existing.role != role:
+        raise UserError(f"{out} is a {existing.role} profile; expected {role} (pass --role "
+                        f"{existing.role})")
+    if writes and existing.host and not same_host(existing.host, here):
+        if not force:
+            raise UserError(f"{out} holds the {role} profile measured on "
+                            f"{describe_host(existing.host)}, not on this machine "
+                            f"({describe_host(here)}): copy it rather than re-measure, or pass "
+                            f"--force to replace it with this machine's timings")
+        return DeviceProfile.default(role)
+    return existing
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.device.profile import default_profile_path, this_host
+
+    role = resolve_role(args.role)
+    out = Path(args.out) if args.out else default_profile_path(role)
+    writes = bool(args.train or args.bundle or args.threads is not None
+                  or args.slowdown is not None or args.name)
+    prof = starting_profile(role, out, writes, args.force)
     if args.name:
         prof.name = args.name
     if args.threads is not None:
@@ -35,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise UserError("--repeats must be >= 1 and --warmup >= 0")
     changed = args.threads is not None or args.slowdown is not None or bool(args.name)
-    report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role}
+    report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role,
+                                 "role_from": "--role" if args.role else "detected"}
     if args.train:
         from coinf.device.predict import Predictor, require_training_deps
 
@@ -65,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                        "median_abs_node_sum_error": sorted(errs)[len(errs) // 2] if errs else None})
         changed = True
     if changed:
+        prof.host = this_host()
         prof.save(out)
         print(json.dumps(report, indent=1))
     else:
@@ -87,7 +138,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="sweep size multiplier (default 1: ~640 layers)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--role", choices=("wearable", "handheld"), default="wearable")
+    parser.add_argument("--role", choices=("wearable", "handheld"), default=None,
+                        help="which device this machine is (default: detected; a Raspberry Pi "
+                        "is the wearable, a PC the handheld)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a profile measured on another machine or for the other "
+                        "role")
     parser.add_argument("--name", help="device name stored in the profile")
     parser.add_argument("--out", help="profile file (default: <config dir>/<role>-profile.json)")
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads")

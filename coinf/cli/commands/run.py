@@ -51,10 +51,8 @@ def spread(n_items: int, k: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import onnxruntime as ort
-
     from coinf.cli.sample import bundle_feeds, load_feeds
-    from coinf.convert.bundle import Bundle
+    from coinf.convert.bundle import Bundle, open_slice
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 
@@ -68,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     bundle = Bundle.load(args.bundle)
     feeds = bundle_feeds(bundle, args.seed)
     feeds.update(load_feeds(args.input, bundle.inputs))
-    ref_sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    ref_sess = open_slice(bundle.model_path)
     reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),
                          strict=True))
     if args.all:
@@ -96,13 +94,17 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
 
     session = open_session(ids[0] or None, packing=args.packing)
-    with session:
+    with session, TransferProgress(session):
         if any(c and not bundle.candidate(c).is_wearable_only for c in ids):
             session.connect()  # connection set-up is not an inference: keep it out of timings
-        for cid in ids:
+        for k, cid in enumerate(ids, 1):
             if cid:
                 session.set_split(cid)
             cand = session.split
+            if args.all:
+                sent = "nothing" if cand.is_wearable_only else _kb(cand.crossing_bytes)
+                print(f"[{k}/{len(ids)}] {cand.id} ({cand.label}): {args.repeat} run(s), "
+                      f"sends {sent}", file=sys.stderr, flush=True)
             outs, stats = [], []
             for _ in range(args.repeat):
                 outs = session.run(None, feeds)
@@ -142,7 +144,11 @@ def run(args: argparse.Namespace) -> int:
             stream = measure_stream(session, bundle, args.stream)
     planned = None
     if args.plan:
-        with open_session(None, objective="latency") as planner_session:
+        if args.all:
+            print(f"planner: {args.plan} run(s) with the planner choosing the cut",
+                  file=sys.stderr, flush=True)
+        with open_session(None, objective="latency") as planner_session, \
+                TransferProgress(planner_session):
             planned = measure_plan(planner_session, feeds, args.plan, rows)
     if args.json:
         json.dump({"bundle": str(args.bundle), "rows": rows, "stream": stream,
@@ -155,6 +161,69 @@ def run(args: argparse.Namespace) -> int:
         if planned:
             print(format_plan(planned))
     return 0 if all(r["match"] for r in rows) else 1
+
+
+def _kb(n: float) -> str:
+    return f"{n:.0f} B" if n < 1000 else f"{n / 1000:.1f} kB"
+
+
+class TransferProgress:
+    """Shows, on stderr, a message to the handheld that takes longer than ``after_s``: bytes
+    sent, rate and ETA, polled from the link's counters (:meth:`LinkStats.sending`) on a thread
+    while the session works. On a terminal one line is rewritten; otherwise a line is printed at
+    most every ``every_s`` seconds. Links that send in one piece (sockets, in-process) show
+    nothing."""
+
+    def __init__(self, session: Any, after_s: float = 1.0, every_s: float = 2.0,
+                 poll_s: float = 0.2, stream: Any = None) -> None:
+        import threading
+
+        self.session = session
+        self.after_s, self.every_s, self.poll_s = after_s, every_s, poll_s
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="coinf-progress", daemon=True)
+        self._shown = False
+
+    def __enter__(self) -> TransferProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+    def line(self, done: int, total: int, seconds: float) -> str:
+        rate = done / seconds if seconds > 0 else 0.0
+        eta = f"{(total - done) / rate:.0f} s" if rate > 0 else "?"
+        return (f"sending {_kb(done)} / {_kb(total)} ({100 * done / total:.0f}%), "
+                f"{_kb(rate)}/s, ETA {eta}")
+
+    def _main(self) -> None:
+        import time
+
+        last_print = 0.0
+        while not self._stop.wait(self.poll_s):
+            try:
+                link = self.session.link
+                now = link.stats.sending() if link is not None else None
+            except Exception:  # the session is closing: nothing to show
+                now = None
+            if now is None or now[2] < self.after_s:
+                if self._shown and self.tty:
+                    print("\r\033[K", end="", file=self.stream, flush=True)
+                self._shown = False
+                continue
+            text = self.line(*now)
+            if self.tty:
+                print(f"\r\033[K{text}", end="", file=self.stream, flush=True)
+                self._shown = True
+            elif time.monotonic() - last_print >= self.every_s or not self._shown:
+                print(text, file=self.stream, flush=True)
+                self._shown, last_print = True, time.monotonic()
+        if self._shown and self.tty:
+            print("\r\033[K", end="", file=self.stream, flush=True)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

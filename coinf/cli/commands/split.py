@@ -26,6 +26,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
                         help="store weights once in BUNDLE/weights.bin instead of in every "
                              "slice (auto: when slices would hold > 256 MB of weights)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing bundle at BUNDLE (refused otherwise)")
     parser.add_argument("--list", metavar="BUNDLE", help="print the candidate table of a bundle")
     parser.add_argument("--show", metavar="ID", help="with --list: print one candidate in full")
     parser.set_defaults(func=run)
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     k = DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates
     t0 = time.perf_counter()
     bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,
-                         progress=_Bar(), max_candidates=k,
+                         progress=_Bar(), max_candidates=k, force=args.force,
                          shared_weights={"auto": None, "yes": True, "no": False}[
                              args.shared_weights])
     took = time.perf_counter() - t0

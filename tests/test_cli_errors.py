@@ -1,0 +1,76 @@
+"""Issue 18: the first hour's errors are one line (exit 2), never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from coinf.convert.bundle import Bundle
+from coinf.convert.split import split_model
+from coinf.models.zoo import committed_path
+
+from coinf.cli import main
+
+
+@pytest.fixture(scope="module")
+def lenet(tmp_path_factory: pytest.TempPathFactory) -> Bundle:
+    return split_model(committed_path("lenet_digits"), tmp_path_factory.mktemp("b") / "lenet",
+                       max_candidates=4)
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], args: list[str], *needles: str) -> str:
+    rc = main(args)
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_plan_png_into_a_missing_folder(lenet: Bundle, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "missing" / "dir" / "plan.png"
+    one_line_error(capsys, ["plan", str(lenet.root), "--png", str(png)],
+                   "--png", "does not exist", str(png.parent))
+    one_line_error(capsys, ["plan", str(lenet.root), "--png", str(tmp_path)], "is a folder")
+    assert not png.parent.exists()
+
+
+def test_run_input_of_the_wrong_shape_or_dtype(lenet: Bundle, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    spec = lenet.inputs[0]
+    np.save(tmp_path / "wrong.npy", np.zeros((28, 28), np.float32))
+    one_line_error(capsys, ["run", str(lenet.root), "--split", "c001", "--input",
+                            f"{spec.name}=" + str(tmp_path / "wrong.npy")],
+                   "shape [28, 28]", f"expects {list(spec.shape)}")
+    np.save(tmp_path / "ints.npy", np.zeros(spec.shape, np.complex64))
+    one_line_error(capsys, ["run", str(lenet.root), "--split", "c001", "--input",
+                            f"{spec.name}=" + str(tmp_path / "ints.npy")], "complex64", "float32")
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    one_line_error(capsys, ["run", str(lenet.root), "--input",
+                            f"{spec.name}=" + str(tmp_path / "junk.npy")], "not a .npy")
+    # a float64 array of the right shape is fine (cast to the model's float32)
+    np.save(tmp_path / "ok.npy", np.zeros(spec.shape, np.float64))
+    assert main(["run", str(lenet.root), "--split", "c001", "--repeat", "1", "--input",
+                 f"{spec.name}=" + str(tmp_path / "ok.npy")]) == 0
+
+
+@pytest.mark.parametrize("which", ["model", "head", "tail"])
+def test_damaged_bundle_file_is_named(lenet: Bundle, tmp_path: Path, which: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "b"
+    shutil.copytree(lenet.root, root)
+    cand = lenet.candidates[1]
+    rel = {"model": lenet.model_file, "head": cand.head.file, "tail": cand.tail.file}[which]
+    assert rel is not None
+    data = (root / rel).read_bytes()
+    (root / rel).write_bytes(data[: len(data) // 3])  # truncated, as by a failed copy
+    rc = main(["run", str(root), "--split", cand.id, "--repeat", "1"])
+    _, err = capsys.readouterr()
+    # a damaged tail is found by the (here in-process) handheld: the peer failed, exit 3
+    assert rc == (3 if which == "tail" else 2), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert rel in err and "damaged" in err and "--force" in err

@@ -1,0 +1,67 @@
+"""Ctrl-C during `coinf run` over a link: exit 130 with one line, no asyncio noise (issue 18)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from coinf.ble_protocol.radio import spawn
+from coinf.convert.split import split_model
+from coinf.models.zoo import committed_path
+
+from tests.procs import ROOT, coinf_cmd, handheld_daemon
+
+
+@pytest.fixture(scope="module")
+def lenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("b") / "lenet"
+    split_model(committed_path("lenet_digits"), root, max_candidates=4)
+    return root
+
+
+def interrupt(args: list[str], after_s: float, ready: str | None = None) -> tuple[int, str]:
+    """Start ``coinf ARGS``, SIGINT it ``after_s`` seconds later (or once stderr shows
+    ``ready``), and return (exit code, stderr)."""
+    proc = subprocess.Popen(coinf_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        time.sleep(after_s)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def assert_clean(rc: int, err: str) -> None:
+    assert rc == 130, err
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("[")]  # --all progress
+    assert lines == ["coinf run: interrupted"], err
+
+
+def test_ctrl_c_while_waiting_for_a_handheld_over_ble(lenet: Path) -> None:
+    wspec, _, stop = spawn("pi-zero-2w")  # a radio, and no handheld ever attaches
+    try:
+        rc, err = interrupt(["run", str(lenet), "--split", "c001", "--transport", "ble",
+                             "--hci", wspec], after_s=4.0)
+    finally:
+        stop()
+    assert_clean(rc, err)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="unix socket")
+def test_ctrl_c_with_requests_in_flight(lenet: Path, tmp_path: Path) -> None:
+    address = f"unix:{tmp_path}/hh.sock"
+    with handheld_daemon(lenet, address, "--slowdown", "20"):
+        # thousands of round trips: whenever the signal lands, a request is in flight
+        rc, err = interrupt(["run", str(lenet), "--all", "--repeat", "100000", "--transport",
+                             "socket", "--handheld", address], after_s=3.0)
+    assert_clean(rc, err)

@@ -462,8 +462,14 @@ class AsyncSession:
         return self.connection.info
 
     async def connect(self) -> dict[str, Any]:
-        """Connect and handshake now (otherwise done on the first offloaded run)."""
-        await self.connection.client()
+        """Connect and handshake now (otherwise done on the first offloaded run). A transient
+        failure raises, and (with ``fallback``) also starts the offline backoff, like a run."""
+        try:
+            await self.connection.client()
+        except LinkError as exc:
+            if self.options.fallback and exc.transient:
+                await self.connection.went_offline(exc)
+            raise
         assert self.connection.info is not None
         return self.connection.info
 

@@ -37,6 +37,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
     parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="fail instead of finishing an inference on the wearable when the "
+                        "handheld is unreachable, slow or failing (default: fall back, as a "
+                        "Session does, and mark the row)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     parser.set_defaults(func=run)
 
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 slowdown=args.slowdown,
                 threads=args.threads,
                 timeout=120.0,
-                fallback=False,
+                fallback=not args.no_fallback,
                 **extra,
             )
         except ValueError as exc:
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     session = open_session(ids[0] or None, packing=args.packing)
     with session, TransferProgress(session):
         if any(c and not bundle.candidate(c).is_wearable_only for c in ids):
-            session.connect()  # connection set-up is not an inference: keep it out of timings
+            connect_or_fall_back(session, args.no_fallback)  # set-up is not an inference
         for k, cid in enumerate(ids, 1):
             if cid:
                 session.set_split(cid)
@@ -136,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 "total_ms": med("total_ms"),
                 "max_abs_err": err,
                 "match": bool(match),
+                "fallbacks": sum(s.fallback is not None for s in stats),
             })
         stream = None
         if args.stream > 1:
@@ -226,6 +231,20 @@ class TransferProgress:
             print("\r\033[K", end="", file=self.stream, flush=True)
 
 
+def connect_or_fall_back(session: Any, strict: bool) -> None:
+    """Connect now (so set-up stays out of the timings); when the handheld cannot be reached
+    and fallback is on, say so and let the runs finish on the wearable."""
+    from coinf.errors import LinkError
+
+    try:
+        session.connect()
+    except LinkError as exc:
+        if strict or not exc.transient:
+            raise
+        print(f"coinf run: handheld unreachable ({exc}); inferences finish on the wearable "
+              "and offloading is retried", file=sys.stderr)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'candidate':<10} {'cut after':<28} {'tensors':>7} {'bytes':>9} {'head ms':>8} "
             f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
@@ -237,6 +256,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{r['head_ms']:>8.2f} {r['pack_ms']:>8.2f} {r['transfer_ms']:>8.2f} "
             f"{r['tail_ms']:>8.2f} {r['return_ms']:>8.2f} {r['total_ms']:>8.2f}  "
             f"{'yes' if r['match'] else 'NO'}"
+            + (f"  (finished on the wearable {r['fallbacks']}x: handheld unavailable)"
+               if r.get("fallbacks") else "")
         )
     return "\n".join(lines)
 
@@ -277,7 +298,7 @@ def format_stream(s: dict[str, Any]) -> str:
 def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
                  rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Run ``runs`` inferences with the planner choosing; its choice vs the table's fastest."""
-    session.connect()
+    connect_or_fall_back(session, not session.options.fallback)
     chosen, totals = [], []
     for _ in range(runs):
         session.run(None, feeds)

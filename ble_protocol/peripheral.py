@@ -352,6 +352,8 @@ class PeripheralConnector(Connector):
             raise InputError(f"unknown ble transport option {unknown[0]!r}; expected one of "
                              f"{sorted(known)}")
         self.spec = f"ble:{hci_spec}"
+        self.hint = ("is `coinf handheld --transport ble` running, in range (or on the same "
+                     "`coinf radio`), and paired with this wearable?")
         self._make = functools.partial(WearableServer, hci_spec, bundle_identity=identity,
                                        **options)
         self.server = self._make()
@@ -369,7 +371,8 @@ class PeripheralConnector(Connector):
             return await self.server.accept(timeout)
         except ProtocolError as exc:
             if exc.code == ErrorCode.TIMEOUT:
-                raise LinkClosed(f"no handheld connected within {timeout:.0f} s") from None
+                raise LinkClosed(f"no handheld connected within {timeout:.0f} s ({self.hint})"
+                                 ) from None
             raise
 
     async def aclose(self) -> None:

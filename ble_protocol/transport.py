@@ -48,6 +48,8 @@ class Connector(ABC):
     """Obtains links to one peer. ``connect`` may be called again after a link dropped."""
 
     spec: str = ""
+    #: What to check when no link comes (appended to the timeout error).
+    hint: str = ""
 
     @abstractmethod
     async def connect(self, timeout: float) -> Link:
@@ -80,6 +82,7 @@ class SocketConnector(Connector):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.spec = spec
+        self.hint = f"is `coinf handheld --listen {spec}` running?"
 
     async def connect(self, timeout: float) -> Link:
         from coinf.ble_protocol.loopback import connect_socket
@@ -163,5 +166,6 @@ async def connect_within(connector: Connector, timeout: float) -> Link:
         async with asyncio.timeout(timeout):
             return await connector.connect(timeout)
     except TimeoutError:
+        hint = f" ({connector.hint})" if connector.hint else ""
         raise ProtocolError(ErrorCode.TIMEOUT, f"{connector.description}: no link within "
-                            f"{timeout:.1f} s") from None
+                            f"{timeout:.1f} s{hint}") from None

@@ -32,7 +32,7 @@ from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolErr
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.transport import Connector
 
-from coinf.errors import InputError
+from coinf.errors import AdapterError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +357,7 @@ class PeripheralConnector(Connector):
         self._make = functools.partial(WearableServer, hci_spec, bundle_identity=identity,
                                        **options)
         self.server = self._make()
-        self._started = False
+        self._started = self._ever_started = False
 
     async def connect(self, timeout: float) -> Link:
         if self._started and self.server.transport_lost:
@@ -365,8 +365,13 @@ class PeripheralConnector(Connector):
             await self.aclose()
             self.server = self._make()  # bonds live in the keystore file, if one is set
         if not self._started:
-            await self.server.start()  # LinkClosed (transient) while the transport is down
-            self._started = True
+            try:
+                await self.server.start()
+            except LinkClosed as exc:
+                if not self._ever_started:  # a wrong spec or no controller: the user must act
+                    raise AdapterError(f"{exc} (check the HCI spec after 'ble:')") from None
+                raise  # it worked before: the transport is down for now (transient)
+            self._started = self._ever_started = True
         try:
             return await self.server.accept(timeout)
         except ProtocolError as exc:

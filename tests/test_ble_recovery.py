@@ -48,3 +48,17 @@ def test_the_wearable_serves_again_after_the_radio_comes_back() -> None:
             await radio.stop()
 
     asyncio.run(main())
+
+
+def test_a_wearable_with_no_controller_is_a_user_error() -> None:
+    from coinf.errors import AdapterError
+
+    async def main() -> None:
+        connector = PeripheralConnector("tcp-client:127.0.0.1:9", bundle_identity="b")
+        try:
+            with pytest.raises(AdapterError, match="check the HCI spec"):
+                await connector.connect(5)
+        finally:
+            await connector.aclose()
+
+    asyncio.run(main())

@@ -147,6 +147,7 @@ class BumbleHost:
                 sc=True,
                 mitm=True,
                 bonding=True,
+                identity_address_type=PairingConfig.AddressType.RANDOM,
                 delegate=_KeyboardDelegate(self.passkey),
             )
             await device.power_on()

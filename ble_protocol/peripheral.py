@@ -245,6 +245,7 @@ class WearableServer:
             sc=True,
             mitm=True,
             bonding=True,
+            identity_address_type=PairingConfig.AddressType.RANDOM,  # our static address
             delegate=_WearableDelegate(self, conn),
         )
         device.smp_session_proxy = SecurePairingSession
@@ -256,7 +257,7 @@ class WearableServer:
             SECURE,
             CharacteristicValue(read=self._guard_read),
         )
-        self.data_up.descriptors.append(self._cccd(device, self.data_up))
+        self.data_up.descriptors = (*self.data_up.descriptors, self._cccd(device, self.data_up))
         self.data_down: Characteristic[bytes] = Characteristic(
             gatt.DATA_DOWN_UUID,
             props.WRITE_WITHOUT_RESPONSE | props.WRITE,
@@ -269,7 +270,7 @@ class WearableServer:
             SECURE,
             CharacteristicValue(read=self._guard_read, write=self._guard_write(self._on_control)),
         )
-        self.control.descriptors.append(self._cccd(device, self.control))
+        self.control.descriptors = (*self.control.descriptors, self._cccd(device, self.control))
         device.add_service(Service(gatt.SERVICE_UUID, [self.data_up, self.data_down, self.control]))
         device.on("connection", self._on_connection)
         await device.power_on()

@@ -30,6 +30,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="BLE: name or address of the wearable (default %(default)s)")
     parser.add_argument("--hci", help="BLE: use a bumble host on this HCI transport "
                         "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
+    parser.add_argument("--keystore", help="BLE with --hci: JSON file keeping bonds "
+                        "(from `coinf handheld pair`)")
+    parser.add_argument("--passkey", type=int, metavar="N", help="BLE with --hci: the "
+                        "wearable's passkey, typed when pairing (emulated radio, scripts)")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
     parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
@@ -83,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if spec.partition(":")[0] == "ble":
         options = {"bundle_identity": bundle.identity, "name": args.wearable}
+        options.update({k: v for k, v in (("keystore", args.keystore),
+                                          ("passkey", args.passkey)) if v is not None})
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     from coinf.device.profile import load_or_default
 

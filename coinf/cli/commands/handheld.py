@@ -16,7 +16,13 @@ DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="bundle directory (from `coinf split`)")
+    from coinf.cli.commands import pair
+
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    pair.register_handheld(actions.add_parser(
+        "pair", help="pair with a wearable (type the passkey it shows)",
+        description="Pair with a wearable: LE Secure Connections, passkey entry."))
+    parser.add_argument("--bundle", help="bundle directory (from `coinf split`); required")
     parser.add_argument(
         "--listen",
         help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
@@ -76,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.verbose:  # bumble logs tracebacks for expected teardown (peer gone, radio off)
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
+    if not args.bundle:
+        raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
     spec = listen_spec(args)
     try:
         emulation = DeviceEmulation(args.slowdown, args.threads)

@@ -225,6 +225,7 @@ class WearableServer:
 
     # --- setup -------------------------------------------------------------------------------
     async def start(self) -> None:
+        keystore = open_bond_store(self.keystore)  # BondStoreError before touching the radio
         try:
             self._transport = await open_transport(self.spec)
         except Exception as exc:
@@ -235,12 +236,7 @@ class WearableServer:
             self._transport.source,
             self._transport.sink,
         )
-        try:
-            device.keystore = open_bond_store(self.keystore)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self._transport.close()
-            raise
+        device.keystore = keystore
         device.pairing_config_factory = lambda conn: PairingConfig(
             sc=True,
             mitm=True,

@@ -137,7 +137,7 @@ class Central:
         self.hci = hci
         self.host = host
         self._own_host = hci is not None
-        self._host_options = {
+        self._host_options: dict[str, Any] = {
             k: v
             for k, v in (("address", own_address), ("keystore", keystore), ("passkey", passkey))
             if v is not None

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from coinf.errors import LinkError, UserError
 
@@ -154,7 +155,8 @@ def run_handheld(args: argparse.Namespace) -> int:
                 await host.open()
             except BleakError as exc:
                 raise LinkError(str(exc)) from None
-            backend, scanner, kwargs = BumbleBleakClient, BumbleBleakScanner, {"host": host}
+            backend, scanner = BumbleBleakClient, BumbleBleakScanner
+            kwargs: dict[str, Any] = {"host": host}
             where = f"bond store {keystore}"
         else:
             host, backend, scanner, kwargs = None, None, None, {}

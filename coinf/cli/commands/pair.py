@@ -170,7 +170,15 @@ def run_handheld(args: argparse.Namespace) -> int:
             client = BleakClient(target, backend=backend, timeout=args.timeout, **kwargs)
             try:
                 await client.connect()
-                await client.pair()  # the bumble backend: encrypt with the bond, else pair
+                try:
+                    await client.pair()  # the bumble backend: encrypt with the bond, else pair
+                except NotImplementedError:  # CoreBluetooth pairs on first secure access
+                    from coinf.ble_protocol import gatt
+
+                    control = client.services.get_characteristic(gatt.CONTROL_UUID)
+                    if control is None:
+                        raise LinkError(f"{args.wearable} has no coinf service") from None
+                    await client.read_gatt_char(control)
             except BleakError as exc:
                 raise LinkError(f"pairing with {args.wearable} failed: {exc}") from None
             finally:

@@ -294,6 +294,8 @@ class WearableServer:
         address = str(connection.peer_address)
         if self.display_passkey is not None:
             self.display_passkey(address, passkey)
+        elif self.passkey is not None:  # fixed by whoever configured it: they know it
+            log.info("pairing with %s using the configured fixed passkey", address)
         else:
             log.warning("pairing with %s: passkey %06d (type it on the handheld)", address,
                         passkey)

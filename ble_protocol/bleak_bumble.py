@@ -10,6 +10,13 @@ it to bleak's client and scanner like any backend option. Whoever opens the host
 
 Scanners and successive clients (reconnections) on one host share its device and bond store.
 ATT errors reach bleak users as :class:`BumbleATTError`, which carries the ATT error code.
+
+Pairing (``pair=True``): with a stored LE Secure Connections bond for the peer the link is just
+encrypted with it; otherwise the host pairs with LE Secure Connections and MITM protection,
+typing the passkey the wearable displays (a keyboard-only device): ``passkey=`` gives it (a
+number, for tests and scripts, or an async callable asked at pairing time, e.g. a prompt).
+Keys that are not authenticated SC keys (a peer that forced Just Works or legacy pairing) are
+discarded and the pairing fails.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bleak.backends.characteristic import BleakGATTCharacteristic
@@ -30,21 +38,52 @@ from bumble import hci
 from bumble.att import ATT_Error
 from bumble.core import AdvertisingData
 from bumble.device import Connection, Device, Peer
-from bumble.keys import JsonKeyStore, MemoryKeyStore
+from bumble.keys import PairingKeys
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
+from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "C0:F1:00:00:00:02"
 
+#: What the host types when the wearable shows a passkey: a number, or an async callable
+#: returning one (None: refuse).
+Passkey = int | Callable[[], Awaitable[int | None]] | None
+
+
+def _strong(keys: PairingKeys | None) -> bool:
+    """An LE Secure Connections key made with MITM protection (see peripheral.strong_keys)."""
+    return keys is not None and keys.ltk is not None and bool(keys.ltk.authenticated)
+
+
+class _KeyboardDelegate(PairingDelegate):
+    """The handheld types the wearable's passkey (KEYBOARD_ONLY: passkey entry, never Just
+    Works against a display)."""
+
+    def __init__(self, passkey: Passkey) -> None:
+        super().__init__(PairingDelegate.IoCapability.KEYBOARD_INPUT_ONLY)
+        self.passkey = passkey
+
+    async def get_number(self) -> int | None:
+        if self.passkey is None:
+            log.warning("the wearable asks for a passkey and none was given (passkey=)")
+            return None
+        if isinstance(self.passkey, int):
+            return self.passkey
+        value = await self.passkey()
+        if value is not None and not 0 <= int(value) <= 999_999:
+            return None
+        return value
+
 
 class BumbleHost:
     """One powered-on bumble device on one HCI transport spec (``tcp-client:HOST:PORT`` of the
     emulated radio, ``usb:0``, ``hci-socket:0``...). An async context manager: entering opens the
     transport and powers the device on; leaving disconnects its connections, powers it off and
-    closes the transport. ``keystore``: a JSON file to keep bonds in (default: memory)."""
+    closes the transport. ``keystore``: a JSON file to keep bonds in (default: memory; kept 0600
+    in a 0700 directory). ``passkey``: what to type when pairing (see the module doc)."""
 
     def __init__(
         self,
@@ -53,11 +92,18 @@ class BumbleHost:
         address: str = DEFAULT_ADDRESS,
         name: str = "coinf-handheld",
         keystore: str | None = None,
+        passkey: Passkey = None,
     ) -> None:
+        if passkey is not None and not callable(passkey) and (
+            isinstance(passkey, bool) or not isinstance(passkey, int)
+            or not 0 <= passkey <= 999_999
+        ):
+            raise ValueError(f"a passkey is 6 digits (0..999999), not {passkey!r}")
         self.spec = spec
         self.address = address
         self.name = name
         self.keystore = keystore
+        self.passkey = passkey
         self._device: Device | None = None
         self._transport: Any = None
         self._closed = False
@@ -96,14 +142,13 @@ class BumbleHost:
                 transport.source,
                 transport.sink,
             )
-            device.keystore = (
-                JsonKeyStore(None, self.keystore) if self.keystore else MemoryKeyStore()
-            )
+            device.keystore = open_bond_store(self.keystore)
             device.pairing_config_factory = lambda _c: PairingConfig(
                 sc=True,
-                mitm=False,
+                mitm=True,
                 bonding=True,
-                delegate=PairingDelegate(PairingDelegate.IoCapability.NO_OUTPUT_NO_INPUT),
+                identity_address_type=PairingConfig.AddressType.RANDOM,
+                delegate=_KeyboardDelegate(self.passkey),
             )
             await device.power_on()
         except BaseException:
@@ -297,12 +342,32 @@ class BumbleBleakClient(BaseBleakClient):
                 await asyncio.wait_for(conn.disconnect(), 5.0)
 
     async def pair(self, *args: Any, **kwargs: Any) -> None:
-        if self._connection is None:
+        """Encrypt with the stored bond if there is an LE SC one, else pair (passkey entry)."""
+        conn = self._connection
+        if conn is None:
             raise BleakError("not connected")
+        keystore = conn.device.keystore
+        address = str(conn.peer_address)
+        if keystore is not None and _strong(await keystore.get(address)):
+            try:
+                await conn.encrypt()
+                return
+            except Exception as exc:
+                if self._connection is not conn:
+                    raise BleakError(f"encryption with the stored bond failed: {exc}") from None
+                log.info("the stored bond with %s was refused (%s); pairing again", address, exc)
+        made: list[PairingKeys] = []
+        conn.once("pairing", made.append)
         try:
-            await self._connection.pair()
+            await conn.pair()
         except Exception as exc:
             raise BleakError(f"pairing failed: {exc}") from None
+        if not (made and _strong(made[0])):
+            if keystore is not None:
+                with contextlib.suppress(Exception):
+                    await keystore.delete(str(conn.peer_address))
+            raise BleakError("pairing refused: the peer did not pair with LE Secure Connections "
+                             "and passkey entry (no MITM protection)")
 
     async def unpair(self) -> None:
         if self._connection is not None and self._connection.device.keystore is not None:

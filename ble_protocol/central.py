@@ -137,9 +137,10 @@ class Central:
     the coinf service). ``hci``: open a bumble host on this HCI transport spec; ``host``: use
     this open :class:`~coinf.ble_protocol.bleak_bumble.BumbleHost` (the caller closes it);
     neither: bleak's default backend (the OS stack), or ``backend``. ``own_address`` and
-    ``keystore`` configure the host opened for ``hci``. Extra keyword arguments go to the bleak
-    backend. Connection attempts are retried ``attempts`` times with exponential backoff;
-    handshake errors are not retried.
+    ``keystore`` configure the host opened for ``hci``, and ``passkey`` (the wearable's passkey,
+    a number or an async callable; see :mod:`~coinf.ble_protocol.bleak_bumble`). Extra keyword
+    arguments go to the bleak backend. Connection attempts are retried ``attempts`` times with
+    exponential backoff; handshake errors are not retried.
     """
 
     def __init__(
@@ -151,6 +152,7 @@ class Central:
         host: BumbleHost | None = None,
         own_address: str | None = None,
         keystore: str | None = None,
+        passkey: Any = None,
         backend: Any = None,
         scanner_backend: Any = None,
         timeout: float = 20.0,
@@ -167,15 +169,18 @@ class Central:
     ) -> None:
         if hci is not None and host is not None:
             raise InputError("give the central hci= (it opens a host) or host=, not both")
-        if (own_address is not None or keystore is not None) and hci is None:
-            raise InputError("own_address and keystore configure the host opened for hci=")
+        if (own_address is not None or keystore is not None or passkey is not None) and hci is None:
+            raise InputError("own_address, keystore and passkey configure the host opened for "
+                             "hci= (on the OS stack its Bluetooth agent asks for the passkey)")
         self.target = target
         self.bundle_identity = bundle_identity
         self.hci = hci
         self.host = host
         self._own_host = hci is not None
-        self._host_options = {
-            k: v for k, v in (("address", own_address), ("keystore", keystore)) if v is not None
+        self._host_options: dict[str, Any] = {
+            k: v
+            for k, v in (("address", own_address), ("keystore", keystore), ("passkey", passkey))
+            if v is not None
         }
         self.backend = backend
         self.scanner_backend = scanner_backend

@@ -1,5 +1,15 @@
 """The wearable's GATT server on bumble: advertise, accept one handheld, pair, hand out a Link.
 
+Security (docs/PROTOCOL.md, "Pairing and security"): LE Secure Connections only, with MITM
+protection by passkey entry -- the wearable displays a 6-digit passkey (``display_passkey``, by
+default the log), the handheld types it. Legacy pairing, Just Works, OOB and short keys are
+refused. New bonds are accepted only while the pairing window is open
+(:meth:`WearableServer.open_pairing_window`, ``pairing_window_s``); afterwards only handhelds
+holding an authenticated LE SC bond are served. Every coinf characteristic and its CCCD needs
+encryption with such a key. A central that has not completed the coinf HELLO within
+``handshake_timeout`` seconds (pairing time excluded) is disconnected. ``passkey=`` fixes the
+passkey: for tests and scripts only, a real wearable shows a fresh random one each time.
+
 On a Pi it runs over ``hci-socket:0`` (bluetoothd stopped) or a USB dongle (``usb:0``); in tests
 and the demo over the emulated radio (``tcp-client:127.0.0.1:PORT``). See docs/PROTOCOL.md.
 
@@ -16,16 +26,29 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
 from typing import Any
 
-from bumble import hci
+from bumble import hci, smp
+from bumble.att import ATT_Error, AttributeValueV2
+from bumble.att import ErrorCode as AttErrorCode
 from bumble.core import UUID, AdvertisingData
 from bumble.device import Connection, Device
-from bumble.gatt import Characteristic, CharacteristicValue, Service
-from bumble.keys import JsonKeyStore, MemoryKeyStore
+from bumble.gatt import (
+    GATT_CLIENT_CHARACTERISTIC_CONFIGURATION_DESCRIPTOR,
+    Characteristic,
+    CharacteristicValue,
+    Descriptor,
+    Service,
+)
+from bumble.keys import PairingKeys
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
 from coinf.ble_protocol import gatt
+from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
@@ -36,14 +59,114 @@ from coinf.errors import AdapterError, InputError
 
 log = logging.getLogger(__name__)
 
-ENCRYPTED = (
-    Characteristic.Permissions.READ_REQUIRES_ENCRYPTION
-    | Characteristic.Permissions.WRITE_REQUIRES_ENCRYPTION
+_P = Characteristic.Permissions
+#: bumble's own checks (encryption; its ``authenticated`` flag is set by any completed pairing,
+#: Just Works included, so :meth:`WearableServer._check` adds the real test: the key is an
+#: LE Secure Connections key made with MITM protection).
+SECURE = (
+    _P.READ_REQUIRES_ENCRYPTION
+    | _P.WRITE_REQUIRES_ENCRYPTION
+    | _P.READ_REQUIRES_AUTHENTICATION
+    | _P.WRITE_REQUIRES_AUTHENTICATION
 )
+ENCRYPTED = SECURE  # older name
+
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # s from connection (or from the end of pairing) to HELLO
+PAIRING_TIMEOUT = 60.0  # s a passkey pairing may take (a person types the passkey)
+
+
+def strong_keys(keys: PairingKeys | None) -> bool:
+    """Keys from LE Secure Connections pairing with MITM protection (passkey or numeric
+    comparison). Legacy pairing stores ``ltk_central``/``ltk_peripheral``, not ``ltk``."""
+    return keys is not None and keys.ltk is not None and bool(keys.ltk.authenticated)
+
+
+def check_passkey(passkey: int | None) -> int | None:
+    if passkey is not None and (
+        isinstance(passkey, bool) or not isinstance(passkey, int) or not 0 <= passkey <= 999_999
+    ):
+        raise InputError(f"a passkey is 6 digits (0..999999), not {passkey!r}")
+    return passkey
+
+
+class SecurePairingSession(smp.Session):
+    """bumble's SMP session, refusing (as responder) every pairing request that would not end in
+    an LE Secure Connections key with MITM protection: legacy pairing (SC bit clear), OOB,
+    encryption keys shorter than 16 bytes, and IO capabilities that give Just Works."""
+
+    async def on_smp_pairing_request_command_async(
+        self, command: smp.SMP_Pairing_Request_Command
+    ) -> None:
+        why = self._refusal(command)
+        if why is not None:
+            log.warning("refusing pairing with %s: %s", self.connection.peer_address, why)
+            self.send_pairing_failed(smp.ErrorCode.AUTHENTICATION_REQUIREMENTS)
+            return
+        await super().on_smp_pairing_request_command_async(command)
+
+    def _refusal(self, command: smp.SMP_Pairing_Request_Command) -> str | None:
+        if not command.auth_req & smp.AuthReq.SC:
+            return "LE legacy pairing (Secure Connections required)"
+        if command.oob_data_flag:
+            return "out-of-band pairing is not offered"
+        if command.maximum_encryption_key_size < 16:
+            return f"encryption key of {command.maximum_encryption_key_size} bytes (16 required)"
+        try:
+            method: Any = self.PAIRING_METHODS[command.io_capability][  # type: ignore[index]
+                self.io_capability
+            ]
+        except KeyError:
+            return f"invalid IO capability {command.io_capability}"
+        if isinstance(method, tuple) and len(method) == 2:
+            method = method[1]  # the Secure Connections entry
+        if isinstance(method, tuple):
+            method = method[0]
+        if method not in (smp.PairingMethod.PASSKEY, smp.PairingMethod.NUMERIC_COMPARISON):
+            return (f"IO capability {smp.IoCapability(command.io_capability).name} gives "
+                    "Just Works (no MITM protection); pair with a keyboard (passkey entry)")
+        return None
+
+
+class _WearableDelegate(PairingDelegate):
+    """The wearable shows a passkey (DISPLAY_ONLY) and accepts pairing only in the window."""
+
+    def __init__(self, server: WearableServer, connection: Connection) -> None:
+        super().__init__(PairingDelegate.IoCapability.DISPLAY_OUTPUT_ONLY)
+        self.server, self.connection = server, connection
+
+    async def accept(self) -> bool:
+        if self.server.pairing_open:
+            return True
+        log.warning("refusing pairing with %s: the pairing window is closed "
+                    "(`coinf wearable pair` opens it)", self.connection.peer_address)
+        return False
+
+    async def generate_passkey(self) -> int:
+        fixed = self.server.passkey
+        return fixed if fixed is not None else secrets.randbelow(1_000_000)
+
+    async def display_number(self, number: int, digits: int) -> None:
+        self.server._show_passkey(self.connection, number)
+
+
+class _PeerState:
+    """What the server knows of one connection's security."""
+
+    def __init__(self) -> None:
+        self.pairing: asyncio.Future[None] | None = None  # set while a pairing runs
+        self.strong: bool | None = None  # None: not yet checked for the current encryption
 
 
 class WearableServer:
-    """One bumble device serving the coinf service to at most one handheld at a time."""
+    """One bumble device serving the coinf service to at most one handheld at a time.
+
+    Pairing options: ``pairing_window_s`` opens the pairing window at :meth:`start` for that many
+    seconds (0, the default: only already-bonded handhelds; ``math.inf``: always -- tests);
+    ``passkey`` fixes the passkey (tests, scripts; default a fresh random one per pairing);
+    ``display_passkey(address, passkey)`` shows it (default: a WARNING log line);
+    ``handshake_timeout`` drops a central that has not sent its HELLO in time;
+    ``keystore``: the bond store (a JSON file kept 0600 in a 0700 directory; default memory).
+    """
 
     def __init__(
         self,
@@ -59,7 +182,22 @@ class WearableServer:
         protocol_version: int = PROTOCOL_VERSION,
         mtu: int = gatt.DEFAULT_MTU,
         max_queued_packets: int = 24,
+        passkey: int | None = None,
+        pairing_window_s: float = 0.0,
+        display_passkey: Callable[[str, int], None] | None = None,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     ) -> None:
+        if not handshake_timeout > 0:
+            raise InputError(f"handshake_timeout must be > 0 s, not {handshake_timeout!r}")
+        if not pairing_window_s >= 0:
+            raise InputError(f"pairing_window_s must be >= 0 s, not {pairing_window_s!r}")
+        self.passkey = check_passkey(passkey)
+        self.pairing_window_s = pairing_window_s
+        self.display_passkey = display_passkey
+        self.handshake_timeout = handshake_timeout
+        self._pairing_until = 0.0  # time.monotonic() until which new bonds are accepted
+        self._peers: dict[Connection, _PeerState] = {}
+        self.bonded: asyncio.Queue[str] = asyncio.Queue()  # peer addresses of new bonds
         self.spec = transport_spec
         self.max_queued_packets = max_queued_packets
         self.bundle_identity = bundle_identity
@@ -88,6 +226,7 @@ class WearableServer:
 
     # --- setup -------------------------------------------------------------------------------
     async def start(self) -> None:
+        keystore = open_bond_store(self.keystore)  # BondStoreError before touching the radio
         try:
             self._transport = await open_transport(self.spec)
         except Exception as exc:
@@ -98,38 +237,199 @@ class WearableServer:
             self._transport.source,
             self._transport.sink,
         )
-        device.keystore = JsonKeyStore(None, self.keystore) if self.keystore else MemoryKeyStore()
-        device.pairing_config_factory = lambda _conn: PairingConfig(
+        device.keystore = keystore
+        device.pairing_config_factory = lambda conn: PairingConfig(
             sc=True,
-            mitm=False,  # the wearable has no display or keyboard: LE SC Just Works
+            mitm=True,
             bonding=True,
-            delegate=PairingDelegate(PairingDelegate.IoCapability.NO_OUTPUT_NO_INPUT),
+            identity_address_type=PairingConfig.AddressType.RANDOM,  # our static address
+            delegate=_WearableDelegate(self, conn),
         )
+        device.smp_session_proxy = SecurePairingSession
         device.gatt_server.max_mtu = self.mtu
         props = Characteristic.Properties
         self.data_up: Characteristic[bytes] = Characteristic(
             gatt.DATA_UP_UUID,
             props.NOTIFY | props.READ,
-            ENCRYPTED,
-            CharacteristicValue(read=lambda _c: b""),
+            SECURE,
+            CharacteristicValue(read=self._guard_read),
         )
+        self.data_up.descriptors = (*self.data_up.descriptors, self._cccd(device, self.data_up))
         self.data_down: Characteristic[bytes] = Characteristic(
             gatt.DATA_DOWN_UUID,
             props.WRITE_WITHOUT_RESPONSE | props.WRITE,
-            ENCRYPTED,
-            CharacteristicValue(write=self._on_data),
+            SECURE,
+            CharacteristicValue(write=self._guard_write(self._on_data)),
         )
         self.control: Characteristic[bytes] = Characteristic(
             gatt.CONTROL_UUID,
             props.WRITE | props.NOTIFY | props.READ,
-            ENCRYPTED,
-            CharacteristicValue(read=lambda _c: b"", write=self._on_control),
+            SECURE,
+            CharacteristicValue(read=self._guard_read, write=self._guard_write(self._on_control)),
         )
+        self.control.descriptors = (*self.control.descriptors, self._cccd(device, self.control))
         device.add_service(Service(gatt.SERVICE_UUID, [self.data_up, self.data_down, self.control]))
         device.on("connection", self._on_connection)
         await device.power_on()
         self.device = device
+        if self.pairing_window_s > 0:
+            self.open_pairing_window(self.pairing_window_s)
         await self._advertise()
+
+    # --- pairing and security ---------------------------------------------------------------
+    def open_pairing_window(self, seconds: float) -> None:
+        """Accept new bonds (passkey pairing) for ``seconds`` (``math.inf``: until closed)."""
+        if not seconds > 0:
+            raise InputError(f"a pairing window lasts > 0 s, not {seconds!r}")
+        self._pairing_until = math.inf if math.isinf(seconds) else time.monotonic() + seconds
+        log.info("pairing window open for %s s", seconds)
+
+    def close_pairing_window(self) -> None:
+        self._pairing_until = 0.0
+
+    @property
+    def pairing_open(self) -> bool:
+        return time.monotonic() < self._pairing_until
+
+    def _show_passkey(self, connection: Connection, passkey: int) -> None:
+        address = str(connection.peer_address)
+        if self.display_passkey is not None:
+            self.display_passkey(address, passkey)
+        elif self.passkey is not None:  # fixed by whoever configured it: they know it
+            log.info("pairing with %s using the configured fixed passkey", address)
+        else:
+            log.warning("pairing with %s: passkey %06d (type it on the handheld)", address,
+                        passkey)
+
+    def _state(self, connection: Connection) -> _PeerState:
+        state = self._peers.get(connection)
+        if state is None:
+            state = self._peers[connection] = _PeerState()
+        return state
+
+    def _track_security(self, connection: Connection) -> None:
+        state = self._state(connection)
+
+        def on_pairing_start() -> None:
+            state.strong = False
+            if state.pairing is None or state.pairing.done():
+                state.pairing = asyncio.get_running_loop().create_future()
+
+        def pairing_ended() -> None:
+            if state.pairing is not None and not state.pairing.done():
+                state.pairing.set_result(None)
+
+        def on_pairing(keys: PairingKeys) -> None:
+            state.strong = strong_keys(keys)
+            pairing_ended()
+            if state.strong:
+                log.info("bonded with %s (LE Secure Connections, passkey)",
+                         connection.peer_address)
+                self.bonded.put_nowait(str(connection.peer_address))
+            else:  # SecurePairingSession should have refused it: never keep such a bond
+                log.warning("pairing with %s gave unauthenticated keys: dropped",
+                            connection.peer_address)
+                self._spawn(self._forget_and_drop(connection))
+
+        def on_pairing_failure(reason: int) -> None:
+            state.strong = False
+            pairing_ended()
+            try:
+                why = smp.ErrorCode(reason).name
+            except ValueError:
+                why = str(reason)
+            log.warning("pairing with %s failed: %s", connection.peer_address, why)
+
+        def on_encryption_change() -> None:
+            if state.pairing is None or state.pairing.done():
+                state.strong = None  # re-encrypted with a stored key: checked on next access
+
+        connection.on(connection.EVENT_PAIRING_START, on_pairing_start)
+        connection.on(connection.EVENT_PAIRING, on_pairing)
+        connection.on(connection.EVENT_PAIRING_FAILURE, on_pairing_failure)
+        connection.on(connection.EVENT_CONNECTION_ENCRYPTION_CHANGE, on_encryption_change)
+
+    async def _forget_and_drop(self, connection: Connection) -> None:
+        device = self.device
+        if device is not None and device.keystore is not None:
+            with contextlib.suppress(Exception):
+                await device.keystore.delete(str(connection.peer_address))
+        with contextlib.suppress(Exception):
+            await connection.disconnect(hci.HCI_ErrorCode.AUTHENTICATION_FAILURE_ERROR)
+
+    def _is_secure_now(self, connection: Connection | None) -> bool:
+        """Known (without waiting) to be encrypted with a strong key."""
+        if connection is None or not connection.encryption:
+            return False
+        state = self._peers.get(connection)
+        return state is not None and state.strong is True
+
+    async def _check(self, connection: Connection | None) -> None:
+        """Raise the ATT error for a connection not encrypted with an LE SC, MITM-protected
+        key: INSUFFICIENT_ENCRYPTION (pair or encrypt first), INSUFFICIENT_AUTHENTICATION
+        (encrypted, but with a key that is not authenticated)."""
+        if connection is None:
+            raise ATT_Error(AttErrorCode.INSUFFICIENT_ENCRYPTION)
+        state = self._state(connection)
+        if state.pairing is not None and not state.pairing.done():
+            # the peer's first request may overtake the end of pairing on this side
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(state.pairing), PAIRING_TIMEOUT)
+        if not connection.encryption:
+            raise ATT_Error(AttErrorCode.INSUFFICIENT_ENCRYPTION)
+        if state.strong is None:
+            device = self.device
+            keys = None
+            if device is not None and device.keystore is not None:
+                keys = await device.keystore.get(str(connection.peer_address))
+            state.strong = strong_keys(keys)
+        if not state.strong:
+            log.warning("refusing %s: not encrypted with an authenticated LE Secure "
+                        "Connections key", connection.peer_address)
+            raise ATT_Error(AttErrorCode.INSUFFICIENT_AUTHENTICATION)
+
+    async def _guard_read(self, connection: Connection | None) -> bytes:
+        await self._check(connection)
+        return b""
+
+    def _guard_write(
+        self, handler: Callable[[Connection, bytes], None]
+    ) -> Callable[[Connection, bytes], Any]:
+        def write(connection: Connection, value: bytes) -> Any:
+            if self._is_secure_now(connection):  # the fast path: no await, order kept
+                handler(connection, value)
+                return None
+
+            async def checked() -> None:
+                await self._check(connection)
+                handler(connection, value)
+
+            return checked()
+
+        return write
+
+    def _cccd(self, device: Device, characteristic: Characteristic[bytes]) -> Descriptor:
+        """A CCCD that needs the same security as its characteristic (bumble's default one
+        lets anybody subscribe)."""
+        server = device.gatt_server
+
+        def bearer_connection(bearer: Any) -> Connection | None:
+            conn = getattr(bearer, "connection", bearer)
+            return conn if isinstance(conn, Connection) else None
+
+        async def read(bearer: Any) -> bytes:
+            await self._check(bearer_connection(bearer))
+            return server.read_cccd(bearer, characteristic)
+
+        async def write(bearer: Any, value: bytes) -> None:
+            await self._check(bearer_connection(bearer))
+            server.write_cccd(bearer, characteristic, value)
+
+        return Descriptor(
+            GATT_CLIENT_CHARACTERISTIC_CONFIGURATION_DESCRIPTOR,
+            SECURE,
+            AttributeValueV2(read, write=write),
+        )
 
     async def _advertise(self) -> None:
         assert self.device is not None
@@ -181,9 +481,37 @@ class WearableServer:
             )
             return
         self._active = connection
+        self._track_security(connection)
         connection.on("disconnection", lambda reason: self._on_disconnection(connection, reason))
+        self._spawn(self._handshake_deadline(connection))
+
+    async def _handshake_deadline(self, connection: Connection) -> None:
+        """Disconnect ``connection`` unless its HELLO arrives within ``handshake_timeout`` s
+        (the time a pairing takes is not counted: a person types the passkey)."""
+        deadline = time.monotonic() + self.handshake_timeout
+        while connection is self._active and self._link is None:
+            state = self._peers.get(connection)
+            if state is not None and state.pairing is not None and not state.pairing.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(state.pairing), PAIRING_TIMEOUT)
+                deadline = time.monotonic() + self.handshake_timeout
+                if state.pairing is not None and not state.pairing.done():
+                    break  # pairing stalled: drop it
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(left, 0.1))
+        else:
+            return
+        if connection is self._active and self._link is None:
+            log.warning("dropping %s: no coinf handshake within %.1f s", connection.peer_address,
+                        self.handshake_timeout)
+            with contextlib.suppress(Exception):
+                await connection.disconnect()
 
     def _on_disconnection(self, connection: Connection, reason: int) -> None:
+        self._peers.pop(connection, None)
         if connection is not self._active:
             return
         self._active = None

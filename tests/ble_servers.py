@@ -3,16 +3,24 @@ handheld's link; ``close_servers`` closes every server this module started."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.peripheral import WearableServer
+
+#: The explicit test path of pairing: a fixed passkey on both sides, the wearable's pairing window
+#: always open. Real wearables show a random passkey and accept new bonds only in a window.
+TEST_PASSKEY = 123456
+WEARABLE_PAIRING: dict[str, Any] = {"passkey": TEST_PASSKEY, "pairing_window_s": math.inf}
+HANDHELD_PAIRING: dict[str, Any] = {"passkey": TEST_PASSKEY}
 
 _started: list[WearableServer] = []
 
 
 async def accept_link(spec: str, *, bundle_identity: str, timeout: float | None = None,
                       **options: Any) -> Link:
+    options = {**WEARABLE_PAIRING, **options}
     server = WearableServer(spec, bundle_identity=bundle_identity, **options)
     _started.append(server)
     await server.start()

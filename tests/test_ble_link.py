@@ -21,6 +21,8 @@ from coinf.ble_protocol.peripheral import WearableServer
 from coinf.ble_protocol.radio import EmulatedRadio
 from coinf.ble_protocol.rpc import RpcClient, serve
 
+from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
+
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
 
 
@@ -32,7 +34,8 @@ async def endpoints(
     wspec, hspec = radio.specs
     mtu = radio.params.att_mtu
     w_opts, h_opts = dict(w_opts or {}), dict(h_opts or {})
-    server = WearableServer(wspec, bundle_identity=w_opts.pop("bundle", "b-1"), mtu=mtu, **w_opts)
+    server = WearableServer(wspec, bundle_identity=w_opts.pop("bundle", "b-1"), mtu=mtu,
+                            **{**WEARABLE_PAIRING, **w_opts})
     await server.start()
     try:
         async with Central(
@@ -41,7 +44,7 @@ async def endpoints(
             hci=h_opts.pop("hci", hspec),
             mtu=mtu,
             timeout=h_opts.pop("timeout", 10),
-            **h_opts,
+            **{**HANDHELD_PAIRING, **h_opts},
         ) as central:
             yield server, central
     finally:
@@ -104,11 +107,11 @@ def test_unpaired_central_gets_insufficient_encryption() -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
             wspec, hspec = radio.specs
-            server = WearableServer(wspec, bundle_identity="b")
+            server = WearableServer(wspec, bundle_identity="b", **WEARABLE_PAIRING)
             await server.start()
             accept = asyncio.ensure_future(server.accept(30))
             try:
-                async with BumbleHost(hspec) as host:
+                async with BumbleHost(hspec, **HANDHELD_PAIRING) as host:
                     client = BleakClient(
                         WEARABLE_ADDR, backend=BumbleBleakClient, host=host, pair=False,
                         timeout=10,

@@ -29,7 +29,8 @@ HANDHELD = textwrap.dedent(
         return Message(MsgType.RESULT, msg.request_id, msg.payload[::-1])
 
     async def main():
-        async with Central("coinf-wearable", bundle_identity="xp", hci=sys.argv[1]) as central:
+        async with Central("coinf-wearable", bundle_identity="xp", hci=sys.argv[1],
+                           passkey=123456) as central:
             await central.serve_with_reconnect(lambda link: serve(link, echo))
 
     asyncio.run(main())

@@ -12,12 +12,14 @@ from coinf.ble_protocol.peripheral import PeripheralConnector
 from coinf.ble_protocol.radio import EmulatedRadio
 
 from coinf.errors import LinkClosed
+from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
 
 
 async def served(radio: EmulatedRadio, connector: PeripheralConnector) -> None:
     """One handheld connects through ``radio``; the connector hands the wearable a link."""
     hspec = radio.specs[1]
-    async with Central("coinf-wearable", bundle_identity="b", hci=hspec, timeout=10) as central:
+    async with Central("coinf-wearable", bundle_identity="b", hci=hspec, timeout=10,
+                       **HANDHELD_PAIRING) as central:
         accept = asyncio.ensure_future(connector.connect(30))
         handheld = await central.connect()
         wearable = await asyncio.wait_for(accept, 30)  # hang guard
@@ -30,7 +32,7 @@ def test_the_wearable_serves_again_after_the_radio_comes_back() -> None:
     async def main() -> None:
         radio = await EmulatedRadio("ble5-2m", time_scale=0.2).start()
         ports = tuple(radio.ports)
-        connector = PeripheralConnector(radio.specs[0], bundle_identity="b")
+        connector = PeripheralConnector(radio.specs[0], bundle_identity="b", **WEARABLE_PAIRING)
         try:
             await served(radio, connector)
             await radio.stop()  # the radio process dies: the HCI socket closes

@@ -12,6 +12,7 @@ from coinf.ble_protocol.radio import spawn
 from coinf.handheld.daemon import HandheldDaemon
 
 from coinf import Session
+from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
 from tests.bundles import make_tiny_bundle, reference
 
 
@@ -25,7 +26,8 @@ def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
         async def main() -> None:
             try:
                 async with Central(
-                    "coinf-wearable", bundle_identity=bundle.identity, hci=hspec, timeout=20
+                    "coinf-wearable", bundle_identity=bundle.identity, hci=hspec, timeout=20,
+                    **HANDHELD_PAIRING,
                 ) as central, HandheldDaemon(bundle) as daemon:
                     serving = daemon.start(await central.connect())
                     while not stop.is_set() and not serving.done():
@@ -45,6 +47,7 @@ def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
             fallback=False,
             timeout=60,
             transport=f"ble:{wspec}",
+            transport_options=WEARABLE_PAIRING,
         ) as sess:
             (y,) = sess.run(None, {"x": x})
             stats = sess.last_run

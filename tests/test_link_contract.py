@@ -28,6 +28,7 @@ from coinf.ble_protocol.messages import Message, MsgType
 from coinf.ble_protocol.shaped import Channel, ShapedLink
 
 from coinf.errors import LinkClosed
+from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
 
 HANG_GUARD = 10.0  # seconds; a guard against hangs, not a timing assertion
 T = TypeVar("T")
@@ -104,9 +105,10 @@ async def ble_pair() -> AsyncIterator[tuple[Link, Link]]:
     async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
         wspec, hspec = radio.specs
         mtu = radio.params.att_mtu
-        async with WearableServer(wspec, bundle_identity="contract", mtu=mtu) as server, \
+        async with WearableServer(wspec, bundle_identity="contract", mtu=mtu,
+                                  **WEARABLE_PAIRING) as server, \
                 Central("C0:F1:00:00:00:01", bundle_identity="contract", hci=hspec, mtu=mtu,
-                        timeout=10) as central:
+                        timeout=10, **HANDHELD_PAIRING) as central:
             accept = asyncio.ensure_future(server.accept(30))
             try:
                 handheld = await central.connect()

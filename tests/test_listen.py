@@ -36,6 +36,7 @@ from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.handheld.daemon import HandheldDaemon
 
 from coinf.errors import InputError
+from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
 from tests.bundles import make_tiny_bundle, reference
 
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
@@ -167,11 +168,12 @@ def test_ble_listener_serves_a_daemon_and_reconnects(tmp_path) -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
             wspec, hspec = radio.specs
-            server = WearableServer(wspec, bundle_identity=bundle.identity)
+            server = WearableServer(wspec, bundle_identity=bundle.identity, **WEARABLE_PAIRING)
             await server.start()
             try:
                 async with HandheldDaemon(bundle) as daemon, open_listener(
-                    f"ble:{hspec}", bundle_identity=bundle.identity, timeout=10, backoff=0.1
+                    f"ble:{hspec}", bundle_identity=bundle.identity, timeout=10, backoff=0.1,
+                    **HANDHELD_PAIRING,
                 ) as listener:
                     serving = asyncio.create_task(daemon.serve_listener(listener))
                     for _ in range(2):  # the second time, after the wearable dropped the link
@@ -192,11 +194,11 @@ def test_ble_listener_stops_on_a_bundle_mismatch(tmp_path) -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
             wspec, hspec = radio.specs
-            server = WearableServer(wspec, bundle_identity="model-A")
+            server = WearableServer(wspec, bundle_identity="model-A", **WEARABLE_PAIRING)
             await server.start()
             try:
                 async with open_listener(
-                    f"ble:{hspec}", bundle_identity="model-B", timeout=10
+                    f"ble:{hspec}", bundle_identity="model-B", timeout=10, **HANDHELD_PAIRING
                 ) as listener:
                     with pytest.raises(ProtocolError) as info:
                         await asyncio.wait_for(listener.accept(), 60)
@@ -216,7 +218,7 @@ def test_central_serves_with_reconnect_until_stopped() -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
             wspec, hspec = radio.specs
-            server = WearableServer(wspec, bundle_identity="b")
+            server = WearableServer(wspec, bundle_identity="b", **WEARABLE_PAIRING)
             await server.start()
             try:
                 served: list[Link] = []
@@ -227,7 +229,8 @@ def test_central_serves_with_reconnect_until_stopped() -> None:
 
                 stop = asyncio.Event()
                 async with Central(
-                    "coinf-wearable", bundle_identity="b", hci=hspec, timeout=10, backoff=0.1
+                    "coinf-wearable", bundle_identity="b", hci=hspec, timeout=10, backoff=0.1,
+                    **HANDHELD_PAIRING,
                 ) as central:
                     task = asyncio.create_task(central.serve_with_reconnect(serve_link, stop=stop))
                     for _ in range(2):
@@ -248,10 +251,10 @@ def test_bumble_host_closes_its_device_and_connections() -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio:
             wspec, hspec = radio.specs
-            server = WearableServer(wspec, bundle_identity="b")
+            server = WearableServer(wspec, bundle_identity="b", **WEARABLE_PAIRING)
             await server.start()
             try:
-                host = BumbleHost(hspec)
+                host = BumbleHost(hspec, **HANDHELD_PAIRING)
                 with pytest.raises(BleakError, match="not open"):
                     _ = host.device
                 async with host:
@@ -275,7 +278,7 @@ def test_bumble_host_closes_its_device_and_connections() -> None:
                 with pytest.raises(BleakError, match="host="):
                     BleakClient(WEARABLE_ADDR, backend=BumbleBleakClient)
                 # and the radio takes a new host on the same transport
-                async with BumbleHost(hspec) as again, Central(
+                async with BumbleHost(hspec, **HANDHELD_PAIRING) as again, Central(
                     WEARABLE_ADDR, bundle_identity="b", host=again, timeout=10
                 ) as central2:
                     accept = asyncio.ensure_future(server.accept(30))

@@ -9,7 +9,9 @@ killed and restarted. Every inference is checked against the whole model run loc
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -46,6 +48,8 @@ class Procs:
         self.radio: subprocess.Popen[str] | None = None
         self.handheld: subprocess.Popen[str] | None = None
         self.cmd = [sys.executable, "-m", "coinf"]
+        # the emulated devices pair with a one-off passkey (a real wearable shows it)
+        self.passkey = secrets.randbelow(900_000) + 100_000
 
     @property
     def wearable_hci(self) -> str:
@@ -66,7 +70,7 @@ class Procs:
     def start_handheld(self) -> None:
         self.handheld = subprocess.Popen(
             [*self.cmd, "handheld", "--bundle", str(self.bundle), "--transport", "ble", "--hci",
-             f"tcp-client:127.0.0.1:{self.port + 1}"],
+             f"tcp-client:127.0.0.1:{self.port + 1}", "--passkey", str(self.passkey)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self.handheld.stdout is not None
         self.handheld.stdout.readline()
@@ -104,8 +108,10 @@ def run(args: argparse.Namespace) -> int:
     procs.start_radio()
     procs.start_handheld()
     try:
+        pairing = {"passkey": procs.passkey, "pairing_window_s": math.inf}
         with Session(bundle, split=args.split, transport=f"ble:{procs.wearable_hci}",
-                     timeout=args.timeout, max_backoff_s=1.0, fallback=True) as sess:
+                     transport_options=pairing, timeout=args.timeout, max_backoff_s=1.0,
+                     fallback=True) as sess:
             sess.connect()
             for phase in phases:
                 progress(f"phase {phase}: {per_phase} inferences")

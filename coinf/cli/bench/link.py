@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
+import secrets
 from typing import Any
 
 from coinf.cli.bench import emit, median, progress
@@ -54,11 +56,14 @@ async def measure(
     async with EmulatedRadio(preset, **overrides) as radio:
         wspec, hspec = radio.specs
         mtu = radio.params.att_mtu
-        server = WearableServer(wspec, bundle_identity="bench", mtu=mtu)
+        # the emulated radio's explicit test path of pairing: a one-off passkey on both sides
+        passkey = secrets.randbelow(1_000_000)
+        server = WearableServer(wspec, bundle_identity="bench", mtu=mtu, passkey=passkey,
+                                pairing_window_s=math.inf)
         await server.start()
         try:
             async with Central("coinf-wearable", bundle_identity="bench", hci=hspec,
-                               mtu=mtu) as central:
+                               mtu=mtu, passkey=passkey) as central:
                 accept = asyncio.ensure_future(server.accept(60))
                 try:
                     handheld = await central.connect()

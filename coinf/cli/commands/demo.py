@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -84,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
                 stops.append(stop_radio)
                 progress(f"radio process: preset {args.preset}, ATT capacity "
                          f"{capacity / 1000:.1f} kB/s each way")
-                hh_args = ["--transport", "ble", "--hci", hspec]
-                wear_args = ["--transport", "ble", "--hci", wspec]
+                # both processes pair over the emulated radio with a one-off passkey
+                passkey = str(secrets.randbelow(1_000_000))
+                hh_args = ["--transport", "ble", "--hci", hspec, "--passkey", passkey]
+                wear_args = ["--transport", "ble", "--hci", wspec, "--passkey", passkey]
                 where = (f"over BLE GATT through the emulated {args.preset} radio "
                          f"({capacity / 1000:.1f} kB/s ATT capacity)")
             else:

@@ -16,7 +16,13 @@ DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="bundle directory (from `coinf split`)")
+    from coinf.cli.commands import pair
+
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    pair.register_handheld(actions.add_parser(
+        "pair", help="pair with a wearable (type the passkey it shows)",
+        description="Pair with a wearable: LE Secure Connections, passkey entry."))
+    parser.add_argument("--bundle", help="bundle directory (from `coinf split`); required")
     parser.add_argument(
         "--listen",
         help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
@@ -30,6 +36,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="BLE: name or address of the wearable (default %(default)s)")
     parser.add_argument("--hci", help="BLE: use a bumble host on this HCI transport "
                         "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
+    parser.add_argument("--keystore", help="BLE with --hci: JSON file keeping bonds "
+                        "(from `coinf handheld pair`)")
+    parser.add_argument("--passkey", type=int, metavar="N", help="BLE with --hci: the "
+                        "wearable's passkey, typed when pairing (emulated radio, scripts)")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
     parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
@@ -72,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.verbose:  # bumble logs tracebacks for expected teardown (peer gone, radio off)
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
+    if not args.bundle:
+        raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
     spec = listen_spec(args)
     try:
         emulation = DeviceEmulation(args.slowdown, args.threads)
@@ -83,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if spec.partition(":")[0] == "ble":
         options = {"bundle_identity": bundle.identity, "name": args.wearable}
+        options.update({k: v for k, v in (("keystore", args.keystore),
+                                          ("passkey", args.passkey)) if v is not None})
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     from coinf.device.profile import load_or_default
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import sys
 from typing import Any
@@ -36,7 +37,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", type=int, default=0, metavar="N",
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
-    parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds")
+    parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds "
+                        "(from `coinf wearable pair`)")
+    parser.add_argument("--passkey", type=int, metavar="N",
+                        help="--transport ble, emulated radio/scripts only: accept pairing "
+                        "during this run with this fixed 6-digit passkey (the handheld gives "
+                        "the same --passkey); without it only bonded handhelds are served")
     parser.add_argument("--no-fallback", action="store_true",
                         help="fail instead of finishing an inference on the wearable when the "
                         "handheld is unreachable, slow or failing (default: fall back, as a "
@@ -87,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 transport=args.transport,
                 handheld=args.handheld,
                 hci=args.hci,
-                ble_options={"keystore": args.keystore} if args.keystore else None,
+                ble_options=ble_options(args),
                 slowdown=args.slowdown,
                 threads=args.threads,
                 timeout=120.0,
@@ -331,3 +337,13 @@ def format_plan(p: dict[str, Any]) -> str:
     if p["fastest_in_table"]:
         line += f"; fastest in the table: {p['fastest_in_table']} at {p['fastest_ms']:.2f} ms"
     return line
+
+
+def ble_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The BLE transport options of ``--keystore`` and ``--passkey``."""
+    options: dict[str, Any] = {}
+    if args.keystore:
+        options["keystore"] = args.keystore
+    if args.passkey is not None:
+        options.update(passkey=args.passkey, pairing_window_s=math.inf)
+    return options or None

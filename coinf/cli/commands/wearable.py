@@ -6,6 +6,11 @@ Each handheld that connects, pairs and completes the handshake gets a link; the 
 sends PROBE messages (``--probe-bytes``) and prints the measured round trips as JSON lines.
 The full offloading session (planner + head) is ``coinf run``/``Session``; this command is the
 transport check for real hardware.
+
+Only handhelds bonded by ``coinf wearable pair`` (LE Secure Connections, passkey) are served;
+the bond store defaults to ``<config dir>/coinf/bonds/wearable.json`` (see
+:mod:`coinf.cli.commands.pair`). A central that has not sent its HELLO within
+``--handshake-timeout`` seconds is dropped.
 """
 
 from __future__ import annotations
@@ -17,19 +22,27 @@ import time
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    from coinf.cli.commands import pair
+
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    pair.register_wearable(actions.add_parser(
+        "pair", help="open the pairing window and bond a handheld (passkey)",
+        description="Open the pairing window; print the passkey a handheld must type."))
     parser.add_argument(
         "--bundle",
-        required=True,
-        help="split bundle directory (its identity is checked in the handshake)",
+        help="split bundle directory (its identity is checked in the handshake); required",
     )
     parser.add_argument(
         "--hci",
-        required=True,
         help="bumble HCI transport: hci-socket:0 (Pi, bluetoothd stopped), "
         "usb:0 (dongle), tcp-client:HOST:PORT (coinf radio)",
     )
     parser.add_argument("--name", default="coinf-wearable", help="advertised name")
-    parser.add_argument("--keystore", default=None, help="JSON file keeping bonds across runs")
+    parser.add_argument("--keystore", default=None, help="bond store from `coinf wearable pair` "
+                        "(default <config dir>/coinf/bonds/wearable.json)")
+    parser.add_argument("--handshake-timeout", type=float, default=5.0,
+                        help="drop a central that has not sent its HELLO within this many "
+                        "seconds (default %(default)g)")
     parser.add_argument("--probe-bytes", type=int, default=10_000)
     parser.add_argument("--probes", type=int, default=5)
     parser.add_argument("--once", action="store_true", help="exit after the first handheld")
@@ -47,12 +60,20 @@ def run(args: argparse.Namespace) -> int:
     from coinf.ble_protocol.messages import MsgType, ProtocolError
     from coinf.ble_protocol.peripheral import WearableServer
     from coinf.ble_protocol.rpc import RpcClient
+    from coinf.cli.commands.pair import default_bond_store
+    from coinf.errors import UserError
 
+    if not args.bundle or not args.hci:
+        raise UserError("coinf wearable needs --bundle and --hci (or: coinf wearable pair --hci)")
+    if not args.handshake_timeout > 0:
+        raise UserError("--handshake-timeout must be > 0")
     identity = bundle_identity(args.bundle)
+    keystore = args.keystore or default_bond_store("wearable")
 
     async def main() -> None:
         async with WearableServer(args.hci, bundle_identity=identity, name=args.name,
-                                  keystore=args.keystore) as server:
+                                  keystore=keystore,
+                                  handshake_timeout=args.handshake_timeout) as server:
             while True:
                 link = await server.accept()
                 client = RpcClient(link)

@@ -270,6 +270,9 @@ class WearableServer:
         self.control.descriptors = (*self.control.descriptors, self._cccd(device, self.control))
         device.add_service(Service(gatt.SERVICE_UUID, [self.data_up, self.data_down, self.control]))
         device.on("connection", self._on_connection)
+        # bumble's own background work (e.g. restarting advertising after a disconnection) can
+        # fail while the HCI transport is down; that is reported here, not as a stray traceback
+        device.on("error", lambda exc: log.info("%s: bumble: %s", self.spec, exc))
         await device.power_on()
         self.device = device
         if self.pairing_window_s > 0:

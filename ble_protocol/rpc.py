@@ -77,6 +77,8 @@ class RpcClient:
         marks: dict[str, float] | None = None,
     ) -> Message:
         """Send one message and wait for its reply. ERROR replies raise :class:`ProtocolError`.
+        ``timeout`` bounds the whole exchange (sending and the reply); on expiry CANCEL is sent
+        and :class:`ProtocolError` (TIMEOUT) raised.
 
         ``marks``, if given, receives ``perf_counter`` times: ``sent`` (the link took the whole
         message) and ``replied`` (the reply arrived).
@@ -88,10 +90,11 @@ class RpcClient:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await asyncio.wait_for(self.link.send(Message(mtype, rid, payload)), timeout)
-            if marks is not None:
-                marks["sent"] = time.perf_counter()
-            reply = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):  # one deadline for sending and the reply
+                await self.link.send(Message(mtype, rid, payload))
+                if marks is not None:
+                    marks["sent"] = time.perf_counter()
+                reply = await fut
             if marks is not None:
                 marks["replied"] = time.perf_counter()
         except ProtocolError:

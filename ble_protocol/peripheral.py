@@ -475,6 +475,9 @@ class WearableServer:
 
     # --- connection lifecycle ------------------------------------------------------------
     def _on_connection(self, connection: Connection) -> None:
+        # bumble restarts advertising from this connection's disconnection event; with the
+        # HCI transport gone that fails: a log line, not a stray traceback
+        connection.on("error", lambda exc: log.info("%s: bumble: %s", self.spec, exc))
         if self._active is not None:
             log.info("refusing a second handheld %s", connection.peer_address)
             self._spawn(

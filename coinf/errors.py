@@ -75,6 +75,7 @@ class ErrorCode(IntEnum):
 #: The others (version or bundle mismatch, a peer that breaks the protocol, missing encryption)
 #: are configuration faults that retrying does not mend.
 TRANSIENT_CODES = frozenset({
+    ErrorCode.BAD_CRC,  # corrupted in transit: the next message may well arrive intact
     ErrorCode.DISCONNECTED,
     ErrorCode.TIMEOUT,
     ErrorCode.BUSY,

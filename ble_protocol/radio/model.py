@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,55 @@ class _AirConnection:
     payload_bytes: int = 0
 
 
+class ChunkFaults:
+    """Drops, duplicates, corrupts or reorders coinf data chunks in L2CAP PDUs (ATT
+    notification 0x1B or write command 0x52 on the ATT channel whose value starts like a chunk:
+    version 1, a message type 1..9, at least the 14-byte header). Everything else passes."""
+
+    def __init__(self, params: RadioParams) -> None:
+        self.p = params
+        self.enabled = any((params.fault_drop, params.fault_duplicate, params.fault_corrupt,
+                            params.fault_reorder))
+        self.rng = random.Random(params.fault_seed)
+        self.held: dict[tuple[int, int], bytes] = {}  # a chunk waiting to be overtaken
+        self.counts = {"dropped": 0, "duplicated": 0, "corrupted": 0, "reordered": 0}
+
+    @staticmethod
+    def is_chunk(pdu: bytes) -> bool:
+        if len(pdu) < 4 + 3 + 14:
+            return False
+        cid = int.from_bytes(pdu[2:4], "little")
+        value = pdu[7:]
+        return cid == 0x0004 and pdu[4] in (0x1B, 0x52) and value[0] == 1 and 1 <= value[1] <= 9
+
+    def apply(self, way: tuple[int, int], pdu: bytes) -> list[bytes]:
+        """The PDUs to deliver now, in order, for one PDU sent in direction ``way``."""
+        if not self.enabled or not self.is_chunk(pdu):
+            return [pdu]
+        r, p = self.rng.random(), self.p
+        out: list[bytes]
+        if r < p.fault_drop:
+            self.counts["dropped"] += 1
+            out = []
+        elif r < p.fault_drop + p.fault_duplicate:
+            self.counts["duplicated"] += 1
+            out = [pdu, pdu]
+        elif r < p.fault_drop + p.fault_duplicate + p.fault_corrupt:
+            self.counts["corrupted"] += 1
+            at = self.rng.randrange(7 + 14, len(pdu)) if len(pdu) > 7 + 14 else len(pdu) - 1
+            out = [pdu[:at] + bytes([pdu[at] ^ 0x5A]) + pdu[at + 1:]]
+        elif r < p.fault_drop + p.fault_duplicate + p.fault_corrupt + p.fault_reorder:
+            if way not in self.held:  # hold it: the next chunk goes first
+                self.counts["reordered"] += 1
+                self.held[way] = pdu
+                return []
+            out = [pdu]
+        else:
+            out = [pdu]
+        held = self.held.pop(way, None)
+        return [*out, held] if held is not None else out
+
+
 class RadioLink(LocalLink):
     """A :class:`LocalLink` whose LE ACL traffic follows connection-event timing."""
 
@@ -70,6 +120,7 @@ class RadioLink(LocalLink):
         self.encrypted: set[int] = set()  # id() of connections that reported encryption
         #: how many intervals late an event may run at its nominal time (see ``_run``)
         self.catch_up = 4
+        self.faults = ChunkFaults(params)
 
     # --- clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -221,10 +272,22 @@ class RadioLink(LocalLink):
         transport: Any,
         data: bytes,
     ) -> None:
-        """Deliver a reassembled L2CAP PDU at once (its air time was already spent)."""
+        """Deliver a reassembled L2CAP PDU at once (its air time was already spent), through
+        the fault injector when one is configured."""
         dest = self.find_le_controller(destination_address)
-        if dest is not None:
-            dest.on_link_acl_data(sender_controller.random_address, transport, data)
+        if dest is None:
+            return
+        way = (id(sender_controller), id(dest))
+        for pdu in self.faults.apply(way, data):
+            dest.on_link_acl_data(sender_controller.random_address, transport, pdu)
+        if way in self.faults.held:  # a held chunk goes out after the next one, or soon anyway
+
+            def flush() -> None:
+                late = self.faults.held.pop(way, None)
+                if late is not None:
+                    dest.on_link_acl_data(sender_controller.random_address, transport, late)
+
+            self._loop.call_later(self._real(4 * self.params.interval_s) - self._t0, flush)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -48,6 +48,15 @@ class RadioParams:
     # LL supervision timeout: a controller whose peer falls silent (its host and controller
     # gone, as when the process dies) reports the link lost after this long
     supervision_ms: float = 1000.0
+    # Fault injection on coinf data chunks (ATT notifications / write commands whose value is a
+    # chunk): the probability that one is dropped, delivered twice, corrupted (one payload byte
+    # flipped) or delivered after the next one. 0 = a faultless radio (real BLE retransmits at
+    # the link layer; these model a broken stack or radio for robustness tests).
+    fault_drop: float = 0.0
+    fault_duplicate: float = 0.0
+    fault_corrupt: float = 0.0
+    fault_reorder: float = 0.0
+    fault_seed: int = 1
 
     def __post_init__(self) -> None:
         checks = [
@@ -60,6 +69,9 @@ class RadioParams:
             (23 <= self.att_mtu <= 517, "att_mtu must be in [23, 517]"),
             (0 < self.time_scale <= 100, "time_scale must be in (0, 100]"),
             (100 <= self.supervision_ms <= 32000, "supervision_ms must be in [100, 32000]"),
+            (all(0 <= f <= 1 for f in (self.fault_drop, self.fault_duplicate,
+                                       self.fault_corrupt, self.fault_reorder)),
+             "fault probabilities must be in [0, 1]"),
         ]
         for ok, text in checks:
             if not ok:

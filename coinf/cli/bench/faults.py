@@ -55,9 +55,11 @@ class Procs:
     def wearable_hci(self) -> str:
         return f"tcp-client:127.0.0.1:{self.port}"
 
-    def start_radio(self) -> None:
+    def start_radio(self, *settings: str) -> None:
+        sets = [arg for s in settings for arg in ("--set", s)]
         self.radio = subprocess.Popen(
-            [*self.cmd, "radio", "--preset", self.preset, "--listen", f"127.0.0.1:{self.port}"],
+            [*self.cmd, "radio", "--preset", self.preset, "--listen", f"127.0.0.1:{self.port}",
+             *sets],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self.radio.stdout is not None
         seen = 0
@@ -100,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     ref = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
     want = [ref.run(None, f) for f in feeds]
     procs = Procs(bundle.root, args.preset, _free_port_pair())
-    phases = ["baseline", "handheld_killed", "handheld_stopped", "radio_killed"]
+    phases = ["baseline", "handheld_killed", "handheld_stopped", "radio_killed",
+              "chunk_faults"]
     per_phase = max(1, args.inferences // len(phases))
     totals = {"inferences": 0, "correct": 0, "wrong": 0, "errors": 0, "hangs": 0,
               "fallbacks": 0}
@@ -180,6 +183,12 @@ def inject(phase: str, procs: Procs, args: argparse.Namespace) -> None:
         os.kill(procs.handheld.pid, signal.SIGSTOP)
     elif phase == "radio_killed":
         procs.kill(procs.radio)
+    elif phase == "chunk_faults":  # a radio that drops, duplicates, corrupts and reorders
+        procs.kill(procs.handheld)
+        procs.kill(procs.radio)
+        procs.start_radio(*(f"fault_{k}={args.chunk_fault_rate}"
+                            for k in ("drop", "duplicate", "corrupt", "reorder")))
+        procs.start_handheld()
 
 
 def heal(phase: str, procs: Procs) -> None:
@@ -188,8 +197,9 @@ def heal(phase: str, procs: Procs) -> None:
     elif phase == "handheld_stopped":
         assert procs.handheld is not None
         os.kill(procs.handheld.pid, signal.SIGCONT)
-    elif phase == "radio_killed":
+    elif phase in ("radio_killed", "chunk_faults"):
         procs.kill(procs.handheld)  # its host lost the radio too: a fresh process
+        procs.kill(procs.radio)
         procs.start_radio()
         procs.start_handheld()
 
@@ -202,6 +212,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1.5, help="per-inference timeout (s)")
     parser.add_argument("--fault-s", type=float, default=10.0,
                         help="each fault lasts at least this long (s)")
+    parser.add_argument("--chunk-fault-rate", type=float, default=0.02,
+                        help="chunk_faults phase: probability of each fault per data chunk")
     parser.add_argument("--hang-s", type=float, default=10.0, help="an inference longer than "
                         "this counts as a hang")
     parser.add_argument("--json", action="store_true", help="(always JSON)")

@@ -1,4 +1,5 @@
-"""``coinf models list`` and ``coinf models build NAME|--all [--large] --out DIR``.
+"""``coinf models list``, ``coinf models build NAME|--all [--large] --out DIR`` and
+``coinf models prune [MODEL] --out FILE`` (SMCD group-lasso pruning of a LeNet).
 
 Listing reads the committed ONNX files with onnx only; torch is imported when building.
 """
@@ -22,6 +23,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--large", action="store_true", help="build the large variant (NAME_large.onnx)")
     b.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     b.set_defaults(func=_build)
+    p = sub.add_parser("prune", help="SMCD: group-lasso pruning of a LeNet into a smaller dense "
+                                     "model (needs torch; docs/PRUNING.md)")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a coinf LeNet ONNX file (default: the zoo's trained lenet_digits)")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE", help="pruned .onnx to write")
+    p.add_argument("--strength", type=float, default=3e-4, help="group lasso strength (lambda_g)")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="relative unit contribution below which a unit is removed")
+    p.add_argument("--epochs", type=int, default=30, help="sparsifying epochs")
+    p.add_argument("--finetune-epochs", type=int, default=20, help="fine-tuning epochs")
+    p.set_defaults(func=_prune)
 
     def usage(args: argparse.Namespace) -> int:
         parser.print_help()
@@ -75,4 +87,23 @@ def _build(args: argparse.Namespace) -> int:
             name, args.out, large=args.large, progress=lambda m: print("  " + m, file=sys.stderr)
         )
         print(path)
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from coinf.models.zoo import committed_path, require_torch
+
+    src = Path(args.model) if args.model else committed_path("lenet_digits")
+    if not src.is_file():
+        raise UserError(f"MODEL {src}: no such file")
+    if args.out.suffix != ".onnx" or args.out.is_dir():
+        raise UserError(f"--out {args.out}: expected a file name ending in .onnx")
+    require_torch()
+    from coinf.models.pruning import PruneConfig, prune_lenet_file
+
+    cfg = PruneConfig(strength=args.strength, threshold=args.threshold,
+                      sparsify_epochs=args.epochs, finetune_epochs=args.finetune_epochs)
+    meta = prune_lenet_file(src, args.out, cfg, progress=lambda m: print(m, file=sys.stderr))
+    print(f"{args.out}: widths {meta['widths_before']} -> {meta['widths_after']}, test accuracy "
+          f"{meta['test_accuracy_before']:.4f} -> {meta['test_accuracy']:.4f}")
     return 0

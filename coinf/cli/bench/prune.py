@@ -1,0 +1,171 @@
+"""``coinf bench prune``: SMCD (MeDNN's group-lasso pruning) on the trained digit model.
+
+For each group lasso strength the model is sparsified, its near-zero filters and channels removed
+and the smaller dense model fine-tuned (:mod:`coinf.models.pruning`). Every pruned file is then
+taken like any other model: FLOPs and parameters from coinf's cost model, accuracy in
+onnxruntime, a verified split, and the bytes that cross its cuts compared with the original's
+(cuts matched by label; the two extremes, which send the raw input or nothing, are left out).
+The headline row is the one with the largest FLOPs reduction whose **validation** drop is within
+``--tolerance``; its **test** drop is reported, so the choice is not made on the figures shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coinf.cli.bench import emit, median, progress
+from coinf.errors import InputError, UserError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    parser.add_argument("--model", default=None,
+                        help="a coinf LeNet ONNX file (default: the zoo's trained lenet_digits)")
+    parser.add_argument("--strengths", default="3e-4,1e-3,3e-3",
+                        help="group lasso strengths to try, comma-separated")
+    parser.add_argument("--threshold", type=float, default=0.05,
+                        help="relative unit contribution below which a unit is removed")
+    parser.add_argument("--epochs", type=int, default=30, help="sparsifying epochs")
+    parser.add_argument("--finetune-epochs", type=int, default=20, help="fine-tuning epochs")
+    parser.add_argument("--tolerance", type=float, default=1.0,
+                        help="validation accuracy drop allowed for the headline row, pp")
+    parser.add_argument("--repeats", type=int, default=200, help="latency runs per model (median)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep the pruned models here (default: a temporary directory)")
+    parser.set_defaults(func=run)
+
+
+def _strengths(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"--strengths: expected numbers separated by commas, got {text!r}") \
+            from None
+    if not values or any(not 0 < v < 10 for v in values):
+        raise InputError(f"--strengths: expected values in (0, 10), got {text!r}")
+    return values
+
+
+def model_costs(path: Path) -> tuple[int, int]:
+    """(FLOPs, parameter count) of an ONNX file by coinf's cost model."""
+    import onnx
+
+    from coinf.convert.cost import all_costs
+    from coinf.convert.graph import load_graph
+
+    g = load_graph(path)
+    flops = sum(c.flops for c in all_costs(g))
+    params = sum(int(np.prod(t.dims, dtype=np.int64)) for t in onnx.load(str(path)).graph.initializer)
+    return flops, params
+
+
+def crossing_by_label(bundle: Any) -> dict[str, int]:
+    return {c.label: c.crossing_bytes for c in bundle.candidates
+            if not (c.is_wearable_only or c.is_handheld_only)}
+
+
+def latency_ms(paths: list[Path], repeats: int) -> list[float]:
+    """Median ms per model, runs interleaved so every model sees the same machine load."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+                for p in paths]
+    x = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
+    times: list[list[float]] = [[] for _ in paths]
+    for s in sessions:
+        s.run(None, {"image": x})
+    for _ in range(repeats):
+        for i, s in enumerate(sessions):
+            t = time.perf_counter()
+            s.run(None, {"image": x})
+            times[i].append((time.perf_counter() - t) * 1e3)
+    return [median(t) for t in times]
+
+
+def run(args: argparse.Namespace) -> int:
+    strengths = _strengths(args.strengths)
+    try:
+        from coinf.models.pruning import PruneConfig, prune_lenet_file
+    except ImportError:
+        raise UserError("bench prune trains with torch: pip install 'coinf[models]'") from None
+    from coinf.convert.split import split_model
+    from coinf.models.zoo import committed_path
+
+    src = Path(args.model) if args.model else committed_path("lenet_digits")
+    if not src.is_file():
+        raise InputError(f"--model {src}: no such file")
+    tmp = tempfile.TemporaryDirectory(prefix="coinf-prune-")
+    out = args.out or Path(tmp.name)
+    try:
+        progress(f"splitting {src.name}")
+        base_bundle = split_model(src, Path(tmp.name) / "bundle-source", verify=True)
+        base_flops, base_params = model_costs(src)
+        base_cross = crossing_by_label(base_bundle)
+        rows: list[dict[str, Any]] = []
+        before = None
+        files: list[Path] = []
+        for i, s in enumerate(strengths, 1):
+            progress(f"[{i}/{len(strengths)}] strength {s:g}")
+            cfg = PruneConfig(strength=s, threshold=args.threshold,
+                              sparsify_epochs=args.epochs, finetune_epochs=args.finetune_epochs)
+            path = out / f"{src.stem}_pruned_{s:g}.onnx"
+            meta = prune_lenet_file(src, path, cfg, progress=progress)
+            flops, params = model_costs(path)
+            bundle = split_model(path, Path(tmp.name) / f"bundle-{i}", verify=True)
+            cross = crossing_by_label(bundle)
+            common = sorted(set(cross) & set(base_cross))
+            comm = (100 * (1 - sum(cross[k] for k in common) / sum(base_cross[k] for k in common))
+                    if common else float("nan"))
+            files.append(path)
+            before = meta["test_accuracy_before"]
+            rows.append({
+                "strength": s,
+                "widths": meta["widths_after"],
+                "flops": flops,
+                "flops_reduction_pct": round(100 * (1 - flops / base_flops), 2),
+                "params_reduction_pct": round(100 * (1 - params / base_params), 2),
+                "comm_reduction_pct": round(comm, 2),
+                "cuts_compared": len(common),
+                "val_drop_pp": round(100 * (meta["val_accuracy_before"] - meta["val_accuracy"]), 2),
+                "accuracy_drop_pp": round(
+                    100 * (meta["test_accuracy_before"] - meta["test_accuracy"]), 2),
+                "test_accuracy": meta["test_accuracy"],
+                "candidates": len(bundle.candidates),
+                "verified": True,
+            })
+        progress(f"timing {len(files) + 1} models interleaved, {args.repeats} runs")
+        ms = latency_ms([src, *files], args.repeats)
+        for row, t in zip(rows, ms[1:], strict=True):
+            row["latency_ms"] = round(t, 4)
+            row["latency_reduction_pct"] = round(100 * (1 - t / ms[0]), 2)
+        ok = [r for r in rows if r["val_drop_pp"] <= args.tolerance]
+        best = max(ok, key=lambda r: r["flops_reduction_pct"]) if ok else None
+        result: dict[str, Any] = {
+            "model": src.stem,
+            "selection": f"largest FLOPs reduction with validation drop <= {args.tolerance} pp; "
+                         "accuracy_drop_pp is on the test split",
+            "source_flops": base_flops,
+            "source_latency_ms": round(ms[0], 4),
+            "test_accuracy_before": before,
+        }
+        if best is not None:
+            result.update({k: best[k] for k in ("flops_reduction_pct", "params_reduction_pct",
+                                                "accuracy_drop_pp", "comm_reduction_pct",
+                                                "strength", "widths", "latency_reduction_pct")})
+        else:
+            result.update({"flops_reduction_pct": None, "params_reduction_pct": None,
+                           "accuracy_drop_pp": None, "comm_reduction_pct": None})
+        result["rows"] = rows
+        emit(result)
+        return 0
+    finally:
+        tmp.cleanup()
+

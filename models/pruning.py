@@ -94,15 +94,15 @@ def check_chain(chain: nn.Sequential) -> None:
                          "a producer and a consumer)")
 
 
-def out_units(m: nn.Module) -> int:
+def out_units(m: Any) -> int:
     return int(m.out_channels if isinstance(m, nn.Conv2d) else m.out_features)
 
 
-def _in_units(m: nn.Module) -> int:
+def _in_units(m: Any) -> int:
     return int(m.in_channels if isinstance(m, nn.Conv2d) else m.in_features)
 
 
-def _consumer_span(producer: nn.Module, consumer: nn.Module) -> int:
+def _consumer_span(producer: Any, consumer: Any) -> int:
     """How many consumer input columns one producer unit feeds (spatial size across a Flatten)."""
     units, cols = out_units(producer), _in_units(consumer)
     if cols % units:
@@ -111,7 +111,7 @@ def _consumer_span(producer: nn.Module, consumer: nn.Module) -> int:
     return cols // units
 
 
-def _consumer_weight(consumer: nn.Module, span: int) -> torch.Tensor:
+def _consumer_weight(consumer: Any, span: int) -> torch.Tensor:
     """Consumer weight viewed as (out, units, rest): the columns of one producer unit together."""
     w = consumer.weight
     if isinstance(consumer, nn.Conv2d):
@@ -119,7 +119,7 @@ def _consumer_weight(consumer: nn.Module, span: int) -> torch.Tensor:
     return w.reshape(w.shape[0], w.shape[1] // span, span)
 
 
-def _filter_sq(m: nn.Module) -> torch.Tensor:
+def _filter_sq(m: Any) -> torch.Tensor:
     sq = m.weight.pow(2).reshape(m.weight.shape[0], -1).sum(1)
     return sq + m.bias.pow(2) if m.bias is not None else sq
 
@@ -129,7 +129,8 @@ def group_lasso(chain: nn.Sequential) -> torch.Tensor:
     idx = weighted(chain)
     total = torch.zeros(())
     for a, b in itertools.pairwise(idx):
-        prod, cons = chain[a], chain[b]
+        prod: Any = chain[a]
+        cons: Any = chain[b]
         f = _filter_sq(prod)
         per_filter = prod.weight[0].numel() + (1 if prod.bias is not None else 0)
         total = total + math.sqrt(per_filter) * torch.sqrt(f + 1e-12).sum()
@@ -145,7 +146,8 @@ def unit_scores(chain: nn.Sequential) -> list[np.ndarray]:
     out = []
     with torch.no_grad():
         for a, b in itertools.pairwise(idx):
-            prod, cons = chain[a], chain[b]
+            prod: Any = chain[a]
+            cons: Any = chain[b]
             f = torch.sqrt(prod.weight.pow(2).reshape(prod.weight.shape[0], -1).sum(1))
             # a zero filter with a bias feeds a constant, which removal folds into the consumer
             c = torch.sqrt(_consumer_weight(cons, _consumer_span(prod, cons)).pow(2).sum((0, 2)))
@@ -183,7 +185,8 @@ def prune_chain(chain: nn.Sequential, sample: torch.Tensor, threshold: float
     new = [*chain]
     with torch.no_grad():
         for k, (a, b) in enumerate(itertools.pairwise(idx)):
-            prod, cons = new[a], chain[b]  # prod: inputs already pruned, outputs not yet
+            prod: Any = new[a]  # inputs already pruned, outputs not yet
+            cons: Any = chain[b]
             kept = keep[k]
             dropped = sorted(set(range(out_units(prod))) - set(kept))
             span = _consumer_span(prod, cons)
@@ -204,7 +207,7 @@ def _const_after(chain: nn.Sequential, a: int, b: int, base: torch.Tensor) -> to
     return y.reshape(y.shape[0], units, -1)[0, :, 0]
 
 
-def _take(m: nn.Module, out_keep: list[int] | None = None, in_keep: list[int] | None = None,
+def _take(m: Any, out_keep: list[int] | None = None, in_keep: list[int] | None = None,
           span: int = 1, extra_bias: torch.Tensor | None = None) -> nn.Module:
     """A copy of conv/linear ``m`` with only ``out_keep`` outputs and ``in_keep`` input units."""
     w = m.weight.detach()
@@ -221,8 +224,9 @@ def _take(m: nn.Module, out_keep: list[int] | None = None, in_keep: list[int] | 
         w = w[out_keep]
         bias = bias[out_keep] if bias is not None else None
     if isinstance(m, nn.Conv2d):
-        new: nn.Module = nn.Conv2d(w.shape[1], w.shape[0], m.kernel_size, m.stride, m.padding,
-                                   m.dilation, bias=bias is not None, padding_mode=m.padding_mode)
+        conv: Any = nn.Conv2d  # torch's stubs want 2-tuples; the layer's own values are fine
+        new: Any = conv(w.shape[1], w.shape[0], m.kernel_size, m.stride, m.padding, m.dilation,
+                        bias=bias is not None, padding_mode=m.padding_mode)
     else:
         new = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
     new.weight.data.copy_(w)

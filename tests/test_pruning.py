@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+from coinf.models import pruning  # noqa: E402
 from torch import nn  # noqa: E402
 
 from coinf.errors import ModelError  # noqa: E402
-from coinf.models import pruning  # noqa: E402
 
 
 def _chain() -> nn.Sequential:

@@ -61,7 +61,8 @@ def model_costs(path: Path) -> tuple[int, int]:
 
     g = load_graph(path)
     flops = sum(c.flops for c in all_costs(g))
-    params = sum(int(np.prod(t.dims, dtype=np.int64)) for t in onnx.load(str(path)).graph.initializer)
+    inits = onnx.load(str(path)).graph.initializer
+    params = sum(int(np.prod(t.dims, dtype=np.int64)) for t in inits)
     return flops, params
 
 

@@ -43,7 +43,8 @@ class Worker:
 
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0:
-            raise InputError(f"worker {self.name}: speed must be > 0 FLOP/s, got {self.flops_per_s}")
+            raise InputError(f"worker {self.name}: speed must be > 0 FLOP/s, "
+                             f"got {self.flops_per_s}")
         if not self.bandwidth_bps > 0 or self.latency_s < 0:
             raise InputError(f"worker {self.name}: bandwidth must be > 0 and latency >= 0")
 

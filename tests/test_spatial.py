@@ -1,0 +1,175 @@
+"""Spatial partition (MeDNN GTDP): stitched tiles equal the whole model, GTDP covers the map."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from coinf.convert.gtdp import Worker, gtdp, plan_groups
+from coinf.convert.spatial import Rect, input_region
+from coinf.device.spatial import SpatialModel, parse_tile_key, tile_key
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from coinf.errors import InputError, ModelError
+
+
+def _model(nodes: list, inits: list, out: str, in_shape: tuple[int, ...],
+           out_shape: tuple[int, ...] | None = None) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *in_shape])
+    y = helper.make_tensor_value_info(out, TensorProto.FLOAT,
+                                      None if out_shape is None else [1, *out_shape])
+    g = helper.make_graph(nodes, "stack", [x], [y], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@st.composite
+def conv_stacks(draw: st.DrawFn) -> tuple[onnx.ModelProto, tuple[int, int, int]]:
+    """A random stack of Conv / MaxPool / AveragePool / Relu layers on a random input map."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    c = draw(st.sampled_from([1, 2, 4]))
+    h, w = draw(st.integers(9, 24)), draw(st.integers(9, 24))
+    in_shape = (c, h, w)
+    x = "x"
+    nodes: list = []
+    inits: list = []
+    for i in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["conv", "conv", "conv", "maxpool", "avgpool", "relu"]))
+        y = f"t{i}"
+        if kind == "relu":
+            nodes.append(helper.make_node("Relu", [x], [y]))
+            x = y
+            continue
+        k = draw(st.integers(1, 3))
+        s = draw(st.integers(1, 2))
+        if kind == "conv":
+            auto = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+            d = 1 if auto.startswith("SAME") else draw(st.integers(1, 2))  # ORT: no dilated SAME
+            groups = draw(st.sampled_from([g for g in (1, 2, c) if c % g == 0]))
+            cout = groups * draw(st.integers(1, 2))
+            attrs: dict[str, object] = {"strides": [s, s], "dilations": [d, d], "group": groups}
+            if auto == "NOTSET":
+                attrs["pads"] = [draw(st.integers(0, k - 1)) for _ in range(4)]
+            else:
+                attrs["auto_pad"] = auto
+            span = d * (k - 1) + 1
+            if h < span or w < span:
+                break
+            wt = rng.standard_normal((cout, c // groups, k, k)).astype(np.float32)
+            bias = rng.standard_normal(cout).astype(np.float32)
+            inits += [numpy_helper.from_array(wt, f"w{i}"), numpy_helper.from_array(bias, f"b{i}")]
+            nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [y],
+                                          kernel_shape=[k, k], **attrs))
+        else:
+            op = "MaxPool" if kind == "maxpool" else "AveragePool"
+            k = max(k, 2)
+            p = draw(st.integers(0, k // 2))
+            attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p, p, p, p],
+                     "ceil_mode": draw(st.integers(0, 1)) if op == "MaxPool" else 0}
+            if op == "AveragePool":
+                attrs["count_include_pad"] = draw(st.integers(0, 1))
+            if h + 2 * p < k or w + 2 * p < k:
+                break
+            nodes.append(helper.make_node(op, [x], [y], **attrs))
+        x = y
+        inferred = onnx.shape_inference.infer_shapes(_model(nodes, inits, x, in_shape))
+        shape = [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
+        if len(shape) != 4 or min(shape[2:]) < 1:
+            nodes.pop()
+            x = nodes[-1].output[0] if nodes else "x"
+            break
+        c, h, w = shape[1], shape[2], shape[3]
+    if not nodes:
+        nodes.append(helper.make_node("Relu", ["x"], ["t0"]))
+        x = "t0"
+    return _model(nodes, inits, x, in_shape, (c, h, w)), in_shape
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(stack=conv_stacks(), n=st.integers(2, 4), data=st.data())
+def test_stitched_tiles_equal_the_whole_model(tmp_path: Path, stack: tuple, n: int,
+                                              data: st.DataObject) -> None:
+    model, in_shape = stack
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    speeds = data.draw(st.lists(st.floats(0.5, 4.0), min_size=n, max_size=n))
+    workers = [Worker(f"w{i}", s * 1e9, data.draw(st.sampled_from([1e6, 1e8, float("inf")])))
+               for i, s in enumerate(speeds)]
+    strategy = data.draw(st.sampled_from(["per-layer", "fused", "whole"]))
+    sm = SpatialModel(path)
+    x = np.random.default_rng(0).standard_normal((1, *in_shape)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = list(sm.run({"x": x}, sm.plan(workers, strategy)).values())
+    assert len(sm.chain) == len(model.graph.node)  # every layer was partitioned
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+@given(h=st.integers(1, 40), w=st.integers(1, 40),
+       weights=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=5))
+@settings(max_examples=200, deadline=None)
+def test_gtdp_covers_the_map_and_the_fastest_device_works(h: int, w: int,
+                                                          weights: list[float]) -> None:
+    rects = gtdp(Rect(0, h, 0, w), weights)
+    assert len(rects) == len(weights)
+    cover = np.zeros((h, w), dtype=int)
+    for r in rects:
+        if not r.empty():
+            cover[r.r0:r.r1, r.c0:r.c1] += 1
+    assert (cover == 1).all()  # every pixel computed exactly once
+    fastest = int(np.argmax(weights))
+    assert not rects[fastest].empty()
+    if h * w >= len(weights):
+        assert all(not r.empty() for r in rects)
+
+
+def test_gtdp_splits_by_the_shorter_edge_in_proportion() -> None:
+    a, b = gtdp(Rect(0, 10, 0, 30), [1.0, 2.0])
+    assert (a.h, b.h) == (10, 10)  # a vertical line of length 10, not a horizontal one of 30
+    assert (a.w, b.w) == (10, 20)
+
+
+def test_input_region_pads_only_at_the_border() -> None:
+    from coinf.convert.spatial import Layer, Window
+
+    conv = Layer(0, "Conv", Window((3, 3), (1, 1), (1, 1), (1, 1, 1, 1)), (1, 8, 8), (1, 8, 8))
+    region, pads, _ = input_region([conv], 0, 1, Rect(0, 4, 4, 8))
+    assert region == Rect(0, 5, 3, 8)
+    assert pads == [(1, 0, 0, 1)]  # top and right are the map's border; left/bottom are halo
+    with pytest.raises(ModelError, match="not inside"):
+        input_region([conv], 0, 1, Rect(0, 9, 0, 8))
+
+
+def test_tile_names_are_validated() -> None:
+    key = tile_key(0, 3, Rect(1, 5, 0, 7))
+    assert parse_tile_key(key, 3) == (0, 3, Rect(1, 5, 0, 7))
+    for bad in ("sp:0-9:0-1:0-1", "xx:0-1:0-1:0-1", "sp:a-b:0-1:0-1", "sp:0-1:0-1"):
+        with pytest.raises(ModelError):
+            parse_tile_key(bad, 3)
+
+
+def test_zoo_vgg_tiles_and_hostile_regions() -> None:
+    from coinf.models.zoo import committed_path
+
+    path = committed_path("vgg")
+    sm = SpatialModel(path)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).random((1, 3, 64, 64), dtype=np.float32)
+    ref = sess.run(None, {"image": x})[0]
+    workers = [Worker(f"d{i}", 1e9, 12.5e6, 0.002) for i in range(4)]
+    for strategy in ("per-layer", "fused"):
+        plan = sm.plan(workers, strategy)
+        assert all(not t.out.empty() for t in plan.groups[0].tiles)
+        np.testing.assert_allclose(sm.run({"image": x}, plan)["logits"], ref, rtol=1e-5,
+                                   atol=1e-5)
+    key = tile_key(0, 2, Rect(0, 32, 0, 32))
+    with pytest.raises(ModelError, match="expected"):
+        sm.run_tile(key, np.zeros((1, 3, 7, 7), dtype=np.float32))
+    with pytest.raises(ModelError, match="no spatial layers"):
+        SpatialModel(committed_path("gru_text"))
+    with pytest.raises(InputError, match="unknown spatial strategy"):
+        plan_groups(sm.chain, workers, "diagonal")

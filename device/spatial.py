@@ -10,19 +10,26 @@ runs tiles in-process, or on other devices over the project's links.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.convert.graph import Graph, load_graph
 from coinf.convert.gtdp import Group, Worker, plan_groups
 from coinf.convert.slicer import build_slice
 from coinf.convert.spatial import Layer, Rect, input_region, spatial_chain, tile_model
+from coinf.device.cancel import CancelToken
+from coinf.device.emulation import DeviceEmulation
 
 from coinf.errors import ModelError
 
+TILE_PREFIX = "sp:"
+REST_KEY = "sp:rest"
+"""The layers after the spatial chain, run on one (the fastest) device."""
 TileFn = Callable[[int, str, np.ndarray], np.ndarray]
 """(worker index, tile key, input region) -> output tile."""
 
@@ -124,27 +131,118 @@ class SpatialModel:
         sess = self.tile_session(key)
         return np.asarray(sess.run(None, {sess.get_inputs()[0].name: region})[0])
 
+    def jobs(self, x: np.ndarray, group: Group) -> list[tuple[int, str, np.ndarray, Rect]]:
+        """(worker, tile name, input region, output rect) for every non-empty tile of a group."""
+        out = []
+        for t in group.tiles:
+            if t.out.empty():
+                continue
+            region, _, _ = input_region(self.chain, group.i0, group.i1, t.out)
+            part = np.ascontiguousarray(x[:, :, region.r0:region.r1, region.c0:region.c1])
+            out.append((t.worker, tile_key(group.i0, group.i1, t.out), part, t.out))
+        return out
+
+    def new_map(self, x: np.ndarray, group: Group) -> np.ndarray:
+        c, h, w = self.chain[group.i1 - 1].out_shape
+        return np.empty((x.shape[0], c, h, w), dtype=np.float32)
+
+    @staticmethod
+    def place(y: np.ndarray, key: str, rect: Rect, out: np.ndarray) -> None:
+        """Put one tile's output into the map, refusing a tile of the wrong shape."""
+        want = (y.shape[0], y.shape[1], rect.h, rect.w)
+        if out.shape != want or out.dtype != np.float32:
+            raise ModelError(f"tile {key} returned {out.dtype}{list(out.shape)}, expected "
+                             f"float32{list(want)}")
+        y[:, :, rect.r0:rect.r1, rect.c0:rect.c1] = out
+
+    def run_rest(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The layers after the chain (one device), on the stitched chain output."""
+        if self.rest is None:
+            return {self.chain_out: x}
+        names = [o.name for o in self.rest.get_outputs()]
+        return dict(zip(names, self.rest.run(None, {self.chain_out: x}), strict=True))
+
     def run(self, feed: Mapping[str, np.ndarray], plan: SpatialPlan,
             tile_fn: TileFn | None = None) -> dict[str, np.ndarray]:
         """The model's outputs, every group's tiles computed by ``tile_fn`` (default: here)."""
         fn = tile_fn or (lambda _w, key, region: self.run_tile(key, region))
         x = np.asarray(feed[self.input], dtype=np.float32)
         for g in plan.groups:
-            c, h, w = self.chain[g.i1 - 1].out_shape
-            y = np.empty((x.shape[0], c, h, w), dtype=np.float32)
-            for t in g.tiles:
-                if t.out.empty():
-                    continue
-                key = tile_key(g.i0, g.i1, t.out)
-                region, _, _ = input_region(self.chain, g.i0, g.i1, t.out)
-                part = np.ascontiguousarray(x[:, :, region.r0:region.r1, region.c0:region.c1])
-                out = fn(t.worker, key, part)
-                if out.shape != (x.shape[0], c, t.out.h, t.out.w):
-                    raise ModelError(f"tile {key} returned {out.shape}, expected "
-                                     f"{(x.shape[0], c, t.out.h, t.out.w)}")
-                y[:, :, t.out.r0:t.out.r1, t.out.c0:t.out.c1] = out
+            y = self.new_map(x, g)
+            for worker, key, part, rect in self.jobs(x, g):
+                self.place(y, key, rect, fn(worker, key, part))
             x = y
-        if self.rest is None:
-            return {self.chain_out: x}
-        names = [o.name for o in self.rest.get_outputs()]
-        return dict(zip(names, self.rest.run(None, {self.chain_out: x}), strict=True))
+        return self.run_rest(x)
+
+
+class TileRunner:
+    """The helper's side: tiles of the bundle's model by wire name (``sp:...``), their input
+    checked against the tile's exact region shape before anything runs (the wire is untrusted).
+    The :class:`SpatialModel` is built on the first tile request."""
+
+    def __init__(self, model_path: str | Path, emulation: DeviceEmulation | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.emulation = emulation or DeviceEmulation()
+        self._model: SpatialModel | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> SpatialModel:
+        with self._lock:
+            if self._model is None:
+                try:
+                    self._model = SpatialModel(self.model_path, threads=self.emulation.threads)
+                except ModelError as exc:
+                    raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE,
+                                        f"this model has no tiles: {exc}") from None
+            return self._model
+
+    def _parse(self, key: str) -> tuple[int, int, Rect]:
+        try:
+            return parse_tile_key(key, len(self.model.chain))
+        except ModelError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+
+    def budget(self, key: str) -> int:
+        """Bytes the tile's input region takes: the most a request for it may allocate."""
+        if key == REST_KEY:
+            return self.model.g.ttype(self.model.chain_out).nbytes
+        i0, i1, rect = self._parse(key)
+        try:
+            region, _, _ = input_region(self.model.chain, i0, i1, rect)
+        except ModelError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+        batch = self.model.g.ttype(self.model.input).shape[0]
+        return batch * self.model.chain[i0].in_shape[0] * region.area * 4
+
+    def run(self, key: str, feeds: Mapping[str, np.ndarray], cancel: CancelToken | None = None
+            ) -> tuple[dict[str, np.ndarray], float]:
+        """(``{"tile": output}``, emulated seconds) for one tile request; for ``sp:rest`` the
+        model's outputs from the stitched map (``{"map": ...}``)."""
+        if key == REST_KEY:
+            return self._run_rest(feeds, cancel)
+        if set(feeds) != {"region"}:
+            raise ProtocolError(ErrorCode.MALFORMED,
+                                f"tile {key}: expected one tensor 'region', got {sorted(feeds)}")
+        region = feeds["region"]
+        try:
+            batch = self.model.g.ttype(self.model.input).shape[0]
+            want = self.model.region_shape(key, batch)
+        except ModelError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+        if region.shape != want or region.dtype != np.float32:
+            raise ProtocolError(ErrorCode.MALFORMED, f"tile {key}: region is {region.dtype}"
+                                f"{list(region.shape)}, expected float32{list(want)}")
+        out, elapsed = self.emulation.timed(lambda: self.model.run_tile(key, region), cancel)
+        return {"tile": out}, elapsed
+
+    def _run_rest(self, feeds: Mapping[str, np.ndarray], cancel: CancelToken | None
+                  ) -> tuple[dict[str, np.ndarray], float]:
+        spec = self.model.g.ttype(self.model.chain_out)
+        arr = feeds.get("map")
+        if set(feeds) != {"map"} or arr is None or arr.shape != spec.shape \
+                or arr.dtype != np.float32:
+            got = {k: f"{v.dtype}{list(v.shape)}" for k, v in feeds.items()}
+            raise ProtocolError(ErrorCode.MALFORMED, f"sp:rest: expected one tensor 'map' "
+                                f"float32{list(spec.shape)}, got {got}")
+        return self.emulation.timed(lambda: self.model.run_rest(arr), cancel)

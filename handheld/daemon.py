@@ -46,6 +46,7 @@ from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.profile import DeviceProfile
 from coinf.device.runtime import TailRunner
+from coinf.device.spatial import TILE_PREFIX, TileRunner
 from coinf.device.status import read_status
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class HandheldDaemon:
         self.bundle = bundle
         self.profile = profile
         self.tails = TailRunner(bundle, emulation, capacity=lru)
+        self.tiles = TileRunner(bundle.model_path, emulation)  # spatial partition (sp:...)
         self.max_request_bytes = max_request_bytes
         self.max_pending = max_pending
         self.concurrency = concurrency
@@ -274,7 +276,10 @@ class HandheldDaemon:
             raise RequestCancelled(cid)
         token = cancel if isinstance(cancel, CancelToken) else None
         try:
-            outputs, elapsed = self.tails.run(cid, feeds, token)
+            if cid.startswith(TILE_PREFIX):
+                outputs, elapsed = self.tiles.run(cid, feeds, token)
+            else:
+                outputs, elapsed = self.tails.run(cid, feeds, token)
         except Cancelled:
             raise RequestCancelled(cid) from None
         if cancel is not None and cancel.is_set():
@@ -285,7 +290,9 @@ class HandheldDaemon:
         """REQUEST payload -> (candidate id, crossing tensors). Everything in it is untrusted."""
         cid, blob = decode_request(payload)
         # never allocate more than the candidate's crossing tensors take, whatever is declared
-        budget = min(self.tails.candidate(cid).crossing_bytes, self.max_request_bytes)
+        need = (self.tiles.budget(cid) if cid.startswith(TILE_PREFIX)
+                else self.tails.candidate(cid).crossing_bytes)
+        budget = min(need, self.max_request_bytes)
         return cid, decode_tensors(blob, max_bytes=budget)
 
     def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float) -> bytes:

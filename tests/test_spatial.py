@@ -173,3 +173,98 @@ def test_zoo_vgg_tiles_and_hostile_regions() -> None:
         SpatialModel(committed_path("gru_text"))
     with pytest.raises(InputError, match="unknown spatial strategy"):
         plan_groups(sm.chain, workers, "diagonal")
+
+
+# -- over links: helpers are handheld daemons ---------------------------------------------------
+@pytest.fixture(scope="module")
+def vgg_bundle(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from coinf.convert.split import split_model
+    from coinf.models.zoo import committed_path
+
+    return split_model(committed_path("vgg"), tmp_path_factory.mktemp("sp") / "vgg",
+                       max_candidates=4)
+
+
+class Killable:
+    """An in-process helper that can be switched off for good (its daemon closed, no reconnect)."""
+
+    def __init__(self, bundle) -> None:  # type: ignore[no-untyped-def]
+        from coinf.ble_protocol.shaped import Channel
+        from coinf.ble_protocol.transport import open_connector
+
+        self.inner = open_connector("inprocess", bundle=bundle,
+                                    channel=Channel(6.25e6, latency_s=0.002), threads=1)
+        self.dead = False
+        self.spec = "killable"
+
+    async def connect(self, timeout: float):  # type: ignore[no-untyped-def]
+        from coinf.errors import LinkClosed
+
+        if self.dead:
+            raise LinkClosed("helper switched off")
+        return await self.inner.connect(timeout)
+
+    async def kill(self) -> None:
+        self.dead = True
+        await self.inner.aclose()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _helpers(bundle, n: int):  # type: ignore[no-untyped-def]
+    from coinf.wearable.spatial import Helper
+
+    return [Helper(Worker(f"h{i}", 1e9, 6.25e6, 0.002), Killable(bundle))  # type: ignore[arg-type]
+            for i in range(n)]
+
+
+def test_three_devices_over_links_equal_the_whole_model(vgg_bundle) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from coinf.wearable.spatial import SpatialSession
+
+    x = np.random.default_rng(2).random((1, 3, 64, 64), dtype=np.float32)
+    ref = ort.InferenceSession(str(vgg_bundle.model_path),
+                               providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+
+    async def main() -> None:
+        helpers = _helpers(vgg_bundle, 2)
+        async with SpatialSession(vgg_bundle, Worker("me", 1e9), helpers,
+                                  strategy="per-layer") as s:
+            out, stats = await s.run({"image": x})
+            np.testing.assert_allclose(out["logits"], ref, rtol=1e-5, atol=1e-5)
+            assert stats.groups == len(s.plan().groups) > 1
+            assert stats.bytes_sent > 0 and stats.replans == 0
+            assert all(h.connector.inner.daemon.requests > 0  # type: ignore[attr-defined]
+                       for h in helpers)
+            # a helper dies mid-stream: the frame is recomputed without it, nothing lost
+            frame = asyncio.ensure_future(s.run({"image": x}))
+            await asyncio.sleep(0.02)  # the frame is on its way through the groups
+            await helpers[0].connector.kill()  # type: ignore[attr-defined]
+            out, stats = await frame
+            np.testing.assert_allclose(out["logits"], ref, rtol=1e-5, atol=1e-5)
+            assert stats.replans == 1 and stats.workers == ["me", "h1"]
+
+    asyncio.run(main())
+
+
+def test_helper_refuses_hostile_tile_requests(vgg_bundle) -> None:  # type: ignore[no-untyped-def]
+    from coinf.ble_protocol.messages import ProtocolError
+    from coinf.device.spatial import TileRunner
+
+    tiles = TileRunner(vgg_bundle.model_path)
+    key = tile_key(0, 2, Rect(0, 32, 0, 32))
+    assert tiles.budget(key) == 3 * 33 * 33 * 4  # the halo'd region, never what a peer declares
+    bad = [(key, {"region": np.zeros((1, 3, 32, 32), np.float32)}),
+           (key, {"region": np.zeros((1, 3, 33, 33), np.float64)}),
+           (key, {"other": np.zeros((1, 3, 33, 33), np.float32)}),
+           ("sp:0-99:0-1:0-1", {"region": np.zeros((1, 3, 1, 1), np.float32)}),
+           ("sp:rest", {"map": np.zeros((1, 2), np.float32)})]
+    for k, feeds in bad:
+        with pytest.raises(ProtocolError):
+            tiles.run(k, feeds)
+    with pytest.raises(ProtocolError):
+        tiles.budget("sp:0-2:0-99:0-1")
+    out, _ = tiles.run(key, {"region": np.ones((1, 3, 33, 33), np.float32)})
+    assert out["tile"].shape[2:] == (32, 32)

@@ -1,0 +1,240 @@
+"""Spatial partition over several devices (MeDNN): this device coordinates, helpers compute tiles.
+
+The wearable holds the feature map between layer groups, like MeDNN's group owner. For each
+group it cuts every worker's input region, halo included, out of the map. Its own tiles run
+here, on a worker thread. A helper's tile goes out as a REQUEST named ``sp:I0-I1:R0-R1:C0-C1``
+over that helper's link. Every helper runs the ordinary handheld daemon, which builds the tile's
+sub-graph from its own copy of the bundle's model and checks the region's shape before running.
+All tiles of a group run at once. The outputs are checked and stitched, and the next group
+starts. The layers after the spatial chain run on the fastest device, here when that is a tie.
+
+Every request is bounded by ``timeout``; a timeout or a failed helper cancels the group's other
+requests. A helper that fails is dropped and the frame is computed again without it, so nothing
+is lost while one device remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
+from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.ble_protocol.transport import Connector
+from coinf.convert.bundle import Bundle
+from coinf.convert.gtdp import Worker
+from coinf.device.emulation import DeviceEmulation
+from coinf.device.spatial import REST_KEY, SpatialModel, SpatialPlan
+from coinf.wearable.connection import Connection
+
+from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Helper:
+    """A device that computes tiles for this one, reached through ``connector``."""
+
+    worker: Worker
+    connector: Connector
+
+
+@dataclass
+class SpatialStats:
+    """One inference: wall time, and how much of it was the slowest tile's compute."""
+
+    total_ms: float = 0.0
+    compute_ms: float = 0.0
+    comm_ms: float = 0.0
+    groups: int = 0
+    replans: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    workers: list[str] = field(default_factory=list)
+
+
+def _encode(key: str, name: str, arr: np.ndarray) -> bytes:
+    body = pack(arr, LOSSLESS_SPEC)
+    blob = (encode_tensors({}, packed={name: body}) if len(body) < arr.nbytes
+            else encode_tensors({name: arr}))
+    return encode_request(key, blob)
+
+
+class SpatialSession:
+    """``async with SpatialSession(bundle, me, helpers) as s: outputs, stats = await s.run(feed)``.
+
+    ``me`` describes this device (its speed; its link is infinite). ``strategy`` is GTDP's
+    grouping (``fused``, ``per-layer`` or ``whole``; see :mod:`coinf.convert.gtdp`).
+    """
+
+    def __init__(self, bundle: Bundle, me: Worker, helpers: Sequence[Helper], *,
+                 strategy: str = "fused", emulation: DeviceEmulation | None = None,
+                 timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
+        if timeout <= 0:
+            raise InputError(f"timeout must be > 0 s, got {timeout}")
+        self.bundle = bundle
+        self.model = SpatialModel(bundle.model_path,
+                                  threads=(emulation or DeviceEmulation()).threads)
+        self.me = me
+        self.helpers = list(helpers)
+        self.strategy = strategy
+        self.emulation = emulation or DeviceEmulation()
+        self.timeout = timeout
+        self._conns = [Connection(h.connector, bundle.identity, connect_timeout=connect_timeout,
+                                  reconnect_timeout=connect_timeout, request_timeout=timeout,
+                                  max_backoff_s=5.0) for h in self.helpers]
+        self._alive = [True] * len(self.helpers)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coinf-tile")
+        self._plan: SpatialPlan | None = None
+
+    async def __aenter__(self) -> SpatialSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for c in self._conns:
+            await c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- planning -------------------------------------------------------------------------------
+    def workers(self) -> tuple[list[Worker], list[int]]:
+        """The live workers (this device first) and each one's helper index (-1 = here)."""
+        ws, idx = [self.me], [-1]
+        for i, h in enumerate(self.helpers):
+            if self._alive[i]:
+                ws.append(h.worker)
+                idx.append(i)
+        return ws, idx
+
+    def plan(self) -> SpatialPlan:
+        if self._plan is None:
+            ws, _ = self.workers()
+            self._plan = self.model.plan(ws, self.strategy)
+        return self._plan
+
+    # -- running --------------------------------------------------------------------------------
+    async def run(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray],
+                                                                 SpatialStats]:
+        """The model's outputs for ``feed``; a helper that fails is dropped and the frame rerun."""
+        replans = 0
+        while True:
+            try:
+                outputs, stats = await self._run_once(feed)
+                stats.replans = replans
+                return outputs, stats
+            except _HelperFailed as exc:
+                log.warning("helper %s failed (%s); re-planning without it",
+                            self.helpers[exc.helper].worker.name, exc.cause)
+                self._alive[exc.helper] = False
+                await self._conns[exc.helper].close()
+                self._plan = None
+                replans += 1
+
+    async def _run_once(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray],
+                                                                       SpatialStats]:
+        plan = self.plan()
+        _, owner = self.workers()
+        stats = SpatialStats(workers=[w.name for w in plan.workers])
+        t_start = time.perf_counter()
+        x = np.asarray(feed[self.model.input], dtype=np.float32)
+        want = self.model.g.ttype(self.model.input).shape
+        if x.shape != want:
+            raise InputError(f"input {self.model.input!r} has shape {list(x.shape)}, expected "
+                             f"{list(want)}")
+        for g in plan.groups:
+            y = self.model.new_map(x, g)
+            jobs = self.model.jobs(x, g)
+            computes = await self._group(jobs, y, owner, stats)
+            stats.compute_ms += max(computes) * 1e3
+            stats.groups += 1
+            x = y
+        fastest = max(range(len(plan.workers)), key=lambda i: (plan.workers[i].flops_per_s, -i))
+        if owner[fastest] < 0:
+            outputs, rest_s = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.emulation.timed, lambda: self.model.run_rest(x))
+        else:
+            outputs, rest_s = await self._remote(owner[fastest], REST_KEY, "map", x, stats,
+                                                 self.bundle_outputs_bytes())
+            outputs = self._check_outputs(outputs)
+        stats.compute_ms += rest_s * 1e3
+        stats.total_ms = (time.perf_counter() - t_start) * 1e3
+        stats.comm_ms = max(stats.total_ms - stats.compute_ms, 0.0)
+        return outputs, stats
+
+    async def _group(self, jobs: list[Any], y: np.ndarray, owner: list[int],
+                     stats: SpatialStats) -> list[float]:
+        loop = asyncio.get_running_loop()
+
+        async def one(worker: int, key: str, part: np.ndarray) -> tuple[np.ndarray, float]:
+            if owner[worker] < 0:
+                out, s = await loop.run_in_executor(
+                    self._pool, self.emulation.timed, lambda: self.model.run_tile(key, part))
+                return out, s
+            budget = y.shape[0] * y.shape[1] * y.shape[2] * y.shape[3] * 4
+            res, s = await self._remote(owner[worker], key, "region", part, stats, budget)
+            if set(res) != {"tile"}:
+                raise PeerResultError(f"tile {key}: result holds {sorted(res)}, expected 'tile'")
+            return res["tile"], s
+
+        tasks = [asyncio.ensure_future(one(w, key, part)) for w, key, part, _ in jobs]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        for (_w, key, _p, rect), (out, _s) in zip(jobs, results, strict=True):
+            self.model.place(y, key, rect, out)
+        return [s for _, s in results]
+
+    async def _remote(self, helper: int, key: str, name: str, arr: np.ndarray,
+                      stats: SpatialStats, max_bytes: int) -> tuple[dict[str, np.ndarray], float]:
+        """One REQUEST to a helper: (decoded result tensors, the helper's compute seconds)."""
+        try:
+            rpc = await self._conns[helper].client()
+            payload = _encode(key, name, arr)
+            stats.bytes_sent += len(payload)
+            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout)
+            stats.bytes_received += len(reply.payload)
+            compute_us, blob = decode_result(reply.payload)
+            try:
+                res = decode_tensors(blob, max_bytes=max_bytes)
+            except ProtocolError as exc:
+                raise PeerResultError(f"tile {key}: result does not decode: {exc}") from None
+            return res, compute_us / 1e6
+        except LinkError as exc:
+            if not exc.transient:
+                raise
+            raise _HelperFailed(helper, exc) from exc
+
+    def bundle_outputs_bytes(self) -> int:
+        return sum(self.model.g.ttype(o).nbytes for o in self.model.g.outputs)
+
+    def _check_outputs(self, res: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for name in self.model.g.outputs:
+            spec = self.model.g.ttype(name)
+            arr = res.get(name)
+            if arr is None or arr.shape != spec.shape or arr.dtype != spec.dtype:
+                raise PeerResultError(f"sp:rest: output {name!r} missing or not "
+                                      f"{spec.dtype}{list(spec.shape)}")
+            out[name] = arr
+        return out
+
+
+class _HelperFailed(Exception):
+    def __init__(self, helper: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.helper = helper
+        self.cause = cause

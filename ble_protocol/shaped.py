@@ -105,3 +105,51 @@ class ShapedLink(Link):
     @property
     def is_open(self) -> bool:
         return self._open
+
+
+class ShapedOver(Link):
+    """Any link behind a shaped channel, as seen from this end (benchmarks over real sockets).
+
+    A message sent or received occupies ``air`` (shared by every link given the same one, as
+    devices on one Wi-Fi network share the medium) for its airtime; a received message is then
+    delivered ``latency`` later, so a request and its reply cost two latencies in all.
+    """
+
+    def __init__(self, inner: Link, air: SharedAir) -> None:
+        super().__init__()
+        self.inner = inner
+        self._air = air
+
+    @property
+    def description(self) -> str:
+        c = self._air.channel
+        return f"{self.inner.description} shaped to {c.bandwidth_bps / 1e6:.2f} MB/s"
+
+    async def _occupy(self, nbytes: int) -> None:
+        async with self._air.lock:
+            t0 = time.perf_counter()
+            await asyncio.sleep(self._air.channel.airtime(nbytes))
+            self._air.busy_s += time.perf_counter() - t0
+
+    async def send(self, message: Message) -> None:
+        await self._occupy(len(message.payload))
+        await self.inner.send(message)
+        self.stats.count_sent(len(message.payload))
+
+    async def receive(self) -> Message:
+        msg = await self.inner.receive()
+        await self._occupy(len(msg.payload))
+        await asyncio.sleep(self._air.channel.latency_s)
+        self.stats.count_received(len(msg.payload))
+        return msg
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self.inner.is_open
+
+
+SharedAir = _Air
+"""One shaped medium that several :class:`ShapedOver` links share."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -40,13 +40,16 @@ class Worker:
     flops_per_s: float
     bandwidth_bps: float = math.inf
     latency_s: float = 0.0
+    #: fixed cost of one tile on this device (runtime call, request handling), seconds
+    overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0:
             raise InputError(f"worker {self.name}: speed must be > 0 FLOP/s, "
                              f"got {self.flops_per_s}")
-        if not self.bandwidth_bps > 0 or self.latency_s < 0:
-            raise InputError(f"worker {self.name}: bandwidth must be > 0 and latency >= 0")
+        if not self.bandwidth_bps > 0 or self.latency_s < 0 or self.overhead_s < 0:
+            raise InputError(f"worker {self.name}: bandwidth must be > 0, latency and "
+                             f"overhead >= 0")
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,53 @@ def _best(devs: tuple[int, ...], rect: Rect, w: tuple[float, ...]
     return best
 
 
+def layouts(rect: Rect, weights: Sequence[float], limit: int = 256) -> list[list[Rect]]:
+    """Every guillotine layout of ``rect`` over the devices with weight > 0 (areas in the
+    weights' ratio; both cut directions, every split of the device set), at most ``limit``.
+    :func:`balance` scores them by completion time instead of cut length: with fused layer
+    groups, strips often need less redundant halo compute than the shortest-cut grid."""
+    live = tuple(i for i, w in enumerate(weights) if w > 0)
+    w = tuple(float(x) for x in weights)
+    out: list[list[Rect]] = []
+    for layout in _all(live, rect, w):
+        rects = [Rect(rect.r0, rect.r0, rect.c0, rect.c0)] * len(weights)
+        for i, r in layout:
+            rects[i] = r
+        out.append(rects)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _all(devs: tuple[int, ...], rect: Rect, w: tuple[float, ...]
+         ) -> Iterator[tuple[tuple[int, Rect], ...]]:
+    if len(devs) == 1:
+        yield ((devs[0], rect),)
+        return
+    total = sum(w[i] for i in devs)
+    for k in range(1, len(devs) // 2 + 1):
+        for sub in itertools.combinations(devs, k):
+            if 2 * k == len(devs) and devs[0] not in sub:
+                continue  # {A,B}|{C,D} and {C,D}|{A,B} are the same cut
+            rest = tuple(i for i in devs if i not in sub)
+            ratio = sum(w[i] for i in sub) / total
+            parts = []
+            if rect.w >= 2:
+                c = rect.c0 + _split(rect.w, ratio)
+                parts.append((Rect(rect.r0, rect.r1, rect.c0, c),
+                              Rect(rect.r0, rect.r1, c, rect.c1)))
+            if rect.h >= 2:
+                r = rect.r0 + _split(rect.h, ratio)
+                parts.append((Rect(rect.r0, r, rect.c0, rect.c1),
+                              Rect(r, rect.r1, rect.c0, rect.c1)))
+            for a, b in parts:
+                if a.area < len(sub) or b.area < len(rest):
+                    continue
+                for pa in _all(sub, a, w):
+                    for pb in _all(rest, b, w):
+                        yield pa + pb
+
+
 def worker_times(chain: Sequence[Layer], i0: int, i1: int, tiles: Sequence[Tile],
                  workers: Sequence[Worker], itemsize: int = 4) -> list[float]:
     """Eq. 1 per worker: send the input region, compute every layer's tile, return the output."""
@@ -135,30 +185,45 @@ def worker_times(chain: Sequence[Layer], i0: int, i1: int, tiles: Sequence[Tile]
         sent = region.area * cin * itemsize + t.out.area * cout * itemsize
         link = sent / wk.bandwidth_bps + 2 * wk.latency_s if math.isfinite(wk.bandwidth_bps) \
             else 0.0
-        times[t.worker] += compute / wk.flops_per_s + link
+        times[t.worker] += compute / wk.flops_per_s + link + wk.overhead_s
     return times
 
 
 def balance(chain: Sequence[Layer], i0: int, i1: int, workers: Sequence[Worker],
             rounds: int = 8) -> Group:
-    """The GTDP layout of layers ``[i0, i1)`` with the smallest Eq. 1 completion time found."""
+    """The GTDP layout of layers ``[i0, i1)`` with the smallest Eq. 1 completion time found.
+
+    Running the whole group on one device is a candidate too; on the small maps of deep layers
+    per-tile overheads and transfers often make that the faster choice.
+    """
     full = chain[i1 - 1].out_rect()
+    singles = []
+    for k in range(len(workers)):  # the whole group on one device
+        alone = [Tile(i, full if i == k else Rect(0, 0, 0, 0)) for i in range(len(workers))]
+        per = worker_times(chain, i0, i1, alone, workers)
+        singles.append(Group(i0, i1, alone, max(per), per))
+    best = min(singles, key=lambda g: g.est_s)
+    if len(workers) == 1:
+        return best
     weights = [w.flops_per_s for w in workers]
-    best: Group | None = None
     for _ in range(rounds):
-        rects = gtdp(full, weights)
-        tiles = [Tile(i, r) for i, r in enumerate(rects)]
-        per = worker_times(chain, i0, i1, tiles, workers)
-        est = max(per)
-        if best is None or est < best.est_s:
-            best = Group(i0, i1, tiles, est, per)
+        round_best: Group | None = None
+        candidates = [gtdp(full, weights), *layouts(full, weights)]
+        for rects in candidates:
+            tiles = [Tile(i, r) for i, r in enumerate(rects)]
+            per = worker_times(chain, i0, i1, tiles, workers)
+            if round_best is None or max(per) < round_best.est_s - 1e-12:
+                round_best = Group(i0, i1, tiles, max(per), per)
+        assert round_best is not None
+        if round_best.est_s < best.est_s - 1e-12:
+            best = round_best
+        per = round_best.per_worker_s
         mean = sum(per) / len(per)
         if mean <= 0:
             break
         # damped: a device that would finish late gets less area, an early one more
         weights = [w * math.sqrt(mean / p) if p > 0 else w * 1.5
                    for w, p in zip(weights, per, strict=True)]
-    assert best is not None
     return best
 
 
@@ -176,14 +241,16 @@ def plan_groups(chain: Sequence[Layer], workers: Sequence[Worker], strategy: str
         return [balance(chain, a, b, workers) for a, b in itertools.pairwise(bounds) if a < b]
     if strategy != "fused":
         raise InputError(f"unknown spatial strategy {strategy!r}; expected one of {STRATEGIES}")
-    cache: dict[tuple[int, int], Group] = {}
-    best = [0.0] + [math.inf] * n
-    back = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):
-            g = cache.setdefault((i, j), balance(chain, i, j, workers, rounds=4))
-            if best[i] + g.est_s < best[j]:
-                best[j], back[j] = best[i] + g.est_s, i
+    # groups start at window layers (a per-pixel layer joins the window before it)
+    bounds = [i for i, layer in enumerate(chain) if layer.window is not None or i == 0] + [n]
+    best = {0: 0.0}
+    back: dict[int, int] = {}
+    for j in bounds[1:]:
+        best[j] = math.inf
+        for i in (b for b in bounds if b < j):
+            est = balance(chain, i, j, workers, rounds=2).est_s
+            if best[i] + est < best[j]:
+                best[j], back[j] = best[i] + est, i
     cuts = [n]
     while cuts[-1] > 0:
         cuts.append(back[cuts[-1]])

@@ -284,6 +284,9 @@ class HandheldDaemon:
             raise RequestCancelled(cid) from None
         if cancel is not None and cancel.is_set():
             raise RequestCancelled(cid)
+        if cid.startswith(TILE_PREFIX):  # feature-map tiles go back raw (docs/SPATIAL.md)
+            raw = encode_result(int(elapsed * 1e6), encode_tensors(outputs))
+            return Reply(raw, cid, elapsed)
         return Reply(self.encode(outputs, elapsed), cid, elapsed)
 
     def decode(self, payload: bytes) -> tuple[str, dict[str, np.ndarray]]:

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
-from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector
 from coinf.convert.bundle import Bundle
@@ -59,13 +58,14 @@ class SpatialStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     workers: list[str] = field(default_factory=list)
+    #: per group: (wall ms, each tile's compute ms in plan order)
+    per_group: list[tuple[float, list[float]]] = field(default_factory=list)
 
 
 def _encode(key: str, name: str, arr: np.ndarray) -> bytes:
-    body = pack(arr, LOSSLESS_SPEC)
-    blob = (encode_tensors({}, packed={name: body}) if len(body) < arr.nbytes
-            else encode_tensors({name: arr}))
-    return encode_request(key, blob)
+    """Tiles travel raw: float feature maps barely compress losslessly, and on a Wi-Fi-class
+    link the codec would cost more time than the bytes it saves."""
+    return encode_request(key, encode_tensors({name: arr}))
 
 
 class SpatialSession:
@@ -154,7 +154,10 @@ class SpatialSession:
         for g in plan.groups:
             y = self.model.new_map(x, g)
             jobs = self.model.jobs(x, g)
+            t_group = time.perf_counter()
             computes = await self._group(jobs, y, owner, stats)
+            stats.per_group.append(((time.perf_counter() - t_group) * 1e3,
+                                    [round(c * 1e3, 2) for c in computes]))
             stats.compute_ms += max(computes) * 1e3
             stats.groups += 1
             x = y

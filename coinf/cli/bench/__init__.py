@@ -22,6 +22,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
+    ("spatial", "spatial", "MeDNN spatial partition of conv layers over N emulated devices"),
     ("prune", "prune", "SMCD group-lasso pruning of the digit model: FLOPs, comm, accuracy"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
 ]

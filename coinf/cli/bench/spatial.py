@@ -1,0 +1,210 @@
+"""``coinf bench spatial``: one model's conv layers split by space over N emulated devices.
+
+This process is device 0, the coordinator, as the wearable would be. Devices 1..N-1 are
+``coinf handheld`` processes on unix sockets. Every device runs ``--slowdown`` times slower than
+this machine: the real model runs, then the device sleeps for the extra time. All helper links
+share one shaped medium (``--mbps``, ``--latency-ms``), as devices on one Wi-Fi network do.
+Local runs (the whole model on device 0 alone) and distributed runs are interleaved. Every
+distributed output is compared with the local one.
+
+The break-even bandwidth is where the distributed run stops paying: the runs are repeated at
+lower bandwidths (``--sweep``), and the crossing of speedup 1 is interpolated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coinf.cli.bench import emit, median, progress
+from coinf.errors import InputError, UserError
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    parser.add_argument("--devices", type=int, default=4, help="devices, this one included")
+    parser.add_argument("--model", default=None, help="ONNX model (default: the zoo's vgg)")
+    parser.add_argument("--slowdown", type=float, default=20.0,
+                        help="every device is this many times slower than this machine")
+    parser.add_argument("--mbps", type=float, default=50.0,
+                        help="shared link bandwidth, Mbit/s of payload (Wi-Fi class: 50)")
+    parser.add_argument("--latency-ms", type=float, default=2.0, help="one-way link latency")
+    parser.add_argument("--strategy", default="fused", choices=["fused", "per-layer", "whole"])
+    parser.add_argument("--frames", type=int, default=15, help="measured frames (median)")
+    parser.add_argument("--sweep", default="",
+                        help="also measure at these Mbit/s (comma-separated) for break-even")
+    parser.set_defaults(func=run)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"--sweep: expected numbers separated by commas, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise InputError(f"--sweep: bandwidths must be > 0, got {text!r}")
+    return values
+
+
+def _start_helpers(bundle: Path, sockets: list[Path], slowdown: float) -> list[subprocess.Popen]:
+    procs = []
+    try:
+        for sock in sockets:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle), "--listen",
+                 f"unix:{sock}", "--slowdown", str(slowdown), "--threads", "1"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if "serving" not in line:
+                raise UserError(f"a helper process did not start: {line.strip()!r}")
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], mbps: float,
+                   frames: int) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from coinf.ble_protocol.shaped import Channel, ShapedOver, SharedAir
+    from coinf.ble_protocol.transport import FactoryConnector, open_connector
+    from coinf.convert.gtdp import Worker
+    from coinf.device.emulation import DeviceEmulation
+    from coinf.wearable.spatial import Helper, SpatialSession
+
+    emu = DeviceEmulation(args.slowdown, threads=1)
+    local = ort.InferenceSession(str(bundle.model_path), emu.session_options(),
+                                 providers=["CPUExecutionProvider"])
+    inp = local.get_inputs()[0]
+    x = np.random.default_rng(0).random(inp.shape, dtype=np.float32)
+    feed = {inp.name: x}
+    ref = local.run(None, feed)
+    # device speed from a measured local run of the whole model (all devices are alike here)
+    from coinf.convert.spatial import Rect
+    from coinf.device.spatial import SpatialModel, tile_key
+
+    sm = SpatialModel(bundle.model_path, threads=1)
+    flops = sum(layer.flops for layer in sm.chain)
+    _, local_s = emu.timed(lambda: local.run(None, feed))
+    speed = flops / max(local_s, 1e-9)
+    # a tile's fixed cost: the smallest tile (1x1 output of the last layer) run here
+    last = len(sm.chain)
+    key = tile_key(last - 1, last, Rect(0, 1, 0, 1))
+    tiny = np.zeros(sm.region_shape(key, x.shape[0]), dtype=np.float32)
+    overhead = median([emu.timed(lambda: sm.run_tile(key, tiny))[1] for _ in range(15)])
+    air = SharedAir(Channel(mbps * 1e6 / 8, latency_s=args.latency_ms / 1e3))
+
+    def connector(sock: Path) -> FactoryConnector:
+        inner = open_connector(f"unix:{sock}")
+
+        async def factory() -> Any:
+            return ShapedOver(await inner.connect(5.0), air)
+
+        return FactoryConnector(factory)
+
+    helpers = [Helper(Worker(f"helper{i + 1}", speed, mbps * 1e6 / 8, args.latency_ms / 1e3,
+                             overhead), connector(s)) for i, s in enumerate(sockets)]
+    local_ms: list[float] = []
+    dist: list[Any] = []
+    err = 0.0
+    async with SpatialSession(bundle, Worker("coordinator", speed, overhead_s=overhead), helpers,
+                              strategy=args.strategy, emulation=emu, timeout=30.0) as s:
+        for _ in range(2):  # warm-up: connections, every tile's sub-graph on every device
+            await s.run(feed)
+        for i in range(frames):
+            out, stats = await s.run(feed)
+            dist.append(stats)
+            err = max(err, max(float(np.max(np.abs(a - b)))
+                               for a, b in zip(ref, out.values(), strict=True)))
+            _, t = await asyncio.to_thread(emu.timed, lambda: local.run(None, feed))
+            local_ms.append(t * 1e3)
+            if i == 0:
+                plan = s.plan()
+    lm, dm = median(local_ms), median([d.total_ms for d in dist])
+    return {
+        "mbps": mbps,
+        "local_ms": round(lm, 2),
+        "distributed_ms": round(dm, 2),
+        "speedup": round(lm / dm, 3),
+        "compute_ms": round(median([d.compute_ms for d in dist]), 2),
+        "comm_ms": round(median([d.comm_ms for d in dist]), 2),
+        "max_abs_err": err,
+        "groups": len(plan.groups),
+        "plan": plan.describe(),
+        "bytes_per_frame": dist[-1].bytes_sent + dist[-1].bytes_received,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 2 <= args.devices <= 8:
+        raise InputError(f"--devices must be in [2, 8], got {args.devices}")
+    if args.slowdown < 1 or args.mbps <= 0 or args.latency_ms < 0 or args.frames < 1:
+        raise InputError("--slowdown >= 1, --mbps > 0, --latency-ms >= 0 and --frames >= 1")
+    sweep = _floats(args.sweep)
+    from coinf.convert.split import split_model
+    from coinf.models.zoo import committed_path
+
+    src = Path(args.model) if args.model else committed_path("vgg")
+    if not src.is_file():
+        raise InputError(f"--model {src}: no such file")
+    with tempfile.TemporaryDirectory(prefix="coinf-spatial-") as tmp:
+        progress(f"splitting {src.name}")
+        bundle = split_model(src, Path(tmp) / "bundle", max_candidates=4)
+        sockets = [Path(tmp) / f"h{i}.sock" for i in range(args.devices - 1)]
+        progress(f"starting {len(sockets)} helper processes (slowdown {args.slowdown:g})")
+        procs = _start_helpers(Path(tmp) / "bundle", sockets, args.slowdown)
+        try:
+            t0 = time.perf_counter()
+            main = asyncio.run(_measure(args, bundle, sockets, args.mbps, args.frames))
+            progress(f"{args.mbps:g} Mbit/s: speedup {main['speedup']} "
+                     f"({time.perf_counter() - t0:.0f} s)")
+            rows = [main]
+            for mbps in sweep:
+                row = asyncio.run(_measure(args, bundle, sockets, mbps, max(args.frames // 2, 3)))
+                progress(f"{mbps:g} Mbit/s: speedup {row['speedup']}")
+                rows.append(row)
+        finally:
+            _stop(procs)
+    result = {"model": src.stem, "devices": args.devices, "slowdown": args.slowdown,
+              "strategy": args.strategy, "latency_ms": args.latency_ms,
+              **{k: main[k] for k in ("mbps", "local_ms", "distributed_ms", "speedup",
+                                      "compute_ms", "comm_ms", "max_abs_err", "groups",
+                                      "bytes_per_frame", "plan")}}
+    if sweep:
+        pts = sorted((r["mbps"], r["speedup"]) for r in rows)
+        result["sweep"] = [{"mbps": m, "speedup": s} for m, s in pts]
+        result["break_even_mbps"] = _crossing(pts)
+    emit(result)
+    return 0
+
+
+def _crossing(pts: list[tuple[float, float]]) -> float | None:
+    """Bandwidth where speedup crosses 1 (log-linear interpolation), None if it never does."""
+    for (m0, s0), (m1, s1) in itertools.pairwise(pts):
+        if (s0 - 1) * (s1 - 1) <= 0 and s0 != s1:
+            f = (1 - s0) / (s1 - s0)
+            return round(math.exp(math.log(m0) + f * (math.log(m1) - math.log(m0))), 3)
+    return None

@@ -33,7 +33,10 @@ from coinf.errors import InputError, UserError
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
     parser.add_argument("--devices", type=int, default=4, help="devices, this one included")
-    parser.add_argument("--model", default=None, help="ONNX model (default: the zoo's vgg)")
+    parser.add_argument("--model", default="vgg16-64",
+                        help="an ONNX file, 'vgg' (the committed zoo model, widths 16-64) or "
+                             "'vgg16-64' (default: the zoo's VGG at VGG-16 widths, 64x64 input, "
+                             "built here with torch)")
     parser.add_argument("--slowdown", type=float, default=20.0,
                         help="every device is this many times slower than this machine")
     parser.add_argument("--mbps", type=float, default=50.0,
@@ -167,10 +170,14 @@ def run(args: argparse.Namespace) -> int:
     from coinf.convert.split import split_model
     from coinf.models.zoo import committed_path
 
-    src = Path(args.model) if args.model else committed_path("vgg")
-    if not src.is_file():
-        raise InputError(f"--model {src}: no such file")
     with tempfile.TemporaryDirectory(prefix="coinf-spatial-") as tmp:
+        if args.model == "vgg16-64":
+            progress("building vgg16-64 (VGG-16 widths, 64x64 input, seeded weights)")
+            src = _vgg16_64(Path(tmp) / "vgg16-64.onnx")
+        else:
+            src = committed_path("vgg") if args.model == "vgg" else Path(args.model)
+        if not src.is_file():
+            raise InputError(f"--model {src}: no such file")
         progress(f"splitting {src.name}")
         bundle = split_model(src, Path(tmp) / "bundle", max_candidates=4)
         sockets = [Path(tmp) / f"h{i}.sock" for i in range(args.devices - 1)]
@@ -199,6 +206,25 @@ def run(args: argparse.Namespace) -> int:
         result["break_even_mbps"] = _crossing(pts)
     emit(result)
     return 0
+
+
+def _vgg16_64(path: Path) -> Path:
+    """The zoo's VGG class with VGG-16's channel widths (64-512) on a 64x64 input: the compute
+    per transferred byte of a real VGG at a size a bench can run (torch, seeded)."""
+    from coinf.models.zoo import deterministic_torch, require_torch
+
+    require_torch()
+    from coinf.models.architectures import VGG, VGG16_LARGE
+    from coinf.models.export import export_onnx
+    from coinf.models.inputs import InputSpec
+
+    with deterministic_torch():
+        model = VGG(64, VGG16_LARGE, 256, 100).eval()
+        data = export_onnx(model, (InputSpec("image", (1, 3, 64, 64)),), ("logits",),
+                           keep_batchnorm=False, doc="coinf bench spatial: VGG-16 widths, 64x64",
+                           metadata={})
+    path.write_bytes(data)
+    return path
 
 
 def _crossing(pts: list[tuple[float, float]]) -> float | None:

@@ -71,6 +71,11 @@ class SpatialPlan:
     def est_s(self) -> float:
         return sum(g.est_s for g in self.groups)
 
+    @property
+    def local_only(self) -> bool:
+        """Every tile on worker 0 (the coordinator): the plan is "run it all here"."""
+        return all(t.worker == 0 or t.out.empty() for g in self.groups for t in g.tiles)
+
     def describe(self) -> list[str]:
         lines = []
         for g in self.groups:
@@ -94,6 +99,7 @@ class SpatialModel:
         self.threads = threads
         self.max_tiles = max_tiles
         self._tiles: dict[str, ort.InferenceSession] = {}
+        self._whole: ort.InferenceSession | None = None
         self.input = self.g.nodes[self.chain[0].node].inputs[0]
         self.chain_out = self.g.nodes[self.chain[-1].node].outputs[0]
         chain_nodes = {layer.node for layer in self.chain}
@@ -154,6 +160,14 @@ class SpatialModel:
             raise ModelError(f"tile {key} returned {out.dtype}{list(out.shape)}, expected "
                              f"float32{list(want)}")
         y[:, :, rect.r0:rect.r1, rect.c0:rect.c1] = out
+
+    def run_whole(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The whole model in one session (a plan that keeps everything here)."""
+        if self._whole is None:
+            self._whole = _session(self.g.model.SerializeToString(), self.threads)
+        names = [o.name for o in self._whole.get_outputs()]
+        x = np.asarray(feed[self.input], dtype=np.float32)
+        return dict(zip(names, self._whole.run(None, {self.input: x}), strict=True))
 
     def run_rest(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """The layers after the chain (one device), on the stitched chain output."""

@@ -268,3 +268,24 @@ def test_helper_refuses_hostile_tile_requests(vgg_bundle) -> None:  # type: igno
         tiles.budget("sp:0-2:0-99:0-1")
     out, _ = tiles.run(key, {"region": np.ones((1, 3, 33, 33), np.float32)})
     assert out["tile"].shape[2:] == (32, 32)
+
+
+def test_a_slow_link_keeps_everything_here(vgg_bundle) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from coinf.wearable.spatial import Helper, SpatialSession
+
+    x = np.random.default_rng(3).random((1, 3, 64, 64), dtype=np.float32)
+    ref = ort.InferenceSession(str(vgg_bundle.model_path),
+                               providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+
+    async def main() -> None:
+        slow = Killable(vgg_bundle)
+        helper = Helper(Worker("far", 1e9, 1000.0, 0.05), slow)  # type: ignore[arg-type]
+        async with SpatialSession(vgg_bundle, Worker("me", 1e9), [helper]) as s:
+            assert s.plan().local_only  # 1 kB/s: no tile is worth sending
+            out, stats = await s.run({"image": x})
+            np.testing.assert_allclose(out["logits"], ref, rtol=1e-5, atol=1e-5)
+            assert stats.bytes_sent == 0 and slow.inner.daemon.requests == 0
+
+    asyncio.run(main())

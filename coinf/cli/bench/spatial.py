@@ -147,6 +147,27 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
             if i == 0:
                 plan = s.plan()
     lm, dm = median(local_ms), median([d.total_ms for d in dist])
+    me = Worker("coordinator", speed, overhead_s=overhead)
+    like = helpers[0].worker
+
+    def predicted(bw_mbps: float) -> float:
+        """Eq. 1 speedup the planner predicts at a bandwidth (same devices, fused groups)."""
+        from dataclasses import replace
+
+        ws = [me] + [replace(like, name=f"h{k}", bandwidth_bps=bw_mbps * 1e6 / 8)
+                     for k in range(len(helpers))]
+        est = sum(g.est_s for g in sm.plan(ws, args.strategy).groups)
+        alone = sum(g.est_s for g in sm.plan([me], "whole").groups)
+        return alone / est
+
+    lo, hi = 0.01, 1000.0  # log bisection for predicted speedup 1
+    if predicted(lo) < 1 < predicted(hi):
+        for _ in range(20):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if predicted(mid) < 1 else (lo, mid)
+        break_even = round(hi, 3)
+    else:
+        break_even = None
     return {
         "mbps": mbps,
         "local_ms": round(lm, 2),
@@ -158,6 +179,8 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
         "groups": len(plan.groups),
         "plan": plan.describe(),
         "bytes_per_frame": dist[-1].bytes_sent + dist[-1].bytes_received,
+        "predicted_speedup": round(predicted(mbps), 3),
+        "predicted_break_even_mbps": break_even,
     }
 
 
@@ -199,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
               "strategy": args.strategy, "latency_ms": args.latency_ms,
               **{k: main[k] for k in ("mbps", "local_ms", "distributed_ms", "speedup",
                                       "compute_ms", "comm_ms", "max_abs_err", "groups",
-                                      "bytes_per_frame", "plan")}}
+                                      "bytes_per_frame", "predicted_speedup",
+                                      "predicted_break_even_mbps", "plan")}}
     if sweep:
         pts = sorted((r["mbps"], r["speedup"]) for r in rows)
         result["sweep"] = [{"mbps": m, "speedup": s} for m, s in pts]

@@ -136,9 +136,11 @@ def _window(node: NodeProto, in_hw: tuple[int, int], out_hw: tuple[int, int],
             return None  # Indices output: positions are global
     w = Window((kernel[0], kernel[1]), (stride[0], stride[1]), (dil[0], dil[1]),
                (pads[0], pads[1], pads[2], pads[3]))
-    for a in range(2):  # the window must reproduce the map size exactly
-        lo, hi = w.needed(0, out_hw[a], a)
-        if lo < -w.pads[a] or hi > in_hw[a] + w.pads[a + 2] + w.stride[a]:
+    for a in range(2):
+        # every window must start inside the map: a tile can then pad with less than a kernel
+        # (ceil mode can add a last window that starts in the end padding; tiles cannot)
+        if (out_hw[a] - 1) * w.stride[a] - w.pads[a] >= in_hw[a] or w.pads[a] >= w.kernel[a] \
+                * w.dilation[a]:
             return None
     return w
 

@@ -101,11 +101,21 @@ def test_stitched_tiles_equal_the_whole_model(tmp_path: Path, stack: tuple, n: i
     workers = [Worker(f"w{i}", s * 1e9, data.draw(st.sampled_from([1e6, 1e8, float("inf")])))
                for i, s in enumerate(speeds)]
     strategy = data.draw(st.sampled_from(["per-layer", "fused", "whole"]))
-    sm = SpatialModel(path)
+    try:
+        sm = SpatialModel(path)
+    except ModelError:  # the first node is a pool tiles cannot reproduce (checked below)
+        node = model.graph.node[0]
+        assert node.op_type == "MaxPool"
+        assert any(a.name == "ceil_mode" and a.i == 1 for a in node.attribute)
+        return
     x = np.random.default_rng(0).standard_normal((1, *in_shape)).astype(np.float32)
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     got = list(sm.run({"x": x}, sm.plan(workers, strategy)).values())
-    assert len(sm.chain) == len(model.graph.node)  # every layer was partitioned
+    stop = len(sm.chain)  # every layer is partitioned, but for a ceil-mode pool whose last
+    if stop < len(model.graph.node):  # window starts in its end padding (runs as the rest)
+        node = model.graph.node[stop]
+        assert node.op_type == "MaxPool"
+        assert any(a.name == "ceil_mode" and a.i == 1 for a in node.attribute)
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
 
 

@@ -54,7 +54,7 @@ Passkey = int | Callable[[], Awaitable[int | None]] | None
 
 
 def _strong(keys: PairingKeys | None) -> bool:
-    """An LE Secure Connections key made with MITM protection (see peripheral.strong_keys)."""
+    """An LE Secure Connections key made with MITM protection (see smp_policy.strong_keys)."""
     return keys is not None and keys.ltk is not None and bool(keys.ltk.authenticated)
 
 

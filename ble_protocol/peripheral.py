@@ -16,15 +16,14 @@ and the demo over the emulated radio (``tcp-client:127.0.0.1:PORT``). See docs/P
 Reconnection: a :class:`~coinf.ble_protocol.gatt.GattLink` dies with its BLE connection (pending
 requests fail with ``LinkClosed``); the server keeps advertising and the next
 :meth:`WearableServer.accept` (same device, same bonds) returns a fresh link when a handheld comes
-back. :class:`PeripheralConnector` is the ``ble:HCI`` transport of a Session: it owns one server.
+back. :class:`~coinf.ble_protocol.ble_transport.PeripheralConnector` is the ``ble:HCI`` transport
+of a Session: it owns one server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
 import logging
 import math
 import secrets
@@ -52,10 +51,10 @@ from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey, strong_keys
 from coinf.ble_protocol.tasks import TaskSet
-from coinf.ble_protocol.transport import Connector
 
-from coinf.errors import AdapterError, InputError
+from coinf.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -73,58 +72,6 @@ ENCRYPTED = SECURE  # older name
 
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # s from connection (or from the end of pairing) to HELLO
 PAIRING_TIMEOUT = 60.0  # s a passkey pairing may take (a person types the passkey)
-
-
-def strong_keys(keys: PairingKeys | None) -> bool:
-    """Keys from LE Secure Connections pairing with MITM protection (passkey or numeric
-    comparison). Legacy pairing stores ``ltk_central``/``ltk_peripheral``, not ``ltk``."""
-    return keys is not None and keys.ltk is not None and bool(keys.ltk.authenticated)
-
-
-def check_passkey(passkey: int | None) -> int | None:
-    if passkey is not None and (
-        isinstance(passkey, bool) or not isinstance(passkey, int) or not 0 <= passkey <= 999_999
-    ):
-        raise InputError(f"a passkey is 6 digits (0..999999), not {passkey!r}")
-    return passkey
-
-
-class SecurePairingSession(smp.Session):
-    """bumble's SMP session, refusing (as responder) every pairing request that would not end in
-    an LE Secure Connections key with MITM protection: legacy pairing (SC bit clear), OOB,
-    encryption keys shorter than 16 bytes, and IO capabilities that give Just Works."""
-
-    async def on_smp_pairing_request_command_async(
-        self, command: smp.SMP_Pairing_Request_Command
-    ) -> None:
-        why = self._refusal(command)
-        if why is not None:
-            log.warning("refusing pairing with %s: %s", self.connection.peer_address, why)
-            self.send_pairing_failed(smp.ErrorCode.AUTHENTICATION_REQUIREMENTS)
-            return
-        await super().on_smp_pairing_request_command_async(command)
-
-    def _refusal(self, command: smp.SMP_Pairing_Request_Command) -> str | None:
-        if not command.auth_req & smp.AuthReq.SC:
-            return "LE legacy pairing (Secure Connections required)"
-        if command.oob_data_flag:
-            return "out-of-band pairing is not offered"
-        if command.maximum_encryption_key_size < 16:
-            return f"encryption key of {command.maximum_encryption_key_size} bytes (16 required)"
-        try:
-            method: Any = self.PAIRING_METHODS[command.io_capability][  # type: ignore[index]
-                self.io_capability
-            ]
-        except KeyError:
-            return f"invalid IO capability {command.io_capability}"
-        if isinstance(method, tuple) and len(method) == 2:
-            method = method[1]  # the Secure Connections entry
-        if isinstance(method, tuple):
-            method = method[0]
-        if method not in (smp.PairingMethod.PASSKEY, smp.PairingMethod.NUMERIC_COMPARISON):
-            return (f"IO capability {smp.IoCapability(command.io_capability).name} gives "
-                    "Just Works (no MITM protection); pair with a keyboard (passkey entry)")
-        return None
 
 
 class _WearableDelegate(PairingDelegate):
@@ -663,58 +610,3 @@ class WearableServer:
         if isinstance(item, ProtocolError):
             raise item
         return item
-
-
-class PeripheralConnector(Connector):
-    """The ``ble:HCI`` transport: this wearable's GATT server on one controller. The server is
-    started on the first :meth:`connect` and kept (advertising, bonds) until :meth:`aclose`;
-    each ``connect`` waits for the next handheld to connect, pair and handshake."""
-
-    def __init__(self, hci_spec: str, *, bundle: Any = None, bundle_identity: str | None = None,
-                 **options: Any) -> None:
-        if not hci_spec:
-            raise InputError("transport 'ble:' needs an HCI transport: ble:hci-socket:0, "
-                             "ble:usb:0 or ble:tcp-client:HOST:PORT (coinf radio)")
-        identity = bundle_identity or (bundle.identity if bundle is not None else None)
-        if identity is None:
-            raise InputError("the ble transport needs the bundle (its identity is checked in "
-                             "the handshake)")
-        known = set(inspect.signature(WearableServer.__init__).parameters) - {
-            "self", "transport_spec", "bundle_identity"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InputError(f"unknown ble transport option {unknown[0]!r}; expected one of "
-                             f"{sorted(known)}")
-        self.spec = f"ble:{hci_spec}"
-        self.hint = ("is `coinf handheld --transport ble` running, in range (or on the same "
-                     "`coinf radio`), and paired with this wearable?")
-        self._make = functools.partial(WearableServer, hci_spec, bundle_identity=identity,
-                                       **options)
-        self.server = self._make()
-        self._started = self._ever_started = False
-
-    async def connect(self, timeout: float) -> Link:
-        if self._started and self.server.transport_lost:
-            log.warning("%s: HCI transport lost; starting the GATT server again", self.spec)
-            await self.aclose()
-            self.server = self._make()  # bonds live in the keystore file, if one is set
-        if not self._started:
-            try:
-                await self.server.start()
-            except LinkClosed as exc:
-                if not self._ever_started:  # a wrong spec or no controller: the user must act
-                    raise AdapterError(f"{exc} (check the HCI spec after 'ble:')") from None
-                raise  # it worked before: the transport is down for now (transient)
-            self._started = self._ever_started = True
-        try:
-            return await self.server.accept(timeout)
-        except ProtocolError as exc:
-            if exc.code == ErrorCode.TIMEOUT:
-                raise LinkClosed(f"no handheld connected within {timeout:.0f} s ({self.hint})"
-                                 ) from None
-            raise
-
-    async def aclose(self) -> None:
-        if self._started:
-            self._started = False
-            await self.server.close()

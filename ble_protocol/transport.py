@@ -39,7 +39,7 @@ LinkFactory = Callable[[], Awaitable[Link]]
 _BUILTIN = {
     "tcp": "coinf.ble_protocol.transport:SocketConnector",
     "unix": "coinf.ble_protocol.transport:SocketConnector",
-    "ble": "coinf.ble_protocol.peripheral:PeripheralConnector",
+    "ble": "coinf.ble_protocol.ble_transport:PeripheralConnector",
 }
 ENTRY_POINT_GROUP = "coinf.connectors"
 

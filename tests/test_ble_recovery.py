@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from coinf.ble_protocol.ble_transport import PeripheralConnector
 from coinf.ble_protocol.central import Central
-from coinf.ble_protocol.peripheral import PeripheralConnector
 from coinf.ble_protocol.radio import EmulatedRadio
 
 from coinf.errors import LinkClosed

@@ -160,12 +160,13 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
         alone = sum(g.est_s for g in sm.plan([me], "whole").groups)
         return alone / est
 
-    lo, hi = 0.01, 1000.0  # log bisection for predicted speedup 1
-    if predicted(lo) < 1 < predicted(hi):
+    # the lowest bandwidth at which the planner starts to distribute (below it: all here)
+    lo, hi = 0.01, 1000.0
+    if predicted(lo) <= 1.0 + 1e-6 < predicted(hi):
         for _ in range(20):
             mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if predicted(mid) < 1 else (lo, mid)
-        break_even = round(hi, 3)
+            lo, hi = (mid, hi) if predicted(mid) <= 1.0 + 1e-6 else (lo, mid)
+        break_even: float | None = round(hi, 3)
     else:
         break_even = None
     return {

@@ -39,7 +39,7 @@ class Dataset:
 
     def feed(self, i: int) -> dict[str, np.ndarray]:
         """Feed ``i``: every input in exactly its model shape and dtype."""
-        return {k: v[i] for k, v in self.inputs.items()}
+        return {k: np.asarray(v[i]) for k, v in self.inputs.items()}  # 0-d stays an array
 
 
 def stack(name: str, arr: np.ndarray, spec: TensorSpec, source: str) -> np.ndarray | None:

@@ -277,3 +277,13 @@ def check_frozen(frozen: Mapping[str, np.ndarray], name: str, value: Any) -> Non
         raise InputError(f"input {name!r} was frozen to {want.tolist()} when the bundle was "
                          f"made (coinf split --freeze {name}=...); this run passes {shown}. "
                          f"Omit it, pass {want.tolist()}, or split again with the new value")
+
+
+def without_frozen(meta: Mapping[str, Any], feed: Mapping[str, Any]) -> dict[str, Any]:
+    """``feed`` minus the frozen inputs, each checked to hold its frozen value (the bundle's
+    slices hold it as a constant: the caller may omit it)."""
+    frozen = frozen_values(meta)
+    for name in frozen:
+        if name in feed:
+            check_frozen(frozen, name, feed[name])
+    return {k: v for k, v in feed.items() if k not in frozen}

@@ -341,14 +341,21 @@ def sample_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: list
         t = types[name]
         arr = np.asarray(data[name])
         if arr.shape != t.shape:
-            if arr.shape[1:] != t.shape:
+            diff = [a for a in range(arr.ndim) if arr.ndim == len(t.shape)
+                    and arr.shape[a] != t.shape[a]]
+            if arr.ndim == len(t.shape) + 1 and arr.shape[1:] == t.shape:
+                arr = arr[min(index, len(arr) - 1)]
+            elif len(diff) == 1 and t.shape[diff[0]] == 1:  # N feeds along a batch axis of 1
+                k = min(index, arr.shape[diff[0]] - 1)
+                arr = np.take(arr, [k], axis=diff[0])
+            else:
                 raise ModelError(f"--input-data: array {name!r} has shape {list(arr.shape)}; "
-                                 f"input {name!r} is {list(t.shape)} (or N of them stacked)")
-            arr = arr[min(index, len(arr) - 1)]
+                                 f"input {name!r} is {list(t.shape)} (one feed, N of them on a "
+                                 "new leading axis, or N along an axis of size 1)")
         if arr.dtype.kind not in "fiub":
             raise ModelError(f"--input-data: array {name!r} has dtype {arr.dtype}; expected "
                              "numbers")
-        feed[name] = np.ascontiguousarray(arr.astype(t.dtype, copy=False))
+        feed[name] = np.array(arr, dtype=t.dtype, order="C")  # 0-d stays 0-d
     return feed
 
 

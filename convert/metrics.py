@@ -167,14 +167,15 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
             raise InputError(f"--metric {name!r}: expected MODULE:FUNCTION")
         return Metric(name, chosen, _load_function(name))
     name = name.lower()
-    m = _THRESH.match(name)
-    if m:
+    t = _THRESH.match(name)
+    if t:
         try:
-            float(m.group(2))
+            float(t.group(2))
         except ValueError:
-            m = None
-    if _TOPK.match(name) and int(_TOPK.match(name).group(1)) >= 1 or m \
-            or name in ("maxrel", "meanrel", "cosine"):  # type: ignore[union-attr]
+            raise InputError(f"--metric {text!r}: {t.group(2)!r} is not a threshold") from None
+    k = _TOPK.match(name)
+    if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or name in (
+            "maxrel", "meanrel", "cosine"):
         return Metric(name, chosen)
     raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
                      "top5, iou@0.5, decision@0.5) or MODULE:FUNCTION")

@@ -262,6 +262,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
         tr = cal.trial(assign)
         drop, bound = cal.drop(tr)
         promoted: list[str] = []
+        uniform = drop
         lossy = [t for t, s in assign.items() if not PackSpec.parse(s).lossless
                  and _is_float(cand, t)]
         if drop > opts.tolerance_pp \
@@ -272,6 +273,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
                 if cal.drop(cal.trial(solo))[0] > share:
                     promoted.append(t)
             if promoted:
+                uniform = drop
                 assign = {k: (PROMOTE_TO if k in promoted else s) for k, s in assign.items()}
                 tr = cal.trial(assign)
                 drop, bound = cal.drop(tr)
@@ -293,6 +295,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             row["tensors"] = dict(assign)
         if promoted:
             row["promoted"] = promoted
+            row["unpromoted_drop_pp"] = round(uniform, 4)
         if cal.pairs:
             row["steps"] = max(len(s) for s in cal.sequences)
             row["sequences"] = len(cal.sequences)

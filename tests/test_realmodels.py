@@ -161,8 +161,8 @@ def test_scalar_input_batch_axis_and_named_labels(tmp_path: Path) -> None:
     model = rm.scalar_gain()
     x = RNG.standard_normal((N, 6)).astype(np.float32)  # N along the batch axis of size 1
     gain = RNG.uniform(0.5, 2.0, N).astype(np.float32)  # a scalar input: (N,)
-    want = [_reference(_save(model, tmp_path, "ref"), {"x": x[i:i + 1], "gain": np.asarray(gain[i])})[0]
-            for i in range(N)]
+    ref = _save(model, tmp_path, "ref")
+    want = [_reference(ref, {"x": x[i:i + 1], "gain": np.asarray(gain[i])})[0] for i in range(N)]
     y = np.array([int(np.argmax(w)) for w in want])
     y[:3] = (y[:3] + 1) % 5  # the model is wrong on three of them
     bundle = _split_calibrate(tmp_path, model, "gain",
@@ -183,7 +183,8 @@ def test_calibration_data_mistakes_name_what_was_expected(
     capsys.readouterr()
     x = np.zeros((4, 6), np.float32)
     cases = {
-        "shape": ({"x": np.zeros((4, 7), np.float32), "gain": np.ones(4)}, [], "expected (N, 1, 6)"),
+        "shape": ({"x": np.zeros((4, 7), np.float32), "gain": np.ones(4)}, [],
+                  "expected (N, 1, 6)"),
         "count": ({"x": x, "gain": np.ones(3)}, [], "different numbers of feeds"),
         "missing": ({"x": x}, [], "no array for model input(s) ['gain']"),
         "labels": ({"x": x, "gain": np.ones(4)}, ["--labels", "y"], "no such array"),
@@ -274,7 +275,7 @@ def test_detector_metric_on_the_decision_output(tmp_path: Path) -> None:
                                options=Options(metric=parse_metric(metric, outs)))
         cal.store(bundle, tables, data)
         planner = Planner(Bundle.load(bundle.root), policy=Policy(accuracy_tolerance_pp=tol))
-        assert [s for s, *_ in planner._configs(planner.bundle.candidate("c000"))][0] == "raw"
+        assert next(s for s, *_ in planner._configs(planner.bundle.candidate("c000"))) == "raw"
         reasons[metric] = planner.excluded_configs.get("c000~q3", "admitted")
     assert reasons["top1"].startswith(f"accuracy drop {by['top1']:.2f} pp > tolerance")
     # with the decision metric the measured drop is within the tolerance; only the 24

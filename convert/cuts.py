@@ -291,8 +291,10 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
                    if dag.uses.get(t, 0) > 0 or dag.is_out.get(t, False))
     budget = max_candidates - 2
     chosen: dict[int, str] = {}  # id(prefix) -> reason
-    taken: list[tuple[int, int]] = []  # (flops, bytes) of the chosen: near-duplicates wait
     total_flops = sum(dag.flops.values())
+    out_bytes = sum(g.types[t].nbytes for t in g.outputs)
+    # (flops, bytes) of the chosen, the two extremes included: what they near-dominate is out
+    taken: list[tuple[int, int]] = [(0, in_bytes), (total_flops, out_bytes)]
 
     def point(p: _Prefix) -> tuple[int, int]:
         return p.flops, p.nbytes
@@ -311,8 +313,7 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
     ordered = sorted(prefixes, key=lambda p: (p.flops, p.nbytes, p.order, p.k))
     front = pareto.front(ordered, lambda p: p.flops, lambda p: p.nbytes, in_bytes)
     if len(front) > budget:  # one per near-duplicate group (the fewer bytes), then spread
-        front = sorted(pareto.distinct(sorted(front, key=lambda p: (p.nbytes, p.flops)), point,
-                                       total_flops), key=point)
+        front = pareto.distinct(front, point, total_flops)
     take(front, "pareto")
     singles = [p for p in ordered if p.ntensors == 1 and id(p) not in chosen]
     # the cheapest multi-tensor cut between each pair of consecutive single-tensor cuts
@@ -331,7 +332,7 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
     take(singles, "single-tensor", limit=budget - quota)
     take(in_block, "in-block")
     take(ordered, "spread")
-    take(ordered, "spread", dedupe=False)  # near-duplicates fill what nothing else wants
+    take(ordered, "spread", dedupe=False)  # near-duplicates fill only what nothing else wants
 
     by_id = {id(p): p for p in prefixes}
     labels = node_labels(g)

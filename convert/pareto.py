@@ -1,14 +1,17 @@
 """Pareto selection of candidate cuts over (wearable compute, bytes crossing).
 
-On graphs of 1,000+ nodes the prefix pool holds many *near-duplicates*: cuts a few FLOPs and a
-few bytes apart (a Relu more or less in the head) that offer the planner the same trade-off.
-Two cuts are near when their head FLOPs differ by at most ``NEAR_FLOPS`` of the model's total
-and their crossing bytes by at most ``NEAR_BYTES`` of the larger (or ``NEAR_BYTES_ABS``).
+On graphs of 1,000+ nodes the prefix pool holds many near-duplicates: cuts a few FLOPs and a
+few bytes apart (a Slice, a Reshape or a Relu more or less in the head) that offer the planner
+nothing new. A cut is **near-dominated** by another when their head FLOPs differ by at most
+``NEAR_FLOPS`` of the model's total (so the wearable, and the handheld, do the same work) and
+the other sends no more bytes than it plus ``NEAR_BYTES`` of its bytes (or ``NEAR_BYTES_ABS``):
+it is no better on any objective the planner weighs.
 
-The selection (:func:`convert.cuts.enumerate_cuts`) keeps the Pareto set first: every cut that
-no other cut beats on both head FLOPs and bytes. When the set exceeds the budget, it is thinned
-to one cut per near-duplicate group (the one sending fewer bytes) before being spread. Later
-tiers skip cuts near one already chosen; near-duplicates only fill slots nothing else wants.
+The selection (:func:`convert.cuts.enumerate_cuts`) takes the Pareto set first: every cut that
+no other beats on both head FLOPs and bytes. When that set exceeds the budget it is thinned to
+cuts no other kept one near-dominates (preferring fewer bytes), then spread over FLOPs. The
+later tiers (single-tensor, in-block, spread) skip every cut a chosen one near-dominates;
+near-duplicates only fill the slots left once every distinct cut has one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 NEAR_FLOPS = 0.002  # of the model's total head FLOPs
-NEAR_BYTES = 0.02  # of the larger crossing
+NEAR_BYTES = 0.02  # of the cut's crossing bytes
 NEAR_BYTES_ABS = 16
 
 P = TypeVar("P")
@@ -37,28 +40,28 @@ def front(items: Sequence[P], flops: Callable[[P], int], nbytes: Callable[[P], i
     return out
 
 
-def near(a: tuple[int, int], b: tuple[int, int], total_flops: int) -> bool:
-    """Whether (flops, bytes) ``a`` and ``b`` offer the same trade-off (module docstring)."""
-    if abs(a[0] - b[0]) > NEAR_FLOPS * max(total_flops, 1):
+def near(p: tuple[int, int], other: tuple[int, int], total_flops: int) -> bool:
+    """Whether (flops, bytes) ``other`` near-dominates ``p`` (module docstring)."""
+    if abs(p[0] - other[0]) > NEAR_FLOPS * max(total_flops, 1):
         return False
-    gap = abs(a[1] - b[1])
-    return gap <= NEAR_BYTES_ABS or gap <= NEAR_BYTES * max(a[1], b[1])
+    return other[1] <= p[1] + max(NEAR_BYTES_ABS, NEAR_BYTES * p[1])
 
 
 def distinct(items: Sequence[P], point: Callable[[P], tuple[int, int]], total_flops: int,
              taken: Sequence[tuple[int, int]] = ()) -> list[P]:
-    """``items`` without those near one of ``taken`` or near an earlier kept item; put the
-    item to prefer first (e.g. sorted by bytes). Points are kept sorted by FLOPs, so each check
-    looks only at the points within the FLOPs window."""
+    """``items`` (in their order) without those near-dominated by one of ``taken`` or by
+    another kept item; items sending fewer bytes are considered first. Points are kept sorted
+    by FLOPs, so each check looks only at the points within the FLOPs window."""
     window = NEAR_FLOPS * max(total_flops, 1)
     seen: list[tuple[int, int]] = sorted(taken)
-    kept: list[P] = []
-    for p in items:
-        xy = point(p)
+    kept: set[int] = set()
+    order = sorted(range(len(items)), key=lambda i: (point(items[i])[1], point(items[i])[0]))
+    for i in order:
+        xy = point(items[i])
         lo = bisect.bisect_left(seen, (xy[0] - window, -1))
         hi = bisect.bisect_right(seen, (xy[0] + window, 1 << 62))
         if any(near(xy, s, total_flops) for s in seen[lo:hi]):
             continue
-        kept.append(p)
+        kept.add(i)
         bisect.insort(seen, xy)
-    return kept
+    return [p for i, p in enumerate(items) if i in kept]

@@ -66,9 +66,14 @@ def verify_bundle(bundle: Bundle, seed: int = 0,
     types = {t.name: _ttype(t) for t in bundle.inputs}
     names = [t.name for t in bundle.inputs]
     failures: list[str] = []
-    for k in range(max(feeds, 1)):
+    rounds = max(feeds, 1)
+    total = rounds * len(bundle.candidates)
+    for k in range(rounds):
         feed = sample_feed(model, types, names, input_data, seed=seed + k, index=k)
-        failures.extend(f for f in _verify_feed(bundle, model, feed, progress)
+        step = None if progress is None else (
+            lambda stage, done, _n, k=k: progress(stage, k * len(bundle.candidates) + done,
+                                                  total))
+        failures.extend(f for f in _verify_feed(bundle, model, feed, step)
                         if f not in failures)
     return failures
 

@@ -148,7 +148,7 @@ def _load_function(spec: str) -> Callable[..., Any]:
     fn = getattr(mod, func, None)
     if not callable(fn):
         raise InputError(f"--metric {spec}: {module!r} has no function {func!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def parse_metric(text: str | None, outputs: Sequence[str] = (),

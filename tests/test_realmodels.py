@@ -221,13 +221,13 @@ def test_recurrent_state_travels_lossless_and_drift_is_measured(
     assert tensor_specs(fr, "raw") == {}
     # quantizing the state too makes it drift further over the same sequence
     data_set = cal.load_dataset(str(tmp_path / "rnn.npz"), bundle)
-    opts = Options(metric=parse_metric("decision@0.5"))
+    opts = Options(metric=parse_metric("decision@0.5"), tolerance_pp=100.0)  # no promotion
     c0 = bundle.candidate("c000")
-    lossless = {r["spec"]: r for r in cal.calibrate_candidate(bundle, c0, data_set, ["q8"], opts)}
+    lossless = {r["spec"]: r for r in cal.calibrate_candidate(bundle, c0, data_set, ["q6"], opts)}
     opts.pack_state = True
-    packed = {r["spec"]: r for r in cal.calibrate_candidate(bundle, c0, data_set, ["q8"], opts)}
-    assert packed["q8"]["drift_rel_l2"] > lossless["q8"]["drift_rel_l2"] > 0
-    assert "tensors" not in packed["q8"]
+    packed = {r["spec"]: r for r in cal.calibrate_candidate(bundle, c0, data_set, ["q6"], opts)}
+    assert packed["q6"]["drift_rel_l2"] > 1.5 * lossless["q6"]["drift_rel_l2"] > 0
+    assert "tensors" not in packed["q6"] and lossless["q6"]["tensors"]["state"] == "f32"
     # a Session streams the sequence feeding the state back; the result tracks the model
     state = np.zeros((1, 8), np.float32)
     ref_state = state

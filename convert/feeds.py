@@ -7,7 +7,8 @@ one input and the file one array) stacked one of two ways:
 * along an axis of size 1 of the input (a batch axis): the input's shape with that axis = N.
 
 An array exactly of the input's shape is one feed; with other inputs holding N feeds it is the
-same value in every feed (a sample rate, a fixed mask). Arrays that are not model inputs are
+same value in every feed (a sample rate, a fixed mask). A recurrent state input (the bundle's
+state pairs) may be left out: it starts at zeros. Arrays that are not model inputs are
 ignored, or name the labels (``labels_key``, default ``"labels"``). Frozen inputs
 (``coinf split --freeze``) are not model inputs any more: arrays for them are ignored too.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from coinf.convert.bundle import Bundle, TensorSpec
+from coinf.convert.state import pairs_of
 
 from coinf.errors import InputError
 
@@ -104,9 +106,20 @@ def read_npz(path: str | Path, flag: str = "--data") -> dict[str, np.ndarray]:
 
 def dataset_from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec],
                         name: str, labels_key: str | None = None,
-                        limit: int | None = None) -> Dataset:
-    """A :class:`Dataset` from named arrays (see the module docstring for the layouts)."""
+                        limit: int | None = None, zeros: Sequence[str] = ()) -> Dataset:
+    """A :class:`Dataset` from named arrays (see the module docstring for the layouts).
+
+    Inputs named in ``zeros`` (recurrent state) may be missing: they are zeros then."""
     arrays = dict(arrays)
+    absent = [s for s in specs if s.name in zeros and s.name not in arrays]
+    if absent and len(absent) < len(specs):
+        data = dataset_from_arrays(arrays, [s for s in specs if s not in absent], name,
+                                   labels_key, limit)
+        n = len(data)
+        for s in absent:
+            data.inputs[s.name] = np.zeros((n, *s.shape), dtype=s.dtype)
+        data.inputs = {s.name: data.inputs[s.name] for s in specs}
+        return data
     key = labels_key or LABELS
     if labels_key is not None and labels_key not in arrays:
         raise InputError(f"{name}: --labels {labels_key!r}: no such array; it has "
@@ -153,4 +166,5 @@ def load_dataset(source: str, bundle: Bundle, limit: int | None = None,
         return dataset_from_arrays({spec.name: x, LABELS: split.y_val}, specs, "digits",
                                    None, limit)
     arrays = read_npz(source)
-    return dataset_from_arrays(arrays, specs, Path(source).name, labels_key, limit)
+    states = [a for a, _ in pairs_of(bundle.meta)]  # a stream starts from a zero state
+    return dataset_from_arrays(arrays, specs, Path(source).name, labels_key, limit, states)

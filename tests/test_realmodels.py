@@ -221,6 +221,10 @@ def test_recurrent_state_travels_lossless_and_drift_is_measured(
     assert tensor_specs(fr, "raw") == {}
     # quantizing the state too makes it drift further over the same sequence
     data_set = cal.load_dataset(str(tmp_path / "rnn.npz"), bundle)
+    np.savez(tmp_path / "stream.npz", x=x)  # a stream starts from a zero state: may be left out
+    stream = cal.load_dataset(str(tmp_path / "stream.npz"), bundle)
+    assert stream.feed(3)["state"].shape == (1, 8) and not stream.inputs["state"].any()
+    np.testing.assert_array_equal(stream.inputs["x"], data_set.inputs["x"])
     opts = Options(metric=parse_metric("decision@0.5"), tolerance_pp=100.0)  # no promotion
     c0 = bundle.candidate("c000")
     lossless = {r["spec"]: r for r in cal.calibrate_candidate(bundle, c0, data_set, ["q6"], opts)}

@@ -281,7 +281,6 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
                 if cal.drop(cal.trial(solo))[0] > share:
                     promoted.append(t)
             if promoted:
-                uniform = drop
                 assign = {k: (PROMOTE_TO if k in promoted else s) for k, s in assign.items()}
                 tr = cal.trial(assign)
                 drop, bound = cal.drop(tr)

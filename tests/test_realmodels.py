@@ -285,6 +285,12 @@ def test_detector_metric_on_the_decision_output(tmp_path: Path) -> None:
     # with the decision metric the measured drop is within the tolerance; only the 24
     # samples' confidence bound can still hold it back
     assert reasons["decision@0.5"] == "admitted" or "upper bound" in reasons["decision@0.5"]
+    # two tensors cross: the one the metric's output is sensitive to is promoted to f16
+    two = next(c for c in bundle.candidates if [t.name for t in c.crossing] == ["ft", "s"])
+    (row,) = cal.calibrate_candidate(bundle, two, data, ["q2"],
+                                     Options(metric=parse_metric("maxrel", ["boxes"])))
+    assert row["promoted"] == ["ft"] and row["tensors"] == {"ft": "f16", "s": "q2"}
+    assert row["accuracy_drop_pp"] < row["unpromoted_drop_pp"]
     got = _run(bundle, {"image": img[0]}, "c001", "f16")
     want = _reference(tmp_path / "det.onnx", {"image": img[0]})
     np.testing.assert_allclose(got[1], want[1], atol=5e-3)

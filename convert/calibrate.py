@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol import packing
 from coinf.ble_protocol.packing import PackSpec
+from coinf.convert import packcal
 from coinf.convert.bundle import Bundle, Candidate
+from coinf.convert.feeds import Dataset, load_dataset  # noqa: F401 - re-exported
+from coinf.convert.packcal import Options
 
 from coinf.errors import BundleError, InputError, UserError
 
@@ -39,88 +40,6 @@ DEFAULT_TOLERANCE_PP = 1.0
 CONFIDENCE = 0.95
 EXTRA_KEY = "packing"
 META_KEY = "packing_calibration"
-
-
-@dataclass
-class Dataset:
-    """Validation inputs (first axis = samples, one array per model input) and optional labels."""
-
-    name: str
-    inputs: dict[str, np.ndarray]
-    labels: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(next(iter(self.inputs.values())))
-
-    def feed(self, i: int) -> dict[str, np.ndarray]:
-        return {k: v[i : i + 1] for k, v in self.inputs.items()}
-
-
-def _fit(name: str, arr: np.ndarray, shape: tuple[int, ...], dtype: str, source: str) -> np.ndarray:
-    """Shape ``arr`` as (N, *shape[1:]) samples of a batch-1 model input."""
-    arr = np.asarray(arr)
-    if len(shape) >= 1 and shape[0] == 1 and arr.shape[1:] == shape[1:]:
-        out = arr
-    elif arr.shape[1:] == shape:  # (N, 1, ...) given for a batch-1 input
-        out = arr.reshape((arr.shape[0], *shape[1:])) if shape and shape[0] == 1 else arr
-    else:
-        want = ", ".join(map(str, shape[1:]))
-        raise InputError(f"{source}: input {name!r} has shape {arr.shape}; expected (N, {want})"
-                         f" for model input shape {shape}")
-    if arr.dtype.kind not in "fiub":
-        raise InputError(f"{source}: input {name!r} has dtype {arr.dtype}; expected numbers")
-    return np.ascontiguousarray(out.astype(dtype, copy=False))
-
-
-def load_dataset(source: str, bundle: Bundle, limit: int | None = None) -> Dataset:
-    """``digits`` (the zoo's validation split) or an ``.npz`` with one array per model input
-    (any key when the model has one input) and optional ``labels``."""
-    specs = bundle.inputs
-    labels: np.ndarray | None
-    if source == "digits":
-        try:
-            from coinf.models.digits import digits_data
-        except ImportError:
-            raise InputError(
-                "--data digits needs the model zoo (models/digits.py); pass an .npz instead"
-            ) from None
-        split = digits_data()
-        if len(specs) != 1:
-            raise InputError(f"--data digits feeds one input; the model has {len(specs)}")
-        raw = {specs[0].name: split.x_val}
-        labels = split.y_val
-    else:
-        path = Path(source)
-        if path.suffix != ".npz" or not path.is_file():
-            raise InputError(f"--data {source!r}: expected 'digits' or an existing .npz file")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--data {source}: cannot read the .npz: {exc}") from None
-        labels = arrays.pop("labels", None)
-        if len(specs) == 1 and len(arrays) == 1:
-            raw = {specs[0].name: next(iter(arrays.values()))}
-        else:
-            missing = [s.name for s in specs if s.name not in arrays]
-            if missing:
-                raise InputError(f"--data {source}: no array for model input(s) {missing}; "
-                                 f"it has {sorted(arrays)}")
-            raw = {s.name: arrays[s.name] for s in specs}
-    inputs = {s.name: _fit(s.name, raw[s.name], s.shape, s.dtype, source) for s in specs}
-    counts = {len(v) for v in inputs.values()}
-    if len(counts) != 1 or 0 in counts:
-        raise InputError(f"--data {source}: inputs need the same, non-zero number of samples")
-    n = counts.pop()
-    if labels is not None:
-        labels = np.asarray(labels).reshape(-1)
-        if len(labels) != n or labels.dtype.kind not in "iu":
-            raise InputError(f"--data {source}: labels must be {n} integers, got "
-                             f"{labels.shape} {labels.dtype}")
-    if limit is not None and limit < n:
-        inputs = {k: v[:limit] for k, v in inputs.items()}
-        labels = labels[:limit] if labels is not None else None
-    return Dataset(source if source == "digits" else Path(source).name, inputs, labels)
 
 
 def session(path: Path) -> Any:
@@ -157,7 +76,8 @@ class CandidateRunner:
     def run_head(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.head is None:
             return {n: feed[n] for n in self.crossing}
-        outs = self.head.run(self.crossing, feed)
+        wanted = {i.name for i in self.head.get_inputs()}
+        outs = self.head.run(self.crossing, {k: v for k, v in feed.items() if k in wanted})
         return dict(zip(self.crossing, outs, strict=True))
 
     def run_tail(self, crossing: dict[str, np.ndarray]) -> np.ndarray:
@@ -196,59 +116,11 @@ def samples_needed(tolerance_pp: float, confidence: float = CONFIDENCE) -> int:
 
 
 def calibrate_candidate(
-    bundle: Bundle, cand: Candidate, data: Dataset, specs: Sequence[str] = DEFAULT_SPECS
+    bundle: Bundle, cand: Candidate, data: Dataset, specs: Sequence[str] = DEFAULT_SPECS,
+    options: Options | None = None,
 ) -> list[dict[str, Any]]:
-    """The packing table of one candidate (see the module docstring for the row fields)."""
-    runner = CandidateRunner(bundle, cand)
-    parsed = [PackSpec.parse(s) for s in specs]
-    n = len(data)
-    sizes = np.zeros((len(parsed), n))
-    agree = np.zeros((len(parsed), n), dtype=bool)
-    correct = np.zeros((len(parsed), n), dtype=bool)
-    rel = np.zeros((len(parsed), n))
-    ref_correct = np.zeros(n, dtype=bool)
-    float_bytes = 0.0
-    for i in range(n):
-        crossing = runner.run_head(data.feed(i))
-        float_bytes += sum(4 * a.size if a.dtype.kind == "f" else a.nbytes
-                           for a in crossing.values())
-        ref = runner.run_tail(crossing)
-        ref_top = _top1(ref)
-        label = None if data.labels is None else int(data.labels[i])
-        ref_correct[i] = ref_top == label
-        ref_norm = float(np.linalg.norm(ref)) or 1.0
-        for j, spec in enumerate(parsed):
-            bodies = {k: packing.pack(v, spec) for k, v in crossing.items()}
-            sizes[j, i] = sum(len(b) for b in bodies.values())
-            out = runner.run_tail({k: packing.unpack(b) for k, b in bodies.items()})
-            top = _top1(out)
-            agree[j, i] = top == ref_top
-            correct[j, i] = top == label
-            rel[j, i] = float(np.linalg.norm(out - ref)) / ref_norm
-    mean_float = float_bytes / n
-    rows = []
-    for j, spec in enumerate(parsed):
-        if data.labels is not None:
-            drop = 100.0 * (float(ref_correct.mean()) - float(correct[j].mean()))
-            # the drop is at most the share of inputs packing turned from right to wrong
-            lost = int(np.sum(ref_correct & ~correct[j]))
-        else:
-            drop = 100.0 * (1.0 - float(agree[j].mean()))
-            lost = int(np.sum(~agree[j]))
-        mean_bytes = float(sizes[j].mean())
-        rows.append({
-            "spec": str(spec),
-            "codec": spec.codec,
-            "bits": spec.bits if spec.codec == "q" else (16 if spec.codec == "f16" else 32),
-            "mean_bytes": round(mean_bytes, 2),
-            "ratio": round(mean_float / mean_bytes, 3) if mean_bytes else 0.0,
-            "accuracy_drop_pp": round(drop, 4),
-            "top1_agreement": round(float(agree[j].mean()), 5),
-            "rel_l2": float(f"{rel[j].mean():.4g}"),
-            "samples": n,
-            "accuracy_drop_upper_pp": round(100.0 * upper_bound(lost, n), 4),
-        })
-    return rows
+    """The packing table of one candidate (module docstring; :mod:`convert.packcal`)."""
+    return packcal.calibrate_candidate(bundle, cand, data, specs, options)
 
 
 def calibrate(
@@ -257,6 +129,7 @@ def calibrate(
     specs: Sequence[str] = DEFAULT_SPECS,
     candidate_ids: Iterable[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    options: Options | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Calibrate every candidate that sends something (all but ``wearable-only``)."""
     for s in specs:
@@ -270,7 +143,7 @@ def calibrate(
         if cand.is_wearable_only or (wanted is not None and cand.id not in wanted):
             continue
         t0 = time.perf_counter()
-        results[cand.id] = calibrate_candidate(bundle, cand, data, specs)
+        results[cand.id] = calibrate_candidate(bundle, cand, data, specs, options)
         if progress:
             best = best_row(results[cand.id], DEFAULT_TOLERANCE_PP)
             note = (f"best established within 1 pp: {best['spec']} x{best['ratio']:.1f}"
@@ -280,7 +153,8 @@ def calibrate(
     return results
 
 
-def store(bundle: Bundle, results: dict[str, list[dict[str, Any]]], data: Dataset) -> Path:
+def store(bundle: Bundle, results: dict[str, list[dict[str, Any]]], data: Dataset,
+          options: Options | None = None) -> Path:
     """Write the tables into the manifest (``Candidate.extra["packing"]``) and save it."""
     for cand in bundle.candidates:
         if cand.id in results:
@@ -290,6 +164,7 @@ def store(bundle: Bundle, results: dict[str, list[dict[str, Any]]], data: Datase
         "samples": len(data),
         "metric": "top1_accuracy" if data.labels is not None else "top1_disagreement",
     }
+    packcal.record(bundle.meta[META_KEY], results, options)
     return bundle.save()
 
 

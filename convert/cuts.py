@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coinf.convert import pareto
 from coinf.convert.bundle import HANDHELD_ONLY, WEARABLE_ONLY
 from coinf.convert.cost import NodeCost
 from coinf.convert.graph import Graph
@@ -290,21 +291,29 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
                    if dag.uses.get(t, 0) > 0 or dag.is_out.get(t, False))
     budget = max_candidates - 2
     chosen: dict[int, str] = {}  # id(prefix) -> reason
+    total_flops = sum(dag.flops.values())
+    out_bytes = sum(g.types[t].nbytes for t in g.outputs)
+    # (flops, bytes) of the chosen, the two extremes included: what they near-dominate is out
+    taken: list[tuple[int, int]] = [(0, in_bytes), (total_flops, out_bytes)]
 
-    def take(items: list[_Prefix], reason: str, limit: int | None = None) -> None:
+    def point(p: _Prefix) -> tuple[int, int]:
+        return p.flops, p.nbytes
+
+    def take(items: list[_Prefix], reason: str, limit: int | None = None,
+             dedupe: bool = True) -> None:
         nonlocal budget
         fresh = [p for p in items if id(p) not in chosen]
+        if dedupe:
+            fresh = pareto.distinct(fresh, point, total_flops, taken)
         for p in _spread(fresh, budget if limit is None else min(limit, budget)):
             chosen[id(p)] = reason
+            taken.append(point(p))
             budget -= 1
 
     ordered = sorted(prefixes, key=lambda p: (p.flops, p.nbytes, p.order, p.k))
-    front: list[_Prefix] = []
-    best = in_bytes
-    for p in ordered:
-        if p.nbytes < best:
-            front.append(p)
-            best = p.nbytes
+    front = pareto.front(ordered, lambda p: p.flops, lambda p: p.nbytes, in_bytes)
+    if len(front) > budget:  # one per near-duplicate group (the fewer bytes), then spread
+        front = pareto.distinct(front, point, total_flops)
     take(front, "pareto")
     singles = [p for p in ordered if p.ntensors == 1 and id(p) not in chosen]
     # the cheapest multi-tensor cut between each pair of consecutive single-tensor cuts
@@ -323,6 +332,7 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
     take(singles, "single-tensor", limit=budget - quota)
     take(in_block, "in-block")
     take(ordered, "spread")
+    take(ordered, "spread", dedupe=False)  # near-duplicates fill only what nothing else wants
 
     by_id = {id(p): p for p in prefixes}
     labels = node_labels(g)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,10 +190,15 @@ def _name_nodes(graph: GraphProto) -> None:
 
 
 def _fix_dims(model: ModelProto, real_inputs: list[str], dims: Mapping[str, int],
-              path: Path) -> dict[str, int]:
-    """Make every real graph input's shape static; returns the symbolic dims resolved."""
+              path: Path, data: Mapping[str, np.ndarray] | None = None) -> dict[str, int]:
+    """Make every real graph input's shape static; returns the symbolic dims resolved.
+
+    An axis takes, in order: ``dims["INPUT[AXIS]"]`` (one axis of one input, whatever its
+    symbol: Paddle names H and W both ``?``), ``dims[SYMBOL]``, the size of that axis in
+    ``data`` (representative inputs), else 1. An anonymous dim is named ``INPUT[AXIS]``."""
     used: dict[str, int] = {}
-    seen_names: set[str] = set()
+    symbols: set[str] = set()
+    axes: set[str] = set()
     for vi in model.graph.input:
         if vi.name not in real_inputs:
             continue
@@ -203,24 +209,49 @@ def _fix_dims(model: ModelProto, real_inputs: list[str], dims: Mapping[str, int]
         if not tt.HasField("shape"):
             raise ModelError(f"{path}: input {vi.name!r} has no shape (rank unknown); "
                              "cannot resolve it")
+        sample = data_shape(data, vi.name, len(tt.shape.dim)) if data else None
         for axis, d in enumerate(tt.shape.dim):
+            axis_key = f"{vi.name}[{axis}]"
+            axes.add(axis_key)
             if d.HasField("dim_value") and d.dim_value > 0:
+                if axis_key in dims and dims[axis_key] != d.dim_value:
+                    raise ModelError(f"dim {axis_key}={dims[axis_key]}: that axis is fixed to "
+                                     f"{d.dim_value} by the model")
                 continue
             param = d.dim_param if d.HasField("dim_param") else ""
-            key = param or f"{vi.name}[{axis}]"  # an anonymous dim is named INPUT[AXIS]
-            seen_names.add(key)
-            value = int(dims.get(key, 1))
+            symbols.add(param or axis_key)
+            key = axis_key if axis_key in dims or not param else param
+            default = sample[axis] if sample is not None else 1
+            value = int(dims.get(key, default))
             if value <= 0:
                 raise ModelError(f"dim {key}={value}: dimension values must be >= 1")
             d.Clear()
             d.dim_value = value
-            used[key] = value
-    unknown = sorted(set(dims) - seen_names)
+            used[key if key in dims or key == axis_key else param] = value
+    unknown = sorted(set(dims) - symbols - axes)
     if unknown:
-        names = ", ".join(sorted(seen_names)) or "none"
+        names = ", ".join(sorted(symbols)) or "none"
         raise ModelError(f"unknown dim name(s) {', '.join(unknown)}; this model's symbolic "
-                         f"dims are: {names}")
+                         f"dims are: {names} (any axis of an input: INPUT[AXIS]=V)")
     return dict(sorted(used.items()))
+
+
+_AXIS_KEY = re.compile(r"^.+\[\d+\]$")
+
+
+def data_shape(data: Mapping[str, np.ndarray], name: str, rank: int) -> tuple[int, ...] | None:
+    """The shape of one feed of input ``name`` in representative ``data``: the array's shape
+    when its rank is the input's, else its shape without the leading (samples) axis."""
+    arr = data.get(name)
+    if arr is None:
+        return None
+    shape = tuple(int(d) for d in np.shape(arr))
+    if len(shape) == rank:
+        return shape
+    if len(shape) == rank + 1:
+        return shape[1:]
+    raise ModelError(f"--input-data: array {name!r} has shape {list(shape)}; input {name!r} "
+                     f"has rank {rank} (give one feed, or N feeds on a new leading axis)")
 
 
 def _static(vi: ValueInfoProto) -> TensorType | None:
@@ -298,8 +329,39 @@ def ort_session(model: ModelProto, threads: int = 1) -> Any:
                                 providers=["CPUExecutionProvider"])
 
 
+def sample_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: list[str],
+                data: Mapping[str, np.ndarray] | None, seed: int = 0,
+                index: int = 0) -> dict[str, np.ndarray]:
+    """Feed ``index`` of representative ``data`` (one feed, or N on a new leading axis) for the
+    inputs it has, seeded random values (:func:`random_feed`) for the others."""
+    feed = random_feed(model, types, inputs, seed=seed)
+    for name in inputs:
+        if not data or name not in data:
+            continue
+        t = types[name]
+        arr = np.asarray(data[name])
+        if arr.shape != t.shape:
+            diff = [a for a in range(arr.ndim) if arr.ndim == len(t.shape)
+                    and arr.shape[a] != t.shape[a]]
+            if arr.ndim == len(t.shape) + 1 and arr.shape[1:] == t.shape:
+                arr = arr[min(index, len(arr) - 1)]
+            elif len(diff) == 1 and t.shape[diff[0]] == 1:  # N feeds along a batch axis of 1
+                k = min(index, arr.shape[diff[0]] - 1)
+                arr = np.take(arr, [k], axis=diff[0])
+            else:
+                raise ModelError(f"--input-data: array {name!r} has shape {list(arr.shape)}; "
+                                 f"input {name!r} is {list(t.shape)} (one feed, N of them on a "
+                                 "new leading axis, or N along an axis of size 1)")
+        if arr.dtype.kind not in "fiub":
+            raise ModelError(f"--input-data: array {name!r} has dtype {arr.dtype}; expected "
+                             "numbers")
+        feed[name] = np.array(arr, dtype=t.dtype, order="C")  # 0-d stays 0-d
+    return feed
+
+
 def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType],
-                inputs: list[str]) -> dict[str, TensorType]:
+                inputs: list[str], data: Mapping[str, np.ndarray] | None = None
+                ) -> dict[str, TensorType]:
     """Learn static shapes by running the model once with ``names`` exposed as outputs."""
     probe = ModelProto()
     probe.CopyFrom(model)
@@ -309,7 +371,7 @@ def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType
             probe.graph.output.append(ValueInfoProto(name=n))
     sess = ort_session(probe)
     out_names = [o.name for o in sess.get_outputs()]
-    values = sess.run(out_names, random_feed(model, types, inputs))
+    values = sess.run(out_names, sample_feed(model, types, inputs, data))
     found: dict[str, TensorType] = {}
     for n, v in zip(out_names, values, strict=True):
         if not isinstance(v, np.ndarray):  # sequences/maps: not a tensor that can cross
@@ -350,12 +412,21 @@ def _fold_shapes(graph: GraphProto, types: dict[str, TensorType]) -> list[str]:
     return folded
 
 
-def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) -> Graph:
-    """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem."""
+def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
+               prepare: Callable[[ModelProto], None] | None = None,
+               input_data: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem.
+
+    ``prepare`` edits the checked model first (``--freeze``: :mod:`convert.freeze`);
+    ``input_data`` holds
+    representative inputs (one feed, or N stacked on a new leading axis) that size symbolic dims
+    and feed the trial run that learns shapes."""
     path = Path(model_path)
     model = _read(path)
     _check(model, path)
     dims = dict(dims or {})
+    if prepare is not None:
+        prepare(model)
     g = model.graph
     init_names = {t.name for t in g.initializer}
     inputs = [vi.name for vi in g.input if vi.name not in init_names]
@@ -363,7 +434,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) ->
         raise ModelError(f"{path}: duplicate graph input names")
     outputs = [vi.name for vi in g.output]
     _name_nodes(g)
-    used_dims = _fix_dims(model, inputs, dims, path)
+    used_dims = _fix_dims(model, inputs, dims, path, input_data)
     # Old-style models list initializers as inputs: keep them only where IR < 4 requires it.
     if model.ir_version >= 4:
         keep = [vi for vi in g.input if vi.name not in init_names]
@@ -389,7 +460,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) ->
     if missing:
         source = "onnxruntime"
         try:
-            types.update(_ort_shapes(model, missing, types, inputs))
+            types.update(_ort_shapes(model, missing, types, inputs, input_data))
         except ModelError:
             raise
         except Exception as exc:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import onnx
 from coinf.convert.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
 from coinf.convert.cost import NodeCost, all_costs
 from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES, Cut, enumerate_cuts
-from coinf.convert.graph import Graph, load_graph
+from coinf.convert.graph import Graph
+from coinf.convert.realmodel import Preparation
 from coinf.convert.slicer import build_slice, param_bytes
 from coinf.convert.verify import ATOL, RTOL, VerifyError, verify_bundle
 from onnx import ModelProto
@@ -88,7 +90,10 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
                 dims: Mapping[str, int] | None = None, verify: bool = False,
                 progress: Progress | None = None,
                 max_candidates: int = DEFAULT_MAX_CANDIDATES,
-                shared_weights: bool | None = None, force: bool = False) -> Bundle:
+                shared_weights: bool | None = None, force: bool = False,
+                freeze: Mapping[str, Any] | None = None,
+                input_data: str | Path | Mapping[str, Any] | None = None,
+                state: Sequence[tuple[str, str]] | None = None) -> Bundle:
     """Slice ``model_path`` into a bundle in ``out_dir`` and return it (loaded back from disk).
 
     With ``verify=True`` every candidate is checked (:mod:`convert.verify`) and
@@ -103,12 +108,17 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
     replaced only with ``force=True`` (:class:`BundleError` otherwise, before any work). A bundle
     that fails verification is still installed (its manifest records the failures) and
     :class:`~convert.verify.VerifyError` is raised after.
+
+    ``freeze`` (``{input: value}``), ``input_data`` (an .npz path or arrays: representative
+    inputs) and ``state`` (``[(input, output)]`` recurrent pairs) are for models exported by
+    other tools: :mod:`convert.realmodel`.
     """
     out = Path(out_dir)
     check_out_dir(out, force)  # raises before any work is done
     step = progress or (lambda stage, done, total: None)
     step("load", 0, 1)
-    g = load_graph(model_path, dims)
+    prep = Preparation.of(freeze, input_data, state)
+    g = prep.load(model_path, dims)
     costs = all_costs(g)
     step("load", 1, 1)
     cuts = enumerate_cuts(g, costs, max_candidates)
@@ -117,7 +127,7 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         failures = _write_bundle(g, costs, cuts, model_path, tmp, max_candidates,
-                                 shared_weights, verify, progress, step)
+                                 shared_weights, verify, progress, step, prep)
         _install(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -129,7 +139,8 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
 
 def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: str | Path,
                   out: Path, max_candidates: int, shared_weights: bool | None, verify: bool,
-                  progress: Progress | None, step: Progress) -> list[str]:
+                  progress: Progress | None, step: Progress,
+                  prep: Preparation | None = None) -> list[str]:
     """Write every file of the bundle into ``out``; return the verification failures."""
     if shared_weights is None:
         shared_weights = len(cuts) * param_bytes(g, range(len(g.nodes))) > SHARED_AUTO_BYTES
@@ -196,6 +207,8 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
             "tiers": ["pareto", "single-tensor", "in-block", "spread"],
         },
     }
+    if prep is not None:
+        prep.annotate(g, candidates, meta)
     if shared:
         meta["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(out / WEIGHTS_FILE),
                            "tensors": len(shared.table)}
@@ -205,7 +218,8 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
                     candidates=tuple(candidates), meta=meta)
     bundle.save()
     if verify:
-        failures = verify_bundle(bundle, progress=progress)
+        failures = verify_bundle(bundle, progress=progress,
+                                 **(prep.verify_kwargs() if prep else {}))
         bundle.meta["verified"] = {"ok": not failures, "rtol": RTOL, "atol": ATOL, "seed": 0,
                                    "failures": failures}
         bundle.save()

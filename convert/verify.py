@@ -7,12 +7,12 @@ Tolerance (float tensors): ``|got - ref| <= ATOL + RTOL * |ref|`` elementwise wi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
 from coinf.convert.bundle import Bundle, Candidate, TensorSpec
-from coinf.convert.graph import TensorType, ort_session, random_feed
+from coinf.convert.graph import TensorType, ort_session, sample_feed
 from onnx import ModelProto, helper
 
 from coinf.errors import ModelError
@@ -55,11 +55,31 @@ def mismatch(got: np.ndarray, ref: np.ndarray) -> str | None:
 
 
 def verify_bundle(bundle: Bundle, seed: int = 0,
-                  progress: Callable[[str, int, int], None] | None = None) -> list[str]:
-    """Verify every candidate; returns failure strings ``"cNNN: what"`` (empty when all pass)."""
+                  progress: Callable[[str, int, int], None] | None = None,
+                  input_data: Mapping[str, np.ndarray] | None = None,
+                  feeds: int = 1) -> list[str]:
+    """Verify every candidate; returns failure strings ``"cNNN: what"`` (empty when all pass).
+
+    ``input_data`` (representative inputs, one feed or N on a leading axis) replaces the
+    seeded random values of the inputs it has; the first ``feeds`` of them are checked."""
     model = onnx.load(str(bundle.model_path))
     types = {t.name: _ttype(t) for t in bundle.inputs}
-    feed = random_feed(model, types, [t.name for t in bundle.inputs], seed=seed)
+    names = [t.name for t in bundle.inputs]
+    failures: list[str] = []
+    rounds = max(feeds, 1)
+    total = rounds * len(bundle.candidates)
+    for k in range(rounds):
+        feed = sample_feed(model, types, names, input_data, seed=seed + k, index=k)
+        step = None if progress is None else (
+            lambda stage, done, _n, k=k: progress(stage, k * len(bundle.candidates) + done,
+                                                  total))
+        failures.extend(f for f in _verify_feed(bundle, model, feed, step)
+                        if f not in failures)
+    return failures
+
+
+def _verify_feed(bundle: Bundle, model: ModelProto, feed: dict[str, np.ndarray],
+                 progress: Callable[[str, int, int], None] | None) -> list[str]:
     outputs = [t.name for t in bundle.outputs]
     extra: dict[str, TensorSpec] = {}
     for cand in bundle.candidates:

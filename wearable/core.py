@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import onnxruntime as ort
 from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
-from coinf.ble_protocol.packing import PackSpec, pack_tensors
+from coinf.ble_protocol.packing import PackSpec, pack
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -496,7 +496,8 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes
     if plan.packing.codec == "raw":
         blob = encode_tensors(crossing)
     else:
-        blob = encode_tensors({}, packed=pack_tensors(crossing, plan.packing))
+        blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
+                                          for n, a in crossing.items()})
     payload = encode_request(plan.candidate.id, blob)
     stats.pack_ms = (time.perf_counter() - t0) * 1e3
     stats.bytes_up = len(payload)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 from coinf.convert.bundle import Bundle, TensorSpec
+from coinf.convert.freeze import META_KEY as FROZEN
+from coinf.convert.freeze import without_frozen
 
 from coinf.errors import InputError, PeerResultError
 
@@ -89,6 +91,8 @@ def check_feed(bundle: Bundle, feed: Mapping[str, Any]) -> dict[str, np.ndarray]
         raise InputError(f"input_feed must be a mapping of input name to array, got "
                          f"{type(feed).__name__}")
     expected = {t.name: t for t in bundle.inputs}
+    if bundle.meta.get(FROZEN):  # inputs made constants by `coinf split --freeze`
+        feed = without_frozen(bundle.meta, feed)
     unknown = sorted(set(feed) - set(expected))
     if unknown:
         raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are {sorted(expected)}")

@@ -8,10 +8,12 @@ devices (wearable head -> handheld tail) is the N = 2 case; nothing here assumes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert.bundle import Candidate
+from coinf.convert.packcal import tensor_specs
 
 WEARABLE = "wearable"
 HANDHELD = "handheld"
@@ -31,11 +33,18 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """Stages in order; ``packing`` says how tensors travel on every link between them."""
+    """Stages in order; ``packing`` says how tensors travel on every link between them, except
+    the crossing tensors ``tensor_packing`` names (calibrated per tensor; state lossless)."""
 
     candidate: Candidate
     packing: PackSpec
     stages: tuple[Stage, ...]
+    tensor_packing: Mapping[str, PackSpec] = field(default_factory=dict, compare=False,
+                                                   hash=False)
+
+    def spec_of(self, tensor: str) -> PackSpec:
+        """How ``tensor`` is packed on the link."""
+        return self.tensor_packing.get(tensor, self.packing)
 
     @classmethod
     def for_candidate(cls, cand: Candidate, packing: PackSpec,
@@ -43,7 +52,8 @@ class Plan:
         """The plan of a two-part candidate: head here, tail on ``helper`` (unless local)."""
         if cand.is_wearable_only:
             return cls(cand, PackSpec.parse("raw"), (Stage(WEARABLE, "whole"),))
-        return cls(cand, packing, (Stage(WEARABLE, "head"), Stage(helper, "tail")))
+        return cls(cand, packing, (Stage(WEARABLE, "head"), Stage(helper, "tail")),
+                   tensor_specs(cand, packing))
 
     @property
     def local(self) -> bool:

@@ -34,6 +34,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="digits",
                         help="with --bundle: 'digits' or an .npz (see coinf calibrate)")
     parser.add_argument("--limit", type=int, default=None, help="first N validation inputs")
+    parser.add_argument("--labels", default=None, metavar="KEY",
+                        help="with --data FILE.npz: the array of integer labels")
+    parser.add_argument("--metric", default=None,
+                        help="accuracy metric (see coinf calibrate --metric; default top1)")
+    parser.add_argument("--metric-output", action="append", default=[], metavar="NAME",
+                        help="output(s) the metric reads (default: the first)")
     parser.add_argument("--repeats", type=int, default=15, help="timing repeats (median)")
     parser.add_argument("--tolerance", type=float, default=1.0, help="accuracy drop allowed, pp")
     parser.add_argument("--pi-slowdown", type=float, default=10.0,
@@ -90,8 +96,18 @@ def _codec_speed(tensor: np.ndarray, spec: str, repeats: int) -> dict[str, float
     return out
 
 
-def _pack_all(tensors: dict[str, np.ndarray], spec: str) -> list[bytes]:
-    return [packing.pack(v, spec) for v in tensors.values()]
+def _pack_all(tensors: dict[str, np.ndarray], spec: str,
+              per_tensor: dict[str, str] | None = None) -> list[bytes]:
+    per = per_tensor or {}
+    return [packing.pack(v, per.get(k, spec)) for k, v in tensors.items()]
+
+
+def _metric_name(rows: list[dict[str, Any]], data: Any) -> Any:
+    """The metric every row used (a list when rows differ)."""
+    names = sorted({str(r["metric"]) for r in rows if r.get("metric")})
+    if not names:
+        return "top1_accuracy" if data.labels is not None else "top1_disagreement"
+    return names[0] if len(names) == 1 else names
 
 
 def _unpack_all(bodies: dict[str, bytes]) -> list[np.ndarray]:
@@ -107,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     tmp = None
     if args.bundle:
         bundle = Bundle.load(args.bundle)
-        data = cal.load_dataset(args.data, bundle, args.limit)
+        data = cal.load_dataset(args.data, bundle, args.limit, args.labels)
         model = bundle.root.resolve().name
     else:
         from coinf.convert.split import split_model
@@ -129,12 +145,18 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dict[str, Any]:
     from coinf.convert import calibrate as cal
+    from coinf.convert.metrics import parse_metric
+    from coinf.convert.packcal import Options
 
     tol = args.tolerance
-    tables = cal.calibrate(bundle, data, cal.DEFAULT_SPECS, progress=progress)
+    metric = parse_metric(getattr(args, "metric", None), getattr(args, "metric_output", []),
+                          [t.name for t in bundle.outputs])
+    tables = cal.calibrate(bundle, data, cal.DEFAULT_SPECS, progress=progress,
+                           options=Options(metric=metric, tolerance_pp=tol))
     rows = [{"cut": f"{cid} {bundle.candidate(cid).label}", "bits": r["spec"],
              "ratio": r["ratio"], "accuracy_drop_pp": r["accuracy_drop_pp"],
-             "mean_bytes": r["mean_bytes"]}
+             "mean_bytes": r["mean_bytes"], "metric": r.get("metric"),
+             **({"tensors": r["tensors"]} if r.get("tensors") else {})}
             for cid, rs in tables.items() for r in rs]
     ok = [r for r in rows if r["accuracy_drop_pp"] <= tol]
     best = max(ok, key=lambda r: r["ratio"]) if ok else None
@@ -166,7 +188,8 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
         if cand.head.file is not None:
             sess = cal.session(bundle.path(cand.head.file))
             names = [o.name for o in sess.get_outputs()]
-            head_ms = 1e3 * _time(partial(sess.run, names, feed), args.repeats)
+            hfeed = {i.name: feed[i.name] for i in sess.get_inputs()}
+            head_ms = 1e3 * _time(partial(sess.run, names, hfeed), args.repeats)
         if cand.is_wearable_only:
             lat_raw[cand.id] = head_ms * slow
             continue
@@ -181,8 +204,9 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
             if r["accuracy_drop_pp"] > tol:
                 continue
             spec = r["spec"]
-            bodies = {k: packing.pack(v, spec) for k, v in crossing.items()}
-            pack_ms = 1e3 * _time(partial(_pack_all, crossing, spec), args.repeats)
+            per = r.get("tensors") or {}
+            bodies = {k: packing.pack(v, per.get(k, spec)) for k, v in crossing.items()}
+            pack_ms = 1e3 * _time(partial(_pack_all, crossing, spec, per), args.repeats)
             unpack_ms = 1e3 * _time(partial(_unpack_all, bodies), args.repeats)
             map_overhead = len(encode_tensors({}, packed=bodies)) - sum(map(len, bodies.values()))
             wire = r["mean_bytes"] + map_overhead
@@ -200,7 +224,7 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
         "model": model,
         "data": data.name,
         "samples": len(data),
-        "metric": "top1_accuracy" if data.labels is not None else "top1_disagreement",
+        "metric": _metric_name(rows, data),
         "rows": rows,
         "best_ratio_at_1pp": best["ratio"] if best else None,
         "best_at_1pp": {"cut": best["cut"], "bits": best["bits"]} if best else None,

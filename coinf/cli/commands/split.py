@@ -20,7 +20,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="check tail(head(x)) == model(x) for every candidate")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
-                        help="value of a symbolic input dim (default 1); repeatable")
+                        help="value of a symbolic input dim (default 1), or of one axis of "
+                             "one input whatever its symbol: INPUT[AXIS]=VALUE; repeatable")
+    parser.add_argument("--freeze", action="append", default=[], metavar="NAME=VALUE",
+                        help="make an input a constant (JSON value); If nodes it decides are "
+                             "inlined; repeatable")
+    parser.add_argument("--input-data", default=None, metavar="FILE.npz",
+                        help="representative inputs (one feed, or N on a new leading axis): "
+                             "they size symbolic dims and feed shape inference and --verify")
+    parser.add_argument("--state", action="append", default=[], metavar="INPUT=OUTPUT",
+                        help="a recurrent state pair (OUTPUT is fed back as INPUT); default: "
+                             "detected by name; repeatable")
     parser.add_argument("--max-candidates", type=int, default=None, metavar="K",
                         help="keep at most K candidate cuts including the extremes (default 64)")
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
@@ -114,13 +124,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("usage: coinf split MODEL.onnx -o BUNDLE [--verify] [--dim N=V] "
                          "[--max-candidates K]  (or coinf split --list BUNDLE)")
     from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES
+    from coinf.convert.freeze import parse_freeze
     from coinf.convert.split import split_model
+    from coinf.convert.state import parse_state
 
     dims = parse_dims(args.dim)
+    freeze = parse_freeze(args.freeze)
+    state = parse_state(args.state)
     k = DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates
     t0 = time.perf_counter()
     bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,
                          progress=_Bar(), max_candidates=k, force=args.force,
+                         freeze=freeze, input_data=args.input_data, state=state or None,
                          shared_weights={"auto": None, "yes": True, "no": False}[
                              args.shared_weights])
     took = time.perf_counter() - t0
@@ -133,7 +148,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"total FLOPs  {_fmt_flops(int(stats.get('total_flops', 0)))}")
     print(f"candidates   {len(bundle.candidates)}  (crossing {_fmt_bytes(min(cross))} .. "
           f"{_fmt_bytes(max(cross))})")
+    for name, spec in (bundle.meta.get("frozen") or {}).items():
+        print(f"frozen       {name} = {spec['value']} ({spec['dtype']}); Session fills it")
+    for pair in bundle.meta.get("state") or []:
+        print(f"state        {pair['output']} -> {pair['input']} (lossless unless calibrated "
+              "with --pack-state)")
     if args.verify:
-        print("verified     all candidates: tail(head(x)) == model(x) within 1e-5")
+        print("verified     all candidates: tail(head(x)) == model(x) within 1e-5"
+              + (f" on {args.input_data}" if args.input_data else ""))
     print(f"bundle       {args.output}  written in {took:.2f} s")
     return 0

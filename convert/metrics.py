@@ -1,0 +1,199 @@
+"""Task-aware accuracy metrics: how much packing changed what the model *decides*.
+
+A metric compares the outputs of a packed run with the unpacked (reference) run of the same
+input and gives a per-sample **loss** (0 = the same answer). The calibration table's
+``accuracy_drop_pp`` is ``100 x mean loss``: percentage points of answers changed, or, for
+continuous metrics, of score lost. Names (``--metric``):
+
+==================  =================================================================  =========
+name                per-sample loss                                                    kind
+==================  =================================================================  =========
+``top1``            share of positions (last axis = classes) whose argmax changed;      decision
+                    with labels and one position: reference correct, packed wrong
+``top5``/``topK``   share of positions whose reference argmax left the packed top-K     decision
+``iou@T``           ``1 - IoU`` of the masks ``output > T`` (both empty: 0)             score
+``decision@T``      share of elements whose ``output > T`` decision flipped            decision
+``maxrel``          ``max|test - ref| / max|ref|``                                      error
+``meanrel``         ``mean|test - ref| / mean|ref|``                                    error
+``cosine``          ``1 - cos(test, ref)`` of the flattened outputs                     score
+``MODULE:FUNC``     ``1 - FUNC(outputs_ref, outputs_test)``; FUNC returns a score in      score
+                    [0, 1], 1 = identical; both arguments are lists of the metric's
+                    outputs (arrays, in model order); ``MODULE`` may be a ``.py`` path
+==================  =================================================================  =========
+
+Each metric applies to the chosen outputs (``--metric-output NAME``, repeatable; default the
+first graph output); with several, the loss is their mean.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coinf.errors import InputError
+
+_THRESH = re.compile(r"^(iou|decision)@(-?[0-9.]+(?:e-?\d+)?)$")
+_TOPK = re.compile(r"^top(\d{1,3})$")
+BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine")
+EPS = 1e-12
+
+
+@dataclass
+class Metric:
+    """A parsed ``--metric`` applied to ``outputs`` (names; empty = the first graph output)."""
+
+    name: str = "top1"
+    outputs: tuple[str, ...] = ()
+    _fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records."""
+        return {"name": self.name, "outputs": list(self.outputs)}
+
+    def loss(self, ref: Sequence[np.ndarray], test: Sequence[np.ndarray],
+             label: int | None = None) -> float:
+        """Per-sample loss over the metric's outputs (``ref``/``test`` in that order)."""
+        if self._fn is not None:
+            try:
+                score = float(self._fn([np.asarray(r) for r in ref],
+                                       [np.asarray(t) for t in test]))
+            except Exception as exc:
+                raise InputError(f"--metric {self.name}: the function failed: "
+                                 f"{type(exc).__name__}: {exc}") from None
+            if not math.isfinite(score):
+                raise InputError(f"--metric {self.name}: the function returned {score}; "
+                                 "expected a score in [0, 1]")
+            return 1.0 - score
+        vals = [self._one(np.asarray(r), np.asarray(t), label if len(ref) == 1 else None)
+                for r, t in zip(ref, test, strict=True)]
+        return float(np.mean(vals))
+
+    def _one(self, ref: np.ndarray, test: np.ndarray, label: int | None) -> float:
+        name = self.name
+        m = _TOPK.match(name)
+        if m:
+            k = int(m.group(1))
+            r = _rows(ref)
+            t = _rows(test)
+            if k == 1:
+                rt, tt = r.argmax(-1), t.argmax(-1)
+                if label is not None and len(rt) == 1:
+                    return float(rt[0] == label and tt[0] != label)
+                return float(np.mean(rt != tt))
+            kk = min(k, t.shape[-1])
+            top = np.argpartition(-t, kk - 1, axis=-1)[:, :kk]
+            want = r.argmax(-1)[:, None]
+            return float(np.mean(~(top == want).any(-1)))
+        m = _THRESH.match(name)
+        if m:
+            thr = float(m.group(2))
+            a, b = ref > thr, test > thr
+            if m.group(1) == "decision":
+                return float(np.mean(a != b)) if a.size else 0.0
+            union = np.logical_or(a, b).sum()
+            return 0.0 if union == 0 else 1.0 - float(np.logical_and(a, b).sum()) / float(union)
+        r64, t64 = ref.astype(np.float64).reshape(-1), test.astype(np.float64).reshape(-1)
+        if name == "maxrel":
+            return float(np.max(np.abs(t64 - r64), initial=0.0)
+                         / max(float(np.max(np.abs(r64), initial=0.0)), EPS))
+        if name == "meanrel":
+            return float(np.mean(np.abs(t64 - r64)) / max(float(np.mean(np.abs(r64))), EPS)) \
+                if r64.size else 0.0
+        if name == "cosine":
+            nr, nt = float(np.linalg.norm(r64)), float(np.linalg.norm(t64))
+            if nr < EPS and nt < EPS:
+                return 0.0
+            return 1.0 - float(r64 @ t64) / max(nr * nt, EPS)
+        raise AssertionError(name)
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """Positions x classes: the last axis holds the classes (a vector is one position)."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim == 0:
+        return a.reshape(1, 1)
+    return a.reshape(-1, a.shape[-1])
+
+
+def _load_function(spec: str) -> Callable[..., Any]:
+    module, _, func = spec.rpartition(":")
+    try:
+        if module.endswith(".py"):
+            path = Path(module)
+            if not path.is_file():
+                raise InputError(f"--metric {spec}: no such file {module}")
+            loader = importlib.util.spec_from_file_location(f"coinf_metric_{path.stem}", path)
+            if loader is None or loader.loader is None:
+                raise InputError(f"--metric {spec}: cannot import {module}")
+            mod = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(mod)
+        else:
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            mod = importlib.import_module(module)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"--metric {spec}: cannot import {module!r}: {type(exc).__name__}: "
+                         f"{exc}") from None
+    fn = getattr(mod, func, None)
+    if not callable(fn):
+        raise InputError(f"--metric {spec}: {module!r} has no function {func!r}")
+    return fn
+
+
+def parse_metric(text: str | None, outputs: Sequence[str] = (),
+                 model_outputs: Sequence[str] = ()) -> Metric:
+    """A :class:`Metric` from ``--metric`` and ``--metric-output``; :class:`InputError` naming
+    the choices when either is wrong."""
+    name = (text or "top1").strip()
+    bad = [o for o in outputs if model_outputs and o not in model_outputs]
+    if bad:
+        raise InputError(f"--metric-output {bad[0]!r}: not a model output; the outputs are "
+                         f"{', '.join(model_outputs)}")
+    chosen = tuple(outputs)
+    if ":" in name and not name.startswith(("iou@", "decision@")):
+        module, _, func = name.rpartition(":")
+        if not module or not func:
+            raise InputError(f"--metric {name!r}: expected MODULE:FUNCTION")
+        return Metric(name, chosen, _load_function(name))
+    name = name.lower()
+    t = _THRESH.match(name)
+    if t:
+        try:
+            float(t.group(2))
+        except ValueError:
+            raise InputError(f"--metric {text!r}: {t.group(2)!r} is not a threshold") from None
+    k = _TOPK.match(name)
+    if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or name in (
+            "maxrel", "meanrel", "cosine"):
+        return Metric(name, chosen)
+    raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
+                     "top5, iou@0.5, decision@0.5) or MODULE:FUNCTION")
+
+
+def upper_bound_pp(losses: np.ndarray, confidence: float) -> float:
+    """One-sided upper bound (pp) on the mean loss: Clopper-Pearson on the count of failures
+    for 0/1 losses; for fractional losses, on ``ceil(sum(min(loss, 1)))`` failures (a loss in
+    [0, 1] spreads no wider than a Bernoulli of the same mean), never below the mean."""
+    n = len(losses)
+    if n == 0:
+        return 100.0
+    clipped = np.clip(losses, 0.0, 1.0)
+    k = math.ceil(float(clipped.sum()) - 1e-9)
+    if k >= n:
+        bound = 1.0
+    else:
+        from scipy.stats import beta
+
+        bound = float(beta.ppf(confidence, k + 1, n - k))
+    return max(100.0 * bound, 100.0 * float(np.mean(losses)))

@@ -1,0 +1,333 @@
+"""One candidate's packing table: task-aware metric, per-tensor packing, drift over sequences.
+
+For every packing spec (a row), each crossing tensor gets its own packing: the row's spec,
+except state-like tensors (:mod:`convert.state`), which travel lossless (``f32``) unless
+``pack_state``, and the user's ``tensor_packing`` overrides. When a row's drop exceeds the
+tolerance and two or more tensors are packed lossy, each is measured alone at that spec and
+those whose own drop exceeds their share of the tolerance travel as ``f16`` instead; the row is
+then measured again with that assignment (``row["promoted"]``). ``row["tensors"]`` records the
+assignment whenever it is not uniform, and the wearable packs each tensor that way
+(:func:`tensor_specs`).
+
+A model with state pairs is calibrated over **sequences**: the state input is taken from the
+data at the first step of each sequence only; afterwards the reference run and every packed
+run feed back their own state output, so quantization error accumulates as it would over a
+stream, and the metric is taken at every step. ``row["drift_rel_l2"]`` is the relative L2 error
+of the fed-back state, mean over every step; ``final_drift_rel_l2`` the same at the last step of
+each sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from coinf.ble_protocol import packing
+from coinf.ble_protocol.packing import PackSpec
+from coinf.convert import state as st
+from coinf.convert.bundle import Bundle, Candidate, open_slice
+from coinf.convert.feeds import Dataset
+from coinf.convert.metrics import Metric, upper_bound_pp
+
+from coinf.errors import BundleError, InputError
+
+LOSSLESS = "f32"
+PROMOTE_TO = "f16"
+MAX_PROMOTE_TENSORS = 8  # beyond this many lossy tensors, no per-tensor search
+CONFIDENCE = 0.95
+
+
+@dataclass
+class Options:
+    """How to calibrate (``coinf calibrate`` flags)."""
+
+    metric: Metric = field(default_factory=Metric)
+    tolerance_pp: float = 1.0
+    pack_state: bool = False
+    tensor_packing: Mapping[str, str] = field(default_factory=dict)
+    sequence_length: int | None = None  # stateful models: None = all feeds, one sequence
+
+
+class Runner:
+    """A candidate's head and tail from the bundle files; the tail gives every graph output."""
+
+    def __init__(self, bundle: Bundle, cand: Candidate) -> None:
+        if cand.is_wearable_only:
+            raise BundleError(f"candidate {cand.id} is wearable-only: nothing crosses the link")
+        self.cid = cand.id
+        self.head = None if cand.head.file is None else session(bundle.path(cand.head.file))
+        assert cand.tail.file is not None
+        self.tail = session(bundle.path(cand.tail.file))
+        self.crossing = [t.name for t in cand.crossing]
+        self.head_inputs = [] if self.head is None else [i.name for i in self.head.get_inputs()]
+        self.tail_inputs = [i.name for i in self.tail.get_inputs()]
+        self.outputs = [o.name for o in self.tail.get_outputs()]
+        unknown = [n for n in self.tail_inputs if n not in self.crossing]
+        if unknown:
+            raise BundleError(f"candidate {cand.id}: tail needs {unknown}, not in its crossing")
+
+    def run_head(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.head is None:
+            return {n: feed[n] for n in self.crossing}
+        outs = self._run(self.head, "head", self.crossing,
+                         {n: feed[n] for n in self.head_inputs})
+        return dict(zip(self.crossing, outs, strict=True))
+
+    def run_tail(self, crossing: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outs = self._run(self.tail, "tail", self.outputs,
+                         {n: crossing[n] for n in self.tail_inputs})
+        return dict(zip(self.outputs, (np.asarray(o) for o in outs), strict=True))
+
+    def _run(self, sess: Any, part: str, names: list[str], feed: dict[str, np.ndarray]) -> Any:
+        try:
+            return sess.run(names, feed)
+        except Exception as exc:  # onnxruntime's own error types: the data does not fit
+            text = str(exc).strip().splitlines()
+            raise InputError(f"candidate {self.cid}: onnxruntime failed running the {part} on "
+                             f"this data: {text[0] if text else type(exc).__name__}") from None
+
+
+def session(path: Any) -> Any:
+    """A one-thread CPU onnxruntime session of a bundle file (calibration is single-core)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return open_slice(path, opts)
+
+
+def base_assignment(cand: Candidate, spec: str, opts: Options) -> dict[str, str]:
+    """Per crossing tensor: the row's spec, state-like ones lossless, then the overrides."""
+    state_like = set(cand.extra.get(st.EXTRA_KEY, [])) if not opts.pack_state else set()
+    out = {t.name: (LOSSLESS if t.name in state_like else spec) for t in cand.crossing}
+    for name, s in opts.tensor_packing.items():
+        if name in out:
+            out[name] = s
+    return out
+
+
+def tensor_specs(cand: Candidate, spec: str | PackSpec) -> dict[str, PackSpec]:
+    """How the wearable packs each crossing tensor under row ``spec``: the calibrated
+    assignment when the table has one, else state-like tensors lossless; ``{}`` = uniform."""
+    name = str(spec)
+    if name == "raw":
+        return {}
+    rows = cand.extra.get("packing") or []
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and row.get("spec") == name and isinstance(
+                row.get("tensors"), dict):
+            try:
+                return {str(k): PackSpec.parse(str(v)) for k, v in row["tensors"].items()}
+            except ValueError:
+                return {}
+    like = cand.extra.get(st.EXTRA_KEY) or []
+    return {str(t): PackSpec.parse(LOSSLESS) for t in like} if isinstance(like, list) else {}
+
+
+def _metric_outputs(bundle: Bundle, metric: Metric) -> list[str]:
+    if metric.outputs:
+        return list(metric.outputs)
+    states = {b for _, b in st.pairs_of(bundle.meta)}
+    names = [t.name for t in bundle.outputs]
+    return [next((n for n in names if n not in states), names[0])]
+
+
+@dataclass
+class _Trial:
+    """Accumulated measurements of one assignment over the data."""
+
+    sizes: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    agree: list[bool] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    rel: list[float] = field(default_factory=list)
+    drift: list[float] = field(default_factory=list)  # fed-back state error, every step
+    final: list[float] = field(default_factory=list)  # ... at the end of each sequence
+
+
+class _Calibration:
+    def __init__(self, bundle: Bundle, cand: Candidate, data: Dataset, opts: Options) -> None:
+        self.cand, self.data, self.opts = cand, data, opts
+        self.runner = Runner(bundle, cand)
+        self.metric = opts.metric
+        self.mout = _metric_outputs(bundle, self.metric)
+        self.pairs = [(a, b) for a, b in st.pairs_of(bundle.meta)
+                      if a in data.inputs and b in self.runner.outputs]
+        n = len(data)
+        length = opts.sequence_length if self.pairs else 1
+        length = n if length is None else max(1, min(length, n))
+        self.sequences = [range(s, min(s + length, n)) for s in range(0, n, length)]
+        self.ref_correct: list[bool] = []
+        self.float_bytes = 0.0
+        self._reference()
+
+    def _reference(self) -> None:
+        """The unpacked run (its own state fed back): outputs per step."""
+        self.ref: list[dict[str, np.ndarray]] = []
+        for seq in self.sequences:
+            state: dict[str, np.ndarray] = {}
+            for i in seq:
+                feed = {**self.data.feed(i), **state}
+                crossing = self.runner.run_head(feed)
+                self.float_bytes += sum(4 * a.size if a.dtype.kind == "f" else a.nbytes
+                                        for a in crossing.values())
+                out = self.runner.run_tail(crossing)
+                self.ref.append(out)
+                state = {a: out[b] for a, b in self.pairs}
+                label = self._label(i)
+                self.ref_correct.append(label is not None and _top1(out[self.mout[0]]) == label)
+
+    def _label(self, i: int) -> int | None:
+        return None if self.data.labels is None else int(self.data.labels[i])
+
+    def trial(self, assign: Mapping[str, str]) -> _Trial:
+        specs = {k: PackSpec.parse(v) for k, v in assign.items()}
+        tr = _Trial()
+        k = 0
+        for seq in self.sequences:
+            state: dict[str, np.ndarray] = {}
+            out: dict[str, np.ndarray] = {}
+            for i in seq:
+                feed = {**self.data.feed(i), **state}
+                crossing = self.runner.run_head(feed)
+                bodies = {n: packing.pack(v, specs[n]) for n, v in crossing.items()}
+                tr.sizes.append(sum(len(b) for b in bodies.values()))
+                out = self.runner.run_tail({n: packing.unpack(b) for n, b in bodies.items()})
+                state = {a: out[b] for a, b in self.pairs}
+                ref = self.ref[k]
+                label = self._label(i)
+                r0, o0 = ref[self.mout[0]], out[self.mout[0]]
+                tr.losses.append(self.metric.loss([ref[m] for m in self.mout],
+                                                  [out[m] for m in self.mout], label))
+                tr.agree.append(_top1(o0) == _top1(r0))
+                tr.correct.append(label is not None and _top1(o0) == label)
+                norm = float(np.linalg.norm(r0.astype(np.float64))) or 1.0
+                tr.rel.append(float(np.linalg.norm((o0 - r0).astype(np.float64))) / norm)
+                if self.pairs:
+                    tr.drift.append(float(np.mean([_rel(out[b], ref[b]) for _, b in self.pairs])))
+                    if i == seq[-1]:
+                        tr.final.append(tr.drift[-1])
+                k += 1
+        return tr
+
+    def drop(self, tr: _Trial) -> tuple[float, float]:
+        """(measured drop in pp, its upper bound in pp)."""
+        losses = np.asarray(tr.losses, dtype=np.float64)
+        if self.labelled_top1:
+            ref_c = np.asarray(self.ref_correct)
+            cor = np.asarray(tr.correct)
+            drop = 100.0 * (float(ref_c.mean()) - float(cor.mean()))
+            return drop, upper_bound_pp(losses, CONFIDENCE)
+        return 100.0 * float(losses.mean()), upper_bound_pp(losses, CONFIDENCE)
+
+    @property
+    def metric_label(self) -> str:
+        """The metric as rows and the manifest name it (the old names for plain top-1)."""
+        if self.metric.name == "top1" and not self.metric.outputs:
+            return "top1_accuracy" if self.labelled_top1 else "top1_disagreement"
+        outs = f"[{','.join(self.mout)}]" if self.metric.outputs else ""
+        return f"{self.metric.name}{outs}"
+
+    @property
+    def labelled_top1(self) -> bool:
+        return self.data.labels is not None and self.metric.name == "top1" \
+            and len(self.mout) == 1 and int(np.prod(self.ref[0][self.mout[0]].shape[:-1])) <= 1
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    """``||got - ref|| / ||ref||`` (the plain norm of the error when ``ref`` is 0)."""
+    ref64 = ref.astype(np.float64)
+    return float(np.linalg.norm(got.astype(np.float64) - ref64)) / (
+        float(np.linalg.norm(ref64)) or 1.0)
+
+
+def _top1(a: np.ndarray) -> int:
+    flat = np.asarray(a).reshape(-1)
+    return int(np.argmax(flat)) if flat.size else 0
+
+
+def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: Sequence[str],
+                        opts: Options | None = None) -> list[dict[str, Any]]:
+    """The packing table of one candidate (rows as in :mod:`convert.calibrate`, plus
+    ``metric``, ``tensors``, ``promoted``, ``steps`` and ``drift_rel_l2`` where they apply)."""
+    opts = opts or Options()
+    for name, s in opts.tensor_packing.items():
+        try:
+            PackSpec.parse(s)
+        except ValueError as exc:
+            raise InputError(f"--tensor-packing {name}={s}: {exc}") from None
+    cal = _Calibration(bundle, cand, data, opts)
+    n = len(data)
+    mean_float = cal.float_bytes / n
+    rows: list[dict[str, Any]] = []
+    for spec_text in specs:
+        spec = PackSpec.parse(spec_text)
+        assign = base_assignment(cand, str(spec), opts)
+        tr = cal.trial(assign)
+        drop, bound = cal.drop(tr)
+        promoted: list[str] = []
+        uniform = drop
+        lossy = [t for t, s in assign.items() if not PackSpec.parse(s).lossless
+                 and _is_float(cand, t)]
+        if drop > opts.tolerance_pp \
+                and 2 <= len(lossy) <= MAX_PROMOTE_TENSORS and spec.codec == "q":
+            share = opts.tolerance_pp / len(lossy)
+            for t in lossy:
+                solo = {k: (s if k == t else LOSSLESS) for k, s in assign.items()}
+                if cal.drop(cal.trial(solo))[0] > share:
+                    promoted.append(t)
+            if promoted:
+                assign = {k: (PROMOTE_TO if k in promoted else s) for k, s in assign.items()}
+                tr = cal.trial(assign)
+                drop, bound = cal.drop(tr)
+        mean_bytes = float(np.mean(tr.sizes))
+        row: dict[str, Any] = {
+            "spec": str(spec),
+            "codec": spec.codec,
+            "bits": spec.bits if spec.codec == "q" else (16 if spec.codec == "f16" else 32),
+            "mean_bytes": round(mean_bytes, 2),
+            "ratio": round(mean_float / mean_bytes, 3) if mean_bytes else 0.0,
+            "accuracy_drop_pp": round(drop, 4),
+            "top1_agreement": round(float(np.mean(tr.agree)), 5),
+            "rel_l2": float(f"{float(np.mean(tr.rel)):.4g}"),
+            "samples": n,
+            "accuracy_drop_upper_pp": round(bound, 4),
+            "metric": cal.metric_label,
+        }
+        if any(s != str(spec) for s in assign.values()):
+            row["tensors"] = dict(assign)
+        if promoted:
+            row["promoted"] = promoted
+            row["unpromoted_drop_pp"] = round(uniform, 4)
+        if cal.pairs:
+            row["steps"] = max(len(s) for s in cal.sequences)
+            row["sequences"] = len(cal.sequences)
+            row["drift_rel_l2"] = float(f"{float(np.mean(tr.drift)):.4g}")
+            row["final_drift_rel_l2"] = float(f"{float(np.mean(tr.final)):.4g}")
+        rows.append(row)
+    return rows
+
+
+def _is_float(cand: Candidate, name: str) -> bool:
+    return any(t.name == name and np.dtype(t.dtype).kind == "f" for t in cand.crossing)
+
+
+def record(meta: dict[str, Any], results: Mapping[str, list[dict[str, Any]]],
+           options: Options | None) -> None:
+    """Record in the manifest's calibration entry what the drops measure."""
+    opts = options or Options()
+    names = sorted({str(r["metric"]) for rows in results.values() for r in rows
+                    if "metric" in r})
+    if len(names) == 1:
+        meta["metric"] = names[0]
+    meta["metric_spec"] = opts.metric.describe()
+    meta["tolerance_pp"] = opts.tolerance_pp
+    meta["state_packing"] = "as rows" if opts.pack_state else LOSSLESS
+    if opts.tensor_packing:
+        meta["tensor_packing"] = dict(opts.tensor_packing)
+    if opts.sequence_length is not None:
+        meta["sequence_length"] = opts.sequence_length

@@ -57,6 +57,23 @@ def mismatch(got: np.ndarray, ref: np.ndarray) -> str | None:
 def verify_bundle(bundle: Bundle, seed: int = 0,
                   progress: Callable[[str, int, int], None] | None = None) -> list[str]:
     """Verify every candidate; returns failure strings ``"cNNN: what"`` (empty when all pass)."""
+    feed, ref, outputs = reference(bundle, seed)
+    failures: list[str] = []
+    total = len(bundle.candidates)
+    for k, cand in enumerate(bundle.candidates):
+        try:
+            failures.extend(_check(bundle, cand, feed, ref, outputs))
+        except Exception as exc:  # an onnxruntime failure is a verification failure
+            failures.append(f"{cand.id}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        if progress:
+            progress("verify", k + 1, total)
+    return failures
+
+
+def reference(bundle: Bundle, seed: int = 0,
+              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str]]:
+    """Seeded random inputs, the whole model's value of every output and crossing tensor (and
+    of the inputs) on them, and the output names: what every slice is checked against."""
     model = onnx.load(str(bundle.model_path))
     types = {t.name: _ttype(t) for t in bundle.inputs}
     feed = random_feed(model, types, [t.name for t in bundle.inputs], seed=seed)
@@ -75,17 +92,7 @@ def verify_bundle(bundle: Bundle, seed: int = 0,
     values = ort_session(probe).run(names, feed)
     ref: dict[str, np.ndarray] = dict(feed)
     ref.update(zip(names, values, strict=True))
-
-    failures: list[str] = []
-    total = len(bundle.candidates)
-    for k, cand in enumerate(bundle.candidates):
-        try:
-            failures.extend(_check(bundle, cand, feed, ref, outputs))
-        except Exception as exc:  # an onnxruntime failure is a verification failure
-            failures.append(f"{cand.id}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-        if progress:
-            progress("verify", k + 1, total)
-    return failures
+    return feed, ref, outputs
 
 
 def _check(bundle: Bundle, cand: Candidate, feed: dict[str, np.ndarray],

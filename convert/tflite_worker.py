@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
         try:
             convert_one(job["onnx"], job["tflite"], list(job.get("keep", [])))
             result = {"job": i, "ok": True, "error": ""}
-        except BaseException as exc:  # noqa: BLE001 - every failure is reported, then go on
+        except BaseException as exc:
             text = str(exc).strip().splitlines()
             result = {"job": i, "ok": False,
                       "error": f"{type(exc).__name__}: {text[0] if text else ''}"[:300]}

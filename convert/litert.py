@@ -66,7 +66,8 @@ class LiteRTSlice:
         except Exception as exc:  # LiteRT raises ValueError/RuntimeError with C++ text
             if not Path(path).is_file():
                 raise BundleError(f"bundle file {path} is missing") from None
-            raise BundleError(f"LiteRT cannot load {path}: {str(exc).strip()[:200]}") from None
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise BundleError(f"LiteRT cannot load {Path(path).name}: {first[:200]}") from None
         by_name_in = {d["name"]: d for d in self._interp.get_input_details()}
         by_name_out = {d["name"]: d for d in self._interp.get_output_details()}
         try:

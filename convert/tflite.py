@@ -357,7 +357,8 @@ def _verify(bundle: Bundle, chosen: list[Candidate], outcomes: list[SliceOutcome
                 if not out.max_rel_err <= RTOL:
                     out.error = f"differs from onnxruntime (relative error {out.max_rel_err:.2g})"
             except Exception as exc:  # LiteRT load/run failure ("Tensor data is null", ...)
-                out.error = f"LiteRT run failed: {type(exc).__name__}: {exc}"[:300]
+                first = (str(exc).strip().splitlines() or [""])[0]
+                out.error = f"LiteRT run failed: {type(exc).__name__}: {first}"[:300]
             if out.error:
                 lite.pop(part_name, None)
         _compose(cand, feed, ref, outputs, lite, onnx_parts, by)

@@ -107,3 +107,15 @@ def runtimes_of(bundle: Bundle, cands: list[Candidate], requested: Mapping[str, 
     return {c.id: (resolve(requested["wearable"], bundle, c, "head", profiles.get("wearable")),
                    resolve(requested["handheld"], bundle, c, "tail", profiles.get("handheld")))
             for c in cands}
+
+
+def litert_times(bundle: Bundle, cand: Candidate, part: str, feeds: Mapping[str, Any],
+                 threads: int = 1, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
+    """``{"<part>_ms_litert": median ms}`` of the slice's TFLite twin on ``feeds`` (the ONNX
+    slice's random inputs), or ``{}`` when there is no twin or no LiteRT runtime here."""
+    from coinf.device.sweep import time_session
+
+    if tflite_entry(cand, part) is None or litert_package() is None:
+        return {}
+    sess = open_litert(bundle, cand, part, threads)
+    return {f"{part}_ms{SUFFIX[LITERT]}": time_session(sess, dict(feeds), warmup, repeats, 5.0)}

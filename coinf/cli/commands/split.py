@@ -26,6 +26,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
                         help="store weights once in BUNDLE/weights.bin instead of in every "
                              "slice (auto: when slices would hold > 256 MB of weights)")
+    parser.add_argument("--tflite", action="store_true",
+                        help="also write a verified float32 .tflite head and tail per candidate "
+                             "(as `coinf convert tflite BUNDLE`; needs the tflite extra)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing bundle at BUNDLE (refused otherwise)")
     parser.add_argument("--list", metavar="BUNDLE", help="print the candidate table of a bundle")
@@ -123,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
                          progress=_Bar(), max_candidates=k, force=args.force,
                          shared_weights={"auto": None, "yes": True, "no": False}[
                              args.shared_weights])
+    summary = None
+    if args.tflite:
+        from coinf.cli.commands.convert import convert_tflite
+
+        summary = convert_tflite(args.output)
+        bundle = type(bundle).load(args.output)
     took = time.perf_counter() - t0
     stats = bundle.meta.get("stats", {})
     cross = [c.crossing_bytes for c in bundle.candidates[:-1]]
@@ -135,5 +144,10 @@ def run(args: argparse.Namespace) -> int:
           f"{_fmt_bytes(max(cross))})")
     if args.verify:
         print("verified     all candidates: tail(head(x)) == model(x) within 1e-5")
+    if summary is not None:
+        from coinf.cli.commands.convert import print_summary
+
+        print()
+        print_summary(summary)
     print(f"bundle       {args.output}  written in {took:.2f} s")
     return 0

@@ -256,7 +256,8 @@ class AsyncSession:
         if self._closed:
             raise InputError("this session is closed")
         plan = await self._next_plan(ro)
-        stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag)
+        stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag,
+                         runtimes=tuple(s.runtime for s in plan.stages))
         t_start = time.perf_counter()
         if alone and self._head_ms.get(plan.candidate.id, INLINE_HEAD_MS) < INLINE_HEAD_MS:
             crossing = self._run_head(plan.candidate, feeds, stats)  # cheaper than a thread hop
@@ -384,6 +385,7 @@ class AsyncSession:
             return outputs
 
         outputs = await self._on(self._head_pool, tail)
+        stats.runtimes = (*stats.runtimes[:1], self._slices.runtime_of(cand, "tail"))
         stats.local = True
         stats.fallback = why
         return outputs

@@ -53,7 +53,8 @@ def litert_interpreter() -> type:
     for module, _ in LITERT_MODULES:
         if importlib.util.find_spec(module.split(".")[0]) is None:
             continue
-        return importlib.import_module(module).Interpreter  # type: ignore[no-any-return]
+        interpreter: type = importlib.import_module(module).Interpreter
+        return interpreter
     raise MissingDependency(
         "the LiteRT runtime needs 'ai-edge-litert' (pip install 'coinf[litert]'), or "
         "'tflite-runtime' where numpy<2 is fine; neither is installed")

@@ -55,7 +55,7 @@ def print_summary(summary: Any, out: Any = sys.stdout) -> None:
 def convert_tflite(bundle_dir: str, candidates: str | None = None, python: str | None = None,
                    install: bool = False, timeout: float = 600.0) -> Any:
     """Shared by ``coinf convert tflite`` and ``coinf split --tflite``."""
-    from coinf.cli.commands.split import _Bar
+    from coinf.cli.progress import Bar
     from coinf.convert.bundle import Bundle
     from coinf.convert.tflite import convert_bundle, install_converter
 
@@ -66,7 +66,7 @@ def convert_tflite(bundle_dir: str, candidates: str | None = None, python: str |
     ids = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
     if timeout <= 0:
         raise UserError(f"--timeout must be > 0 s, got {timeout}")
-    return convert_bundle(bundle, candidates=ids, python=python, progress=_Bar(),
+    return convert_bundle(bundle, candidates=ids, python=python, progress=Bar(),
                           timeout_s=timeout)
 
 

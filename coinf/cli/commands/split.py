@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
+from coinf.cli.progress import Bar as _Bar
 from coinf.errors import ModelError, UserError
 
 
@@ -69,36 +69,6 @@ def table(bundle: Any) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)
-
-
-class _Bar:
-    """tqdm on a terminal, plain progress lines otherwise (stderr)."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.bars: dict[str, Any] = {}
-        self.last: dict[str, int] = {}
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if self.tty:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self.tty = False
-            else:
-                bar = self.bars.get(stage)
-                if bar is None:
-                    bar = self.bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr,
-                                                  leave=False)
-                bar.n = done
-                bar.refresh()
-                if done >= total:
-                    bar.close()
-                return
-        step = max(total // 10, 1)
-        if done == total or done - self.last.get(stage, -step) >= step:
-            self.last[stage] = done
-            print(f"{stage}: {done}/{total}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -269,3 +269,14 @@ def test_unconvertible_slice_is_reported_not_shipped(tmp_path):
                        handheld_runtime=LITERT) as sess:
         _close(sess.run(None, feed), want)
     assert SliceRunner(bundle, runtime=LITERT).runtime_of(bad, "head") == ONNXRUNTIME
+
+
+def test_missing_converter_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """Without onnx2tf (a fresh `pip install coinf[tflite]`) the command says how to get it."""
+    from coinf.cli import main
+
+    plain = split_model(ZOO / "lenet_digits.onnx", tmp_path / "b", max_candidates=3)
+    monkeypatch.setitem(__import__("sys").modules, "onnx2tf", None)  # find_spec -> None
+    assert main(["convert", "tflite", str(plain.root)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--install-converter" in err and "onnx2tf" in err

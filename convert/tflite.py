@@ -86,9 +86,6 @@ def converter_python(python: str | None = None) -> str:
             f"converting to TFLite needs {CONVERTER}, which pip cannot install as a requirement "
             "(it declares Python >= 3.12 but runs on 3.11): run `coinf convert tflite BUNDLE "
             "--install-converter` (or `make tflite`) to install it into this environment")
-    if litert_package() is None:
-        raise MissingDependency("verifying TFLite slices needs ai-edge-litert "
-                                "(pip install 'coinf[tflite]')")
     return sys.executable
 
 

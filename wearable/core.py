@@ -115,7 +115,6 @@ class AsyncSession:
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=opts.head_cache + 2,
                                    providers=self._providers, runtime=opts.runtime,
                                    profile=self._profiles["wearable"])
-        check_runtime(opts.handheld_runtime, self.bundle, "handheld_runtime")
         self._packing = _parse_packing(opts.packing)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
@@ -132,8 +131,11 @@ class AsyncSession:
         if transport == "inprocess":
             transport_options.setdefault("slowdown", opts.handheld_slowdown)
             transport_options.setdefault("threads", opts.handheld_threads)
+            # the in-process handheld runs here: its LiteRT must be installed here too
+            check_runtime(opts.handheld_runtime, self.bundle, "handheld_runtime")
             transport_options.setdefault("runtime", opts.handheld_runtime)
             transport_options.setdefault("profile", self._profiles["handheld"])
+        self._handheld_here = transport == "inprocess"
         self.connection = Connection(
             open_connector(transport, bundle=self.bundle, **transport_options),
             self.bundle.identity,
@@ -292,7 +294,8 @@ class AsyncSession:
         """The runtimes of ``cand``'s head (here) and tail (on the handheld, as configured)."""
         return (self._slices.runtime_of(cand, "head"),
                 resolve(self.options.handheld_runtime, self.bundle, cand, "tail",
-                        self._profiles["handheld"]))
+                        self._profiles["handheld"],
+                        have_litert=None if self._handheld_here else True))
 
     async def _probe_link(self) -> None:
         if self.connection.rpc_client is not None:

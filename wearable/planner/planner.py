@@ -163,7 +163,9 @@ class Planner:
         out = []
         for part, (ms, src), role, prof in (("head", head, "wearable", self.wearable),
                                             ("tail", tail, "handheld", self.handheld)):
-            rt = resolve(self.runtimes[role], self.bundle, c, part, prof)
+            # a remote handheld's LiteRT is its own business: assume it has the runtime it asks
+            rt = resolve(self.runtimes[role], self.bundle, c, part, prof,
+                         have_litert=None if role == "wearable" else True)
             lite = resolved_ms(prof, self.bundle.identity, c, part, rt) if rt == LITERT else None
             out.append((lite, "measured slice (litert)") if lite is not None else (ms, src))
             self.stage_runtimes.setdefault(c.id, ("onnxruntime", "onnxruntime"))

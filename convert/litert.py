@@ -93,9 +93,11 @@ class LiteRTSlice:
             with self._lock:
                 for arg, det in zip(self.inputs, self._in, strict=True):
                     value = np.asarray(feeds[arg.name])
-                    self._interp.set_tensor(
-                        det["index"], np.ascontiguousarray(value.astype(det["dtype"], copy=False)
-                                                           .reshape(det["shape"])))
+                    want = np.dtype(det["dtype"])
+                    if value.dtype.char != want.char:  # also 'q' -> 'l': LiteRT knows only one
+                        value = value.astype(want)
+                    self._interp.set_tensor(det["index"],
+                                            np.ascontiguousarray(value.reshape(det["shape"])))
                 self._interp.reset_all_variables()  # RNN state must not leak between runs
                 self._interp.invoke()
                 for arg, det in zip(self.outputs, self._out, strict=True):

@@ -377,26 +377,36 @@ def _compose(cand: Candidate, feed: Mapping[str, np.ndarray], ref: Mapping[str, 
             tail = (lite if tail_rt == "tflite" else onnx_parts).get("tail")
             if (head is None and "head" in onnx_parts) or (tail is None and "tail" in onnx_parts):
                 continue
-            sent = dict(feed)
-            if head is not None:
-                names = [o.name for o in head.get_outputs()]
-                sent.update(zip(names, head.run(names, {i.name: feed[i.name]
-                                                        for i in head.get_inputs()}),
-                                strict=True))
-            if tail is not None:
-                tin = {i.name: sent[i.name] for i in tail.get_inputs()}
-                result = dict(zip(outputs, tail.run(outputs, tin), strict=True))
-            else:
-                result = {n: sent[n] for n in crossing}
-            err = max(rel_err(result[n], ref[n]) for n in outputs)
+            try:
+                err = _mix_error(head, tail, feed, ref, outputs, crossing)
+                why = f"is off the whole model (relative error {err:.2g})"
+            except Exception as exc:  # a LiteRT failure on the composed tensors
+                err = math.inf
+                first = (str(exc).strip().splitlines() or [""])[0]
+                why = f"failed: {type(exc).__name__}: {first}"[:250]
             if err <= RTOL:
                 continue
             blame = "tail" if tail_rt == "tflite" else "head"
             out = by[(cand.id, blame)]
             if out.ok:
-                out.error = (f"composition {head_rt} head -> {tail_rt} tail is off the whole "
-                             f"model (relative error {err:.2g})")
+                out.error = f"composition {head_rt} head -> {tail_rt} tail {why}"
                 lite.pop(blame, None)
+
+
+def _mix_error(head: Any, tail: Any, feed: Mapping[str, np.ndarray],
+               ref: Mapping[str, np.ndarray], outputs: list[str], crossing: list[str]) -> float:
+    """The largest relative error of ``tail(head(feed))`` against the whole model."""
+    sent = dict(feed)
+    if head is not None:
+        names = [o.name for o in head.get_outputs()]
+        sent.update(zip(names, head.run(names, {i.name: feed[i.name]
+                                                for i in head.get_inputs()}), strict=True))
+    if tail is not None:
+        tin = {i.name: sent[i.name] for i in tail.get_inputs()}
+        result = dict(zip(outputs, tail.run(outputs, tin), strict=True))
+    else:
+        result = {n: sent[n] for n in crossing}
+    return max(rel_err(result[n], ref[n]) for n in outputs)
 
 
 def _record(bundle: Bundle, outcomes: list[SliceOutcome]) -> None:

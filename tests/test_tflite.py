@@ -152,6 +152,22 @@ def test_rnn_state_does_not_leak_between_runs(gru):
         np.testing.assert_array_equal(first[name], second[name])
 
 
+def test_raw_input_passed_through_a_head(tmp_path_factory):
+    """senna_mlp's first cut sends a raw int64 input on through the head: the LiteRT head copies
+    it (onnxruntime hands it back as a 'longlong' array, which LiteRT must get as int64)."""
+    bundle = _converted(tmp_path_factory, "senna_mlp", 3, lambda b: [b.candidates[1].id])
+    cand = bundle.candidates[1]
+    head, tail = tflite_entry(cand, "head"), tflite_entry(cand, "tail")
+    assert head is not None and tail is not None and head["passthrough"]
+    feed, want = _whole(bundle, seed=2)
+    with coinf.Session(bundle.root, split=cand.id, runtime=LITERT, handheld_runtime=LITERT,
+                       fallback=False) as sess:
+        _close(sess.run(None, feed), want)
+    sent, _ = SliceRunner(bundle).run_slice(cand, "head", feed)
+    out, _ = SliceRunner(bundle, runtime=LITERT).run_slice(cand, "tail", sent)
+    _close([out[t.name] for t in bundle.outputs], want)
+
+
 # -- Session ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("runtime,handheld_runtime", [(LITERT, ONNXRUNTIME), (ONNXRUNTIME, LITERT),
                                                       (LITERT, LITERT)])

@@ -43,7 +43,8 @@ def _args(items: Sequence[Mapping[str, Any]]) -> list[SliceArg]:
 class LiteRTSlice:
     """One converted slice. ``entry`` is its manifest record (docs/BUNDLE.md, ``tflite``):
     ``inputs`` / ``outputs`` (ONNX name, shape, dtype; TFLite tensors ``in<i>`` / ``out<j>``
-    in that order) and ``passthrough`` (names copied from the feeds)."""
+    in that order), ``passthrough`` (names copied from the feeds) and ``xnnpack`` (false: run
+    with LiteRT's builtin kernels only, the XNNPACK delegate failed to prepare this slice)."""
 
     def __init__(self, path: str | Path | None, entry: Mapping[str, Any], threads: int = 0,
                  ) -> None:
@@ -60,8 +61,15 @@ class LiteRTSlice:
                 raise BundleError("a TFLite slice with outputs needs its .tflite file")
             return
         interpreter = litert_interpreter()
+        options: dict[str, Any] = {}
+        if entry.get("xnnpack", True) is False:  # the converter found XNNPACK cannot prepare it
+            import sys
+
+            resolver = sys.modules[interpreter.__module__].OpResolverType
+            options["experimental_op_resolver_type"] = resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         try:
-            self._interp = interpreter(model_path=str(path), num_threads=threads or None)
+            self._interp = interpreter(model_path=str(path), num_threads=threads or None,
+                                       **options)
             self._interp.allocate_tensors()
         except Exception as exc:  # LiteRT raises ValueError/RuntimeError with C++ text
             if not Path(path).is_file():

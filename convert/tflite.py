@@ -278,44 +278,31 @@ def convert_bundle(bundle: Bundle, *, candidates: Iterable[str] | None = None,
     if wanted is not None and len(chosen) != len(wanted):
         known = {c.id for c in bundle.candidates}
         raise BundleError(f"unknown candidate(s) {sorted(wanted - known)} in {bundle.root}")
-    outcomes: list[SliceOutcome] = []
+    outcomes = [SliceOutcome(c.id, p) for c in chosen for p in PARTS
+                if (c.head if p == "head" else c.tail).file is not None]
     with tempfile.TemporaryDirectory(prefix="coinf-tflite-") as tmpdir:
         tmp = Path(tmpdir)
-        jobs: list[dict[str, Any]] = []
-        owners: list[SliceOutcome] = []
-        for cand in chosen:
-            for part_name in PARTS:
-                part = cand.head if part_name == "head" else cand.tail
-                if part.file is None:
-                    continue
-                out = SliceOutcome(cand.id, part_name)
-                outcomes.append(out)
-                try:
-                    model = onnx.load(str(bundle.path(part.file)))
-                    prepared, out.entry = prepare_slice(model, keep_layout=part_name == "head")
-                except Exception as exc:  # a slice onnx cannot load or edit
-                    out.error = f"cannot prepare: {type(exc).__name__}: {exc}"[:300]
-                    continue
-                if not out.entry["outputs"]:
-                    continue  # nothing to compute: pure pass-through, no file needed
-                src = tmp / f"{cand.id}_{part_name}.onnx"
-                src.write_bytes(prepared.SerializeToString())
-                out.tmp = tmp / f"{cand.id}_{part_name}.tflite"
-                jobs.append({"onnx": str(src), "tflite": str(out.tmp),
-                             "keep": [t for t in (f"in{i}" for i in
-                                                  range(len(out.entry["inputs"])))]
-                             if part_name == "head" else []})
-                owners.append(out)
-        for out, res in zip(owners, _run_worker(jobs, exe, progress, timeout_s), strict=True):
-            out.seconds = float(res.get("seconds", 0.0))
-            if not res.get("ok"):
-                out.error = f"conversion failed: {res.get('error', '?')}"
+        _convert(bundle, outcomes, tmp, exe, progress, timeout_s, onnx_layout=False)
         _verify(bundle, chosen, outcomes, seed, progress)
+        # A tail with flattened inputs that failed gets a second try with its inputs in ONNX
+        # layout (keep_shape_absolutely, like a head): onnx2tf mishandles some Reshape->Conv1D
+        # prologues (TextCNN: "TRANSPOSE perm 4 != dims 3"). Its bytes are ONNX-ordered too.
+        retry = [o for o in outcomes if not o.ok and o.part == "tail"]
+        if retry:
+            first = {o.cid: o.error for o in retry}
+            _convert(bundle, retry, tmp, exe, progress, timeout_s, onnx_layout=True)
+            ids = {o.cid for o in retry}
+            _verify(bundle, [c for c in chosen if c.id in ids],
+                    [o for o in outcomes if o.cid in ids], seed, progress)
+            for o in retry:
+                if not o.ok:
+                    o.error = (f"{first[o.cid]}; with ONNX-layout inputs: {o.error}")[:400]
         _record(bundle, outcomes)
     summary = Summary(outcomes, time.perf_counter() - t0)
     bundle.meta["tflite"] = {
         "converter": f"{CONVERTER} flatbuffer_direct", "precision": "float32",
-        "layout": "crossing tensors flattened to [1, numel] in ONNX order; raw inputs as ONNX",
+        "layout": "crossing tensors flattened to [1, numel] in ONNX order (a tail that failed "
+                  "so: its inputs in ONNX layout); raw inputs in ONNX layout",
         "rtol": RTOL, "seed": seed,
         "converted": sum(1 for c in bundle.candidates for p in PARTS
                          if isinstance(c.extra.get("tflite", {}).get(p), dict)
@@ -324,6 +311,38 @@ def convert_bundle(bundle: Bundle, *, candidates: Iterable[str] | None = None,
     }
     bundle.save()
     return summary
+
+
+def _convert(bundle: Bundle, targets: list[SliceOutcome], tmp: Path, exe: str,
+             progress: Progress | None, timeout_s: float, onnx_layout: bool) -> None:
+    """Prepare and convert ``targets``; a head always keeps its inputs' ONNX layout, a tail
+    only with ``onnx_layout`` (else its inputs are flattened)."""
+    jobs: list[dict[str, Any]] = []
+    owners: list[SliceOutcome] = []
+    for out in targets:
+        cand = bundle.candidate(out.cid)
+        part = cand.head if out.part == "head" else cand.tail
+        keep = out.part == "head" or onnx_layout
+        out.error, out.tmp, out.max_rel_err = "", None, math.nan
+        try:
+            model = onnx.load(str(bundle.path(str(part.file))))
+            prepared, out.entry = prepare_slice(model, keep_layout=keep)
+        except Exception as exc:  # a slice onnx cannot load or edit
+            out.error = f"cannot prepare: {type(exc).__name__}: {exc}"[:300]
+            continue
+        if not out.entry["outputs"]:
+            continue  # nothing to compute: pure pass-through, no file needed
+        stem = f"{out.cid}_{out.part}_{out.entry['layout']}"
+        src = tmp / f"{stem}.onnx"
+        src.write_bytes(prepared.SerializeToString())
+        out.tmp = tmp / f"{stem}.tflite"
+        jobs.append({"onnx": str(src), "tflite": str(out.tmp),
+                     "keep": [f"in{i}" for i in range(len(out.entry["inputs"]))] if keep else []})
+        owners.append(out)
+    for out, res in zip(owners, _run_worker(jobs, exe, progress, timeout_s), strict=True):
+        out.seconds += float(res.get("seconds", 0.0))
+        if not res.get("ok"):
+            out.error = f"conversion failed: {res.get('error', '?')}"
 
 
 def _verify(bundle: Bundle, chosen: list[Candidate], outcomes: list[SliceOutcome], seed: int,
@@ -343,7 +362,7 @@ def _verify(bundle: Bundle, chosen: list[Candidate], outcomes: list[SliceOutcome
             if not out.ok:
                 continue
             try:
-                lite[part_name] = LiteRTSlice(out.tmp, out.entry)
+                lite[part_name] = _open_lite(out)
                 sess = onnx_parts[part_name]
                 names = [o.name for o in sess.get_outputs()]
                 feeds = {i.name: ref[i.name] for i in sess.get_inputs()}
@@ -361,6 +380,18 @@ def _verify(bundle: Bundle, chosen: list[Candidate], outcomes: list[SliceOutcome
         _compose(cand, feed, ref, outputs, lite, onnx_parts, by)
         if progress:
             progress("verify tflite", k + 1, len(chosen))
+
+
+def _open_lite(out: SliceOutcome) -> LiteRTSlice:
+    """Load a converted slice; when LiteRT's default XNNPACK delegate cannot prepare it (seen on
+    TextCNN tails), fall back to the builtin kernels and record ``xnnpack: false``."""
+    try:
+        return LiteRTSlice(out.tmp, out.entry)
+    except BundleError as exc:
+        if "XNNPack" not in str(exc):
+            raise
+    out.entry["xnnpack"] = False
+    return LiteRTSlice(out.tmp, out.entry)
 
 
 def _compose(cand: Candidate, feed: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],

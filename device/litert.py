@@ -101,14 +101,6 @@ def open_litert(bundle: Bundle, cand: Candidate, part: str, threads: int = 0) ->
     return LiteRTSlice(bundle.path(str(file)) if file else None, entry, threads)
 
 
-def runtimes_of(bundle: Bundle, cands: list[Candidate], requested: Mapping[str, str],
-                profiles: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """Per candidate id: (head runtime on the wearable, tail runtime on the handheld)."""
-    return {c.id: (resolve(requested["wearable"], bundle, c, "head", profiles.get("wearable")),
-                   resolve(requested["handheld"], bundle, c, "tail", profiles.get("handheld")))
-            for c in cands}
-
-
 def litert_times(bundle: Bundle, cand: Candidate, part: str, feeds: Mapping[str, Any],
                  threads: int = 1, warmup: int = 2, repeats: int = 5) -> dict[str, float]:
     """``{"<part>_ms_litert": median ms}`` of the slice's TFLite twin on ``feeds`` (the ONNX

@@ -242,6 +242,16 @@ def test_auto_picks_the_faster_measured_runtime(lenet):
     assert planner.stage_runtimes[cand.id] == (LITERT, ONNXRUNTIME)
 
 
+def test_profile_measures_both_runtimes(lenet):
+    from coinf.device.profile import profile_bundle
+
+    mp = profile_bundle(lenet, warmup=1, repeats=2)
+    cand = lenet.candidates[1]
+    times = mp.candidates[cand.id]
+    assert {"head_ms", "head_ms_litert", "tail_ms", "tail_ms_litert"} <= set(times)
+    assert all(v > 0 for v in times.values())
+
+
 # -- a slice the converter cannot do ------------------------------------------------------------
 def _unconvertible_model(path: Path) -> None:
     """x -> Relu -> LpNormalization -> Sigmoid: onnx2tf emits LpNormalization as a custom op
@@ -296,3 +306,7 @@ def test_missing_converter_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     assert main(["convert", "tflite", str(plain.root)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "--install-converter" in err and "onnx2tf" in err
+    # split --tflite refuses before writing anything
+    out = tmp_path / "never"
+    assert main(["split", str(ZOO / "lenet_digits.onnx"), "-o", str(out), "--tflite"]) == 2
+    assert "--install-converter" in capsys.readouterr().err and not out.exists()

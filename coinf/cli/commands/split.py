@@ -90,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.convert.split import split_model
 
     dims = parse_dims(args.dim)
+    if args.tflite:  # no converter: say so before splitting, not after
+        from coinf.convert.tflite import converter_python
+
+        converter_python()
     k = DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates
     t0 = time.perf_counter()
     bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,

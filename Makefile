@@ -7,7 +7,8 @@ SUM    := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.installed-dev-$(SUM)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
-.PHONY: demo test lint typecheck check models clean
+.PHONY: demo test lint typecheck check models tflite clean
+TFLITE_CONVERTER := onnx2tf==2.6.9
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +18,7 @@ $(BIN)/python:
 # so `make demo` after `make test` installs nothing, and `make test` after `make demo` adds dev.
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(TFLITE_CONVERTER)
 	rm -f $(VENV)/.installed-*
 	touch $@ $(DEMO_STAMP)
 
@@ -43,6 +45,12 @@ typecheck: $(STAMP)
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../setup.cfg --cache-dir ../../.mypy_cache -p coinf
 
 check: lint typecheck test
+
+# The TFLite converter alone (onnx2tf declares Python >= 3.12 but runs on 3.11: --no-deps after
+# the tflite extra), for a venv that has coinf without the dev extra.
+tflite: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[tflite]'
+	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(TFLITE_CONVERTER)
 
 # Rebuild the committed zoo files from their builders (needs the `models` extra: torch==2.13.0).
 models: $(STAMP)

@@ -28,3 +28,33 @@ def require(package: str, extra: str | None = None, what: str = "this feature") 
     """Raise :class:`MissingDependency` naming the extra when ``package`` cannot be imported."""
     if importlib.util.find_spec(package) is None:
         raise MissingDependency(missing_message(package, what, extra))
+
+
+#: LiteRT interpreters, preferred first: (import module, pip package)
+LITERT_MODULES: tuple[tuple[str, str], ...] = (
+    ("ai_edge_litert.interpreter", "ai-edge-litert"),
+    ("tflite_runtime.interpreter", "tflite-runtime"),
+)
+
+
+def litert_package() -> str | None:
+    """The LiteRT runtime installed here (``ai-edge-litert``, else ``tflite-runtime``), or None."""
+    for module, package in LITERT_MODULES:
+        if importlib.util.find_spec(module.split(".")[0]) is not None:
+            return package
+    return None
+
+
+def litert_interpreter() -> type:
+    """The ``Interpreter`` class of the LiteRT runtime installed here; :class:`MissingDependency`
+    naming both packages when neither is."""
+    import importlib
+
+    for module, _ in LITERT_MODULES:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            continue
+        interpreter: type = importlib.import_module(module).Interpreter
+        return interpreter
+    raise MissingDependency(
+        "the LiteRT runtime needs 'ai-edge-litert' (pip install 'coinf[litert]'), or "
+        "'tflite-runtime' where numpy<2 is fine; neither is installed")

@@ -62,24 +62,29 @@ def verify_bundle(bundle: Bundle, seed: int = 0,
 
     ``input_data`` (representative inputs, one feed or N on a leading axis) replaces the
     seeded random values of the inputs it has; the first ``feeds`` of them are checked."""
-    model = onnx.load(str(bundle.model_path))
-    types = {t.name: _ttype(t) for t in bundle.inputs}
-    names = [t.name for t in bundle.inputs]
     failures: list[str] = []
     rounds = max(feeds, 1)
     total = rounds * len(bundle.candidates)
     for k in range(rounds):
-        feed = sample_feed(model, types, names, input_data, seed=seed + k, index=k)
+        feed, ref, outputs = reference(bundle, seed + k, input_data, index=k)
         step = None if progress is None else (
             lambda stage, done, _n, k=k: progress(stage, k * len(bundle.candidates) + done,
                                                   total))
-        failures.extend(f for f in _verify_feed(bundle, model, feed, step)
+        failures.extend(f for f in _verify_feed(bundle, feed, ref, outputs, step)
                         if f not in failures)
     return failures
 
 
-def _verify_feed(bundle: Bundle, model: ModelProto, feed: dict[str, np.ndarray],
-                 progress: Callable[[str, int, int], None] | None) -> list[str]:
+def reference(bundle: Bundle, seed: int = 0,
+              input_data: Mapping[str, np.ndarray] | None = None, index: int = 0,
+              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str]]:
+    """Inputs (seeded random, or feed ``index`` of ``input_data``), the whole model's value of
+    every output and crossing tensor (and of the inputs) on them, and the output names: what
+    every slice is checked against."""
+    model = onnx.load(str(bundle.model_path))
+    types = {t.name: _ttype(t) for t in bundle.inputs}
+    names = [t.name for t in bundle.inputs]
+    feed = sample_feed(model, types, names, input_data, seed=seed, index=index)
     outputs = [t.name for t in bundle.outputs]
     extra: dict[str, TensorSpec] = {}
     for cand in bundle.candidates:
@@ -91,11 +96,16 @@ def _verify_feed(bundle: Bundle, model: ModelProto, feed: dict[str, np.ndarray],
     for name, spec in extra.items():
         tt = _ttype(spec)
         probe.graph.output.append(helper.make_tensor_value_info(name, tt.elem, list(tt.shape)))
-    names = outputs + list(extra)
-    values = ort_session(probe).run(names, feed)
+    wanted = outputs + list(extra)
+    values = ort_session(probe).run(wanted, feed)
     ref: dict[str, np.ndarray] = dict(feed)
-    ref.update(zip(names, values, strict=True))
+    ref.update(zip(wanted, values, strict=True))
+    return feed, ref, outputs
 
+
+def _verify_feed(bundle: Bundle, feed: dict[str, np.ndarray], ref: dict[str, np.ndarray],
+                 outputs: list[str], progress: Callable[[str, int, int], None] | None
+                 ) -> list[str]:
     failures: list[str] = []
     total = len(bundle.candidates)
     for k, cand in enumerate(bundle.candidates):

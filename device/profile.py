@@ -7,7 +7,8 @@ A profile is JSON (``coinf-device-profile``, version 1)::
      "power": {"cpu_active_w": 2.0, "cpu_idle_w": 0.6, "ble_tx_w": 0.15, "ble_rx_w": 0.12},
      "predictor": {... coinf-predictor ...} | null,
      "models": {"<bundle identity>": {"nodes": {"conv1": 3.2, ...},
-                                      "candidates": {"c003": {"head_ms": 12.0, "tail_ms": 4.1}},
+                                      "candidates": {"c003": {"head_ms": 12.0, "tail_ms": 4.1,
+                                                              "head_ms_litert": 9.5, ...}},
                                       "node_sum_error": {...}}},
      "host": {"node": "raspberrypi", "machine": "aarch64", "system": "Linux"} | null}
 
@@ -17,7 +18,8 @@ another machine's profile without ``--force``).
 Compute time of one side of a cut, best source first: the measured slice
 (``models[id].candidates``), the sum of measured per-node times, the layer predictor on the
 model's nodes, and last ``flops / gflops``. Every time is multiplied by ``slowdown`` (emulation:
-one machine playing a slower device).
+one machine playing a slower device). ``*_ms_litert`` are the same slices' times with LiteRT
+(the bundle's TFLite twins, when it has them): ``runtime="auto"`` picks the faster one.
 """
 
 from __future__ import annotations
@@ -275,6 +277,7 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
                    slices: bool = True, progress: Callable[[str], None] | None = None,
                    ) -> ModelProfile:
     """Per-node times of the whole model plus directly measured head/tail slice times."""
+    from coinf.device.litert import litert_times
     from coinf.device.sweep import make_session, random_feeds, time_session
 
     mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats))
@@ -288,6 +291,8 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
                 continue
             sess = make_session(str(bundle.path(part.file)), threads)
             entry[f"{side}_ms"] = time_session(sess, random_feeds(sess), warmup, repeats, 5.0)
+            entry.update(litert_times(bundle, cand, side, random_feeds(sess), threads, warmup,
+                                      repeats))  # {side}_ms_litert when a TFLite twin ships
             node_sum = sum(mp.nodes.get(n, 0.0) for n in part.nodes)
             if entry[f"{side}_ms"] > 0:
                 mp.node_sum_error[f"{cand.id}.{side}"] = node_sum / entry[f"{side}_ms"] - 1.0

@@ -1,4 +1,4 @@
-"""Run a bundle's slices with onnxruntime, keeping a small LRU of loaded sessions.
+"""Run a bundle's slices with onnxruntime or LiteRT, keeping a small LRU of loaded sessions.
 
 Both sides use it: the wearable for heads (and for tails when it finishes an inference itself),
 the handheld daemon for tails.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -16,12 +17,15 @@ from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.convert.bundle import Bundle, Candidate, open_slice
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
+from coinf.device.litert import LITERT, ONNXRUNTIME, check_runtime, open_litert, resolve
 
 
 class SliceRunner:
     """Loads ``(candidate, part)`` slices on demand (at most ``capacity`` kept) and runs them.
 
     ``part`` is ``"head"`` or ``"tail"``. Thread-safe: sessions may run on several threads.
+    ``runtime`` (``onnxruntime``, ``litert``, ``auto``) is resolved per slice by
+    :func:`coinf.device.litert.resolve`, ``auto`` from ``profile``'s measured times.
     """
 
     def __init__(
@@ -30,30 +34,43 @@ class SliceRunner:
         emulation: DeviceEmulation | None = None,
         capacity: int = 4,
         providers: Sequence[str] = ("CPUExecutionProvider",),
+        runtime: str = ONNXRUNTIME,
+        profile: Any = None,
     ) -> None:
         if capacity < 1:
             raise ValueError("LRU capacity must be >= 1")
         self.bundle = bundle
+        self.runtime = check_runtime(runtime, bundle)
+        self.profile = profile
         self.emulation = emulation or DeviceEmulation()
         self.capacity = capacity
         self.providers = list(providers)
-        self._sessions: OrderedDict[tuple[str, str], ort.InferenceSession] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def slice_session(self, cand: Candidate, part: str) -> ort.InferenceSession:
+    def runtime_of(self, cand: Candidate, part: str) -> str:
+        """The runtime that runs ``cand``'s ``part`` here."""
+        return resolve(self.runtime, self.bundle, cand, part, self.profile)
+
+    def slice_session(self, cand: Candidate, part: str) -> Any:
+        """An ``onnxruntime.InferenceSession``, or a LiteRT slice with the same surface."""
         file = (cand.head if part == "head" else cand.tail).file
         if file is None:
             raise ProtocolError(
                 ErrorCode.UNKNOWN_CANDIDATE, f"candidate {cand.id} has no {part} slice"
             )
-        key = (cand.id, part)
+        runtime = self.runtime_of(cand, part)
+        key = (cand.id, part, runtime)
         with self._lock:
             sess = self._sessions.get(key)
             if sess is not None:
                 self._sessions.move_to_end(key)
                 return sess
-        sess = open_slice(self.bundle.path(file), self.emulation.session_options(),
-                          self.providers)
+        if runtime == LITERT:
+            sess = open_litert(self.bundle, cand, part, self.emulation.threads)
+        else:
+            sess = open_slice(self.bundle.path(file), self.emulation.session_options(),
+                              self.providers)
         with self._lock:
             self._sessions[key] = sess
             while len(self._sessions) > self.capacity:
@@ -88,7 +105,7 @@ class SliceRunner:
     @property
     def loaded(self) -> list[str]:
         with self._lock:
-            return [cid for cid, _ in self._sessions]
+            return [cid for cid, _, _ in self._sessions]
 
 
 class TailRunner(SliceRunner):

@@ -96,12 +96,14 @@ class HandheldDaemon:
         *,
         max_pending: int = 4,
         concurrency: int = 1,
+        runtime: str = "onnxruntime",
     ) -> None:
         if max_pending < 1 or concurrency < 1:
             raise ValueError("max_pending and concurrency must be >= 1")
         self.bundle = bundle
         self.profile = profile
-        self.tails = TailRunner(bundle, emulation, capacity=lru)
+        # tails run with onnxruntime, LiteRT, or ``auto``: the faster one in ``profile``
+        self.tails = TailRunner(bundle, emulation, capacity=lru, runtime=runtime, profile=profile)
         self.tiles = TileRunner(bundle.model_path, emulation)  # spatial partition (sp:...)
         self.max_request_bytes = max_request_bytes
         self.max_pending = max_pending

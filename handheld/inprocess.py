@@ -13,6 +13,7 @@ from coinf.ble_protocol.shaped import Channel, ShapedLink
 from coinf.ble_protocol.transport import Connector
 from coinf.convert.bundle import Bundle
 from coinf.device.emulation import DeviceEmulation
+from coinf.device.profile import DeviceProfile
 from coinf.handheld.daemon import HandheldDaemon
 
 from coinf.errors import InputError
@@ -24,14 +25,16 @@ class InProcessConnector(Connector):
 
     def __init__(self, rest: str = "", *, bundle: Bundle | None = None,
                  channel: Channel | None = None, slowdown: float = 1.0, threads: int = 0,
-                 daemon: HandheldDaemon | None = None) -> None:
+                 daemon: HandheldDaemon | None = None, runtime: str = "onnxruntime",
+                 profile: DeviceProfile | None = None) -> None:
         if rest:
             raise InputError(f"transport 'inprocess' takes nothing after it, got {rest!r}")
         if daemon is None and bundle is None:
             raise InputError("the inprocess transport needs the bundle its handheld serves")
         self.spec = "inprocess" if channel is None else f"inprocess ({channel})"
         self.channel = channel
-        self.daemon = daemon or HandheldDaemon(bundle, DeviceEmulation(slowdown, threads))  # type: ignore[arg-type]
+        self.daemon = daemon or HandheldDaemon(bundle, DeviceEmulation(slowdown, threads),  # type: ignore[arg-type]
+                                               profile=profile, runtime=runtime)
         self.links = 0
 
     async def connect(self, timeout: float) -> Link:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.messages import MsgType, ProtocolError
@@ -49,12 +49,13 @@ class AutoPlan:
         latency_budget_ms: Any = _UNSET,
         packings: Sequence[str] = ("auto",),
         timeout_s: float = 30.0,
+        runtimes: Mapping[str, str] | None = None,
     ) -> None:
         self.bundle = bundle
         self.policy = policy
         self._handheld_profile_fixed = handheld_profile is not None
         planner = Planner(bundle, wearable_profile, handheld_profile, policy,
-                          packings=tuple(packings), timeout_s=timeout_s)
+                          packings=tuple(packings), timeout_s=timeout_s, runtimes=runtimes)
         self.adaptive = AdaptivePlanner(planner, objective=objective,
                                         latency_budget_ms=latency_budget_ms)
         self.cadence = Cadence()

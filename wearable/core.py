@@ -36,6 +36,7 @@ from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import open_connector
 from coinf.convert.bundle import Bundle, Candidate
 from coinf.device.emulation import DeviceEmulation
+from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.autoplan import AutoPlan
@@ -108,8 +109,12 @@ class AsyncSession:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self._providers = _check_providers(providers)
         self.emulation = DeviceEmulation(opts.slowdown, opts.threads)
+        self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
+            ("wearable", opts.runtime, opts.wearable_profile),
+            ("handheld", opts.handheld_runtime, opts.handheld_profile))}
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=opts.head_cache + 2,
-                                   providers=self._providers)
+                                   providers=self._providers, runtime=opts.runtime,
+                                   profile=self._profiles["wearable"])
         self._packing = _parse_packing(opts.packing)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
@@ -126,6 +131,11 @@ class AsyncSession:
         if transport == "inprocess":
             transport_options.setdefault("slowdown", opts.handheld_slowdown)
             transport_options.setdefault("threads", opts.handheld_threads)
+            # the in-process handheld runs here: its LiteRT must be installed here too
+            check_runtime(opts.handheld_runtime, self.bundle, "handheld_runtime")
+            transport_options.setdefault("runtime", opts.handheld_runtime)
+            transport_options.setdefault("profile", self._profiles["handheld"])
+        self._handheld_here = transport == "inprocess"
         self.connection = Connection(
             open_connector(transport, bundle=self.bundle, **transport_options),
             self.bundle.identity,
@@ -248,7 +258,8 @@ class AsyncSession:
         if self._closed:
             raise InputError("this session is closed")
         plan = await self._next_plan(ro)
-        stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag)
+        stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag,
+                         runtimes=tuple(s.runtime for s in plan.stages))
         t_start = time.perf_counter()
         if alone and self._head_ms.get(plan.candidate.id, INLINE_HEAD_MS) < INLINE_HEAD_MS:
             crossing = self._run_head(plan.candidate, feeds, stats)  # cheaper than a thread hop
@@ -277,7 +288,14 @@ class AsyncSession:
             if str(self._packing) != spec:
                 self._packing = PackSpec.parse(spec)
         cand = self.bundle.candidate("wearable-only") if ro.local_only else self._candidate
-        return Plan.for_candidate(cand, self._packing)
+        return Plan.for_candidate(cand, self._packing, runtimes=self.stage_runtimes(cand))
+
+    def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:
+        """The runtimes of ``cand``'s head (here) and tail (on the handheld, as configured)."""
+        return (self._slices.runtime_of(cand, "head"),
+                resolve(self.options.handheld_runtime, self.bundle, cand, "tail",
+                        self._profiles["handheld"],
+                        have_litert=None if self._handheld_here else True))
 
     async def _probe_link(self) -> None:
         if self.connection.rpc_client is not None:
@@ -370,6 +388,7 @@ class AsyncSession:
             return outputs
 
         outputs = await self._on(self._head_pool, tail)
+        stats.runtimes = (*stats.runtimes[:1], self._slices.runtime_of(cand, "tail"))
         stats.local = True
         stats.fallback = why
         return outputs
@@ -449,7 +468,9 @@ class AsyncSession:
                  if handheld_profile is not None else None)
         return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
                         objective=objective, latency_budget_ms=latency_budget_ms,
-                        packings=packings, timeout_s=self.options.timeout)
+                        packings=packings, timeout_s=self.options.timeout,
+                        runtimes={"wearable": self.options.runtime,
+                                  "handheld": self.options.handheld_runtime})
 
     async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
         if self.autoplan is not None:
@@ -553,3 +574,12 @@ def _puller(feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]
 
 
 __all__ = ["AsyncSession", "FrameResult", "ModelMetadata", "NodeArg", "RunStats"]
+
+
+def _profile_for(role: str, runtime: str, profile: Any) -> DeviceProfile | None:
+    """The device profile ``auto`` chooses runtimes from (None unless ``runtime`` is ``auto``)."""
+    if runtime != "auto":
+        return None
+    if isinstance(profile, DeviceProfile):
+        return profile
+    return load_or_default(role, profile)

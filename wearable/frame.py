@@ -63,6 +63,9 @@ class RunStats:
     local: bool = False
     fallback: str | None = None  # why an offloaded inference was completed on the wearable
     tag: str = ""
+    #: the runtime of each stage (head, tail): a tail finished here has this wearable's runtime;
+    #: an offloaded one the handheld's as configured (``handheld_runtime``)
+    runtimes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,6 +49,12 @@ class SessionOptions:
     Planning: objective, latency_budget_ms, policy, wearable_profile, handheld_profile.
     Emulation: slowdown, threads (this wearable), handheld_slowdown, handheld_threads
         (an in-process handheld).
+    Runtime (per stage): runtime runs this wearable's slices (heads, and tails it finishes
+        itself) with ``onnxruntime``, ``litert`` (the bundle's verified TFLite slices; a slice
+        left out of the TFLite set stays on onnxruntime) or ``auto`` (the faster of the two for
+        each slice, as ``coinf profile`` measured it in ``wearable_profile``);
+        handheld_runtime the same for an in-process handheld's tails (a remote handheld
+        chooses with ``coinf handheld --runtime``). docs/BUNDLE.md, "TFLite slices".
     """
 
     split: str | None = None
@@ -74,6 +80,8 @@ class SessionOptions:
     handheld_slowdown: float = 1.0
     handheld_threads: int = 0
     head_cache: int = 4
+    runtime: str = "onnxruntime"
+    handheld_runtime: str = "onnxruntime"
     stream_depth: int = 3
 
     def replace(self, **changes: Any) -> SessionOptions:
@@ -94,6 +102,10 @@ class SessionOptions:
                 raise InputError(f"{name} must be a number of seconds > 0, got {value!r}")
         if self.connect_timeout is not None and not self.connect_timeout > 0:
             raise InputError(f"connect_timeout must be > 0 s, got {self.connect_timeout!r}")
+        for name in ("runtime", "handheld_runtime"):
+            if getattr(self, name) not in ("onnxruntime", "litert", "auto"):
+                raise InputError(f"{name} must be 'onnxruntime', 'litert' or 'auto', got "
+                                 f"{getattr(self, name)!r}")
         if self.head_cache < 1 or self.stream_depth < 1:
             raise InputError("head_cache and stream_depth must be >= 1")
         if self.transport == "socket":

@@ -48,11 +48,14 @@ class Plan:
 
     @classmethod
     def for_candidate(cls, cand: Candidate, packing: PackSpec,
-                      helper: str = HANDHELD) -> Plan:
-        """The plan of a two-part candidate: head here, tail on ``helper`` (unless local)."""
+                      helper: str = HANDHELD,
+                      runtimes: tuple[str, str] = ("onnxruntime", "onnxruntime")) -> Plan:
+        """The plan of a two-part candidate: head here, tail on ``helper`` (unless local);
+        ``runtimes`` are the head's and the tail's."""
         if cand.is_wearable_only:
-            return cls(cand, PackSpec.parse("raw"), (Stage(WEARABLE, "whole"),))
-        return cls(cand, packing, (Stage(WEARABLE, "head"), Stage(helper, "tail")),
+            return cls(cand, PackSpec.parse("raw"), (Stage(WEARABLE, "whole", runtimes[0]),))
+        return cls(cand, packing, (Stage(WEARABLE, "head", runtimes[0]),
+                                   Stage(helper, "tail", runtimes[1])),
                    tensor_specs(cand, packing))
 
     @property

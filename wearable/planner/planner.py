@@ -7,7 +7,7 @@ says an input moved; the call only does arithmetic over the cached per-candidate
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from coinf.device.profile import DeviceProfile
@@ -70,7 +70,7 @@ class Planner:
                  predictor_style: str = "coinf",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
                  packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, runtimes: Mapping[str, str] | None = None) -> None:
         """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels raw; by
         default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`.
 
@@ -87,7 +87,12 @@ class Planner:
         ``timeout_s`` is the Session's per-inference timeout (``SessionOptions.timeout``):
         a configuration whose predicted exchange (transfer + tail + return) times
         ``TIMEOUT_MARGIN`` (2) exceeds it is infeasible and never chosen (``Decision.excluded``
-        says so); ``wearable-only`` always is feasible."""
+        says so); ``wearable-only`` always is feasible.
+
+        ``runtimes`` (``{"wearable": ..., "handheld": ...}``, default onnxruntime) are the
+        runtimes asked for per device; each slice's time is that of the runtime that will run it
+        (:func:`coinf.device.litert.resolve`), measured per runtime by ``coinf profile``;
+        ``stage_runtimes`` records them per candidate."""
         if not pack_mb_s > 0:
             raise ValueError(f"pack_mb_s must be > 0, got {pack_mb_s}")
         self.pack_mb_s = pack_mb_s
@@ -115,6 +120,8 @@ class Planner:
                 raise ValueError(f"{exc}, or auto (every calibrated packing)") from None
         self.packings = tuple(packings)
         self._base: list[tuple[float, float, str, str]] | None = None
+        self.runtimes = {"wearable": "onnxruntime", "handheld": "onnxruntime", **(runtimes or {})}
+        self.stage_runtimes: dict[str, tuple[str, str]] = {}
 
     # -- base compute times (cached) ---------------------------------------------------------
     def _node_features(self) -> Any:
@@ -144,8 +151,28 @@ class Planner:
                                               preds(self.wearable))
                 t, ts = self.handheld.part_ms(ident, c.id, "tail", c.tail.nodes, c.tail.flops,
                                               preds(self.handheld))
+                (h, hs), (t, ts) = self._runtime_ms(c, (h, hs), (t, ts))
                 self._base.append((h, t, hs, ts))
         return self._base
+
+    def _runtime_ms(self, c: Any, head: tuple[float, str], tail: tuple[float, str],
+                    ) -> tuple[tuple[float, str], tuple[float, str]]:
+        """The slices' times under the runtimes that will run them (LiteRT when measured)."""
+        from coinf.device.litert import LITERT, resolve, resolved_ms
+
+        out = []
+        for part, (ms, src), role, prof in (("head", head, "wearable", self.wearable),
+                                            ("tail", tail, "handheld", self.handheld)):
+            # a remote handheld's LiteRT is its own business: assume it has the runtime it asks
+            rt = resolve(self.runtimes[role], self.bundle, c, part, prof,
+                         have_litert=None if role == "wearable" else True)
+            lite = resolved_ms(prof, self.bundle.identity, c, part, rt) if rt == LITERT else None
+            out.append((lite, "measured slice (litert)") if lite is not None else (ms, src))
+            self.stage_runtimes.setdefault(c.id, ("onnxruntime", "onnxruntime"))
+            pair = list(self.stage_runtimes[c.id])
+            pair[part == "tail"] = rt
+            self.stage_runtimes[c.id] = (pair[0], pair[1])
+        return out[0], out[1]
 
     # -- cost table -------------------------------------------------------------------------
     def costs(self, link: LinkEstimate | None = None, wearable_status: DeviceStatus | None = None,

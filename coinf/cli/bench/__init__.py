@@ -25,6 +25,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("spatial", "spatial", "MeDNN spatial partition of conv layers over N emulated devices"),
     ("prune", "prune", "SMCD group-lasso pruning of the digit model: FLOPs, comm, accuracy"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
+    ("runtime", "runtime", "onnxruntime vs LiteRT per slice of a bundle with TFLite slices"),
 ]
 
 

@@ -7,6 +7,7 @@ never imports what it does not use (torch, matplotlib, bleak).
 # (subcommand, module, one-line help). Order is the order of ``coinf --help``.
 COMMANDS: list[tuple[str, str, str]] = [
     ("split", "split", "slice an ONNX model into a split bundle"),
+    ("convert", "convert", "add verified TFLite slices to a bundle (convert tflite)"),
     ("calibrate", "calibrate", "measure packing size and accuracy per candidate"),
     ("models", "models", "list or build the model zoo"),
     ("handheld", "handheld", "run the handheld daemon (tail side)"),

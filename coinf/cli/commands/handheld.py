@@ -43,6 +43,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
     parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
+    parser.add_argument("--runtime", choices=("onnxruntime", "litert", "auto"),
+                        default="onnxruntime",
+                        help="run tails with onnxruntime, LiteRT (the bundle's TFLite slices) or "
+                             "auto (the faster per slice in --profile); default %(default)s")
     parser.add_argument("--max-pending", type=int, default=4,
                         help="requests admitted at once per link; more get BUSY (default 4)")
     parser.add_argument("--profile", help="device profile sent to wearables "
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.profile import load_or_default
 
     profile = load_or_default("handheld", args.profile)
-    daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile,
+    daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile, runtime=args.runtime,
                             max_pending=args.max_pending)
 
     async def main() -> None:

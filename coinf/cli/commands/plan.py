@@ -7,7 +7,7 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coinf.errors import UserError
 
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("auto",)
     try:
         planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
-                          packings=packings, timeout_s=args.timeout)
+                          packings=packings, timeout_s=args.timeout,
+                          runtimes={"wearable": args.runtime, "handheld": args.handheld_runtime})
     except ValueError as exc:
         raise UserError(f"--packings: {exc}") from None
     wst = DeviceStatus(battery_pct=args.wearable_battery) if args.wearable_battery is not None \
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     d.notes.insert(1, f"devices: wearable {wear.name!r}, handheld {hand.name!r}; per-inference "
                       f"timeout {args.timeout:g} s")
     out = d.to_json()
+    out["stages"] = _stages(bundle, planner, d.winner)
     if args.optimal:
         cut = planner.optimal_cut(link, wst, hst)
         best = min(r.latency_ms(d.streaming) for r in d.rows if r.id not in d.excluded)
@@ -133,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(d.explain())
+        print(f"stages: {out['stages']}")
         if args.optimal:
             o = out["optimal_cut"]
             print(f"min-cut optimum over every cut: {o['latency_ms']:.1f} ms "
@@ -177,5 +180,23 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="also solve the exact min-cut over every cut of the graph")
     parser.add_argument("--png", help="write a bar chart of the candidates (Pareto front, "
                                       "the chosen one and the extremes)")
+    for flag, who in (("--runtime", "the wearable's slices"),
+                      ("--handheld-runtime", "the handheld's tails")):
+        parser.add_argument(flag, choices=("onnxruntime", "litert", "auto"),
+                            default="onnxruntime",
+                            help=f"runtime of {who}: auto = the faster per slice as the "
+                                 "profile measured it (default %(default)s)")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
+
+
+def _stages(bundle: Any, planner: Any, winner: str) -> str:
+    """The chosen plan's stages, each with its device and runtime."""
+    from coinf.ble_protocol.packing import PackSpec
+    from coinf.wearable.plan import Plan
+    from coinf.wearable.planner.planner import split_config
+
+    cid, spec = split_config(winner)
+    cand = bundle.candidate(cid)
+    runtimes = planner.stage_runtimes.get(cand.id, ("onnxruntime", "onnxruntime"))
+    return str(Plan.for_candidate(cand, PackSpec.parse(spec), runtimes=runtimes))

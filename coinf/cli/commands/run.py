@@ -31,6 +31,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower wearable")
     parser.add_argument("--threads", type=int, default=0, help="wearable onnxruntime threads")
+    for flag, who in (("--runtime", "the wearable's slices"),
+                      ("--handheld-runtime", "an in-process handheld's tails")):
+        parser.add_argument(flag, choices=("onnxruntime", "litert", "auto"),
+                            default="onnxruntime", help=f"runtime of {who} (default %(default)s)")
     parser.add_argument("--stream", type=int, default=0, metavar="N",
                         help="also stream N frames, sequential then pipelined, and report fps "
                         "(with --all: at the most balanced offloading cut measured)")
@@ -96,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
                 ble_options=ble_options(args),
                 slowdown=args.slowdown,
                 threads=args.threads,
+                runtime=args.runtime,
+                handheld_runtime=args.handheld_runtime,
                 timeout=120.0,
                 fallback=not args.no_fallback,
                 **extra,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
+from coinf.cli.progress import Bar as _Bar
 from coinf.errors import ModelError, UserError
 
 
@@ -36,6 +36,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
                         help="store weights once in BUNDLE/weights.bin instead of in every "
                              "slice (auto: when slices would hold > 256 MB of weights)")
+    parser.add_argument("--tflite", action="store_true",
+                        help="also write a verified float32 .tflite head and tail per candidate "
+                             "(as `coinf convert tflite BUNDLE`; needs the tflite extra)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing bundle at BUNDLE (refused otherwise)")
     parser.add_argument("--list", metavar="BUNDLE", help="print the candidate table of a bundle")
@@ -78,36 +81,6 @@ def table(bundle: Any) -> str:
                      for r in rows)
 
 
-class _Bar:
-    """tqdm on a terminal, plain progress lines otherwise (stderr)."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.bars: dict[str, Any] = {}
-        self.last: dict[str, int] = {}
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if self.tty:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self.tty = False
-            else:
-                bar = self.bars.get(stage)
-                if bar is None:
-                    bar = self.bars[stage] = tqdm(total=total, desc=stage, file=sys.stderr,
-                                                  leave=False)
-                bar.n = done
-                bar.refresh()
-                if done >= total:
-                    bar.close()
-                return
-        step = max(total // 10, 1)
-        if done == total or done - self.last.get(stage, -step) >= step:
-            self.last[stage] = done
-            print(f"{stage}: {done}/{total}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
 
@@ -131,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     dims = parse_dims(args.dim)
     freeze = parse_freeze(args.freeze)
     state = parse_state(args.state)
+    if args.tflite:  # no converter: say so before splitting, not after
+        from coinf.convert.tflite import converter_python
+
+        converter_python()
     k = DEFAULT_MAX_CANDIDATES if args.max_candidates is None else args.max_candidates
     t0 = time.perf_counter()
     bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,
@@ -138,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
                          freeze=freeze, input_data=args.input_data, state=state or None,
                          shared_weights={"auto": None, "yes": True, "no": False}[
                              args.shared_weights])
+    summary = None
+    if args.tflite:
+        from coinf.cli.commands.convert import convert_tflite
+
+        summary = convert_tflite(args.output)
+        bundle = type(bundle).load(args.output)
     took = time.perf_counter() - t0
     stats = bundle.meta.get("stats", {})
     cross = [c.crossing_bytes for c in bundle.candidates[:-1]]
@@ -156,5 +139,10 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         print("verified     all candidates: tail(head(x)) == model(x) within 1e-5"
               + (f" on {args.input_data}" if args.input_data else ""))
+    if summary is not None:
+        from coinf.cli.commands.convert import print_summary
+
+        print()
+        print_summary(summary)
     print(f"bundle       {args.output}  written in {took:.2f} s")
     return 0

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from coinf.convert.bundle import Bundle
+from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.split import split_model
 from coinf.convert.tflite import RTOL, convert_bundle, rel_err
 from coinf.device.litert import LITERT, ONNXRUNTIME, tflite_entry
@@ -155,8 +155,13 @@ def test_rnn_state_does_not_leak_between_runs(gru):
 def test_raw_input_passed_through_a_head(tmp_path_factory):
     """senna_mlp's first cut sends a raw int64 input on through the head: the LiteRT head copies
     it (onnxruntime hands it back as a 'longlong' array, which LiteRT must get as int64)."""
-    bundle = _converted(tmp_path_factory, "senna_mlp", 3, lambda b: [b.candidates[1].id])
-    cand = bundle.candidates[1]
+    def passing_raw_input(b: Bundle) -> Candidate:
+        raw = {t.name for t in b.inputs}
+        return next(c for c in b.candidates
+                    if c.head.file and any(t.name in raw for t in c.crossing))
+
+    bundle = _converted(tmp_path_factory, "senna_mlp", 8, lambda b: [passing_raw_input(b).id])
+    cand = passing_raw_input(bundle)
     head, tail = tflite_entry(cand, "head"), tflite_entry(cand, "tail")
     assert head is not None and tail is not None and head["passthrough"]
     feed, want = _whole(bundle, seed=2)

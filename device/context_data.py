@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-
 from coinf.device.features import FREE_OPS, NodeFeatures, node_features
 from coinf.device.incontext import anchors, fused_followers, profile_in_context
 from coinf.device.slicepred import NodeSample, SliceSample, group_of

@@ -16,10 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 from coinf.device.incontext import profile_in_context
 from coinf.device.slicepred import NodeSample
+from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 

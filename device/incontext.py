@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-
 from coinf.device.features import FUSABLE_ACTIVATIONS
 
 #: kernels onnxruntime adds for the NCHWc layout; they belong to no original node

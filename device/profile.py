@@ -33,6 +33,7 @@ from typing import Any
 
 from coinf.ble_protocol.messages import ProtocolError, decode_json
 from coinf.device.config import config_path
+from coinf.device.defaults import LAPTOP_RATES, PI_ZERO_2W_RATES, OpRates
 from coinf.device.predict import Predictor
 
 from coinf.errors import UserError
@@ -116,6 +117,9 @@ class DeviceProfile:
     models: dict[str, ModelProfile] = field(default_factory=dict)
     #: the machine it was measured on (:func:`this_host`), None for defaults and old profiles
     host: dict[str, str] | None = None
+    #: built-in per-op-type compute estimates (:mod:`.defaults`), used when nothing measured
+    #: covers a part; ``gflops`` stays the last resort
+    rates: OpRates | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("wearable", "handheld"):
@@ -130,14 +134,23 @@ class DeviceProfile:
     # -- defaults ---------------------------------------------------------------------------
     @classmethod
     def pi_zero_2w(cls) -> DeviceProfile:
-        """Raspberry Pi Zero 2 W: 4x Cortex-A53 @ 1 GHz; ~1 GFLOP/s fp32 through onnxruntime
-        (estimate) and :data:`PI_ZERO_2W_POWER`."""
-        return cls("pi-zero-2w", "wearable", PI_ZERO_2W_POWER, threads=4, gflops=1.0)
+        """Raspberry Pi Zero 2 W: 4x Cortex-A53 @ 1 GHz; per-op-type rates
+        :data:`~coinf.device.defaults.PI_ZERO_2W_RATES` and :data:`PI_ZERO_2W_POWER` (estimates
+        from published figures, docs/PLANNER.md)."""
+        return cls("pi-zero-2w", "wearable", PI_ZERO_2W_POWER, threads=4, gflops=2.0,
+                   rates=PI_ZERO_2W_RATES)
 
     @classmethod
     def laptop(cls) -> DeviceProfile:
-        """A typical laptop handheld: ~30 GFLOP/s fp32 (estimate), :data:`LAPTOP_POWER`."""
-        return cls("laptop", "handheld", LAPTOP_POWER, threads=4, gflops=30.0)
+        """A laptop-class handheld: per-op-type rates :data:`~coinf.device.defaults.LAPTOP_RATES`
+        and :data:`LAPTOP_POWER` (estimates, docs/PLANNER.md)."""
+        return cls("laptop", "handheld", LAPTOP_POWER, threads=4, gflops=30.0,
+                   rates=LAPTOP_RATES)
+
+    @property
+    def is_builtin(self) -> bool:
+        """Nothing measured: only the built-in estimates."""
+        return not self.models and self.predictor is None and self.host is None
 
     @classmethod
     def default(cls, role: str) -> DeviceProfile:
@@ -159,10 +172,12 @@ class DeviceProfile:
                 # the profile covers the whole model: a node it lacks was optimised away
                 return sum(mp.nodes.get(n, 0.0) for n in node_names) * self.slowdown, \
                     "measured nodes"
-        if self.predictor is not None and node_predictions is not None and node_names:
+        if (self.predictor is not None or self.rates is not None) and \
+                node_predictions is not None and node_names:
             pred = node_predictions()
             if all(n in pred for n in node_names):
-                return sum(pred[n] for n in node_names) * self.slowdown, "predicted nodes"
+                how = "predicted nodes" if self.predictor is not None else "default op rates"
+                return sum(pred[n] for n in node_names) * self.slowdown, how
         return flops / (self.gflops * 1e6) * self.slowdown, "flops/gflops"
 
     def node_ms(self, identity: str, feats: list[Any], style: str = "coinf") -> dict[str, float]:
@@ -174,6 +189,8 @@ class DeviceProfile:
                 ms = mp.nodes[f.name]
             elif self.predictor is not None:
                 ms = self.predictor.predict(f, style)
+            elif self.rates is not None:
+                ms = self.rates.node_ms(f)
             else:
                 ms = f.flops / (self.gflops * 1e6)
             out[f.name] = ms * self.slowdown
@@ -186,7 +203,7 @@ class DeviceProfile:
                 "power": asdict(self.power),
                 "predictor": self.predictor.to_json() if self.predictor else None,
                 "models": {k: m.to_json() for k, m in self.models.items()},
-                "host": self.host}
+                "host": self.host, "rates": self.rates.to_json() if self.rates else None}
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceProfile:
@@ -202,7 +219,8 @@ class DeviceProfile:
                        float(obj.get("gflops", 1.0)), pred,
                        {str(k): ModelProfile.from_json(v)
                         for k, v in obj.get("models", {}).items()},
-                       _host(obj.get("host")))
+                       _host(obj.get("host")),
+                       OpRates.from_json(obj["rates"]) if obj.get("rates") else None)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"device profile is malformed: {exc}") from None
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from coinf.device.features import FREE_OPS, LINEAR_FEATURES, NodeFeatures
 from coinf.device.predict import EPS_MS, EPS_X, Linear
 

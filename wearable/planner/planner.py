@@ -126,7 +126,9 @@ class Planner:
         return self._features
 
     def _predictions(self, profile: DeviceProfile) -> dict[str, float]:
-        assert profile.predictor is not None
+        if profile.predictor is None:  # a built-in profile: per-op-type rates
+            assert profile.rates is not None
+            return profile.rates.node_map(self._node_features())
         return profile.predictor.predict_nodes(self._node_features(), self.predictor_style)
 
     def base_times(self) -> list[tuple[float, float, str, str]]:
@@ -316,8 +318,9 @@ class Planner:
                          + (f", x{prof.slowdown:g} slowdown" if prof.slowdown != 1 else "")
                          + ")")
         text = "compute times: " + "; ".join(parts)
-        if "flops/gflops" in text:
-            text += " -- flops/gflops are rough estimates: `coinf profile` measures them"
+        if "flops/gflops" in text or "default op rates" in text:
+            text += (" -- built-in estimates from published figures (docs/PLANNER.md), not "
+                     "measurements: `coinf profile` measures them")
         if load_factor != 1.0:
             text += f"; wearable load factor {load_factor:.2f}"
         return text

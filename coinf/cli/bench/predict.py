@@ -1,8 +1,17 @@
-"""``coinf bench predict --bundle B``: predicted vs measured latency of every candidate slice.
+"""``coinf bench predict --bundle B``: predicted vs measured latency of every candidate slice of a
+model the predictors never saw.
 
-The predictors come from the synthetic single-layer sweep (trained here, or loaded from a device
-profile with ``--profile``), so they never saw this model. A slice's prediction is the sum of its
-nodes' predictions plus one empty-run overhead.
+Three predictors, each scored by the fraction of slices within +-10% of the measured time:
+
+* ``incontext`` (:mod:`coinf.device.slicepred`): per-node power laws learnt from onnxruntime's
+  profiler inside whole models -- every zoo model *except the one B was split from*
+  (leave-one-model-out) plus synthetic multi-layer networks -- and a per-run constant fitted on
+  those models' measured slices;
+* ``coinf`` and ``neurosurgeon``: the single-layer sweep predictors (trained here, or loaded from
+  a device profile with ``--profile``), summed per slice plus one empty-run overhead.
+
+Measured times are medians of ``--repeats`` runs at ``ORT_ENABLE_ALL``, one thread. The zoo's
+timings are cached in ``--cache`` (a few seconds to a minute to rebuild).
 """
 
 from __future__ import annotations
@@ -16,15 +25,55 @@ import onnx
 from coinf.cli.bench import emit, median, progress
 from coinf.errors import UserError
 
+STYLES = ("incontext", "coinf", "neurosurgeon")
+
+
+def zoo_source(bundle: Any) -> str | None:
+    """The zoo model ``bundle`` was split from (by the source file's hash), if any."""
+    from coinf.convert.bundle import sha256_file
+    from coinf.models import zoo
+
+    sha = (bundle.meta.get("source") or {}).get("sha256")
+    for name in zoo.ZOO:
+        path = zoo.committed_path(name)
+        if sha and path.is_file() and sha256_file(path) == sha:
+            return name
+    return None
+
+
+def train_incontext(held_out: str | None, cache: Path, repeats: int, synthetic: int,
+                    ) -> tuple[Any, list[str]]:
+    """The in-context slice predictor trained on every zoo model but ``held_out``."""
+    from coinf.device.context_data import load_or_measure, samples, sweep_samples
+    from coinf.device.context_sweep import run_context_sweep
+    from coinf.device.slicepred import SlicePredictor
+    from coinf.models import zoo
+
+    timings = {}
+    for name in zoo.ZOO:
+        if name == held_out:
+            continue  # never measured, never read: this model's timings stay unseen
+        timings[name] = load_or_measure(name, zoo.committed_path(name), cache, repeats, progress)
+    models = {m: onnx.load(str(cache / m / "model.onnx")) for m in timings}
+    nodes, slices, feats = samples(timings, models)
+    nodes += run_context_sweep(synthetic, progress=progress)
+    extra = sweep_samples(cache, 0.2, progress=progress)
+    return SlicePredictor.train(nodes, slices, feats, extra), sorted(timings)
+
 
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
+    from coinf.device.context_data import boundary_mbytes, kernel_count, model_features
     from coinf.device.features import node_features
     from coinf.device.predict import Predictor
     from coinf.device.profile import DeviceProfile
+    from coinf.device.slicepred import within
     from coinf.device.sweep import make_session, random_feeds, run_sweep, time_session
 
+    if args.repeats < 3:
+        raise UserError(f"--repeats must be >= 3, got {args.repeats}")
     bundle = Bundle.load(args.bundle)
+    held = zoo_source(bundle)
     if args.profile:
         pred = DeviceProfile.load(args.profile).predictor
         if pred is None:
@@ -35,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
         require_training_deps()
         samples, overhead = run_sweep(args.scale, args.seed, args.threads, 5, progress)
         pred = Predictor.train(samples, threads=args.threads, run_overhead_ms=overhead)
-    feats = node_features(onnx.load(str(bundle.model_path)))
+    ctx, trained_on = train_incontext(held, Path(args.cache), args.repeats, args.synthetic)
+    model = onnx.load(str(bundle.model_path))
+    feats = node_features(model)
+    anchors = model_features(model)
     per_style = {s: pred.predict_nodes(feats, s) for s in ("coinf", "neurosurgeon")}
     rows: list[dict[str, Any]] = []
     for cand in bundle.candidates:
@@ -43,37 +95,45 @@ def run(args: argparse.Namespace) -> int:
             if part.file is None or not part.nodes:
                 continue
             sess = make_session(str(bundle.path(part.file)), args.threads)
-            measured = time_session(sess, random_feeds(sess), 2, args.repeats, 5.0)
-            row = {"slice": f"{cand.id}.{side}", "nodes": len(part.nodes),
-                   "measured_ms": measured}
+            measured = time_session(sess, random_feeds(sess), 3, args.repeats, 2.0)
+            row: dict[str, Any] = {"slice": f"{cand.id}.{side}", "nodes": len(part.nodes),
+                                   "measured_ms": measured}
+            row["incontext_ms"] = ctx.slice_ms(part.nodes, kernel_count(part.nodes, anchors),
+                                               boundary_mbytes(bundle, cand, side), anchors)
             for style, p in per_style.items():
                 row[f"{style}_ms"] = sum(p.get(n, 0.0) for n in part.nodes) + pred.run_overhead_ms
             rows.append(row)
-            progress(f"{row['slice']}: measured {measured:.3f} ms, predicted "
-                     f"{row['coinf_ms']:.3f} ms")
+            progress(f"{row['slice']}: measured {measured:.3f} ms, in-context "
+                     f"{row['incontext_ms']:.3f} ms, sweep {row['coinf_ms']:.3f} ms")
 
-    def within(style: str, tol: float) -> float:
-        ok = [abs(r[f"{style}_ms"] / r["measured_ms"] - 1) <= tol for r in rows
-              if r["measured_ms"] > 0]
-        return sum(ok) / len(ok) if ok else float("nan")
+    def score(style: str, tol: float) -> float:
+        return within([(r[f"{style}_ms"], r["measured_ms"]) for r in rows], tol)
 
-    emit({"model": Path(bundle.root).name, "slices": len(rows),
-          "within_10pct": within("coinf", 0.10),
-          "within_10pct_neurosurgeon": within("neurosurgeon", 0.10),
-          "within_25pct": within("coinf", 0.25),
-          "median_abs_rel_error": median([abs(r["coinf_ms"] / r["measured_ms"] - 1)
-                                          for r in rows if r["measured_ms"] > 0]),
+    emit({"model": Path(bundle.root).name, "zoo_model": held, "slices": len(rows),
+          "leave_one_model_out": held is None or held not in trained_on,
+          "trained_on": trained_on,
+          "within_10pct": {s: score(s, 0.10) for s in STYLES},
+          "within_25pct": {s: score(s, 0.25) for s in STYLES},
+          "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
+                                              for r in rows if r["measured_ms"] > 0])
+                                   for s in STYLES},
+          "incontext_constants": {"c0_ms": ctx.c0, "c_kernel_ms": ctx.c_kernel,
+                                  "c_io_ms_per_mb": ctx.c_io},
           "r2": pred.r2_table(), "per_slice": rows})
     return 0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True)
-    parser.add_argument("--profile", help="device profile holding trained predictors "
+    parser.add_argument("--profile", help="device profile holding trained sweep predictors "
                                           "(default: run the sweep here)")
-    parser.add_argument("--scale", type=float, default=0.5, help="sweep size when training here")
+    parser.add_argument("--scale", type=float, default=0.2, help="sweep size when training here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=25, help="timed runs per slice (median)")
+    parser.add_argument("--synthetic", type=int, default=150,
+                        help="synthetic networks profiled in context for training")
+    parser.add_argument("--cache", default="out/bench-predict",
+                        help="where the zoo's bundles and timings are cached")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")
     parser.set_defaults(func=run)

@@ -505,19 +505,19 @@ def make_resnet(large: bool) -> nn.Module:
 
 
 class WearCam(nn.Module):
-    """A camera-frame classifier shaped for a wearable: a cheap stride-4 stem and an early
-    2-channel bottleneck (as split-computing designs insert one), then a ResNet trunk at 24x24."""
+    """A camera-frame classifier shaped for a wearable: a cheap stride-2 stem and an early
+    1-channel bottleneck (as split-computing designs insert one), then a ResNet trunk at 48x48."""
 
-    def __init__(self, classes: int = 10, width: int = 128, blocks: int = 2):
+    def __init__(self, classes: int = 10, width: int = 64, blocks: int = 3):
         super().__init__()
 
         def cbr(cin: int, cout: int, k: int, stride: int) -> nn.Sequential:
             return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False),
                                  nn.BatchNorm2d(cout), nn.ReLU())
 
-        self.stem = nn.Sequential(cbr(3, 16, 3, 2), cbr(16, 16, 3, 2))
-        self.bottleneck = cbr(16, 2, 1, 1)
-        self.expand = nn.Sequential(cbr(2, 64, 3, 1), cbr(64, width, 3, 1))
+        self.stem = cbr(3, 16, 3, 2)
+        self.bottleneck = cbr(16, 1, 1, 1)
+        self.expand = nn.Sequential(cbr(1, 32, 3, 1), cbr(32, width, 3, 1))
         self.trunk = nn.Sequential(*[BasicBlock(width, width, 1) for _ in range(blocks)])
         self.fc = nn.Linear(width, classes)
 
@@ -527,7 +527,7 @@ class WearCam(nn.Module):
 
 
 def make_wearcam(large: bool) -> nn.Module:
-    return WearCam(10, 128, 3)
+    return WearCam(10, 64, 3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -124,8 +124,8 @@ _SPECS = [
     ),
     ModelSpec(
         "wearcam", "ResNet", ("CoINF",),
-        "96x96 RGB camera-frame classifier: stride-4 stem, 2-channel bottleneck, ResNet trunk at "
-        "24x24 (128 channels); the demo's model, where splitting pays on a Pi Zero 2 W",
+        "96x96 RGB camera-frame classifier: stride-2 stem, 1-channel bottleneck, ResNet trunk at "
+        "48x48 (64 channels); the demo's model, where splitting pays on a Pi Zero 2 W",
         _img(96), _img(96), _arch("make_wearcam", batchnorm=True), keep_batchnorm=True,
     ),
     ModelSpec(

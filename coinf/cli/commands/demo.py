@@ -44,7 +44,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slowdown", type=float, default=None,
                         help="wearable is K x slower than this machine (default: from the "
                         "built-in Pi Zero 2 W profile against this machine)")
-    parser.add_argument("--budget-ms", type=float, default=500.0,
+    parser.add_argument("--budget-ms", type=float, default=1000.0,
                         help="the app's latency budget per frame (default %(default)s)")
     parser.add_argument("--dropped", type=float, default=5.0, metavar="KB_S",
                         help="bandwidth of the second condition in kB/s (default %(default)s)")

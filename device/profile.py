@@ -23,9 +23,6 @@ one machine playing a slower device).
 from __future__ import annotations
 
 import json
-import os
-import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -253,40 +250,21 @@ class DeviceProfile:
 
 # -- profiling ------------------------------------------------------------------------------
 def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
-                  repeats: int = 5) -> dict[str, float]:
+                  repeats: int = 5, level: str = "basic") -> dict[str, float]:
     """Per-node latency (ms, median over ``repeats`` runs after ``warmup``) from onnxruntime's
-    profiler, with basic graph optimisation so node names survive (no fusion)."""
-    import onnxruntime as ort
+    profiler. ``basic`` keeps every node's name (no fusion); ``all`` is how slices really run:
+    fused kernels are attributed to the node they were folded into
+    (:func:`coinf.device.incontext.attribute`), so fused followers are absent (cost 0)."""
     from coinf.convert.bundle import open_slice
-    from coinf.device.sweep import random_feeds
+    from coinf.device.incontext import attribute, kernel_times
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.enable_profiling = True
-    opts.log_severity_level = 3
-    with tempfile.TemporaryDirectory() as tmp:
-        opts.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = open_slice(model_path, opts)  # a damaged file: BundleError naming it
-        feeds = random_feeds(sess)
-        for _ in range(warmup + repeats):
-            sess.run(None, feeds)
-        events = json.loads(Path(sess.end_profiling()).read_text())
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                  if e.get("cat") == "Session" and e.get("name") == "model_run")
-    keep = runs[warmup:]
-    per_node: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
-            continue
-        if not any(a <= e["ts"] <= b for a, b in keep):
-            continue
-        name = str(e["name"])[: -len("_kernel_time")]
-        per_node.setdefault(name, []).append(e["dur"] / 1000.0)
-    n = max(1, len(keep))
-    # a node may run several kernels per run: sum per run, then take the median across runs
-    return {k: statistics.median(v) * (len(v) / n) if len(v) > n else statistics.median(v)
-            for k, v in per_node.items()}
+    open_slice(model_path)  # a damaged file: BundleError naming it
+    kern, ops, _ = kernel_times(model_path, level, threads, warmup, repeats)
+    if level == "basic":
+        return kern
+    import onnx
+
+    return attribute(onnx.load(str(model_path)), kern, ops)[0]
 
 
 def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int = 5,
@@ -295,7 +273,8 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
     """Per-node times of the whole model plus directly measured head/tail slice times."""
     from coinf.device.sweep import make_session, random_feeds, time_session
 
-    mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats))
+    # at the level slices run, so node sums include fusion (fused followers cost 0)
+    mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats, "all"))
     if not slices:
         return mp
     for i, cand in enumerate(bundle.candidates):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -41,7 +42,7 @@ class _Builder:
         self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
-    def node(self, op: str, ins: list[str], **attrs: object) -> str:
+    def node(self, op: str, ins: list[str], **attrs: Any) -> str:
         name = self._name(op)
         out = f"{name}_out"
         self.nodes.append(helper.make_node(op, ins, [out], name=name, **attrs))

@@ -221,8 +221,9 @@ class SlicePredictor:
             if len(lo) != len(LINEAR_FEATURES) or len(hi) != len(LINEAR_FEATURES):
                 raise ValueError(f"slice predictor range of {k!r} has the wrong length")
             ranges[str(k)] = ([float(v) for v in lo], [float(v) for v in hi])
-        return cls(groups, *consts, trained_on=[str(m) for m in obj.get("trained_on", [])],
-                   ranges=ranges)
+        scale, c0, c_kernel, c_io = consts
+        return cls(groups, scale, c0, c_kernel, c_io,
+                   trained_on=[str(m) for m in obj.get("trained_on", [])], ranges=ranges)
 
 
 def within(pairs: Sequence[tuple[float, float]], tol: float = 0.10) -> float:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     parts = [(cand, side, part) for cand in bundle.candidates
              for side, part in (("head", cand.head), ("tail", cand.tail))
              if part.file is not None and part.nodes]
-    sessions = [make_session(str(bundle.path(p.file)), args.threads) for _, _, p in parts]
+    sessions = [make_session(str(bundle.path(str(p.file))), args.threads) for _, _, p in parts]
     # two passes over every slice, a few seconds apart: how well the machine repeats its own
     # measurement is the ceiling for any predictor's within-10% score
     passes = [[time_session(s, random_feeds(s), 3, args.repeats, 2.0) for s in sessions]

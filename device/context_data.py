@@ -8,48 +8,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
-from coinf.device.features import FREE_OPS, NodeFeatures, node_features
-from coinf.device.incontext import anchors, fused_followers, profile_in_context
-from coinf.device.slicepred import NodeSample, SliceSample, group_of
+from coinf.device.features import NodeFeatures
+from coinf.device.incontext import model_features, profile_in_context
+from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
 CACHE_VERSION = 1
 Features = dict[str, tuple[NodeFeatures, str]]
 
 
-def dynamic_names(model: onnx.ModelProto) -> set[str]:
-    """Names of nodes that depend on a real graph input (the others are constant-folded)."""
-    g = model.graph
-    inits = {i.name for i in g.initializer}
-    live = {i.name for i in g.input if i.name not in inits}
-    out = set()
-    for k, n in enumerate(g.node):
-        if any(t in live for t in n.input if t):
-            live.update(n.output)
-            out.add(n.name or f"{n.op_type}_{k}")
-    return out
-
-
-def model_features(model: onnx.ModelProto) -> Features:
-    """Anchor features of every node that runs (dynamic, not fused into another, not metadata):
-    name -> (features, kernel group). Fused followers and constant nodes are absent."""
-    anchor = anchors(model)
-    followers = fused_followers(model)
-    dyn = dynamic_names(model)
-    out: Features = {}
-    for f in node_features(model):
-        if f.name not in dyn or anchor.get(f.name, f.name) != f.name or f.op_type in FREE_OPS:
-            continue
-        out[f.name] = (replace(f, fused=False), group_of(f, followers.get(f.name, ())))
-    return out
-
-
-def kernel_count(names: tuple[str, ...], feats: Mapping[str, tuple[NodeFeatures, str]]) -> int:
+def kernel_count(names: tuple[str, ...],
+                 feats: Mapping[str, tuple[NodeFeatures, str]]) -> int:
     """Kernels a slice of these nodes is expected to run: its anchors."""
     return sum(1 for n in names if n in feats)
 
@@ -178,3 +152,36 @@ def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: i
          "tree": list(s.features.tree), "linear": list(s.features.linear),
          "flops": s.features.flops, "ms": s.ms} for s in found]}) + "\n")
     return [NodeSample("sweep", s.features, group_of(s.features), s.ms) for s in found]
+
+
+def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 150,
+                 held_out: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> tuple[Any, list[str]]:
+    """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
+    ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks in
+    context and the single-layer sweep for groups nothing in context covers; and the models
+    it was trained on."""
+    from coinf.device.context_sweep import run_context_sweep
+    from coinf.models import zoo
+
+    timings = {}
+    for name in zoo.ZOO:
+        if name != held_out:
+            timings[name] = load_or_measure(name, zoo.committed_path(name), cache_dir, repeats,
+                                            progress)
+    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
+    nodes, slices, feats = samples(timings, models)
+    nodes += run_context_sweep(synthetic, progress=progress)
+    extra = sweep_samples(cache_dir, 0.2, progress=progress)
+    return SlicePredictor.train(nodes, slices, feats, extra), sorted(timings)
+
+
+def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, float] | None:
+    """Per-node ms of ``model_path`` from the in-context predictor stored in a sweep
+    predictor's ``meta["slice_model"]`` (``coinf profile --train``), None if there is none."""
+    obj = meta.get("slice_model")
+    if not obj:
+        return None
+    model = onnx.load(str(model_path))
+    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
+    return SlicePredictor.from_json(obj).node_times(model_features(model), names)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from coinf.device.incontext import profile_in_context
+from coinf.device.incontext import model_features, profile_in_context
 from coinf.device.slicepred import NodeSample
 from onnx import TensorProto, helper, numpy_helper
 
@@ -128,8 +128,6 @@ def random_network(seed: int) -> onnx.ModelProto:
 def run_context_sweep(count: int = 40, seed: int = 0, threads: int = 1, repeats: int = 10,
                       progress: Callable[[str], None] | None = None) -> list[NodeSample]:
     """Profile ``count`` random networks in context; one sample per anchor node."""
-    from coinf.device.context_data import model_features
-
     out: list[NodeSample] = []
     for i in range(count):
         model = random_network(seed * 100_003 + i)

@@ -19,13 +19,18 @@ import json
 import os
 import statistics
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import onnx
-from coinf.device.features import FUSABLE_ACTIVATIONS
+from coinf.device.features import (
+    FREE_OPS,
+    FUSABLE_ACTIVATIONS,
+    NodeFeatures,
+    node_features,
+)
+from coinf.device.slicepred import group_of
 
 #: kernels onnxruntime adds for the NCHWc layout; they belong to no original node
 LAYOUT_OPS = ("ReorderInput", "ReorderOutput")
@@ -192,5 +197,29 @@ def fused_followers(model: onnx.ModelProto) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def names_of(nodes: Sequence[Any]) -> list[str]:
-    return [str(getattr(n, "name", n)) for n in nodes]
+def dynamic_names(model: onnx.ModelProto) -> set[str]:
+    """Names of nodes that depend on a real graph input (the others are constant-folded)."""
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    live = {i.name for i in g.input if i.name not in inits}
+    out = set()
+    for k, n in enumerate(g.node):
+        if any(t in live for t in n.input if t):
+            live.update(n.output)
+            out.add(n.name or f"{n.op_type}_{k}")
+    return out
+
+
+def model_features(model: onnx.ModelProto) -> dict[str, tuple[NodeFeatures, str]]:
+    """Anchor features of every node that runs (dynamic, not fused into another, not metadata):
+    name -> (features, kernel group). Fused followers and constant nodes are absent."""
+    anchor = anchors(model)
+    followers = fused_followers(model)
+    dyn = dynamic_names(model)
+    out: dict[str, tuple[NodeFeatures, str]] = {}
+    for f in node_features(model):
+        if f.name not in dyn or anchor.get(f.name, f.name) != f.name or f.op_type in FREE_OPS:
+            continue
+        out[f.name] = (replace(f, fused=False), group_of(f, followers.get(f.name, ())))
+    return out
+

@@ -32,6 +32,7 @@ from coinf.ble_protocol.messages import ProtocolError, decode_json
 from coinf.device.config import config_path
 from coinf.device.defaults import LAPTOP_RATES, PI_ZERO_2W_RATES, OpRates
 from coinf.device.predict import Predictor
+from coinf.device.slicepred import SlicePredictor
 
 from coinf.errors import UserError
 
@@ -211,6 +212,8 @@ class DeviceProfile:
                                f"{VERSION} (re-run `coinf profile`)")
         try:
             pred = Predictor.from_json(obj["predictor"]) if obj.get("predictor") else None
+            if pred is not None and pred.meta.get("slice_model") is not None:
+                SlicePredictor.from_json(pred.meta["slice_model"])  # in-context, validated
             return cls(str(obj["name"]), str(obj["role"]), PowerModel.from_json(obj["power"]),
                        int(obj.get("threads", 1)), float(obj.get("slowdown", 1.0)),
                        float(obj.get("gflops", 1.0)), pred,

@@ -187,6 +187,16 @@ class SlicePredictor:
                 total += self.node_ms(*fg)
         return total
 
+    def node_times(self, features: Mapping[str, tuple[NodeFeatures, str]],
+                   all_names: Iterable[str] = ()) -> dict[str, float]:
+        """Per-node ms for a planner that sums nodes per part: every anchor carries its own
+        kernel's dispatch cost (``c_kernel``), every other node (fused, metadata, constant)
+        0; the per-run ``c0`` is left out (a few microseconds against a radio exchange)."""
+        out = dict.fromkeys(all_names, 0.0)
+        for n, (f, g) in features.items():
+            out[n] = max(self.scale * self.node_ms(f, g) + self.c_kernel, 0.0)
+        return out
+
     def slice_ms(self, names: Sequence[str], kernels: int, boundary_melems: float,
                  features: Mapping[str, tuple[NodeFeatures, str]]) -> float:
         ms = (self.scale * self.node_sum(names, features) + self.c0
@@ -249,3 +259,4 @@ def leave_one_model_out(nodes: Sequence[NodeSample], slices: Sequence[SliceSampl
                                              features[held]), s.ms)
                      for s in slices if s.model == held]
     return out
+

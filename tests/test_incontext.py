@@ -4,6 +4,7 @@ slice predictor (issue 17, part 1)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -58,7 +59,7 @@ def test_anchors_fold_followers_into_conv_and_gemm() -> None:
 
 
 @pytest.mark.parametrize("level", ["basic", "all"])
-def test_kernels_map_back_to_anchor_nodes(level: str, tmp_path: object) -> None:
+def test_kernels_map_back_to_anchor_nodes(level: str) -> None:
     model = conv_bn_relu_gemm()
     kern, ops, run_ms = kernel_times(model, level, repeats=3)
     assert run_ms > 0 and kern
@@ -71,7 +72,7 @@ def test_kernels_map_back_to_anchor_nodes(level: str, tmp_path: object) -> None:
         assert not any(k in ("bn", "relu", "fc1_relu") for k in kern)
 
 
-def test_profile_in_context_of_a_file(tmp_path: object) -> None:
+def test_profile_in_context_of_a_file(tmp_path: Path) -> None:
     path = f"{tmp_path}/m.onnx"
     onnx.save(conv_bn_relu_gemm(), path)
     prof = profile_in_context(path, "all", repeats=3)
@@ -143,3 +144,31 @@ def test_slice_predictor_json_is_validated() -> None:
         SlicePredictor.from_json({**obj, "scale": float("nan")})
     with pytest.raises(ValueError, match="global"):
         SlicePredictor.from_json({**obj, "groups": {}})
+
+
+def test_planner_uses_the_incontext_predictor_stored_in_a_profile(tmp_path: Path) -> None:
+    from coinf.convert.split import split_model
+    from coinf.device.predict import Predictor
+    from coinf.device.profile import DeviceProfile, ProfileError
+    from coinf.wearable.planner.planner import Planner
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu_gemm(), str(path))
+    bundle = split_model(path, tmp_path / "b")
+    samples = run_context_sweep(3, seed=2, repeats=2)
+    ctx = SlicePredictor.train(samples, [], {})
+    prof = DeviceProfile.pi_zero_2w()
+    prof.predictor = Predictor({}, meta={"slice_model": ctx.to_json()})
+    prof.save(tmp_path / "p.json")
+    prof = DeviceProfile.load(tmp_path / "p.json")  # validated on load
+    planner = Planner(bundle, prof)
+    head, _, src, _ = planner.base_times()[-1]  # wearable-only: the whole model
+    feats = model_features(onnx.load(str(bundle.model_path)))
+    expected = sum(max(ctx.node_ms(f, g) + ctx.c_kernel, 0.0) for f, g in feats.values())
+    assert src == "predicted nodes" and head == pytest.approx(expected) and head > 0
+    # the sweep style ignores it (an empty sweep predictor predicts 0)
+    assert Planner(bundle, prof, predictor_style="coinf").base_times()[-1][0] == 0.0
+    bad = prof.to_json()
+    bad["predictor"]["slice_model"] = {"format": "x"}
+    with pytest.raises(ProfileError, match="slice predictor"):
+        DeviceProfile.from_json(bad)

@@ -67,7 +67,7 @@ class Planner:
 
     def __init__(self, bundle: Any, wearable_profile: DeviceProfile | None = None,
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
-                 predictor_style: str = "coinf",
+                 predictor_style: str = "incontext",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
                  packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0,
                  timeout_s: float = 30.0) -> None:
@@ -129,7 +129,15 @@ class Planner:
         if profile.predictor is None:  # a built-in profile: per-op-type rates
             assert profile.rates is not None
             return profile.rates.node_map(self._node_features())
-        return profile.predictor.predict_nodes(self._node_features(), self.predictor_style)
+        style = self.predictor_style
+        if style == "incontext":  # the in-context slice predictor, if the profile has one
+            from coinf.device.context_data import incontext_node_times
+
+            got = incontext_node_times(profile.predictor.meta, self.bundle.model_path)
+            if got is not None:
+                return got
+            style = "coinf"
+        return profile.predictor.predict_nodes(self._node_features(), style)
 
     def base_times(self) -> list[tuple[float, float, str, str]]:
         """Per candidate: (head_ms, tail_ms, head source, tail source) at idle, full clock."""

@@ -43,26 +43,6 @@ def zoo_source(bundle: Any) -> str | None:
     return None
 
 
-def train_incontext(held_out: str | None, cache: Path, repeats: int, synthetic: int,
-                    ) -> tuple[Any, list[str]]:
-    """The in-context slice predictor trained on every zoo model but ``held_out``."""
-    from coinf.device.context_data import load_or_measure, samples, sweep_samples
-    from coinf.device.context_sweep import run_context_sweep
-    from coinf.device.slicepred import SlicePredictor
-    from coinf.models import zoo
-
-    timings = {}
-    for name in zoo.ZOO:
-        if name == held_out:
-            continue  # never measured, never read: this model's timings stay unseen
-        timings[name] = load_or_measure(name, zoo.committed_path(name), cache, repeats, progress)
-    models = {m: onnx.load(str(cache / m / "model.onnx")) for m in timings}
-    nodes, slices, feats = samples(timings, models)
-    nodes += run_context_sweep(synthetic, progress=progress)
-    extra = sweep_samples(cache, 0.2, progress=progress)
-    return SlicePredictor.train(nodes, slices, feats, extra), sorted(timings)
-
-
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
     from coinf.device.context_data import boundary_mbytes, kernel_count, model_features
@@ -86,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
         require_training_deps()
         samples, overhead = run_sweep(args.scale, args.seed, args.threads, 5, progress)
         pred = Predictor.train(samples, threads=args.threads, run_overhead_ms=overhead)
-    ctx, trained_on = train_incontext(held, Path(args.cache), args.repeats, args.synthetic)
+    from coinf.device.context_data import train_on_zoo
+
+    ctx, trained_on = train_on_zoo(Path(args.cache), args.repeats, args.synthetic, held,
+                                   progress)
     model = onnx.load(str(bundle.model_path))
     feats = node_features(model)
     anchors = model_features(model)

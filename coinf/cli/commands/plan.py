@@ -185,7 +185,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handheld-charging", action="store_true")
     parser.add_argument("--policy", help="policy file (default $COINF_CONFIG or "
                                          "~/.config/coinf/policy.json)")
-    parser.add_argument("--predictor", choices=("coinf", "neurosurgeon"), default="coinf")
+    parser.add_argument("--predictor", choices=("incontext", "coinf", "neurosurgeon"),
+                        default="incontext",
+                        help="layer predictor of an unprofiled model (default incontext: the "
+                        "in-context slice predictor when the profile has one, else coinf)")
     parser.add_argument("--packings", default="auto",
                         help="comma-separated packings to consider with each cut, e.g. "
                              "raw,f16,q8,q4 (needs `coinf calibrate`); default auto: every "

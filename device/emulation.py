@@ -63,3 +63,34 @@ class DeviceEmulation:
         result = fn()
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         return result, self.stretch(wall, cpu, cancel)
+
+
+def profile_slowdown(model_path: str, profile: object, threads: int = 1,
+                     repeats: int = 15) -> tuple[float, float, float]:
+    """How much slower ``profile`` (a :class:`~coinf.device.profile.DeviceProfile` with op
+    rates, e.g. the built-in Pi Zero 2 W) runs ``model_path`` than this machine: (slowdown >= 1,
+    the profile's predicted ms, this machine's ms on one thread).
+
+    This machine's time is the median *CPU* time of the running thread, the same base
+    :meth:`DeviceEmulation.stretch` multiplies with one thread, so a shared, busy machine
+    neither shrinks nor inflates the factor."""
+    import statistics
+
+    import onnx
+    from coinf.device.features import node_features
+    from coinf.device.sweep import make_session, random_feeds
+
+    rates = getattr(profile, "rates", None)
+    if rates is None:
+        raise ValueError("the profile has no op rates to compare with this machine")
+    predicted = float(rates.model_ms(node_features(onnx.load(model_path))))
+    sess = make_session(model_path, threads)
+    feeds = random_feeds(sess)
+    cpu = []
+    for i in range(3 + repeats):
+        c0 = time.thread_time()
+        sess.run(None, feeds)  # type: ignore[attr-defined]
+        if i >= 3:
+            cpu.append((time.thread_time() - c0) * 1e3)
+    here = max(statistics.median(cpu), 1e-3)
+    return max(1.0, predicted / here), predicted, here

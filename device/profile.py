@@ -25,9 +25,6 @@ one machine playing a slower device). ``*_ms_litert`` are the same slices' times
 from __future__ import annotations
 
 import json
-import os
-import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +32,9 @@ from typing import Any
 
 from coinf.ble_protocol.messages import ProtocolError, decode_json
 from coinf.device.config import config_path
+from coinf.device.defaults import LAPTOP_RATES, PI_ZERO_2W_RATES, OpRates
 from coinf.device.predict import Predictor
+from coinf.device.slicepred import SlicePredictor
 
 from coinf.errors import UserError
 
@@ -118,6 +117,9 @@ class DeviceProfile:
     models: dict[str, ModelProfile] = field(default_factory=dict)
     #: the machine it was measured on (:func:`this_host`), None for defaults and old profiles
     host: dict[str, str] | None = None
+    #: built-in per-op-type compute estimates (:mod:`.defaults`), used when nothing measured
+    #: covers a part; ``gflops`` stays the last resort
+    rates: OpRates | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("wearable", "handheld"):
@@ -132,14 +134,23 @@ class DeviceProfile:
     # -- defaults ---------------------------------------------------------------------------
     @classmethod
     def pi_zero_2w(cls) -> DeviceProfile:
-        """Raspberry Pi Zero 2 W: 4x Cortex-A53 @ 1 GHz; ~1 GFLOP/s fp32 through onnxruntime
-        (estimate) and :data:`PI_ZERO_2W_POWER`."""
-        return cls("pi-zero-2w", "wearable", PI_ZERO_2W_POWER, threads=4, gflops=1.0)
+        """Raspberry Pi Zero 2 W: 4x Cortex-A53 @ 1 GHz; per-op-type rates
+        :data:`~coinf.device.defaults.PI_ZERO_2W_RATES` and :data:`PI_ZERO_2W_POWER` (estimates
+        from published figures, docs/PLANNER.md)."""
+        return cls("pi-zero-2w", "wearable", PI_ZERO_2W_POWER, threads=4, gflops=2.0,
+                   rates=PI_ZERO_2W_RATES)
 
     @classmethod
     def laptop(cls) -> DeviceProfile:
-        """A typical laptop handheld: ~30 GFLOP/s fp32 (estimate), :data:`LAPTOP_POWER`."""
-        return cls("laptop", "handheld", LAPTOP_POWER, threads=4, gflops=30.0)
+        """A laptop-class handheld: per-op-type rates :data:`~coinf.device.defaults.LAPTOP_RATES`
+        and :data:`LAPTOP_POWER` (estimates, docs/PLANNER.md)."""
+        return cls("laptop", "handheld", LAPTOP_POWER, threads=4, gflops=30.0,
+                   rates=LAPTOP_RATES)
+
+    @property
+    def is_builtin(self) -> bool:
+        """Nothing measured: only the built-in estimates."""
+        return not self.models and self.predictor is None and self.host is None
 
     @classmethod
     def default(cls, role: str) -> DeviceProfile:
@@ -161,10 +172,12 @@ class DeviceProfile:
                 # the profile covers the whole model: a node it lacks was optimised away
                 return sum(mp.nodes.get(n, 0.0) for n in node_names) * self.slowdown, \
                     "measured nodes"
-        if self.predictor is not None and node_predictions is not None and node_names:
+        if (self.predictor is not None or self.rates is not None) and \
+                node_predictions is not None and node_names:
             pred = node_predictions()
             if all(n in pred for n in node_names):
-                return sum(pred[n] for n in node_names) * self.slowdown, "predicted nodes"
+                how = "predicted nodes" if self.predictor is not None else "default op rates"
+                return sum(pred[n] for n in node_names) * self.slowdown, how
         return flops / (self.gflops * 1e6) * self.slowdown, "flops/gflops"
 
     def node_ms(self, identity: str, feats: list[Any], style: str = "coinf") -> dict[str, float]:
@@ -176,6 +189,8 @@ class DeviceProfile:
                 ms = mp.nodes[f.name]
             elif self.predictor is not None:
                 ms = self.predictor.predict(f, style)
+            elif self.rates is not None:
+                ms = self.rates.node_ms(f)
             else:
                 ms = f.flops / (self.gflops * 1e6)
             out[f.name] = ms * self.slowdown
@@ -188,7 +203,7 @@ class DeviceProfile:
                 "power": asdict(self.power),
                 "predictor": self.predictor.to_json() if self.predictor else None,
                 "models": {k: m.to_json() for k, m in self.models.items()},
-                "host": self.host}
+                "host": self.host, "rates": self.rates.to_json() if self.rates else None}
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceProfile:
@@ -199,12 +214,15 @@ class DeviceProfile:
                                f"{VERSION} (re-run `coinf profile`)")
         try:
             pred = Predictor.from_json(obj["predictor"]) if obj.get("predictor") else None
+            if pred is not None and pred.meta.get("slice_model") is not None:
+                SlicePredictor.from_json(pred.meta["slice_model"])  # in-context, validated
             return cls(str(obj["name"]), str(obj["role"]), PowerModel.from_json(obj["power"]),
                        int(obj.get("threads", 1)), float(obj.get("slowdown", 1.0)),
                        float(obj.get("gflops", 1.0)), pred,
                        {str(k): ModelProfile.from_json(v)
                         for k, v in obj.get("models", {}).items()},
-                       _host(obj.get("host")))
+                       _host(obj.get("host")),
+                       OpRates.from_json(obj["rates"]) if obj.get("rates") else None)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"device profile is malformed: {exc}") from None
 
@@ -237,40 +255,21 @@ class DeviceProfile:
 
 # -- profiling ------------------------------------------------------------------------------
 def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
-                  repeats: int = 5) -> dict[str, float]:
+                  repeats: int = 5, level: str = "basic") -> dict[str, float]:
     """Per-node latency (ms, median over ``repeats`` runs after ``warmup``) from onnxruntime's
-    profiler, with basic graph optimisation so node names survive (no fusion)."""
-    import onnxruntime as ort
+    profiler. ``basic`` keeps every node's name (no fusion); ``all`` is how slices really run:
+    fused kernels are attributed to the node they were folded into
+    (:func:`coinf.device.incontext.attribute`), so fused followers are absent (cost 0)."""
     from coinf.convert.bundle import open_slice
-    from coinf.device.sweep import random_feeds
+    from coinf.device.incontext import attribute, kernel_times
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.enable_profiling = True
-    opts.log_severity_level = 3
-    with tempfile.TemporaryDirectory() as tmp:
-        opts.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = open_slice(model_path, opts)  # a damaged file: BundleError naming it
-        feeds = random_feeds(sess)
-        for _ in range(warmup + repeats):
-            sess.run(None, feeds)
-        events = json.loads(Path(sess.end_profiling()).read_text())
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                  if e.get("cat") == "Session" and e.get("name") == "model_run")
-    keep = runs[warmup:]
-    per_node: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
-            continue
-        if not any(a <= e["ts"] <= b for a, b in keep):
-            continue
-        name = str(e["name"])[: -len("_kernel_time")]
-        per_node.setdefault(name, []).append(e["dur"] / 1000.0)
-    n = max(1, len(keep))
-    # a node may run several kernels per run: sum per run, then take the median across runs
-    return {k: statistics.median(v) * (len(v) / n) if len(v) > n else statistics.median(v)
-            for k, v in per_node.items()}
+    open_slice(model_path)  # a damaged file: BundleError naming it
+    kern, ops, _ = kernel_times(model_path, level, threads, warmup, repeats)
+    if level == "basic":
+        return kern
+    import onnx
+
+    return attribute(onnx.load(str(model_path)), kern, ops)[0]
 
 
 def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int = 5,
@@ -280,7 +279,8 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
     from coinf.device.litert import litert_times
     from coinf.device.sweep import make_session, random_feeds, time_session
 
-    mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats))
+    # at the level slices run, so node sums include fusion (fused followers cost 0)
+    mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats, "all"))
     if not slices:
         return mp
     for i, cand in enumerate(bundle.candidates):

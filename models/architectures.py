@@ -504,6 +504,32 @@ def make_resnet(large: bool) -> nn.Module:
     return ResNet((12, 24, 48, 96), (2, 2, 2, 2), 100)
 
 
+class WearCam(nn.Module):
+    """A camera-frame classifier shaped for a wearable: a cheap stride-2 stem and an early
+    1-channel bottleneck (as split-computing designs insert one), then a ResNet trunk at 48x48."""
+
+    def __init__(self, classes: int = 10, width: int = 64, blocks: int = 3):
+        super().__init__()
+
+        def cbr(cin: int, cout: int, k: int, stride: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False),
+                                 nn.BatchNorm2d(cout), nn.ReLU())
+
+        self.stem = cbr(3, 16, 3, 2)
+        self.bottleneck = cbr(16, 1, 1, 1)
+        self.expand = nn.Sequential(cbr(1, 32, 3, 1), cbr(32, width, 3, 1))
+        self.trunk = nn.Sequential(*[BasicBlock(width, width, 1) for _ in range(blocks)])
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.trunk(self.expand(self.bottleneck(self.stem(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def make_wearcam(large: bool) -> nn.Module:
+    return WearCam(10, 64, 3)
+
+
 # --------------------------------------------------------------------------------------------
 # WaveNet (CoINF): dilated causal convolutions over MFCC frames, per-frame character logits
 

@@ -123,6 +123,12 @@ _SPECS = [
         _img(64), _img(224), _arch("make_resnet", batchnorm=True), keep_batchnorm=True,
     ),
     ModelSpec(
+        "wearcam", "ResNet", ("CoINF",),
+        "96x96 RGB camera-frame classifier: stride-2 stem, 1-channel bottleneck, ResNet trunk at "
+        "48x48 (64 channels); the demo's model, where splitting pays on a Pi Zero 2 W",
+        _img(96), _img(96), _arch("make_wearcam", batchnorm=True), keep_batchnorm=True,
+    ),
+    ModelSpec(
         "wavenet", "WaveNet", ("CoINF",),
         "gated dilated causal conv stacks with residual+skip sums over 20 MFCCs; 29 symbols/frame",
         (InputSpec("mfcc", (1, 20, 100)),), (InputSpec("mfcc", (1, 20, 400)),),

@@ -97,11 +97,29 @@ def test_status_slows_the_side(bundle: Bundle) -> None:
     assert busy["c002"].tail_ms == base["c002"].tail_ms
 
 
-def test_unprofiled_model_is_planned_from_predictor_or_flops(bundle: Bundle) -> None:
-    planner = Planner(bundle)  # built-in profiles: no timings, no predictor -> flops/gflops
+def test_unprofiled_model_is_planned_from_default_op_rates(bundle: Bundle) -> None:
+    import onnx
+    from coinf.device.defaults import PI_ZERO_2W_RATES
+    from coinf.device.features import node_features
+
+    planner = Planner(bundle)  # built-in profiles: no timings, no predictor -> per-op rates
     rows = planner.costs()
-    assert rows[-1].head_ms == pytest.approx(bundle.candidates[-1].head.flops / 1e6)
-    assert "flops/gflops" in planner.decide().explain()
+    feats = node_features(onnx.load(str(bundle.model_path)))
+    head = set(bundle.candidates[-1].head.nodes)
+    expected = 0.0
+    for f in feats:  # conv at 3 GFLOP/s, gemm 0.8, element ops 0.2, + 20 us per kernel
+        if f.name in head and not f.fused and f.op_type not in ("Reshape", "Flatten"):
+            rate = {"conv": 3.0, "gemm": 0.8}.get(f.kind, 0.2)
+            expected += f.flops / (rate * 1e6) + 0.02
+    assert PI_ZERO_2W_RATES.conv_gflops == 3.0 and PI_ZERO_2W_RATES.gemm_gflops == 0.8
+    assert rows[-1].head_ms == pytest.approx(expected, rel=1e-6)
+    text = planner.decide().explain()
+    assert "default op rates" in text and "not measurements" in text
+    # a profile without rates (an old file) still falls back to flops / gflops
+    bare = DeviceProfile.pi_zero_2w()
+    bare.rates = None
+    again = Planner(bundle, bare).costs()
+    assert again[-1].head_ms == pytest.approx(bundle.candidates[-1].head.flops / 2e6)
 
 
 def test_profile_bundle_measures_nodes_and_slices(bundle: Bundle, tmp_path: Path) -> None:

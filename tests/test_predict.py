@@ -95,8 +95,8 @@ def test_profile_train_cli_quick(tmp_path: Path) -> None:
     from coinf.cli import main
 
     out = tmp_path / "w.json"
-    assert main(["profile", "--train", "--quick", "--threads", "1", "--repeats", "2",
-                 "--out", str(out)]) == 0
+    assert main(["profile", "--train", "--quick", "--no-context", "--threads", "1",
+                 "--repeats", "2", "--out", str(out)]) == 0
     obj = json.loads(out.read_text())
     assert obj["predictor"]["format"] == "coinf-predictor"
     assert main(["profile", "--out", str(out), "--threads", "0"]) == 2

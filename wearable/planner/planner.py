@@ -67,7 +67,7 @@ class Planner:
 
     def __init__(self, bundle: Any, wearable_profile: DeviceProfile | None = None,
                  handheld_profile: DeviceProfile | None = None, policy: Policy | None = None,
-                 predictor_style: str = "coinf",
+                 predictor_style: str = "incontext",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
                  packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0,
                  timeout_s: float = 30.0, runtimes: Mapping[str, str] | None = None) -> None:
@@ -133,8 +133,18 @@ class Planner:
         return self._features
 
     def _predictions(self, profile: DeviceProfile) -> dict[str, float]:
-        assert profile.predictor is not None
-        return profile.predictor.predict_nodes(self._node_features(), self.predictor_style)
+        if profile.predictor is None:  # a built-in profile: per-op-type rates
+            assert profile.rates is not None
+            return profile.rates.node_map(self._node_features())
+        style = self.predictor_style
+        if style == "incontext":  # the in-context slice predictor, if the profile has one
+            from coinf.device.context_data import incontext_node_times
+
+            got = incontext_node_times(profile.predictor.meta, self.bundle.model_path)
+            if got is not None:
+                return got
+            style = "coinf"
+        return profile.predictor.predict_nodes(self._node_features(), style)
 
     def base_times(self) -> list[tuple[float, float, str, str]]:
         """Per candidate: (head_ms, tail_ms, head source, tail source) at idle, full clock."""
@@ -343,8 +353,9 @@ class Planner:
                          + (f", x{prof.slowdown:g} slowdown" if prof.slowdown != 1 else "")
                          + ")")
         text = "compute times: " + "; ".join(parts)
-        if "flops/gflops" in text:
-            text += " -- flops/gflops are rough estimates: `coinf profile` measures them"
+        if "flops/gflops" in text or "default op rates" in text:
+            text += (" -- built-in estimates from published figures (docs/PLANNER.md), not "
+                     "measurements: `coinf profile` measures them")
         if load_factor != 1.0:
             text += f"; wearable load factor {load_factor:.2f}"
         return text

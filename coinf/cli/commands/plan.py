@@ -76,6 +76,22 @@ def check_output_file(path: str, flag: str) -> None:
         raise UserError(f"{flag} {path}: the folder {folder} is not writable")
 
 
+def profiles_note(wear: Any, hand: Any, args: argparse.Namespace) -> str:
+    """Which profiles are measured and which are the built-in defaults, in one line."""
+    from coinf.device.profile import default_profile_path
+
+    parts = []
+    for role, prof, given in (("wearable", wear, args.wearable_profile),
+                              ("handheld", hand, args.handheld_profile)):
+        if prof.is_builtin:
+            where = given or default_profile_path(role)
+            parts.append(f"{role}: built-in default {prof.name!r} (published-figure estimates, "
+                         f"docs/PLANNER.md; no measured profile at {where})")
+        else:
+            parts.append(f"{role}: measured profile {prof.name!r}")
+    return "profiles: " + "; ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
     from coinf.device.profile import load_or_default
@@ -115,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     d = planner.decide(link, wst, hst, args.objective, budget)
     d.notes.insert(1, f"devices: wearable {wear.name!r}, handheld {hand.name!r}; per-inference "
                       f"timeout {args.timeout:g} s")
+    d.notes.insert(2, profiles_note(wear, hand, args))
     out = d.to_json()
     out["stages"] = _stages(bundle, planner, d.winner)
     if args.optimal:
@@ -171,7 +188,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handheld-charging", action="store_true")
     parser.add_argument("--policy", help="policy file (default $COINF_CONFIG or "
                                          "~/.config/coinf/policy.json)")
-    parser.add_argument("--predictor", choices=("coinf", "neurosurgeon"), default="coinf")
+    parser.add_argument("--predictor", choices=("incontext", "coinf", "neurosurgeon"),
+                        default="incontext",
+                        help="layer predictor of an unprofiled model (default incontext: the "
+                        "in-context slice predictor when the profile has one, else coinf)")
     parser.add_argument("--packings", default="auto",
                         help="comma-separated packings to consider with each cut, e.g. "
                              "raw,f16,q8,q4 (needs `coinf calibrate`); default auto: every "

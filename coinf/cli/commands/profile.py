@@ -63,6 +63,27 @@ def starting_profile(role: str, out: Path, writes: bool, force: bool) -> Any:
     return existing
 
 
+def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
+    """Train the in-context slice predictor on the zoo measured here (docs/PLANNER.md section
+    4) and store it in the sweep predictor; returns the models it was trained on."""
+    import tempfile
+
+    from coinf.device.context_data import train_on_zoo
+
+    def note(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    if args.context_cache:
+        ctx, names = train_on_zoo(Path(args.context_cache), progress=note,
+                                  synthetic=15 if args.quick else 150)
+    else:
+        with tempfile.TemporaryDirectory(prefix="coinf-context-") as tmp:
+            ctx, names = train_on_zoo(Path(tmp), progress=note,
+                                      synthetic=15 if args.quick else 150)
+    predictor.meta["slice_model"] = ctx.to_json()
+    return list(names)
+
+
 def run(args: argparse.Namespace) -> int:
     from coinf.device.profile import default_profile_path, this_host
 
@@ -99,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
                                          run_overhead_ms=overhead)
         report["samples"] = len(samples)
         report["r2"] = prof.predictor.r2_table()
+        if not args.no_context:
+            report["incontext_trained_on"] = train_context(prof.predictor, args)
         changed = True
     if args.bundle:
         from coinf.convert.bundle import Bundle
@@ -135,6 +158,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", action="store_true",
                         help="run the synthetic layer sweep and train the latency predictors")
     parser.add_argument("--quick", action="store_true", help="tiny sweep (CI-size)")
+    parser.add_argument("--no-context", action="store_true",
+                        help="with --train: skip the in-context slice predictor (which times "
+                        "every zoo model and 150 synthetic networks here, ~1 min)")
+    parser.add_argument("--context-cache", metavar="DIR",
+                        help="keep the zoo bundles and timings of --train here (default: a "
+                        "temporary folder)")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="sweep size multiplier (default 1: ~640 layers)")
     parser.add_argument("--seed", type=int, default=0)

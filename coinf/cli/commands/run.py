@@ -18,7 +18,8 @@ RTOL, ATOL = 1e-4, 1e-5
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", help="bundle directory (from `coinf split`)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--split", help="candidate id, handheld-only or wearable-only")
+    which.add_argument("--split", help="candidate id, handheld-only or wearable-only (several, "
+                       "comma-separated, run one after the other)")
     which.add_argument("--all", action="store_true", help="run every candidate (or --max of them)")
     parser.add_argument("--max", type=int, default=0, help="with --all: at most N, evenly spread")
     parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket", "ble"])
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.all:
         ids = [bundle.candidates[i].id for i in spread(len(bundle.candidates), args.max)]
     else:
-        ids = [bundle.candidate(args.split).id if args.split else ""]
+        ids = [bundle.candidate(c.strip()).id for c in args.split.split(",")] \
+            if args.split else [""]
     rows: list[dict[str, Any]] = []
 
     def open_session(split: str | None, **extra: Any) -> Session:
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             if cid:
                 session.set_split(cid)
             cand = session.split
-            if args.all:
+            if len(ids) > 1:
                 sent = "nothing" if cand.is_wearable_only else _kb(cand.crossing_bytes)
                 print(f"[{k}/{len(ids)}] {cand.id} ({cand.label}): {args.repeat} run(s), "
                       f"sends {sent}", file=sys.stderr, flush=True)

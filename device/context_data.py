@@ -1,0 +1,187 @@
+"""Training data for :mod:`.slicepred` from real models: each model's in-context node times
+(:mod:`.incontext`) and its bundle's measured slice times, cached as JSON per model.
+
+Everything here runs at ``ORT_ENABLE_ALL`` with one intra-op thread -- what a Session runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+from coinf.device.features import NodeFeatures
+from coinf.device.incontext import model_features, profile_in_context
+from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample, group_of
+
+CACHE_FORMAT = "coinf-context-timings"
+CACHE_VERSION = 1
+Features = dict[str, tuple[NodeFeatures, str]]
+
+
+def kernel_count(names: tuple[str, ...],
+                 feats: Mapping[str, tuple[NodeFeatures, str]]) -> int:
+    """Kernels a slice of these nodes is expected to run: its anchors."""
+    return sum(1 for n in names if n in feats)
+
+
+def boundary_mbytes(bundle: Any, cand: Any, side: str) -> float:
+    """MB entering and leaving one side of a cut (the layout reorders scale with it)."""
+    crossing = sum(t.nbytes for t in cand.crossing)
+    if side == "head":
+        return (sum(t.nbytes for t in bundle.inputs) + crossing) / 1e6
+    return (crossing + sum(t.nbytes for t in bundle.outputs)) / 1e6
+
+
+@dataclass
+class ModelTimings:
+    """One model's cached timings."""
+
+    model: str
+    sha256: str
+    nodes: dict[str, float]
+    slices: list[dict[str, Any]]
+    run_ms: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": CACHE_FORMAT, "version": CACHE_VERSION, "model": self.model,
+                "sha256": self.sha256, "nodes": self.nodes, "slices": self.slices,
+                "run_ms": self.run_ms}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ModelTimings:
+        if not isinstance(obj, dict) or obj.get("format") != CACHE_FORMAT or \
+                obj.get("version") != CACHE_VERSION:
+            raise ValueError("not a coinf context-timings cache")
+        return cls(str(obj["model"]), str(obj["sha256"]),
+                   {str(k): float(v) for k, v in obj["nodes"].items()},
+                   list(obj["slices"]), float(obj.get("run_ms", 0.0)))
+
+
+def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
+                  progress: Callable[[str], None] | None = None, sha256: str = "",
+                  ) -> ModelTimings:
+    """Profile the bundle's whole model in context and time every head and tail slice."""
+    from coinf.device.sweep import make_session, random_feeds, time_session
+
+    prof = profile_in_context(bundle.model_path, "all", threads, 3, repeats)
+    slices = []
+    for cand in bundle.candidates:
+        for side, part in (("head", cand.head), ("tail", cand.tail)):
+            if part.file is None or not part.nodes:
+                continue
+            sess = make_session(str(bundle.path(part.file)), threads)
+            ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0)
+            slices.append({"slice": f"{cand.id}.{side}", "nodes": list(part.nodes),
+                           "boundary_mbytes": boundary_mbytes(bundle, cand, side), "ms": ms})
+    if progress:
+        progress(f"{name}: {len(prof.nodes)} anchors profiled in context, "
+                 f"{len(slices)} slices timed")
+    return ModelTimings(name, sha256 or bundle.model_sha256, prof.nodes, slices, prof.run_ms)
+
+
+def samples(timings: Mapping[str, ModelTimings], models: Mapping[str, onnx.ModelProto],
+            ) -> tuple[list[NodeSample], list[SliceSample], dict[str, Features]]:
+    """Node and slice samples of every model, and each model's anchor features."""
+    feats = {m: model_features(models[m]) for m in timings}
+    nodes: list[NodeSample] = []
+    slices: list[SliceSample] = []
+    for m, t in timings.items():
+        fm = feats[m]
+        nodes += [NodeSample(m, fm[n][0], fm[n][1], ms) for n, ms in t.nodes.items() if n in fm]
+        for s in t.slices:
+            names = tuple(s["nodes"])
+            slices.append(SliceSample(m, s["slice"], names, kernel_count(names, fm),
+                                      float(s["boundary_mbytes"]), float(s["ms"])))
+    return nodes, slices, feats
+
+
+def load_or_measure(name: str, model_path: Path, cache_dir: Path, repeats: int = 25,
+                    progress: Callable[[str], None] | None = None) -> ModelTimings:
+    """Timings of a zoo model from ``cache_dir`` if they match its file, else split it (into
+    ``cache_dir/<name>``) and measure."""
+    from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
+    from coinf.convert.split import split_model
+
+    sha = sha256_file(model_path)
+    cache = cache_dir / f"{name}.timings.json"
+    if cache.is_file():
+        try:
+            t = ModelTimings.from_json(json.loads(cache.read_text()))
+            if t.sha256 == sha:
+                return t
+        except (ValueError, KeyError, TypeError):
+            pass
+    out = cache_dir / name
+    bundle = None
+    if (out / MANIFEST).is_file():
+        b = Bundle.load(out)
+        if b.meta.get("source", {}).get("sha256") == sha:
+            bundle = b
+    if bundle is None:
+        bundle = split_model(model_path, out, force=True)
+    t = measure_model(name, bundle, repeats, progress=progress, sha256=sha)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(t.to_json()) + "\n")
+    return t
+
+
+def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: int = 1,
+                  progress: Callable[[str], None] | None = None) -> list[NodeSample]:
+    """The single-layer sweep (:mod:`.sweep`) as out-of-context node samples, cached."""
+    from coinf.device.sweep import run_sweep
+
+    cache = cache_dir / f"sweep-{scale:g}-{seed}-{threads}.json"
+    if cache.is_file():
+        try:
+            obj = json.loads(cache.read_text())
+            return [NodeSample("sweep", f, group_of(f), float(ms))
+                    for f, ms in ((NodeFeatures(d["name"], d["op_type"], d["kind"],
+                                                tuple(d["tree"]), tuple(d["linear"]),
+                                                float(d["flops"])), d["ms"])
+                                  for d in obj["samples"])]
+        except (ValueError, KeyError, TypeError):
+            pass
+    found, _ = run_sweep(scale, seed, threads, 5, progress)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"samples": [
+        {"name": s.features.name, "op_type": s.features.op_type, "kind": s.features.kind,
+         "tree": list(s.features.tree), "linear": list(s.features.linear),
+         "flops": s.features.flops, "ms": s.ms} for s in found]}) + "\n")
+    return [NodeSample("sweep", s.features, group_of(s.features), s.ms) for s in found]
+
+
+def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 150,
+                 held_out: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> tuple[Any, list[str]]:
+    """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
+    ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks in
+    context and the single-layer sweep for groups nothing in context covers; and the models
+    it was trained on."""
+    from coinf.device.context_sweep import run_context_sweep
+    from coinf.models import zoo
+
+    timings = {}
+    for name in zoo.ZOO:
+        if name != held_out:
+            timings[name] = load_or_measure(name, zoo.committed_path(name), cache_dir, repeats,
+                                            progress)
+    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
+    nodes, slices, feats = samples(timings, models)
+    nodes += run_context_sweep(synthetic, progress=progress)
+    extra = sweep_samples(cache_dir, 0.2, progress=progress)
+    return SlicePredictor.train(nodes, slices, feats, extra), sorted(timings)
+
+
+def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, float] | None:
+    """Per-node ms of ``model_path`` from the in-context predictor stored in a sweep
+    predictor's ``meta["slice_model"]`` (``coinf profile --train``), None if there is none."""
+    obj = meta.get("slice_model")
+    if not obj:
+        return None
+    model = onnx.load(str(model_path))
+    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
+    return SlicePredictor.from_json(obj).node_times(model_features(model), names)

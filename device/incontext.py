@@ -1,0 +1,225 @@
+"""In-context node timings: onnxruntime's profiler inside whole models, mapped back to the
+original graph's nodes.
+
+A slice runs fully optimised (``ORT_ENABLE_ALL``): onnxruntime fuses Conv + BatchNormalization +
+activation into one NCHWc Conv named ``<last output>_nchwc``, a Gemm + activation into
+``fused <gemm>``, a MatMul + Add into ``<matmul>/MatMulAddFusion``, and inserts layout
+conversions (``ReorderInput``/``ReorderOutput``) that belong to no original node.
+:func:`attribute` maps every kernel back to the *anchor* node it computes (the Conv, Gemm or
+MatMul the followers were folded into); kernels of no original node are reported apart, so the
+per-run constant can absorb them.
+
+:func:`kernel_times` runs the profiler (``sess_options.enable_profiling``) at any optimisation
+level; ``basic`` keeps every node's name (no fusion), ``all`` is what a Session really runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import onnx
+from coinf.device.features import (
+    FREE_OPS,
+    FUSABLE_ACTIVATIONS,
+    NodeFeatures,
+    node_features,
+)
+from coinf.device.slicepred import group_of
+
+#: kernels onnxruntime adds for the NCHWc layout; they belong to no original node
+LAYOUT_OPS = ("ReorderInput", "ReorderOutput")
+_SUFFIX = "_kernel_time"
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """One model's in-context timings (ms, medians over the timed runs)."""
+
+    #: per original (anchor) node: the kernels attributed to it, summed per run
+    nodes: dict[str, float]
+    #: kernels of no original node (layout reorders, reshape helpers), summed per run
+    unattributed_ms: float
+    #: kernels per run (what the executor dispatches)
+    kernels: int
+    #: median wall time of one ``run`` (profiling on) and the sum of its kernels
+    run_ms: float
+    kernel_sum_ms: float
+
+
+def _session(model: onnx.ModelProto | str | Path, level: str, threads: int, prefix: str) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    opts.enable_profiling = True
+    opts.profile_file_prefix = prefix
+    opts.log_severity_level = 3
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+
+
+def kernel_times(model: onnx.ModelProto | str | Path, level: str = "all", threads: int = 1,
+                 warmup: int = 3, repeats: int = 15,
+                 ) -> tuple[dict[str, float], dict[str, str], float]:
+    """Per-kernel median time (ms, a kernel run several times per run is summed per run), each
+    kernel's op, and the median run time (ms), from onnxruntime's profiler."""
+    from coinf.device.sweep import random_feeds
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = _session(model, level, threads, os.path.join(tmp, "prof"))
+        feeds = random_feeds(sess)
+        for _ in range(warmup + repeats):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                  if e.get("cat") == "Session" and e.get("name") == "model_run")[warmup:]
+    per_run: list[dict[str, float]] = [{} for _ in runs]
+    ops: dict[str, str] = {}
+    starts = [a for a, _ in runs]
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") != "Node" or not name.endswith(_SUFFIX):
+            continue
+        ts = e["ts"]
+        # the run holding this event: the last start <= ts
+        lo, hi = 0, len(starts)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if starts[mid] <= ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = lo - 1
+        if i < 0 or ts > runs[i][1]:
+            continue
+        key = name[: -len(_SUFFIX)]
+        per_run[i][key] = per_run[i].get(key, 0.0) + e["dur"] / 1000.0
+        ops[key] = str(e.get("args", {}).get("op_name", ""))
+    names = sorted({k for r in per_run for k in r})
+    med = {k: statistics.median([r.get(k, 0.0) for r in per_run]) for k in names}
+    run_ms = statistics.median([(b - a) / 1000.0 for a, b in runs]) if runs else 0.0
+    return med, ops, run_ms
+
+
+def anchors(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> the anchor it is fused into at ``ORT_ENABLE_ALL`` (itself if none): a
+    BatchNormalization or fusable activation whose input only a Conv/Gemm chain produces."""
+    g = model.graph
+    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(g.node)]
+    producer: dict[str, int] = {}
+    readers: dict[str, int] = {}
+    for k, n in enumerate(g.node):
+        for o in n.output:
+            producer[o] = k
+        for t in n.input:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = {o.name for o in g.output}
+    inits = {i.name for i in g.initializer}
+    anchor = list(range(len(g.node)))
+    for k, n in enumerate(g.node):
+        if n.op_type == "Add" and len(n.input) == 2:  # MatMul + bias -> Gemm (MatMulAddFusion)
+            src = next((t for t in n.input if t not in inits), "")
+            p = producer.get(src)
+            if p is not None and g.node[p].op_type == "MatMul" and readers.get(src) == 1 \
+                    and any(t in inits for t in n.input):
+                anchor[k] = anchor[p]
+            continue
+        if n.op_type != "BatchNormalization" and n.op_type not in FUSABLE_ACTIVATIONS:
+            continue
+        src = n.input[0] if n.input else ""
+        p = producer.get(src)
+        if p is None or readers.get(src) != 1 or src in outputs:
+            continue
+        root = anchor[p]
+        if g.node[root].op_type in ("Conv", "Gemm") and (
+                n.op_type != "BatchNormalization" or g.node[root].op_type == "Conv"):
+            anchor[k] = root
+    return {names[k]: names[a] for k, a in enumerate(anchor)}
+
+
+def attribute(model: onnx.ModelProto, kernels: dict[str, float],
+              ops: dict[str, str]) -> tuple[dict[str, float], float]:
+    """Map kernel names to original node names (see the module doc); returns per-node ms and
+    the ms of kernels that belong to no node."""
+    g = model.graph
+    names = {n.name or f"{n.op_type}_{k}" for k, n in enumerate(g.node)}
+    producer = {o: (n.name or f"{n.op_type}_{k}") for k, n in enumerate(g.node) for o in n.output}
+    anchor = anchors(model)
+    nodes: dict[str, float] = {}
+    other = 0.0
+    for k, ms in kernels.items():
+        node: str | None = None
+        if k in names:
+            node = k
+        elif k.endswith("_nchwc") and k[: -len("_nchwc")] in producer:
+            node = producer[k[: -len("_nchwc")]]
+        elif k.startswith("fused ") and k[len("fused "):] in names:
+            node = k[len("fused "):]
+        elif "/" in k and k.rsplit("/", 1)[0] in names:
+            node = k.rsplit("/", 1)[0]  # e.g. <MatMul>/MatMulAddFusion
+        if node is None or ops.get(k) in LAYOUT_OPS:
+            other += ms
+            continue
+        a = anchor.get(node, node)
+        nodes[a] = nodes.get(a, 0.0) + ms
+    return nodes, other
+
+
+def profile_in_context(model_path: str | Path, level: str = "all", threads: int = 1,
+                       warmup: int = 3, repeats: int = 15) -> Profiled:
+    """:func:`kernel_times` of a whole model, attributed to its nodes."""
+    model = onnx.load(str(model_path))
+    kern, ops, run_ms = kernel_times(model_path, level, threads, warmup, repeats)
+    nodes, other = attribute(model, kern, ops)
+    return Profiled(nodes, other, len(kern), run_ms, sum(kern.values()))
+
+
+def fused_followers(model: onnx.ModelProto) -> dict[str, tuple[str, ...]]:
+    """Anchor name -> op types of the nodes fused into it (``("BatchNormalization", "Relu")``)."""
+    out: dict[str, list[str]] = {}
+    ops = {n.name or f"{n.op_type}_{k}": n.op_type for k, n in enumerate(model.graph.node)}
+    for node, a in anchors(model).items():
+        if node != a:
+            out.setdefault(a, []).append(ops[node])
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def dynamic_names(model: onnx.ModelProto) -> set[str]:
+    """Names of nodes that depend on a real graph input (the others are constant-folded)."""
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    live = {i.name for i in g.input if i.name not in inits}
+    out = set()
+    for k, n in enumerate(g.node):
+        if any(t in live for t in n.input if t):
+            live.update(n.output)
+            out.add(n.name or f"{n.op_type}_{k}")
+    return out
+
+
+def model_features(model: onnx.ModelProto) -> dict[str, tuple[NodeFeatures, str]]:
+    """Anchor features of every node that runs (dynamic, not fused into another, not metadata):
+    name -> (features, kernel group). Fused followers and constant nodes are absent."""
+    anchor = anchors(model)
+    followers = fused_followers(model)
+    dyn = dynamic_names(model)
+    out: dict[str, tuple[NodeFeatures, str]] = {}
+    for f in node_features(model):
+        if f.name not in dyn or anchor.get(f.name, f.name) != f.name or f.op_type in FREE_OPS:
+            continue
+        out[f.name] = (replace(f, fused=False), group_of(f, followers.get(f.name, ())))
+    return out
+

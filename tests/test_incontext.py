@@ -1,0 +1,174 @@
+"""In-context node timings (profiler kernels mapped back to nodes) and the leave-one-model-out
+slice predictor (issue 17, part 1)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from coinf.device.context_data import model_features
+from coinf.device.context_sweep import random_network, run_context_sweep
+from coinf.device.features import NodeFeatures
+from coinf.device.incontext import anchors, attribute, kernel_times, profile_in_context
+from coinf.device.slicepred import (
+    NodeSample,
+    SlicePredictor,
+    SliceSample,
+    leave_one_model_out,
+    within,
+)
+from onnx import TensorProto, helper, numpy_helper
+
+
+def conv_bn_relu_gemm() -> onnx.ModelProto:
+    """x -> Conv -> BN -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> Relu -> Gemm."""
+    rng = np.random.default_rng(0)
+
+    def w(name: str, *shape: int, offset: float = 0.0) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1 + offset)
+                                       .astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["c"], name="conv", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+        helper.make_node("Relu", ["n"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "gw", "gb"], ["g"], name="fc1", transB=1),
+        helper.make_node("Relu", ["g"], ["gr"], name="fc1_relu"),
+        helper.make_node("Gemm", ["gr", "hw", "hb"], ["y"], name="fc2", transB=1),
+    ]
+    inits = [w("cw", 32, 8, 3, 3), w("cb", 32), w("s", 32, offset=1), w("b", 32), w("m", 32),
+             w("v", 32, offset=2), w("gw", 64, 32), w("gb", 64), w("hw", 10, 64), w("hb", 10)]
+    graph = helper.make_graph(
+        nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_anchors_fold_followers_into_conv_and_gemm() -> None:
+    a = anchors(conv_bn_relu_gemm())
+    assert a["bn"] == "conv" and a["relu"] == "conv" and a["fc1_relu"] == "fc1"
+    assert a["gap"] == "gap" and a["fc2"] == "fc2"
+
+
+@pytest.mark.parametrize("level", ["basic", "all"])
+def test_kernels_map_back_to_anchor_nodes(level: str) -> None:
+    model = conv_bn_relu_gemm()
+    kern, ops, run_ms = kernel_times(model, level, repeats=3)
+    assert run_ms > 0 and kern
+    nodes, other = attribute(model, kern, ops)
+    # every kernel but layout reorders lands on an original node, and only on anchors
+    assert set(nodes) <= {"conv", "gap", "flat", "fc1", "fc2"}
+    assert {"conv", "fc1", "fc2"} <= set(nodes)
+    assert sum(nodes.values()) + other == pytest.approx(sum(kern.values()))
+    if level == "all":  # fused at this level: no kernel of its own for bn / relu
+        assert not any(k in ("bn", "relu", "fc1_relu") for k in kern)
+
+
+def test_profile_in_context_of_a_file(tmp_path: Path) -> None:
+    path = f"{tmp_path}/m.onnx"
+    onnx.save(conv_bn_relu_gemm(), path)
+    prof = profile_in_context(path, "all", repeats=3)
+    assert prof.kernels >= 3 and prof.kernel_sum_ms > 0 and "conv" in prof.nodes
+
+
+def test_context_sweep_trains_on_a_tiny_subset() -> None:
+    samples = run_context_sweep(3, seed=1, repeats=2)
+    assert samples and all(s.ms > 0 for s in samples)
+    assert any(s.group.startswith("conv:") for s in samples)
+    pred = SlicePredictor.train(samples, [], {})
+    f, g = next(iter(model_features(random_network(99)).values()))
+    assert pred.node_ms(f, g) > 0
+    again = SlicePredictor.from_json(pred.to_json())
+    assert again.node_ms(f, g) == pytest.approx(pred.node_ms(f, g))
+
+
+# -- leave-one-model-out on synthetic timings (no clock involved) --------------------------
+def _feat(name: str, mflops: float) -> NodeFeatures:
+    return NodeFeatures(name, "Conv", "conv", (0, 3, 1, 0, 16, 16, 64, 0),
+                        (mflops, mflops / 10, mflops / 10, 0.01), mflops * 1e6)
+
+
+def _zoo(speed: dict[str, float]) -> tuple[list[NodeSample], list[SliceSample], dict]:
+    """Three 'models' of 8 conv nodes each; ms = mflops / speed[model] (+ a 0.01 ms constant
+    per slice); slices are the prefixes of each model."""
+    nodes, slices, feats = [], [], {}
+    for m, sp in speed.items():
+        fm = {}
+        for k in range(8):
+            f = _feat(f"{m}{k}", 0.5 * (k + 1))
+            fm[f.name] = (f, "conv:k+fused")
+            nodes.append(NodeSample(m, f, "conv:k+fused", f.linear[0] / sp))
+        feats[m] = fm
+        names = list(fm)
+        for j in range(1, 9):
+            ms = sum(fm[n][0].linear[0] / sp for n in names[:j]) + 0.01
+            slices.append(SliceSample(m, f"s{j}", tuple(names[:j]), j, 0.0, ms))
+    return nodes, slices, feats
+
+
+def test_lomo_predicts_a_model_that_runs_like_the_others() -> None:
+    nodes, slices, feats = _zoo({"a": 10.0, "b": 10.0, "c": 10.0})
+    res = leave_one_model_out(nodes, slices, feats)
+    for m in "abc":
+        assert within([(p, t) for _, p, t in res[m]]) == 1.0
+
+
+def test_lomo_can_fail_and_never_sees_the_held_out_model() -> None:
+    nodes, slices, feats = _zoo({"a": 10.0, "b": 10.0, "c": 30.0})  # c: 3x faster kernels
+    res = leave_one_model_out(nodes, slices, feats)
+    assert within([(p, t) for _, p, t in res["c"]]) < 0.2  # trained on a, b only: misses c
+    assert within([(p, t) for _, p, t in res["a"]]) < 1.0  # c pulls a's training off
+    # c's own timings do not change c's prediction (they are never used for it)
+    moved = [replace(n, ms=n.ms * 50) if n.model == "c" else n for n in nodes]
+    again = leave_one_model_out(moved, slices, feats, models=["c"])
+    assert [p for _, p, _ in again["c"]] == pytest.approx([p for _, p, _ in res["c"]])
+
+
+def test_slice_predictor_json_is_validated() -> None:
+    nodes, slices, feats = _zoo({"a": 10.0, "b": 10.0})
+    pred = SlicePredictor.train(nodes, slices, feats)
+    obj = pred.to_json()
+    assert SlicePredictor.from_json(obj).slice_ms(("a0",), 1, 0.0, feats["a"]) == \
+        pytest.approx(pred.slice_ms(("a0",), 1, 0.0, feats["a"]))
+    with pytest.raises(ValueError, match="not a coinf slice predictor"):
+        SlicePredictor.from_json({"format": "x"})
+    with pytest.raises(ValueError, match="scale"):
+        SlicePredictor.from_json({**obj, "scale": float("nan")})
+    with pytest.raises(ValueError, match="global"):
+        SlicePredictor.from_json({**obj, "groups": {}})
+
+
+def test_planner_uses_the_incontext_predictor_stored_in_a_profile(tmp_path: Path) -> None:
+    from coinf.convert.split import split_model
+    from coinf.device.predict import Predictor
+    from coinf.device.profile import DeviceProfile, ProfileError
+    from coinf.wearable.planner.planner import Planner
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu_gemm(), str(path))
+    bundle = split_model(path, tmp_path / "b")
+    samples = run_context_sweep(3, seed=2, repeats=2)
+    ctx = SlicePredictor.train(samples, [], {})
+    prof = DeviceProfile.pi_zero_2w()
+    prof.predictor = Predictor({}, meta={"slice_model": ctx.to_json()})
+    prof.save(tmp_path / "p.json")
+    prof = DeviceProfile.load(tmp_path / "p.json")  # validated on load
+    planner = Planner(bundle, prof)
+    head, _, src, _ = planner.base_times()[-1]  # wearable-only: the whole model
+    feats = model_features(onnx.load(str(bundle.model_path)))
+    expected = sum(max(ctx.node_ms(f, g) + ctx.c_kernel, 0.0) for f, g in feats.values())
+    assert src == "predicted nodes" and head == pytest.approx(expected) and head > 0
+    # the sweep style ignores it (an empty sweep predictor predicts 0)
+    assert Planner(bundle, prof, predictor_style="coinf").base_times()[-1][0] == 0.0
+    bad = prof.to_json()
+    bad["predictor"]["slice_model"] = {"format": "x"}
+    with pytest.raises(ProfileError, match="slice predictor"):
+        DeviceProfile.from_json(bad)

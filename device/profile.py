@@ -116,8 +116,13 @@ class DeviceProfile:
     models: dict[str, ModelProfile] = field(default_factory=dict)
     #: the machine it was measured on (:func:`this_host`), None for defaults and old profiles
     host: dict[str, str] | None = None
+    #: the wearable's memory budget for a head (MB), a hard planner constraint; None = default
+    memory_budget_mb: float | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_budget_mb is not None and not 0 < self.memory_budget_mb < 1e7:
+            raise ProfileError(f"profile memory_budget_mb must be in (0, 1e7) MB, got "
+                               f"{self.memory_budget_mb}")
         if self.role not in ("wearable", "handheld"):
             raise ProfileError(f"profile role must be 'wearable' or 'handheld', got {self.role!r}")
         if not 0 < self.slowdown < 1e4:
@@ -186,7 +191,7 @@ class DeviceProfile:
                 "power": asdict(self.power),
                 "predictor": self.predictor.to_json() if self.predictor else None,
                 "models": {k: m.to_json() for k, m in self.models.items()},
-                "host": self.host}
+                "host": self.host, "memory_budget_mb": self.memory_budget_mb}
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceProfile:
@@ -202,7 +207,9 @@ class DeviceProfile:
                        float(obj.get("gflops", 1.0)), pred,
                        {str(k): ModelProfile.from_json(v)
                         for k, v in obj.get("models", {}).items()},
-                       _host(obj.get("host")))
+                       _host(obj.get("host")),
+                       None if obj.get("memory_budget_mb") is None
+                       else float(obj["memory_budget_mb"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"device profile is malformed: {exc}") from None
 

@@ -23,6 +23,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
+    ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
 ]
 
 

@@ -101,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--wearable-slowdown must be > 0")
         wear.slowdown = args.wearable_slowdown
     packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("auto",)
+    if args.memory_budget is not None:
+        if not args.memory_budget > 0:
+            raise UserError(f"--memory-budget must be > 0 MB, got {args.memory_budget:g}")
+        wear.memory_budget_mb = args.memory_budget
     try:
         planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
                           packings=packings, timeout_s=args.timeout)
@@ -115,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     d.notes.insert(1, f"devices: wearable {wear.name!r}, handheld {hand.name!r}; per-inference "
                       f"timeout {args.timeout:g} s")
     out = d.to_json()
+    mem = planner.memory
+    out["memory"] = {"budget_mb": mem.budget_mb, "overhead_mb": round(mem.overhead_mb, 2),
+                     "heads": [h.to_json() for h in mem.heads().values()]
+                     if mem.budget_mb is not None else []}
     if args.optimal:
         cut = planner.optimal_cut(link, wst, hst)
         best = min(r.latency_ms(d.streaming) for r in d.rows if r.id not in d.excluded)
@@ -168,6 +176,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handheld-charging", action="store_true")
     parser.add_argument("--policy", help="policy file (default $COINF_CONFIG or "
                                          "~/.config/coinf/policy.json)")
+    parser.add_argument("--memory-budget", type=float, metavar="MB",
+                        help="the wearable's memory budget for a head (default: the wearable "
+                             "profile's, else 300 MB for a Pi Zero 2 W)")
     parser.add_argument("--predictor", choices=("coinf", "neurosurgeon"), default="coinf")
     parser.add_argument("--packings", default="auto",
                         help="comma-separated packings to consider with each cut, e.g. "

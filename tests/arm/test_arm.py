@@ -15,9 +15,9 @@ import pytest
 from coinf.ble_protocol.packing import pack, unpack
 from coinf.convert.bundle import Bundle
 from coinf.convert.split import split_model
-from coinf.deps import EXTRA_OF
 from coinf.models import committed_path
 
+from coinf.deps import EXTRA_OF
 from tests.arm.conftest import ArmGuest
 from tests.procs import handheld_daemon
 
@@ -34,7 +34,7 @@ def _pick(bundle: Bundle, n: int) -> list[str]:
     """``n`` candidates with a head spread over the model, the last being wearable-only."""
     heads = [c.id for c in bundle.candidates if c.head.file is not None]
     step = max(1, len(heads) // n)
-    return sorted(set(heads[step - 1::step][: n - 1] + [heads[-1]]))
+    return sorted({*heads[step - 1::step][: n - 1], heads[-1]})
 
 
 @pytest.fixture(scope="module")

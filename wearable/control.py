@@ -1,7 +1,8 @@
 """The wearable service's control socket: ``coinf push`` tells a running service to reload.
 
-A unix socket (0600; default ``$COINF_CONTROL`` or ``/run/coinf/control.sock``, the systemd unit's
-``RuntimeDirectory``) carrying one JSON object per line each way, one request per connection:
+A unix socket (0660: the service's user and group, which provisioning gives the admin user;
+default ``$COINF_CONTROL`` or ``/run/coinf/control.sock``, the systemd unit's ``RuntimeDirectory``)
+carrying one JSON object per line each way, one request per connection:
 
     -> {"op": "reload"}           <- {"ok": true, "identity": "<bundle identity>", "previous": ...}
     -> {"op": "status"}           <- {"ok": true, "identity": ..., "bundle": "/path", "since": t}
@@ -10,7 +11,7 @@ A unix socket (0600; default ``$COINF_CONTROL`` or ``/run/coinf/control.sock``, 
 ``reload`` re-reads the bundle directory the service was started with (``coinf push`` has just
 swapped it in): a bundle that does not load leaves the old one serving and answers ``ok: false``
 with the reason. Requests are bounded (:data:`MAX_REQUEST_BYTES`) and must arrive within
-:data:`READ_TIMEOUT_S`; the socket is only reachable by the service's own user.
+:data:`READ_TIMEOUT_S`; only the service's user and group can reach the socket.
 """
 
 from __future__ import annotations
@@ -106,12 +107,12 @@ async def _serve_one(holder: BundleHolder, reader: asyncio.StreamReader,
 
 
 async def start_control(holder: BundleHolder, path: str | Path) -> asyncio.AbstractServer:
-    """Listen on ``path`` (replacing a stale socket); the socket file is 0600."""
+    """Listen on ``path`` (replacing a stale socket); the socket file is 0660 (owner, group)."""
     sock = Path(path)
     sock.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
-    old = os.umask(0o177)
+    old = os.umask(0o117)
     try:
         server = await asyncio.start_unix_server(
             lambda r, w: _serve_one(holder, r, w), str(sock), limit=MAX_REQUEST_BYTES + 2)

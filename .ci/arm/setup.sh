@@ -58,9 +58,9 @@ APT::Sandbox::User "root";
 CONF
     export APT_CONFIG=$apt/apt.conf
     apt-get update -qq
-    pkgs="python3.11-minimal libpython3.11-stdlib libstdc++6 libgcc-s1 zlib1g"
+    pkgs=(python3.11-minimal libpython3.11-stdlib libstdc++6 libgcc-s1 zlib1g)
     # The closure an install would need, downloaded (not installed) and unpacked.
-    mapfile -t closure < <(apt-get -s install $pkgs | awk '/^Inst /{print $2}')
+    mapfile -t closure < <(apt-get -s install "${pkgs[@]}" | awk '/^Inst /{print $2}')
     log "downloading ${#closure[@]} arm64 packages"
     (cd "$apt/debs" && apt-get download -qq "${closure[@]}")
     mkdir -p "$sysroot"

@@ -172,7 +172,7 @@ async def read_controller(spec: str, timeout: float = 5.0) -> tuple[ControllerIn
                     hci.HCI_LE_Read_Buffer_Size_Command,
                     hci.HCI_LE_Read_Maximum_Data_Length_Command):
             try:
-                ev = await asyncio.wait_for(host.send_command(cls()), timeout)
+                ev: Any = await asyncio.wait_for(host.send_command(cls()), timeout)
             except Exception:  # a controller without the command: recorded as missing
                 continue
             raws.append(bytes(ev))

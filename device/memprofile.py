@@ -107,7 +107,7 @@ def _child(argv: list[str]) -> None:
     types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
              "tensor(float16)": np.float16, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
     rng = np.random.default_rng(0)
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for i in sess.get_inputs():
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
         dtype = types.get(i.type, np.float32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import Any
 
 from coinf.cli.bench import emit, progress
 
@@ -39,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
     heads = model.heads()
     progress("measuring the runtime baseline (empty model)")
     base = runtime_baseline_mb(args.threads)
-    rows = []
+    rows: list[dict[str, Any]] = []
     todo = [c for c in bundle.candidates if c.head.file is not None
             and (wanted is None or c.id in wanted)]
     for i, c in enumerate(todo):
+        assert c.head.file is not None
         measured = slice_peak_rss_mb(bundle.path(c.head.file), args.threads, args.runs)
         h = heads[c.id]
         rows.append({"id": c.id, "label": c.label, "head_peak_rss_mb": measured,
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                      "error_mb": round(h.predicted_mb - measured, 2)})
         progress(f"{i + 1}/{len(todo)} {c.id}: measured {measured:.1f} MB, predicted "
                  f"{h.predicted_mb:.1f} MB")
-    errs = [abs(r["error_mb"]) for r in rows]
+    errs: list[float] = [abs(float(r["error_mb"])) for r in rows]
     emit({"bundle": str(bundle.root), "threads": args.threads,
           "runtime_baseline_mb": base, "default_overhead_mb": model.overhead_mb,
           "median_abs_error_mb": round(statistics.median(errs), 2) if errs else None,

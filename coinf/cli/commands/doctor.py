@@ -155,7 +155,7 @@ def governor_check() -> dict[str, Any]:
 def bonds_check() -> dict[str, Any]:
     from coinf.cli.commands.pair import default_bond_store
 
-    stores = {}
+    stores: dict[str, dict[str, Any]] = {}
     for role in ("wearable", "handheld"):
         path = Path(default_bond_store(role))
         if not path.is_file():

@@ -120,3 +120,29 @@ def test_bad_slice_is_a_profile_error(tmp_path: Path) -> None:
     (tmp_path / "bad.onnx").write_bytes(b"not onnx")
     with pytest.raises(ProfileError, match=r"bad\.onnx"):
         slice_peak_rss_mb(tmp_path / "bad.onnx")
+
+
+def test_profile_and_plan_commands_measure_and_show_memory(tmp_path: Path, capsys) -> None:
+    from coinf.cli import main
+
+    b = make_tiny_bundle(tmp_path / "t")
+    prof = tmp_path / "w.json"
+    assert main(["profile", "--role", "wearable", "--bundle", str(b.root), "--out", str(prof),
+                 "--repeats", "1", "--warmup", "0", "--memory-budget", "250"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["head_peak_rss_mb"]) == {"c001", "c002"}  # c000 runs no head
+    saved = DeviceProfile.load(prof)
+    assert saved.memory_budget_mb == 250.0
+    measured = saved.models[b.identity].candidates["c001"]["head_peak_rss_mb"]
+    assert 20 < measured < 1000
+    assert main(["plan", str(b.root), "--wearable-profile", str(prof), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    heads = {h["id"]: h for h in out["memory"]["heads"]}
+    assert out["memory"]["budget_mb"] == 250.0
+    assert heads["c001"]["source"] == "measured" and heads["c001"]["head_peak_rss_mb"] == measured
+    assert any(n.startswith("memory: budget 250 MB") for n in out["notes"])
+    assert main(["plan", str(b.root), "--wearable-profile", str(prof),
+                 "--memory-budget", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "chose c000" in text and "> the wearable's 1 MB budget" in text
+    assert main(["plan", str(b.root), "--memory-budget", "-3"]) == 2

@@ -47,7 +47,7 @@ check: lint typecheck test
 # The installable wheel (pure Python): what deploy/pi/provision.sh installs into the Pi's venv.
 wheel: $(BIN)/python
 	rm -rf dist build/lib
-	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	$(BIN)/python -m pip wheel --quiet --no-deps -w dist .
 	@ls dist/coinf-*.whl
 
 # The wearable core as a Cortex-A53 under qemu user mode (.ci/arm/; cached in ~/.cache/coinf-arm).

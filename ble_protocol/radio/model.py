@@ -309,9 +309,6 @@ class RadioController(bumble_controller.Controller):
         self.total_num_acl_data_packets = p.acl_buffers
         self.hci_version = p.hci_version
         self.lmp_version = p.hci_version
-        # LE Read Maximum Data Length answers what the preset's link layer carries (coinf doctor)
-        self.supported_max_tx_octets = self.supported_max_rx_octets = p.ll_payload
-        self.supported_max_tx_time = self.supported_max_rx_time = (p.ll_payload + 14) * 8
         features = self.le_features
         if p.ll_payload <= 27:
             features &= ~hci.LeFeatureMask.LE_DATA_PACKET_LENGTH_EXTENSION

@@ -79,17 +79,28 @@ CONF
 fi
 
 # 3. aarch64 wheels for cp311 (manylinux up to glibc 2.36), installed into a private site dir.
+tags=(--only-binary=:all: --python-version 3.11 --implementation cp
+      --abi cp311 --abi abi3 --abi none --platform manylinux2014_aarch64)
+for n in $(seq 17 36); do tags+=(--platform "manylinux_2_${n}_aarch64"); done
+pip=("${PIP_PYTHON:-python3}" -m pip --disable-pip-version-check)
 if [ ! -e "$site/.done" ]; then
     log "downloading aarch64 cp311 wheels for $(tr '\n' ' ' <"$req")"
     rm -rf "$site"
-    tags=(--only-binary=:all: --python-version 3.11 --implementation cp
-          --abi cp311 --abi abi3 --abi none --platform manylinux2014_aarch64)
-    for n in $(seq 17 36); do tags+=(--platform "manylinux_2_${n}_aarch64"); done
-    pip=("${PIP_PYTHON:-python3}" -m pip --disable-pip-version-check)
     "${pip[@]}" download -q "${tags[@]}" -d "$wheels" -r "$req"
     "${pip[@]}" install -q --root-user-action=ignore --no-index --find-links "$wheels" \
         "${tags[@]}" --target "$site" -r "$req"
     touch "$site/.done"
+fi
+
+# 4. A runtime known to crash on the A53 (the negative control: the emulation must catch it).
+bad=$cache/bad-onnxruntime-1.21.0
+if [ ! -e "$bad/.done" ]; then
+    log "downloading onnxruntime 1.21.0 (aarch64), known to die with SIGILL on a Cortex-A53"
+    rm -rf "$bad"
+    "${pip[@]}" download -q --no-deps "${tags[@]}" -d "$wheels" onnxruntime==1.21.0
+    "${pip[@]}" install -q --root-user-action=ignore --no-index --no-deps --find-links "$wheels" \
+        "${tags[@]}" --target "$bad" onnxruntime==1.21.0
+    touch "$bad/.done"
 fi
 
 env_file=$cache/env-$req_sum.sh
@@ -97,5 +108,6 @@ cat >"$env_file" <<ENV
 export COINF_ARM_SYSROOT=$sysroot
 export COINF_ARM_SITE=$site
 export COINF_ARM_PYTHON="$here/python.sh"
+export COINF_ARM_BAD_SITE=$bad
 ENV
 echo "$env_file"

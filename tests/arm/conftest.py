@@ -22,13 +22,19 @@ class ArmGuest:
     path: str
 
     def run(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "COINF_ARM_PATH": self.path}
-        proc = subprocess.run([self.python, self.sysroot, str(GUEST), *args], env=env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        """``guest.py ARGS`` on the A53; an exit other than 0 fails the test."""
+        proc = self.python_run(str(GUEST), *args, timeout=timeout)
         if proc.returncode != 0:
             raise AssertionError(f"guest {args[0]} failed (exit {proc.returncode}):\n"
                                  f"{proc.stderr[-4000:]}")
         return proc
+
+    def python_run(self, *args: str, path: str | None = None,
+                   timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """The guest's ``python3.11 ARGS`` (import path ``path``, default the wheel + site)."""
+        env = {**os.environ, "COINF_ARM_PATH": self.path if path is None else path}
+        return subprocess.run([self.python, self.sysroot, *args], env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -148,3 +149,19 @@ def test_every_shipped_module_imports_on_the_wearable(arm: ArmGuest, tmp_path: P
             assert EXTRA_OF.get(top) not in (None, "wearable"), (name, state)
         else:
             assert state == "ok", f"{name}: {state}"
+
+
+def test_the_emulation_catches_a_runtime_that_crashes_on_the_a53(arm: ArmGuest) -> None:
+    """Negative control: onnxruntime 1.21.0, excluded in setup.cfg, dies on the A53 here."""
+    from coinf.device.runtimes import KNOWN_BAD
+
+    bad = os.environ.get("COINF_ARM_BAD_SITE")
+    if not bad:
+        pytest.skip("no COINF_ARM_BAD_SITE (set up by .ci/arm/setup.sh)")
+    assert ("onnxruntime", "1.21.0") in KNOWN_BAD
+    code = "import onnxruntime; print(onnxruntime.__version__)"
+    site = os.environ["COINF_ARM_SITE"]
+    proc = arm.python_run("-c", code, path=f"{bad}:{site}")
+    assert proc.returncode == -signal.SIGILL, (proc.returncode, proc.stderr[-500:])
+    good = arm.python_run("-c", code, path=site)  # the version setup.cfg resolves to
+    assert good.returncode == 0 and good.stdout.strip() != "1.21.0", good.stderr[-500:]

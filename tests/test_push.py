@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -140,3 +141,53 @@ def test_sha256sum_parsing_is_strict() -> None:
 
     with pytest.raises(PushError, match="expected 'HEX  PATH'"):
         parse_sha256sum("sha256sum: ./x: Permission denied\n")
+
+
+def test_the_wearable_service_reloads_over_its_control_socket(tmp_path: Path) -> None:
+    """``coinf wearable --control`` (what the systemd unit runs) on the emulated radio:
+    status and reload through the socket, from the command line the unit's ExecReload uses."""
+    from coinf.ble_protocol.radio import spawn
+
+    dest = tmp_path / "bundle"
+    first = make_tiny_bundle(dest, seed=2)
+    sock = tmp_path / "control.sock"
+    wspec, _, stop_radio = spawn("pi-zero-2w")
+    service = subprocess.Popen(
+        [sys.executable, "-m", "coinf", "wearable", "--bundle", str(dest), "--hci", wspec,
+         "--control", str(sock), "--keystore", str(tmp_path / "b" / "bonds.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        cli = [sys.executable, "-m", "coinf", "wearable"]
+        for _ in range(200):  # until the service listens
+            if sock.exists() or service.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert sock.exists(), service.communicate(timeout=10)
+        status = subprocess.run([*cli, "status", "--control", str(sock)], capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert status.returncode == 0 and json.loads(status.stdout)["identity"] == \
+            first.identity
+        second = make_tiny_bundle(tmp_path / "next", seed=3)
+        shutil.rmtree(dest)
+        shutil.copytree(second.root, dest)
+        reload = subprocess.run([*cli, "reload", "--control", str(sock), "--expect",
+                                 second.identity], capture_output=True, text=True, timeout=60,
+                                check=False)
+        assert reload.returncode == 0, reload.stderr
+        assert json.loads(reload.stdout) == {"ok": True, "identity": second.identity,
+                                             "previous": first.identity}
+        wrong = subprocess.run([*cli, "status", "--control", str(sock), "--expect", "nope"],
+                               capture_output=True, text=True, timeout=60, check=False)
+        assert wrong.returncode == 2 and "expected nope" in wrong.stderr
+        assert service.poll() is None  # still serving
+    finally:
+        service.terminate()
+        try:
+            service.wait(10)
+        except subprocess.TimeoutExpired:
+            service.kill()
+        stop_radio()
+    missing = subprocess.run([sys.executable, "-m", "coinf", "wearable", "reload", "--control",
+                              str(tmp_path / "none.sock")], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert missing.returncode == 2 and "no wearable service control socket" in missing.stderr

@@ -172,9 +172,13 @@ def run(args: argparse.Namespace) -> int:
     if args.no_reload:
         report["reload"] = None
     else:
-        out = remote.run(shlex.join([args.remote_coinf, "wearable", "reload", "--control",
-                                     args.control, "--expect", bundle.identity]),
-                         what="reloading the service")
+        try:
+            out = remote.run(shlex.join([args.remote_coinf, "wearable", "reload", "--control",
+                                         args.control, "--expect", bundle.identity]),
+                             what="reloading the service")
+        except PushError as exc:
+            raise PushError(f"{exc}. The verified bundle is in place at {dest}; start the "
+                            f"service (sudo systemctl start coinf-wearable) to serve it") from None
         if not args.dry_run:
             try:
                 report["reload"] = json.loads(out.strip().splitlines()[-1])

@@ -163,8 +163,9 @@ def test_the_wearable_service_reloads_over_its_control_socket(tmp_path: Path) ->
                 break
             threading.Event().wait(0.1)
         assert sock.exists(), service.communicate(timeout=10)
-        status = subprocess.run([*cli, "status", "--control", str(sock)], capture_output=True,
-                                text=True, timeout=60, check=False)
+        status = subprocess.run([sys.executable, "-m", "coinf", "status", "--control",
+                                 str(sock)], capture_output=True, text=True, timeout=60,
+                                check=False)
         assert status.returncode == 0 and json.loads(status.stdout)["identity"] == \
             first.identity
         second = make_tiny_bundle(tmp_path / "next", seed=3)

@@ -74,6 +74,8 @@ def test_provision_dry_run_shows_every_step_and_changes_nothing(tmp_path: Path) 
     assert ("/opt/coinf/venv/bin/python -m pip install --quiet --upgrade "
             "dist/coinf-0.2.0-py3-none-any.whl[wearable]") in cmds
     assert "write /etc/systemd/system/coinf-wearable.service (mode 0644)" in text
+    assert "write /opt/coinf/bin/coinf-svc (mode 0755)" in text
+    assert "chmod -R g+rwX /var/lib/coinf/bundle.incoming" in cmds
     assert "systemctl enable coinf-wearable.service" in cmds
     assert cmds[-1] == "systemctl restart coinf-wearable.service"  # a bundle was given
     assert "mv /var/lib/coinf/bundle.incoming /var/lib/coinf/bundle" in cmds

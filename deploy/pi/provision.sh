@@ -13,7 +13,8 @@
 #   4. the controller for coinf: bluetoothd disabled (bumble drives the controller through the
 #      HCI user channel), the radio unblocked; the service gets CAP_NET_ADMIN instead of root;
 #   5. the systemd unit coinf-wearable.service (+ /etc/default/coinf-wearable), enabled; it
-#      starts once a bundle is in /var/lib/coinf/bundle.
+#      starts once a bundle is in /var/lib/coinf/bundle; and /opt/coinf/bin/coinf-svc, which
+#      runs a coinf command as the service would (pairing, doctor, profile, run).
 # --uninstall removes the unit, the venv and re-enables bluetoothd; --purge also removes the
 # state dir (bundle, bonds) and the user.
 set -euo pipefail
@@ -160,8 +161,8 @@ fi
 run "$prefix/venv/bin/python" -m pip install --quiet --upgrade "${wheel}[wearable]"
 [ -f "$here/../../docs/DEPLOY.md" ] && run install -m 0644 "$here/../../docs/DEPLOY.md" "$prefix/DEPLOY.md"
 run install -d -m 0755 "$prefix/bin"
-sed -e "s|@PREFIX@|$prefix|g" -e "s|@STATE@|$state|g" -e "s|@USER@|$user|g" "$here/pair.sh" \
-    | put "$prefix/bin/coinf-pair" 0755 || true
+sed -e "s|@PREFIX@|$prefix|g" -e "s|@STATE@|$state|g" -e "s|@USER@|$user|g" \
+    "$here/coinf-svc.sh" | put "$prefix/bin/coinf-svc" 0755 || true
 
 # 4. the controller: bumble, not bluetoothd
 if have_unit bluetooth.service && systemctl is-enabled bluetooth.service >/dev/null 2>&1; then
@@ -189,6 +190,7 @@ if [ -n "$bundle" ]; then
     run rm -rf "$state/bundle.incoming"
     run cp -r "$bundle" "$state/bundle.incoming"
     run chown -R "$user:$user" "$state/bundle.incoming"
+    run chmod -R g+rwX "$state/bundle.incoming"  # the admin (group) replaces it on coinf push
     run rm -rf "$state/bundle"
     run mv "$state/bundle.incoming" "$state/bundle"
 fi
@@ -197,5 +199,5 @@ if [ -f "$state/bundle/manifest.json" ] || [ -n "$bundle" ]; then
 else
     say "no bundle yet: \`coinf push BUNDLE $(hostname)\` from the laptop starts the service"
 fi
-say "done. Next: pair a handheld (sudo $prefix/bin/coinf-pair), then"
-say "check: $prefix/venv/bin/coinf doctor; logs: journalctl -u coinf-wearable -f"
+say "done. Next: pair a handheld (sudo $prefix/bin/coinf-svc wearable pair), then"
+say "check: sudo $prefix/bin/coinf-svc doctor; logs: journalctl -u coinf-wearable -f"

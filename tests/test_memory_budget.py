@@ -146,3 +146,15 @@ def test_profile_and_plan_commands_measure_and_show_memory(tmp_path: Path, capsy
     text = capsys.readouterr().out
     assert "chose c000" in text and "> the wearable's 1 MB budget" in text
     assert main(["plan", str(b.root), "--memory-budget", "-3"]) == 2
+
+
+def test_without_handheld_only_the_smallest_head_is_kept(tmp_path: Path) -> None:
+    import dataclasses
+
+    b = make_tiny_bundle(tmp_path / "t")
+    no_hh = dataclasses.replace(b, candidates=b.candidates[1:])  # c001, c002: both have heads
+    p = Planner(no_hh, memory_budget_mb=1.0)
+    d = p.decide(SLOW_LINK)
+    heads = p.memory.heads()
+    assert d.winner == min(heads, key=lambda c: heads[c].total_mb)
+    assert set(d.excluded) == {"c001", "c002"} - {d.winner}

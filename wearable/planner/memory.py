@@ -175,8 +175,10 @@ class MemoryModel:
         ok = [r for r in rows if r.id not in why]
         if ok:
             return ok, why
-        least = min(self.heads()[r.id.partition("~")[0]].total_mb for r in rows)
-        ok = [r for r in rows if self.heads()[r.id.partition("~")[0]].total_mb == least]
+        need = {r.id: h.total_mb if (h := self.heads().get(r.id.partition("~")[0])) else 0.0
+                for r in rows}
+        least = min(need.values())
+        ok = [r for r in rows if need[r.id] == least]
         return ok, {k: v for k, v in why.items() if k not in {r.id for r in ok}}
 
     def note(self, winner: str) -> str:

@@ -7,7 +7,7 @@ SUM    := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.installed-dev-$(SUM)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
-.PHONY: demo test lint typecheck check models tflite clean
+.PHONY: demo test lint typecheck check models tflite clean wheel test-arm
 TFLITE_CONVERTER := onnx2tf==2.6.9
 
 $(BIN)/python:
@@ -51,6 +51,22 @@ check: lint typecheck test
 tflite: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[tflite]'
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(TFLITE_CONVERTER)
+
+# The installable wheel (pure Python): what deploy/pi/provision.sh installs into the Pi's venv.
+wheel: $(BIN)/python
+	rm -rf dist build/lib
+	$(BIN)/python -m pip wheel --quiet --no-deps -w dist .
+	@ls dist/coinf-*.whl
+
+# The wearable core as a Cortex-A53 under qemu user mode (.ci/arm/; cached in ~/.cache/coinf-arm).
+ARM_DIR := build/arm
+test-arm: $(STAMP) wheel
+	mkdir -p $(ARM_DIR)
+	$(BIN)/python .ci/arm/requirements.py > $(ARM_DIR)/requirements.txt
+	env_file=$$(PIP_PYTHON=$(BIN)/python bash .ci/arm/setup.sh $(ARM_DIR)/requirements.txt) \
+	&& . "$$env_file" && rm -rf $(ARM_DIR)/coinf \
+	&& $(BIN)/python -m pip install --quiet --no-deps --target $(ARM_DIR)/coinf dist/coinf-*.whl \
+	&& COINF_ARM_COINF=$(CURDIR)/$(ARM_DIR)/coinf $(BIN)/python -m pytest -q -p no:cacheprovider tests/arm
 
 # Rebuild the committed zoo files from their builders (needs the `models` extra: torch==2.13.0).
 models: $(STAMP)

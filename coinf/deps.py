@@ -20,7 +20,9 @@ EXTRA_OF: dict[str, str] = {
 
 def missing_message(package: str, what: str, extra: str | None = None) -> str:
     extra = extra or EXTRA_OF.get(package)
-    hint = f"pip install 'coinf[{extra}]'" if extra else f"pip install {package}"
+    # coinf is installed from its wheel (docs/DEPLOY.md), not from a package index
+    hint = (f"install the coinf[{extra}] extra into coinf's venv: pip install "
+            f"'COINF_WHEEL.whl[{extra}]'" if extra else f"pip install {package}")
     return f"{what} needs {package!r}, which is not installed ({hint})"
 
 

@@ -120,8 +120,13 @@ class DeviceProfile:
     #: built-in per-op-type compute estimates (:mod:`.defaults`), used when nothing measured
     #: covers a part; ``gflops`` stays the last resort
     rates: OpRates | None = None
+    #: the wearable's memory budget for a head (MB), a hard planner constraint; None = default
+    memory_budget_mb: float | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_budget_mb is not None and not 0 < self.memory_budget_mb < 1e7:
+            raise ProfileError(f"profile memory_budget_mb must be in (0, 1e7) MB, got "
+                               f"{self.memory_budget_mb}")
         if self.role not in ("wearable", "handheld"):
             raise ProfileError(f"profile role must be 'wearable' or 'handheld', got {self.role!r}")
         if not 0 < self.slowdown < 1e4:
@@ -203,7 +208,8 @@ class DeviceProfile:
                 "power": asdict(self.power),
                 "predictor": self.predictor.to_json() if self.predictor else None,
                 "models": {k: m.to_json() for k, m in self.models.items()},
-                "host": self.host, "rates": self.rates.to_json() if self.rates else None}
+                "host": self.host, "rates": self.rates.to_json() if self.rates else None,
+                "memory_budget_mb": self.memory_budget_mb}
 
     @classmethod
     def from_json(cls, obj: Any) -> DeviceProfile:
@@ -222,7 +228,9 @@ class DeviceProfile:
                        {str(k): ModelProfile.from_json(v)
                         for k, v in obj.get("models", {}).items()},
                        _host(obj.get("host")),
-                       OpRates.from_json(obj["rates"]) if obj.get("rates") else None)
+                       OpRates.from_json(obj["rates"]) if obj.get("rates") else None,
+                       None if obj.get("memory_budget_mb") is None
+                       else float(obj["memory_budget_mb"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"device profile is malformed: {exc}") from None
 

@@ -20,6 +20,7 @@ from coinf.wearable.planner.adapt import (
     ReplanTrigger,
 )
 from coinf.wearable.planner.costs import TIMEOUT_MARGIN, CandidateCost, Decision
+from coinf.wearable.planner.memory import MemoryModel, budget_of
 from coinf.wearable.planner.mincut import CutResult, min_cut
 from coinf.wearable.planner.onnx_dag import dag_from_onnx
 from coinf.wearable.planner.schedulers import coinf, dyno, neurosurgeon
@@ -70,7 +71,8 @@ class Planner:
                  predictor_style: str = "incontext",
                  wire_bytes: Callable[[Any], tuple[int, int]] | None = None,
                  packings: Sequence[str] = ("auto",), pack_mb_s: float = 50.0,
-                 timeout_s: float = 30.0, runtimes: Mapping[str, str] | None = None) -> None:
+                 timeout_s: float = 30.0, runtimes: Mapping[str, str] | None = None,
+                 memory_budget_mb: float | None = _UNSET) -> None:
         """``wire_bytes(candidate) -> (request bytes, result bytes)`` is what travels raw; by
         default the exact size of the raw REQUEST/RESULT payloads of :mod:`ble_protocol`.
 
@@ -92,7 +94,9 @@ class Planner:
         ``runtimes`` (``{"wearable": ..., "handheld": ...}``, default onnxruntime) are the
         runtimes asked for per device; each slice's time is that of the runtime that will run it
         (:func:`coinf.device.litert.resolve`), measured per runtime by ``coinf profile``;
-        ``stage_runtimes`` records them per candidate."""
+        ``stage_runtimes`` records them per candidate.
+        ``memory_budget_mb`` (default: the wearable profile's, see ``planner.memory``; None =
+        unconstrained) is a hard constraint: a head that does not fit is never chosen."""
         if not pack_mb_s > 0:
             raise ValueError(f"pack_mb_s must be > 0, got {pack_mb_s}")
         self.pack_mb_s = pack_mb_s
@@ -119,6 +123,8 @@ class Planner:
             except ValueError as exc:
                 raise ValueError(f"{exc}, or auto (every calibrated packing)") from None
         self.packings = tuple(packings)
+        self.memory = MemoryModel(bundle, self.wearable, budget_of(self.wearable)
+                                  if memory_budget_mb is _UNSET else memory_budget_mb)
         self._base: list[tuple[float, float, str, str]] | None = None
         self.runtimes = {"wearable": "onnxruntime", "handheld": "onnxruntime", **(runtimes or {})}
         self.stage_runtimes: dict[str, tuple[str, str]] = {}
@@ -340,6 +346,7 @@ class Planner:
                        f"{link.down_bps / 1000:.1f} kB/s, RTT {link.rtt_ms:.0f} ms ({link.source})")
         d.notes.append("weights: " + "; ".join(why_w))
         d.notes.append(self.sources_note(load_factor))
+        d.notes.append(self.memory.note(split_config(d.winner)[0]))
         return d
 
     def sources_note(self, load_factor: float = 1.0) -> str:
@@ -365,7 +372,8 @@ class Planner:
         reason each other row is excluded. Never empty: with nothing feasible every row stays
         (the Session's deadline stretches instead, see ``wearable.options.request_timeout``)."""
         limit_ms = self.timeout_s * 1e3 / TIMEOUT_MARGIN
-        ok, excluded = [], {}
+        rows, too_big = self.memory.fits(rows)  # hard: never restored below
+        ok, excluded = [], dict(too_big)
         for r in rows:
             if r.exchange_ms() <= limit_ms or r.exchange_ms() == 0:
                 ok.append(r)
@@ -374,7 +382,7 @@ class Planner:
                     f"infeasible: predicted exchange {r.exchange_ms() / 1e3:.1f} s (transfer "
                     f"{r.transfer_ms / 1e3:.1f} s of {r.crossing_bytes / 1e3:.0f} kB) x"
                     f"{TIMEOUT_MARGIN:g} margin exceeds the {self.timeout_s:g} s timeout")
-        return (ok, excluded) if ok else (rows, {})
+        return (ok, excluded) if ok else (rows, too_big)
 
     @staticmethod
     def _headline(d: Decision, objective: str, budget: float | None, streaming: bool) -> str:

@@ -26,6 +26,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("prune", "prune", "SMCD group-lasso pruning of the digit model: FLOPs, comm, accuracy"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
     ("runtime", "runtime", "onnxruntime vs LiteRT per slice of a bundle with TFLite slices"),
+    ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
 ]
 
 

@@ -20,4 +20,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("bench", "bench", "benchmarks printing JSON"),
     ("radio", "radio", "host the emulated BLE radio"),
     ("wearable", "wearable", "run the wearable BLE GATT server"),
+    ("push", "push", "copy a bundle to the wearable, verify it, reload the service"),
+    ("doctor", "doctor", "check this device: controller LE features, runtimes, memory, bonds"),
+    ("status", "status", "what the running wearable service serves (bundle identity)"),
 ]

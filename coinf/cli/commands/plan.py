@@ -117,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--wearable-slowdown must be > 0")
         wear.slowdown = args.wearable_slowdown
     packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("auto",)
+    if args.memory_budget is not None:
+        if not args.memory_budget > 0:
+            raise UserError(f"--memory-budget must be > 0 MB, got {args.memory_budget:g}")
+        wear.memory_budget_mb = args.memory_budget
     try:
         planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
                           packings=packings, timeout_s=args.timeout,
@@ -134,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     d.notes.insert(2, profiles_note(wear, hand, args))
     out = d.to_json()
     out["stages"] = _stages(bundle, planner, d.winner)
+    mem = planner.memory
+    out["memory"] = {"budget_mb": mem.budget_mb, "overhead_mb": round(mem.overhead_mb, 2),
+                     "heads": [h.to_json() for h in mem.heads().values()]
+                     if mem.budget_mb is not None else []}
     if args.optimal:
         cut = planner.optimal_cut(link, wst, hst)
         best = min(r.latency_ms(d.streaming) for r in d.rows if r.id not in d.excluded)
@@ -192,6 +200,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         default="incontext",
                         help="layer predictor of an unprofiled model (default incontext: the "
                         "in-context slice predictor when the profile has one, else coinf)")
+    parser.add_argument("--memory-budget", type=float, metavar="MB",
+                        help="the wearable's memory budget for a head (default: the wearable "
+                             "profile's, else 300 MB for a Pi Zero 2 W)")
     parser.add_argument("--packings", default="auto",
                         help="comma-separated packings to consider with each cut, e.g. "
                              "raw,f16,q8,q4 (needs `coinf calibrate`); default auto: every "

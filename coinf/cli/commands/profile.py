@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     role = resolve_role(args.role)
     out = Path(args.out) if args.out else default_profile_path(role)
     writes = bool(args.train or args.bundle or args.threads is not None
-                  or args.slowdown is not None or args.name)
+                  or args.slowdown is not None or args.name or args.memory_budget is not None)
     prof = starting_profile(role, out, writes, args.force)
     if args.name:
         prof.name = args.name
@@ -104,7 +104,12 @@ def run(args: argparse.Namespace) -> int:
         prof.slowdown = args.slowdown
     if args.repeats < 1 or args.warmup < 0:
         raise UserError("--repeats must be >= 1 and --warmup >= 0")
-    changed = args.threads is not None or args.slowdown is not None or bool(args.name)
+    if args.memory_budget is not None:
+        if not 0 < args.memory_budget < 1e7:
+            raise UserError(f"--memory-budget must be in (0, 1e7) MB, got {args.memory_budget}")
+        prof.memory_budget_mb = args.memory_budget
+    changed = (args.threads is not None or args.slowdown is not None or bool(args.name)
+               or args.memory_budget is not None)
     report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role,
                                  "role_from": "--role" if args.role else "detected"}
     if args.train:
@@ -131,6 +136,14 @@ def run(args: argparse.Namespace) -> int:
         mp = profile_bundle(bundle, prof.threads, args.warmup, args.repeats,
                             slices=not args.no_slices,
                             progress=lambda m: print(m, file=sys.stderr))
+        if not args.no_memory and role == "wearable":
+            from coinf.device.memprofile import measure_heads
+
+            for cid, mb in measure_heads(bundle, prof.threads,
+                                         progress=lambda m: print(m, file=sys.stderr)).items():
+                mp.candidates.setdefault(cid, {})["head_peak_rss_mb"] = mb
+            report["head_peak_rss_mb"] = {cid: e["head_peak_rss_mb"] for cid, e in
+                                          mp.candidates.items() if "head_peak_rss_mb" in e}
         prof.models[bundle.identity] = mp
         errs = [abs(v) for v in mp.node_sum_error.values()]
         report.update({"bundle": str(bundle.root), "identity": bundle.identity,
@@ -182,4 +195,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     parser.add_argument("--no-slices", action="store_true",
                         help="per-node times only; skip measuring each candidate's slices")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip measuring each head's peak RSS (wearable role only)")
+    parser.add_argument("--memory-budget", type=float, metavar="MB",
+                        help="the wearable's memory budget for a head, a hard planner "
+                             "constraint (see `coinf doctor` for free memory)")
     parser.set_defaults(func=run)

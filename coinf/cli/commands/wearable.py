@@ -28,6 +28,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     pair.register_wearable(actions.add_parser(
         "pair", help="open the pairing window and bond a handheld (passkey)",
         description="Open the pairing window; print the passkey a handheld must type."))
+    for action, text in (("reload", "tell the running service to reload its bundle"),
+                         ("status", "ask the running service what it serves")):
+        sub = actions.add_parser(action, help=text, description=text)
+        sub.add_argument("--control", default=None,
+                         help="the service's control socket (default $COINF_CONTROL or "
+                              "/run/coinf/control.sock)")
+        sub.add_argument("--expect", metavar="IDENTITY",
+                         help="fail unless the service then serves this bundle identity")
+        sub.set_defaults(func=control, op=action)
     parser.add_argument(
         "--bundle",
         help="split bundle directory (its identity is checked in the handshake); required",
@@ -46,7 +55,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-bytes", type=int, default=10_000)
     parser.add_argument("--probes", type=int, default=5)
     parser.add_argument("--once", action="store_true", help="exit after the first handheld")
+    parser.add_argument("--control", default=None, metavar="SOCKET",
+                        help="listen for reload/status requests on this unix socket (the "
+                             "systemd unit uses /run/coinf/control.sock; `coinf push` reloads)")
     parser.set_defaults(func=run)
+
+
+def control(args: argparse.Namespace) -> int:
+    """``coinf wearable reload|status``: one request to the running service; prints its reply."""
+    from coinf.errors import UserError
+    from coinf.wearable.control import ControlError, control_request, default_control_path
+
+    reply = control_request(args.control or default_control_path(), {"op": args.op})
+    print(json.dumps(reply), flush=True)
+    if not reply.get("ok"):
+        raise ControlError(f"the service refused {args.op}: {reply.get('error')}")
+    if args.expect and reply.get("identity") != args.expect:
+        raise UserError(f"the service serves bundle {reply.get('identity')}, expected "
+                        f"{args.expect}")
+    return 0
 
 
 def bundle_identity(path: str) -> str:
@@ -67,13 +94,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("coinf wearable needs --bundle and --hci (or: coinf wearable pair --hci)")
     if not args.handshake_timeout > 0:
         raise UserError("--handshake-timeout must be > 0")
-    identity = bundle_identity(args.bundle)
+    from coinf.wearable.control import BundleHolder, start_control
+
+    holder = BundleHolder(args.bundle)
     keystore = args.keystore or default_bond_store("wearable")
 
     async def main() -> None:
-        async with WearableServer(args.hci, bundle_identity=identity, name=args.name,
+        async with WearableServer(args.hci, bundle_identity=holder.identity, name=args.name,
                                   keystore=keystore,
                                   handshake_timeout=args.handshake_timeout) as server:
+            holder.on_change = lambda identity: setattr(server, "bundle_identity", identity)
+            if args.control:
+                await start_control(holder, args.control)
             while True:
                 link = await server.accept()
                 client = RpcClient(link)

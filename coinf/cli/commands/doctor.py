@@ -1,0 +1,232 @@
+"""``coinf doctor [--json]``: check what decides this device's behaviour, on either side.
+
+* the Bluetooth controller and its LE features, read from the controller (``--hci SPEC``, or
+  ``hci-socket:N`` for the kernel's first controller; ``--hci-dump FILE`` decodes recorded
+  Command Complete events, one hex packet per line): Data Length Extension, 2M PHY, max LE ACL
+  data length -> the matching radio preset;
+* onnxruntime / LiteRT versions, and whether one is known to break the wearable;
+* free memory against the wearable's memory budget; the CPU frequency governor;
+* the bond stores (``coinf wearable pair`` / ``coinf handheld pair``) and the bundle's identity.
+
+Each check is ``ok``, ``warn`` or ``fail``; the exit code is 1 when any check fails, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from coinf.errors import AdapterError, CoinfError, UserError
+
+DEFAULT_BUNDLE = "/var/lib/coinf/bundle"
+
+
+def _check(status: str, summary: str, **facts: Any) -> dict[str, Any]:
+    return {"status": status, "summary": summary, **facts}
+
+
+def controller_check(hci: str | None, dump: str | None, timeout: float) -> dict[str, Any]:
+    from coinf.ble_protocol.controller import (
+        local_controllers,
+        matching_preset,
+        parse_responses,
+        read_controller,
+    )
+
+    raws: list[bytes] = []
+    if dump:
+        try:
+            lines = Path(dump).read_text().split()
+            raws = [bytes.fromhex(x) for x in lines]
+            info = parse_responses(raws)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--hci-dump {dump}: {exc} (expected one HCI event in hex per line, "
+                            f"as `coinf doctor --json` records under controller.raw)") from None
+        source = f"recorded ({dump})"
+    else:
+        spec = hci
+        if spec is None:
+            found = local_controllers()
+            if not found:
+                where = ("the kernel lists no Bluetooth controller (/sys/class/bluetooth is "
+                         "empty)" if sys.platform.startswith("linux") else
+                         f"{platform.system()} has no HCI socket")
+                return _check("warn", f"no Bluetooth controller found: {where}; on a Pi Zero 2 W "
+                              f"check that config.txt has no dtoverlay=disable-bt and that "
+                              f"hciuart is running; elsewhere pass --hci usb:0 for a dongle",
+                              present=False)
+            spec = f"hci-socket:{found[0].removeprefix('hci')}"
+        try:
+            info, raws = asyncio.run(read_controller(spec, timeout))
+        except AdapterError as exc:
+            return _check("warn", f"{exc}; with bluetoothd running, stop it first (sudo "
+                          f"systemctl stop bluetooth) or run as the coinf service user, which "
+                          f"has CAP_NET_ADMIN", present=True, hci=spec)
+        source = spec
+    name, overrides, why = matching_preset(info)
+    summary = (f"{info.company or 'controller'}, HCI {info.hci_version or '?'}; DLE "
+               f"{_yn(info.data_length_extension)}, 2M PHY {_yn(info.le_2m_phy)}, max LE ACL "
+               f"data {info.max_acl_data_length or '?'} B -> radio preset {name} ({why})")
+    return _check("ok", summary, present=True, source=source, preset=name,
+                  preset_overrides=overrides, features=info.to_json(),
+                  raw=[r.hex() for r in raws])
+
+
+def _yn(v: bool | None) -> str:
+    return "?" if v is None else ("yes" if v else "no")
+
+
+def runtime_check() -> dict[str, Any]:
+    from coinf.device.runtimes import installed_versions, known_bad
+
+    versions = installed_versions()
+    bad = {d: why for d, v in versions.items() if (why := known_bad(d, v))}
+    shown = ", ".join(f"{d} {v}" for d, v in versions.items() if v)
+    if bad:
+        return _check("fail", "; ".join(f"{d} {versions[d]}: {why}" for d, why in bad.items()),
+                      versions=versions, known_bad=bad)
+    if versions.get("onnxruntime") is None:
+        return _check("fail", "onnxruntime is not installed (pip install the coinf wheel)",
+                      versions=versions)
+    return _check("ok", shown, versions=versions)
+
+
+def memory_check(role: str | None) -> dict[str, Any]:
+    from coinf.device.profile import load_or_default
+    from coinf.wearable.planner.memory import budget_of
+
+    info = _meminfo()
+    budget = None
+    with contextlib.suppress(CoinfError):
+        budget = budget_of(load_or_default("wearable")) if role != "handheld" else None
+    if not info:
+        return _check("warn", "free memory unknown (no /proc/meminfo)", budget_mb=budget)
+    total, avail = info["MemTotal"] / 1024, info.get("MemAvailable", info["MemFree"]) / 1024
+    text = f"{avail:.0f} MB available of {total:.0f} MB"
+    status = "ok"
+    if budget is not None:
+        text += f"; the planner's head budget is {budget:g} MB"
+        if budget > avail:
+            status = "warn"
+            text += (f", more than is available: lower it (`coinf profile --memory-budget "
+                     f"{max(avail * 0.8, 1):.0f}`) or free memory")
+    return _check(status, text, total_mb=round(total, 1), available_mb=round(avail, 1),
+                  budget_mb=budget)
+
+
+def _meminfo() -> dict[str, int]:
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0])  # kB
+    return out
+
+
+def governor_check() -> dict[str, Any]:
+    govs = {}
+    for path in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor")):
+        try:
+            govs[path.parts[-3]] = path.read_text().strip()
+        except OSError:
+            continue
+    if not govs:
+        return _check("ok", "no cpufreq governor exposed (a VM, or a fixed clock)", governors={})
+    kinds = sorted(set(govs.values()))
+    status = "ok" if kinds == ["performance"] else "warn"
+    text = f"{', '.join(kinds)} on {len(govs)} CPUs"
+    if status == "warn":
+        text += ("; head times vary with the clock: `performance` keeps them as profiled "
+                 "(deploy/pi/provision.sh sets it)")
+    return _check(status, text, governors=govs)
+
+
+def bonds_check() -> dict[str, Any]:
+    from coinf.cli.commands.pair import default_bond_store
+
+    stores: dict[str, dict[str, Any]] = {}
+    for role in ("wearable", "handheld"):
+        path = Path(default_bond_store(role))
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text() or "{}")
+            peers = sum(len(v) for v in data.values() if isinstance(v, dict))
+        except (OSError, ValueError, AttributeError):
+            return _check("warn", f"bond store {path} is unreadable", stores=stores)
+        stores[role] = {"file": str(path), "peers": peers}
+    if not any(s["peers"] for s in stores.values()):
+        return _check("warn", "no bonds: pair first (`coinf wearable pair` on the Pi, `coinf "
+                      "handheld pair` on the laptop)", stores=stores)
+    return _check("ok", "; ".join(f"{r}: {s['peers']} bonded peer(s) in {s['file']}"
+                                  for r, s in stores.items()), stores=stores)
+
+
+def bundle_check(path: str | None) -> dict[str, Any]:
+    from coinf.convert.bundle import Bundle
+
+    given = path is not None
+    path = path or DEFAULT_BUNDLE
+    if not Path(path).exists():
+        if given:
+            return _check("fail", f"no bundle at {path}")
+        return _check("warn", f"no bundle at {DEFAULT_BUNDLE} (pass --bundle, or `coinf push`)")
+    try:
+        b = Bundle.load(path)
+    except CoinfError as exc:
+        return _check("fail", f"bundle {path} does not load: {exc}")
+    return _check("ok", f"{path}: {b.model_file}, {len(b.candidates)} candidates, identity "
+                  f"{b.identity}", identity=b.identity, candidates=len(b.candidates))
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.device.profile import detect_role
+
+    if not args.timeout > 0:
+        raise UserError("--timeout must be > 0 s")
+    role = args.role or detect_role()
+    checks = {
+        "controller": controller_check(args.hci, args.hci_dump, args.timeout),
+        "runtime": runtime_check(),
+        "memory": memory_check(role),
+        "cpu_governor": governor_check(),
+        "bonds": bonds_check(),
+        "bundle": bundle_check(args.bundle),
+    }
+    report = {"role": role, "machine": platform.machine(), "python": platform.python_version(),
+              "checks": checks}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"coinf doctor: {role or 'unknown role'} on {platform.machine()}, Python "
+              f"{platform.python_version()}")
+        for name, c in checks.items():
+            print(f"[{c['status']:>4}] {name}: {c['summary']}")
+    return 1 if any(c["status"] == "fail" for c in checks.values()) else 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hci", help="read the controller on this bumble HCI transport "
+                                      "(hci-socket:0, usb:0, tcp-client:HOST:PORT); default: "
+                                      "the kernel's first controller")
+    parser.add_argument("--hci-dump", metavar="FILE",
+                        help="decode recorded HCI Command Complete events (hex, one per line) "
+                             "instead of reading a controller")
+    parser.add_argument("--bundle", help=f"bundle to identify (default {DEFAULT_BUNDLE})")
+    parser.add_argument("--role", choices=("wearable", "handheld"), default=None,
+                        help="default: detected (a Raspberry Pi is the wearable)")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="seconds to wait for the controller per command (default 5)")
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    parser.set_defaults(func=run)

@@ -1,0 +1,156 @@
+"""The wearable service's control socket: ``coinf push`` tells a running service to reload.
+
+A unix socket (0660: the service's user and group, which provisioning gives the admin user;
+default ``$COINF_CONTROL`` or ``/run/coinf/control.sock``, the systemd unit's ``RuntimeDirectory``)
+carrying one JSON object per line each way, one request per connection:
+
+    -> {"op": "reload"}           <- {"ok": true, "identity": "<bundle identity>", "previous": ...}
+    -> {"op": "status"}           <- {"ok": true, "identity": ..., "bundle": "/path", "since": t}
+    anything else                 <- {"ok": false, "error": "..."}
+
+``reload`` re-reads the bundle directory the service was started with (``coinf push`` has just
+swapped it in): a bundle that does not load leaves the old one serving and answers ``ok: false``
+with the reason. Requests are bounded (:data:`MAX_REQUEST_BYTES`) and must arrive within
+:data:`READ_TIMEOUT_S`; only the service's user and group can reach the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from coinf.errors import BundleError, UserError
+
+MAX_REQUEST_BYTES = 4096
+READ_TIMEOUT_S = 5.0
+DEFAULT_CONTROL = "/run/coinf/control.sock"
+
+
+def default_control_path() -> str:
+    return os.environ.get("COINF_CONTROL") or DEFAULT_CONTROL
+
+
+class ControlError(UserError):
+    """The service's control socket is missing, or the service refused the request."""
+
+
+class BundleHolder:
+    """The bundle a service serves, reloadable in place. ``on_change(identity)`` is called after
+    a successful reload (e.g. to set ``WearableServer.bundle_identity``)."""
+
+    def __init__(self, path: str | Path, on_change: Callable[[str], None] | None = None) -> None:
+        from coinf.convert.bundle import Bundle
+
+        self.path = Path(path)
+        self.bundle = Bundle.load(self.path)
+        self.on_change = on_change
+        self.since = time.time()
+
+    @property
+    def identity(self) -> str:
+        return str(self.bundle.identity)
+
+    def reload(self) -> dict[str, Any]:
+        from coinf.convert.bundle import Bundle
+
+        previous = self.identity
+        try:
+            fresh = Bundle.load(self.path)
+        except BundleError as exc:
+            return {"ok": False, "error": f"bundle at {self.path} does not load: {exc}",
+                    "identity": previous}
+        self.bundle, self.since = fresh, time.time()
+        if self.on_change:
+            self.on_change(self.identity)
+        return {"ok": True, "identity": self.identity, "previous": previous}
+
+    def status(self) -> dict[str, Any]:
+        return {"ok": True, "identity": self.identity, "bundle": str(self.path),
+                "since": round(self.since, 3)}
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        op = request.get("op") if isinstance(request, dict) else None
+        if op == "reload":
+            return self.reload()
+        if op == "status":
+            return self.status()
+        return {"ok": False, "error": f"unknown op {op!r}; expected 'reload' or 'status'"}
+
+
+async def _serve_one(holder: BundleHolder, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+    try:
+        try:
+            line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+        except (TimeoutError, ValueError):  # too slow, or a line beyond the stream's limit
+            line = b""
+        try:
+            request = json.loads(line) if 0 < len(line) <= MAX_REQUEST_BYTES else None
+        except ValueError:
+            request = None
+        reply = holder.handle(request) if request is not None else {
+            "ok": False, "error": f"expected one JSON object per line (<= {MAX_REQUEST_BYTES} B)"}
+        writer.write(json.dumps(reply).encode() + b"\n")
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.wait_closed()
+
+
+async def start_control(holder: BundleHolder, path: str | Path) -> asyncio.AbstractServer:
+    """Listen on ``path`` (replacing a stale socket); the socket file is 0660 (owner, group)."""
+    sock = Path(path)
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    old = os.umask(0o117)
+    try:
+        server = await asyncio.start_unix_server(
+            lambda r, w: _serve_one(holder, r, w), str(sock), limit=MAX_REQUEST_BYTES + 2)
+    finally:
+        os.umask(old)
+    return server
+
+
+def control_request(path: str | Path, request: dict[str, Any],
+                    timeout: float = 10.0) -> dict[str, Any]:
+    """Send one request to the service at ``path`` and return its reply (a client for
+    ``coinf wearable reload``); :class:`ControlError` when nothing answers."""
+    import socket
+
+    if not Path(path).exists():
+        raise ControlError(f"no wearable service control socket at {path} (is the service "
+                           f"running? `systemctl status coinf-wearable`)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+            s.sendall(json.dumps(request).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            raise ControlError(f"control socket {path}: {exc}") from None
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise ControlError(f"control socket {path} answered {data[:80]!r}, not JSON") from None
+    if not isinstance(reply, dict):
+        raise ControlError(f"control socket {path} answered {reply!r}")
+    return reply
+
+
+__all__ = ["BundleHolder", "ControlError", "control_request",
+           "default_control_path", "start_control"]

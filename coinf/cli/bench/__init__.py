@@ -22,6 +22,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
+    ("pipeline", "pipeline", "a pipeline over K emulated devices vs two (DP split)"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
 ]
 

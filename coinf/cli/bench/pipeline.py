@@ -1,0 +1,155 @@
+"""``coinf bench pipeline``: a pipeline over K emulated devices vs the same with two.
+
+The wearable and K-1 helpers run in this process (each helper a real daemon with the forward
+role on its own TCP port and its own compute thread); every device plays a ``--slowdown`` x
+slower machine and every link (wearable -> helper 1, helper i -> helper i+1) is shaped to
+``--bandwidth-kbps``. A warm-up stream lets the DP split settle on measured speeds and
+bandwidths; then the split is frozen and batches of frames stream through the K-device and the
+2-device pipelines alternately. ``stage_ms`` are the medians of each device's compute and each
+link's transfer over the K-device batches, ``bound_fps`` one frame per slowest stage,
+``efficiency`` the measured throughput over that bound; medians over ``--repeats`` batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from coinf.cli.bench import emit, median, progress
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--devices", type=int, default=3, help="devices in the pipeline, the "
+                        "wearable included (default %(default)s)")
+    parser.add_argument("--bundle", help="bundle directory (default: the zoo's vgg, split now)")
+    parser.add_argument("--slowdown", type=float, default=30.0,
+                        help="every device plays a K x slower machine (default %(default)s)")
+    parser.add_argument("--bandwidth-kbps", type=float, default=4000.0,
+                        help="every link's bandwidth, kB/s (default %(default)s)")
+    parser.add_argument("--latency-ms", type=float, default=2.0, help="every link's latency")
+    parser.add_argument("--frames", type=int, default=40, help="frames per batch")
+    parser.add_argument("--repeats", type=int, default=3, help="batches of each kind (median)")
+    parser.add_argument("--warmup", type=int, default=30, help="frames to settle the split")
+    parser.add_argument("--depth", type=int, default=0,
+                        help="frames in flight (default 2 x devices + 1)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.errors import InputError
+
+    if args.devices < 2:
+        raise InputError("--devices must be >= 2 (the wearable and at least one helper)")
+    if args.frames < 1 or args.repeats < 1 or args.slowdown < 1 or args.bandwidth_kbps <= 0:
+        raise InputError("--frames and --repeats must be >= 1, --slowdown >= 1, "
+                         "--bandwidth-kbps > 0")
+    emit(asyncio.run(measure(args)))
+    return 0
+
+
+def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
+    from coinf.convert.bundle import Bundle
+    from coinf.convert.split import split_model
+    from coinf.models.zoo import ONNX_DIR
+
+    if args.bundle:
+        return Bundle.load(args.bundle)
+    progress("splitting the zoo's vgg ...")
+    return split_model(ONNX_DIR / "vgg.onnx", tmp / "vgg")
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.handheld.pipeline_host import local_helpers
+    from coinf.wearable.pipeline import Helper, PipelineSession
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        bundle = _bundle(args, Path(tmpdir))
+        k = args.devices
+        names = [f"h{i}" for i in range(1, k)]
+        bps = args.bandwidth_kbps * 1000
+        channel = Channel(bps, args.latency_ms / 1000, overhead_bytes=16)
+        depth = args.depth or 2 * k + 1
+        spec = bundle.inputs[0]
+        rng = np.random.default_rng(0)
+        frames = [{t.name: rng.standard_normal(t.shape).astype(t.dtype)
+                   for t in bundle.inputs} for _ in range(8)]
+        async with local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
+                                 dict.fromkeys(names, channel),
+                                 max_pending=depth + 2) as hosts:
+            helpers = [Helper(h.name, h.address, bps, channel.latency_s, shape=True)
+                       for h in hosts]
+            full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
+            two = PipelineSession(bundle, helpers[:1], slowdown=args.slowdown, threads=1)
+            async with full, two:
+                for name, sess in (("K", full), ("2", two)):
+                    progress(f"warm-up: {name}-device pipeline, {args.warmup} frames ...")
+                    await _stream(sess, frames, args.warmup, depth)
+                    sess.adaptive = False
+                runs: dict[str, list[float]] = {"K": [], "2": []}
+                stage_rows: list[list[float]] = []
+                for r in range(args.repeats):
+                    for name, sess in (("K", full), ("2", two)):
+                        fps, stats = await _stream(sess, frames, args.frames, depth)
+                        runs[name].append(fps)
+                        if name == "K":
+                            stage_rows.extend(_stage_ms(s) for s in stats
+                                              if s.devices == full.plan().devices)
+                        progress(f"batch {r + 1}/{args.repeats} {name}-device: {fps:.1f} fps "
+                                 f"({sess.plan()})")
+                plan = full.plan()
+                two_plan = two.plan()
+        assert plan is not None and two_plan is not None
+        stage_ms = [round(median([row[i] for row in stage_rows]), 3)
+                    for i in range(len(stage_rows[0]))] if stage_rows else []
+        bound = 1000.0 / max(stage_ms) if stage_ms else float("nan")
+        fps_k, fps_2 = median(runs["K"]), median(runs["2"])
+        return {
+            "model": Path(bundle.meta.get("source", {}).get("file", spec.name)).stem,
+            "devices": k,
+            "cuts": list(plan.cuts),
+            "stages": [str(s) for s in plan.stages],
+            "stage_ms": stage_ms,
+            "predicted_stage_ms": [round(v * 1e3, 3) for v in plan.split.stage_s],
+            "bound_fps": round(bound, 2),
+            "throughput_fps": round(fps_k, 2),
+            "efficiency": round(fps_k / bound, 3) if bound == bound else None,
+            "two_device_cuts": list(two_plan.cuts),
+            "two_device_fps": round(fps_2, 2),
+            "speedup_vs_two_devices": round(fps_k / fps_2, 3),
+            "runs_fps": {"devices": [round(v, 2) for v in runs["K"]],
+                         "two_devices": [round(v, 2) for v in runs["2"]]},
+            "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
+                         "latency_ms": args.latency_ms, "frames": args.frames,
+                         "repeats": args.repeats, "depth": depth},
+        }
+
+
+def _stage_ms(stats: Any) -> list[float]:
+    out: list[float] = []
+    for i, c in enumerate(stats.compute_ms):
+        out.append(c)
+        if i < len(stats.link_ms):
+            out.append(stats.link_ms[i])
+    return out
+
+
+async def _stream(sess: Any, frames: list[dict[str, Any]], n: int, depth: int
+                  ) -> tuple[float, list[Any]]:
+    """Stream ``n`` frames; (steady-state frames per second: results after the first over
+    the time since the first, so filling the pipeline is not counted; per-frame stats)."""
+    feeds = (frames[i % len(frames)] for i in range(n))
+    stats = []
+    first = last = 0.0
+    async for _, st in sess.astream(feeds, depth=depth):
+        last = time.perf_counter()
+        if not stats:
+            first = last
+        stats.append(st)
+    return (len(stats) - 1) / max(last - first, 1e-9), stats

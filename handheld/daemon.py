@@ -237,7 +237,8 @@ class HandheldDaemon:
             return Message(MsgType.PROFILE, msg.request_id, payload)
         if msg.type == MsgType.REQUEST:
             if self.forward is not None and is_route(decode_request(msg.payload)[0]):
-                return await self.forward.handle(msg)  # type: ignore[no-any-return]
+                reply: Message = await self.forward.handle(msg)
+                return reply
             return await self._request(msg)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"handheld does not accept {msg.type.name}")
 

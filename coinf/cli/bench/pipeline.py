@@ -1,21 +1,27 @@
 """``coinf bench pipeline``: a pipeline over K emulated devices vs the same with two.
 
-The wearable and K-1 helpers run in this process (each helper a real daemon with the forward
-role on its own TCP port and its own compute thread); every device plays a ``--slowdown`` x
-slower machine and every link (wearable -> helper 1, helper i -> helper i+1) is shaped to
-``--bandwidth-kbps``. A warm-up stream lets the DP split settle on measured speeds and
+The wearable runs in this process, each of the K-1 helpers in its own process (``coinf
+handheld --pipeline CONFIG --name hI``: a real daemon with the forward role on a local TCP port;
+``--in-process`` hosts them here instead). Every device plays a ``--slowdown`` x slower machine
+and every link (wearable -> helper 1, helper i -> helper i+1) is shaped to ``--bandwidth-kbps``
+and ``--latency-ms``. A warm-up stream lets the DP split settle on measured speeds and
 bandwidths; then the split is frozen and batches of frames stream through the K-device and the
-2-device pipelines alternately. ``stage_ms`` are the medians of each device's compute and each
-link's transfer over the K-device batches, ``bound_fps`` one frame per slowest stage,
-``efficiency`` the measured throughput over that bound; medians over ``--repeats`` batches.
+2-device pipelines alternately (same helpers, side by side). ``stage_ms`` are the means (what
+bounds a stage's throughput) of each device's compute and each link's transfer over the
+K-device batches (``stage_ms_median`` the medians), ``bound_fps`` one frame per slowest stage,
+``throughput_fps`` the steady-state rate (results after the first over the time since it), and
+``efficiency`` their ratio; throughputs are medians over ``--repeats`` batches.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +32,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, default=3, help="devices in the pipeline, the "
                         "wearable included (default %(default)s)")
     parser.add_argument("--bundle", help="bundle directory (default: the zoo's vgg, split now)")
-    parser.add_argument("--slowdown", type=float, default=30.0,
+    parser.add_argument("--slowdown", type=float, default=100.0,
                         help="every device plays a K x slower machine (default %(default)s)")
     parser.add_argument("--bandwidth-kbps", type=float, default=4000.0,
                         help="every link's bandwidth, kB/s (default %(default)s)")
     parser.add_argument("--latency-ms", type=float, default=2.0, help="every link's latency")
     parser.add_argument("--frames", type=int, default=40, help="frames per batch")
     parser.add_argument("--repeats", type=int, default=3, help="batches of each kind (median)")
-    parser.add_argument("--warmup", type=int, default=30, help="frames to settle the split")
+    parser.add_argument("--warmup", type=int, default=20, help="frames to settle the split")
     parser.add_argument("--depth", type=int, default=0,
-                        help="frames in flight (default 2 x devices + 1)")
+                        help="frames in flight (default 4 x devices)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="host the helpers in this process (default: one process each)")
     parser.set_defaults(func=run)
 
 
@@ -75,14 +83,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         names = [f"h{i}" for i in range(1, k)]
         bps = args.bandwidth_kbps * 1000
         channel = Channel(bps, args.latency_ms / 1000, overhead_bytes=16)
-        depth = args.depth or 2 * k + 1
+        depth = args.depth or 4 * k
         spec = bundle.inputs[0]
         rng = np.random.default_rng(0)
         frames = [{t.name: rng.standard_normal(t.shape).astype(t.dtype)
                    for t in bundle.inputs} for _ in range(8)]
-        async with local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
-                                 dict.fromkeys(names, channel),
-                                 max_pending=depth + 2) as hosts:
+        if args.in_process:
+            hosting: Any = local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
+                                         dict.fromkeys(names, channel), max_pending=depth + 2)
+        else:
+            hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2)
+        async with hosting as hosts:
             helpers = [Helper(h.name, h.address, bps, channel.latency_s, shape=True)
                        for h in hosts]
             full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
@@ -92,6 +103,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     progress(f"warm-up: {name}-device pipeline, {args.warmup} frames ...")
                     await _stream(sess, frames, args.warmup, depth)
                     sess.adaptive = False
+                k_plan = full.plan()
+                devices_k = k_plan.devices if k_plan is not None else ()
                 runs: dict[str, list[float]] = {"K": [], "2": []}
                 stage_rows: list[list[float]] = []
                 for r in range(args.repeats):
@@ -100,14 +113,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         runs[name].append(fps)
                         if name == "K":
                             stage_rows.extend(_stage_ms(s) for s in stats
-                                              if s.devices == full.plan().devices)
+                                              if s.devices == devices_k)
                         progress(f"batch {r + 1}/{args.repeats} {name}-device: {fps:.1f} fps "
                                  f"({sess.plan()})")
                 plan = full.plan()
                 two_plan = two.plan()
         assert plan is not None and two_plan is not None
-        stage_ms = [round(median([row[i] for row in stage_rows]), 3)
-                    for i in range(len(stage_rows[0]))] if stage_rows else []
+        columns = list(zip(*stage_rows, strict=True)) if stage_rows else []
+        # the mean is what bounds a stage's throughput (a median hides the slow frames)
+        stage_ms = [round(statistics.fmean(c), 3) for c in columns]
+        stage_median = [round(median(list(c)), 3) for c in columns]
         bound = 1000.0 / max(stage_ms) if stage_ms else float("nan")
         fps_k, fps_2 = median(runs["K"]), median(runs["2"])
         return {
@@ -116,6 +131,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "cuts": list(plan.cuts),
             "stages": [str(s) for s in plan.stages],
             "stage_ms": stage_ms,
+            "stage_ms_median": stage_median,
             "predicted_stage_ms": [round(v * 1e3, 3) for v in plan.split.stage_s],
             "bound_fps": round(bound, 2),
             "throughput_fps": round(fps_k, 2),
@@ -129,6 +145,52 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                          "latency_ms": args.latency_ms, "frames": args.frames,
                          "repeats": args.repeats, "depth": depth},
         }
+
+
+@contextlib.asynccontextmanager
+async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespace, tmp: Path,
+                           max_pending: int) -> AsyncIterator[list[Any]]:
+    """One ``coinf handheld --pipeline`` process per helper on a free local port."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    ports = []
+    for _ in names:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    entries = [{"name": n, "address": f"tcp:127.0.0.1:{p}", "shape": True,
+                "bandwidth_kbps": args.bandwidth_kbps, "latency_ms": args.latency_ms}
+               for n, p in zip(names, ports, strict=True)]
+    config = tmp / "pipeline.json"
+    config.write_text(json.dumps({"helpers": entries}))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for n in names:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle.root),
+                 "--pipeline", str(config), "--name", n, "--slowdown", str(args.slowdown),
+                 "--threads", "1", "--max-pending", str(max_pending)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        for n, proc in zip(names, procs, strict=True):
+            assert proc.stdout is not None
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if "serving" not in line:
+                raise RuntimeError(f"helper {n} did not start: {line!r}")
+        progress(f"{len(procs)} helper processes serving")
+        yield [SimpleNamespace(name=e["name"], address=e["address"]) for e in entries]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _stage_ms(stats: Any) -> list[float]:
@@ -145,7 +207,7 @@ async def _stream(sess: Any, frames: list[dict[str, Any]], n: int, depth: int
     """Stream ``n`` frames; (steady-state frames per second: results after the first over
     the time since the first, so filling the pipeline is not counted; per-frame stats)."""
     feeds = (frames[i % len(frames)] for i in range(n))
-    stats = []
+    stats: list[Any] = []
     first = last = 0.0
     async for _, st in sess.astream(feeds, depth=depth):
         last = time.perf_counter()

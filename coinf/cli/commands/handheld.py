@@ -47,6 +47,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="requests admitted at once per link; more get BUSY (default 4)")
     parser.add_argument("--profile", help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
+    parser.add_argument("--pipeline", metavar="CONFIG", help="pipeline config (JSON, "
+                        "docs/PIPELINE.md): serve as one helper of a pipeline over n devices, "
+                        "forwarding to the next helper; needs --name")
+    parser.add_argument("--name", help="with --pipeline: this helper's name in the config "
+                        "(its address there is the default --listen)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log each connection and request")
     parser.set_defaults(func=run)
@@ -84,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
     if not args.bundle:
         raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
+    forward = None
+    if args.pipeline or args.name:
+        from coinf.cli.commands.pipeline_role import forwarder_for
+
+        forward, own_address = forwarder_for(args)
+        if args.listen is None and args.transport is None and args.hci is None:
+            args.listen = own_address
     spec = listen_spec(args)
     try:
         emulation = DeviceEmulation(args.slowdown, args.threads)
@@ -101,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.profile import load_or_default
 
     profile = load_or_default("handheld", args.profile)
+    if forward is not None:
+        forward = forward(bundle, emulation)
     daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile,
-                            max_pending=args.max_pending)
+                            max_pending=args.max_pending, forward=forward)
 
     async def main() -> None:
         async with daemon, listener:

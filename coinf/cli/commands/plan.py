@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.planner.planner import Planner
     from coinf.wearable.policy import OBJECTIVES, load_policy
 
+    if args.pipeline:
+        from coinf.cli.commands import pipeline_plan
+
+        return pipeline_plan.run(args)
     if args.objective and args.objective not in OBJECTIVES:
         raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}")
     link = _link(args)
@@ -177,5 +181,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="also solve the exact min-cut over every cut of the graph")
     parser.add_argument("--png", help="write a bar chart of the candidates (Pareto front, "
                                       "the chosen one and the extremes)")
+    parser.add_argument("--pipeline", metavar="CONFIG",
+                        help="plan a pipeline over the wearable and the helpers of this config "
+                             "(docs/PIPELINE.md): one row per stage")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)

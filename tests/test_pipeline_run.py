@@ -183,3 +183,47 @@ def test_config_errors_name_the_field(tmp_path) -> None:
             load_helpers(obj)
     with pytest.raises(InputError, match="cannot read"):
         load_helpers(tmp_path / "missing.json")
+
+
+def test_helper_processes_from_a_config_file(bundle, tmp_path) -> None:
+    """Two ``coinf handheld --pipeline CONFIG --name hI`` processes; the second is killed
+    mid-stream and every frame still comes back right."""
+    import json
+    import socket
+
+    from tests.procs import handheld_daemon
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    config = tmp_path / "pipeline.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": f"h{i + 1}", "address": f"tcp:127.0.0.1:{p}", "bandwidth_kbps": 50_000,
+         "latency_ms": 1, "shape": True} for i, p in enumerate(ports)]}))
+    feeds = frames(bundle, 12)
+    ref = reference(bundle, feeds)
+    helpers = load_helpers(config)
+
+    async def stream(kill) -> list[np.ndarray]:
+        got = []
+        async with PipelineSession(bundle, helpers, timeout=5.0,
+                                   wearable_speed_flops=even_speeds(bundle)) as sess:
+            sess.adaptive = False
+            async for out, _ in sess.astream(feeds, depth=3):
+                got.append(out[bundle.outputs[0].name])
+                if len(got) == 4:
+                    assert sess.plan().devices == ("wearable", "h1", "h2")
+                    kill()
+            assert sess.plan().devices == ("wearable", "h1")
+        return got
+
+    with handheld_daemon(bundle.root, f"tcp:127.0.0.1:{ports[0]}", "--pipeline", str(config),
+                         "--name", "h1"), \
+            handheld_daemon(bundle.root, f"tcp:127.0.0.1:{ports[1]}", "--pipeline",
+                            str(config), "--name", "h2") as h2:
+        got = asyncio.run(stream(h2.kill))
+    assert len(got) == len(feeds)
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

@@ -23,6 +23,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
     ("pipeline", "pipeline", "a pipeline over K emulated devices vs two (DP split)"),
+    ("compress", "compress", "autoencoder compressors (gamma 2/4/8) + packing at digit-CNN cuts"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
 ]
 

@@ -29,6 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "%(default)s)")
     parser.add_argument("--packings", default=",".join(PACKINGS),
                         help="packings of the code (default %(default)s)")
+    parser.add_argument("--fps", type=float, default=30.0,
+                        help="pipeline compute bound and input rate for the bandwidth "
+                        "thresholds (frames/s, default %(default)s)")
     parser.add_argument("--epochs", type=int, default=0,
                         help="fine-tuning epochs (default: models.compressors' default)")
     parser.set_defaults(func=run)
@@ -61,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--packings: {exc}") from None
     if args.epochs < 0:
         raise InputError("--epochs must be >= 0")
-    emit(measure(cuts, gammas, packings, args.epochs or FINETUNE_EPOCHS))
+    if not args.fps > 0:
+        raise InputError("--fps must be > 0")
+    result = measure(cuts, gammas, packings, args.epochs or FINETUNE_EPOCHS)
+    result["thresholds"] = threshold_table(result, args.fps)
+    emit(result)
     return 0
 
 
@@ -154,6 +161,32 @@ def _rows(cut: str, gamma: int, codes: Any, tail: Any, packings: list[str], labe
         if onnx_err is not None:
             row["max_onnx_error"] = float(f"{onnx_err:.3g}")
         out.append(row)
+    return out
+
+
+def threshold_table(result: dict[str, Any], fps: float) -> dict[str, Any]:
+    """Per cut, the bandwidth regions (S3, Eq. 3) and the option that wins in each, with the
+    effective accuracy there, for a pipeline bounded at ``fps`` and fed at ``fps``."""
+    from coinf.wearable.planner.compress_select import (
+        Option,
+        effective_accuracy,
+        thresholds,
+    )
+
+    base = result["base_accuracy"]
+    out: dict[str, Any] = {"fps": fps, "cuts": {}}
+    for cut in dict.fromkeys(r["cut"] for r in result["rows"]):
+        options = [Option(r["gamma"], r["packing"], r["bytes"],
+                          max(base - r["accuracy_drop_pp"] / 100, 0.0))
+                   for r in result["rows"] if r["cut"] == cut]
+        regions = []
+        for theta, opt in thresholds(options, fps, fps):
+            at = max(theta * 1.01, 1.0)
+            regions.append({"from_kBps": round(theta / 1e3, 3), "gamma": opt.gamma,
+                            "packing": opt.packing,
+                            "effective_accuracy_at_from": round(
+                                effective_accuracy(opt, at, fps, fps), 4)})
+        out["cuts"][cut] = regions
     return out
 
 

@@ -227,3 +227,22 @@ def test_helper_processes_from_a_config_file(bundle, tmp_path) -> None:
     assert len(got) == len(feeds)
     for g, r in zip(got, ref, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_plan_command_shows_every_stage(bundle, tmp_path, capsys) -> None:
+    import json
+
+    from coinf.cli import main
+
+    config = tmp_path / "p.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": "phone", "address": "tcp:127.0.0.1:9", "bandwidth_kbps": 100},
+        {"name": "laptop", "address": "tcp:127.0.0.1:10", "speed_gflops": 50}]}))
+    assert main(["plan", str(bundle.root), "--pipeline", str(config), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["devices"][0] == "wearable" and len(out["stages"]) == len(out["devices"])
+    assert [s["device"] for s in out["stages"]] == out["devices"]
+    assert out["stages"][-1]["link_ms"] is None and out["stages"][0]["compressor"] == "raw"
+    assert all(s["slice"].count("..") == 1 for s in out["stages"])
+    assert main(["plan", str(bundle.root), "--pipeline", str(tmp_path / "none.json")]) == 2
+    assert "cannot read pipeline config" in capsys.readouterr().err

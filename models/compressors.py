@@ -91,7 +91,7 @@ def make_autoencoder(channels: int, gamma: int) -> tuple[nn.Sequential, nn.Seque
     return nn.Sequential(*enc), nn.Sequential(*dec)
 
 
-def lenet_layers(model: nn.Module) -> list[nn.Module]:
+def lenet_layers(model: Any) -> list[nn.Module]:
     """LeNet's forward as a flat list of modules (so it can be cut anywhere)."""
     return [model.conv1, nn.ReLU(), model.pool1, model.conv2, nn.ReLU(), model.pool2,
             nn.Flatten(1), model.fc1, nn.ReLU(), model.fc2, nn.ReLU(), model.fc3]
@@ -126,7 +126,8 @@ class Compressed:
     decoder_flops: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tail(self.head(x))  # type: ignore[no-any-return]
+        out: torch.Tensor = self.tail(self.head(x))
+        return out
 
 
 def insert(model: nn.Module, cut: str, gamma: int, seed: int = 0) -> Compressed:
@@ -156,7 +157,7 @@ def conv_flops(module: nn.Module, x: torch.Tensor) -> int:
 
     def hook(m: nn.Module, inputs: Any, out: torch.Tensor) -> None:
         nonlocal total
-        w = m.weight
+        w: torch.Tensor = m.weight  # type: ignore[assignment]
         kernel = int(w.shape[1] * w.shape[2] * w.shape[3])
         if isinstance(m, nn.ConvTranspose2d):  # weight (cin, cout/groups, kh, kw): per input
             total += 2 * kernel * int(inputs[0][0].numel())
@@ -209,7 +210,8 @@ def export(comp: Compressed) -> tuple[bytes, bytes]:
         buf = io.BytesIO()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(module.eval(), (sample,), buf, opset_version=17, dynamo=False,
+            torch.onnx.export(module.eval(), (sample,), buf,  # type: ignore[arg-type]
+                              opset_version=17, dynamo=False,
                               input_names=[inp], output_names=[out],
                               training=torch.onnx.TrainingMode.EVAL)
         proto = onnx.load_from_string(buf.getvalue())

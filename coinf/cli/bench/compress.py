@@ -102,7 +102,8 @@ def measure(cuts: list[str], gammas: list[int], packings: list[str], epochs: int
 
             def plain_tail(codes: np.ndarray, tail: nn.Module = tail) -> np.ndarray:
                 with torch.no_grad():
-                    return tail(torch.from_numpy(codes)).numpy()  # type: ignore[no-any-return]
+                    out: np.ndarray = tail(torch.from_numpy(codes)).numpy()
+                    return out
 
             act_bytes = int(act[0].nbytes)
             rows += _rows(cut, 1, act, plain_tail, packings, data.y_test, base, act_bytes, 0.0,

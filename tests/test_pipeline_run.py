@@ -246,3 +246,39 @@ def test_plan_command_shows_every_stage(bundle, tmp_path, capsys) -> None:
     assert all(s["slice"].count("..") == 1 for s in out["stages"])
     assert main(["plan", str(bundle.root), "--pipeline", str(tmp_path / "none.json")]) == 2
     assert "cannot read pipeline config" in capsys.readouterr().err
+
+
+def test_auto_packing_follows_the_first_links_bandwidth(tmp_path) -> None:
+    """S3 on the first link: a slow link gets a calibrated lossy packing, a fast one raw."""
+    from coinf.convert import calibrate as cal
+    from coinf.convert.bundle import Bundle
+
+    bundle = split_model(LENET, tmp_path / "b")
+    speed = even_speeds(bundle)
+    helpers = [Helper(n, "tcp:127.0.0.1:9", 1e9, speed_flops=speed) for n in ("h1", "h2")]
+    plan = PipelineSession(bundle, helpers, wearable_speed_flops=speed).plan()
+    assert plan is not None  # the first cut the session below will use: calibrate only it
+    data = cal.load_dataset("digits", bundle, limit=30)
+    cal.store(bundle, cal.calibrate(bundle, data, ["q8"], [plan.cuts[0]]), data)
+    asyncio.run(_auto_packing(Bundle.load(bundle.root)))
+
+
+async def _auto_packing(bundle) -> None:
+    feeds = frames(bundle, 3)
+    ref = reference(bundle, feeds)
+    async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+        helpers = [Helper(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+                   for h in hosts]
+        async with PipelineSession(bundle, helpers, packing="auto", timeout=5.0,
+                                   wearable_speed_flops=even_speeds(bundle)) as sess:
+            sess.adaptive = False
+            plan = sess.plan()
+            assert plan is not None
+            sess._bw["h1"].value = 1e9
+            assert str(sess.link_packing(plan)) == "raw"
+            sess._bw["h1"].value = 1e3
+            assert str(sess.link_packing(plan)) == "q8"
+            for feed, r in zip(feeds, ref, strict=True):
+                out = await sess.run(feed)
+                assert sess.last is not None and sess.last.packing == "q8"
+                assert out[bundle.outputs[0].name].argmax() == r.argmax()

@@ -45,13 +45,15 @@ from coinf.ble_protocol.route import (
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector, open_connector
-from coinf.convert.bundle import Bundle
+from coinf.convert.bundle import Bundle, Candidate
+from coinf.convert.calibrate import packing_rows, row_bound
 from coinf.convert.stage_slices import slice_name
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
 from coinf.wearable.plan import WEARABLE, Stage
+from coinf.wearable.planner.compress_select import Option, lookup, thresholds
 from coinf.wearable.planner.pipeline_dp import (
     PipelineSplit,
     ResplitTrigger,
@@ -185,6 +187,7 @@ class PipelineStats:
     total_ms: float = 0.0
     retries: int = 0
     local: bool = False
+    packing: str = "raw"  # on the first link
 
 
 class _Ewma:
@@ -218,18 +221,24 @@ class PipelineSession:
                  slowdown: float = 1.0, threads: int = 0, timeout: float = 10.0,
                  connect_timeout: float = 5.0, packing: str = "raw",
                  replan_threshold: float = 0.2, dead_retry_s: float = 30.0,
-                 wearable_speed_flops: float | None = None) -> None:
+                 wearable_speed_flops: float | None = None,
+                 input_fps: float | None = None) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         if not helpers:
             raise InputError("a pipeline needs at least one helper")
         self.helpers = {h.name: h for h in helpers}
         if len(self.helpers) != len(helpers):
             raise InputError("helper names must be unique")
+        #: ``packing="auto"``: the first link's packing is chosen per frame from its measured
+        #: bandwidth by the thresholds of the bundle's calibration (S3, compress_select)
+        self.auto_packing = packing == "auto"
+        self.input_fps = input_fps
         try:
-            self.packing = PackSpec.parse(packing)
+            self.packing = PackSpec.parse("raw" if self.auto_packing else packing)
             self.emulation = DeviceEmulation(slowdown, threads)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+        self._tables: dict[tuple[str, float], list[tuple[float, Option]]] = {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.dead_retry_s = dead_retry_s
@@ -393,10 +402,11 @@ class PipelineSession:
                         for t in first.crossing}
             if first.head.flops >= self._min_flops and own_s > 0:
                 self._speed[WEARABLE].add(first.head.flops / own_s)
-        if self.packing.codec == "raw":
+        spec = self.link_packing(plan) if self.auto_packing else self.packing
+        if spec.codec == "raw":
             blob = encode_tensors(crossing)
         else:
-            blob = encode_tensors({}, packed=pack_tensors(crossing, self.packing))
+            blob = encode_tensors({}, packed=pack_tensors(crossing, spec))
         payload = encode_request(encode_route(plan.hops), blob)
         conn = self._connection(plan.devices[1])
         rpc = await conn.client()
@@ -421,7 +431,22 @@ class PipelineSession:
                 self._speed[hop.device].add(flops / (st.compute_us / 1e6))
         for nxt, st in zip(plan.devices[2:], hop_stats, strict=False):
             self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
-        return outputs, PipelineStats(plan.devices, plan.cuts, compute, links)
+        return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
+                                      packing=str(spec))
+
+    def link_packing(self, plan: PipelinePlan) -> PackSpec:
+        """The first link's packing at its current bandwidth estimate: the option with the
+        best effective accuracy (throughput x accuracy / input rate) among raw and the
+        bundle's calibrated packings of the first cut (paper 002, §IV-D)."""
+        cand = self.bundle.candidate(plan.cuts[0])
+        compute_fps = 1.0 / max(max(plan.split.compute_s), 1e-9)
+        input_fps = self.input_fps or compute_fps
+        key = (cand.id, round(compute_fps, 1))
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = thresholds(link_options(cand), compute_fps, input_fps)
+        bw = self._bw[plan.devices[1]].value or DEFAULT_BANDWIDTH_BPS
+        return PackSpec.parse(lookup(table, bw).packing)
 
     def _observe_link(self, device: str, nbytes: int, seconds: float) -> None:
         if nbytes <= 0:
@@ -471,6 +496,22 @@ class PipelineSession:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def link_options(cand: Candidate) -> list[Option]:
+    """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
+    (1 - the calibrated drop's upper bound; the model's own accuracy cancels out)."""
+    options = [Option(1, "raw", float(cand.crossing_bytes), 1.0)]
+    for row in packing_rows(cand):
+        spec, size = row.get("spec"), row.get("mean_bytes")
+        if not isinstance(spec, str) or spec in ("f32", "raw") or not isinstance(
+                size, int | float) or not size > 0:
+            continue
+        # the calibration's one-sided 95 % upper bound on the drop: a drop of 0 measured on a
+        # few inputs is not worth giving up lossless tensors for
+        drop = max(row_bound(row)[0], 0.0)
+        options.append(Option(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
+    return options
 
 
 def service_time(last_end: dict[str, float], key: str, t0: float,

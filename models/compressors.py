@@ -223,5 +223,42 @@ def export(comp: Compressed) -> tuple[bytes, bytes]:
     return head, tail
 
 
+def export_fused(comp: Compressed) -> bytes:
+    """ONNX of the whole fine-tuned network with the compressor inside (``image -> logits``,
+    the paper's A'): ``coinf split`` makes an ordinary bundle of it, whose cuts include the
+    one that sends only the code."""
+    import onnx
+
+    class Fused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head, self.tail = comp.head, comp.tail
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.tail(self.head(x))
+            return out
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Fused().eval(), (torch.zeros(1, 1, 28, 28),),
+                          buf,  # type: ignore[arg-type]
+                          opset_version=17, dynamo=False, input_names=["image"],
+                          output_names=["logits"], training=torch.onnx.TrainingMode.EVAL)
+    proto = onnx.load_from_string(buf.getvalue())
+    # name the code: the output of the last node of the encoder's last block (module paths
+    # name the nodes: /head/head.J/...)
+    last = len(comp.head) - 1
+    nodes = [n for n in proto.graph.node if n.name.startswith(f"/head/head.{last}/")]
+    if not nodes:
+        raise RuntimeError("the exported graph has no node of the encoder's last block")
+    old = nodes[-1].output[0]
+    for n in proto.graph.node:
+        n.input[:] = ["code" if t == old else t for t in n.input]
+        n.output[:] = ["code" if t == old else t for t in n.output]
+    onnx.checker.check_model(proto, full_check=True)
+    return proto.SerializeToString()
+
+
 __all__ = ["GAMMAS", "LENET_CUTS", "TABLE_I", "Compressed", "InvertedResidual", "conv_flops",
-           "export", "finetune", "insert", "load_lenet_onnx", "make_autoencoder"]
+           "export", "export_fused", "finetune", "insert", "load_lenet_onnx", "make_autoencoder"]

@@ -52,3 +52,28 @@ def test_bad_gamma_and_cut_are_refused() -> None:
         make_autoencoder(6, 3)
     with pytest.raises(ValueError, match="cut"):
         insert(make_lenet(False), "fc9", 2)
+
+
+def test_a_compressed_model_splits_into_a_verified_bundle_with_a_code_cut(tmp_path) -> None:
+    """The fused network (paper's A') is an ordinary model: `coinf split --verify` slices it,
+    and one candidate sends only the code, 1/gamma of the activation; a slow link makes the
+    pipeline DP choose that cut."""
+    from coinf.convert.split import split_model
+    from coinf.models.compressors import export_fused, insert, load_lenet_onnx
+    from coinf.models.zoo import committed_path, deterministic_torch
+    from coinf.wearable.planner.pipeline_dp import cut_points, split_dp
+
+    with deterministic_torch():
+        comp = insert(load_lenet_onnx(committed_path("lenet_digits")), "pool1", 4)
+        model = tmp_path / "lenet_ae4.onnx"
+        model.write_bytes(export_fused(comp))
+    bundle = split_model(model, tmp_path / "bundle", verify=True)
+    assert bundle.meta["verified"]["ok"]
+    (code,) = [c for c in bundle.candidates if [t.name for t in c.crossing] == ["code"]]
+    assert code.crossing[0].shape == comp.code_shape
+    assert code.crossing_bytes * 4 == 4 * int(np.prod(comp.activation_shape))  # gamma = 4
+    points = cut_points(bundle)
+    total = bundle.meta["stats"]["total_flops"]
+    s = split_dp(points, [total * 100.0, total * 100.0], [1000.0])  # 1 kB/s: bytes decide
+    chosen = bundle.candidate(s.cuts[0])
+    assert chosen.crossing_bytes <= code.crossing_bytes

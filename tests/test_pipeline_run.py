@@ -282,3 +282,23 @@ async def _auto_packing(bundle) -> None:
                 out = await sess.run(feed)
                 assert sess.last is not None and sess.last.packing == "q8"
                 assert out[bundle.outputs[0].name].argmax() == r.argmax()
+
+
+@sync
+async def test_a_busy_helper_costs_no_frame(bundle) -> None:
+    """A helper that admits one request at a time answers BUSY to the rest: those frames finish
+    on the wearable, every result is right, and the helpers stay in the plan."""
+    feeds = frames(bundle, 8)
+    ref = reference(bundle, feeds)
+    async with local_helpers(bundle, ["h1", "h2"], slowdowns={"h1": 200.0},
+                             max_pending=1) as hosts:
+        helpers = [Helper(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+                   for h in hosts]
+        async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
+                                   timeout=5.0) as sess:
+            sess.adaptive = False
+            results = [(out, st) async for out, st in sess.astream(feeds, depth=4)]
+            assert sess.alive() == ["h1", "h2"]
+    assert any(st.local for _, st in results) and not all(st.local for _, st in results)
+    for (out, _), r in zip(results, ref, strict=True):
+        np.testing.assert_allclose(out[bundle.outputs[0].name], r, rtol=1e-4, atol=1e-5)

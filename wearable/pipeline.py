@@ -369,11 +369,16 @@ class PipelineSession:
                 outputs, stats = await self._attempt(plan, feeds)
                 break
             except LinkError as exc:
+                if not exc.transient:  # configuration faults (bundle, version) always raise
+                    raise
                 dead = failed_hop(exc)
                 if dead is None and _link_failure(exc):
                     dead = plan.devices[1]  # the first helper itself failed
-                if dead is None or not exc.transient or retries > len(self.helpers):
-                    raise
+                if dead is None or retries > len(self.helpers):
+                    # busy, a failed slice, ...: this frame finishes here, the helpers stay
+                    log.info("pipeline frame finished on the wearable: %s", exc)
+                    outputs, stats = await self._local(feeds)
+                    break
                 await self._mark_dead(dead, exc)
                 retries += 1
         stats.retries = retries

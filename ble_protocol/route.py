@@ -6,7 +6,8 @@ A pipeline REQUEST is an ordinary REQUEST (``encode_request``) whose candidate-i
 (``pipe:h1=c002..c004;h2=c004..c008``). The first hop is the device receiving it; it runs the
 slice FROM..TO on the tensors (cut FROM's crossing set) and sends cut TO's crossing tensors on
 to the next hop, which it finds in its own configuration by name (the wire never gives an
-address). The last hop's slice ends at the last cut, so it produces the model's outputs.
+address), packed as the hop's optional ``+SPEC`` says (``h1=c002..c004+q8``; default raw). The
+last hop's slice ends at the last cut, so it produces the model's outputs.
 
 A pipeline RESULT payload is ``u32 compute_us`` (the sum over stages, so that ``decode_result``
 still reads it), ``u8 count`` and ``count`` x ``(u32 compute_us, u32 send_us, u32 bytes)`` --
@@ -29,7 +30,8 @@ from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 PREFIX = "pipe:"
 MAX_HOPS = 16
 _NAME = r"[A-Za-z0-9_-]{1,32}"
-_HOP = re.compile(rf"^({_NAME})=({_NAME})\.\.({_NAME})$")
+_PACKING = r"q\d{1,2}|f16|f32|raw"
+_HOP = re.compile(rf"^({_NAME})=({_NAME})\.\.({_NAME})(?:\+({_PACKING}))?$")
 _FAILED = re.compile(rf"hop ({_NAME}) unreachable")
 _STAT = struct.Struct("<III")
 
@@ -41,9 +43,12 @@ class Hop:
     device: str
     start: str
     end: str
+    #: how this hop packs the tensors it sends on to the next hop ("raw": as they are)
+    packing: str = "raw"
 
     def __str__(self) -> str:
-        return f"{self.device}={self.start}..{self.end}"
+        tail = "" if self.packing == "raw" else f"+{self.packing}"
+        return f"{self.device}={self.start}..{self.end}{tail}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def decode_route(candidate_id: str) -> tuple[Hop, ...]:
         m = _HOP.match(part)
         if m is None:
             raise ProtocolError(ErrorCode.MALFORMED, f"bad route hop {part[:80]!r}")
-        hops.append(Hop(m.group(1), m.group(2), m.group(3)))
+        hops.append(Hop(m.group(1), m.group(2), m.group(3), m.group(4) or "raw"))
     return tuple(hops)
 
 

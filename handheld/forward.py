@@ -38,6 +38,7 @@ from coinf.ble_protocol.messages import (
     encode_json,
     encode_request,
 )
+from coinf.ble_protocol.packing import PackSpec, pack_tensors
 from coinf.ble_protocol.route import (
     Hop,
     HopStats,
@@ -160,6 +161,12 @@ class Forwarder:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
         if (end is self.bundle.candidates[-1]) != (not rest):
             raise ProtocolError(ErrorCode.MALFORMED, "only the last hop may end at the last cut")
+        if not rest and hop.packing != "raw":
+            raise ProtocolError(ErrorCode.MALFORMED, "the last hop sends no tensors to pack")
+        try:
+            spec = PackSpec.parse(hop.packing)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: {exc}") from None
         if rest:
             if rest[0].start != end.id:
                 raise ProtocolError(ErrorCode.MALFORMED, f"hop {rest[0]} does not start at "
@@ -189,7 +196,7 @@ class Forwarder:
             return Message(MsgType.RESULT, msg.request_id, payload)
         sent = {t.name: outputs[t.name] if t.name in outputs else feeds[t.name]
                 for t in end.crossing}
-        reply, send_s, nbytes = await self._forward(rest, sent)
+        reply, send_s, nbytes = await self._forward(rest, sent, spec)
         stats, tail_blob = decode_stage_result(reply, len(rest))
         self.stages += 1
         payload = encode_stage_result([HopStats(own, int(send_s * 1e6), nbytes), *stats],
@@ -226,15 +233,17 @@ class Forwarder:
             self._sessions.move_to_end(key)
         return sess
 
-    async def _forward(self, rest: tuple[Hop, ...], tensors: dict[str, np.ndarray]
-                       ) -> tuple[bytes, float, int]:
+    async def _forward(self, rest: tuple[Hop, ...], tensors: dict[str, np.ndarray],
+                       spec: PackSpec) -> tuple[bytes, float, int]:
         """Send to the next hop, await its RESULT: (payload, send seconds, bytes sent)."""
         name = rest[0].device
         link = self._links.get(name)
         if link is None:
             link = self._links[name] = _PeerLink(self.peers[name], self.bundle.identity,
                                                  self.connect_timeout)
-        payload = encode_request(encode_route(rest), encode_tensors(tensors))
+        blob = (encode_tensors(tensors) if spec.codec == "raw"
+                else encode_tensors({}, packed=pack_tensors(tensors, spec)))
+        payload = encode_request(encode_route(rest), blob)
         marks: dict[str, float] = {}
         try:
             rpc = await link.client()

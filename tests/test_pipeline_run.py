@@ -121,6 +121,10 @@ async def test_hostile_pipeline_requests_are_refused(bundle) -> None:
         bad = {k: v.astype(np.float64) for k, v in x.items()}
         assert (await ask(good, bad)).code in (ErrorCode.MALFORMED, ErrorCode.TOO_LARGE)
         assert (await ask("pipe:h1=c0;;", x)).code == ErrorCode.MALFORMED
+        assert (await ask(f"pipe:h1={ids[0]}..{ids[3]}+q99;h2={ids[3]}..{ids[-1]}",
+                          x)).code == ErrorCode.MALFORMED
+        assert "no tensors to pack" in (await ask(
+            f"pipe:h1={ids[0]}..{ids[3]};h2={ids[3]}..{ids[-1]}+q8", x)).text
         reply = await rpc.request(MsgType.REQUEST, encode_request(good, encode_tensors(x)), 5.0)
         stats, _ = decode_stage_result(reply.payload, 2)
         assert stats[0].nbytes > 0 and stats[1].nbytes == 0
@@ -152,7 +156,7 @@ async def test_a_timeout_cancels_the_whole_chain(bundle) -> None:
 
 
 def test_route_and_result_codecs() -> None:
-    hops = [Hop("h1", "c001", "c004"), Hop("h2", "c004", "c008")]
+    hops = [Hop("h1", "c001", "c004", "q8"), Hop("h2", "c004", "c008")]
     assert decode_route(encode_route(hops)) == tuple(hops)
     for bad in ("pipe:", "pipe:h1=c1", "pipe:h 1=c1..c2", "pipe:" + ";".join(["a=b..c"] * 17)):
         with pytest.raises(ProtocolError):
@@ -264,6 +268,8 @@ def test_auto_packing_follows_the_first_links_bandwidth(tmp_path) -> None:
 
 
 async def _auto_packing(bundle) -> None:
+    from coinf.convert.bundle import Bundle
+
     feeds = frames(bundle, 3)
     ref = reference(bundle, feeds)
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
@@ -280,8 +286,22 @@ async def _auto_packing(bundle) -> None:
             assert str(sess.link_packing(plan)) == "q8"
             for feed, r in zip(feeds, ref, strict=True):
                 out = await sess.run(feed)
-                assert sess.last is not None and sess.last.packing == "q8"
+                # the first link is slow: q8; the second (1 GB/s, its cut not calibrated): raw
+                assert sess.last is not None and sess.last.packing == ["q8", "raw"]
                 assert out[bundle.outputs[0].name].argmax() == r.argmax()
+            # a slow second link with a calibrated cut: h1 packs what it sends to h2
+            from coinf.convert import calibrate as cal
+
+            data = cal.load_dataset("digits", bundle, limit=20)
+            cal.store(bundle, cal.calibrate(bundle, data, ["q8"], [plan.cuts[1]]), data)
+            reloaded = Bundle.load(bundle.root)
+            sess.bundle = reloaded
+            sess._tables.clear()
+            sess._bw["h1"].value = 1e9
+            sess._bw["h2"].value = 1e3
+            out = await sess.run(feeds[0])
+            assert sess.last is not None and sess.last.packing == ["raw", "q8"]
+            assert out[bundle.outputs[0].name].argmax() == ref[0].argmax()
 
 
 @sync

@@ -21,6 +21,7 @@ frame is lost; with no helper left the wearable runs the whole model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -187,7 +188,7 @@ class PipelineStats:
     total_ms: float = 0.0
     retries: int = 0
     local: bool = False
-    packing: str = "raw"  # on the first link
+    packing: list[str] = field(default_factory=list)  # per link
 
 
 class _Ewma:
@@ -407,12 +408,16 @@ class PipelineSession:
                         for t in first.crossing}
             if first.head.flops >= self._min_flops and own_s > 0:
                 self._speed[WEARABLE].add(first.head.flops / own_s)
-        spec = self.link_packing(plan) if self.auto_packing else self.packing
+        specs = (self.link_packings(plan) if self.auto_packing
+                 else [self.packing] + [PackSpec.parse("raw")] * (len(plan.hops) - 1))
+        spec = specs[0]
+        hops = [dataclasses.replace(h, packing=str(p))
+                for h, p in zip(plan.hops, [*specs[1:], "raw"], strict=True)]
         if spec.codec == "raw":
             blob = encode_tensors(crossing)
         else:
             blob = encode_tensors({}, packed=pack_tensors(crossing, spec))
-        payload = encode_request(encode_route(plan.hops), blob)
+        payload = encode_request(encode_route(hops), blob)
         conn = self._connection(plan.devices[1])
         rpc = await conn.client()
         marks: dict[str, float] = {}
@@ -437,21 +442,29 @@ class PipelineSession:
         for nxt, st in zip(plan.devices[2:], hop_stats, strict=False):
             self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
-                                      packing=str(spec))
+                                      packing=[str(p) for p in specs])
 
     def link_packing(self, plan: PipelinePlan) -> PackSpec:
-        """The first link's packing at its current bandwidth estimate: the option with the
-        best effective accuracy (throughput x accuracy / input rate) among raw and the
-        bundle's calibrated packings of the first cut (paper 002, §IV-D)."""
-        cand = self.bundle.candidate(plan.cuts[0])
+        """The first link's packing (:meth:`link_packings`)."""
+        return self.link_packings(plan)[0]
+
+    def link_packings(self, plan: PipelinePlan) -> list[PackSpec]:
+        """Every link's packing at its current bandwidth estimate: the option with the best
+        effective accuracy (throughput x accuracy / input rate) among raw and the bundle's
+        calibrated packings of that link's cut (paper 002, §IV-D)."""
         compute_fps = 1.0 / max(max(plan.split.compute_s), 1e-9)
         input_fps = self.input_fps or compute_fps
-        key = (cand.id, round(compute_fps, 1))
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables[key] = thresholds(link_options(cand), compute_fps, input_fps)
-        bw = self._bw[plan.devices[1]].value or DEFAULT_BANDWIDTH_BPS
-        return PackSpec.parse(lookup(table, bw).packing)
+        specs = []
+        for cut, receiver in zip(plan.cuts, plan.devices[1:], strict=True):
+            cand = self.bundle.candidate(cut)
+            key = (cand.id, round(compute_fps, 1))
+            table = self._tables.get(key)
+            if table is None:
+                table = self._tables[key] = thresholds(link_options(cand), compute_fps,
+                                                       input_fps)
+            bw = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
+            specs.append(PackSpec.parse(lookup(table, bw).packing))
+        return specs
 
     def _observe_link(self, device: str, nbytes: int, seconds: float) -> None:
         if nbytes <= 0:

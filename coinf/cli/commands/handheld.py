@@ -43,8 +43,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
     parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
-    parser.add_argument("--max-pending", type=int, default=4,
-                        help="requests admitted at once per link; more get BUSY (default 4)")
+    parser.add_argument("--max-pending", type=int, default=None,
+                        help="requests admitted at once per link; more get BUSY (default 4; "
+                        "16 with --pipeline, whose streams keep more frames in flight)")
     parser.add_argument("--profile", help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
     parser.add_argument("--pipeline", metavar="CONFIG", help="pipeline config (JSON, "
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         forward, own_address = forwarder_for(args)
         if args.listen is None and args.transport is None and args.hci is None:
             args.listen = own_address
+    if args.max_pending is None:
+        args.max_pending = 16 if forward is not None else 4
     spec = listen_spec(args)
     try:
         emulation = DeviceEmulation(args.slowdown, args.threads)

@@ -44,6 +44,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=20, help="frames to settle the split")
     parser.add_argument("--depth", type=int, default=0,
                         help="frames in flight (default 4 x devices)")
+    parser.add_argument("--rate", type=float, default=0.0, metavar="HZ",
+                        help="also feed both pipelines from a real-time source at HZ frames/s "
+                        "(2 x --frames frames; one arriving with a frame in every stage is "
+                        "dropped) and report effective accuracy = delivered x accuracy / "
+                        "generated")
+    parser.add_argument("--accuracy", type=float, default=1.0,
+                        help="the model's accuracy for effective accuracy (default 1)")
     parser.add_argument("--in-process", action="store_true",
                         help="host the helpers in this process (default: one process each)")
     parser.set_defaults(func=run)
@@ -57,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.frames < 1 or args.repeats < 1 or args.slowdown < 1 or args.bandwidth_kbps <= 0:
         raise InputError("--frames and --repeats must be >= 1, --slowdown >= 1, "
                          "--bandwidth-kbps > 0")
+    if args.rate < 0 or not 0 <= args.accuracy <= 1:
+        raise InputError("--rate must be >= 0 and --accuracy in [0, 1]")
     emit(asyncio.run(measure(args)))
     return 0
 
@@ -124,6 +133,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                                 efficiencies.append(fps * slowest / 1000.0)
                         progress(f"batch {r + 1}/{args.repeats} {name}-device: {fps:.1f} fps "
                                  f"({sess.plan()})")
+                realtime: dict[str, Any] = {}
+                if args.rate > 0:
+                    for name, sess in (("devices", full), ("two_devices", two)):
+                        progress(f"real-time source at {args.rate:g} Hz: {name} ...")
+                        p = sess.plan()
+                        stages = 2 * len(p.devices) - 1 if p is not None else 1
+                        # a real-time pipeline holds one frame per stage: a deeper buffer
+                        # only delays the drops of a short run
+                        delivered = await _realtime(sess, frames, 2 * args.frames, args.rate,
+                                                    stages)
+                        realtime[name] = {
+                            "delivered_fraction": round(delivered, 3),
+                            "effective_accuracy": round(delivered * args.accuracy, 4)}
                 plan = full.plan()
                 two_plan = two.plan()
         assert plan is not None and two_plan is not None
@@ -148,6 +170,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "two_device_cuts": list(two_plan.cuts),
             "two_device_fps": round(fps_2, 2),
             "speedup_vs_two_devices": round(fps_k / fps_2, 3),
+            **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **realtime}}
+               if realtime else {}),
             "runs_fps": {"devices": [round(v, 2) for v in runs["K"]],
                          "two_devices": [round(v, 2) for v in runs["2"]]},
             "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
@@ -200,6 +224,26 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+async def _realtime(sess: Any, frames: list[dict[str, Any]], n: int, rate: float,
+                    depth: int) -> float:
+    """Frames generated every 1/rate s; one that finds ``depth`` frames in flight is dropped
+    (paper 002, §III: a dropped frame counts as misclassified). The fraction delivered."""
+    loop = asyncio.get_running_loop()
+    inflight: set[asyncio.Future[Any]] = set()
+    dropped = 0
+    t0 = loop.time()
+    for i in range(n):
+        await asyncio.sleep(max(t0 + i / rate - loop.time(), 0.0))
+        if len(inflight) >= depth:
+            dropped += 1
+            continue
+        task = asyncio.ensure_future(sess.run(frames[i % len(frames)]))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+    await asyncio.gather(*inflight)
+    return (n - dropped) / n
 
 
 def _stage_ms(stats: Any) -> list[float]:

@@ -190,25 +190,29 @@ def test_config_errors_name_the_field(tmp_path) -> None:
 
 
 def test_helper_processes_from_a_config_file(bundle, tmp_path) -> None:
-    """Two ``coinf handheld --pipeline CONFIG --name hI`` processes; the second is killed
-    mid-stream and every frame still comes back right."""
+    """Two ``coinf handheld --pipeline CONFIG --name hI`` processes. The chain is wearable ->
+    h2 -> h1: h2 reaches h1 on h1's config address (TCP), while h1 also listens on a unix
+    socket for the wearable (--listen). h2 is killed mid-stream; the wearable re-plans onto h1
+    (over the unix socket) and every frame still comes back right."""
     import json
     import socket
 
     from tests.procs import handheld_daemon
 
-    ports = []
-    for _ in range(2):
+    ports = {}
+    for name in ("h2", "h1"):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+            ports[name] = s.getsockname()[1]
     config = tmp_path / "pipeline.json"
     config.write_text(json.dumps({"helpers": [
-        {"name": f"h{i + 1}", "address": f"tcp:127.0.0.1:{p}", "bandwidth_kbps": 50_000,
-         "latency_ms": 1, "shape": True} for i, p in enumerate(ports)]}))
+        {"name": n, "address": f"tcp:127.0.0.1:{p}", "bandwidth_kbps": 50_000,
+         "latency_ms": 1, "shape": True} for n, p in ports.items()]}))
     feeds = frames(bundle, 12)
     ref = reference(bundle, feeds)
+    wearable_side = f"unix:{tmp_path / 'h1.sock'}"
     helpers = load_helpers(config)
+    helpers[1] = Helper("h1", wearable_side, helpers[1].bandwidth_bps, shape=True)
 
     async def stream(kill) -> list[np.ndarray]:
         got = []
@@ -218,16 +222,17 @@ def test_helper_processes_from_a_config_file(bundle, tmp_path) -> None:
             async for out, _ in sess.astream(feeds, depth=3):
                 got.append(out[bundle.outputs[0].name])
                 if len(got) == 4:
-                    assert sess.plan().devices == ("wearable", "h1", "h2")
+                    assert sess.plan().devices == ("wearable", "h2", "h1")
                     kill()
             assert sess.plan().devices == ("wearable", "h1")
         return got
 
-    with handheld_daemon(bundle.root, f"tcp:127.0.0.1:{ports[0]}", "--pipeline", str(config),
-                         "--name", "h1"), \
-            handheld_daemon(bundle.root, f"tcp:127.0.0.1:{ports[1]}", "--pipeline",
+    with handheld_daemon(bundle.root, wearable_side, "--pipeline", str(config),
+                         "--name", "h1") as h1, \
+            handheld_daemon(bundle.root, f"tcp:127.0.0.1:{ports['h2']}", "--pipeline",
                             str(config), "--name", "h2") as h2:
         got = asyncio.run(stream(h2.kill))
+        assert h1.poll() is None
     assert len(got) == len(feeds)
     for g, r in zip(got, ref, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

@@ -51,8 +51,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", metavar="CONFIG", help="pipeline config (JSON, "
                         "docs/PIPELINE.md): serve as one helper of a pipeline over n devices, "
                         "forwarding to the next helper; needs --name")
-    parser.add_argument("--name", help="with --pipeline: this helper's name in the config "
-                        "(its address there is the default --listen)")
+    parser.add_argument("--name", help="with --pipeline: this helper's name in the config; "
+                        "it listens on its address there (for its peers, and for the wearable "
+                        "unless --listen adds another spec, e.g. ble:HCI)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log each connection and request")
     parser.set_defaults(func=run)
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
     if not args.bundle:
         raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
-    forward = None
+    forward, own_address = None, ""
     if args.pipeline or args.name:
         from coinf.cli.commands.pipeline_role import forwarder_for
 
@@ -113,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
         options.update({k: v for k, v in (("keystore", args.keystore),
                                           ("passkey", args.passkey)) if v is not None})
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
+    # a pipeline helper also listens on its config address, where its peers reach it
+    peers = (open_listener(own_address) if forward is not None and spec != own_address
+             else None)
     from coinf.device.profile import load_or_default
 
     profile = load_or_default("handheld", args.profile)
@@ -122,20 +126,24 @@ def run(args: argparse.Namespace) -> int:
                             max_pending=args.max_pending, forward=forward)
 
     async def main() -> None:
-        async with daemon, listener:
+        async with daemon, listener, peers or contextlib.nullcontext():
             where = (f"to BLE wearable {args.wearable!r} via {listener.spec}"
                      if options else f"on {listener.description}")
+            if peers is not None:
+                where += f" and to pipeline peers on {peers.description}"
             stop = ready(bundle, where)
-            serving = asyncio.ensure_future(daemon.serve_listener(listener))
+            serving = [asyncio.ensure_future(daemon.serve_listener(lst))
+                       for lst in (listener, peers) if lst is not None]
             waiter = asyncio.ensure_future(stop.wait())
             try:
-                await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({*serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (serving, waiter):
+                for task in (*serving, waiter):
                     task.cancel()
-                await asyncio.gather(serving, waiter, return_exceptions=True)
-            if not serving.cancelled() and serving.exception() is not None:
-                raise serving.exception()  # type: ignore[misc]
+                await asyncio.gather(*serving, waiter, return_exceptions=True)
+            for task in serving:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
 
     asyncio.run(main())
     return 0

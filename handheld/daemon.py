@@ -39,6 +39,7 @@ from coinf.ble_protocol.messages import (
     encode_result,
 )
 from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
+from coinf.ble_protocol.route import is_route
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.bundle import Bundle
@@ -97,6 +98,7 @@ class HandheldDaemon:
         max_pending: int = 4,
         concurrency: int = 1,
         runtime: str = "onnxruntime",
+        forward: Any = None,
     ) -> None:
         if max_pending < 1 or concurrency < 1:
             raise ValueError("max_pending and concurrency must be >= 1")
@@ -114,6 +116,8 @@ class HandheldDaemon:
         self.started = time.monotonic()
         self._tasks = TaskSet()
         self._executor: ThreadPoolExecutor | None = None
+        #: the pipeline "forward" role (handheld/forward.py ``Forwarder``), if any
+        self.forward = forward
 
     @property
     def cancelled(self) -> int:
@@ -142,6 +146,8 @@ class HandheldDaemon:
         """Cancel and await every task started here; stop the executor (a tail already running
         in it finishes in its thread, its result is dropped)."""
         await self._tasks.cancel_all()
+        if self.forward is not None:
+            await self.forward.aclose()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
@@ -163,7 +169,9 @@ class HandheldDaemon:
             await rpc.serve(
                 link,
                 self.handle,
-                self.concurrency,
+                # a stage awaiting the next hop must not hold a slot: the forwarder keeps its
+                # own compute thread, so the next frame computes while this one travels on
+                self.concurrency if self.forward is None else self.max_pending,
                 max_pending=self.max_pending,
                 stats=self.serve_stats,
             )
@@ -232,6 +240,9 @@ class HandheldDaemon:
             payload = json.dumps(self.profile.to_json(), separators=(",", ":")).encode()
             return Message(MsgType.PROFILE, msg.request_id, payload)
         if msg.type == MsgType.REQUEST:
+            if self.forward is not None and is_route(decode_request(msg.payload)[0]):
+                reply: Message = await self.forward.handle(msg)
+                return reply
             return await self._request(msg)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"handheld does not accept {msg.type.name}")
 

@@ -24,6 +24,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
     ("spatial", "spatial", "MeDNN spatial partition of conv layers over N emulated devices"),
     ("prune", "prune", "SMCD group-lasso pruning of the digit model: FLOPs, comm, accuracy"),
+    ("pipeline", "pipeline", "a pipeline over K emulated devices vs two (DP split)"),
+    ("compress", "compress", "autoencoder compressors (gamma 2/4/8) + packing at digit-CNN cuts"),
     ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
     ("runtime", "runtime", "onnxruntime vs LiteRT per slice of a bundle with TFLite slices"),
     ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),

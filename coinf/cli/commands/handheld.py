@@ -47,10 +47,17 @@ def register(parser: argparse.ArgumentParser) -> None:
                         default="onnxruntime",
                         help="run tails with onnxruntime, LiteRT (the bundle's TFLite slices) or "
                              "auto (the faster per slice in --profile); default %(default)s")
-    parser.add_argument("--max-pending", type=int, default=4,
-                        help="requests admitted at once per link; more get BUSY (default 4)")
+    parser.add_argument("--max-pending", type=int, default=None,
+                        help="requests admitted at once per link; more get BUSY (default 4; "
+                        "16 with --pipeline, whose streams keep more frames in flight)")
     parser.add_argument("--profile", help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
+    parser.add_argument("--pipeline", metavar="CONFIG", help="pipeline config (JSON, "
+                        "docs/PIPELINE.md): serve as one helper of a pipeline over n devices, "
+                        "forwarding to the next helper; needs --name")
+    parser.add_argument("--name", help="with --pipeline: this helper's name in the config; "
+                        "it listens on its address there (for its peers, and for the wearable "
+                        "unless --listen adds another spec, e.g. ble:HCI)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log each connection and request")
     parser.set_defaults(func=run)
@@ -88,6 +95,15 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
     if not args.bundle:
         raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
+    forward, own_address = None, ""
+    if args.pipeline or args.name:
+        from coinf.cli.commands.pipeline_role import forwarder_for
+
+        forward, own_address = forwarder_for(args)
+        if args.listen is None and args.transport is None and args.hci is None:
+            args.listen = own_address
+    if args.max_pending is None:
+        args.max_pending = 16 if forward is not None else 4
     spec = listen_spec(args)
     try:
         emulation = DeviceEmulation(args.slowdown, args.threads)
@@ -102,27 +118,36 @@ def run(args: argparse.Namespace) -> int:
         options.update({k: v for k, v in (("keystore", args.keystore),
                                           ("passkey", args.passkey)) if v is not None})
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
+    # a pipeline helper also listens on its config address, where its peers reach it
+    peers = (open_listener(own_address) if forward is not None and spec != own_address
+             else None)
     from coinf.device.profile import load_or_default
 
     profile = load_or_default("handheld", args.profile)
+    if forward is not None:
+        forward = forward(bundle, emulation)
     daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile, runtime=args.runtime,
-                            max_pending=args.max_pending)
+                            max_pending=args.max_pending, forward=forward)
 
     async def main() -> None:
-        async with daemon, listener:
+        async with daemon, listener, peers or contextlib.nullcontext():
             where = (f"to BLE wearable {args.wearable!r} via {listener.spec}"
                      if options else f"on {listener.description}")
+            if peers is not None:
+                where += f" and to pipeline peers on {peers.description}"
             stop = ready(bundle, where)
-            serving = asyncio.ensure_future(daemon.serve_listener(listener))
+            serving = [asyncio.ensure_future(daemon.serve_listener(lst))
+                       for lst in (listener, peers) if lst is not None]
             waiter = asyncio.ensure_future(stop.wait())
             try:
-                await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({*serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (serving, waiter):
+                for task in (*serving, waiter):
                     task.cancel()
-                await asyncio.gather(serving, waiter, return_exceptions=True)
-            if not serving.cancelled() and serving.exception() is not None:
-                raise serving.exception()  # type: ignore[misc]
+                await asyncio.gather(*serving, waiter, return_exceptions=True)
+            for task in serving:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
 
     asyncio.run(main())
     return 0

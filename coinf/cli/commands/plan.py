@@ -99,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.planner.planner import Planner
     from coinf.wearable.policy import OBJECTIVES, load_policy
 
+    if args.pipeline:
+        from coinf.cli.commands import pipeline_plan
+
+        return pipeline_plan.run(args)
     if args.objective and args.objective not in OBJECTIVES:
         raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}")
     link = _link(args)
@@ -217,6 +221,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                             default="onnxruntime",
                             help=f"runtime of {who}: auto = the faster per slice as the "
                                  "profile measured it (default %(default)s)")
+    parser.add_argument("--pipeline", metavar="CONFIG",
+                        help="plan a pipeline over the wearable and the helpers of this config "
+                             "(docs/PIPELINE.md): one row per stage")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 

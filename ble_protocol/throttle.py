@@ -1,0 +1,85 @@
+"""Shape any link's sending side: a bandwidth and a one-way latency (emulated helper links).
+
+:class:`~ble_protocol.shaped.ShapedLink` is an in-process pair; helpers of a pipeline talk over
+TCP between processes, so this wraps a real link instead: each message holds the sender's
+"air" for ``(len(payload) + overhead) / bandwidth`` seconds (one message at a time), then goes
+to the inner link after ``latency`` seconds without holding the air (later messages do not wait
+for it). Receiving is the inner link's. ``send`` returns once the air time has passed, so a
+caller timing ``send`` measures the link's bandwidth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coinf.ble_protocol.link import Link
+from coinf.ble_protocol.messages import Message
+from coinf.ble_protocol.shaped import Channel
+from coinf.ble_protocol.tasks import TaskSet
+
+from coinf.errors import LinkClosed, ProtocolError
+
+
+class ThrottledLink(Link):
+    """``inner`` with its sends shaped by ``channel`` (bandwidth shared by this side's sends)."""
+
+    def __init__(self, inner: Link, channel: Channel) -> None:
+        super().__init__()
+        if not channel.bandwidth_bps > 0:
+            raise ValueError(f"bandwidth must be > 0 B/s, got {channel.bandwidth_bps}")
+        self.inner = inner
+        self.channel = channel
+        self.stats = inner.stats
+        self.max_message_bytes = inner.max_message_bytes
+        self._air = asyncio.Lock()
+        self._order = asyncio.Lock()
+        self._late: TaskSet | None = None
+        self._failed: ProtocolError | None = None
+
+    @property
+    def description(self) -> str:
+        c = self.channel
+        return (f"{self.inner.description} shaped to {c.bandwidth_bps / 1000:.1f} kB/s, "
+                f"{c.latency_s * 1e3:.1f} ms")
+
+    async def send(self, message: Message) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if not self.inner.is_open:
+            raise LinkClosed(f"{self.inner.description} closed")
+        async with self._air:
+            await asyncio.sleep(self.channel.airtime(len(message.payload)))
+        if self.channel.latency_s <= 0:
+            async with self._order:
+                await self.inner.send(message)
+            return
+        if self._late is None:
+            self._late = TaskSet()
+        self._late.spawn(self._deliver(message, asyncio.get_running_loop().time()
+                                       + self.channel.latency_s))
+
+    async def _deliver(self, message: Message, at: float) -> None:
+        await asyncio.sleep(max(at - asyncio.get_running_loop().time(), 0.0))
+        async with self._order:  # FIFO: lock waiters are served in arrival order
+            try:
+                await self.inner.send(message)
+            except ProtocolError as exc:
+                self._failed = exc
+
+    async def receive(self) -> Message:
+        return await self.inner.receive()
+
+    async def close(self) -> None:
+        if self._late is not None:
+            await self._late.cancel_all()
+        await self.inner.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self.inner.is_open and self._failed is None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

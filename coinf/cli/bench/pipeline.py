@@ -1,0 +1,270 @@
+"""``coinf bench pipeline``: a pipeline over K emulated devices vs the same with two.
+
+The wearable runs in this process, each of the K-1 helpers in its own process (``coinf
+handheld --pipeline CONFIG --name hI``: a real daemon with the forward role on a local TCP port;
+``--in-process`` hosts them here instead). Every device plays a ``--slowdown`` x slower machine
+and every link (wearable -> helper 1, helper i -> helper i+1) is shaped to ``--bandwidth-kbps``
+and ``--latency-ms``. A warm-up stream lets the DP split settle on measured speeds and
+bandwidths; then the split is frozen and batches of frames stream through the K-device and the
+2-device pipelines alternately (same helpers, side by side). ``stage_ms`` are the means (what
+bounds a stage's throughput) of each device's compute and each link's transfer over the
+K-device batches (``stage_ms_median`` the medians), ``bound_fps`` one frame per slowest stage,
+``throughput_fps`` the steady-state rate (results after the first over the time since it);
+throughputs are medians over ``--repeats`` batches. ``efficiency`` is the median over batches of
+each batch's throughput over its own bound (the load of a shared machine moves between
+batches); ``efficiency_pooled`` is ``throughput_fps / bound_fps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from coinf.cli.bench import emit, median, progress
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--devices", type=int, default=3, help="devices in the pipeline, the "
+                        "wearable included (default %(default)s)")
+    parser.add_argument("--bundle", help="bundle directory (default: the zoo's vgg, split now)")
+    parser.add_argument("--slowdown", type=float, default=100.0,
+                        help="every device plays a K x slower machine (default %(default)s)")
+    parser.add_argument("--bandwidth-kbps", type=float, default=4000.0,
+                        help="every link's bandwidth, kB/s (default %(default)s)")
+    parser.add_argument("--latency-ms", type=float, default=2.0, help="every link's latency")
+    parser.add_argument("--frames", type=int, default=40, help="frames per batch")
+    parser.add_argument("--repeats", type=int, default=3, help="batches of each kind (median)")
+    parser.add_argument("--warmup", type=int, default=20, help="frames to settle the split")
+    parser.add_argument("--depth", type=int, default=0,
+                        help="frames in flight (default 4 x devices)")
+    parser.add_argument("--rate", type=float, default=0.0, metavar="HZ",
+                        help="also feed both pipelines from a real-time source at HZ frames/s "
+                        "(2 x --frames frames; one arriving with a frame in every stage is "
+                        "dropped) and report effective accuracy = delivered x accuracy / "
+                        "generated")
+    parser.add_argument("--accuracy", type=float, default=1.0,
+                        help="the model's accuracy for effective accuracy (default 1)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="host the helpers in this process (default: one process each)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.errors import InputError
+
+    if args.devices < 2:
+        raise InputError("--devices must be >= 2 (the wearable and at least one helper)")
+    if args.frames < 1 or args.repeats < 1 or args.slowdown < 1 or args.bandwidth_kbps <= 0:
+        raise InputError("--frames and --repeats must be >= 1, --slowdown >= 1, "
+                         "--bandwidth-kbps > 0")
+    if args.rate < 0 or not 0 <= args.accuracy <= 1:
+        raise InputError("--rate must be >= 0 and --accuracy in [0, 1]")
+    emit(asyncio.run(measure(args)))
+    return 0
+
+
+def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
+    from coinf.convert.bundle import Bundle
+    from coinf.convert.split import split_model
+    from coinf.models.zoo import ONNX_DIR
+
+    if args.bundle:
+        return Bundle.load(args.bundle)
+    progress("splitting the zoo's vgg ...")
+    return split_model(ONNX_DIR / "vgg.onnx", tmp / "vgg")
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.handheld.pipeline_host import local_helpers
+    from coinf.wearable.pipeline import Helper, PipelineSession
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        bundle = _bundle(args, Path(tmpdir))
+        k = args.devices
+        names = [f"h{i}" for i in range(1, k)]
+        bps = args.bandwidth_kbps * 1000
+        channel = Channel(bps, args.latency_ms / 1000, overhead_bytes=16)
+        depth = args.depth or 4 * k
+        spec = bundle.inputs[0]
+        rng = np.random.default_rng(0)
+        frames = [{t.name: rng.standard_normal(t.shape).astype(t.dtype)
+                   for t in bundle.inputs} for _ in range(8)]
+        if args.in_process:
+            hosting: Any = local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
+                                         dict.fromkeys(names, channel), max_pending=depth + 2)
+        else:
+            hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2)
+        async with hosting as hosts:
+            helpers = [Helper(h.name, h.address, bps, channel.latency_s, shape=True)
+                       for h in hosts]
+            full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
+            two = PipelineSession(bundle, helpers[:1], slowdown=args.slowdown, threads=1)
+            async with full, two:
+                for name, sess in (("K", full), ("2", two)):
+                    progress(f"warm-up: {name}-device pipeline, {args.warmup} frames ...")
+                    await _stream(sess, frames, args.warmup, depth)
+                    sess.adaptive = False
+                k_plan = full.plan()
+                devices_k = k_plan.devices if k_plan is not None else ()
+                runs: dict[str, list[float]] = {"K": [], "2": []}
+                stage_rows: list[list[float]] = []
+                efficiencies: list[float] = []
+                for r in range(args.repeats):
+                    for name, sess in (("K", full), ("2", two)):
+                        fps, stats = await _stream(sess, frames, args.frames, depth)
+                        runs[name].append(fps)
+                        if name == "K":
+                            batch = [_stage_ms(s) for s in stats if s.devices == devices_k]
+                            stage_rows.extend(batch)
+                            if batch:  # this batch's throughput over its own bound: the load
+                                # of a shared machine varies between batches
+                                slowest = max(statistics.fmean(c)
+                                              for c in zip(*batch, strict=True))
+                                efficiencies.append(fps * slowest / 1000.0)
+                        progress(f"batch {r + 1}/{args.repeats} {name}-device: {fps:.1f} fps "
+                                 f"({sess.plan()})")
+                realtime: dict[str, Any] = {}
+                if args.rate > 0:
+                    for name, sess in (("devices", full), ("two_devices", two)):
+                        progress(f"real-time source at {args.rate:g} Hz: {name} ...")
+                        p = sess.plan()
+                        stages = 2 * len(p.devices) - 1 if p is not None else 1
+                        # a real-time pipeline holds one frame per stage: a deeper buffer
+                        # only delays the drops of a short run
+                        delivered = await _realtime(sess, frames, 2 * args.frames, args.rate,
+                                                    stages)
+                        realtime[name] = {
+                            "delivered_fraction": round(delivered, 3),
+                            "effective_accuracy": round(delivered * args.accuracy, 4)}
+                plan = full.plan()
+                two_plan = two.plan()
+        assert plan is not None and two_plan is not None
+        columns = list(zip(*stage_rows, strict=True)) if stage_rows else []
+        # the mean is what bounds a stage's throughput (a median hides the slow frames)
+        stage_ms = [round(statistics.fmean(c), 3) for c in columns]
+        stage_median = [round(median(list(c)), 3) for c in columns]
+        bound = 1000.0 / max(stage_ms) if stage_ms else float("nan")
+        fps_k, fps_2 = median(runs["K"]), median(runs["2"])
+        return {
+            "model": Path(bundle.meta.get("source", {}).get("file", spec.name)).stem,
+            "devices": k,
+            "cuts": list(plan.cuts),
+            "stages": [str(s) for s in plan.stages],
+            "stage_ms": stage_ms,
+            "stage_ms_median": stage_median,
+            "predicted_stage_ms": [round(v * 1e3, 3) for v in plan.split.stage_s],
+            "bound_fps": round(bound, 2),
+            "throughput_fps": round(fps_k, 2),
+            "efficiency": round(median(efficiencies), 3) if efficiencies else None,
+            "efficiency_pooled": round(fps_k / bound, 3) if bound == bound else None,
+            "two_device_cuts": list(two_plan.cuts),
+            "two_device_fps": round(fps_2, 2),
+            "speedup_vs_two_devices": round(fps_k / fps_2, 3),
+            **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **realtime}}
+               if realtime else {}),
+            "runs_fps": {"devices": [round(v, 2) for v in runs["K"]],
+                         "two_devices": [round(v, 2) for v in runs["2"]]},
+            "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
+                         "latency_ms": args.latency_ms, "frames": args.frames,
+                         "repeats": args.repeats, "depth": depth},
+        }
+
+
+@contextlib.asynccontextmanager
+async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespace, tmp: Path,
+                           max_pending: int) -> AsyncIterator[list[Any]]:
+    """One ``coinf handheld --pipeline`` process per helper on a free local port."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    ports = []
+    for _ in names:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    entries = [{"name": n, "address": f"tcp:127.0.0.1:{p}", "shape": True,
+                "bandwidth_kbps": args.bandwidth_kbps, "latency_ms": args.latency_ms}
+               for n, p in zip(names, ports, strict=True)]
+    config = tmp / "pipeline.json"
+    config.write_text(json.dumps({"helpers": entries}))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for n in names:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle.root),
+                 "--pipeline", str(config), "--name", n, "--slowdown", str(args.slowdown),
+                 "--threads", "1", "--max-pending", str(max_pending)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        for n, proc in zip(names, procs, strict=True):
+            assert proc.stdout is not None
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if "serving" not in line:
+                raise RuntimeError(f"helper {n} did not start: {line!r}")
+        progress(f"{len(procs)} helper processes serving")
+        yield [SimpleNamespace(name=e["name"], address=e["address"]) for e in entries]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _realtime(sess: Any, frames: list[dict[str, Any]], n: int, rate: float,
+                    depth: int) -> float:
+    """Frames generated every 1/rate s; one that finds ``depth`` frames in flight is dropped
+    (paper 002, §III: a dropped frame counts as misclassified). The fraction delivered."""
+    loop = asyncio.get_running_loop()
+    inflight: set[asyncio.Future[Any]] = set()
+    dropped = 0
+    t0 = loop.time()
+    for i in range(n):
+        await asyncio.sleep(max(t0 + i / rate - loop.time(), 0.0))
+        if len(inflight) >= depth:
+            dropped += 1
+            continue
+        task = asyncio.ensure_future(sess.run(frames[i % len(frames)]))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+    await asyncio.gather(*inflight)
+    return (n - dropped) / n
+
+
+def _stage_ms(stats: Any) -> list[float]:
+    out: list[float] = []
+    for i, c in enumerate(stats.compute_ms):
+        out.append(c)
+        if i < len(stats.link_ms):
+            out.append(stats.link_ms[i])
+    return out
+
+
+async def _stream(sess: Any, frames: list[dict[str, Any]], n: int, depth: int
+                  ) -> tuple[float, list[Any]]:
+    """Stream ``n`` frames; (steady-state frames per second: results after the first over
+    the time since the first, so filling the pipeline is not counted; per-frame stats)."""
+    feeds = (frames[i % len(frames)] for i in range(n))
+    stats: list[Any] = []
+    first = last = 0.0
+    async for _, st in sess.astream(feeds, depth=depth):
+        last = time.perf_counter()
+        if not stats:
+            first = last
+        stats.append(st)
+    return (len(stats) - 1) / max(last - first, 1e-9), stats

@@ -1,0 +1,57 @@
+"""``coinf plan BUNDLE --pipeline CONFIG``: the DP split over the wearable and the configured
+helpers, one row per stage (device, slice, compute, link to the next device, compressor)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from coinf.errors import UserError
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.convert.bundle import Bundle
+    from coinf.wearable.pipeline import DEFAULT_BANDWIDTH_BPS, PipelineSession, load_helpers
+
+    helpers = load_helpers(args.pipeline)
+    slowdown = args.wearable_slowdown if args.wearable_slowdown is not None else 1.0
+    if not slowdown >= 1:
+        raise UserError("--wearable-slowdown must be >= 1 with --pipeline")
+    bundle = Bundle.load(args.bundle)
+    sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1)
+    plan = sess.plan()  # measures this machine (as the wearable) once; connects to nothing
+    assert plan is not None
+    wear = sess._speeds(["wearable"])[0]
+    notes = [f"wearable speed measured here: {wear / 1e9:.2f} GFLOP/s"
+             + (f" (x{slowdown:g} slowdown)" if slowdown != 1 else "")]
+    for h in helpers:
+        speed = (f"{h.speed_flops / 1e9:g} GFLOP/s from the config" if h.speed_flops
+                 else "speed unknown: assumed the wearable's until measured")
+        link = (f"{h.bandwidth_bps / 1e3:g} kB/s" if h.bandwidth_bps
+                else f"{DEFAULT_BANDWIDTH_BPS / 1e3:g} kB/s (default)")
+        notes.append(f"{h.name} at {h.address}: {speed}; link into it {link}")
+    if len(plan.devices) < len(helpers) + 1:
+        notes.append(f"the bundle has nested cuts for {len(plan.devices)} devices only")
+    compressor = str(sess.packing)
+    rows = plan.rows(compressor)
+    out: dict[str, Any] = {
+        "devices": list(plan.devices), "cuts": list(plan.cuts), "stages": rows,
+        "bottleneck_ms": round(plan.split.bottleneck_s * 1e3, 3),
+        "bound_fps": round(plan.split.bound_fps, 2), "notes": notes,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"pipeline over {len(plan.devices)} devices: cuts {', '.join(plan.cuts)}")
+    print(f"{'#':>2}  {'device':<10} {'slice':<14} {'compute ms':>11} {'link ms':>9}  "
+          f"compressor")
+    for i, r in enumerate(rows, 1):
+        link = "-" if r["link_ms"] is None else f"{r['link_ms']:.2f}"
+        print(f"{i:>2}  {r['device']:<10} {r['slice']:<14} {r['compute_ms']:>11.2f} "
+              f"{link:>9}  {r['compressor'] or '-'}")
+    print(f"bottleneck {out['bottleneck_ms']:.2f} ms per frame -> at most "
+          f"{out['bound_fps']:.1f} frames/s")
+    for note in notes:
+        print(f"  {note}")
+    return 0

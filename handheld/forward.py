@@ -1,0 +1,281 @@
+"""The helper's "forward" role in a pipeline over n devices (docs/PIPELINE.md).
+
+A pipeline REQUEST (:mod:`ble_protocol.route`) names the hops still to run. This helper must be
+the first hop: it checks the tensors against cut FROM's crossing set (the wire is untrusted),
+runs the slice FROM..TO (its own compute thread, one slice at a time, with the device's
+emulated slowdown), then either returns the model's outputs (the last hop) or sends cut TO's
+crossing tensors to the next hop over a helper-to-helper link and relays that hop's RESULT
+back. The next hop's address comes from this helper's own peer list, never from the wire.
+
+Cancellation runs down the chain: when this request is cancelled (the sender's CANCEL, its
+timeout, its link dropping), the pending request to the next hop is cancelled too, which sends
+CANCEL there. A next hop that cannot be reached fails the request with ERROR DISCONNECTED
+``hop NAME unreachable`` so the wearable can re-plan without it; its link is dropped, never
+reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from coinf.ble_protocol.link import Link
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+    decode_request,
+    encode_json,
+    encode_request,
+)
+from coinf.ble_protocol.packing import PackSpec, pack_tensors
+from coinf.ble_protocol.route import (
+    Hop,
+    HopStats,
+    decode_route,
+    decode_stage_result,
+    encode_route,
+    encode_stage_result,
+    hop_failed,
+)
+from coinf.ble_protocol.rpc import RpcClient
+from coinf.ble_protocol.shaped import Channel
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.ble_protocol.transport import connect_within, open_connector
+from coinf.convert.bundle import Bundle, Candidate, open_slice
+from coinf.convert.stage_slices import StageSlices, slice_name
+from coinf.device.cancel import Cancelled, CancelToken
+from coinf.device.emulation import DeviceEmulation
+from coinf.handheld.daemon import encode_results
+
+from coinf.errors import BundleError, CoinfError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another helper this one may forward to: its name, address and (emulation) the shape of
+    the link to it."""
+
+    name: str
+    address: str
+    channel: Channel | None = None
+
+
+class _PeerLink:
+    """At most one link to one peer; a link that failed is closed and never reused."""
+
+    def __init__(self, peer: Peer, identity: str, connect_timeout: float) -> None:
+        self.peer = peer
+        self.identity = identity
+        self.connect_timeout = connect_timeout
+        self._rpc: RpcClient | None = None
+        self._lock = asyncio.Lock()
+
+    async def client(self) -> RpcClient:
+        rpc = self._rpc
+        if rpc is not None and rpc.link.is_open:
+            return rpc
+        async with self._lock:
+            rpc = self._rpc
+            if rpc is not None and rpc.link.is_open:
+                return rpc
+            await self.drop()
+            connector = open_connector(self.peer.address)
+            link: Link = await connect_within(connector, self.connect_timeout)
+            if self.peer.channel is not None:
+                from coinf.ble_protocol.throttle import ThrottledLink
+
+                link = ThrottledLink(link, self.peer.channel)
+            rpc = RpcClient(link)
+            try:
+                hello = {"protocol": PROTOCOL_VERSION, "bundle": self.identity,
+                         "role": "helper", "capabilities": ["raw"]}
+                await rpc.request(MsgType.HELLO, encode_json(hello), self.connect_timeout)
+            except BaseException:
+                await rpc.close()
+                raise
+            self._rpc = rpc
+            return rpc
+
+    async def drop(self) -> None:
+        rpc, self._rpc = self._rpc, None
+        if rpc is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await rpc.close()
+
+
+class Forwarder:
+    """Runs pipeline stages for a :class:`~coinf.handheld.daemon.HandheldDaemon` (its
+    ``forward``): ``await handle(msg)`` answers one pipeline REQUEST."""
+
+    def __init__(self, bundle: Bundle, name: str, peers: Mapping[str, Peer] | None = None, *,
+                 emulation: DeviceEmulation | None = None, request_timeout: float = 30.0,
+                 connect_timeout: float = 5.0, lru: int = 8,
+                 max_request_bytes: int = 64 * 1024 * 1024) -> None:
+        self.bundle = bundle
+        self.name = name
+        self.peers = dict(peers or {})
+        self.emulation = emulation or DeviceEmulation()
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.max_request_bytes = max_request_bytes
+        self.slices = StageSlices(bundle)
+        self.stages = 0
+        self._lru = lru
+        self._sessions: OrderedDict[str, Any] = OrderedDict()
+        self._links: dict[str, _PeerLink] = {}
+        self._sent_end: dict[str, float] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"coinf-stage-{name}")
+
+    async def aclose(self) -> None:
+        for link in self._links.values():
+            await link.drop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- one request ----------------------------------------------------------------------
+    async def handle(self, msg: Message) -> Message:
+        if len(msg.payload) > self.max_request_bytes:
+            raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
+        cid, blob = decode_request(msg.payload)
+        hops = decode_route(cid)
+        hop, rest = hops[0], hops[1:]
+        if hop.device != self.name:
+            raise ProtocolError(ErrorCode.MALFORMED, f"route starts at {hop.device!r}, this "
+                                f"helper is {self.name!r}")
+        try:
+            start, end = self.slices.pair(hop.start, hop.end)
+        except BundleError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+        if (end is self.bundle.candidates[-1]) != (not rest):
+            raise ProtocolError(ErrorCode.MALFORMED, "only the last hop may end at the last cut")
+        if not rest and hop.packing != "raw":
+            raise ProtocolError(ErrorCode.MALFORMED, "the last hop sends no tensors to pack")
+        try:
+            spec = PackSpec.parse(hop.packing)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: {exc}") from None
+        if rest:
+            if rest[0].start != end.id:
+                raise ProtocolError(ErrorCode.MALFORMED, f"hop {rest[0]} does not start at "
+                                    f"cut {end.id}")
+            if rest[0].device not in self.peers:
+                raise ProtocolError(ErrorCode.MALFORMED, f"{self.name} has no peer "
+                                    f"{rest[0].device!r} in its pipeline configuration")
+        budget = min(start.crossing_bytes, self.max_request_bytes)
+        feeds = decode_tensors(blob, max_bytes=budget)
+        check_crossing(start, feeds)
+        cancel = CancelToken()
+        loop = asyncio.get_running_loop()
+        try:
+            outputs, elapsed = await loop.run_in_executor(self._pool, self._run, hop, feeds,
+                                                          cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        except Cancelled:
+            raise ProtocolError(ErrorCode.CANCELLED, "request cancelled") from None
+        except CoinfError as exc:
+            raise ProtocolError(ErrorCode.TAIL_FAILED, f"{self.name}: {exc}") from None
+        own = int(elapsed * 1e6)
+        if not rest:
+            self.stages += 1
+            payload = encode_stage_result([HopStats(own, 0, 0)], encode_results(outputs))
+            return Message(MsgType.RESULT, msg.request_id, payload)
+        sent = {t.name: outputs[t.name] if t.name in outputs else feeds[t.name]
+                for t in end.crossing}
+        reply, send_s, nbytes = await self._forward(rest, sent, spec)
+        stats, tail_blob = decode_stage_result(reply, len(rest))
+        self.stages += 1
+        payload = encode_stage_result([HopStats(own, int(send_s * 1e6), nbytes), *stats],
+                                      bytes(tail_blob))
+        return Message(MsgType.RESULT, msg.request_id, payload)
+
+    def _run(self, hop: Hop, feeds: dict[str, np.ndarray], cancel: CancelToken
+             ) -> tuple[dict[str, np.ndarray], float]:
+        sess = self._session(hop.start, hop.end)
+        wanted = [i.name for i in sess.get_inputs()]
+        names = [o.name for o in sess.get_outputs()]
+        with cancel.run_options() as ro:
+            try:
+                values, elapsed = self.emulation.timed(
+                    lambda: sess.run(names, {k: feeds[k] for k in wanted}, ro), cancel)
+            except Cancelled:
+                raise
+            except Exception:
+                if cancel.is_set():
+                    raise Cancelled(f"stage {slice_name(hop.start, hop.end)} cancelled") \
+                        from None
+                raise
+        return dict(zip(names, values, strict=True)), elapsed
+
+    def _session(self, start: str, end: str) -> Any:
+        key = slice_name(start, end)
+        sess = self._sessions.get(key)
+        if sess is None:
+            sess = open_slice(self.slices.path(start, end), self.emulation.session_options())
+            self._sessions[key] = sess
+            while len(self._sessions) > self._lru:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        return sess
+
+    async def _forward(self, rest: tuple[Hop, ...], tensors: dict[str, np.ndarray],
+                       spec: PackSpec) -> tuple[bytes, float, int]:
+        """Send to the next hop, await its RESULT: (payload, send seconds, bytes sent)."""
+        name = rest[0].device
+        link = self._links.get(name)
+        if link is None:
+            link = self._links[name] = _PeerLink(self.peers[name], self.bundle.identity,
+                                                 self.connect_timeout)
+        blob = (encode_tensors(tensors) if spec.codec == "raw"
+                else encode_tensors({}, packed=pack_tensors(tensors, spec)))
+        payload = encode_request(encode_route(rest), blob)
+        marks: dict[str, float] = {}
+        try:
+            rpc = await link.client()
+            t0 = time.perf_counter()
+            reply = await rpc.request(MsgType.REQUEST, payload, self.request_timeout, marks)
+        except ProtocolError as exc:
+            if exc.code in (ErrorCode.DISCONNECTED, ErrorCode.TIMEOUT) and \
+                    not exc.text.startswith("hop "):
+                await link.drop()
+                log.warning("%s: next hop %s failed: %s", self.name, name, exc)
+                raise hop_failed(name, exc) from None
+            raise  # the next hop's own answer (its error, or a hop further down): pass it up
+        sent = marks.get("sent", t0)  # links are FIFO: waiting behind earlier frames is
+        start = max(t0, self._sent_end.get(name, 0.0))  # queueing, not transfer
+        self._sent_end[name] = max(sent, self._sent_end.get(name, 0.0))
+        return reply.payload, max(sent - start, 0.0), len(payload)
+
+
+def check_crossing(cand: Candidate, feeds: Mapping[str, np.ndarray]) -> None:
+    """Tensors from the wire must be exactly cut ``cand``'s crossing set (names, dtypes,
+    shapes)."""
+    expected = {t.name: t for t in cand.crossing}
+    if set(feeds) != set(expected):
+        raise ProtocolError(ErrorCode.MALFORMED, f"cut {cand.id}: missing tensors "
+                            f"{sorted(set(expected) - set(feeds))}, unexpected "
+                            f"{sorted(set(feeds) - set(expected))}")
+    for name, arr in feeds.items():
+        spec = expected[name]
+        if tuple(arr.shape) != spec.shape or arr.dtype != np.dtype(spec.dtype):
+            raise ProtocolError(ErrorCode.MALFORMED, f"tensor {name!r} is "
+                                f"{arr.dtype}{list(arr.shape)}, cut {cand.id} expects "
+                                f"{spec.dtype}{list(spec.shape)}")
+
+
+__all__ = ["Forwarder", "Peer", "check_crossing"]

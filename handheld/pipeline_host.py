@@ -1,0 +1,76 @@
+"""Helpers of a pipeline hosted in this process, each on its own TCP port (tests, benchmarks).
+
+Each :class:`LocalHelper` is a real :class:`~coinf.handheld.daemon.HandheldDaemon` with the
+forward role, behind a real TCP listener; only the process is shared. :meth:`LocalHelper.kill`
+makes one vanish mid-stream (its listener and every link it holds close at once), as a crashed
+helper would. ``coinf handheld --pipeline CONFIG --name NAME`` runs the same thing as its own
+process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from coinf.ble_protocol.listen import Listener, open_listener
+from coinf.ble_protocol.shaped import Channel
+from coinf.convert.bundle import Bundle
+from coinf.device.emulation import DeviceEmulation
+from coinf.handheld.daemon import HandheldDaemon
+from coinf.handheld.forward import Forwarder, Peer
+
+
+@dataclass
+class LocalHelper:
+    name: str
+    address: str
+    daemon: HandheldDaemon
+    listener: Listener
+    serving: Any = field(default=None, repr=False)
+    alive: bool = True
+
+    async def kill(self) -> None:
+        """Vanish: stop serving, close every link (peers see them drop)."""
+        if not self.alive:
+            return
+        self.alive = False
+        await self.listener.aclose()
+        await self.daemon.aclose()
+
+
+@contextlib.asynccontextmanager
+async def local_helpers(bundle: Bundle, names: Sequence[str],
+                        slowdowns: Mapping[str, float] | None = None,
+                        channels: Mapping[str, Channel] | None = None, *, threads: int = 1,
+                        max_pending: int = 16) -> AsyncIterator[list[LocalHelper]]:
+    """Start one helper per name on ``tcp:127.0.0.1:0``; ``channels[name]`` shapes the links
+    other helpers open to it. Yields them (with their addresses) and stops them on exit."""
+    slowdowns, channels = dict(slowdowns or {}), dict(channels or {})
+    helpers: list[LocalHelper] = []
+    try:
+        listeners = []
+        for _name in names:
+            listener = open_listener("tcp:127.0.0.1:0")
+            listeners.append(listener)
+            await listener.start()
+        addresses = {n: lst.description for n, lst in zip(names, listeners, strict=True)}
+        for name, listener in zip(names, listeners, strict=True):
+            peers = {n: Peer(n, addresses[n], channels.get(n)) for n in names if n != name}
+            emulation = DeviceEmulation(slowdowns.get(name, 1.0), threads)
+            forward = Forwarder(bundle, name, peers, emulation=emulation)
+            daemon = HandheldDaemon(bundle, emulation, max_pending=max_pending,
+                                    forward=forward)
+            helper = LocalHelper(name, addresses[name], daemon, listener)
+            helper.serving = daemon.spawn(daemon.serve_listener(listener))
+            helpers.append(helper)
+        yield helpers
+    finally:
+        for helper in helpers:
+            await helper.kill()
+        for listener in listeners:
+            await listener.aclose()
+
+
+__all__ = ["LocalHelper", "local_helpers"]

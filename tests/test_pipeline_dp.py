@@ -1,0 +1,116 @@
+"""The pipeline DP (paper 002, Eq. 2) against exhaustive search, and its re-split trigger."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from coinf.wearable.planner.pipeline_dp import (
+    CutPoint,
+    ResplitTrigger,
+    cut_points,
+    evaluate,
+    split_dp,
+    split_exhaustive,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coinf.errors import InputError
+
+
+def chain_points(flops: list[int], nbytes: list[int]) -> list[CutPoint]:
+    """A layer chain: cut k holds layers 0..k-1."""
+    points, total = [], 0
+    for k in range(len(flops) + 1):
+        total = sum(flops[:k])
+        points.append(CutPoint(f"c{k:03d}", frozenset(f"n{i}" for i in range(k)), total,
+                               nbytes[k]))
+    return points
+
+
+@st.composite
+def dag_case(draw: st.DrawFn) -> tuple[list[CutPoint], list[float], list[float], float]:
+    """A chain of layers plus a few cuts that are not nested with the others (a DAG's
+    alternative orders), random speeds and bandwidths."""
+    m = draw(st.integers(2, 7))
+    flops = draw(st.lists(st.integers(0, 1000), min_size=m, max_size=m))
+    nbytes = draw(st.lists(st.integers(1, 5000), min_size=m + 1, max_size=m + 1))
+    points = chain_points(flops, nbytes)
+    for k in range(draw(st.integers(0, 2))):  # off-chain cuts: some layers of a "branch"
+        members = draw(st.sets(st.integers(0, m - 1), min_size=1, max_size=m - 1)
+                       if m > 1 else st.just({0}))
+        points.insert(-1, CutPoint(f"x{k}", frozenset(f"n{i}" for i in members),
+                                   sum(flops[i] for i in members), draw(st.integers(1, 5000))))
+    n = draw(st.integers(1, 4))
+    speeds = draw(st.lists(st.floats(1.0, 1000.0), min_size=n, max_size=n))
+    bws = draw(st.lists(st.floats(1.0, 1000.0), min_size=n - 1, max_size=n - 1))
+    return points, speeds, bws, draw(st.sampled_from([0.0, 40.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(dag_case())
+def test_dp_equals_exhaustive_search(case: tuple) -> None:
+    points, speeds, bws, result = case
+    try:
+        exhaustive = split_exhaustive(points, speeds, bws, result)
+    except InputError:
+        with pytest.raises(InputError):
+            split_dp(points, speeds, bws, result)
+        return
+    dp = split_dp(points, speeds, bws, result)
+    assert math.isclose(dp.bottleneck_s, exhaustive.bottleneck_s, rel_tol=1e-12)
+    # the DP's own figures are those of its chain, which is a valid one
+    again = evaluate(points, dp.cuts, speeds, bws, result)
+    assert again.stage_s == dp.stage_s
+    assert len(dp.compute_s) == len(speeds) and len(dp.link_s) == len(bws)
+
+
+def test_balanced_chain_splits_evenly() -> None:
+    points = chain_points([10] * 6, [1] * 7)
+    s = split_dp(points, [1.0, 1.0, 1.0], [1e9, 1e9])
+    assert s.cuts == ("c002", "c004") and s.compute_s == (20.0, 20.0, 20.0)
+    fast = split_dp(points, [1.0, 4.0, 1.0], [1e9, 1e9])  # a fast middle device takes more
+    assert fast.bottleneck_s < s.bottleneck_s
+    assert fast.cuts == ("c001", "c005")
+
+
+def test_a_slow_link_moves_the_cut_to_a_small_tensor() -> None:
+    nbytes = [100, 1000, 10, 1000, 1000, 10, 5]
+    points = chain_points([10] * 6, nbytes)
+    s = split_dp(points, [1.0, 1.0, 1.0], [1.0, 1.0])
+    assert s.cuts == ("c002", "c005")
+    assert s.bottleneck_s == 30.0
+
+
+def test_too_few_cuts_and_bad_inputs_are_named() -> None:
+    points = chain_points([10, 10], [1, 1, 1])
+    with pytest.raises(InputError, match="nested cuts"):
+        split_dp(points, [1.0] * 4, [1.0] * 3)
+    with pytest.raises(InputError, match="link bandwidths"):
+        split_dp(points, [1.0, 1.0], [])
+    with pytest.raises(InputError, match="> 0"):
+        split_dp(points, [1.0, 0.0], [1.0])
+
+
+def test_real_bundle_cuts(tmp_path) -> None:
+    from coinf.convert.split import split_model
+
+    from tests.test_pipeline_slices import LENET
+
+    bundle = split_model(LENET, tmp_path / "b")
+    points = cut_points(bundle)
+    s = split_dp(points, [1e6, 1e6, 1e6], [1e6, 1e6], 40)
+    assert s.bottleneck_s == split_exhaustive(points, [1e6, 1e6, 1e6], [1e6, 1e6],
+                                              40).bottleneck_s
+    total = bundle.meta["stats"]["total_flops"]
+    assert math.isclose(sum(s.compute_s) * 1e6, total)
+
+
+def test_resplit_trigger_fires_past_the_threshold() -> None:
+    t = ResplitTrigger(0.1)
+    assert t.moved([1.0, 2.0], [3.0])  # nothing planned yet
+    t.planned([1.0, 2.0], [3.0])
+    assert t.moved([1.05, 2.0], [3.2]) == []
+    assert t.moved([1.0, 2.5], [3.0]) == ["speed1"]
+    assert t.moved([1.0, 2.0], [2.0]) == ["link0"]

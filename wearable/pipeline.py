@@ -1,0 +1,553 @@
+"""``PipelineSession``: stream a model through the wearable and n-1 helpers (docs/PIPELINE.md).
+
+    helpers = load_helpers("pipeline.json")
+    async with PipelineSession("bundles/vgg", helpers) as sess:
+        outputs = await sess.run({"x": x})
+        async for frame in sess.astream(frames, depth=6):
+            ...
+
+The wearable runs the first slice (the head of cut s1) and sends its crossing tensors to the
+first helper with the route of the remaining hops (:mod:`ble_protocol.route`); each helper runs
+its slice and forwards straight to the next, and the result comes back along the chain. The
+split is :func:`~coinf.wearable.planner.pipeline_dp.split_dp` over the devices alive, from their
+measured speeds (FLOP/s: each slice's FLOPs over its measured compute time, the wearable's own
+and every hop's, reported in the RESULT) and link bandwidths (bytes over the time a sender took
+to hand them to its link); it is re-made when one of them moves by more than
+``replan_threshold``. A helper that fails (its link drops, it stops answering, or the hop before
+it reports it unreachable) is left out and the frame runs again on the remaining devices, so no
+frame is lost; with no helper left the wearable runs the whole model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from coinf.ble_protocol.link import Link
+from coinf.ble_protocol.messages import MsgType, encode_request
+from coinf.ble_protocol.packing import PackSpec, pack_tensors
+from coinf.ble_protocol.route import (
+    Hop,
+    decode_stage_result,
+    encode_route,
+    failed_hop,
+    valid_name,
+)
+from coinf.ble_protocol.shaped import Channel
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.ble_protocol.transport import Connector, open_connector
+from coinf.convert.bundle import Bundle, Candidate
+from coinf.convert.calibrate import packing_rows, row_bound
+from coinf.convert.stage_slices import slice_name
+from coinf.device.emulation import DeviceEmulation
+from coinf.device.runtime import SliceRunner
+from coinf.wearable.connection import Connection
+from coinf.wearable.frame import check_feed, validate_result
+from coinf.wearable.plan import WEARABLE, Stage
+from coinf.wearable.planner.compress_select import Option, lookup, thresholds
+from coinf.wearable.planner.pipeline_dp import (
+    PipelineSplit,
+    ResplitTrigger,
+    cut_points,
+    split_dp,
+)
+
+from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
+
+log = logging.getLogger(__name__)
+DEFAULT_BANDWIDTH_BPS = 1e6  # prior for a link nothing is known about (B/s)
+MAX_BANDWIDTH_BPS = 1e10
+#: a slice's time says little about a device's speed when fixed costs dominate it: only slices
+#: with at least this share of the model's FLOPs update the device's speed
+MIN_SHARE = 0.05
+MIN_SEND_S = 5e-4  # a send shorter than this is not timed, only bounds the bandwidth
+EWMA = 0.3
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A helper device: its name, how to reach it, and priors for the planner. ``bandwidth_bps``
+    and ``latency_s`` are also the emulated shape of links into it (``shape=True``)."""
+
+    name: str
+    address: str
+    bandwidth_bps: float | None = None
+    latency_s: float = 0.0
+    speed_flops: float | None = None
+    shape: bool = False
+
+    @property
+    def channel(self) -> Channel | None:
+        if not self.shape or self.bandwidth_bps is None:
+            return None
+        return Channel(self.bandwidth_bps, self.latency_s, overhead_bytes=16)
+
+
+def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
+    """Helpers from a pipeline config (a JSON file or its object)::
+
+        {"helpers": [{"name": "h1", "address": "tcp:192.168.1.5:7878",
+                      "bandwidth_kbps": 250, "latency_ms": 5, "speed_gflops": 2.0,
+                      "shape": false}, ...]}
+
+    Raises :class:`InputError` naming the bad field."""
+    where = str(source) if not isinstance(source, Mapping) else "pipeline config"
+    if isinstance(source, Mapping):
+        obj: Any = source
+    else:
+        try:
+            obj = json.loads(Path(source).read_text())
+        except OSError as exc:
+            raise InputError(f"cannot read pipeline config {where}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"pipeline config {where} is not JSON: {exc}") from None
+    entries = obj.get("helpers") if isinstance(obj, Mapping) else None
+    if not isinstance(entries, list) or not entries:
+        raise InputError(f"{where}: expected {{\"helpers\": [{{\"name\", \"address\"}}, ...]}}")
+    helpers: list[Helper] = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, Mapping):
+            raise InputError(f"{where}: helpers[{i}] must be an object")
+        name, address = e.get("name"), e.get("address")
+        if not isinstance(name, str) or not valid_name(name) or name == WEARABLE:
+            raise InputError(f"{where}: helpers[{i}].name must be 1-32 of [A-Za-z0-9_-] and "
+                             f"not {WEARABLE!r}, got {name!r}")
+        if not isinstance(address, str) or ":" not in address:
+            raise InputError(f"{where}: helpers[{i}].address must be a transport spec like "
+                             f"tcp:HOST:PORT, got {address!r}")
+        nums = {}
+        for key in ("bandwidth_kbps", "latency_ms", "speed_gflops"):
+            v = e.get(key)
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
+                                  or not v >= 0 or (key != "latency_ms" and v == 0)):
+                raise InputError(f"{where}: helpers[{i}].{key} must be a number > 0, got {v!r}")
+            nums[key] = v
+        helpers.append(Helper(
+            name, address,
+            bandwidth_bps=nums["bandwidth_kbps"] * 1000 if nums["bandwidth_kbps"] else None,
+            latency_s=(nums["latency_ms"] or 0) / 1000,
+            speed_flops=nums["speed_gflops"] * 1e9 if nums["speed_gflops"] else None,
+            shape=bool(e.get("shape", False))))
+    names = [h.name for h in helpers]
+    if len(set(names)) != len(names):
+        raise InputError(f"{where}: helper names must be unique, got {names}")
+    return helpers
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """Stages over devices (the first is this wearable) and the split's predicted times."""
+
+    devices: tuple[str, ...]
+    split: PipelineSplit
+    stages: tuple[Stage, ...]
+
+    @property
+    def cuts(self) -> tuple[str, ...]:
+        return self.split.cuts
+
+    @property
+    def hops(self) -> tuple[Hop, ...]:
+        """The route the first helper receives (every stage after the wearable's)."""
+        return tuple(Hop(s.device, *s.slice.split("..")) for s in self.stages[1:])
+
+    def rows(self, compressor: str = "raw") -> list[dict[str, Any]]:
+        """One row per stage, for ``coinf plan``: device, slice, compute, link to the next."""
+        out = []
+        for i, st in enumerate(self.stages):
+            link = self.split.link_s[i] * 1e3 if i < len(self.split.link_s) else None
+            out.append({"device": st.device, "slice": st.slice, "runtime": st.runtime,
+                        "compute_ms": round(self.split.compute_s[i] * 1e3, 3),
+                        "link_ms": None if link is None else round(link, 3),
+                        "compressor": (compressor if i == 0 else "raw") if link is not None
+                        else None})
+        return out
+
+    def __str__(self) -> str:
+        return " -> ".join(map(str, self.stages))
+
+
+@dataclass
+class PipelineStats:
+    """What one frame did: the plan's devices, each device's compute and each link's time."""
+
+    devices: tuple[str, ...] = ()
+    cuts: tuple[str, ...] = ()
+    compute_ms: list[float] = field(default_factory=list)
+    link_ms: list[float] = field(default_factory=list)
+    total_ms: float = 0.0
+    retries: int = 0
+    local: bool = False
+    packing: list[str] = field(default_factory=list)  # per link
+
+
+class _Ewma:
+    def __init__(self, prior: float | None) -> None:
+        self.value = prior
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else (1 - EWMA) * self.value + EWMA * x
+
+
+class _ShapedConnector(Connector):
+    """The inner connector's links, with their sending side shaped (emulation)."""
+
+    def __init__(self, inner: Connector, channel: Channel) -> None:
+        self.inner, self.channel = inner, channel
+        self.spec, self.hint = inner.spec, inner.hint
+
+    async def connect(self, timeout: float) -> Link:
+        from coinf.ble_protocol.throttle import ThrottledLink
+
+        return ThrottledLink(await self.inner.connect(timeout), self.channel)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class PipelineSession:
+    """Runs ``bundle`` as a pipeline over this wearable and ``helpers`` (module docstring)."""
+
+    def __init__(self, bundle: str | Path | Bundle, helpers: Sequence[Helper], *,
+                 slowdown: float = 1.0, threads: int = 0, timeout: float = 10.0,
+                 connect_timeout: float = 5.0, packing: str = "raw",
+                 replan_threshold: float = 0.2, dead_retry_s: float = 30.0,
+                 wearable_speed_flops: float | None = None,
+                 input_fps: float | None = None) -> None:
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
+        if not helpers:
+            raise InputError("a pipeline needs at least one helper")
+        self.helpers = {h.name: h for h in helpers}
+        if len(self.helpers) != len(helpers):
+            raise InputError("helper names must be unique")
+        #: ``packing="auto"``: the first link's packing is chosen per frame from its measured
+        #: bandwidth by the thresholds of the bundle's calibration (S3, compress_select)
+        self.auto_packing = packing == "auto"
+        self.input_fps = input_fps
+        try:
+            self.packing = PackSpec.parse("raw" if self.auto_packing else packing)
+            self.emulation = DeviceEmulation(slowdown, threads)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        self._tables: dict[tuple[str, float], list[tuple[float, Option]]] = {}
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.dead_retry_s = dead_retry_s
+        self.points = cut_points(self.bundle)
+        self._flops = {c.id: c.head.flops for c in self.bundle.candidates}
+        self._slices = SliceRunner(self.bundle, self.emulation, capacity=8)
+        self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-pipe-head")
+        self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
+        self._speed: dict[str, _Ewma] = {WEARABLE: _Ewma(wearable_speed_flops)}
+        self._speed.update({h.name: _Ewma(h.speed_flops) for h in helpers})
+        self._bw = {h.name: _Ewma(h.bandwidth_bps) for h in helpers}
+        self._trigger = ResplitTrigger(replan_threshold)
+        self._conns: dict[str, Connection] = {}
+        self._dead: dict[str, float] = {}
+        self._sent_end: dict[str, float] = {}
+        self._min_flops = MIN_SHARE * max(self.bundle.candidates[-1].head.flops, 1)
+        self._plan: PipelinePlan | None = None
+        self.replans = 0
+        #: re-split when a measurement moves past the threshold (False: only when devices
+        #: come or go, e.g. to measure one split's throughput)
+        self.adaptive = True
+        self.last: PipelineStats | None = None
+        self._closed = False
+
+    # -- planning -------------------------------------------------------------------------
+    def alive(self) -> list[str]:
+        now = time.monotonic()
+        return [h for h in self.helpers if self._dead.get(h, 0.0) <= now]
+
+    def _speeds(self, devices: Sequence[str]) -> list[float]:
+        if self._speed[WEARABLE].value is None:  # measure this wearable once: the whole model
+            self._measure_wearable()
+        base = self._speed[WEARABLE].value or 1e9
+        # a helper with no prior and no measurement yet: as fast as this wearable, until its
+        # first frames measure it
+        return [self._speed[d].value or base for d in devices]
+
+    def _bandwidths(self, devices: Sequence[str]) -> list[float]:
+        return [self._bw[d].value or DEFAULT_BANDWIDTH_BPS for d in devices[1:]]
+
+    def _measure_wearable(self) -> None:
+        cand = self.bundle.candidates[-1]
+        rng = np.random.default_rng(0)
+        feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype)
+                 if np.dtype(t.dtype).kind == "f" else np.zeros(t.shape, t.dtype)
+                 for t in self.bundle.inputs}
+        self._slices.run_slice(cand, "head", feeds)  # warm-up (session creation)
+        _, elapsed = self._slices.run_slice(cand, "head", feeds)
+        self._speed[WEARABLE].add(cand.head.flops / max(elapsed, 1e-6))
+
+    def plan(self, force: bool = False) -> PipelinePlan | None:
+        """The split in use (re-made when the devices or their measurements moved); ``None``
+        when no helper is left (the wearable runs everything)."""
+        devices = (WEARABLE, *self.alive())
+        if len(devices) == 1:
+            return None
+        speeds, bws = self._speeds(devices), self._bandwidths(devices)
+        current = self._plan
+        if (not force and current is not None and current.devices == devices
+                and (not self.adaptive or not self._trigger.moved(speeds, bws))):
+            return current
+        n = len(devices)
+        split = None
+        while n >= 2:  # too few nested cuts for every device: use the first n
+            try:
+                split = split_dp(self.points, speeds[:n], bws[:n - 1], self._result_bytes)
+                break
+            except InputError:
+                n -= 1
+        if split is None:
+            raise InputError("this bundle has no cut to split it between devices")
+        devices = devices[:n]
+        ids = [self.points[0].id, *split.cuts, self.points[-1].id]
+        stages = tuple(Stage(d, slice_name(a, b)) for d, a, b
+                       in zip(devices, ids, ids[1:], strict=False))
+        self._plan = PipelinePlan(tuple(devices), split, stages)
+        self._trigger.planned(speeds, bws)
+        if current is not None:
+            self.replans += 1
+            log.info("pipeline re-split: %s", self._plan)
+        return self._plan
+
+    # -- frames ---------------------------------------------------------------------------
+    async def run(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        outputs, _ = await self._frame(check_feed(self.bundle, input_feed))
+        return outputs
+
+    async def astream(self, feeds: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+                      depth: int = 4) -> AsyncGenerator[tuple[dict[str, np.ndarray],
+                                                              PipelineStats], None]:
+        """(outputs, stats) per input, in order, at most ``depth`` frames in flight."""
+        if depth < 1:
+            raise InputError(f"depth must be >= 1, got {depth}")
+        it: Any = aiter(feeds) if isinstance(feeds, AsyncIterable) else iter(feeds)
+        inflight: deque[asyncio.Task[tuple[dict[str, np.ndarray], PipelineStats]]] = deque()
+        done = False
+        try:
+            while True:
+                while not done and len(inflight) < depth:
+                    try:
+                        feed = (await anext(it) if isinstance(feeds, AsyncIterable)
+                                else next(it))
+                    except (StopIteration, StopAsyncIteration):
+                        done = True
+                        break
+                    inflight.append(asyncio.ensure_future(
+                        self._frame(check_feed(self.bundle, feed))))
+                if not inflight:
+                    return
+                yield await inflight.popleft()
+        finally:
+            for task in inflight:
+                task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
+
+    async def _frame(self, feeds: dict[str, np.ndarray]
+                     ) -> tuple[dict[str, np.ndarray], PipelineStats]:
+        if self._closed:
+            raise InputError("this pipeline session is closed")
+        t0 = time.perf_counter()
+        retries = 0
+        while True:
+            plan = self.plan()
+            if plan is None:
+                outputs, stats = await self._local(feeds)
+                break
+            try:
+                outputs, stats = await self._attempt(plan, feeds)
+                break
+            except LinkError as exc:
+                if not exc.transient:  # configuration faults (bundle, version) always raise
+                    raise
+                dead = failed_hop(exc)
+                if dead is None and _link_failure(exc):
+                    dead = plan.devices[1]  # the first helper itself failed
+                if dead is None or retries > len(self.helpers):
+                    # busy, a failed slice, ...: this frame finishes here, the helpers stay
+                    log.info("pipeline frame finished on the wearable: %s", exc)
+                    outputs, stats = await self._local(feeds)
+                    break
+                await self._mark_dead(dead, exc)
+                retries += 1
+        stats.retries = retries
+        stats.total_ms = (time.perf_counter() - t0) * 1e3
+        self.last = stats
+        return outputs, stats
+
+    async def _local(self, feeds: dict[str, np.ndarray]
+                     ) -> tuple[dict[str, np.ndarray], PipelineStats]:
+        cand = self.bundle.candidates[-1]
+        loop = asyncio.get_running_loop()
+        out, elapsed = await loop.run_in_executor(self._head_pool, self._slices.run_slice,
+                                                  cand, "head", feeds)
+        return out, PipelineStats((WEARABLE,), (), [elapsed * 1e3], [], local=True)
+
+    async def _attempt(self, plan: PipelinePlan, feeds: dict[str, np.ndarray]
+                       ) -> tuple[dict[str, np.ndarray], PipelineStats]:
+        first = self.bundle.candidate(plan.cuts[0])
+        loop = asyncio.get_running_loop()
+        if first is self.bundle.candidates[0]:
+            crossing, own_s = {t.name: feeds[t.name] for t in first.crossing}, 0.0
+        else:
+            produced, own_s = await loop.run_in_executor(
+                self._head_pool, self._slices.run_slice, first, "head", feeds)
+            crossing = {t.name: produced[t.name] if t.name in produced else feeds[t.name]
+                        for t in first.crossing}
+            if first.head.flops >= self._min_flops and own_s > 0:
+                self._speed[WEARABLE].add(first.head.flops / own_s)
+        specs = (self.link_packings(plan) if self.auto_packing
+                 else [self.packing] + [PackSpec.parse("raw")] * (len(plan.hops) - 1))
+        spec = specs[0]
+        hops = [dataclasses.replace(h, packing=str(p))
+                for h, p in zip(plan.hops, [*specs[1:], "raw"], strict=True)]
+        if spec.codec == "raw":
+            blob = encode_tensors(crossing)
+        else:
+            blob = encode_tensors({}, packed=pack_tensors(crossing, spec))
+        payload = encode_request(encode_route(hops), blob)
+        conn = self._connection(plan.devices[1])
+        rpc = await conn.client()
+        marks: dict[str, float] = {}
+        t_send = time.perf_counter()
+        reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
+        send_s = service_time(self._sent_end, plan.devices[1], t_send, marks)
+        hop_stats, result_blob = decode_stage_result(reply.payload, len(plan.hops))
+        try:
+            decoded = decode_tensors(result_blob, max_bytes=self._result_bytes)
+        except ProtocolError as exc:
+            raise ProtocolError(ErrorCode.MALFORMED, f"pipeline result: {exc}") from None
+        outputs = validate_result(self.bundle, decoded)
+        conn.succeeded()
+        # measurements: every device's speed, every link's bandwidth
+        compute = [own_s * 1e3] + [h.compute_us / 1e3 for h in hop_stats]
+        links = [send_s * 1e3] + [h.send_us / 1e3 for h in hop_stats[:-1]]
+        self._observe_link(plan.devices[1], len(payload), send_s)
+        for hop, st in zip(plan.hops, hop_stats, strict=True):
+            flops = self._flops[hop.end] - self._flops[hop.start]
+            if flops >= self._min_flops and st.compute_us > 0:
+                self._speed[hop.device].add(flops / (st.compute_us / 1e6))
+        for nxt, st in zip(plan.devices[2:], hop_stats, strict=False):
+            self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
+        return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
+                                      packing=[str(p) for p in specs])
+
+    def link_packing(self, plan: PipelinePlan) -> PackSpec:
+        """The first link's packing (:meth:`link_packings`)."""
+        return self.link_packings(plan)[0]
+
+    def link_packings(self, plan: PipelinePlan) -> list[PackSpec]:
+        """Every link's packing at its current bandwidth estimate: the option with the best
+        effective accuracy (throughput x accuracy / input rate) among raw and the bundle's
+        calibrated packings of that link's cut (paper 002, §IV-D)."""
+        compute_fps = 1.0 / max(max(plan.split.compute_s), 1e-9)
+        input_fps = self.input_fps or compute_fps
+        specs = []
+        for cut, receiver in zip(plan.cuts, plan.devices[1:], strict=True):
+            cand = self.bundle.candidate(cut)
+            key = (cand.id, round(compute_fps, 1))
+            table = self._tables.get(key)
+            if table is None:
+                table = self._tables[key] = thresholds(link_options(cand), compute_fps,
+                                                       input_fps)
+            bw = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
+            specs.append(PackSpec.parse(lookup(table, bw).packing))
+        return specs
+
+    def _observe_link(self, device: str, nbytes: int, seconds: float) -> None:
+        if nbytes <= 0:
+            return
+        est = self._bw[device]
+        if seconds > MIN_SEND_S:
+            est.add(min(nbytes / seconds, MAX_BANDWIDTH_BPS))
+        elif est.value is None or est.value < nbytes / MIN_SEND_S:
+            # too short to time (a fast link took it at once): at least this fast
+            est.value = min(nbytes / MIN_SEND_S, MAX_BANDWIDTH_BPS)
+
+    def _connection(self, name: str) -> Connection:
+        conn = self._conns.get(name)
+        if conn is None:
+            helper = self.helpers[name]
+            connector = open_connector(helper.address, bundle=self.bundle) \
+                if helper.address.startswith("inprocess") else open_connector(helper.address)
+            if helper.channel is not None:
+                connector = _ShapedConnector(connector, helper.channel)
+            conn = self._conns[name] = Connection(
+                connector, self.bundle.identity, connect_timeout=self.connect_timeout,
+                reconnect_timeout=self.connect_timeout, request_timeout=self.timeout,
+                max_backoff_s=self.dead_retry_s)
+        return conn
+
+    async def _mark_dead(self, name: str, exc: BaseException) -> None:
+        if self._dead.get(name, 0.0) > time.monotonic():
+            return
+        log.warning("pipeline: helper %s left out for %.0f s: %s", name, self.dead_retry_s, exc)
+        self._dead[name] = time.monotonic() + self.dead_retry_s
+        conn = self._conns.pop(name, None)
+        if conn is not None:
+            await conn.close()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in list(self._conns.values()):
+            await conn.close()
+        self._conns.clear()
+        self._head_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> PipelineSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def link_options(cand: Candidate) -> list[Option]:
+    """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
+    (1 - the calibrated drop's upper bound; the model's own accuracy cancels out)."""
+    options = [Option(1, "raw", float(cand.crossing_bytes), 1.0)]
+    for row in packing_rows(cand):
+        spec, size = row.get("spec"), row.get("mean_bytes")
+        if not isinstance(spec, str) or spec in ("f32", "raw") or not isinstance(
+                size, int | float) or not size > 0:
+            continue
+        # the calibration's one-sided 95 % upper bound on the drop: a drop of 0 measured on a
+        # few inputs is not worth giving up lossless tensors for
+        drop = max(row_bound(row)[0], 0.0)
+        options.append(Option(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
+    return options
+
+
+def service_time(last_end: dict[str, float], key: str, t0: float,
+                 marks: Mapping[str, float]) -> float:
+    """How long the link took to carry one message: from when it could start (sent, or the
+    previous message on the same link finished: links are FIFO) until it was taken. Waiting
+    behind earlier frames is queueing, not transfer."""
+    sent = marks.get("sent", t0)
+    start = max(t0, last_end.get(key, 0.0))
+    last_end[key] = max(sent, last_end.get(key, 0.0))
+    return max(sent - start, 0.0)
+
+
+def _link_failure(exc: LinkError) -> bool:
+    """The wearable's own link to the first helper failed (not an answer from the chain)."""
+    return isinstance(exc, ProtocolError) and exc.code in (ErrorCode.DISCONNECTED,
+                                                           ErrorCode.TIMEOUT)
+
+
+__all__ = ["Helper", "PipelinePlan", "PipelineSession", "PipelineStats", "load_helpers",
+           "service_time"]

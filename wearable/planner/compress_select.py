@@ -1,0 +1,99 @@
+"""Choose a compressor for a link from its bandwidth (paper 002, §III and §IV-D, Eq. 3).
+
+Each option at a cut is a (compressor gamma, packing) with the bytes it sends per frame and the
+model's accuracy with it. With the pipeline's compute bound ``T_p`` (frames/s of its slowest
+compute stage) and input rate ``T_gen``, an option's throughput at link bandwidth ``b`` is
+``T = min(T_p, T_gen, b / bytes)`` and its *effective accuracy* (correct results per generated
+frame; a dropped frame counts as wrong) is ``nu_eff = T * nu / T_gen``. :func:`select` picks the
+option with the highest effective accuracy (ties: the more accurate one, then fewer bytes).
+
+Since ``nu_eff`` of each option is piecewise linear in ``b``, the best option changes only at
+a few bandwidths: the **thresholds** (Algorithm 2's Theta). :func:`thresholds` lists them with
+the option that wins above each, so at run time a measured bandwidth is looked up, not solved.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from coinf.errors import InputError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to send a cut's tensors: the compressor, the packing, bytes/frame, accuracy."""
+
+    gamma: int
+    packing: str
+    nbytes: float
+    accuracy: float
+
+    def __str__(self) -> str:
+        return f"gamma{self.gamma}+{self.packing}"
+
+
+def throughput(option: Option, bandwidth_bps: float, compute_fps: float,
+               input_fps: float) -> float:
+    return min(compute_fps, input_fps, bandwidth_bps / option.nbytes)
+
+
+def effective_accuracy(option: Option, bandwidth_bps: float, compute_fps: float,
+                       input_fps: float) -> float:
+    """Correct results per generated frame: throughput x accuracy / input rate."""
+    return throughput(option, bandwidth_bps, compute_fps, input_fps) * option.accuracy / input_fps
+
+
+def _check(options: Sequence[Option], compute_fps: float, input_fps: float) -> None:
+    if not options:
+        raise InputError("no compression option to choose from")
+    if not (compute_fps > 0 and input_fps > 0):
+        raise InputError("compute and input rates must be > 0 frames/s")
+    bad = [o for o in options if not (o.nbytes > 0 and 0 <= o.accuracy <= 1)]
+    if bad:
+        raise InputError(f"option {bad[0]}: bytes must be > 0 and accuracy in [0, 1]")
+
+
+def select(options: Sequence[Option], bandwidth_bps: float, compute_fps: float,
+           input_fps: float) -> Option:
+    """The option with the highest effective accuracy at this bandwidth."""
+    _check(options, compute_fps, input_fps)
+    return max(options, key=lambda o: (
+        round(effective_accuracy(o, bandwidth_bps, compute_fps, input_fps), 12), o.accuracy,
+        -o.nbytes))
+
+
+def thresholds(options: Sequence[Option], compute_fps: float,
+               input_fps: float) -> list[tuple[float, Option]]:
+    """``[(theta, option), ...]`` by increasing ``theta``: from bandwidth ``theta`` (B/s) up to
+    the next threshold, ``option`` is the best (the first entry starts at 0)."""
+    _check(options, compute_fps, input_fps)
+    rate = min(compute_fps, input_fps)
+    # every bandwidth where some option's nu_eff changes slope, and every crossing of two
+    # options' nu_eff (Eq. 3: rate * nu_a = b / bytes_b * nu_b, or both still link-bound)
+    points = {0.0}
+    for a in options:
+        points.add(rate * a.nbytes)
+        for b in options:
+            if b.accuracy > 0:
+                points.add(rate * a.accuracy * b.nbytes / b.accuracy)
+    cuts = sorted(points)
+    regions: list[tuple[float, Option]] = []
+    for i, lo in enumerate(cuts):
+        hi = cuts[i + 1] if i + 1 < len(cuts) else lo * 2 + 1
+        best = select(options, (lo + hi) / 2, compute_fps, input_fps)  # inside the region
+        if not regions or regions[-1][1] != best:
+            regions.append((lo, best))
+    return regions
+
+
+def lookup(table: list[tuple[float, Option]], bandwidth_bps: float) -> Option:
+    """The option a threshold table gives for a measured bandwidth."""
+    if not table:
+        raise InputError("empty threshold table")
+    i = bisect.bisect_right([t for t, _ in table], bandwidth_bps) - 1
+    return table[max(i, 0)][1]
+
+
+__all__ = ["Option", "effective_accuracy", "lookup", "select", "thresholds", "throughput"]

@@ -10,6 +10,7 @@ runs tiles in-process, or on other devices over the project's links.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,18 +64,24 @@ def _session(model: bytes, threads: int) -> ort.InferenceSession:
 
 @dataclass
 class SpatialPlan:
+    """Groups of tiles for the chain; the layers after it on ``rest_worker`` (``rest_s``)."""
+
     strategy: str
     workers: list[Worker]
     groups: list[Group]
+    rest_worker: int = 0
+    rest_s: float = 0.0
 
     @property
     def est_s(self) -> float:
-        return sum(g.est_s for g in self.groups)
+        """Predicted seconds of one inference: every group, then the rest."""
+        return sum(g.est_s for g in self.groups) + self.rest_s
 
     @property
     def local_only(self) -> bool:
-        """Every tile on worker 0 (the coordinator): the plan is "run it all here"."""
-        return all(t.worker == 0 or t.out.empty() for g in self.groups for t in g.tiles)
+        """Every tile and the rest on worker 0 (the coordinator): "run it all here"."""
+        return self.rest_worker == 0 and all(t.worker == 0 or t.out.empty()
+                                             for g in self.groups for t in g.tiles)
 
     def describe(self) -> list[str]:
         lines = []
@@ -92,7 +99,8 @@ class SpatialModel:
         self.g = model if isinstance(model, Graph) else load_graph(model)
         from coinf.convert.cost import all_costs
 
-        self.chain: list[Layer] = spatial_chain(self.g, [c.flops for c in all_costs(self.g)])
+        costs = all_costs(self.g)
+        self.chain: list[Layer] = spatial_chain(self.g, [c.flops for c in costs])
         if not self.chain:
             raise ModelError(f"{self.g.path.name}: no spatial layers at its input (expected a "
                              f"4-D input read by Conv/Pool layers)")
@@ -104,12 +112,24 @@ class SpatialModel:
         self.chain_out = self.g.nodes[self.chain[-1].node].outputs[0]
         chain_nodes = {layer.node for layer in self.chain}
         rest = [n.index for n in self.g.nodes if n.dynamic and n.index not in chain_nodes]
+        self.rest_flops = sum(costs[i].flops for i in rest)
         self.rest = (_session(build_slice(self.g, rest, [self.chain_out], self.g.outputs,
                                           "rest").SerializeToString(), threads)
                      if self.chain_out not in self.g.outputs else None)
 
     def plan(self, workers: Sequence[Worker], strategy: str = "fused") -> SpatialPlan:
-        return SpatialPlan(strategy, list(workers), plan_groups(self.chain, workers, strategy))
+        """Tiles per group, and the device for the layers after the chain: the one that
+        finishes them first, counting the stitched map's trip to it and the outputs' back."""
+        groups = plan_groups(self.chain, workers, strategy)
+        sent = self.g.ttype(self.chain_out).nbytes + sum(self.g.ttype(o).nbytes
+                                                          for o in self.g.outputs)
+        times = []
+        for i, w in enumerate(workers):
+            link = (sent / w.bandwidth_bps + 2 * w.latency_s
+                    if i and math.isfinite(w.bandwidth_bps) else 0.0)
+            times.append(self.rest_flops / w.flops_per_s + link + (w.overhead_s if i else 0.0))
+        best = min(range(len(workers)), key=lambda i: (times[i], i))
+        return SpatialPlan(strategy, list(workers), groups, best, times[best])
 
     def tile_session(self, key: str) -> ort.InferenceSession:
         """The session of tile ``key`` (validated against the chain; LRU-bounded cache)."""

@@ -6,7 +6,8 @@ here, on a worker thread. A helper's tile goes out as a REQUEST named ``sp:I0-I1
 over that helper's link. Every helper runs the ordinary handheld daemon, which builds the tile's
 sub-graph from its own copy of the bundle's model and checks the region's shape before running.
 All tiles of a group run at once. The outputs are checked and stitched, and the next group
-starts. The layers after the spatial chain run on the fastest device, here when that is a tie.
+starts. The layers after the spatial chain run on the device the plan says finishes them
+first (the fastest, unless sending it the map costs more than it saves).
 
 Every request is bounded by ``timeout``; a timeout or a failed helper cancels the group's other
 requests. A helper that fails is dropped and the frame is computed again without it, so nothing
@@ -166,7 +167,7 @@ class SpatialSession:
             stats.compute_ms += max(computes) * 1e3
             stats.groups += 1
             x = y
-        fastest = max(range(len(plan.workers)), key=lambda i: (plan.workers[i].flops_per_s, -i))
+        fastest = plan.rest_worker  # the device that finishes the rest first (plan)
         if owner[fastest] < 0:
             outputs, rest_s = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.emulation.timed, lambda: self.model.run_rest(x))

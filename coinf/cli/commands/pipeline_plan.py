@@ -1,5 +1,6 @@
 """``coinf plan BUNDLE --pipeline CONFIG``: the DP split over the wearable and the configured
-helpers, one row per stage (device, slice, compute, link to the next device, compressor)."""
+helpers, one row per stage (device, slice, compute, link to the next device, compressor), and
+the choice among local, depth split, pipeline and spatial partition with its reason."""
 
 from __future__ import annotations
 
@@ -35,10 +36,19 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"the bundle has nested cuts for {len(plan.devices)} devices only")
     compressor = str(sess.packing)
     rows = plan.rows(compressor)
+    from coinf.wearable.planner.strategy import choose, compare
+
+    devices = ["wearable", *(h.name for h in helpers)]
+    options = compare(sess.points, devices, sess._speeds(devices), sess._bandwidths(devices),
+                      [h.latency_s for h in helpers], sess._result_bytes, bundle.model_path)
+    objective = "throughput" if args.objective == "throughput" else "latency"
+    best, why = choose(options, objective)
     out: dict[str, Any] = {
         "devices": list(plan.devices), "cuts": list(plan.cuts), "stages": rows,
         "bottleneck_ms": round(plan.split.bottleneck_s * 1e3, 3),
         "bound_fps": round(plan.split.bound_fps, 2), "notes": notes,
+        "objective": objective, "strategies": [o.to_json() for o in options],
+        "chosen": best.name, "why": why,
     }
     if args.json:
         print(json.dumps(out, indent=1))
@@ -54,4 +64,11 @@ def run(args: argparse.Namespace) -> int:
           f"{out['bound_fps']:.1f} frames/s")
     for note in notes:
         print(f"  {note}")
+    print()
+    print(f"{'strategy':<12} {'latency ms':>11} {'frames/s':>9}  devices / detail")
+    for o in options:
+        lat = f"{o.latency_s * 1e3:.2f}" if o.latency_s != float("inf") else "-"
+        print(f"{o.name:<12} {lat:>11} {o.throughput_fps:>9.2f}  {', '.join(o.devices)}: "
+              f"{o.detail}" + "".join(f" ({n})" for n in o.notes))
+    print(f"chosen for {objective}: {why}")
     return 0

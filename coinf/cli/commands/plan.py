@@ -223,7 +223,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                                  "profile measured it (default %(default)s)")
     parser.add_argument("--pipeline", metavar="CONFIG",
                         help="plan a pipeline over the wearable and the helpers of this config "
-                             "(docs/PIPELINE.md): one row per stage")
+                             "(docs/PIPELINE.md): one row per stage, then local vs depth split "
+                             "vs pipeline vs spatial partition (docs/SPATIAL.md), chosen for "
+                             "--objective throughput (a stream) or else latency")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 

@@ -1,0 +1,65 @@
+"""Choosing among local, depth split, n-device pipeline and spatial partition."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from coinf.convert.split import split_model
+from coinf.models.zoo import committed_path
+from coinf.wearable.planner.pipeline_dp import cut_points
+from coinf.wearable.planner.strategy import choose, compare
+
+from coinf.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def vgg(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return split_model(committed_path("vgg"), tmp_path_factory.mktemp("st") / "vgg",
+                       max_candidates=12)
+
+
+def _options(bundle, bandwidth: float, helper_speed: float = 2e9):  # type: ignore[no-untyped-def]
+    names = ["wearable", "h1", "h2", "h3"]
+    speeds = [1e9] + [helper_speed] * 3
+    result = sum(t.nbytes for t in bundle.outputs)
+    return compare(cut_points(bundle), names, speeds, [bandwidth] * 3, [0.002] * 3, result,
+                   bundle.model_path)
+
+
+def test_every_strategy_is_predicted_and_the_situation_decides(vgg) -> None:  # type: ignore[no-untyped-def]
+    fast = _options(vgg, 12.5e6)
+    assert [o.name for o in fast] == ["local", "depth split", "pipeline", "spatial"]
+    by = {o.name: o for o in fast}
+    local = by["local"]
+    assert local.latency_s == pytest.approx(cut_points(vgg)[-1].flops / 1e9)
+    # Wi-Fi-class links, faster helpers: spreading the work beats keeping it
+    best, why = choose(fast, "latency")
+    assert best.name != "local" and best.latency_s < local.latency_s and best.name in why
+    stream, _ = choose(fast, "throughput")
+    assert stream.throughput_fps >= max(o.throughput_fps for o in fast)
+    assert by["pipeline"].throughput_fps > local.throughput_fps
+    # a 1 kB/s link: nothing is worth sending, the wearable keeps the model
+    slow = _options(vgg, 1e3)
+    assert choose(slow, "latency")[0].name == "local"
+    assert {o.name: o for o in slow}["spatial"].latency_s >= local.latency_s * 0.999
+    with pytest.raises(InputError, match="objective"):
+        choose(fast, "energy")
+
+
+def test_plan_command_explains_the_choice(vgg, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from coinf.cli import main
+
+    config = tmp_path / "p.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": f"h{i}", "address": f"tcp:127.0.0.1:{9 + i}", "bandwidth_kbps": 6250,
+         "latency_ms": 2, "speed_gflops": 50} for i in range(3)]}))
+    assert main(["plan", str(vgg.root), "--pipeline", str(config), "--json",
+                 "--wearable-slowdown", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [s["strategy"] for s in out["strategies"]]
+    assert names == ["local", "depth split", "pipeline", "spatial"]
+    assert out["chosen"] in names and out["chosen"] in out["why"]
+    assert out["objective"] == "latency"
+    chosen = next(s for s in out["strategies"] if s["strategy"] == out["chosen"])
+    assert chosen["latency_ms"] == min(s["latency_ms"] for s in out["strategies"])

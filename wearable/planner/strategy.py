@@ -1,0 +1,125 @@
+"""Which way to use the devices nearby: local, a depth split, an n-device pipeline or a spatial
+partition, compared on one set of device speeds and link bandwidths.
+
+* **local**: the whole model on the wearable.
+* **depth split**: head here, tail on the first helper (CoINF / Neurosurgeon).
+* **pipeline**: the DP split over the wearable and every helper (streaming-CNN paper); one frame
+  takes the sum of its stages, but a stream runs one frame per bottleneck stage.
+* **spatial**: the conv layers' maps tiled over the wearable and the helpers (MeDNN GTDP, Eq. 1
+  per group), the layers after them on the fastest device; one frame at a time.
+
+``objective="latency"`` (one inference) picks the smallest per-frame time; ``"throughput"``
+(a stream) the highest frame rate. Every figure is a prediction from the same inputs; the
+explanation says what decided.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coinf.convert.gtdp import Worker
+from coinf.wearable.planner.pipeline_dp import CutPoint, split_dp
+
+from coinf.errors import InputError, ModelError
+
+OBJECTIVES = ("latency", "throughput")
+
+
+@dataclass
+class Option:
+    """One way to run the model: predicted seconds per frame and frames per second."""
+
+    name: str
+    devices: list[str]
+    latency_s: float
+    throughput_fps: float
+    detail: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"strategy": self.name, "devices": self.devices,
+                "latency_ms": round(self.latency_s * 1e3, 3),
+                "throughput_fps": round(self.throughput_fps, 3), "detail": self.detail,
+                "notes": self.notes}
+
+
+def _fps(seconds: float) -> float:
+    return math.inf if seconds <= 0 else 1.0 / seconds
+
+
+def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[float],
+            bandwidths: Sequence[float], latencies: Sequence[float], result_bytes: float,
+            model_path: str | Path | None = None) -> list[Option]:
+    """Every strategy that applies. ``names``/``speeds`` (FLOP/s) list the wearable first;
+    ``bandwidths``/``latencies`` are each helper's link (B/s, s), in the same order."""
+    if not (len(names) == len(speeds) == len(bandwidths) + 1 == len(latencies) + 1):
+        raise InputError("compare: one speed per device and one link per helper")
+    total = points[-1].flops
+    out = [Option("local", [names[0]], total / speeds[0], _fps(total / speeds[0]),
+                  f"{total / 1e6:.1f} MFLOP on the wearable")]
+    for n, name in ((2, "depth split"), (len(names), "pipeline")):
+        if n < 2 or (name == "pipeline" and n < 3):
+            continue
+        try:
+            split = split_dp(points, speeds[:n], bandwidths[:n - 1], result_bytes)
+        except InputError as exc:
+            out.append(Option(name, list(names[:n]), math.inf, 0.0, "not possible",
+                              [str(exc)]))
+            continue
+        lat = sum(split.stage_s) + sum(2 * t for t in latencies[:n - 1])
+        out.append(Option(name, list(names[:n]), lat, split.bound_fps,
+                          f"cuts {', '.join(split.cuts)}; bottleneck "
+                          f"{split.bottleneck_s * 1e3:.2f} ms"))
+    if model_path is not None and len(names) >= 2:
+        out.append(_spatial(model_path, names, speeds, bandwidths, latencies))
+    return out
+
+
+def _spatial(model_path: str | Path, names: Sequence[str], speeds: Sequence[float],
+             bandwidths: Sequence[float], latencies: Sequence[float]) -> Option:
+    from coinf.device.spatial import SpatialModel
+
+    try:
+        sm = SpatialModel(model_path)
+    except ModelError as exc:
+        return Option("spatial", list(names), math.inf, 0.0, "not possible", [str(exc)])
+    workers = [Worker(names[0], speeds[0])] + [
+        Worker(n, s, b, t) for n, s, b, t in zip(names[1:], speeds[1:], bandwidths, latencies,
+                                                 strict=True)]
+    plan = sm.plan(workers, "fused")
+    lat = plan.est_s  # the groups and the layers after the chain
+    used = sorted({workers[t.worker].name for g in plan.groups for t in g.tiles
+                   if not t.out.empty()} | {workers[plan.rest_worker].name})
+    detail = ("no tile is worth sending: everything stays on the wearable" if plan.local_only
+              else f"{len(plan.groups)} layer groups over {len(used)} devices")
+    return Option("spatial", used, lat, _fps(lat), detail,
+                  ["each helper's configured link is taken as its link to the wearable"])
+
+
+def choose(options: Sequence[Option], objective: str = "latency") -> tuple[Option, str]:
+    """The best option for ``objective`` and a sentence saying why."""
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    ok = [o for o in options if math.isfinite(o.latency_s)]
+    if objective == "latency":
+        best = ok[0]  # a tie goes to the simpler way, listed first
+        for o in ok[1:]:
+            if o.latency_s < best.latency_s * (1 - 1e-6):
+                best = o
+        others = sorted((o for o in ok if o is not best), key=lambda o: o.latency_s)
+        vs = f"; next: {others[0].name} {others[0].latency_s * 1e3:.1f} ms" if others else ""
+        why = (f"{best.name}: {best.latency_s * 1e3:.1f} ms per inference, the smallest "
+               f"predicted latency{vs}")
+    else:
+        best = ok[0]
+        for o in ok[1:]:
+            if o.throughput_fps > best.throughput_fps * (1 + 1e-6):
+                best = o
+        others = sorted((o for o in ok if o is not best), key=lambda o: -o.throughput_fps)
+        vs = f"; next: {others[0].name} {others[0].throughput_fps:.1f} fps" if others else ""
+        why = (f"{best.name}: {best.throughput_fps:.1f} frames/s, the highest predicted "
+               f"throughput{vs}")
+    return best, why

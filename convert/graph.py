@@ -20,11 +20,14 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
+from coinf.convert.weights import externalize, read_model
 from coinf.errors import ModelError
 
 MIN_OPSET = 9
 MIN_IR = 3
 SUBGRAPH_OPS = ("If", "Loop", "Scan")
+#: onnxruntime's session option for the folder of external data of a model given as bytes
+EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ class Graph:
     dims: dict[str, int]
     folded: list[str] = field(default_factory=list)
     shape_source: str = "onnx"
+    #: folder of the shared weight file the light ``model`` references (None: weights inline)
+    weights_dir: Path | None = None
+    #: sha256 of the source file's bytes
+    source_sha256: str = ""
 
     @property
     def opset(self) -> int:
@@ -141,20 +148,20 @@ def node_inputs(node: NodeProto) -> tuple[str, ...]:
 
 
 # -- loading --------------------------------------------------------------------------------
-def _read(path: Path) -> ModelProto:
+def _read(path: Path) -> tuple[ModelProto, str]:
     if not path.is_file():
         raise ModelError(f"{path}: no such model file (expected an .onnx file)")
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        model, digest = read_model(path)
     except Exception as exc:  # protobuf DecodeError, missing external data, ...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"{path} is not a readable ONNX model: {msg}") from None
     if not model.HasField("graph") or not model.graph.node:
         raise ModelError(f"{path} is not an ONNX model (no graph nodes found)")
-    return model
+    return model, digest
 
 
-def _check(model: ModelProto, path: Path) -> None:
+def _check(model: ModelProto, path: Path, weights_dir: Path | None = None) -> None:
     if model.ir_version < MIN_IR:
         raise ModelError(f"{path}: IR version {model.ir_version} is too old (need >= {MIN_IR})")
     opset = default_opset(model)
@@ -162,7 +169,14 @@ def _check(model: ModelProto, path: Path) -> None:
         raise ModelError(f"{path}: opset {opset} is too old (need default-domain opset >= "
                          f"{MIN_OPSET}; upgrade with onnx.version_converter)")
     try:
-        if model.ByteSize() < 2**31 - 1:
+        if weights_dir is not None:  # a light model: its external data resolves from the folder
+            probe = weights_dir / f".check-{path.stem}.onnx"
+            probe.write_bytes(model.SerializeToString())
+            try:
+                onnx.checker.check_model(str(probe))
+            finally:
+                probe.unlink(missing_ok=True)
+        elif model.ByteSize() < 2**31 - 1:
             onnx.checker.check_model(model)
         else:
             onnx.checker.check_model(str(path))
@@ -285,11 +299,15 @@ def random_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: Iter
     return feed
 
 
-def ort_session(model: ModelProto, threads: int = 1) -> Any:
-    """An onnxruntime session with graph optimisations off (exact, op-by-op results)."""
+def ort_session(model: ModelProto, threads: int = 1, weights_dir: Path | None = None) -> Any:
+    """An onnxruntime session with graph optimisations off (exact, op-by-op results).
+
+    ``weights_dir``: the folder external data of ``model`` is read from (a light model)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if weights_dir is not None:
+        opts.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(weights_dir))
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -299,7 +317,7 @@ def ort_session(model: ModelProto, threads: int = 1) -> Any:
 
 
 def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType],
-                inputs: list[str]) -> dict[str, TensorType]:
+                inputs: list[str], weights_dir: Path | None) -> dict[str, TensorType]:
     """Learn static shapes by running the model once with ``names`` exposed as outputs."""
     probe = ModelProto()
     probe.CopyFrom(model)
@@ -307,7 +325,7 @@ def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType
     for n in names:
         if n not in have:
             probe.graph.output.append(ValueInfoProto(name=n))
-    sess = ort_session(probe)
+    sess = ort_session(probe, weights_dir=weights_dir)
     out_names = [o.name for o in sess.get_outputs()]
     values = sess.run(out_names, random_feed(model, types, inputs))
     found: dict[str, TensorType] = {}
@@ -350,11 +368,21 @@ def _fold_shapes(graph: GraphProto, types: dict[str, TensorType]) -> list[str]:
     return folded
 
 
-def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) -> Graph:
-    """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem."""
+def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
+               weights: Path | None = None) -> Graph:
+    """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem.
+
+    With ``weights`` (a file path), initializers of >= 1 kB are written there once and the
+    graph's model references them as external data (:mod:`convert.weights`): nothing later
+    copies weight bytes, and memory stays near the size of the file.
+    """
     path = Path(model_path)
-    model = _read(path)
-    _check(model, path)
+    model, digest = _read(path)
+    weights_dir = None
+    if weights is not None:
+        model, _ = externalize(model, weights)
+        weights_dir = weights.parent
+    _check(model, path, weights_dir)
     dims = dict(dims or {})
     g = model.graph
     init_names = {t.name for t in g.initializer}
@@ -389,7 +417,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) ->
     if missing:
         source = "onnxruntime"
         try:
-            types.update(_ort_shapes(model, missing, types, inputs))
+            types.update(_ort_shapes(model, missing, types, inputs, weights_dir))
         except ModelError:
             raise
         except Exception as exc:
@@ -437,7 +465,8 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None) ->
     return Graph(model=model, path=path, nodes=nodes, inputs=inputs, outputs=outputs,
                  initializers={t.name: t for t in g.initializer}, types=types,
                  producer=producer, consumers=consumers, dynamic_tensors=dynamic_tensors,
-                 dims=used_dims, folded=folded, shape_source=source)
+                 dims=used_dims, folded=folded, shape_source=source, weights_dir=weights_dir,
+                 source_sha256=digest)
 
 
 def value_info(name: str, t: TensorType) -> ValueInfoProto:

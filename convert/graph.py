@@ -82,8 +82,9 @@ class Graph:
     shape_source: str = "onnx"
     #: folder of the shared weight file the light ``model`` references (None: weights inline)
     weights_dir: Path | None = None
-    #: sha256 of the source file's bytes
+    #: sha256 of the source file's bytes, and of the weight file (when ``weights_dir`` is set)
     source_sha256: str = ""
+    weights_sha256: str = ""
 
     @property
     def opset(self) -> int:
@@ -378,9 +379,9 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
     """
     path = Path(model_path)
     model, digest = _read(path)
-    weights_dir = None
+    weights_dir, weights_sha = None, ""
     if weights is not None:
-        model, _ = externalize(model, weights)
+        model, weights_sha = externalize(model, weights)
         weights_dir = weights.parent
     _check(model, path, weights_dir)
     dims = dict(dims or {})
@@ -466,7 +467,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
                  initializers={t.name: t for t in g.initializer}, types=types,
                  producer=producer, consumers=consumers, dynamic_tensors=dynamic_tensors,
                  dims=used_dims, folded=folded, shape_source=source, weights_dir=weights_dir,
-                 source_sha256=digest)
+                 source_sha256=digest, weights_sha256=weights_sha)
 
 
 def value_info(name: str, t: TensorType) -> ValueInfoProto:

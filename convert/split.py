@@ -203,7 +203,7 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
         },
     }
     if shared:
-        meta["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(weights),
+        meta["weights"] = {"file": WEIGHTS_FILE, "sha256": g.weights_sha256 or sha256_file(weights),
                            "tensors": shared_tensors(g.model)}
     bundle = Bundle(root=out, model_file=MODEL_FILE, model_sha256=sha256_file(out / MODEL_FILE),
                     inputs=tuple(spec(g, t) for t in g.inputs),

@@ -72,15 +72,16 @@ def _payload(t: TensorProto) -> bytes:
     return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def externalize(model: ModelProto, weights: Path) -> tuple[ModelProto, dict[str, tuple[int, int]]]:
-    """Write ``model``'s large initializers to ``weights``; return a light model and the table.
+def externalize(model: ModelProto, weights: Path) -> tuple[ModelProto, str]:
+    """Write ``model``'s large initializers to ``weights``; return a light model and the file's
+    sha256 (hashed while writing: the file is never read back).
 
     The returned model is a fresh proto (the caller drops ``model`` so its memory goes: clearing
-    fields in place would keep protobuf's arena alive). ``table`` maps initializer name to
-    ``(offset, length)`` in ``weights``. String tensors and initializers under
+    fields in place would keep protobuf's arena alive). String tensors and initializers under
     :data:`MIN_BYTES` stay inline.
     """
     table: dict[str, tuple[int, int]] = {}
+    digest = hashlib.sha256()
     offset = 0
     with open(weights, "wb") as f:
         for t in model.graph.initializer:
@@ -90,10 +91,12 @@ def externalize(model: ModelProto, weights: Path) -> tuple[ModelProto, dict[str,
             if n < MIN_BYTES:
                 continue
             data = _payload(t)
-            pad = -offset % ALIGN
-            f.write(b"\0" * pad)
-            offset += pad
+            pad = b"\0" * (-offset % ALIGN)
+            f.write(pad)
+            digest.update(pad)
+            offset += len(pad)
             f.write(data)
+            digest.update(data)
             table[t.name] = (offset, len(data))
             offset += len(data)
             del data
@@ -102,7 +105,7 @@ def externalize(model: ModelProto, weights: Path) -> tuple[ModelProto, dict[str,
     light.ParseFromString(model.SerializeToString())
     del model
     gc.collect()
-    return light, table
+    return light, digest.hexdigest()
 
 
 def _itemsize(code: int) -> int:

@@ -1,8 +1,9 @@
 """Offline packing calibration: accuracy drop and packed size per (candidate, packing).
 
 For every candidate cut and every packing (default q2..q8, q10, q12, q16, f16, plus lossless f32
-for the size), the head runs on each validation input, every crossing tensor is packed and
-unpacked with :mod:`ble_protocol.packing`, and the tail runs on what came out. The result, per
+for the size, and qz2..qz6, qz8 when zstandard is installed), the head runs on each validation
+input, every crossing tensor is packed and unpacked with :mod:`ble_protocol.packing`, and the
+tail runs on what came out. The result, per
 candidate, is stored in the bundle manifest under ``Candidate.extra["packing"]``::
 
     {"spec": "q4", "codec": "q", "bits": 4, "mean_bytes": 812.4, "ratio": 23.1,
@@ -31,9 +32,11 @@ from coinf.convert.bundle import Bundle, Candidate
 
 from coinf.errors import BundleError, InputError, UserError
 
+#: quantized levels + zstd (ble_protocol/codecs.py), calibrated when zstandard is installed
+ZSTD_SPECS: tuple[str, ...] = ("qz2", "qz3", "qz4", "qz5", "qz6", "qz8")
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
-)
+) + (ZSTD_SPECS if packing.codecs.AVAILABLE else ())
 DEFAULT_TOLERANCE_PP = 1.0
 #: one-sided confidence of the reported upper bound on the accuracy drop
 CONFIDENCE = 0.95
@@ -239,7 +242,7 @@ def calibrate_candidate(
         rows.append({
             "spec": str(spec),
             "codec": spec.codec,
-            "bits": spec.bits if spec.codec == "q" else (16 if spec.codec == "f16" else 32),
+            "bits": spec.bits if spec.bits is not None else (16 if spec.codec == "f16" else 32),
             "mean_bytes": round(mean_bytes, 2),
             "ratio": round(mean_float / mean_bytes, 3) if mean_bytes else 0.0,
             "accuracy_drop_pp": round(drop, 4),

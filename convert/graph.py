@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import onnx
+from coinf.convert.weights import externalize, read_model
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
-from coinf.convert.weights import externalize, read_model
 from coinf.errors import ModelError
 
 MIN_OPSET = 9

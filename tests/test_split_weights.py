@@ -3,6 +3,7 @@ duplicated, slices that load and verify, relocatable bundles, identity, hostile 
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def mlp(path: Path, seed: int = 0) -> int:
     """An MLP with large initializers; returns their total bytes."""
     rng = np.random.default_rng(seed)
     nodes, inits, prev = [], [], "x"
-    for i, (a, b) in enumerate(zip(WIDTHS, WIDTHS[1:], strict=False)):
+    for i, (a, b) in enumerate(itertools.pairwise(WIDTHS)):
         w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
         # the last bias is inline (< 1 kB): the same for every seed, so that only weights.bin
         # differs between seeds
@@ -41,7 +42,7 @@ def mlp(path: Path, seed: int = 0) -> int:
                               [helper.make_tensor_value_info("y", 1, [1, 10])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(path))
-    return sum(t.raw_data.__len__() for t in model.graph.initializer)
+    return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
 @pytest.fixture(scope="module")

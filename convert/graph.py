@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from coinf.convert.weights import externalize, read_model
+from coinf.convert.weights import externalize, light_from_file, read_model
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
 from coinf.errors import ModelError
@@ -149,17 +149,26 @@ def node_inputs(node: NodeProto) -> tuple[str, ...]:
 
 
 # -- loading --------------------------------------------------------------------------------
-def _read(path: Path) -> tuple[ModelProto, str]:
+def _read(path: Path, weights: Path | None = None) -> tuple[ModelProto, str, str]:
+    """The model (light when ``weights`` is given), the file's sha256 and the weight file's."""
     if not path.is_file():
         raise ModelError(f"{path}: no such model file (expected an .onnx file)")
     try:
-        model, digest = read_model(path)
+        fast = light_from_file(path, weights) if weights is not None else None
+        if fast is not None:
+            model, digest, _ = fast
+            weights_sha = digest  # the weight file is a byte copy of the model file
+        else:
+            model, digest = read_model(path)
+            weights_sha = ""
+            if weights is not None:
+                model, weights_sha = externalize(model, weights)
     except Exception as exc:  # protobuf DecodeError, missing external data, ...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"{path} is not a readable ONNX model: {msg}") from None
     if not model.HasField("graph") or not model.graph.node:
         raise ModelError(f"{path} is not an ONNX model (no graph nodes found)")
-    return model, digest
+    return model, digest, weights_sha
 
 
 def _check(model: ModelProto, path: Path, weights_dir: Path | None = None) -> None:
@@ -373,16 +382,13 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
                weights: Path | None = None) -> Graph:
     """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem.
 
-    With ``weights`` (a file path), initializers of >= 1 kB are written there once and the
-    graph's model references them as external data (:mod:`convert.weights`): nothing later
-    copies weight bytes, and memory stays near the size of the file.
+    With ``weights`` (a file path), initializers of >= 1 kB are stored there once and the
+    graph's model references them as external data (:mod:`convert.weights`): usually the file
+    is streamed there as is and its weights are never parsed; nothing later copies weight bytes.
     """
     path = Path(model_path)
-    model, digest = _read(path)
-    weights_dir, weights_sha = None, ""
-    if weights is not None:
-        model, weights_sha = externalize(model, weights)
-        weights_dir = weights.parent
+    model, digest, weights_sha = _read(path, weights)
+    weights_dir = None if weights is None else weights.parent
     _check(model, path, weights_dir)
     dims = dict(dims or {})
     g = model.graph

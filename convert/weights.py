@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import mmap
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -258,8 +259,8 @@ def light_from_file(path: Path, weights: Path) -> tuple[ModelProto, str, int] | 
     """Fast path of :func:`read_model` + :func:`externalize`, for models whose weights are
     ``raw_data`` in the file itself (what exporters write).
 
-    ``weights`` becomes a byte copy of ``path`` (streamed, hashed on the way: the source's sha256
-    is the weight file's), and the returned light model points its initializers of >=
+    ``weights`` becomes a byte copy of ``path`` (copied by the kernel; the source's sha256 is the
+    weight file's), and the returned light model points its initializers of >=
     :data:`MIN_BYTES` at their ``raw_data`` bytes inside it. The file is mapped, and only its
     message headers are read: weight bytes never enter Python memory. Returns ``(model, sha256,
     shared tensors)``, or ``None`` when the file has another shape (external or typed data,
@@ -277,11 +278,11 @@ def light_from_file(path: Path, weights: Path) -> tuple[ModelProto, str, int] | 
                 return None
             finally:
                 buf.release()
+    shutil.copyfile(path, weights)  # in the kernel (sendfile): no weight byte passes through us
     digest = hashlib.sha256()
-    with open(path, "rb") as src, open(weights, "wb") as dst:
+    with open(path, "rb") as src:
         for block in iter(lambda: src.read(1 << 22), b""):
             digest.update(block)
-            dst.write(block)
     model = ModelProto()
     try:
         model.ParseFromString(light)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+_zstd: Any
 try:
     import zstandard as _zstd
 except ImportError:  # pragma: no cover - an install without the optional dependency

@@ -286,7 +286,7 @@ def _finish_z(bits: int, code: int, shape: tuple[int, ...], scale: float, offset
               q: np.ndarray) -> bytes:
     """QUANTZ body: the levels (uint8, or uint16 LE) in a zstd frame, or plain if that is not
     smaller."""
-    payload = memoryview(q.astype(q.dtype.newbyteorder("<"), copy=False)).cast("B")
+    payload = np.ascontiguousarray(q, dtype=q.dtype.newbyteorder("<")).view(np.uint8).data
     packed = codecs.compress_levels(payload)
     flags = FLAG_ZSTD if len(packed) < payload.nbytes else 0
     body = packed if flags else bytes(payload)

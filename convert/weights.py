@@ -1,13 +1,16 @@
 """The bundle's shared weight file: large initializers stored once, referenced by every slice.
 
 Splitting a big model must not copy its weights around in memory (issue 17: a 548 MB VGG took
-3.4 GB). :func:`read_model` reads a model file once (hashing the same bytes), and
-:func:`externalize` streams every initializer of >= :data:`MIN_BYTES` into one file, 64-byte
-aligned, in file order, and returns a *light* copy of the model whose initializers point at it
+3.4 GB). The fast path, :func:`light_from_file`, never parses the weights: it walks the file's
+protobuf wire format in a memory map, has the kernel copy the file to ``weights.bin`` and
+returns a *light* model whose initializers point at their ``raw_data`` bytes inside that copy
 as ONNX external data (``location``, ``offset``, ``length``; the location is the file's bare
-name, so a bundle stays relocatable). Slices built from the light model share the file without
-any weight byte being copied again. :func:`internalize` is the way back for small models whose
-slices stay self-contained.
+name, so a bundle stays relocatable). Files of another shape take the parsing path:
+:func:`read_model` reads the file once (hashing the same bytes), and :func:`externalize`
+writes every initializer of >= :data:`MIN_BYTES` into ``weights.bin``, 64-byte aligned, in
+file order, and returns the light model. Slices built from the light model share the file
+without any weight byte being copied again. :func:`internalize` is the way back for small
+models whose slices stay self-contained; :func:`check_locations` guards what slices point at.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from coinf.cli.bench import BENCHES
 def test_every_bench_accepts_json(name: str) -> None:
     parser = build_parser()
     required = {"plan": ["--bundle", "b"], "predict": ["--bundle", "b"],
-                "stream": ["--bundle", "b"], "overhead": ["m.onnx"], "faults": ["--bundle", "b"]}
+                "stream": ["--bundle", "b"], "overhead": ["m.onnx"], "faults": ["--bundle", "b"],
+                "split": ["m.onnx"]}
     args = parser.parse_args(["bench", name, *required.get(name, []), "--json"])
     assert args.json is True
 

@@ -150,3 +150,24 @@ def test_slices_naming_weights_outside_the_bundle_are_refused(
     with pytest.raises(BundleError, match="outside the bundle"):
         open_slice(path)
     assert any("outside the bundle" in f for f in verify_bundle(Bundle.load(evil)))
+
+
+def test_bench_split_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf bench split``: each job in a child process, figures consistent with each other."""
+    import json
+
+    from coinf.cli import main
+
+    mlp(tmp_path / "m.onnx")
+    assert main(["bench", "split", str(tmp_path / "m.onnx"), "--json", "--repeats", "1",
+                 "--tmp", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model_bytes"] == (tmp_path / "m.onnx").stat().st_size
+    assert out["nodes"] == 6 and out["candidates"] >= 4
+    assert out["ratio"] == pytest.approx(out["split_s"] / out["load_s"], rel=0.02, abs=0.01)
+    assert out["rss_ratio"] == pytest.approx(out["peak_rss_bytes"] / out["model_bytes"],
+                                             rel=0.01)
+    # a child's peak is its own (not the parent's): at least its imports, far below pytest's
+    assert 0 < out["child_baseline_rss_bytes"] <= out["peak_rss_bytes"]
+    assert main(["bench", "split", str(tmp_path / "missing.onnx"), "--json"]) == 2
+    assert "no such model file" in capsys.readouterr().err

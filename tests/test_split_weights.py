@@ -171,3 +171,26 @@ def test_bench_split_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert 0 < out["child_baseline_rss_bytes"] <= out["peak_rss_bytes"]
     assert main(["bench", "split", str(tmp_path / "missing.onnx"), "--json"]) == 2
     assert "no such model file" in capsys.readouterr().err
+
+
+def test_weights_in_typed_fields_take_the_parsing_path(tmp_path: Path) -> None:
+    """``float_data`` instead of ``raw_data``: the wire-format fast path steps aside, the model
+    is parsed and each large initializer is written once, 64-byte aligned."""
+    from coinf.convert.weights import light_from_file
+
+    mlp(tmp_path / "raw.onnx")
+    model = onnx.load(str(tmp_path / "raw.onnx"))
+    for t in model.graph.initializer:
+        arr = numpy_helper.to_array(t)
+        t.ClearField("raw_data")
+        t.float_data.extend(arr.reshape(-1).tolist())
+    onnx.save(model, str(tmp_path / "typed.onnx"))
+    assert light_from_file(tmp_path / "typed.onnx", tmp_path / "w.bin") is None
+    assert light_from_file(tmp_path / "raw.onnx", tmp_path / "w.bin") is not None
+    bundle = split_model(tmp_path / "typed.onnx", tmp_path / "b", shared_weights=True,
+                         verify=True)
+    assert bundle.meta["verified"]["ok"] is True
+    shared = sum(len(numpy_helper.to_array(t).tobytes()) for t in model.graph.initializer
+                 if t.name != "b2")
+    size = (bundle.root / WEIGHTS_FILE).stat().st_size
+    assert shared <= size < shared + 64 * 5

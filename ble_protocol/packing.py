@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import lz4.block
 import numpy as np
+from coinf.ble_protocol import codecs
 from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 
@@ -70,8 +71,14 @@ MAX_DIM = 0xFFFFFFFF
 LZ4_HC_LEVEL = 4
 
 RAW, LOSSLESS, HALF, QUANT, CONST = 0, 1, 2, 3, 4
-CODEC_NAMES = {RAW: "raw", LOSSLESS: "lossless", HALF: "half", QUANT: "quant", CONST: "const"}
+QUANTZ = 5  # quantized levels in one zstd frame (ble_protocol/codecs.py)
+CODEC_NAMES = {RAW: "raw", LOSSLESS: "lossless", HALF: "half", QUANT: "quant", CONST: "const",
+               QUANTZ: "quantz"}
 FLAG_LZ4 = 1
+FLAG_ZSTD = 2  # QUANTZ only: the payload is one magicless zstd frame
+#: zstd cannot expand a frame more than this (an RLE block: 4 B -> 128 KiB); a header claiming
+#: more is inconsistent and is refused before decompressing
+ZSTD_MAX_RATIO = 32768
 MAX_BITS = 16
 # LZ4 cannot expand data by more than 255x per input byte (a match emits at most 255 bytes per
 # length byte); a header claiming more is inconsistent and is refused before decompressing.
@@ -79,30 +86,31 @@ LZ4_MAX_RATIO = 255
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
 
-_SPEC_RE = re.compile(r"^(?:q(\d{1,2})|f32|f16|raw|lossless|half)$")
+_SPEC_RE = re.compile(r"^(?:(qz?)(\d{1,2})|f32|f16|raw|lossless|half)$")
 
 
 @dataclass(frozen=True)
 class PackSpec:
-    """How to pack a tensor: ``codec`` is ``"q"`` (with ``bits`` 1..16), ``"f32"``, ``"f16"`` or
-    ``"raw"``. ``str(spec)`` and :meth:`parse` use the short names ``q4``, ``f16``, ``f32``,
-    ``raw``."""
+    """How to pack a tensor: ``codec`` is ``"q"`` or ``"qz"`` (quantized levels + zstd; both with
+    ``bits`` 1..16), ``"f32"``, ``"f16"`` or ``"raw"``. ``str(spec)`` and :meth:`parse` use the
+    short names ``q4``, ``qz4``, ``f16``, ``f32``, ``raw``."""
 
     codec: str
     bits: int | None = None
 
     def __post_init__(self) -> None:
-        if self.codec == "q":
+        if self.codec in ("q", "qz"):
             if not isinstance(self.bits, int) or not 1 <= self.bits <= MAX_BITS:
                 raise ValueError(f"quantized packing needs bits in 1..{MAX_BITS}, got {self.bits}")
         elif self.codec in ("f32", "f16", "raw"):
             if self.bits is not None:
                 raise ValueError(f"packing {self.codec!r} takes no bits (got {self.bits})")
         else:
-            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, f32, f16 or raw")
+            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, f32, f16 "
+                             "or raw")
 
     def __str__(self) -> str:
-        return f"q{self.bits}" if self.codec == "q" else self.codec
+        return f"{self.codec}{self.bits}" if self.codec in ("q", "qz") else self.codec
 
     @property
     def lossless(self) -> bool:
@@ -110,14 +118,15 @@ class PackSpec:
 
     @classmethod
     def parse(cls, text: str | int) -> PackSpec:
-        """``"q4"``/``4`` -> 4-bit; ``"f16"``/``"half"``; ``"f32"``/``"lossless"``; ``"raw"``."""
+        """``"q4"``/``4`` -> 4-bit; ``"qz4"`` -> 4-bit + zstd; ``"f16"``/``"half"``;
+        ``"f32"``/``"lossless"``; ``"raw"``."""
         if isinstance(text, int) and not isinstance(text, bool):
             return cls("q", text)
         m = _SPEC_RE.match(str(text).strip().lower())
         if not m:
-            raise ValueError(f"bad packing {text!r}; expected q1..q16, f16, f32 or raw")
+            raise ValueError(f"bad packing {text!r}; expected q1..q16, qz1..qz16, f16, f32 or raw")
         if m.group(1) is not None:
-            return cls("q", int(m.group(1)))
+            return cls(m.group(1), int(m.group(2)))
         name = m.group(0)
         return cls({"lossless": "f32", "half": "f16"}.get(name, name))
 
@@ -238,7 +247,7 @@ def _header(codec: int, flags: int, bits: int, code: int, shape: tuple[int, ...]
             scale: float, offset: float) -> bytes:
     head = HEADER.pack(MAGIC, codec, flags, bits, code, len(shape))
     dims = b"".join(_varint(d) for d in shape)
-    if codec == QUANT:
+    if codec in (QUANT, QUANTZ):
         return head + dims + PARAMS.pack(scale, offset)
     if codec == CONST:
         return head + dims + VALUE.pack(offset)
@@ -273,6 +282,17 @@ def _quantize(flat: np.ndarray, bits: int, lo: float, span: float) -> np.ndarray
     return tmp.astype(np.uint8 if bits <= 8 else np.uint16)
 
 
+def _finish_z(bits: int, code: int, shape: tuple[int, ...], scale: float, offset: float,
+              q: np.ndarray) -> bytes:
+    """QUANTZ body: the levels (uint8, or uint16 LE) in a zstd frame, or plain if that is not
+    smaller."""
+    payload = np.ascontiguousarray(q, dtype=q.dtype.newbyteorder("<")).view(np.uint8).data
+    packed = codecs.compress_levels(payload)
+    flags = FLAG_ZSTD if len(packed) < payload.nbytes else 0
+    body = packed if flags else bytes(payload)
+    return _header(QUANTZ, flags, bits, code, shape, scale, offset) + body
+
+
 def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
     """Pack one tensor into a self-describing body (see the module docstring)."""
     if not isinstance(spec, PackSpec):
@@ -291,7 +311,7 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
         codec = "f32"  # non-float tensors always travel losslessly
     if codec == "raw":
         return _finish(RAW, 0, code, shape, 0.0, 0.0, flat.view(np.uint8).data, compress=False)
-    if codec == "q" and flat.size:
+    if codec in ("q", "qz") and flat.size:
         assert spec.bits is not None
         lo, hi = float(flat.min()), float(flat.max())
         if math.isfinite(lo) and math.isfinite(hi):
@@ -306,10 +326,12 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
                     and math.isfinite(lo + scale * levels)):
                 return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
             q = _quantize(flat, bits, lo, span)
+            if codec == "qz" and codecs.AVAILABLE:
+                return _finish_z(bits, code, shape, scale, lo, q)
             planes = bit_planes(_pad8(q))[:bits].reshape(-1)
             return _finish(QUANT, bits, code, shape, span / ((1 << bits) - 1), lo, planes.data)
         codec = "f32"  # NaN/inf: nothing sensible to quantize
-    elif codec == "q":
+    elif codec in ("q", "qz"):
         codec = "f32"  # empty tensor
     if codec == "f16":
         with np.errstate(over="ignore"):
@@ -402,8 +424,8 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise _bad(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
     if codec not in CODEC_NAMES:
         raise _bad(f"unknown codec {codec}")
-    if flags & ~FLAG_LZ4:
-        raise _bad(f"unknown flags 0x{flags:02x}")
+    if flags & ~(FLAG_ZSTD if codec == QUANTZ else FLAG_LZ4):
+        raise _bad(f"unknown flags 0x{flags:02x} for codec {CODEC_NAMES[codec]}")
     dtype = ONNX_TO_NUMPY.get(code)
     if dtype is None:
         raise _bad(f"unknown dtype code {code}")
@@ -411,11 +433,11 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise _bad(f"{ndim} dims; at most {MAX_NDIM}")
     shape, start = _read_dims(mv, HEADER_SIZE, ndim)
     scale = offset = 0.0
-    params = PARAMS if codec == QUANT else VALUE if codec == CONST else None
+    params = PARAMS if codec in (QUANT, QUANTZ) else VALUE if codec == CONST else None
     if params is not None:
         if len(mv) < start + params.size:
             raise ProtocolError(ErrorCode.TRUNCATED, "packed tensor header cut short")
-        if codec == QUANT:
+        if codec in (QUANT, QUANTZ):
             scale, offset = PARAMS.unpack_from(mv, start)
         else:
             (offset,) = VALUE.unpack_from(mv, start)
@@ -427,7 +449,7 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
                             f"packed tensor {shape} {dtype} of {nbytes} B exceeds {max_bytes} B")
     n8 = (count + 7) // 8  # bytes per bit plane
     is_float = code in FLOAT_CODES
-    if codec == QUANT:
+    if codec in (QUANT, QUANTZ):
         if not is_float:
             raise _bad(f"quantized tensor with non-float dtype {dtype}")
         if not 1 <= bits <= MAX_BITS:
@@ -436,7 +458,7 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
             raise _bad(f"scale {scale} / offset {offset} must be finite with scale > 0")
         if not math.isfinite(offset + scale * ((1 << bits) - 1)):
             raise _bad("top quantization level overflows")
-        raw_size = bits * n8
+        raw_size = bits * n8 if codec == QUANT else count * (1 if bits <= 8 else 2)
     elif codec == HALF:
         if not is_float or bits != 16:
             raise _bad(f"half codec needs a float dtype and bits 16, got {dtype}, {bits}")
@@ -456,7 +478,10 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     if codec in (RAW, CONST) and flags:
         raise _bad(f"{CODEC_NAMES[codec]} payload cannot be compressed")
     psize = len(mv) - start
-    if flags & FLAG_LZ4:
+    if codec == QUANTZ and flags & FLAG_ZSTD:
+        if psize == 0 or raw_size == 0 or raw_size > ZSTD_MAX_RATIO * psize:
+            raise _bad(f"{psize} B of zstd cannot hold {raw_size} B")
+    elif flags & FLAG_LZ4:
         if psize == 0 or raw_size > LZ4_MAX_RATIO * psize:
             raise _bad(f"{psize} B of LZ4 cannot hold {raw_size} B")
     elif psize < raw_size:
@@ -474,7 +499,15 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
     payload = memoryview(data)[h.payload_offset:]
     if h.codec == CONST:
         return np.full(h.shape, h.offset, dtype=out_dtype)
-    if h.flags & FLAG_LZ4:
+    if h.codec == QUANTZ and h.flags & FLAG_ZSTD:
+        try:
+            buf = codecs.decompress_levels(payload, h.raw_size)
+        except codecs.CodecUnavailable:
+            raise ProtocolError(ErrorCode.MALFORMED, "packed tensor uses zstd (codec quantz), "
+                                "which this side cannot decode: pip install zstandard") from None
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+    elif h.flags & FLAG_LZ4:
         try:
             buf = lz4.block.decompress(payload, uncompressed_size=h.raw_size)
         except lz4.block.LZ4BlockError as exc:
@@ -492,12 +525,17 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
     if h.codec == RAW:
         return np.frombuffer(buf, dtype=h.dtype).astype(out_dtype).reshape(h.shape)
     n8 = (count + 7) // 8
-    planes = np.frombuffer(buf, dtype=np.uint8).reshape(-1, n8)
-    if h.codec == QUANT:
+    if h.codec in (QUANT, QUANTZ):
         level_dtype = np.dtype(np.uint8 if h.bits <= 8 else "<u2")
-        full = np.zeros((8 * level_dtype.itemsize, n8), dtype=np.uint8)
-        full[: h.bits] = planes
-        levels = from_bit_planes(full, level_dtype)[:count]
+        if h.codec == QUANTZ:
+            levels = np.frombuffer(buf, dtype=level_dtype)
+            if int(levels.max()) > (1 << h.bits) - 1:
+                raise _bad(f"a level exceeds {h.bits} bits")
+        else:
+            planes = np.frombuffer(buf, dtype=np.uint8).reshape(-1, n8)
+            full = np.zeros((8 * level_dtype.itemsize, n8), dtype=np.uint8)
+            full[: h.bits] = planes
+            levels = from_bit_planes(full, level_dtype)[:count]
         top = abs(h.offset) + h.scale * ((1 << h.bits) - 1)
         wide = out_dtype == np.float64 or top > 1e37  # float32 arithmetic would overflow
         work = np.float64 if wide else np.float32
@@ -508,6 +546,7 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
             limit = float(np.finfo(out_dtype).max)
             np.clip(vals, -limit, limit, out=vals)
         return vals.astype(out_dtype, copy=False).reshape(h.shape)
+    planes = np.frombuffer(buf, dtype=np.uint8).reshape(-1, n8)
     if h.codec == HALF:
         half = from_bit_planes(planes, np.dtype("<f2"))[:count]
         return half.astype(out_dtype).reshape(h.shape)
@@ -520,4 +559,6 @@ def describe(data: bytes | memoryview) -> dict[str, object]:
     h = read_header(data)
     return {"codec": CODEC_NAMES[h.codec], "bits": h.bits, "dtype": str(h.dtype),
             "shape": list(h.shape), "scale": h.scale, "offset": h.offset,
-            "raw_size": h.raw_size, "packed_size": h.packed_size, "lz4": bool(h.flags & 1)}
+            "raw_size": h.raw_size, "packed_size": h.packed_size,
+            "lz4": h.codec != QUANTZ and bool(h.flags & FLAG_LZ4),
+            "zstd": h.codec == QUANTZ and bool(h.flags & FLAG_ZSTD)}

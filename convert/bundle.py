@@ -159,9 +159,14 @@ class Bundle:
         """What the handshake compares: the model's hash plus a hash of the candidate cuts.
 
         Calibration data and other manifest extras do not change it; a different model or a
-        different set of cuts does.
+        different set of cuts does. With shared weights ``model.onnx`` only points into
+        ``weights.bin``, so that file's hash counts too (other weights, other identity).
         """
-        cuts = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)] for c in self.candidates]
+        cuts: list[Any] = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)]
+                           for c in self.candidates]
+        weights = self.meta.get("weights")
+        if isinstance(weights, dict) and weights.get("sha256"):
+            cuts.append(["weights", str(weights["sha256"])])
         digest = hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
         return f"{self.model_sha256[:16]}-{digest[:8]}"
 
@@ -260,9 +265,18 @@ def sha256_file(path: str | Path) -> str:
 def open_slice(path: str | Path, sess_options: Any = None,
                providers: list[str] | tuple[str, ...] = ("CPUExecutionProvider",)) -> Any:
     """``onnxruntime.InferenceSession`` of a bundle file; a file onnxruntime cannot load (truncated,
-    overwritten, not ONNX) raises :class:`BundleError` naming it, not onnxruntime's traceback."""
+    overwritten, not ONNX) raises :class:`BundleError` naming it, not onnxruntime's traceback.
+    A file whose external data lies outside its folder is refused (:func:`check_locations`)."""
+    import onnx
     import onnxruntime as ort
+    from coinf.convert.weights import check_locations
 
+    try:
+        check_locations(onnx.load(str(path), load_external_data=False), Path(path))
+    except BundleError:
+        raise
+    except Exception:  # unreadable: onnxruntime below names the damage
+        pass
     try:
         return ort.InferenceSession(str(path), sess_options, providers=list(providers))
     except Exception as exc:  # onnxruntime's InvalidProtobuf, Fail, NoSuchFile, ...

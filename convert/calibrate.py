@@ -1,8 +1,9 @@
 """Offline packing calibration: accuracy drop and packed size per (candidate, packing).
 
 For every candidate cut and every packing (default q2..q8, q10, q12, q16, f16, plus lossless f32
-for the size), the head runs on each validation input, every crossing tensor is packed and
-unpacked with :mod:`ble_protocol.packing`, and the tail runs on what came out. The result, per
+for the size, and qz2..qz6, qz8 when zstandard is installed), the head runs on each validation
+input, every crossing tensor is packed and unpacked with :mod:`ble_protocol.packing`, and the
+tail runs on what came out. The result, per
 candidate, is stored in the bundle manifest under ``Candidate.extra["packing"]``::
 
     {"spec": "q4", "codec": "q", "bits": 4, "mean_bytes": 812.4, "ratio": 23.1,
@@ -32,9 +33,11 @@ from coinf.convert.packcal import Options
 
 from coinf.errors import BundleError, InputError, UserError
 
+#: quantized levels + zstd (ble_protocol/codecs.py), calibrated when zstandard is installed
+ZSTD_SPECS: tuple[str, ...] = ("qz2", "qz3", "qz4", "qz5", "qz6", "qz8")
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
-)
+) + (ZSTD_SPECS if packing.codecs.AVAILABLE else ())
 DEFAULT_TOLERANCE_PP = 1.0
 #: one-sided confidence of the reported upper bound on the accuracy drop
 CONFIDENCE = 0.95

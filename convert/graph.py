@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from coinf.convert.weights import externalize, light_from_file, read_model
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
 from coinf.errors import ModelError
@@ -26,6 +27,8 @@ from coinf.errors import ModelError
 MIN_OPSET = 9
 MIN_IR = 3
 SUBGRAPH_OPS = ("If", "Loop", "Scan")
+#: onnxruntime's session option for the folder of external data of a model given as bytes
+EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ class Graph:
     dims: dict[str, int]
     folded: list[str] = field(default_factory=list)
     shape_source: str = "onnx"
+    #: folder of the shared weight file the light ``model`` references (None: weights inline)
+    weights_dir: Path | None = None
+    #: sha256 of the source file's bytes, and of the weight file (when ``weights_dir`` is set)
+    source_sha256: str = ""
+    weights_sha256: str = ""
 
     @property
     def opset(self) -> int:
@@ -142,20 +150,29 @@ def node_inputs(node: NodeProto) -> tuple[str, ...]:
 
 
 # -- loading --------------------------------------------------------------------------------
-def _read(path: Path) -> ModelProto:
+def _read(path: Path, weights: Path | None = None) -> tuple[ModelProto, str, str]:
+    """The model (light when ``weights`` is given), the file's sha256 and the weight file's."""
     if not path.is_file():
         raise ModelError(f"{path}: no such model file (expected an .onnx file)")
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        fast = light_from_file(path, weights) if weights is not None else None
+        if fast is not None:
+            model, digest, _ = fast
+            weights_sha = digest  # the weight file is a byte copy of the model file
+        else:
+            model, digest = read_model(path)
+            weights_sha = ""
+            if weights is not None:
+                model, weights_sha = externalize(model, weights)
     except Exception as exc:  # protobuf DecodeError, missing external data, ...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(f"{path} is not a readable ONNX model: {msg}") from None
     if not model.HasField("graph") or not model.graph.node:
         raise ModelError(f"{path} is not an ONNX model (no graph nodes found)")
-    return model
+    return model, digest, weights_sha
 
 
-def _check(model: ModelProto, path: Path) -> None:
+def _check(model: ModelProto, path: Path, weights_dir: Path | None = None) -> None:
     if model.ir_version < MIN_IR:
         raise ModelError(f"{path}: IR version {model.ir_version} is too old (need >= {MIN_IR})")
     opset = default_opset(model)
@@ -163,7 +180,14 @@ def _check(model: ModelProto, path: Path) -> None:
         raise ModelError(f"{path}: opset {opset} is too old (need default-domain opset >= "
                          f"{MIN_OPSET}; upgrade with onnx.version_converter)")
     try:
-        if model.ByteSize() < 2**31 - 1:
+        if weights_dir is not None:  # a light model: its external data resolves from the folder
+            probe = weights_dir / f".check-{path.stem}.onnx"
+            probe.write_bytes(model.SerializeToString())
+            try:
+                onnx.checker.check_model(str(probe))
+            finally:
+                probe.unlink(missing_ok=True)
+        elif model.ByteSize() < 2**31 - 1:
             onnx.checker.check_model(model)
         else:
             onnx.checker.check_model(str(path))
@@ -316,11 +340,15 @@ def random_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: Iter
     return feed
 
 
-def ort_session(model: ModelProto, threads: int = 1) -> Any:
-    """An onnxruntime session with graph optimisations off (exact, op-by-op results)."""
+def ort_session(model: ModelProto, threads: int = 1, weights_dir: Path | None = None) -> Any:
+    """An onnxruntime session with graph optimisations off (exact, op-by-op results).
+
+    ``weights_dir``: the folder external data of ``model`` is read from (a light model)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if weights_dir is not None:
+        opts.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(weights_dir))
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -360,8 +388,8 @@ def sample_feed(model: ModelProto, types: Mapping[str, TensorType], inputs: list
 
 
 def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType],
-                inputs: list[str], data: Mapping[str, np.ndarray] | None = None
-                ) -> dict[str, TensorType]:
+                inputs: list[str], data: Mapping[str, np.ndarray] | None = None,
+                weights_dir: Path | None = None) -> dict[str, TensorType]:
     """Learn static shapes by running the model once with ``names`` exposed as outputs."""
     probe = ModelProto()
     probe.CopyFrom(model)
@@ -369,7 +397,7 @@ def _ort_shapes(model: ModelProto, names: list[str], types: dict[str, TensorType
     for n in names:
         if n not in have:
             probe.graph.output.append(ValueInfoProto(name=n))
-    sess = ort_session(probe)
+    sess = ort_session(probe, weights_dir=weights_dir)
     out_names = [o.name for o in sess.get_outputs()]
     values = sess.run(out_names, sample_feed(model, types, inputs, data))
     found: dict[str, TensorType] = {}
@@ -414,16 +442,21 @@ def _fold_shapes(graph: GraphProto, types: dict[str, TensorType]) -> list[str]:
 
 def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
                prepare: Callable[[ModelProto], None] | None = None,
-               input_data: Mapping[str, np.ndarray] | None = None) -> Graph:
+               input_data: Mapping[str, np.ndarray] | None = None,
+               weights: Path | None = None) -> Graph:
     """Load, check, resolve and classify a model. Raises :class:`ModelError` naming the problem.
 
     ``prepare`` edits the checked model first (``--freeze``: :mod:`convert.freeze`);
-    ``input_data`` holds
-    representative inputs (one feed, or N stacked on a new leading axis) that size symbolic dims
-    and feed the trial run that learns shapes."""
+    ``input_data`` holds representative inputs (one feed, or N stacked on a new leading axis)
+    that size symbolic dims and feed the trial run that learns shapes. With ``weights`` (a file
+    path), initializers of >= 1 kB are stored there once and the graph's model references them
+    as external data (:mod:`convert.weights`): usually the file is streamed there as is and its
+    weights are never parsed; nothing later copies weight bytes.
+    """
     path = Path(model_path)
-    model = _read(path)
-    _check(model, path)
+    model, digest, weights_sha = _read(path, weights)
+    weights_dir = None if weights is None else weights.parent
+    _check(model, path, weights_dir)
     dims = dict(dims or {})
     if prepare is not None:
         prepare(model)
@@ -460,7 +493,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
     if missing:
         source = "onnxruntime"
         try:
-            types.update(_ort_shapes(model, missing, types, inputs, input_data))
+            types.update(_ort_shapes(model, missing, types, inputs, input_data, weights_dir))
         except ModelError:
             raise
         except Exception as exc:
@@ -508,7 +541,8 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
     return Graph(model=model, path=path, nodes=nodes, inputs=inputs, outputs=outputs,
                  initializers={t.name: t for t in g.initializer}, types=types,
                  producer=producer, consumers=consumers, dynamic_tensors=dynamic_tensors,
-                 dims=used_dims, folded=folded, shape_source=source)
+                 dims=used_dims, folded=folded, shape_source=source, weights_dir=weights_dir,
+                 source_sha256=digest, weights_sha256=weights_sha)
 
 
 def value_info(name: str, t: TensorType) -> ValueInfoProto:

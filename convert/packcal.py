@@ -288,7 +288,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
         row: dict[str, Any] = {
             "spec": str(spec),
             "codec": spec.codec,
-            "bits": spec.bits if spec.codec == "q" else (16 if spec.codec == "f16" else 32),
+            "bits": spec.bits if spec.bits is not None else (16 if spec.codec == "f16" else 32),
             "mean_bytes": round(mean_bytes, 2),
             "ratio": round(mean_float / mean_bytes, 3) if mean_bytes else 0.0,
             "accuracy_drop_pp": round(drop, 4),

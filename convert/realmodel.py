@@ -54,11 +54,13 @@ class Preparation:
         if self.freeze:
             self.frozen = fz.freeze_inputs(model, self.freeze)
 
-    def load(self, model_path: str | Path, dims: Mapping[str, int] | None) -> Graph:
-        """:func:`load_graph` with the freeze and the representative data applied."""
+    def load(self, model_path: str | Path, dims: Mapping[str, int] | None,
+             weights: Path | None = None) -> Graph:
+        """:func:`load_graph` with the freeze and the representative data applied (``weights``:
+        where large initializers go, see :func:`load_graph`)."""
         data = self.data
         g = load_graph(model_path, dims, prepare=self._prepare if self.freeze else None,
-                       input_data=data)
+                       input_data=data, weights=weights)
         if data is not None:
             known = [k for k in data if k in g.inputs]
             if not known and g.inputs:

@@ -17,6 +17,7 @@ from coinf.convert.graph import Graph
 from coinf.convert.realmodel import Preparation
 from coinf.convert.slicer import build_slice, param_bytes
 from coinf.convert.verify import ATOL, RTOL, VerifyError, verify_bundle
+from coinf.convert.weights import MIN_BYTES, WEIGHTS_FILE, internalize, shared_tensors
 from onnx import ModelProto
 
 from coinf import __version__
@@ -25,8 +26,7 @@ from coinf.errors import BundleError
 Progress = Callable[[str, int, int], None]
 MODEL_FILE = "model.onnx"
 EXTERNAL_THRESHOLD = 1_800_000_000  # bytes; above this a file's weights go to FILE.data
-WEIGHTS_FILE = "weights.bin"
-SHARED_MIN_BYTES = 1024  # smaller initializers stay inside the slices
+SHARED_MIN_BYTES = MIN_BYTES  # smaller initializers stay inside the slices (WEIGHTS_FILE too)
 # auto mode shares weights when self-contained slices would hold more than this in all: 16 MB
 # (K candidates x the weights). 256 MB let a 3.4 MB MobileNetV2 make a 214 MB bundle (issue 18).
 SHARED_AUTO_BYTES = 16 * 1024 * 1024
@@ -116,16 +116,17 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
     out = Path(out_dir)
     check_out_dir(out, force)  # raises before any work is done
     step = progress or (lambda stage, done, total: None)
-    step("load", 0, 1)
-    prep = Preparation.of(freeze, input_data, state)
-    g = prep.load(model_path, dims)
-    costs = all_costs(g)
-    step("load", 1, 1)
-    cuts = enumerate_cuts(g, costs, max_candidates)
-    check_out_dir(out, force)  # again: something may have appeared there meanwhile
+    prep = Preparation.of(freeze, input_data, state)  # reads --input-data before any work
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        step("load", 0, 1)
+        # large initializers go straight to the bundle's weights.bin (convert/weights.py)
+        g = prep.load(model_path, dims, weights=tmp / WEIGHTS_FILE)
+        costs = all_costs(g)
+        step("load", 1, 1)
+        cuts = enumerate_cuts(g, costs, max_candidates)
+        check_out_dir(out, force)  # again: something may have appeared there meanwhile
         failures = _write_bundle(g, costs, cuts, model_path, tmp, max_candidates,
                                  shared_weights, verify, progress, step, prep)
         _install(tmp, out)
@@ -144,10 +145,14 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
     """Write every file of the bundle into ``out``; return the verification failures."""
     if shared_weights is None:
         shared_weights = len(cuts) * param_bytes(g, range(len(g.nodes))) > SHARED_AUTO_BYTES
-    shared = _SharedWeights(g, out / WEIGHTS_FILE) if shared_weights else None
+    shared = bool(shared_weights)
+    weights = out / WEIGHTS_FILE
+    if not shared:  # self-contained slices: the (small) weights go back inside the model
+        internalize(g.model, out)
+        weights.unlink(missing_ok=True)
 
     def write(model: ModelProto, rel: str) -> None:
-        save_model(shared.externalize(model) if shared else model, out / rel)
+        save_model(model, out / rel)
 
     write(g.model, MODEL_FILE)
 
@@ -187,7 +192,8 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
     total_flops = sum(costs[i].flops for i in dyn)
     meta = {
         "coinf_version": __version__,
-        "source": {"file": Path(model_path).name, "sha256": sha256_file(model_path)},
+        "source": {"file": Path(model_path).name,
+                   "sha256": g.source_sha256 or sha256_file(model_path)},
         "dims": g.dims,
         "stats": {
             "nodes": len(g.nodes),
@@ -210,8 +216,8 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
     if prep is not None:
         prep.annotate(g, candidates, meta)
     if shared:
-        meta["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(out / WEIGHTS_FILE),
-                           "tensors": len(shared.table)}
+        meta["weights"] = {"file": WEIGHTS_FILE, "sha256": g.weights_sha256 or sha256_file(weights),
+                           "tensors": shared_tensors(g.model)}
     bundle = Bundle(root=out, model_file=MODEL_FILE, model_sha256=sha256_file(out / MODEL_FILE),
                     inputs=tuple(spec(g, t) for t in g.inputs),
                     outputs=tuple(spec(g, t) for t in g.outputs),
@@ -232,42 +238,3 @@ def _with_consts(g: Graph, nodes: list[int]) -> list[int]:
 
     return closure(g, nodes)
 
-
-class _SharedWeights:
-    """One ``weights.bin`` holding every large initializer once, 64-byte aligned, in file order."""
-
-    def __init__(self, g: Graph, path: Path) -> None:
-        self.table: dict[str, tuple[int, int]] = {}
-        offset = 0
-        with open(path, "wb") as f:
-            for t in g.model.graph.initializer:
-                if t.data_type == onnx.TensorProto.STRING or t.name in self.table:
-                    continue
-                arr = onnx.numpy_helper.to_array(t)
-                data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-                if len(data) < SHARED_MIN_BYTES:
-                    continue
-                pad = -offset % 64
-                f.write(b"\0" * pad)
-                offset += pad
-                f.write(data)
-                self.table[t.name] = (offset, len(data))
-                offset += len(data)
-
-    def externalize(self, model: ModelProto) -> ModelProto:
-        out = ModelProto()
-        out.CopyFrom(model)
-        for t in out.graph.initializer:
-            if t.name not in self.table:
-                continue
-            off, length = self.table[t.name]
-            dims, name, dtype = list(t.dims), t.name, t.data_type
-            t.Clear()
-            t.name, t.data_type = name, dtype
-            t.dims.extend(dims)
-            t.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", WEIGHTS_FILE), ("offset", str(off)),
-                               ("length", str(length))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, value
-        return out

@@ -8,11 +8,14 @@ Tolerance (float tensors): ``|got - ref| <= ATOL + RTOL * |ref|`` elementwise wi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from coinf.convert.bundle import Bundle, Candidate, TensorSpec
 from coinf.convert.graph import TensorType, ort_session, sample_feed
+from coinf.convert.weights import check_locations
 from onnx import ModelProto, helper
 
 from coinf.errors import ModelError
@@ -81,7 +84,8 @@ def reference(bundle: Bundle, seed: int = 0,
     """Inputs (seeded random, or feed ``index`` of ``input_data``), the whole model's value of
     every output and crossing tensor (and of the inputs) on them, and the output names: what
     every slice is checked against."""
-    model = onnx.load(str(bundle.model_path))
+    # weights stay in their files: the sessions below read external data from the bundle
+    model = onnx.load(str(bundle.model_path), load_external_data=False)
     types = {t.name: _ttype(t) for t in bundle.inputs}
     names = [t.name for t in bundle.inputs]
     feed = sample_feed(model, types, names, input_data, seed=seed, index=index)
@@ -97,7 +101,7 @@ def reference(bundle: Bundle, seed: int = 0,
         tt = _ttype(spec)
         probe.graph.output.append(helper.make_tensor_value_info(name, tt.elem, list(tt.shape)))
     wanted = outputs + list(extra)
-    values = ort_session(probe).run(wanted, feed)
+    values = ort_session(probe, weights_dir=bundle.root).run(wanted, feed)
     ref: dict[str, np.ndarray] = dict(feed)
     ref.update(zip(wanted, values, strict=True))
     return feed, ref, outputs
@@ -118,12 +122,19 @@ def _verify_feed(bundle: Bundle, feed: dict[str, np.ndarray], ref: dict[str, np.
     return failures
 
 
+def _session(path: Path) -> Any:
+    """A slice's exact (unoptimised) session; external data is read from the slice's folder."""
+    model = onnx.load(str(path), load_external_data=False)
+    check_locations(model, path)
+    return ort_session(model, weights_dir=path.parent)
+
+
 def _check(bundle: Bundle, cand: Candidate, feed: dict[str, np.ndarray],
            ref: dict[str, np.ndarray], outputs: list[str]) -> list[str]:
     bad: list[str] = []
     crossing = [t.name for t in cand.crossing]
     if cand.head.file is not None:
-        head = ort_session(onnx.load(str(bundle.path(cand.head.file))))
+        head = _session(bundle.path(cand.head.file))
         hin = [i.name for i in head.get_inputs()]
         sent = dict(zip(crossing, head.run(crossing, {n: feed[n] for n in hin}), strict=True))
     else:
@@ -137,7 +148,7 @@ def _check(bundle: Bundle, cand: Candidate, feed: dict[str, np.ndarray],
             bad.append(f"{cand.id}: crossing {spec.name} is {got.dtype}{list(got.shape)}, "
                        f"manifest says {spec.dtype}{list(spec.shape)}")
     if cand.tail.file is not None:
-        tail = ort_session(onnx.load(str(bundle.path(cand.tail.file))))
+        tail = _session(bundle.path(cand.tail.file))
         tin = [i.name for i in tail.get_inputs()]
         result = dict(zip(outputs, tail.run(outputs, {n: sent[n] for n in tin}), strict=True))
     else:

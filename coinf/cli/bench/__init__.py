@@ -18,6 +18,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("predict", "predict", "latency predictors vs measured candidate slices"),
     ("plan", "plan", "the planner's choice vs every candidate measured end to end"),
     ("plan-sweep", "plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
+    ("split", "split", "coinf split of a big model: time and peak RSS vs onnx.load"),
     ("pack", "pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
     ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from coinf.ble_protocol import codecs
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import packcal
 from coinf.convert.bundle import Bundle, Candidate
@@ -37,7 +38,7 @@ from coinf.errors import BundleError, InputError, UserError
 ZSTD_SPECS: tuple[str, ...] = ("qz2", "qz3", "qz4", "qz5", "qz6", "qz8")
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
-) + (ZSTD_SPECS if packing.codecs.AVAILABLE else ())
+) + (ZSTD_SPECS if codecs.AVAILABLE else ())
 DEFAULT_TOLERANCE_PP = 1.0
 #: one-sided confidence of the reported upper bound on the accuracy drop
 CONFIDENCE = 0.95

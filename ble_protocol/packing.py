@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import lz4.block
@@ -59,6 +59,36 @@ except ImportError:  # pragma: no cover - depends on the platform (no aarch64 wh
 
 #: Use the compiled ``bitshuffle`` transpose when it is installed (benches flip this to compare).
 USE_BITSHUFFLE = _bitshuffle is not None
+
+
+def _omp_limiter() -> Callable[[], None]:
+    """bitshuffle's wheel carries its own OpenMP runtime, which spreads each transpose over
+    every core: a few µs of work then waits for threads the head's onnxruntime is keeping busy
+    (measured on 2 loaded cores: 20-30 ms per small tensor instead of 0.01 ms). Its thread count
+    is a per-thread setting, so each calling thread sets its own to 1, once. This touches only
+    that private runtime, not other libraries' OpenMP."""
+    import ctypes
+    import glob
+    import os
+    import threading
+
+    done = threading.local()
+    libs = [] if _bitshuffle is None else glob.glob(os.path.join(
+        os.path.dirname(_bitshuffle.__file__), os.pardir, "bitshuffle.libs", "libgomp*"))
+    try:
+        set_threads = ctypes.CDLL(libs[0]).omp_set_num_threads if libs else None
+    except (OSError, AttributeError):  # pragma: no cover - another build of bitshuffle
+        set_threads = None
+
+    def limit() -> None:
+        if set_threads is not None and not getattr(done, "ok", False):
+            set_threads(1)
+            done.ok = True
+
+    return limit
+
+
+_one_omp_thread = _omp_limiter()
 
 MAGIC = b"CP2"
 HEADER = struct.Struct("<3sBBBBB")
@@ -193,6 +223,7 @@ def bit_planes(values: np.ndarray, use_library: bool | None = None) -> np.ndarra
     if values.size == 0:
         return np.zeros((8 * itemsize, 0), dtype=np.uint8)
     if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
+        _one_omp_thread()
         shuffled = _bitshuffle.bitshuffle(values, values.size)
         return shuffled.view(np.uint8).reshape(8 * itemsize, values.size // 8)
     return _numpy_shuffle(values.view(np.uint8), itemsize)
@@ -206,6 +237,7 @@ def from_bit_planes(
     if n == 0:
         return np.zeros(0, dtype=dtype)
     if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
+        _one_omp_thread()
         return _bitshuffle.bitunshuffle(planes.reshape(-1).view(dtype), n)
     return _numpy_unshuffle(planes, dtype.itemsize).view(dtype)
 

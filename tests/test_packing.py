@@ -418,3 +418,31 @@ def test_big_endian_and_strided_inputs() -> None:
             assert y.dtype == np.float32 and y.shape == arr.shape
             assert np.abs(y - arr).max() <= P.quantization_bound(
                 (float(arr.max()) - float(arr.min())) / 63, float(arr.max()))
+
+
+def test_bitshuffle_runs_on_one_openmp_thread_in_every_thread() -> None:
+    """bitshuffle's private OpenMP runtime must not fan a tiny transpose out to every core (under
+    load that cost 10-30 ms per tensor): each thread that packs is limited to one OpenMP thread."""
+    import ctypes
+    import glob
+    import os
+    import threading
+
+    bitshuffle = pytest.importorskip("bitshuffle")
+    libs = glob.glob(os.path.join(os.path.dirname(bitshuffle.__file__), os.pardir,
+                                  "bitshuffle.libs", "libgomp*"))
+    if not libs:
+        pytest.skip("this bitshuffle build has no private OpenMP runtime")
+    omp = ctypes.CDLL(libs[0])
+    seen: list[int] = []
+
+    def pack_here() -> None:
+        before = omp.omp_get_max_threads()
+        packing.unpack(packing.pack(np.arange(64, dtype=np.float32), "lossless"))
+        seen.extend([before, omp.omp_get_max_threads()])
+
+    t = threading.Thread(target=pack_here)
+    t.start()
+    t.join()
+    assert seen[1] == 1
+    assert seen[0] >= 1

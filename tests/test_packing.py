@@ -434,11 +434,11 @@ def test_bitshuffle_runs_on_one_openmp_thread_in_every_thread() -> None:
     if not libs:
         pytest.skip("this bitshuffle build has no private OpenMP runtime")
     omp = ctypes.CDLL(libs[0])
-    seen: list[int] = []
+    seen: list[int] = []  # before and after packing, in a fresh thread
 
     def pack_here() -> None:
         before = omp.omp_get_max_threads()
-        packing.unpack(packing.pack(np.arange(64, dtype=np.float32), "lossless"))
+        P.unpack(P.pack(np.arange(64, dtype=np.float32), "lossless"))
         seen.extend([before, omp.omp_get_max_threads()])
 
     t = threading.Thread(target=pack_here)

@@ -54,19 +54,11 @@ class Profiled:
 
 def _session(model: onnx.ModelProto | str | Path, level: str, threads: int, prefix: str) -> Any:
     import onnxruntime as ort
+    from coinf.device.sweep import session_options
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[level]
+    opts = session_options(threads, level)
     opts.enable_profiling = True
     opts.profile_file_prefix = prefix
-    opts.log_severity_level = 3
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
 

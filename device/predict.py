@@ -61,15 +61,16 @@ EPS_X = 1e-4   # in millions: 100 elements / FLOPs
 EPS_MS = 1e-4  # 0.1 us
 
 
-def _fit_loglinear(x: np.ndarray, y: np.ndarray) -> Linear:
+def _fit_loglinear(x: np.ndarray, y: np.ndarray, ridge_weight: float = 1e-3) -> Linear:
     """Least squares in log space with a small ridge (sizes span four orders of magnitude, so
-    an additive model would be ruled by the biggest layers)."""
+    an additive model would be ruled by the biggest layers): a power law
+    ``ms = exp(b) * prod((x + eps)^a)``."""
     lx = np.log(x + EPS_X)
     ly = np.log(np.maximum(y, 0) + EPS_MS)
     # drop constant columns (e.g. no parameters): they would only fight the intercept
     keep = lx.std(axis=0) > 1e-9
     a = np.hstack([lx[:, keep], np.ones((len(y), 1))])
-    ridge = 1e-3 * np.eye(a.shape[1])
+    ridge = ridge_weight * np.eye(a.shape[1])
     ridge[-1, -1] = 0.0
     sol = np.linalg.solve(a.T @ a + ridge, a.T @ ly)
     coef = np.zeros(x.shape[1])

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from coinf.device.features import FREE_OPS, LINEAR_FEATURES, NodeFeatures
-from coinf.device.predict import EPS_MS, EPS_X, Linear
+from coinf.device.predict import Linear, _fit_loglinear
 
 FORMAT = "coinf-slice-predictor"
 VERSION = 1
@@ -70,16 +70,7 @@ class SliceSample:
 
 def _loglinear(x: np.ndarray, y: np.ndarray) -> Linear:
     """Power law ``ms = exp(b) * prod((x + eps)^a)`` by ridge least squares in log space."""
-    lx = np.log(x + EPS_X)
-    ly = np.log(np.maximum(y, 0.0) + EPS_MS)
-    keep = lx.std(axis=0) > 1e-9
-    a = np.hstack([lx[:, keep], np.ones((len(y), 1))])
-    ridge = 1e-2 * np.eye(a.shape[1])
-    ridge[-1, -1] = 0.0
-    sol = np.linalg.solve(a.T @ a + ridge, a.T @ ly)
-    coef = np.zeros(x.shape[1])
-    coef[keep] = sol[:-1]
-    return Linear([float(c) for c in coef], float(sol[-1]), log=True)
+    return _fit_loglinear(x, y, ridge_weight=1e-2)
 
 
 @dataclass

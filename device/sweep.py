@@ -166,9 +166,9 @@ def sweep_configs(scale: float = 1.0, seed: int = 0,
             yield builder(r, g, scale)
 
 
-def make_session(model: onnx.ModelProto | bytes | str, threads: int = 1,
-                 level: str = "all") -> object:
-    """An onnxruntime CPU session (``level``: ``basic`` keeps node names, ``all`` fuses)."""
+def session_options(threads: int = 1, level: str = "all") -> Any:
+    """onnxruntime options: ``threads`` intra-op threads, one inter-op, optimisation ``level``
+    (``disable``, ``basic`` keeps node names, ``extended``, ``all`` fuses), quiet logs."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -181,6 +181,15 @@ def make_session(model: onnx.ModelProto | bytes | str, threads: int = 1,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     opts.log_severity_level = 3
+    return opts
+
+
+def make_session(model: onnx.ModelProto | bytes | str, threads: int = 1,
+                 level: str = "all") -> object:
+    """An onnxruntime CPU session (``level``: ``basic`` keeps node names, ``all`` fuses)."""
+    import onnxruntime as ort
+
+    opts = session_options(threads, level)
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 # (bench name, module, help). Each module defines register(parser) which sets func.
@@ -42,6 +44,19 @@ def emit(result: dict[str, Any]) -> None:
     json.dump(result, sys.stdout, indent=1, sort_keys=False)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 10.0) -> None:
+    """Terminate every helper process a bench started, then wait; kill what does not stop."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def progress(message: str) -> None:

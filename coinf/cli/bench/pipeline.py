@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, progress, stop_processes
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -216,14 +216,7 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
         progress(f"{len(procs)} helper processes serving")
         yield [SimpleNamespace(name=e["name"], address=e["address"]) for e in entries]
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs)
 
 
 async def _realtime(sess: Any, frames: list[dict[str, Any]], n: int, rate: float,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, progress, stop_processes
 from coinf.errors import InputError, UserError
 
 
@@ -73,19 +73,9 @@ def _start_helpers(bundle: Path, sockets: list[Path], slowdown: float) -> list[s
             if "serving" not in line:
                 raise UserError(f"a helper process did not start: {line.strip()!r}")
     except BaseException:
-        _stop(procs)
+        stop_processes(procs)
         raise
     return procs
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], mbps: float,
@@ -218,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"{mbps:g} Mbit/s: speedup {row['speedup']}")
                 rows.append(row)
         finally:
-            _stop(procs)
+            stop_processes(procs)
     result = {"model": src.stem, "devices": args.devices, "slowdown": args.slowdown,
               "strategy": args.strategy, "latency_ms": args.latency_ms,
               **{k: main[k] for k in ("mbps", "local_ms", "distributed_ms", "speedup",

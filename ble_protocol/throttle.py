@@ -6,6 +6,10 @@ TCP between processes, so this wraps a real link instead: each message holds the
 to the inner link after ``latency`` seconds without holding the air (later messages do not wait
 for it). Receiving is the inner link's. ``send`` returns once the air time has passed, so a
 caller timing ``send`` measures the link's bandwidth.
+
+Links given one ``air`` lock share one medium (devices on one Wi-Fi network); with
+``shape_receive`` a received message also holds the air for its airtime and arrives
+``latency`` later, so a link shaped from one end only (a benchmark's side) shapes both ways.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from coinf.errors import LinkClosed, ProtocolError
 class ThrottledLink(Link):
     """``inner`` with its sends shaped by ``channel`` (bandwidth shared by this side's sends)."""
 
-    def __init__(self, inner: Link, channel: Channel) -> None:
+    def __init__(self, inner: Link, channel: Channel, *, air: asyncio.Lock | None = None,
+                 shape_receive: bool = False) -> None:
         super().__init__()
         if not channel.bandwidth_bps > 0:
             raise ValueError(f"bandwidth must be > 0 B/s, got {channel.bandwidth_bps}")
@@ -32,7 +37,8 @@ class ThrottledLink(Link):
         self.channel = channel
         self.stats = inner.stats
         self.max_message_bytes = inner.max_message_bytes
-        self._air = asyncio.Lock()
+        self._air = air if air is not None else asyncio.Lock()
+        self.shape_receive = shape_receive
         self._order = asyncio.Lock()
         self._late: TaskSet | None = None
         self._failed: ProtocolError | None = None
@@ -68,7 +74,12 @@ class ThrottledLink(Link):
                 self._failed = exc
 
     async def receive(self) -> Message:
-        return await self.inner.receive()
+        message = await self.inner.receive()
+        if self.shape_receive:
+            async with self._air:
+                await asyncio.sleep(self.channel.airtime(len(message.payload)))
+            await asyncio.sleep(self.channel.latency_s)
+        return message
 
     async def close(self) -> None:
         if self._late is not None:

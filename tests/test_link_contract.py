@@ -64,6 +64,23 @@ async def shaped_pair() -> AsyncIterator[tuple[Link, Link]]:
 
 
 @contextlib.asynccontextmanager
+async def throttled_pair() -> AsyncIterator[tuple[Link, Link]]:
+    """Two in-process links each shaped at one end, on one shared medium, both directions
+    (what `coinf bench spatial` does over sockets)."""
+    from coinf.ble_protocol.throttle import ThrottledLink
+
+    air = asyncio.Lock()
+    channel = Channel(bandwidth_bps=50e6, latency_s=0.001)
+    a, b = InProcessLink.pair()
+    ta = ThrottledLink(a, channel, air=air, shape_receive=True)
+    try:
+        yield ta, b
+    finally:
+        await ta.close()
+        await b.close()
+
+
+@contextlib.asynccontextmanager
 async def socket_pair(kind: str) -> AsyncIterator[tuple[Link, Link]]:
     """(client end from connect_socket, server end handed to serve_socket's callback)."""
     with tempfile.TemporaryDirectory(prefix="coinf-link-") as tmp:
@@ -140,6 +157,9 @@ IMPLS = [
     Impl("socket-unix", lambda: socket_pair("unix")),
     Impl("socket-tcp", lambda: socket_pair("tcp")),
     Impl("shaped", shaped_pair, bounded=False),  # its inboxes are unbounded
+    # with a latency its sends are delivered later by tasks: the inner link's back-pressure
+    # does not reach the sender (an emulation wrapper; docs/PIPELINE.md)
+    Impl("throttled", throttled_pair, bounded=False),
     # credits are withheld only after ~1 MB lies unread: too slow to reach on the emulated radio
     Impl("gatt-ble", ble_pair, slow=True, bounded=False),
 ]

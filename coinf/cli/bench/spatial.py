@@ -82,7 +82,8 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
                    frames: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from coinf.ble_protocol.shaped import Channel, ShapedOver, SharedAir
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.ble_protocol.throttle import ThrottledLink
     from coinf.ble_protocol.transport import FactoryConnector, open_connector
     from coinf.convert.gtdp import Worker
     from coinf.device.emulation import DeviceEmulation
@@ -108,13 +109,14 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
     key = tile_key(last - 1, last, Rect(0, 1, 0, 1))
     tiny = np.zeros(sm.region_shape(key, x.shape[0]), dtype=np.float32)
     overhead = median([emu.timed(lambda: sm.run_tile(key, tiny))[1] for _ in range(15)])
-    air = SharedAir(Channel(mbps * 1e6 / 8, latency_s=args.latency_ms / 1e3))
+    channel = Channel(mbps * 1e6 / 8, latency_s=args.latency_ms / 1e3)
+    air = asyncio.Lock()  # one medium for every helper link
 
     def connector(sock: Path) -> FactoryConnector:
         inner = open_connector(f"unix:{sock}")
 
         async def factory() -> Any:
-            return ShapedOver(await inner.connect(5.0), air)
+            return ThrottledLink(await inner.connect(5.0), channel, air=air, shape_receive=True)
 
         return FactoryConnector(factory)
 

@@ -55,11 +55,10 @@ def parse_tile_key(key: str, chain_len: int) -> tuple[int, int, Rect]:
 
 
 def _session(model: bytes, threads: int) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    from coinf.device.sweep import session_options
+
+    return ort.InferenceSession(model, session_options(threads),
+                                providers=["CPUExecutionProvider"])
 
 
 @dataclass

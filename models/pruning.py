@@ -260,12 +260,6 @@ def _epochs(chain: nn.Sequential, x: torch.Tensor, y: torch.Tensor, cfg: PruneCo
     return loss_v
 
 
-def accuracy(chain: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
-    chain.eval()
-    with torch.no_grad():
-        return float((chain(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
-
-
 def smcd(chain: nn.Sequential, x_train: np.ndarray, y_train: np.ndarray, cfg: PruneConfig,
          progress: Progress | None = None) -> PruneResult:
     """Sparsify ``chain`` (a trained copy is made) with group lasso, remove units, fine-tune."""

@@ -33,6 +33,7 @@ from coinf.convert.gtdp import Worker
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.spatial import REST_KEY, SpatialModel, SpatialPlan
 from coinf.wearable.connection import Connection
+from coinf.wearable.frame import check_feed
 
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
 
@@ -127,6 +128,7 @@ class SpatialSession:
     async def run(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray],
                                                                  SpatialStats]:
         """The model's outputs for ``feed``; a helper that fails is dropped and the frame rerun."""
+        feed = check_feed(self.bundle, feed)  # names, dtypes, shapes: once, before any work
         replans = 0
         while True:
             try:
@@ -147,11 +149,7 @@ class SpatialSession:
         _, owner = self.workers()
         stats = SpatialStats(workers=[w.name for w in plan.workers])
         t_start = time.perf_counter()
-        x = np.asarray(feed[self.model.input], dtype=np.float32)
-        want = self.model.g.ttype(self.model.input).shape
-        if x.shape != want:
-            raise InputError(f"input {self.model.input!r} has shape {list(x.shape)}, expected "
-                             f"{list(want)}")
+        x = feed[self.model.input]
         if plan.local_only:  # nothing pays off elsewhere: one run of the whole model here
             outputs, local_s = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.emulation.timed, lambda: self.model.run_whole(feed))

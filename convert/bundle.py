@@ -120,6 +120,65 @@ class Candidate:
         }
 
 
+#: a compressed candidate id on the wire: ``c004~g4`` (compressor gamma 4's code at ``c004``)
+GAMMA_SEP = "~g"
+COMPRESSORS_DIR = "compressors"
+
+
+def split_compressed(cid: str) -> tuple[str, int | None]:
+    """``"c004~g4"`` -> ``("c004", 4)``; a plain id -> ``(id, None)``. A malformed gamma
+    (``c004~gx``, ``c004~g0``) raises :class:`BundleError`."""
+    base, sep, gamma = cid.partition(GAMMA_SEP)
+    if not sep:
+        return cid, None
+    if not (gamma.isdigit() and 1 <= len(gamma) <= 3 and int(gamma) >= 2):
+        raise BundleError(f"bad compressor in {cid[:80]!r}: expected CUT~gN with N >= 2")
+    return base, int(gamma)
+
+
+@dataclass(frozen=True)
+class Compressor:
+    """An autoencoder attached to a cut (docs/BUNDLE.md, "Compressors"): the encoder maps the
+    cut's crossing tensors to one tensor ``code``, the decoder maps it back. ``accuracy`` is the
+    model's test accuracy with it, per packing of the code; ``code_bytes`` what the code takes
+    on the wire per packing (measured when attached); ``base_accuracy`` the model's own."""
+
+    candidate: str
+    gamma: int
+    encoder: str
+    decoder: str
+    code: TensorSpec
+    flops: int
+    accuracy: dict[str, float]
+    code_bytes: dict[str, int]
+    base_accuracy: float
+    sha256: str
+
+    @property
+    def wire_id(self) -> str:
+        return f"{self.candidate}{GAMMA_SEP}{self.gamma}"
+
+    def relative_accuracy(self, packing: str) -> float:
+        """Accuracy with this packing relative to the uncompressed model's (<= 1)."""
+        if self.base_accuracy <= 0:
+            return 0.0
+        return min(self.accuracy[packing] / self.base_accuracy, 1.0)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], base_accuracy: float) -> Compressor:
+        return cls(str(obj["candidate"]), int(obj["gamma"]), str(obj["encoder"]),
+                   str(obj["decoder"]), TensorSpec.from_json(obj["code"]), int(obj["flops"]),
+                   {str(k): float(v) for k, v in obj["accuracy"].items()},
+                   {str(k): int(v) for k, v in obj["code_bytes"].items()},
+                   float(base_accuracy), str(obj["sha256"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"candidate": self.candidate, "gamma": self.gamma, "encoder": self.encoder,
+                "decoder": self.decoder, "code": self.code.to_json(), "flops": self.flops,
+                "accuracy": dict(self.accuracy), "code_bytes": dict(self.code_bytes),
+                "sha256": self.sha256}
+
+
 @dataclass
 class Bundle:
     """A loaded split bundle. Paths in the manifest are relative to :attr:`root`."""
@@ -158,8 +217,8 @@ class Bundle:
     def identity(self) -> str:
         """What the handshake compares: the model's hash plus a hash of the candidate cuts.
 
-        Calibration data and other manifest extras do not change it; a different model or a
-        different set of cuts does. With shared weights ``model.onnx`` only points into
+        Calibration data and other manifest extras do not change it; a different model, a
+        different set of cuts or different attached compressors does. With shared weights ``model.onnx`` only points into
         ``weights.bin``, so that file's hash counts too (other weights, other identity).
         """
         cuts: list[Any] = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)]
@@ -167,8 +226,29 @@ class Bundle:
         weights = self.meta.get("weights")
         if isinstance(weights, dict) and weights.get("sha256"):
             cuts.append(["weights", str(weights["sha256"])])
+        comps = self.compressors()
+        if comps:  # other compressors, other identity: a peer must decode what we encode
+            cuts.append(["compressors", sorted([c.candidate, c.gamma, c.sha256] for c in comps)])
         digest = hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
         return f"{self.model_sha256[:16]}-{digest[:8]}"
+
+    def compressors(self, cid: str | None = None) -> list[Compressor]:
+        """The attached compressors (``coinf convert compressors``), of cut ``cid`` or all."""
+        sect = self.meta.get("compressors")
+        if not isinstance(sect, dict):
+            return []
+        base = float(sect.get("base_accuracy", {}).get("raw", 0.0))
+        out = [Compressor.from_json(e, base) for e in sect.get("entries", [])]
+        return [c for c in out if cid is None or c.candidate == cid]
+
+    def compressor(self, cid: str, gamma: int) -> Compressor:
+        """Compressor ``gamma`` of cut ``cid``; :class:`BundleError` naming what exists."""
+        found = self.compressors(cid)
+        for comp in found:
+            if comp.gamma == gamma:
+                return comp
+        have = ", ".join(c.wire_id for c in found) or "none"
+        raise BundleError(f"no compressor g{gamma} at cut {cid} (this bundle has {have} there)")
 
     # -- I/O ------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -241,6 +321,17 @@ class Bundle:
             for part in (cand.head, cand.tail):
                 if part.file is not None and not inside(root, part.file).is_file():
                     raise BundleError(f"{path}: candidate {cand.id} needs missing {part.file}")
+        try:
+            comps = bundle.compressors()
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BundleError(f"{path}: malformed compressors section ({exc!r})") from None
+        ids = {c.id for c in bundle.candidates}
+        for comp in comps:
+            if comp.candidate not in ids:
+                raise BundleError(f"{path}: compressor {comp.wire_id} names no candidate")
+            for file in (comp.encoder, comp.decoder):
+                if not inside(root, file).is_file():
+                    raise BundleError(f"{path}: compressor {comp.wire_id} needs missing {file}")
         return bundle
 
 

@@ -7,7 +7,10 @@ A pipeline REQUEST is an ordinary REQUEST (``encode_request``) whose candidate-i
 slice FROM..TO on the tensors (cut FROM's crossing set) and sends cut TO's crossing tensors on
 to the next hop, which it finds in its own configuration by name (the wire never gives an
 address), packed as the hop's optional ``+SPEC`` says (``h1=c002..c004+q8``; default raw). The
-last hop's slice ends at the last cut, so it produces the model's outputs.
+last hop's slice ends at the last cut, so it produces the model's outputs. A FROM of the form
+``CUT~gN`` (``h2=c004~g4..c008``) means the tensors are compressor gN's code at CUT (one tensor
+``code``): that hop decodes it first, and the sender (the hop before, or the wearable) encodes
+with gN before sending.
 
 A pipeline RESULT payload is ``u32 compute_us`` (the sum over stages, so that ``decode_result``
 still reads it), ``u8 count`` and ``count`` x ``(u32 compute_us, u32 send_us, u32 bytes)`` --
@@ -31,7 +34,9 @@ PREFIX = "pipe:"
 MAX_HOPS = 16
 _NAME = r"[A-Za-z0-9_-]{1,32}"
 _PACKING = r"q\d{1,2}|f16|f32|raw"
-_HOP = re.compile(rf"^({_NAME})=({_NAME})\.\.({_NAME})(?:\+({_PACKING}))?$")
+#: a hop's FROM may name a compressor's code at that cut: ``c004~g4`` (the hop decodes first)
+_FROM = rf"{_NAME}(?:~g\d{{1,3}})?"
+_HOP = re.compile(rf"^({_NAME})=({_FROM})\.\.({_NAME})(?:\+({_PACKING}))?$")
 _FAILED = re.compile(rf"hop ({_NAME}) unreachable")
 _STAT = struct.Struct("<III")
 

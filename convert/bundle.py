@@ -218,8 +218,8 @@ class Bundle:
         """What the handshake compares: the model's hash plus a hash of the candidate cuts.
 
         Calibration data and other manifest extras do not change it; a different model, a
-        different set of cuts or different attached compressors does. With shared weights ``model.onnx`` only points into
-        ``weights.bin``, so that file's hash counts too (other weights, other identity).
+        different set of cuts or different attached compressors does. With shared weights
+        ``model.onnx`` only points into ``weights.bin``, so that file's hash counts too.
         """
         cuts: list[Any] = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)]
                            for c in self.candidates]

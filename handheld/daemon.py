@@ -42,13 +42,16 @@ from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
 from coinf.ble_protocol.route import is_route
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
-from coinf.convert.bundle import Bundle
+from coinf.convert.bundle import GAMMA_SEP, Bundle, split_compressed
+from coinf.convert.compressors import CodecRunner, check_code
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.profile import DeviceProfile
 from coinf.device.runtime import TailRunner
 from coinf.device.spatial import TILE_PREFIX, TileRunner
 from coinf.device.status import read_status
+
+from coinf.errors import BundleError
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,8 @@ class HandheldDaemon:
         # tails run with onnxruntime, LiteRT, or ``auto``: the faster one in ``profile``
         self.tails = TailRunner(bundle, emulation, capacity=lru, runtime=runtime, profile=profile)
         self.tiles = TileRunner(bundle.model_path, emulation)  # spatial partition (sp:...)
+        # compressors' decoders (a REQUEST for ``c004~g4`` carries compressor g4's code)
+        self.codecs = CodecRunner(bundle, (emulation or DeviceEmulation()).session_options())
         self.max_request_bytes = max_request_bytes
         self.max_pending = max_pending
         self.concurrency = concurrency
@@ -291,8 +296,14 @@ class HandheldDaemon:
         try:
             if cid.startswith(TILE_PREFIX):
                 outputs, elapsed = self.tiles.run(cid, feeds, token)
-            else:
-                outputs, elapsed = self.tails.run(cid, feeds, token)
+            elif GAMMA_SEP in cid:  # decode compressor gN's code first (checked in decode)
+                base, gamma = split_compressed(cid)
+                comp = self.bundle.compressor(base, gamma or 0)
+                t0 = time.perf_counter()
+                restored = self.codecs.decode(comp, feeds)
+                dec_s = time.perf_counter() - t0
+                outputs, elapsed = self.tails.run(base, restored, token)
+                elapsed += dec_s
         except Cancelled:
             raise RequestCancelled(cid) from None
         if cancel is not None and cancel.is_set():
@@ -305,11 +316,26 @@ class HandheldDaemon:
     def decode(self, payload: bytes) -> tuple[str, dict[str, np.ndarray]]:
         """REQUEST payload -> (candidate id, crossing tensors). Everything in it is untrusted."""
         cid, blob = decode_request(payload)
-        # never allocate more than the candidate's crossing tensors take, whatever is declared
-        need = (self.tiles.budget(cid) if cid.startswith(TILE_PREFIX)
-                else self.tails.candidate(cid).crossing_bytes)
+        # never allocate more than the candidate's crossing tensors (or its compressor's code)
+        # take, whatever is declared
+        comp = None
+        if cid.startswith(TILE_PREFIX):
+            need = self.tiles.budget(cid)
+        elif GAMMA_SEP in cid:
+            try:
+                base, gamma = split_compressed(cid)
+                self.tails.candidate(base)
+                comp = self.bundle.compressor(base, gamma or 0)
+            except BundleError as exc:
+                raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+            need = comp.code.nbytes
+        else:
+            need = self.tails.candidate(cid).crossing_bytes
         budget = min(need, self.max_request_bytes)
-        return cid, decode_tensors(blob, max_bytes=budget)
+        feeds = decode_tensors(blob, max_bytes=budget)
+        if comp is not None:
+            check_code(comp, feeds)
+        return cid, feeds
 
     def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float) -> bytes:
         """Tail outputs -> RESULT payload."""

@@ -52,7 +52,8 @@ from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import connect_within, open_connector
-from coinf.convert.bundle import Bundle, Candidate, open_slice
+from coinf.convert.bundle import Bundle, Candidate, Compressor, open_slice, split_compressed
+from coinf.convert.compressors import CodecRunner, check_code
 from coinf.convert.stage_slices import StageSlices, slice_name
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
@@ -133,6 +134,7 @@ class Forwarder:
         self.connect_timeout = connect_timeout
         self.max_request_bytes = max_request_bytes
         self.slices = StageSlices(bundle)
+        self.codecs = CodecRunner(bundle, self.emulation.session_options())
         self.stages = 0
         self._lru = lru
         self._sessions: OrderedDict[str, Any] = OrderedDict()
@@ -156,7 +158,9 @@ class Forwarder:
             raise ProtocolError(ErrorCode.MALFORMED, f"route starts at {hop.device!r}, this "
                                 f"helper is {self.name!r}")
         try:
-            start, end = self.slices.pair(hop.start, hop.end)
+            base, gamma = split_compressed(hop.start)
+            start, end = self.slices.pair(base, hop.end)
+            comp_in = self.bundle.compressor(base, gamma) if gamma else None
         except BundleError as exc:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
         if (end is self.bundle.candidates[-1]) != (not rest):
@@ -167,21 +171,32 @@ class Forwarder:
             spec = PackSpec.parse(hop.packing)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: {exc}") from None
+        comp_out = None
         if rest:
-            if rest[0].start != end.id:
-                raise ProtocolError(ErrorCode.MALFORMED, f"hop {rest[0]} does not start at "
-                                    f"cut {end.id}")
+            try:
+                nbase, ngamma = split_compressed(rest[0].start)
+                if nbase != end.id:
+                    raise ProtocolError(ErrorCode.MALFORMED, f"hop {rest[0]} does not start "
+                                        f"at cut {end.id}")
+                comp_out = self.bundle.compressor(end.id, ngamma) if ngamma else None
+            except BundleError as exc:
+                raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
             if rest[0].device not in self.peers:
                 raise ProtocolError(ErrorCode.MALFORMED, f"{self.name} has no peer "
                                     f"{rest[0].device!r} in its pipeline configuration")
-        budget = min(start.crossing_bytes, self.max_request_bytes)
-        feeds = decode_tensors(blob, max_bytes=budget)
-        check_crossing(start, feeds)
+        # never allocate more than FROM's crossing set (or its compressor's code) takes
+        need = comp_in.code.nbytes if comp_in is not None else start.crossing_bytes
+        feeds = decode_tensors(blob, max_bytes=min(need, self.max_request_bytes))
+        if comp_in is not None:
+            check_code(comp_in, feeds)
+        else:
+            check_crossing(start, feeds)
         cancel = CancelToken()
         loop = asyncio.get_running_loop()
         try:
-            outputs, elapsed = await loop.run_in_executor(self._pool, self._run, hop, feeds,
-                                                          cancel)
+            outputs, elapsed = await loop.run_in_executor(
+                self._pool, self._run, start, end, feeds, cancel, comp_in, comp_out,
+                bool(rest))
         except asyncio.CancelledError:
             cancel.set()
             raise
@@ -194,32 +209,40 @@ class Forwarder:
             self.stages += 1
             payload = encode_stage_result([HopStats(own, 0, 0)], encode_results(outputs))
             return Message(MsgType.RESULT, msg.request_id, payload)
-        sent = {t.name: outputs[t.name] if t.name in outputs else feeds[t.name]
-                for t in end.crossing}
-        reply, send_s, nbytes = await self._forward(rest, sent, spec)
+        reply, send_s, nbytes = await self._forward(rest, outputs, spec)
         stats, tail_blob = decode_stage_result(reply, len(rest))
         self.stages += 1
         payload = encode_stage_result([HopStats(own, int(send_s * 1e6), nbytes), *stats],
                                       bytes(tail_blob))
         return Message(MsgType.RESULT, msg.request_id, payload)
 
-    def _run(self, hop: Hop, feeds: dict[str, np.ndarray], cancel: CancelToken
-             ) -> tuple[dict[str, np.ndarray], float]:
-        sess = self._session(hop.start, hop.end)
+    def _run(self, start: Candidate, end: Candidate, feeds: dict[str, np.ndarray],
+             cancel: CancelToken, comp_in: Compressor | None, comp_out: Compressor | None,
+             forward: bool) -> tuple[dict[str, np.ndarray], float]:
+        """Decode (``comp_in``), run slice start..end, and (``forward``) collect cut ``end``'s
+        crossing tensors, encoded with ``comp_out``: (tensors, emulated seconds)."""
+        sess = self._session(start.id, end.id)
         wanted = [i.name for i in sess.get_inputs()]
         names = [o.name for o in sess.get_outputs()]
+
+        def work(ro: Any) -> dict[str, np.ndarray]:
+            x = self.codecs.decode(comp_in, feeds) if comp_in is not None else feeds
+            out = dict(zip(names, sess.run(names, {k: x[k] for k in wanted}, ro), strict=True))
+            if not forward:
+                return out
+            sent = {t.name: out[t.name] if t.name in out else x[t.name] for t in end.crossing}
+            return self.codecs.encode(comp_out, sent) if comp_out is not None else sent
+
         with cancel.run_options() as ro:
             try:
-                values, elapsed = self.emulation.timed(
-                    lambda: sess.run(names, {k: feeds[k] for k in wanted}, ro), cancel)
+                return self.emulation.timed(lambda: work(ro), cancel)
             except Cancelled:
                 raise
             except Exception:
                 if cancel.is_set():
-                    raise Cancelled(f"stage {slice_name(hop.start, hop.end)} cancelled") \
+                    raise Cancelled(f"stage {slice_name(start.id, end.id)} cancelled") \
                         from None
                 raise
-        return dict(zip(names, values, strict=True)), elapsed
 
     def _session(self, start: str, end: str) -> Any:
         key = slice_name(start, end)

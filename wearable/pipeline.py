@@ -46,8 +46,9 @@ from coinf.ble_protocol.route import (
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector, open_connector
-from coinf.convert.bundle import Bundle, Candidate
+from coinf.convert.bundle import Bundle, Candidate, Compressor
 from coinf.convert.calibrate import packing_rows, row_bound
+from coinf.convert.compressors import CodecRunner
 from coinf.convert.stage_slices import slice_name
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
@@ -189,6 +190,15 @@ class PipelineStats:
     retries: int = 0
     local: bool = False
     packing: list[str] = field(default_factory=list)  # per link
+    #: per link, the compressor's gamma (1: none; ``packing`` then applies to its code)
+    gamma: list[int] = field(default_factory=list)
+
+    @property
+    def options(self) -> list[str]:
+        """Per link, what it carried: ``raw``, ``q8``, ``g4``, ``g4+q8``."""
+        return [p if g <= 1 else (f"g{g}" if p == "raw" else f"g{g}+{p}")
+                for g, p in zip(self.gamma or [1] * len(self.packing), self.packing,
+                                strict=True)]
 
 
 class _Ewma:
@@ -247,6 +257,7 @@ class PipelineSession:
         self._flops = {c.id: c.head.flops for c in self.bundle.candidates}
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=8)
         self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-pipe-head")
+        self.codecs = CodecRunner(self.bundle, self.emulation.session_options())
         self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
         self._speed: dict[str, _Ewma] = {WEARABLE: _Ewma(wearable_speed_flops)}
         self._speed.update({h.name: _Ewma(h.speed_flops) for h in helpers})
@@ -408,11 +419,23 @@ class PipelineSession:
                         for t in first.crossing}
             if first.head.flops >= self._min_flops and own_s > 0:
                 self._speed[WEARABLE].add(first.head.flops / own_s)
-        specs = (self.link_packings(plan) if self.auto_packing
-                 else [self.packing] + [PackSpec.parse("raw")] * (len(plan.hops) - 1))
+        choices = (self.link_choices(plan) if self.auto_packing
+                   else [Option(1, str(self.packing), 1.0, 1.0)]
+                   + [Option(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))
+        specs = [PackSpec.parse(o.packing) for o in choices]
+        comps = [self.bundle.compressor(cut, o.gamma) if o.gamma > 1 else None
+                 for cut, o in zip(plan.cuts, choices, strict=True)]
+        # hop i receives link i: its FROM names the compressor's code (``c004~g4``) and it
+        # packs what it sends on as link i+1's option says
+        hops = [dataclasses.replace(h, start=h.start if c is None else c.wire_id,
+                                    packing=str(p))
+                for h, c, p in zip(plan.hops, comps, [*specs[1:], "raw"], strict=True)]
         spec = specs[0]
-        hops = [dataclasses.replace(h, packing=str(p))
-                for h, p in zip(plan.hops, [*specs[1:], "raw"], strict=True)]
+        if comps[0] is not None:
+            t0 = time.perf_counter()
+            crossing = await loop.run_in_executor(self._head_pool, self.codecs.encode,
+                                                  comps[0], crossing)
+            own_s += time.perf_counter() - t0
         if spec.codec == "raw":
             blob = encode_tensors(crossing)
         else:
@@ -442,29 +465,36 @@ class PipelineSession:
         for nxt, st in zip(plan.devices[2:], hop_stats, strict=False):
             self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
-                                      packing=[str(p) for p in specs])
+                                      packing=[str(p) for p in specs],
+                                      gamma=[o.gamma for o in choices])
 
     def link_packing(self, plan: PipelinePlan) -> PackSpec:
         """The first link's packing (:meth:`link_packings`)."""
         return self.link_packings(plan)[0]
 
     def link_packings(self, plan: PipelinePlan) -> list[PackSpec]:
-        """Every link's packing at its current bandwidth estimate: the option with the best
-        effective accuracy (throughput x accuracy / input rate) among raw and the bundle's
-        calibrated packings of that link's cut (paper 002, §IV-D)."""
+        """Every link's packing (:meth:`link_choices`)."""
+        return [PackSpec.parse(o.packing) for o in self.link_choices(plan)]
+
+    def link_choices(self, plan: PipelinePlan) -> list[Option]:
+        """Every link's option at its current bandwidth estimate: the one with the best
+        effective accuracy (throughput x accuracy / input rate) among raw, the bundle's
+        calibrated packings of that link's cut and its attached compressors with each packing
+        of their code (paper 002, §IV-D, Algorithm 2: a threshold table per cut, looked up)."""
         compute_fps = 1.0 / max(max(plan.split.compute_s), 1e-9)
         input_fps = self.input_fps or compute_fps
-        specs = []
+        out = []
         for cut, receiver in zip(plan.cuts, plan.devices[1:], strict=True):
             cand = self.bundle.candidate(cut)
             key = (cand.id, round(compute_fps, 1))
             table = self._tables.get(key)
             if table is None:
-                table = self._tables[key] = thresholds(link_options(cand), compute_fps,
-                                                       input_fps)
+                table = self._tables[key] = thresholds(
+                    link_options(cand, self.bundle.compressors(cand.id)), compute_fps,
+                    input_fps)
             bw = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
-            specs.append(PackSpec.parse(lookup(table, bw).packing))
-        return specs
+            out.append(lookup(table, bw))
+        return out
 
     def _observe_link(self, device: str, nbytes: int, seconds: float) -> None:
         if nbytes <= 0:
@@ -516,9 +546,11 @@ class PipelineSession:
         await self.close()
 
 
-def link_options(cand: Candidate) -> list[Option]:
+def link_options(cand: Candidate, compressors: Sequence[Compressor] = ()) -> list[Option]:
     """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
-    (1 - the calibrated drop's upper bound; the model's own accuracy cancels out)."""
+    (1 - the calibrated drop's upper bound; the model's own accuracy cancels out), and every
+    (compressor, packing of its code) with the code's bytes and the set's accuracy relative to
+    the model's own."""
     options = [Option(1, "raw", float(cand.crossing_bytes), 1.0)]
     for row in packing_rows(cand):
         spec, size = row.get("spec"), row.get("mean_bytes")
@@ -529,6 +561,11 @@ def link_options(cand: Candidate) -> list[Option]:
         # few inputs is not worth giving up lossless tensors for
         drop = max(row_bound(row)[0], 0.0)
         options.append(Option(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
+    for comp in compressors:
+        for spec, size in sorted(comp.code_bytes.items()):
+            if spec in comp.accuracy and size > 0:
+                options.append(Option(comp.gamma, spec, float(size),
+                                      comp.relative_accuracy(spec)))
     return options
 
 

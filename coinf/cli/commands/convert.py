@@ -30,6 +30,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     tfl.add_argument("--timeout", type=float, default=600.0, metavar="S",
                      help="seconds one slice may take to convert (default %(default)s)")
     tfl.set_defaults(func=run)
+    comp = sub.add_parser("compressors", help="attach a compressor set (autoencoders) to a bundle",
+                          description="Check a compressor set (`coinf models compressors -o "
+                          "DIR`) against a bundle split from its backbone.onnx, copy it into "
+                          "the bundle and record it in the manifest (the bundle's identity "
+                          "changes: every device needs the same compressors).")
+    comp.add_argument("bundle", nargs="?",
+                      help="bundle directory (`coinf split DIR/backbone.onnx`)")
+    comp.add_argument("set", nargs="?", help="compressor set directory (with index.json)")
+    comp.set_defaults(func=run_compressors)
 
     def usage(args: argparse.Namespace) -> int:
         parser.print_help()
@@ -77,4 +86,20 @@ def run(args: argparse.Namespace) -> int:
     summary = convert_tflite(args.bundle, args.candidates, args.python, args.install_converter,
                              args.timeout)
     print_summary(summary)
+    return 0
+
+
+def run_compressors(args: argparse.Namespace) -> int:
+    """``coinf convert compressors BUNDLE DIR``."""
+    from coinf.convert.compressors import attach
+
+    if not args.bundle or not args.set:
+        raise UserError("usage: coinf convert compressors BUNDLE SET_DIR")
+    bundle = attach(args.bundle, args.set)
+    for comp in bundle.compressors():
+        sizes = ", ".join(f"{k} {v} B" for k, v in sorted(comp.code_bytes.items()))
+        accs = ", ".join(f"{k} {v:.4f}" for k, v in sorted(comp.accuracy.items()))
+        print(f"{comp.wire_id:10s} code {list(comp.code.shape)} ({sizes}); accuracy {accs}")
+    print(f"\nbundle {bundle.root}: {len(bundle.compressors())} compressor(s) attached, "
+          f"identity {bundle.identity}")
     return 0

@@ -1,0 +1,313 @@
+"""Compressor sets at run time (issue 13, S3): attaching a set to a bundle (validation,
+identity), ``CUT~gN`` requests on the handheld and in pipeline routes (hostile ones refused
+before anything runs), and a 3-device pipeline whose links switch gamma with bandwidth, its
+outputs equal to head -> encoder -> decoder -> tail computed locally."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, encode_json, encode_request
+from coinf.ble_protocol.packing import pack_tensors
+from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.convert.bundle import Bundle
+from coinf.convert.compressors import attach, load_set
+from coinf.convert.split import split_model
+from coinf.handheld.daemon import HandheldDaemon
+from coinf.handheld.pipeline_host import local_helpers
+from coinf.wearable.pipeline import Helper, PipelineSession, link_options
+from coinf.wearable.planner.compress_select import lookup, thresholds
+
+from coinf.errors import InputError, ProtocolError
+
+pytest.importorskip("torch")
+
+POOL1, RELU2 = "/pool1/MaxPool_output_0", "/Relu_1_output_0"
+#: accuracies written into the set's index (the untrained autoencoders' own are near chance):
+#: a higher gamma costs accuracy, so only a slower link makes it worth it
+ACC = {2: {"raw": 0.97, "q8": 0.965}, 4: {"raw": 0.95, "q8": 0.945},
+       8: {"raw": 0.90, "q8": 0.89}}
+
+
+def sync(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return asyncio.run(asyncio.wait_for(fn(*args, **kwargs), 90))
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def cset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.compressor_sets import make_set
+
+    out = make_set(tmp_path_factory.mktemp("set") / "set", cuts=("pool1", "relu2"),
+                   steps=0, test_limit=40)
+    index = json.loads((out / "index.json").read_text())
+    index["base_accuracy"] = {"raw": 0.98}
+    for e in index["compressors"]:
+        e["accuracy"] = ACC[e["gamma"]]
+    (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(cset: Path, tmp_path_factory: pytest.TempPathFactory) -> Bundle:
+    root = tmp_path_factory.mktemp("b") / "lenet"
+    split_model(cset / "backbone.onnx", root)
+    return attach(root, cset)
+
+
+def frames(bundle: Bundle, n: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(3)
+    spec = bundle.inputs[0]
+    return [{spec.name: rng.standard_normal(spec.shape).astype(np.float32)} for _ in range(n)]
+
+
+def ort_run(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    want = {i.name for i in sess.get_inputs()}
+    return dict(zip(names, sess.run(names, {k: v for k, v in feeds.items() if k in want}),
+                    strict=True))
+
+
+def compressed_reference(bundle: Bundle, feed: dict[str, np.ndarray],
+                         gammas: dict[str, int]) -> np.ndarray:
+    """The whole model computed locally, slice by slice, through the compressor of each cut
+    in ``gammas`` (head -> encoder -> decoder -> tail; no packing)."""
+    x = dict(feed)
+    prev = bundle.candidates[0].id
+    for cut in [*gammas, bundle.candidates[-1].id]:
+        from coinf.convert.stage_slices import StageSlices
+
+        if cut == bundle.candidates[-1].id:
+            path = bundle.path(bundle.candidate(prev).tail.file or "")
+        else:
+            path = StageSlices(bundle).path(prev, cut)
+        x.update(ort_run(path, x))
+        if cut in gammas:
+            comp = bundle.compressor(cut, gammas[cut])
+            code = ort_run(bundle.path(comp.encoder), x)
+            x.update(ort_run(bundle.path(comp.decoder), code))
+        prev = cut
+    return x[bundle.outputs[0].name]
+
+
+# -- attaching ------------------------------------------------------------------------------
+def test_attach_records_compressors_and_changes_the_identity(cset: Path, bundle: Bundle,
+                                                             tmp_path: Path) -> None:
+    plain = split_model(cset / "backbone.onnx", tmp_path / "plain")
+    assert plain.compressors() == [] and plain.identity != bundle.identity
+    pool1 = next(c for c in bundle.candidates if [t.name for t in c.crossing] == [POOL1])
+    comps = bundle.compressors(pool1.id)
+    assert [c.gamma for c in comps] == [2, 4, 8]
+    for c in comps:
+        assert c.wire_id == f"{pool1.id}~g{c.gamma}"
+        assert c.code.nbytes * c.gamma == pool1.crossing_bytes  # 1/gamma of the activation
+        assert c.code_bytes["raw"] == c.code.nbytes and c.code_bytes["q8"] < c.code.nbytes
+        assert bundle.path(c.encoder).is_file() and bundle.path(c.decoder).is_file()
+        assert c.relative_accuracy("raw") == pytest.approx(ACC[c.gamma]["raw"] / 0.98)
+    assert Bundle.load(bundle.root).identity == bundle.identity
+    # a daemon with the compressors refuses a wearable without them (HELLO)
+    daemon = HandheldDaemon(bundle)
+    hello = {"protocol": daemon.hello_payload()["protocol"], "bundle": plain.identity}
+    with pytest.raises(ProtocolError) as info:
+        asyncio.run(daemon.handle(Message(MsgType.HELLO, 1, encode_json(hello))))
+    assert info.value.code == ErrorCode.BUNDLE_MISMATCH
+
+
+def _copy(cset: Path, tmp_path: Path) -> tuple[Path, dict]:
+    out = tmp_path / "set"
+    shutil.copytree(cset, out)
+    return out, json.loads((out / "index.json").read_text())
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("backbone", "is not the model bundle"),
+    ("signature", "inputs are"),
+    ("missing", "is missing"),
+    ("gamma", "gamma must be an integer"),
+    ("accuracy", "accuracy"),
+    ("crossing", "no candidate"),
+    ("code_shape", "expected float32"),
+    ("format", "format"),
+])
+def test_attach_refuses_a_bad_set_naming_the_problem(cset: Path, bundle: Bundle, tmp_path: Path,
+                                                     damage: str, message: str) -> None:
+    bad, index = _copy(cset, tmp_path)
+    entry = index["compressors"][0]
+    if damage == "backbone":
+        (bad / "backbone.onnx").write_bytes((bad / entry["decoder"]).read_bytes())
+    elif damage == "signature":  # a decoder where the encoder belongs
+        entry["encoder"] = entry["decoder"]
+    elif damage == "missing":
+        (bad / entry["decoder"]).unlink()
+    elif damage == "gamma":
+        entry["gamma"] = "4"
+    elif damage == "accuracy":
+        entry["accuracy"] = {"raw": 1.5}
+    elif damage == "crossing":
+        entry["crossing"] = ["nonexistent"]
+    elif damage == "code_shape":
+        entry["code_shape"] = [1, 99, 1, 1]
+    elif damage == "format":
+        index["format"] = 7
+    (bad / "index.json").write_text(json.dumps(index))
+    before = (bundle.root / "manifest.json").read_bytes()
+    with pytest.raises(InputError, match=message):
+        attach(bundle.root, bad)
+    assert (bundle.root / "manifest.json").read_bytes() == before  # nothing recorded
+    if damage == "gamma":  # the field is named
+        with pytest.raises(InputError, match=r"compressors\[0\]\.gamma"):
+            load_set(bad)
+
+
+def test_the_cli_attaches_and_refuses_with_exit_2(cset: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.cli import main
+
+    root = tmp_path / "b"
+    split_model(cset / "backbone.onnx", root)
+    assert main(["convert", "compressors", str(root), str(cset)]) == 0
+    assert "~g4" in capsys.readouterr().out and Bundle.load(root).compressors()
+    assert main(["convert", "compressors", str(root), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no index.json" in err and "Traceback" not in err
+
+
+# -- the wire -------------------------------------------------------------------------------
+def test_the_handheld_decodes_a_code_and_refuses_hostile_ones(bundle: Bundle) -> None:
+    daemon = HandheldDaemon(bundle)
+    cut = bundle.compressors()[0].candidate
+    comp = bundle.compressor(cut, 4)
+    feed = frames(bundle, 1)[0]
+    head = ort_run(bundle.path(bundle.candidate(cut).head.file or ""), feed)
+    code = ort_run(bundle.path(comp.encoder), head)
+    reply = daemon.run_request(encode_request(comp.wire_id, encode_tensors(code)))
+    got = decode_tensors(reply.payload[4:])[bundle.outputs[0].name]
+    np.testing.assert_allclose(got, compressed_reference(bundle, feed, {cut: 4}),
+                               rtol=1e-4, atol=1e-5)
+    # packed code (q8) decodes too
+    packed = encode_tensors({}, packed=pack_tensors(code, "q8"))
+    daemon.run_request(encode_request(comp.wire_id, packed))
+
+    def refused(cid: str, tensors: dict[str, np.ndarray]) -> ProtocolError:
+        with pytest.raises(ProtocolError) as info:
+            daemon.run_request(encode_request(cid, encode_tensors(tensors)))
+        return info.value
+
+    err = refused(f"{cut}~g99", code)
+    assert err.code == ErrorCode.UNKNOWN_CANDIDATE and "g99" in err.text
+    last = bundle.candidates[-2].id
+    assert "no compressor" in refused(f"{last}~g4", code).text
+    assert refused(f"{cut}~gx", code).code == ErrorCode.UNKNOWN_CANDIDATE
+    wrong = {"code": np.zeros((1, 6, 3, 3), np.float32)}  # smaller than g4's code
+    assert refused(comp.wire_id, wrong).code == ErrorCode.MALFORMED
+    big = {"code": np.zeros((1, 6, 60, 60), np.float32)}  # more than the code's bytes
+    assert refused(comp.wire_id, big).code == ErrorCode.TOO_LARGE
+    assert refused(comp.wire_id, head).code in (ErrorCode.TOO_LARGE, ErrorCode.MALFORMED)
+    assert daemon.tails.loaded == [cut]  # only the one good request ran a tail
+
+
+@sync
+async def test_hostile_compressed_pipeline_routes_are_refused(bundle: Bundle) -> None:
+    from coinf.ble_protocol.loopback import connect_socket
+    from coinf.ble_protocol.rpc import RpcClient
+
+    a, b = (c.candidate for c in bundle.compressors()[::3])  # pool1's and relu2's cuts
+    last = bundle.candidates[-1].id
+    feed = frames(bundle, 1)[0]
+    head = ort_run(bundle.path(bundle.candidate(a).head.file or ""), feed)
+    code = ort_run(bundle.path(bundle.compressor(a, 4).encoder), head)
+    async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+        rpc = RpcClient(await connect_socket(hosts[0].address))
+
+        async def ask(route: str, tensors: dict) -> ProtocolError:
+            with pytest.raises(ProtocolError) as info:
+                await rpc.request(MsgType.REQUEST,
+                                  encode_request(route, encode_tensors(tensors)), 5.0)
+            return info.value
+
+        err = await ask(f"pipe:h1={a}~g99..{b};h2={b}..{last}", code)
+        assert err.code == ErrorCode.UNKNOWN_CANDIDATE and "g99" in err.text
+        err = await ask(f"pipe:h1={a}~g4..{b};h2={b}~g16..{last}", code)
+        assert err.code == ErrorCode.UNKNOWN_CANDIDATE and "g16" in err.text
+        assert (await ask(f"pipe:h1={a}~g4..{b};h2={b}..{last}", head)).code in (
+            ErrorCode.TOO_LARGE, ErrorCode.MALFORMED)
+        wrong = {"code": np.zeros((1, 6, 3, 3), np.float32)}
+        assert (await ask(f"pipe:h1={a}~g4..{b};h2={b}..{last}", wrong)).code \
+            == ErrorCode.MALFORMED
+        assert (await ask(f"pipe:h1={a}..{b}~g4;h2={b}..{last}", head)).code \
+            == ErrorCode.MALFORMED  # a TO never carries a compressor
+        assert hosts[0].daemon.forward.stages == 0 and hosts[1].daemon.forward.stages == 0
+        # a good one: h1 decodes g4, runs a..b, encodes with g2 for h2, which decodes
+        route = f"pipe:h1={a}~g4..{b}+q8;h2={b}~g2..{last}"
+        reply = await rpc.request(MsgType.REQUEST, encode_request(route, encode_tensors(code)),
+                                  5.0)
+        assert reply.type == MsgType.RESULT and hosts[1].daemon.forward.stages == 1
+        await rpc.close()
+
+
+# -- run-time selection -------------------------------------------------------------------------
+def test_thresholds_order_gammas_by_bandwidth(bundle: Bundle) -> None:
+    cut = bundle.compressors()[0].candidate
+    opts = link_options(bundle.candidate(cut), bundle.compressors(cut))
+    assert {(o.gamma, o.packing) for o in opts} >= {(1, "raw"), (2, "q8"), (4, "raw"),
+                                                     (8, "q8")}
+    table = thresholds(opts, compute_fps=100.0, input_fps=100.0)
+    bws = [1e7, 3e5, 1e5, 3e4, 1e4, 1e3]
+    gammas = [lookup(table, bw).gamma for bw in bws]
+    assert gammas[0] == 1 and gammas[-1] == 8
+    assert gammas == sorted(gammas)  # less bandwidth, never less compression
+
+
+@sync
+async def test_a_pipeline_switches_gamma_when_a_links_bandwidth_drops(bundle: Bundle) -> None:
+    feeds = frames(bundle, 6)
+    speed = float(bundle.candidates[-1].head.flops) * 1000
+    async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+        helpers = [Helper(h.name, h.address, 1e9, speed_flops=speed) for h in hosts]
+        async with PipelineSession(bundle, helpers, packing="auto", timeout=10.0,
+                                   wearable_speed_flops=speed, input_fps=100.0) as sess:
+            sess.adaptive = False  # keep the split; only the links' options move
+            plan = sess.plan()
+            assert plan is not None and len(plan.cuts) == 2
+            assert all(bundle.compressors(c) for c in plan.cuts)
+            compute_fps = 1.0 / max(plan.split.compute_s)
+            seen = []
+            # the links' bandwidth estimates (set before each frame: the local links' own
+            # measurements would pull them back up), fast -> slow
+            for bw1, bw2 in ((1e9, 1e9), (2e3, 1e9), (2e3, 5e2), (1e9, 5e2)):
+                expect = []
+                for cut, bw in zip(plan.cuts, (bw1, bw2), strict=True):
+                    table = thresholds(link_options(bundle.candidate(cut),
+                                                    bundle.compressors(cut)),
+                                       compute_fps, 100.0)
+                    expect.append(lookup(table, bw))
+                for feed in feeds[:2]:
+                    sess._bw["h1"].value, sess._bw["h2"].value = bw1, bw2
+                    out = await sess.run(feed)
+                    st = sess.last
+                    assert st is not None and not st.local and st.retries == 0
+                    assert st.gamma == [o.gamma for o in expect]
+                    assert st.packing == [o.packing for o in expect]
+                    gammas = {c: g for c, g in zip(plan.cuts, st.gamma, strict=True) if g > 1}
+                    ref = compressed_reference(bundle, feed, gammas)
+                    got = out[bundle.outputs[0].name]
+                    if all(p == "raw" for p in st.packing):
+                        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
+                    else:  # a quantized code: close, not equal
+                        assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max() + 0.05
+                seen.append(tuple(st.options))
+    assert seen[0] == ("raw", "raw")
+    assert seen[1][0].startswith("g") and seen[1][1] == "raw"
+    assert seen[2][0] == seen[1][0] and seen[2][1].startswith("g8")
+    assert seen[3][0] == "raw" and seen[3][1] == seen[2][1]

@@ -304,6 +304,8 @@ class HandheldDaemon:
                 dec_s = time.perf_counter() - t0
                 outputs, elapsed = self.tails.run(base, restored, token)
                 elapsed += dec_s
+            else:
+                outputs, elapsed = self.tails.run(cid, feeds, token)
         except Cancelled:
             raise RequestCancelled(cid) from None
         if cancel is not None and cancel.is_set():

@@ -311,3 +311,51 @@ async def test_a_pipeline_switches_gamma_when_a_links_bandwidth_drops(bundle: Bu
     assert seen[1][0].startswith("g") and seen[1][1] == "raw"
     assert seen[2][0] == seen[1][0] and seen[2][1].startswith("g8")
     assert seen[3][0] == "raw" and seen[3][1] == seen[2][1]
+
+
+# -- the two-device Session ---------------------------------------------------------------------
+def _session(bundle: Bundle, bandwidth: float, tolerance_pp: float):
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.device.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
+    from coinf.wearable.policy import Policy
+
+    from coinf import Session
+
+    return Session(bundle, transport=Channel(bandwidth, latency_s=0.0005),
+                   wearable_profile=DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER,
+                                                  gflops=0.002),
+                   handheld_profile=DeviceProfile("fast", "handheld", LAPTOP_POWER,
+                                                  gflops=50.0),
+                   policy=Policy(battery_aware=False, accuracy_tolerance_pp=tolerance_pp),
+                   objective="latency")
+
+
+def test_a_session_sends_a_code_on_a_slow_link_within_its_accuracy_budget(
+        bundle: Bundle) -> None:
+    """20 kB/s: a compressor configuration (``c002~g8+q8``, ...) wins, but only one whose
+    accuracy drop is within the policy's tolerance (ACC: g2 drops 1-1.5 pp, g4 3-3.5 pp, g8
+    8-9 pp); the code goes over a real (shaped) link to a real daemon."""
+    x = frames(bundle, 1)[0]
+    chosen = {}
+    for tolerance in (10.0, 0.5):
+        with _session(bundle, 20_000, tolerance_pp=tolerance) as sess:
+            for _ in range(3):
+                out = sess.run(None, x)
+            st = sess.last_run
+            decision = sess.plan()
+            excluded = decision.excluded
+        assert st is not None
+        chosen[tolerance] = st.gamma
+        if st.gamma == 1:
+            assert "~g" not in decision.winner
+            continue
+        assert f"~g{st.gamma}" in decision.winner
+        comp = bundle.compressor(st.candidate, st.gamma)
+        assert (comp.base_accuracy - comp.accuracy[st.packing]) * 100 <= tolerance
+        ref = compressed_reference(bundle, x, {st.candidate: st.gamma})
+        if st.packing == "raw":
+            np.testing.assert_allclose(out[0], ref, rtol=1e-3, atol=1e-4)
+        else:
+            assert np.abs(out[0] - ref).max() <= 0.05 * np.abs(ref).max() + 0.05
+    assert chosen[10.0] > 1 and chosen[0.5] == 1
+    assert any("~g8" in k for k in excluded)  # the 0.5 pp budget rules the compressors out

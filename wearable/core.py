@@ -34,7 +34,8 @@ from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import open_connector
-from coinf.convert.bundle import Bundle, Candidate
+from coinf.convert.bundle import Bundle, Candidate, Compressor
+from coinf.convert.compressors import CodecRunner
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
@@ -58,6 +59,7 @@ from coinf.wearable.options import (
 )
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
+from coinf.wearable.planner.planner import parse_config_spec
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
@@ -116,6 +118,8 @@ class AsyncSession:
                                    providers=self._providers, runtime=opts.runtime,
                                    profile=self._profiles["wearable"])
         self._packing = _parse_packing(opts.packing)
+        self._codecs = CodecRunner(self.bundle, self.emulation.session_options())
+        self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
         split = opts.split
@@ -283,12 +287,17 @@ class AsyncSession:
             if not ro.local_only and self.connection.offline is None:
                 await self._probe_link()  # the planner must know the link before deciding
             cid, spec = self.autoplan.choose(self.connection.offline)
+            gamma, spec = parse_config_spec(spec)  # a compressor's code: c003~g4+q8
             if cid != self._candidate.id:
                 self._candidate = self.bundle.candidate(cid)
             if str(self._packing) != spec:
                 self._packing = PackSpec.parse(spec)
+            self._compressor = self.bundle.compressor(cid, gamma) if gamma else None
         cand = self.bundle.candidate("wearable-only") if ro.local_only else self._candidate
-        return Plan.for_candidate(cand, self._packing, runtimes=self.stage_runtimes(cand))
+        plan = Plan.for_candidate(cand, self._packing, runtimes=self.stage_runtimes(cand))
+        if self._compressor is not None and not plan.local and cand is self._candidate:
+            plan = dataclasses.replace(plan, compressor=self._compressor)
+        return plan
 
     def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:
         """The runtimes of ``cand``'s head (here) and tail (on the handheld, as configured)."""
@@ -328,7 +337,9 @@ class AsyncSession:
             rpc = await self.connection.client()
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
-            payload = await self._codec(_pack, _nbytes(crossing), plan, crossing, stats)
+            sent = crossing if plan.compressor is None else await self._on(
+                self._head_pool, _encode, self._codecs, plan, crossing, stats)
+            payload = await self._codec(_pack, _nbytes(sent), plan, sent, stats)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
             bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
             timeout = request_timeout(timeout, len(payload), bps, rtt,
@@ -429,6 +440,7 @@ class AsyncSession:
             self.autoplan, self._planner_off = self._planner_off, None
             return
         self._candidate = self.bundle.candidate(split)
+        self._compressor = None  # a fixed split sends its crossing tensors as they are
         if packing is not None:
             self._packing = packing if isinstance(packing, PackSpec) else _parse_packing(packing)
         if self.autoplan is not None:
@@ -519,10 +531,21 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes
     else:
         blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
                                           for n, a in crossing.items()})
-    payload = encode_request(plan.candidate.id, blob)
+    cid = plan.candidate.id if plan.compressor is None else plan.compressor.wire_id
+    payload = encode_request(cid, blob)
     stats.pack_ms = (time.perf_counter() - t0) * 1e3
     stats.bytes_up = len(payload)
     return payload
+
+
+def _encode(codecs: CodecRunner, plan: Plan, crossing: dict[str, np.ndarray],
+            stats: RunStats) -> dict[str, np.ndarray]:
+    """The compressor's encoder on the crossing tensors (wearable compute: counted as head)."""
+    t0 = time.perf_counter()
+    code = codecs.encode(plan.compressor, crossing)
+    stats.head_ms += (time.perf_counter() - t0) * 1e3
+    stats.gamma = plan.compressor.gamma
+    return code
 
 
 def _nbytes(tensors: Mapping[str, np.ndarray]) -> int:

@@ -66,6 +66,8 @@ class RunStats:
     #: the runtime of each stage (head, tail): a tail finished here has this wearable's runtime;
     #: an offloaded one the handheld's as configured (``handheld_runtime``)
     runtimes: tuple[str, ...] = ()
+    #: the compressor whose code was sent (1: none; docs/PIPELINE.md, run-time selection)
+    gamma: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

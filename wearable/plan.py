@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert.bundle import Candidate
@@ -41,6 +42,9 @@ class Plan:
     stages: tuple[Stage, ...]
     tensor_packing: Mapping[str, PackSpec] = field(default_factory=dict, compare=False,
                                                    hash=False)
+    #: an attached compressor (convert.bundle.Compressor): the wearable sends its code,
+    #: packed with ``packing``, as ``CUT~gN``; the handheld decodes it before the tail
+    compressor: Any = field(default=None, compare=False, hash=False)
 
     def spec_of(self, tensor: str) -> PackSpec:
         """How ``tensor`` is packed on the link."""

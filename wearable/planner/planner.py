@@ -34,9 +34,19 @@ PACK_SEP = "~"
 
 
 def split_config(config_id: str) -> tuple[str, str]:
-    """``"c003~q4"`` -> ``("c003", "q4")``; a plain candidate id -> ``(id, "raw")``."""
+    """``"c003~q4"`` -> ``("c003", "q4")``; a plain candidate id -> ``(id, "raw")``;
+    ``"c003~g4+q8"`` (compressor g4's code, packed q8) -> ``("c003", "g4+q8")``."""
     cid, _, spec = config_id.partition(PACK_SEP)
     return cid, spec or "raw"
+
+
+def parse_config_spec(spec: str) -> tuple[int | None, str]:
+    """A configuration's spec -> (compressor gamma or None, packing): ``"q8"`` -> (None,
+    "q8"), ``"g4"`` -> (4, "raw"), ``"g4+q8"`` -> (4, "q8")."""
+    if spec.startswith("g") and spec[1:2].isdigit():
+        gamma, _, packing = spec[1:].partition("+")
+        return int(gamma), packing or "raw"
+    return None, spec
 
 
 def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
@@ -206,11 +216,16 @@ class Planner:
         pw, ph = self.wearable.power, self.handheld.power
         rows = []
         for c, (h, t, _, _) in zip(self.bundle.candidates, self.base_times(), strict=True):
-            tail = t * sh
             for spec, nbytes, out_bytes, acc in self._configs(c):
-                head = h * sw
-                if spec != "raw":  # quantize + shuffle + LZ4 on the wearable
+                head, tail = h * sw, t * sh
+                gamma, packing = parse_config_spec(spec)
+                if packing != "raw":  # quantize + shuffle + LZ4 on the wearable
                     head += c.crossing_bytes / (self.pack_mb_s * 1e3) * sw * self.wearable.slowdown
+                if gamma is not None:  # the encoder here, the decoder there: the set gives
+                    # their FLOPs together; each side is charged all of them at its model rate
+                    flops = self.bundle.compressor(c.id, gamma).flops
+                    head += flops * self._ms_per_flop("wearable") * sw
+                    tail += flops * self._ms_per_flop("handheld") * sh
                 xfer = ret = 0.0
                 if not c.is_wearable_only:
                     xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
@@ -223,6 +238,13 @@ class Planner:
                 label = c.label if spec == "raw" else f"{c.label} {spec}"
                 rows.append(CandidateCost(rid, head, tail, xfer, ret, ew, eh, nbytes, acc, label))
         return rows
+
+    def _ms_per_flop(self, role: str) -> float:
+        """A device's predicted ms per FLOP over the whole model (prices a compressor)."""
+        base, cands = self.base_times(), self.bundle.candidates
+        ms, flops = ((base[-1][0], cands[-1].head.flops) if role == "wearable"
+                     else (base[0][1], cands[0].tail.flops))
+        return float(ms) / max(int(flops), 1)
 
     def _specs(self, c: Any) -> list[str]:
         """``self.packings`` with ``auto`` expanded to every packing ``c`` was calibrated for."""
@@ -271,7 +293,30 @@ class Planner:
                         f"95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp")
                     continue
                 out.append((spec, round(packed) + header, res, drop))
+            if "auto" in self.packings:
+                out += self._compressor_configs(c, header, res)
         self._wire_cfg[c.id] = out
+        return out
+
+    def _compressor_configs(self, c: Any, header: int, res: int
+                            ) -> list[tuple[str, int, int, float]]:
+        """Configurations ``g4``, ``g4+q8``, ... of the compressors attached at ``c``
+        (``coinf convert compressors``): the code's bytes as measured when attached, the
+        accuracy drop from the set's test accuracies; the same accuracy tolerance applies."""
+        found = getattr(self.bundle, "compressors", None)
+        out = []
+        for comp in found(c.id) if callable(found) else []:
+            for packing, size in sorted(comp.code_bytes.items()):
+                if packing not in comp.accuracy:
+                    continue
+                spec = f"g{comp.gamma}" if packing == "raw" else f"g{comp.gamma}+{packing}"
+                drop = max((comp.base_accuracy - comp.accuracy[packing]) * 100.0, 0.0)
+                tol = self.policy.accuracy_tolerance_pp
+                if drop > tol:
+                    self.excluded_configs[f"{c.id}{PACK_SEP}{spec}"] = (
+                        f"accuracy drop {drop:.2f} pp > tolerance {tol:g} pp")
+                    continue
+                out.append((spec, size + header, res, drop))
         return out
 
     def _calibration_samples(self) -> int | None:

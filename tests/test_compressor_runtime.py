@@ -359,3 +359,39 @@ def test_a_session_sends_a_code_on_a_slow_link_within_its_accuracy_budget(
             assert np.abs(out[0] - ref).max() <= 0.05 * np.abs(ref).max() + 0.05
     assert chosen[10.0] > 1 and chosen[0.5] == 1
     assert any("~g8" in k for k in excluded)  # the 0.5 pp budget rules the compressors out
+
+
+def test_plan_pipeline_shows_each_links_compressor(cset: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf plan --pipeline`` shows what each link would carry: with the fixture's set, raw
+    (every code costs accuracy and a 1 GB/s link is not the bottleneck); with a g4 that keeps
+    the model's accuracy, its q8 code (as accurate, fewer bytes)."""
+    from coinf.cli import main
+
+    config = tmp_path / "p.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": "phone", "address": "tcp:127.0.0.1:9", "bandwidth_kbps": 1e6},
+        {"name": "laptop", "address": "tcp:127.0.0.1:10", "bandwidth_kbps": 1e6}]}))
+    good, index = _copy(cset, tmp_path)
+    for e in index["compressors"]:
+        if e["gamma"] == 4:
+            e["accuracy"] = {"raw": 0.98, "q8": 0.98}
+    (good / "index.json").write_text(json.dumps(index))
+    for attached, expect in ((cset, "raw"), (good, "g4+q8")):
+        root = tmp_path / f"b-{expect}"
+        split_model(cset / "backbone.onnx", root)
+        b = attach(root, attached)
+        assert main(["plan", str(root), "--pipeline", str(config), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        links = [s for s in out["stages"] if s["link_ms"] is not None]
+        for cut, stage in zip(out["cuts"], links, strict=True):
+            if not b.compressors(cut):
+                assert stage["compressor"] == "raw"
+                continue
+            assert stage["compressor"] == expect
+            size = (b.candidate(cut).crossing_bytes if expect == "raw"
+                    else b.compressor(cut, 4).code_bytes["q8"])
+            assert stage["link_bytes"] == size
+        assert any(b.compressors(c) for c in out["cuts"])
+    assert main(["plan", str(root), "--pipeline", str(config)]) == 0
+    assert "g4+q8 (" in capsys.readouterr().out

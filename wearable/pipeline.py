@@ -162,16 +162,21 @@ class PipelinePlan:
         """The route the first helper receives (every stage after the wearable's)."""
         return tuple(Hop(s.device, *s.slice.split("..")) for s in self.stages[1:])
 
-    def rows(self, compressor: str = "raw") -> list[dict[str, Any]]:
-        """One row per stage, for ``coinf plan``: device, slice, compute, link to the next."""
+    def rows(self, options: Sequence[Option | str] | str = "raw") -> list[dict[str, Any]]:
+        """One row per stage, for ``coinf plan``: device, slice, compute, link to the next and
+        what that link carries (``options``: one per link, e.g. :meth:`PipelineSession.
+        link_choices`; a string: the first link's packing, the others raw)."""
+        if isinstance(options, str):
+            options = [options] + ["raw"] * (len(self.split.link_s) - 1)
         out = []
         for i, st in enumerate(self.stages):
             link = self.split.link_s[i] * 1e3 if i < len(self.split.link_s) else None
+            opt = options[i] if link is not None else None
             out.append({"device": st.device, "slice": st.slice, "runtime": st.runtime,
                         "compute_ms": round(self.split.compute_s[i] * 1e3, 3),
                         "link_ms": None if link is None else round(link, 3),
-                        "compressor": (compressor if i == 0 else "raw") if link is not None
-                        else None})
+                        "compressor": option_label(opt) if opt is not None else None,
+                        "link_bytes": int(opt.nbytes) if isinstance(opt, Option) else None})
         return out
 
     def __str__(self) -> str:
@@ -196,7 +201,7 @@ class PipelineStats:
     @property
     def options(self) -> list[str]:
         """Per link, what it carried: ``raw``, ``q8``, ``g4``, ``g4+q8``."""
-        return [p if g <= 1 else (f"g{g}" if p == "raw" else f"g{g}+{p}")
+        return [option_label(Option(g, p, 1.0, 1.0))
                 for g, p in zip(self.gamma or [1] * len(self.packing), self.packing,
                                 strict=True)]
 
@@ -569,6 +574,15 @@ def link_options(cand: Candidate, compressors: Sequence[Compressor] = ()) -> lis
     return options
 
 
+def option_label(option: Option | str) -> str:
+    """``raw``, ``q8``, ``g4`` (compressor gamma 4, raw code), ``g4+q8``."""
+    if isinstance(option, str):
+        return option
+    if option.gamma <= 1:
+        return option.packing
+    return f"g{option.gamma}" if option.packing == "raw" else f"g{option.gamma}+{option.packing}"
+
+
 def service_time(last_end: dict[str, float], key: str, t0: float,
                  marks: Mapping[str, float]) -> float:
     """How long the link took to carry one message: from when it could start (sent, or the
@@ -586,5 +600,5 @@ def _link_failure(exc: LinkError) -> bool:
                                                            ErrorCode.TIMEOUT)
 
 
-__all__ = ["Helper", "PipelinePlan", "PipelineSession", "PipelineStats", "load_helpers",
-           "service_time"]
+__all__ = ["Helper", "PipelinePlan", "PipelineSession", "PipelineStats", "link_options",
+           "load_helpers", "option_label", "service_time"]

@@ -20,7 +20,9 @@ def run(args: argparse.Namespace) -> int:
     if not slowdown >= 1:
         raise UserError("--wearable-slowdown must be >= 1 with --pipeline")
     bundle = Bundle.load(args.bundle)
-    sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1)
+    # packing="auto": each link's packing and compressor as the session would choose them at
+    # the configured bandwidth (raw unless the bundle is calibrated or has compressors)
+    sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1, packing="auto")
     plan = sess.plan()  # measures this machine (as the wearable) once; connects to nothing
     assert plan is not None
     wear = sess._speeds(["wearable"])[0]
@@ -34,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"{h.name} at {h.address}: {speed}; link into it {link}")
     if len(plan.devices) < len(helpers) + 1:
         notes.append(f"the bundle has nested cuts for {len(plan.devices)} devices only")
-    compressor = str(sess.packing)
-    rows = plan.rows(compressor)
+    rows = plan.rows(sess.link_choices(plan))
     from coinf.wearable.planner.strategy import choose, compare
 
     devices = ["wearable", *(h.name for h in helpers)]
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     for i, r in enumerate(rows, 1):
         link = "-" if r["link_ms"] is None else f"{r['link_ms']:.2f}"
         print(f"{i:>2}  {r['device']:<10} {r['slice']:<14} {r['compute_ms']:>11.2f} "
-              f"{link:>9}  {r['compressor'] or '-'}")
+              f"{link:>9}  {r['compressor'] or '-'}"
+              + (f" ({r['link_bytes']} B)" if r["link_bytes"] is not None else ""))
     print(f"bottleneck {out['bottleneck_ms']:.2f} ms per frame -> at most "
           f"{out['bound_fps']:.1f} frames/s")
     for note in notes:

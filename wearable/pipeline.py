@@ -46,8 +46,7 @@ from coinf.ble_protocol.route import (
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector, open_connector
-from coinf.convert.bundle import Bundle, Candidate, Compressor
-from coinf.convert.calibrate import packing_rows, row_bound
+from coinf.convert.bundle import Bundle
 from coinf.convert.compressors import CodecRunner
 from coinf.convert.stage_slices import slice_name
 from coinf.device.emulation import DeviceEmulation
@@ -55,7 +54,13 @@ from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
 from coinf.wearable.plan import WEARABLE, Stage
-from coinf.wearable.planner.compress_select import Option, lookup, thresholds
+from coinf.wearable.planner.compress_select import (
+    Option,
+    link_options,
+    lookup,
+    option_label,
+    thresholds,
+)
 from coinf.wearable.planner.pipeline_dp import (
     PipelineSplit,
     ResplitTrigger,
@@ -525,6 +530,22 @@ class PipelineSession:
                 max_backoff_s=self.dead_retry_s)
         return conn
 
+    def retune(self, name: str, bandwidth_bps: float) -> None:
+        """Emulation: from now on the link into helper ``name`` (a ``shape=True`` helper)
+        carries ``bandwidth_bps`` B/s, its open link included (a bandwidth schedule)."""
+        from coinf.ble_protocol.throttle import ThrottledLink
+
+        helper = self.helpers[name] = dataclasses.replace(self.helpers[name],
+                                                          bandwidth_bps=bandwidth_bps)
+        conn, channel = self._conns.get(name), helper.channel
+        if conn is None or channel is None:
+            return
+        if isinstance(conn.connector, _ShapedConnector):
+            conn.connector.channel = channel
+        rpc = conn.rpc_client
+        if rpc is not None and isinstance(rpc.link, ThrottledLink):
+            rpc.link.channel = channel
+
     async def _mark_dead(self, name: str, exc: BaseException) -> None:
         if self._dead.get(name, 0.0) > time.monotonic():
             return
@@ -549,38 +570,6 @@ class PipelineSession:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def link_options(cand: Candidate, compressors: Sequence[Compressor] = ()) -> list[Option]:
-    """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
-    (1 - the calibrated drop's upper bound; the model's own accuracy cancels out), and every
-    (compressor, packing of its code) with the code's bytes and the set's accuracy relative to
-    the model's own."""
-    options = [Option(1, "raw", float(cand.crossing_bytes), 1.0)]
-    for row in packing_rows(cand):
-        spec, size = row.get("spec"), row.get("mean_bytes")
-        if not isinstance(spec, str) or spec in ("f32", "raw") or not isinstance(
-                size, int | float) or not size > 0:
-            continue
-        # the calibration's one-sided 95 % upper bound on the drop: a drop of 0 measured on a
-        # few inputs is not worth giving up lossless tensors for
-        drop = max(row_bound(row)[0], 0.0)
-        options.append(Option(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
-    for comp in compressors:
-        for spec, size in sorted(comp.code_bytes.items()):
-            if spec in comp.accuracy and size > 0:
-                options.append(Option(comp.gamma, spec, float(size),
-                                      comp.relative_accuracy(spec)))
-    return options
-
-
-def option_label(option: Option | str) -> str:
-    """``raw``, ``q8``, ``g4`` (compressor gamma 4, raw code), ``g4+q8``."""
-    if isinstance(option, str):
-        return option
-    if option.gamma <= 1:
-        return option.packing
-    return f"g{option.gamma}" if option.packing == "raw" else f"g{option.gamma}+{option.packing}"
 
 
 def service_time(last_end: dict[str, float], key: str, t0: float,

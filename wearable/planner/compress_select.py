@@ -18,6 +18,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coinf.convert.bundle import Candidate, Compressor
+from coinf.convert.calibrate import packing_rows, row_bound
+
 from coinf.errors import InputError
 
 
@@ -88,6 +91,38 @@ def thresholds(options: Sequence[Option], compute_fps: float,
     return regions
 
 
+def link_options(cand: Candidate, compressors: Sequence[Compressor] = ()) -> list[Option]:
+    """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
+    (1 - the calibrated drop's upper bound; the model's own accuracy cancels out), and every
+    (compressor, packing of its code) with the code's bytes and the set's accuracy relative to
+    the model's own."""
+    options = [Option(1, "raw", float(cand.crossing_bytes), 1.0)]
+    for row in packing_rows(cand):
+        spec, size = row.get("spec"), row.get("mean_bytes")
+        if not isinstance(spec, str) or spec in ("f32", "raw") or not isinstance(
+                size, int | float) or not size > 0:
+            continue
+        # the calibration's one-sided 95 % upper bound on the drop: a drop of 0 measured on a
+        # few inputs is not worth giving up lossless tensors for
+        drop = max(row_bound(row)[0], 0.0)
+        options.append(Option(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
+    for comp in compressors:
+        for spec, size in sorted(comp.code_bytes.items()):
+            if spec in comp.accuracy and size > 0:
+                options.append(Option(comp.gamma, spec, float(size),
+                                      comp.relative_accuracy(spec)))
+    return options
+
+
+def option_label(option: Option | str) -> str:
+    """``raw``, ``q8``, ``g4`` (compressor gamma 4, raw code), ``g4+q8``."""
+    if isinstance(option, str):
+        return option
+    if option.gamma <= 1:
+        return option.packing
+    return f"g{option.gamma}" if option.packing == "raw" else f"g{option.gamma}+{option.packing}"
+
+
 def lookup(table: list[tuple[float, Option]], bandwidth_bps: float) -> Option:
     """The option a threshold table gives for a measured bandwidth."""
     if not table:
@@ -96,4 +131,5 @@ def lookup(table: list[tuple[float, Option]], bandwidth_bps: float) -> Option:
     return table[max(i, 0)][1]
 
 
-__all__ = ["Option", "effective_accuracy", "lookup", "select", "thresholds", "throughput"]
+__all__ = ["Option", "effective_accuracy", "link_options", "lookup", "option_label", "select",
+           "thresholds", "throughput"]

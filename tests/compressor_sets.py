@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 #: LeNet layer -> (index in lenet_layers, the ONNX tensor after it)
-CUTS = {"pool1": (3, "/pool1/MaxPool_output_0"), "relu2": (5, "/Relu_1_output_0")}
+CUTS = {"pool1": (3, "/pool1/MaxPool_output_0"), "relu2": (5, "/Relu_1_output_0"),
+        "pool2": (6, "/pool2/MaxPool_output_0")}
 PACKINGS = ("raw", "q8", "q4")
 
 

@@ -22,7 +22,7 @@ from coinf.convert.compressors import attach, load_set
 from coinf.convert.split import split_model
 from coinf.handheld.daemon import HandheldDaemon
 from coinf.handheld.pipeline_host import local_helpers
-from coinf.wearable.pipeline import Helper, PipelineSession, link_options
+from coinf.wearable.pipeline import OVERHEAD_BYTES, Helper, PipelineSession, link_options
 from coinf.wearable.planner.compress_select import lookup, thresholds
 
 from coinf.errors import InputError, ProtocolError
@@ -289,7 +289,7 @@ async def test_a_pipeline_switches_gamma_when_a_links_bandwidth_drops(bundle: Bu
                 expect = []
                 for cut, bw in zip(plan.cuts, (bw1, bw2), strict=True):
                     table = thresholds(link_options(bundle.candidate(cut),
-                                                    bundle.compressors(cut)),
+                                                    bundle.compressors(cut), OVERHEAD_BYTES),
                                        compute_fps, 100.0)
                     expect.append(lookup(table, bw))
                 for feed in feeds[:2]:
@@ -391,7 +391,7 @@ def test_plan_pipeline_shows_each_links_compressor(cset: Path, tmp_path: Path,
             assert stage["compressor"] == expect
             size = (b.candidate(cut).crossing_bytes if expect == "raw"
                     else b.compressor(cut, 4).code_bytes["q8"])
-            assert stage["link_bytes"] == size
+            assert stage["link_bytes"] == size + OVERHEAD_BYTES  # as priced: with headers
         assert any(b.compressors(c) for c in out["cuts"])
     assert main(["plan", str(root), "--pipeline", str(config)]) == 0
     assert "g4+q8 (" in capsys.readouterr().out

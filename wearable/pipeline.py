@@ -78,6 +78,9 @@ MAX_BANDWIDTH_BPS = 1e10
 MIN_SHARE = 0.05
 MIN_SEND_S = 5e-4  # a send shorter than this is not timed, only bounds the bandwidth
 EWMA = 0.3
+#: a pipeline REQUEST's bytes besides its tensors' (frame, route, tensor and packing headers):
+#: priced into every link option, since it dominates a small code's cost
+OVERHEAD_BYTES = 96.0
 
 
 @dataclass(frozen=True)
@@ -500,8 +503,8 @@ class PipelineSession:
             table = self._tables.get(key)
             if table is None:
                 table = self._tables[key] = thresholds(
-                    link_options(cand, self.bundle.compressors(cand.id)), compute_fps,
-                    input_fps)
+                    link_options(cand, self.bundle.compressors(cand.id), OVERHEAD_BYTES),
+                    compute_fps, input_fps)
             bw = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
             out.append(lookup(table, bw))
         return out

@@ -91,11 +91,13 @@ def thresholds(options: Sequence[Option], compute_fps: float,
     return regions
 
 
-def link_options(cand: Candidate, compressors: Sequence[Compressor] = ()) -> list[Option]:
+def link_options(cand: Candidate, compressors: Sequence[Compressor] = (),
+                 overhead_bytes: float = 0.0) -> list[Option]:
     """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
     (1 - the calibrated drop's upper bound; the model's own accuracy cancels out), and every
     (compressor, packing of its code) with the code's bytes and the set's accuracy relative to
-    the model's own."""
+    the model's own. ``overhead_bytes`` (a message's headers) is added to every option: it
+    dominates a small code's cost."""
     options = [Option(1, "raw", float(cand.crossing_bytes), 1.0)]
     for row in packing_rows(cand):
         spec, size = row.get("spec"), row.get("mean_bytes")
@@ -111,6 +113,9 @@ def link_options(cand: Candidate, compressors: Sequence[Compressor] = ()) -> lis
             if spec in comp.accuracy and size > 0:
                 options.append(Option(comp.gamma, spec, float(size),
                                       comp.relative_accuracy(spec)))
+    if overhead_bytes:
+        options = [Option(o.gamma, o.packing, o.nbytes + overhead_bytes, o.accuracy)
+                   for o in options]
     return options
 
 

@@ -51,6 +51,13 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "generated")
     parser.add_argument("--accuracy", type=float, default=1.0,
                         help="the model's accuracy for effective accuracy (default 1)")
+    parser.add_argument("--compressors", metavar="DIR",
+                        help="a compressor set (index.json): with --bandwidth-kbps-schedule, "
+                        "measure run-time selection of gamma and packing instead "
+                        "(coinf/cli/bench/pipeline_switch.py)")
+    parser.add_argument("--bandwidth-kbps-schedule", metavar="A,B,...",
+                        help="kB/s of the link into the first helper, one phase each (needs "
+                        "--rate and --compressors or a --bundle with compressors)")
     parser.add_argument("--in-process", action="store_true",
                         help="host the helpers in this process (default: one process each)")
     parser.set_defaults(func=run)
@@ -66,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
                          "--bandwidth-kbps > 0")
     if args.rate < 0 or not 0 <= args.accuracy <= 1:
         raise InputError("--rate must be >= 0 and --accuracy in [0, 1]")
+    if args.bandwidth_kbps_schedule or args.compressors:
+        from coinf.cli.bench import pipeline_switch
+
+        if not args.bandwidth_kbps_schedule:
+            raise InputError("--compressors needs --bandwidth-kbps-schedule A,B,...")
+        emit(asyncio.run(pipeline_switch.measure(args)))
+        return 0
     emit(asyncio.run(measure(args)))
     return 0
 

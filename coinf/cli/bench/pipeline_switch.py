@@ -1,0 +1,177 @@
+"""``coinf bench pipeline --compressors DIR --bandwidth-kbps-schedule A,B,...``: run-time
+selection of autoencoder compressors (paper 002, §IV-D, Algorithm 2; issue 13, S3).
+
+The compressor set DIR's backbone is split into a bundle and the set attached (or ``--bundle``
+names a bundle that has compressors). The wearable (this process) and K-1 in-process helpers,
+each device ``--slowdown`` x slower, stream from a real-time source at ``--rate`` Hz; the link
+into the first helper is shaped to each bandwidth of the schedule in turn (the others stay at
+``--bandwidth-kbps``). The split is made once (warm-up at the schedule's first bandwidth) and
+frozen, as in the paper: only each link's option moves, looked up per frame from the link's
+measured bandwidth in the threshold table. Per phase, side by side on the same split and
+links, the session choosing (``packing="auto"``: raw, packings, compressors) and the same
+session sending raw tensors only (``auto_packing`` off): frames delivered, the
+options used, and the effective accuracy = sum over delivered frames of the accuracy of the
+option it used / frames generated (a dropped frame counts as wrong; accuracies from the set's
+index, on its test set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from coinf.cli.bench import progress
+from coinf.errors import InputError
+
+
+def schedule(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(v > 0 for v in values):
+        raise InputError(f"--bandwidth-kbps-schedule must be kB/s values > 0 separated by "
+                         f"commas, got {text!r}")
+    return values
+
+
+def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
+    from coinf.convert.bundle import Bundle
+    from coinf.convert.compressors import attach
+    from coinf.convert.split import split_model
+
+    if args.bundle:
+        bundle = Bundle.load(args.bundle)
+        if not bundle.compressors():
+            raise InputError(f"bundle {args.bundle} has no compressors: attach a set with "
+                             f"`coinf convert compressors BUNDLE DIR`")
+        return bundle
+    if not args.compressors:
+        raise InputError("--bandwidth-kbps-schedule needs --compressors DIR (or --bundle B "
+                         "with compressors attached)")
+    progress(f"splitting {args.compressors}/backbone.onnx and attaching the set ...")
+    split_model(Path(args.compressors) / "backbone.onnx", tmp / "bundle")
+    return attach(tmp / "bundle", args.compressors)
+
+
+def _accuracy(bundle: Any, cut: str, gamma: int, packing: str) -> float | None:
+    """The model's test accuracy with this option at this cut (the set's figures), or None
+    for raw / a packing the set gives no figure for (then the model's own is used)."""
+    if gamma <= 1:
+        return None
+    return float(bundle.compressor(cut, gamma).accuracy[packing])
+
+
+async def _phase(sess: Any, bundle: Any, frames: list[Any], n: int, rate: float,
+                 depth: int, base: float) -> dict[str, Any]:
+    """Frames every 1/rate s; one that finds ``depth`` frames in flight is dropped."""
+    loop = asyncio.get_running_loop()
+    inflight: set[asyncio.Future[Any]] = set()
+    used: list[tuple[float, list[str]]] = []
+    dropped = 0
+
+    async def one(feed: Any) -> None:
+        await sess.run(feed)
+        st = sess.last
+        acc = base
+        if st is not None and not st.local:
+            for cut, g, p in zip(st.cuts, st.gamma, st.packing, strict=False):
+                a = _accuracy(bundle, cut, g, p)
+                acc = min(acc, a) if a is not None else acc
+        used.append((acc, st.options if st is not None and not st.local else ["local"]))
+
+    t0 = loop.time()
+    for i in range(n):
+        await asyncio.sleep(max(t0 + i / rate - loop.time(), 0.0))
+        if len(inflight) >= depth:
+            dropped += 1
+            continue
+        task = asyncio.ensure_future(one(frames[i % len(frames)]))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+    await asyncio.gather(*inflight)
+    counts = collections.Counter("/".join(o) for _, o in used)
+    return {"delivered_fraction": round((n - dropped) / n, 3),
+            "effective_accuracy": round(sum(a for a, _ in used) / n, 4),
+            "options": dict(counts.most_common())}
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.handheld.pipeline_host import local_helpers
+    from coinf.wearable.pipeline import OVERHEAD_BYTES, Helper, PipelineSession
+    from coinf.wearable.planner.compress_select import link_options, option_label, thresholds
+
+    kbps = schedule(args.bandwidth_kbps_schedule)
+    if not args.rate > 0:
+        raise InputError("--bandwidth-kbps-schedule needs --rate HZ (the input rate)")
+    with tempfile.TemporaryDirectory() as tmpdir:
+        bundle = _bundle(args, Path(tmpdir))
+        base = float(bundle.meta["compressors"]["base_accuracy"]["raw"])
+        names = [f"h{i}" for i in range(1, args.devices)]
+        other = Channel(args.bandwidth_kbps * 1000, args.latency_ms / 1000, overhead_bytes=16)
+        rng = np.random.default_rng(0)
+        frames = [{t.name: rng.standard_normal(t.shape).astype(t.dtype)
+                   for t in bundle.inputs} for _ in range(8)]
+        depth = args.depth or 2 * args.devices
+        async with local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
+                                 dict.fromkeys(names[1:], other), max_pending=depth + 2) as hosts:
+            def helpers() -> list[Any]:
+                return [Helper(h.name, h.address, kbps[0] * 1000 if i == 0
+                               else other.bandwidth_bps, other.latency_s, shape=i == 0)
+                        for i, h in enumerate(hosts)]
+
+            sess = PipelineSession(bundle, helpers(), slowdown=args.slowdown, threads=1,
+                                   packing="auto", input_fps=args.rate)
+            phases = []
+            async with sess:
+                progress(f"warm-up: {args.warmup} frames at {kbps[0]:g} kB/s ...")
+                for i in range(args.warmup):
+                    await sess.run(frames[i % len(frames)])
+                sess.adaptive = False  # the split stays; the links' options move
+                plan = sess.plan()
+                assert plan is not None
+                compute_fps = 1.0 / max(max(plan.split.compute_s), 1e-9)
+                cut = plan.cuts[0]
+                table = thresholds(link_options(bundle.candidate(cut), bundle.compressors(cut),
+                                                OVERHEAD_BYTES), compute_fps, args.rate)
+                for bw in kbps:
+                    row: dict[str, Any] = {"bandwidth_kbps": bw}
+                    sess.retune(names[0], bw * 1000)
+                    # side by side on the same split and links: the adaptive choice, then
+                    # raw tensors only (auto_packing off)
+                    for name, adaptive in (("adaptive", True), ("raw", False)):
+                        sess.auto_packing = adaptive
+                        progress(f"{bw:g} kB/s, {name}: {args.frames} frames at "
+                                 f"{args.rate:g} Hz ...")
+                        row[name] = await _phase(sess, bundle, frames, args.frames, args.rate,
+                                                 depth, base)
+                    measured = sess._bandwidths(plan.devices)[0]  # the wearable's estimate
+                    row["measured_kbps_end"] = round(measured / 1000, 1)
+                    phases.append(row)
+    return {
+        "model": Path(bundle.meta.get("source", {}).get("file", "model")).stem,
+        "devices": args.devices,
+        "cuts": list(plan.cuts),
+        "compute_bound_fps": round(compute_fps, 2),
+        "rate_hz": args.rate,
+        "base_accuracy": base,
+        "compressors": [{"cut": c.candidate, "gamma": c.gamma, "code_bytes": c.code_bytes,
+                         "accuracy": c.accuracy} for c in bundle.compressors()],
+        "thresholds_first_link": [{"from_kbps": round(t / 1000, 3), "option": option_label(o),
+                                   "bytes": o.nbytes, "relative_accuracy": round(o.accuracy, 4)}
+                                  for t, o in table],
+        "phases": phases,
+        "settings": {"slowdown": args.slowdown, "schedule_kbps": kbps,
+                     "other_links_kbps": args.bandwidth_kbps, "latency_ms": args.latency_ms,
+                     "frames_per_phase": args.frames, "warmup": args.warmup, "depth": depth},
+    }
+
+
+__all__ = ["measure", "schedule"]

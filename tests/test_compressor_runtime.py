@@ -395,3 +395,17 @@ def test_plan_pipeline_shows_each_links_compressor(cset: Path, tmp_path: Path,
         assert any(b.compressors(c) for c in out["cuts"])
     assert main(["plan", str(root), "--pipeline", str(config)]) == 0
     assert "g4+q8 (" in capsys.readouterr().out
+
+
+def test_the_switching_bench_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.cli import main
+    from coinf.cli.bench.pipeline_switch import schedule
+
+    assert schedule("1000, 20,5") == [1000.0, 20.0, 5.0]
+    for bad in ("", "a,b", "10,-1", "0"):
+        with pytest.raises(InputError, match="schedule"):
+            schedule(bad)
+    assert main(["bench", "pipeline", "--compressors", "/nonexistent"]) == 2
+    assert "--bandwidth-kbps-schedule" in capsys.readouterr().err
+    assert main(["bench", "pipeline", "--bandwidth-kbps-schedule", "10,1"]) == 2
+    assert "--rate" in capsys.readouterr().err

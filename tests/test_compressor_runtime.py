@@ -409,3 +409,24 @@ def test_the_switching_bench_refuses_bad_flags(capsys: pytest.CaptureFixture[str
     assert "--bandwidth-kbps-schedule" in capsys.readouterr().err
     assert main(["bench", "pipeline", "--bandwidth-kbps-schedule", "10,1"]) == 2
     assert "--rate" in capsys.readouterr().err
+
+
+def test_coinf_plan_lists_compressor_configurations(bundle: Bundle, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf plan B`` (two devices) shows a row per compressor configuration and, when one
+    wins, its stages under the compressed id."""
+    from coinf.cli import main
+
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"accuracy_tolerance_pp": 10, "battery_aware": False}))
+    assert main(["plan", str(bundle.root), "--bandwidth-kbps", "2", "--objective", "latency",
+                 "--wearable-slowdown", "3000", "--policy", str(policy)]) == 0
+    text = capsys.readouterr().out
+    cut = bundle.compressors()[0].candidate
+    for comp in bundle.compressors(cut):
+        assert f"{comp.wire_id}+q8" in text
+    assert f"-> chose {cut}~g" in text and f"stages: {cut}~g" in text
+    assert main(["plan", str(bundle.root), "--bandwidth-kbps", "2", "--objective", "latency",
+                 "--wearable-slowdown", "3000"]) == 0  # default 1 pp: g2 (1 pp) only
+    text = capsys.readouterr().out
+    assert f"excluded {cut}~g8" in text and f"excluded {cut}~g2:" not in text

@@ -401,6 +401,7 @@ class AsyncSession:
         outputs = await self._on(self._head_pool, tail)
         stats.runtimes = (*stats.runtimes[:1], self._slices.runtime_of(cand, "tail"))
         stats.local = True
+        stats.gamma = 1  # the tail ran here on the plain crossing tensors
         stats.fallback = why
         return outputs
 

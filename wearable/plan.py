@@ -73,4 +73,5 @@ class Plan:
         return self.stages[1:]
 
     def __str__(self) -> str:
-        return f"{self.candidate.id}[{self.packing}]: " + " -> ".join(map(str, self.stages))
+        cid = self.candidate.id if self.compressor is None else self.compressor.wire_id
+        return f"{cid}[{self.packing}]: " + " -> ".join(map(str, self.stages))

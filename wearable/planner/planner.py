@@ -310,7 +310,7 @@ class Planner:
                 if packing not in comp.accuracy:
                     continue
                 spec = f"g{comp.gamma}" if packing == "raw" else f"g{comp.gamma}+{packing}"
-                drop = max((comp.base_accuracy - comp.accuracy[packing]) * 100.0, 0.0)
+                drop = max(round((comp.base_accuracy - comp.accuracy[packing]) * 100.0, 6), 0.0)
                 tol = self.policy.accuracy_tolerance_pp
                 if drop > tol:
                     self.excluded_configs[f"{c.id}{PACK_SEP}{spec}"] = (

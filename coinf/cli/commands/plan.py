@@ -232,11 +232,17 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _stages(bundle: Any, planner: Any, winner: str) -> str:
     """The chosen plan's stages, each with its device and runtime."""
+    import dataclasses
+
     from coinf.ble_protocol.packing import PackSpec
     from coinf.wearable.plan import Plan
-    from coinf.wearable.planner.planner import split_config
+    from coinf.wearable.planner.planner import parse_config_spec, split_config
 
     cid, spec = split_config(winner)
+    gamma, packing = parse_config_spec(spec)  # c002~g4+q8: compressor g4's code, q8
     cand = bundle.candidate(cid)
     runtimes = planner.stage_runtimes.get(cand.id, ("onnxruntime", "onnxruntime"))
-    return str(Plan.for_candidate(cand, PackSpec.parse(spec), runtimes=runtimes))
+    plan = Plan.for_candidate(cand, PackSpec.parse(packing), runtimes=runtimes)
+    if gamma:
+        plan = dataclasses.replace(plan, compressor=bundle.compressor(cid, gamma))
+    return str(plan)

@@ -318,7 +318,9 @@ def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
         session.run(None, feeds)
         stats = session.last_run
         assert stats is not None
-        chosen.append(stats.candidate + ("" if stats.packing == "raw" else f"~{stats.packing}"))
+        spec = stats.packing if stats.gamma <= 1 else (
+            f"g{stats.gamma}" + ("" if stats.packing == "raw" else f"+{stats.packing}"))
+        chosen.append(stats.candidate + ("" if spec == "raw" else f"~{spec}"))
         totals.append(stats.total_ms)
     decision = session.plan()
     winner = max(set(chosen), key=chosen.count)

@@ -430,3 +430,25 @@ def test_coinf_plan_lists_compressor_configurations(bundle: Bundle, tmp_path: Pa
                  "--wearable-slowdown", "3000"]) == 0  # default 1 pp: g2 (1 pp) only
     text = capsys.readouterr().out
     assert f"excluded {cut}~g8" in text and f"excluded {cut}~g2:" not in text
+
+
+def test_a_damaged_compressors_section_is_refused_on_load(bundle: Bundle, tmp_path: Path) -> None:
+    from coinf.errors import BundleError
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle.root, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    entry = manifest["compressors"]["entries"][0]
+    (copy / entry["decoder"]).unlink()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="needs missing"):
+        Bundle.load(copy)
+    del entry["code"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="malformed compressors"):
+        Bundle.load(copy)
+    entry["code"] = {"name": "code", "shape": [1], "dtype": "float32", "nbytes": 4}
+    entry["candidate"] = "c999"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="names no candidate"):
+        Bundle.load(copy)

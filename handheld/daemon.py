@@ -299,9 +299,8 @@ class HandheldDaemon:
             elif GAMMA_SEP in cid:  # decode compressor gN's code first (checked in decode)
                 base, gamma = split_compressed(cid)
                 comp = self.bundle.compressor(base, gamma or 0)
-                t0 = time.perf_counter()
-                restored = self.codecs.decode(comp, feeds)
-                dec_s = time.perf_counter() - t0
+                restored, dec_s = self.tails.emulation.timed(
+                    lambda: self.codecs.decode(comp, feeds), token)
                 outputs, elapsed = self.tails.run(base, restored, token)
                 elapsed += dec_s
             else:

@@ -452,3 +452,25 @@ def test_a_damaged_compressors_section_is_refused_on_load(bundle: Bundle, tmp_pa
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="names no candidate"):
         Bundle.load(copy)
+
+
+def test_the_two_device_planner_compresses_when_the_bandwidth_drops(bundle: Bundle) -> None:
+    """The Session's planner (hand-set device speeds, deterministic): on a fast link no
+    compressor; as the link slows, the compressed configuration within the accuracy tolerance
+    (g8 at 10 pp, g2 at 2 pp, none at 0.5 pp)."""
+    from coinf.device.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
+    from coinf.wearable.planner.adapt import LinkEstimate
+    from coinf.wearable.planner.planner import Planner, parse_config_spec, split_config
+    from coinf.wearable.policy import Policy
+
+    w = DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER, gflops=0.002)
+    h = DeviceProfile("fast", "handheld", LAPTOP_POWER, gflops=50.0)
+    gammas = {}
+    for tol in (10.0, 2.0, 0.5):
+        planner = Planner(bundle, w, h, Policy(objective="latency", accuracy_tolerance_pp=tol,
+                                               battery_aware=False))
+        for bw in (1e9, 1e5, 2e4):
+            winner = planner.decide(LinkEstimate(bw, bw, 0)).winner
+            gammas[tol, bw] = parse_config_spec(split_config(winner)[1])[0]
+    assert all(gammas[tol, bw] is None for tol in (10.0, 2.0, 0.5) for bw in (1e9, 1e5))
+    assert gammas[10.0, 2e4] == 8 and gammas[2.0, 2e4] == 2 and gammas[0.5, 2e4] is None

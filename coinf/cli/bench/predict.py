@@ -45,8 +45,9 @@ def zoo_source(bundle: Any) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
-    from coinf.device.context_data import boundary_mbytes, kernel_count, model_features
+    from coinf.device.context_data import boundary_mbytes, model_features
     from coinf.device.features import node_features
+    from coinf.device.ortgraph import kernels
     from coinf.device.predict import Predictor
     from coinf.device.profile import DeviceProfile
     from coinf.device.slicepred import within
@@ -87,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
         measured = (m1 + m2) / 2
         row: dict[str, Any] = {"slice": f"{cand.id}.{side}", "nodes": len(part.nodes),
                                "measured_ms": measured, "measured_passes_ms": [m1, m2]}
-        row["incontext_ms"] = ctx.slice_ms(part.nodes, kernel_count(part.nodes, anchors),
-                                           boundary_mbytes(bundle, cand, side), anchors)
+        k = kernels(str(bundle.path(str(part.file))), args.threads)
+        row["incontext_ms"] = ctx.slice_ms(part.nodes, k.count,
+                                           boundary_mbytes(bundle, cand, side), anchors,
+                                           k.reorders, k.reorder_melems)
         for style, p in per_style.items():
             row[f"{style}_ms"] = sum(p.get(n, 0.0) for n in part.nodes) + pred.run_overhead_ms
         rows.append(row)
@@ -108,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
           "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
                                               for r in rows if r["measured_ms"] > 0])
                                    for s in STYLES},
-          "incontext_constants": {"c0_ms": ctx.c0, "c_kernel_ms": ctx.c_kernel,
-                                  "c_io_ms_per_mb": ctx.c_io},
+          "incontext_constants": {"scale": ctx.scale, "c0_ms": ctx.c0,
+                                  "c_kernel_ms": ctx.c_kernel, "c_io_ms_per_mb": ctx.c_io,
+                                  "c_reorder_ms": ctx.c_reorder,
+                                  "c_copy_ms_per_melem": ctx.c_copy},
           "r2": pred.r2_table(), "per_slice": rows})
     return 0
 
@@ -122,7 +127,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=25, help="timed runs per slice (median)")
-    parser.add_argument("--synthetic", type=int, default=150,
+    parser.add_argument("--synthetic", type=int, default=300,
                         help="synthetic networks profiled in context for training")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings are cached")

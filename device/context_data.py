@@ -191,3 +191,23 @@ def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, 
     model = onnx.load(str(model_path))
     names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
     return SlicePredictor.from_json(obj).node_times(model_features(model), names)
+
+
+def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
+    """Slice constants (:func:`~coinf.device.slicepred.fit_slice_constants`) fitted on the
+    cached slices of ``models`` with their *profiled* node times instead of predicted ones: with
+    a model's own profiled node times, what a perfect node predictor would reach."""
+    import numpy as np
+    from coinf.device.slicepred import fit_slice_constants
+
+    sums, slices = [], []
+    for m in models:
+        cache = cache_dir / f"{m}.timings.json"
+        t = ModelTimings.from_json(json.loads(cache.read_text()))
+        for s in t.slices:
+            if float(s["ms"]) > 0:
+                sums.append(sum(t.nodes.get(n, 0.0) for n in s["nodes"]))
+                slices.append(SliceSample(m, s["slice"], tuple(s["nodes"]), int(s["kernels"]),
+                                          float(s["boundary_mbytes"]), float(s["ms"]),
+                                          int(s["reorders"]), float(s["reorder_melems"])))
+    return fit_slice_constants(np.array(sums), slices)

@@ -165,27 +165,8 @@ class SlicePredictor:
         usable = [s for s in slices if s.ms > 0]
         if len(usable) >= 6:
             sums = np.array([pred.node_sum(s.nodes, features[s.model]) for s in usable])
-            a = np.column_stack([np.ones(len(usable)), [s.kernels for s in usable],
-                                 [s.boundary_melems for s in usable],
-                                 [s.reorders for s in usable],
-                                 [s.reorder_melems for s in usable]])
-            y = np.array([s.ms for s in usable])
-            # relative error matters (the target is +-10%), and a few slices of another model
-            # with badly predicted nodes must not drag the constants: a robust (soft-L1) fit
-            # of the relative error. The per-kernel term may be negative: the profiler's own
-            # cost inflates every kernel's time inside a profiled run, and a slice runs
-            # without the profiler.
-            from scipy.optimize import least_squares
-
-            def rel(c: np.ndarray) -> np.ndarray:
-                return (c[0] * sums + a @ c[1:]) / y - 1.0
-
-            fit = least_squares(rel, np.array([1.0, 0.01, 0.0, 0.0, 0.0, 0.0]),
-                                loss="soft_l1", f_scale=0.1,
-                                bounds=([0.2, 0.0, -np.inf, -np.inf, -np.inf, -np.inf],
-                                        [5.0, np.inf, np.inf, np.inf, np.inf, np.inf]))
             (pred.scale, pred.c0, pred.c_kernel, pred.c_io, pred.c_reorder,
-             pred.c_copy) = (float(v) for v in fit.x)
+             pred.c_copy) = fit_slice_constants(sums, usable)
         return pred
 
     # -- prediction -------------------------------------------------------------------------
@@ -296,6 +277,29 @@ class SlicePredictor:
         return cls(groups, scale, c0, c_kernel, c_io, c_reorder, c_copy, boosted,
                    frozenset(str(o) for o in obj.get("boosted_ops", [])),
                    trained_on=[str(m) for m in obj.get("trained_on", [])], ranges=ranges)
+
+
+def fit_slice_constants(node_sums: np.ndarray, slices: Sequence[SliceSample],
+                        ) -> tuple[float, ...]:
+    """``(scale, c0, c_kernel, c_io, c_reorder, c_copy)`` of the slice model for slices whose
+    node times sum to ``node_sums``. Relative error matters (the target is +-10%), and a few
+    slices of another model with badly predicted nodes must not drag the constants: a robust
+    (soft-L1) fit of the relative error. The per-kernel term may be negative: the profiler's
+    own cost inflates every kernel's time inside a profiled run, and a slice runs without it."""
+    from scipy.optimize import least_squares
+
+    a = np.column_stack([np.ones(len(slices)), [s.kernels for s in slices],
+                         [s.boundary_melems for s in slices], [s.reorders for s in slices],
+                         [s.reorder_melems for s in slices]])
+    y = np.array([s.ms for s in slices])
+
+    def rel(c: np.ndarray) -> np.ndarray:
+        return (c[0] * node_sums + a @ c[1:]) / y - 1.0
+
+    fit = least_squares(rel, np.array([1.0, 0.01, 0.0, 0.0, 0.0, 0.0]), loss="soft_l1",
+                        f_scale=0.1, bounds=([0.2, 0.0, -np.inf, -np.inf, -np.inf, -np.inf],
+                                             [5.0, np.inf, np.inf, np.inf, np.inf, np.inf]))
+    return tuple(float(v) for v in fit.x)
 
 
 _PROBE = NodeFeatures("probe", "Relu", "activation", (0.0,) * 8, (0.0,) * 4, 0.0)

@@ -85,6 +85,9 @@ class Helper:
     latency_s: float = 0.0
     speed_flops: float | None = None
     shape: bool = False
+    #: how the *wearable* reaches this helper when it is the first of a plan, if not at
+    #: ``address`` (e.g. ``ble:tcp-client:127.0.0.1:PORT``: this wearable's controller)
+    wearable_link: str | None = None
 
     @property
     def channel(self) -> Channel | None:
@@ -92,13 +95,28 @@ class Helper:
             return None
         return Channel(self.bandwidth_bps, self.latency_s, overhead_bytes=16)
 
+    @property
+    def wearable_spec(self) -> str:
+        """The spec the wearable opens to reach this helper."""
+        return self.wearable_link or self.address
+
+    @property
+    def over_ble(self) -> bool:
+        """The wearable reaches this helper over BLE (its GATT server; the radio shapes it)."""
+        return self.wearable_spec.partition(":")[0] == "ble"
+
 
 def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
     """Helpers from a pipeline config (a JSON file or its object)::
 
         {"helpers": [{"name": "h1", "address": "tcp:192.168.1.5:7878",
+                      "wearable_link": "ble:hci-socket:0",
                       "bandwidth_kbps": 250, "latency_ms": 5, "speed_gflops": 2.0,
                       "shape": false}, ...]}
+
+    ``wearable_link`` (optional): how the wearable reaches that helper instead of ``address``
+    (which the helpers use among themselves); ``ble:HCI`` is this wearable's GATT server on
+    that controller, which serves one helper at a time, so no two helpers share one.
 
     Raises :class:`InputError` naming the bad field."""
     where = str(source) if not isinstance(source, Mapping) else "pipeline config"
@@ -137,11 +155,41 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
             bandwidth_bps=nums["bandwidth_kbps"] * 1000 if nums["bandwidth_kbps"] else None,
             latency_s=(nums["latency_ms"] or 0) / 1000,
             speed_flops=nums["speed_gflops"] * 1e9 if nums["speed_gflops"] else None,
-            shape=bool(e.get("shape", False))))
+            shape=bool(e.get("shape", False)),
+            wearable_link=_wearable_link(e.get("wearable_link"), f"{where}: helpers[{i}]")))
     names = [h.name for h in helpers]
     if len(set(names)) != len(names):
         raise InputError(f"{where}: helper names must be unique, got {names}")
+    ble = [h.wearable_spec for h in helpers if h.over_ble]
+    if len(set(ble)) != len(ble):
+        shared = next(s for s in ble if ble.count(s) > 1)
+        who = ", ".join(h.name for h in helpers if h.wearable_spec == shared)
+        raise InputError(f"{where}: {who} share the wearable_link {shared!r}: the wearable's "
+                         f"GATT server on one controller serves one helper at a time")
     return helpers
+
+
+WEARABLE_LINK_SCHEMES = ("tcp", "unix", "ble")
+
+
+def _wearable_link(value: Any, where: str) -> str | None:
+    """A helper's ``wearable_link``: ``None``, or a tcp/unix/ble:HCI spec (checked here, so a
+    typo fails when the config loads, not at the first frame)."""
+    if value is None:
+        return None
+    scheme, _, rest = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if scheme not in WEARABLE_LINK_SCHEMES or not rest:
+        raise InputError(f"{where}.wearable_link must be ble:HCI (e.g. ble:hci-socket:0, "
+                         f"ble:tcp-client:HOST:PORT of coinf radio), tcp:HOST:PORT or "
+                         f"unix:/path, got {value!r}")
+    if scheme != "ble":
+        from coinf.ble_protocol.loopback import parse_address
+
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            raise InputError(f"{where}.wearable_link: {exc}") from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -189,6 +237,7 @@ class PipelineStats:
     retries: int = 0
     local: bool = False
     packing: list[str] = field(default_factory=list)  # per link
+    first_link: str = ""  # the spec the wearable reached the first helper at
 
 
 class _Ewma:
@@ -223,7 +272,8 @@ class PipelineSession:
                  connect_timeout: float = 5.0, packing: str = "raw",
                  replan_threshold: float = 0.2, dead_retry_s: float = 30.0,
                  wearable_speed_flops: float | None = None,
-                 input_fps: float | None = None) -> None:
+                 input_fps: float | None = None,
+                 ble_options: Mapping[str, Any] | None = None) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         if not helpers:
             raise InputError("a pipeline needs at least one helper")
@@ -242,6 +292,9 @@ class PipelineSession:
         self._tables: dict[tuple[str, float], list[tuple[float, Option]]] = {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        #: options of this wearable's GATT server for helpers with a ``ble:`` wearable_link
+        #: (``passkey``, ``keystore``, ``pairing_window_s``, ...: ``WearableServer``)
+        self.ble_options = dict(ble_options or {})
         self.dead_retry_s = dead_retry_s
         self.points = cut_points(self.bundle)
         self._flops = {c.id: c.head.flops for c in self.bundle.candidates}
@@ -261,6 +314,9 @@ class PipelineSession:
         #: re-split when a measurement moves past the threshold (False: only when devices
         #: come or go, e.g. to measure one split's throughput)
         self.adaptive = True
+        #: use at most this many devices (the wearable included; None: every helper alive)
+        self.max_devices: int | None = None
+        self._frozen: dict[tuple[str, ...], PipelinePlan] = {}
         self.last: PipelineStats | None = None
         self._closed = False
 
@@ -293,14 +349,18 @@ class PipelineSession:
     def plan(self, force: bool = False) -> PipelinePlan | None:
         """The split in use (re-made when the devices or their measurements moved); ``None``
         when no helper is left (the wearable runs everything)."""
-        devices = (WEARABLE, *self.alive())
+        devices = (WEARABLE, *self.alive())[:self.max_devices]
         if len(devices) == 1:
             return None
+        if not self.adaptive and not force and devices in self._frozen:
+            self._plan = self._frozen[devices]  # frozen: the last split over these devices
+            return self._plan
         speeds, bws = self._speeds(devices), self._bandwidths(devices)
         current = self._plan
         if (not force and current is not None and current.devices == devices
                 and (not self.adaptive or not self._trigger.moved(speeds, bws))):
             return current
+        key = devices
         n = len(devices)
         split = None
         while n >= 2:  # too few nested cuts for every device: use the first n
@@ -315,7 +375,7 @@ class PipelineSession:
         ids = [self.points[0].id, *split.cuts, self.points[-1].id]
         stages = tuple(Stage(d, slice_name(a, b)) for d, a, b
                        in zip(devices, ids, ids[1:], strict=False))
-        self._plan = PipelinePlan(tuple(devices), split, stages)
+        self._plan = self._frozen[key] = PipelinePlan(tuple(devices), split, stages)
         self._trigger.planned(speeds, bws)
         if current is not None:
             self.replans += 1
@@ -442,7 +502,8 @@ class PipelineSession:
         for nxt, st in zip(plan.devices[2:], hop_stats, strict=False):
             self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
-                                      packing=[str(p) for p in specs])
+                                      packing=[str(p) for p in specs],
+                                      first_link=self.helpers[plan.devices[1]].wearable_spec)
 
     def link_packing(self, plan: PipelinePlan) -> PackSpec:
         """The first link's packing (:meth:`link_packings`)."""
@@ -480,10 +541,14 @@ class PipelineSession:
         conn = self._conns.get(name)
         if conn is None:
             helper = self.helpers[name]
-            connector = open_connector(helper.address, bundle=self.bundle) \
-                if helper.address.startswith("inprocess") else open_connector(helper.address)
-            if helper.channel is not None:
-                connector = _ShapedConnector(connector, helper.channel)
+            spec = helper.wearable_spec
+            if helper.over_ble:  # this wearable's GATT server; the radio shapes the link
+                connector = open_connector(spec, bundle=self.bundle, **self.ble_options)
+            else:
+                connector = open_connector(spec, bundle=self.bundle) \
+                    if spec.startswith("inprocess") else open_connector(spec)
+                if helper.channel is not None:
+                    connector = _ShapedConnector(connector, helper.channel)
             conn = self._conns[name] = Connection(
                 connector, self.bundle.identity, connect_timeout=self.connect_timeout,
                 reconnect_timeout=self.connect_timeout, request_timeout=self.timeout,

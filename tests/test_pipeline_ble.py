@@ -1,0 +1,141 @@
+"""A pipeline whose first link is BLE (issue 13): the wearable (this process, its GATT server on
+the emulated radio of a `coinf radio` process) --BLE--> h1 --TCP--> h2, each helper a real
+`coinf handheld --pipeline` process; h1 listens both as a BLE central (for the wearable) and on
+its TCP address (for its peers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from coinf.ble_protocol.radio import spawn
+from coinf.convert.split import split_model
+from coinf.wearable.pipeline import PipelineSession, load_helpers
+
+from coinf.errors import InputError
+from tests.ble_servers import TEST_PASSKEY, WEARABLE_PAIRING
+from tests.procs import handheld_daemon
+from tests.test_pipeline_run import frames, reference
+from tests.test_pipeline_slices import LENET
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory):
+    return split_model(LENET, tmp_path_factory.mktemp("pble") / "lenet")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess.Popen]]]:
+    """The radio process, h1 (BLE to the wearable + TCP for peers) and h2 (TCP); yields the
+    config and the helper processes."""
+    whole = float(bundle.candidates[-1].head.flops) * 1000 / 1e9  # the model in 1 ms
+    with ExitStack() as stack:
+        wspec, hspec, stop_radio = spawn("pi-zero-2w", overrides=["time_scale=0.5"])
+        stack.callback(stop_radio)
+        config = tmp / "pipeline.json"
+        config.write_text(json.dumps({"helpers": [
+            {"name": "h1", "address": f"tcp:127.0.0.1:{free_port()}",
+             "wearable_link": f"ble:{wspec}", "speed_gflops": whole, "bandwidth_kbps": 20},
+            {"name": "h2", "address": f"tcp:127.0.0.1:{free_port()}", "speed_gflops": whole,
+             "bandwidth_kbps": 1000}]}))
+        common = ("--pipeline", str(config), "--threads", "1")
+        procs = {
+            "h1": stack.enter_context(handheld_daemon(
+                bundle.root, f"ble:{hspec}", *common, "--name", "h1",
+                "--passkey", str(TEST_PASSKEY))),
+            "h2": stack.enter_context(handheld_daemon(
+                bundle.root, json.loads(config.read_text())["helpers"][1]["address"], *common,
+                "--name", "h2")),
+        }
+        yield config, procs
+
+
+def session(bundle, config: Path) -> PipelineSession:
+    whole = float(bundle.candidates[-1].head.flops) * 1000
+    return PipelineSession(bundle, load_helpers(config), wearable_speed_flops=whole,
+                           timeout=20.0, connect_timeout=20.0, ble_options=WEARABLE_PAIRING)
+
+
+def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp_path) -> None:
+    feeds = frames(bundle, 16)
+    ref = reference(bundle, feeds)
+
+    async def main(procs: dict[str, subprocess.Popen]) -> tuple[list, list]:
+        async with session(bundle, config) as sess:
+            sess.adaptive = False
+            plan = sess.plan()
+            assert plan is not None and plan.devices == ("wearable", "h1", "h2")
+            got, seen = [], []
+            async for out, stats in sess.astream(feeds, depth=4):
+                got.append(out[bundle.outputs[0].name])
+                seen.append(stats)
+                if len(got) == 6:
+                    procs["h2"].kill()  # h2 vanishes with frames in flight
+            return got, seen
+
+    with ble_pipeline(bundle, tmp_path) as (config, procs):
+        got, seen = asyncio.run(asyncio.wait_for(main(procs), 60))
+    assert len(got) == len(feeds)  # nothing lost
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    assert seen[0].devices == ("wearable", "h1", "h2")
+    assert seen[-1].devices == ("wearable", "h1")  # re-planned onto the remaining devices
+    assert all(s.first_link.startswith("ble:tcp-client:") for s in seen)
+    assert sum(s.retries for s in seen) >= 1
+
+
+def test_when_the_ble_helper_dies_the_wearable_reaches_the_next_over_tcp(bundle,
+                                                                          tmp_path) -> None:
+    feeds = frames(bundle, 12)
+    ref = reference(bundle, feeds)
+
+    async def main(procs: dict[str, subprocess.Popen]) -> list:
+        async with session(bundle, config) as sess:
+            sess.adaptive = False
+            got = []
+            async for out, stats in sess.astream(feeds, depth=3):
+                got.append((out[bundle.outputs[0].name], stats))
+                if len(got) == 4:
+                    procs["h1"].kill()  # the BLE helper vanishes (no disconnect is sent)
+            return got
+
+    with ble_pipeline(bundle, tmp_path) as (config, procs):
+        got = asyncio.run(asyncio.wait_for(main(procs), 60))
+        h2_address = load_helpers(config)[1].address
+    assert len(got) == len(feeds)
+    for (g, _), r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    first, last = got[0][1], got[-1][1]
+    assert first.devices == ("wearable", "h1", "h2") and first.first_link.startswith("ble:")
+    assert last.devices == ("wearable", "h2") and last.first_link == h2_address
+
+
+def test_wearable_link_is_validated(tmp_path) -> None:
+    base = {"name": "h1", "address": "tcp:127.0.0.1:7878"}
+    ok = load_helpers({"helpers": [{**base, "wearable_link": "ble:hci-socket:0"},
+                                   {"name": "h2", "address": "tcp:127.0.0.1:7879"}]})
+    assert ok[0].over_ble and ok[0].wearable_spec == "ble:hci-socket:0"
+    assert not ok[1].over_ble and ok[1].wearable_spec == "tcp:127.0.0.1:7879"
+    for bad, match in [("ble:", "wearable_link must be ble:HCI"),
+                       ("bt:hci0", "wearable_link must be ble:HCI"),
+                       (7, "wearable_link must be ble:HCI"),
+                       ("tcp:nohost", r"helpers\[0\].wearable_link")]:
+        with pytest.raises(InputError, match=match):
+            load_helpers({"helpers": [{**base, "wearable_link": bad}]})
+    with pytest.raises(InputError, match="h1, h2 share the wearable_link"):
+        load_helpers({"helpers": [
+            {**base, "wearable_link": "ble:hci-socket:0"},
+            {"name": "h2", "address": "tcp:127.0.0.1:7879", "wearable_link": "ble:hci-socket:0"}]})

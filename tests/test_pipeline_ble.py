@@ -139,3 +139,28 @@ def test_wearable_link_is_validated(tmp_path) -> None:
         load_helpers({"helpers": [
             {**base, "wearable_link": "ble:hci-socket:0"},
             {"name": "h2", "address": "tcp:127.0.0.1:7879", "wearable_link": "ble:hci-socket:0"}]})
+
+
+def test_a_ble_helper_started_without_a_ble_listener_is_refused(bundle, tmp_path,
+                                                                capsys) -> None:
+    from coinf.cli import main
+
+    config = tmp_path / "pipeline.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": "h1", "address": "tcp:127.0.0.1:7878", "wearable_link": "ble:hci-socket:0"}]}))
+    assert main(["handheld", "--bundle", str(bundle.root), "--pipeline", str(config),
+                 "--name", "h1"]) == 2
+    assert "give --listen ble:HCI" in capsys.readouterr().err
+
+
+def test_bench_pipeline_first_link_ble(capsys) -> None:
+    from coinf.cli import main
+
+    assert main(["bench", "pipeline", "--first-link", "ble", "--in-process"]) == 2
+    assert "drop --in-process" in capsys.readouterr().err
+    assert main(["bench", "pipeline", "--first-link", "ble", "--devices", "3", "--frames", "6",
+                 "--repeats", "1", "--warmup", "4", "--slowdown", "10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["first_link"] == "ble" and out["radio"]["preset"] == "pi-zero-2w"
+    assert out["model"] == "lenet_digits" and out["stages"][1].endswith("@h1(onnxruntime)")
+    assert out["throughput_fps"] > 0 and len(out["stage_ms"]) == 5

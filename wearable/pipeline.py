@@ -237,7 +237,7 @@ class PipelineStats:
     retries: int = 0
     local: bool = False
     packing: list[str] = field(default_factory=list)  # per link
-    first_link: str = ""  # the spec the wearable reached the first helper at
+    first_link: str = ""  # the connector the wearable reached the first helper with
 
 
 class _Ewma:
@@ -503,7 +503,7 @@ class PipelineSession:
             self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
                                       packing=[str(p) for p in specs],
-                                      first_link=self.helpers[plan.devices[1]].wearable_spec)
+                                      first_link=conn.connector.spec)
 
     def link_packing(self, plan: PipelinePlan) -> PackSpec:
         """The first link's packing (:meth:`link_packings`)."""

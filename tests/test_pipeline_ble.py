@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def free_port() -> int:
 @contextmanager
 def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess.Popen]]]:
     """The radio process, h1 (BLE to the wearable + TCP for peers) and h2 (TCP); yields the
-    config and the helper processes."""
+    config and the helper processes (``procs["restart h1"]()`` starts h1 again)."""
     whole = float(bundle.candidates[-1].head.flops) * 1000 / 1e9  # the model in 1 ms
     with ExitStack() as stack:
         wspec, hspec, stop_radio = spawn("pi-zero-2w", overrides=["time_scale=0.5"])
@@ -52,21 +53,23 @@ def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess
             {"name": "h2", "address": f"tcp:127.0.0.1:{free_port()}", "speed_gflops": whole,
              "bandwidth_kbps": 1000}]}))
         common = ("--pipeline", str(config), "--threads", "1")
-        procs = {
-            "h1": stack.enter_context(handheld_daemon(
+
+        def h1() -> subprocess.Popen:
+            return stack.enter_context(handheld_daemon(
                 bundle.root, f"ble:{hspec}", *common, "--name", "h1",
-                "--passkey", str(TEST_PASSKEY))),
-            "h2": stack.enter_context(handheld_daemon(
-                bundle.root, json.loads(config.read_text())["helpers"][1]["address"], *common,
-                "--name", "h2")),
-        }
+                "--passkey", str(TEST_PASSKEY)))
+
+        procs: dict[str, Any] = {"h1": h1(), "h2": stack.enter_context(handheld_daemon(
+            bundle.root, json.loads(config.read_text())["helpers"][1]["address"], *common,
+            "--name", "h2")), "restart h1": h1}
         yield config, procs
 
 
-def session(bundle, config: Path) -> PipelineSession:
+def session(bundle, config: Path, dead_retry_s: float = 30.0) -> PipelineSession:
     whole = float(bundle.candidates[-1].head.flops) * 1000
     return PipelineSession(bundle, load_helpers(config), wearable_speed_flops=whole,
-                           timeout=20.0, connect_timeout=20.0, ble_options=WEARABLE_PAIRING)
+                           timeout=20.0, connect_timeout=20.0, ble_options=WEARABLE_PAIRING,
+                           dead_retry_s=dead_retry_s)
 
 
 def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp_path) -> None:
@@ -97,23 +100,30 @@ def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp
     assert sum(s.retries for s in seen) >= 1
 
 
-def test_when_the_ble_helper_dies_the_wearable_reaches_the_next_over_tcp(bundle,
-                                                                          tmp_path) -> None:
+def test_when_the_ble_helper_dies_the_wearable_reaches_the_next_over_tcp_and_comes_back(
+        bundle, tmp_path) -> None:
     feeds = frames(bundle, 12)
     ref = reference(bundle, feeds)
+    retry_s = 2.0
 
-    async def main(procs: dict[str, subprocess.Popen]) -> list:
-        async with session(bundle, config) as sess:
+    async def main(procs: dict[str, Any]) -> tuple[list, Any]:
+        async with session(bundle, config, dead_retry_s=retry_s) as sess:
             sess.adaptive = False
             got = []
             async for out, stats in sess.astream(feeds, depth=3):
                 got.append((out[bundle.outputs[0].name], stats))
                 if len(got) == 4:
                     procs["h1"].kill()  # the BLE helper vanishes (no disconnect is sent)
-            return got
+            # h1 comes back: once its time out is over, the wearable reaches it over BLE again
+            await asyncio.to_thread(procs["restart h1"])
+            await asyncio.sleep(retry_s)
+            out = await sess.run(feeds[0])
+            np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
+                                       atol=1e-5)
+            return got, sess.last
 
     with ble_pipeline(bundle, tmp_path) as (config, procs):
-        got = asyncio.run(asyncio.wait_for(main(procs), 60))
+        got, back = asyncio.run(asyncio.wait_for(main(procs), 60))
         h2_address = load_helpers(config)[1].address
     assert len(got) == len(feeds)
     for (g, _), r in zip(got, ref, strict=True):
@@ -121,6 +131,7 @@ def test_when_the_ble_helper_dies_the_wearable_reaches_the_next_over_tcp(bundle,
     first, last = got[0][1], got[-1][1]
     assert first.devices == ("wearable", "h1", "h2") and first.first_link.startswith("ble:")
     assert last.devices == ("wearable", "h2") and last.first_link == h2_address
+    assert back.devices == ("wearable", "h1", "h2") and back.first_link.startswith("ble:")
 
 
 def test_wearable_link_is_validated(tmp_path) -> None:

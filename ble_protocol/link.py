@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from coinf.ble_protocol.messages import Message
@@ -51,6 +52,10 @@ class LinkStats:
         self.bytes_received += nbytes
 
 
+async def _done() -> None:
+    return None
+
+
 class Link(ABC):
     """Ordered, reliable, bidirectional pipe of messages. Async; one reader, one writer."""
 
@@ -71,6 +76,12 @@ class Link(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Close the link; pending and future receives raise :class:`LinkClosed`."""
+
+    def delivered(self) -> Awaitable[None]:
+        """An awaitable done once what was sent *so far* has left this device (BLE: the
+        controller completed its packets; call it right after ``send``, it counts what is
+        queued now); by default done at once (the link only knows it took the message)."""
+        return _done()
 
     @property
     @abstractmethod

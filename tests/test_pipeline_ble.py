@@ -175,3 +175,29 @@ def test_bench_pipeline_first_link_ble(capsys) -> None:
     assert out["first_link"] == "ble" and out["radio"]["preset"] == "pi-zero-2w"
     assert out["model"] == "lenet_digits" and out["stages"][1].endswith("@h1(onnxruntime)")
     assert out["throughput_fps"] > 0 and len(out["stage_ms"]) == 5
+
+
+def test_a_gatt_link_knows_when_a_message_is_on_the_air() -> None:
+    """The wearable's GATT server takes a message into bumble's queues before the radio carries
+    it; ``Link.delivered`` waits for the controller's completions (the pipeline times its BLE
+    link with it)."""
+    import os
+
+    from coinf.ble_protocol.messages import Message, MsgType
+
+    from tests.test_ble_link import radio_pair
+
+    async def main() -> tuple[int, int, int]:
+        async with radio_pair("pi-zero-2w", 0.5) as (radio, wl, hl):
+            payload = os.urandom(4000)
+            s0 = radio.link.stats()["payload_bytes"]
+            await wl.send(Message(MsgType.REQUEST, 1, payload))
+            s1 = radio.link.stats()["payload_bytes"]
+            await wl.delivered()
+            s2 = radio.link.stats()["payload_bytes"]
+            got = await asyncio.wait_for(hl.receive(), 30)
+            assert got.payload == payload
+            return s1 - s0, s2 - s0, len(payload)
+
+    taken, delivered, size = asyncio.run(asyncio.wait_for(main(), 60))
+    assert taken < delivered and delivered >= size  # send returned before the air carried it

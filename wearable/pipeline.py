@@ -602,7 +602,7 @@ def service_time(last_end: dict[str, float], key: str, t0: float,
     """How long the link took to carry one message: from when it could start (sent, or the
     previous message on the same link finished: links are FIFO) until it was taken. Waiting
     behind earlier frames is queueing, not transfer."""
-    sent = marks.get("sent", t0)
+    sent = marks.get("delivered", marks.get("sent", t0))  # BLE: on the air, not buffered
     start = max(t0, last_end.get(key, 0.0))
     last_end[key] = max(sent, last_end.get(key, 0.0))
     return max(sent - start, 0.0)

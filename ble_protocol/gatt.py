@@ -268,10 +268,8 @@ class GattLink(Link):
         return self._open
 
     # --- sending -------------------------------------------------------------------------
-    def delivered(self) -> Awaitable[None]:
-        if self._flushed is None or not self._open:
-            return super().delivered()
-        return self._flushed()
+    def delivered(self) -> Awaitable[None] | None:
+        return self._flushed() if self._flushed is not None and self._open else None
 
     async def send(self, message: Message) -> None:
         if not self._open:

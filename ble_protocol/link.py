@@ -52,10 +52,6 @@ class LinkStats:
         self.bytes_received += nbytes
 
 
-async def _done() -> None:
-    return None
-
-
 class Link(ABC):
     """Ordered, reliable, bidirectional pipe of messages. Async; one reader, one writer."""
 
@@ -77,11 +73,11 @@ class Link(ABC):
     async def close(self) -> None:
         """Close the link; pending and future receives raise :class:`LinkClosed`."""
 
-    def delivered(self) -> Awaitable[None]:
+    def delivered(self) -> Awaitable[None] | None:
         """An awaitable done once what was sent *so far* has left this device (BLE: the
         controller completed its packets; call it right after ``send``, it counts what is
-        queued now); by default done at once (the link only knows it took the message)."""
-        return _done()
+        queued now); ``None`` when the link cannot tell (it only knows it took the message)."""
+        return None
 
     @property
     @abstractmethod

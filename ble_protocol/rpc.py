@@ -95,9 +95,11 @@ class RpcClient:
                 await self.link.send(Message(mtype, rid, payload))
                 if marks is not None:
                     marks["sent"] = time.perf_counter()
-                    out = asyncio.ensure_future(self.link.delivered())
-                    out.add_done_callback(functools.partial(_mark_delivered, marks))
-                    fut.add_done_callback(lambda _f, o=out: o.cancel())
+                    delivered = self.link.delivered()
+                    if delivered is not None:
+                        out = asyncio.ensure_future(delivered)
+                        out.add_done_callback(functools.partial(_mark_delivered, marks))
+                        fut.add_done_callback(lambda _f, o=out: o.cancel())
                 reply = await fut
             if marks is not None:
                 marks["replied"] = time.perf_counter()

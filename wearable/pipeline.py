@@ -308,6 +308,7 @@ class PipelineSession:
         self._conns: dict[str, Connection] = {}
         self._dead: dict[str, float] = {}
         self._sent_end: dict[str, float] = {}
+        self._untimed: dict[str, int] = {}  # bytes delivered with the message before
         self._min_flops = MIN_SHARE * max(self.bundle.candidates[-1].head.flops, 1)
         self._plan: PipelinePlan | None = None
         self.replans = 0
@@ -484,6 +485,11 @@ class PipelineSession:
         t_send = time.perf_counter()
         reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
         send_s = service_time(self._sent_end, plan.devices[1], t_send, marks)
+        nbytes = len(payload)
+        if "delivered" in marks:  # BLE: one completing with the one before shares its air time
+            nbytes += self._untimed.pop(plan.devices[1], 0)
+            if send_s <= MIN_SEND_S:
+                self._untimed[plan.devices[1]], nbytes = nbytes, 0
         hop_stats, result_blob = decode_stage_result(reply.payload, len(plan.hops))
         try:
             decoded = decode_tensors(result_blob, max_bytes=self._result_bytes)
@@ -494,7 +500,7 @@ class PipelineSession:
         # measurements: every device's speed, every link's bandwidth
         compute = [own_s * 1e3] + [h.compute_us / 1e3 for h in hop_stats]
         links = [send_s * 1e3] + [h.send_us / 1e3 for h in hop_stats[:-1]]
-        self._observe_link(plan.devices[1], len(payload), send_s)
+        self._observe_link(plan.devices[1], nbytes, send_s)
         for hop, st in zip(plan.hops, hop_stats, strict=True):
             flops = self._flops[hop.end] - self._flops[hop.start]
             if flops >= self._min_flops and st.compute_us > 0:

@@ -99,7 +99,7 @@ class RpcClient:
                     if delivered is not None:
                         out = asyncio.ensure_future(delivered)
                         out.add_done_callback(functools.partial(_mark_delivered, marks))
-                        fut.add_done_callback(lambda _f, o=out: o.cancel())
+                        fut.add_done_callback(functools.partial(_cancel, out))
                 reply = await fut
             if marks is not None:
                 marks["replied"] = time.perf_counter()
@@ -132,6 +132,10 @@ class RpcClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await self.link.close()
+
+
+def _cancel(out: asyncio.Future[None], _done: asyncio.Future[Message]) -> None:
+    out.cancel()
 
 
 def _mark_delivered(marks: dict[str, float], out: asyncio.Future[None]) -> None:

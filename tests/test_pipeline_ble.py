@@ -201,3 +201,37 @@ def test_a_gatt_link_knows_when_a_message_is_on_the_air() -> None:
 
     taken, delivered, size = asyncio.run(asyncio.wait_for(main(), 60))
     assert taken < delivered and delivered >= size  # send returned before the air carried it
+
+
+def test_max_devices_limits_a_session_and_frozen_splits_are_kept_per_device_set(bundle) -> None:
+    """The bench's BLE mode runs its 2-device batches on the K-device session (one GATT link):
+    ``max_devices`` limits the plan, and with ``adaptive`` off each device set keeps its split."""
+    from coinf.handheld.pipeline_host import local_helpers
+    from coinf.wearable.pipeline import Helper
+
+    whole = float(bundle.candidates[-1].head.flops) * 1000
+    feeds = frames(bundle, 4)
+    ref = reference(bundle, feeds)
+
+    async def main() -> None:
+        async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+            helpers = [Helper(h.name, h.address, 1e9, speed_flops=whole) for h in hosts]
+            async with PipelineSession(bundle, helpers, wearable_speed_flops=whole) as sess:
+                full = sess.plan()
+                assert full is not None and full.devices == ("wearable", "h1", "h2")
+                sess.max_devices = 2
+                two = sess.plan()
+                assert two is not None and two.devices == ("wearable", "h1")
+                out = await sess.run(feeds[0])
+                assert sess.last is not None and sess.last.devices == ("wearable", "h1")
+                np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
+                                           atol=1e-5)
+                sess.adaptive = False
+                sess.max_devices = None
+                assert sess.plan() is full  # the frozen split over these devices, not re-made
+                sess.max_devices = 2
+                assert sess.plan() is two
+                sess.max_devices = 1
+                assert sess.plan() is None  # the wearable alone
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -58,7 +58,7 @@ from coinf.wearable.planner.pipeline_dp import (
     PipelineSplit,
     ResplitTrigger,
     cut_points,
-    split_dp,
+    split_prefix,
 )
 
 from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
@@ -71,6 +71,8 @@ MAX_BANDWIDTH_BPS = 1e10
 MIN_SHARE = 0.05
 MIN_SEND_S = 5e-4  # a send shorter than this is not timed, only bounds the bandwidth
 EWMA = 0.3
+#: fewer devices are used only when their bottleneck is this much shorter (no churn on noise)
+FEWER_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -244,15 +246,10 @@ class PipelineSession:
             return current
         key = devices
         n = len(devices)
-        split = None
-        while n >= 2:  # too few nested cuts for every device: use the first n
-            try:
-                split = split_dp(self.points, speeds[:n], bws[:n - 1], self._result_bytes)
-                break
-            except InputError:
-                n -= 1
+        split = split_prefix(self.points, speeds, bws, self._result_bytes, FEWER_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")
+        n = len(split.compute_s)
         devices = devices[:n]
         ids = [self.points[0].id, *split.cuts, self.points[-1].id]
         stages = tuple(Stage(d, slice_name(a, b)) for d, a, b

@@ -13,11 +13,13 @@ Three predictors, each scored by the fraction of slices within +-10% of the meas
 
 Measured times are medians of ``--repeats`` runs at ``ORT_ENABLE_ALL``, one thread, taken in two
 passes; ``measurement_repeatability_within_10pct`` is how often the two passes agree within
-+-10% -- on a shared machine the ceiling for every predictor's score. A second ceiling,
-``ceiling_own_node_times_within_10pct``, scores the slice model fed with the held-out
-model's *own* in-context node times (profiled after training, for this score only), its
-constants fitted on the other models' profiled node times: what a perfect node predictor
-would reach. The zoo's timings are cached in ``--cache`` (a few seconds
++-10% -- on a shared machine the ceiling for every predictor's score.
+``own_profile_within_10pct`` scores the slice model fed with the held-out model's *own*
+in-context node times (profiled after training, for this score only), its constants fitted on
+the other models' profiled node times: how far a node predictor that reproduced the profiler
+exactly would get. It is no upper bound -- the profiler reports whole microseconds, so on
+models of 1-3 us kernels the trees, fitted over thousands of nodes, beat the model's own
+profile -- but where it is far above ``incontext`` the node model is what is missing. The zoo's timings are cached in ``--cache`` (a few seconds
 to a minute to rebuild).
 """
 
@@ -81,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
                                    progress)
     model = onnx.load(str(bundle.model_path))
     feats = node_features(model)
-    # the ceiling of any node-level predictor: this model's OWN in-context node times (measured
-    # here, after training; never used by the predictor) with the trained slice constants
+    # a reference, not the predictor: this model's OWN in-context node times (measured here,
+    # after training, never used by the predictor) with constants fitted on profiled times
     own = profile_in_context(bundle.model_path, "all", args.threads, 3, args.repeats).nodes
     own_consts = profiled_constants(Path(args.cache), [m for m in trained_on if m in zoo.ZOO])
     anchors = model_features(model)
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
           "measurement_repeatability_within_10pct": within(
               [(r["measured_passes_ms"][1], r["measured_passes_ms"][0]) for r in rows]),
           "within_25pct": {s: score(s, 0.25) for s in STYLES},
-          "ceiling_own_node_times_within_10pct": score("own_nodes", 0.10),
+          "own_profile_within_10pct": score("own_nodes", 0.10),
           "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
                                               for r in rows if r["measured_ms"] > 0])
                                    for s in STYLES},

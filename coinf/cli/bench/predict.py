@@ -19,8 +19,9 @@ in-context node times (profiled after training, for this score only), its consta
 the other models' profiled node times: how far a node predictor that reproduced the profiler
 exactly would get. It is no upper bound -- the profiler reports whole microseconds, so on
 models of 1-3 us kernels the trees, fitted over thousands of nodes, beat the model's own
-profile -- but where it is far above ``incontext`` the node model is what is missing. The zoo's timings are cached in ``--cache`` (a few seconds
-to a minute to rebuild).
+profile -- but where it is far above ``incontext`` the node model is what is missing. The
+zoo's timings are cached in ``--cache`` (a few seconds to a minute to rebuild). Run it at
+real-time priority (``chrt -f 50``) on a shared machine, or measurements will not repeat.
 """
 
 from __future__ import annotations

@@ -220,6 +220,7 @@ class GattLink(Link):
         heartbeat: bool = False,
         heartbeat_s: float = HEARTBEAT_S,
         silence_limit_s: float = SILENCE_LIMIT_S,
+        flushed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
         self.role = role  # "wearable" (RPC client) or "handheld" (RPC server)
@@ -252,6 +253,7 @@ class GattLink(Link):
         self._tasks = TaskSet()
         self._workers = [self._spawn(self._control_writer()), self._spawn(self._expiry())]
         self.heartbeat_s, self.silence_limit_s = heartbeat_s, silence_limit_s
+        self._flushed = flushed  # the transport's "every packet queued so far is on the air"
         self._last_heard = time.monotonic()
         self._pings = 0
         if heartbeat:  # the peer answers PING: watch that it stays alive
@@ -266,6 +268,9 @@ class GattLink(Link):
         return self._open
 
     # --- sending -------------------------------------------------------------------------
+    def delivered(self) -> Awaitable[None] | None:
+        return self._flushed() if self._flushed is not None and self._open else None
+
     async def send(self, message: Message) -> None:
         if not self._open:
             raise self._closed_error()

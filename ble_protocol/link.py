@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from coinf.ble_protocol.messages import Message
@@ -71,6 +72,12 @@ class Link(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Close the link; pending and future receives raise :class:`LinkClosed`."""
+
+    def delivered(self) -> Awaitable[None] | None:
+        """An awaitable done once what was sent *so far* has left this device (BLE: the
+        controller completed its packets; call it right after ``send``, it counts what is
+        queued now); ``None`` when the link cannot tell (it only knows it took the message)."""
+        return None
 
     @property
     @abstractmethod

@@ -28,7 +28,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bumble import hci, smp
@@ -57,6 +57,7 @@ from coinf.ble_protocol.tasks import TaskSet
 from coinf.errors import InputError
 
 log = logging.getLogger(__name__)
+FLUSH_POLL_S = 0.002  # how often Link.delivered looks at the controller's completed packets
 
 _P = Characteristic.Permissions
 #: bumble's own checks (encryption; its ``authenticated`` flag is set by any completed pairing,
@@ -524,6 +525,18 @@ class WearableServer:
         async def write_control(frame: bytes) -> None:
             await device.notify_subscriber(connection, control, frame)
 
+        def flushed() -> Awaitable[None]:
+            """Done when the controller completed every packet queued now (on the air). Polls
+            (FLUSH_POLL_S): a second 'flow' listener next to write_data's would race it."""
+            target = queue.queued if queue is not None else 0
+
+            async def wait() -> None:
+                while (queue is not None and queue.completed < target
+                       and connection is self._active):
+                    await asyncio.sleep(FLUSH_POLL_S)
+
+            return wait()
+
         async def disconnect() -> None:
             if connection is self._active:
                 await connection.disconnect()
@@ -541,6 +554,7 @@ class WearableServer:
             reassembly_timeout=self.reassembly_timeout,
             name=f"ble:{connection.peer_address}",
             heartbeat=gatt.peer_heartbeat(body),
+            flushed=flushed,
         )
         self._link = link
         ack = make_hello(

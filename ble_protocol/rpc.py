@@ -81,7 +81,8 @@ class RpcClient:
         and :class:`ProtocolError` (TIMEOUT) raised.
 
         ``marks``, if given, receives ``perf_counter`` times: ``sent`` (the link took the whole
-        message) and ``replied`` (the reply arrived).
+        message), ``delivered`` (it left this device, :meth:`Link.delivered`; a BLE link takes
+        a message into its buffers before it is on the air) and ``replied`` (the reply arrived).
         """
         if not self.link.is_open:
             raise LinkClosed(f"{self.link.description} is not connected")
@@ -94,6 +95,11 @@ class RpcClient:
                 await self.link.send(Message(mtype, rid, payload))
                 if marks is not None:
                     marks["sent"] = time.perf_counter()
+                    delivered = self.link.delivered()
+                    if delivered is not None:
+                        out = asyncio.ensure_future(delivered)
+                        out.add_done_callback(functools.partial(_mark_delivered, marks))
+                        fut.add_done_callback(functools.partial(_cancel, out))
                 reply = await fut
             if marks is not None:
                 marks["replied"] = time.perf_counter()
@@ -126,6 +132,15 @@ class RpcClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await self.link.close()
+
+
+def _cancel(out: asyncio.Future[None], _done: asyncio.Future[Message]) -> None:
+    out.cancel()
+
+
+def _mark_delivered(marks: dict[str, float], out: asyncio.Future[None]) -> None:
+    if not out.cancelled() and out.exception() is None:
+        marks["delivered"] = time.perf_counter()
 
 
 def _discard(fut: asyncio.Future[Message]) -> None:

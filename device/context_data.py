@@ -18,7 +18,7 @@ from coinf.device.incontext import model_features, profile_in_context
 from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: trimmed-mean node times, optimized-graph kernels per slice
 Features = dict[str, tuple[NodeFeatures, str]]
 
 
@@ -65,6 +65,7 @@ def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
                   progress: Callable[[str], None] | None = None, sha256: str = "",
                   ) -> ModelTimings:
     """Profile the bundle's whole model in context and time every head and tail slice."""
+    from coinf.device.ortgraph import kernels
     from coinf.device.sweep import make_session, random_feeds, time_session
 
     prof = profile_in_context(bundle.model_path, "all", threads, 3, repeats)
@@ -73,10 +74,14 @@ def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
         for side, part in (("head", cand.head), ("tail", cand.tail)):
             if part.file is None or not part.nodes:
                 continue
-            sess = make_session(str(bundle.path(part.file)), threads)
+            path = str(bundle.path(part.file))
+            sess = make_session(path, threads)
             ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0)
+            k = kernels(path, threads)
             slices.append({"slice": f"{cand.id}.{side}", "nodes": list(part.nodes),
-                           "boundary_mbytes": boundary_mbytes(bundle, cand, side), "ms": ms})
+                           "boundary_mbytes": boundary_mbytes(bundle, cand, side), "ms": ms,
+                           "kernels": k.count, "reorders": k.reorders,
+                           "reorder_melems": k.reorder_melems})
     if progress:
         progress(f"{name}: {len(prof.nodes)} anchors profiled in context, "
                  f"{len(slices)} slices timed")
@@ -94,8 +99,9 @@ def samples(timings: Mapping[str, ModelTimings], models: Mapping[str, onnx.Model
         nodes += [NodeSample(m, fm[n][0], fm[n][1], ms) for n, ms in t.nodes.items() if n in fm]
         for s in t.slices:
             names = tuple(s["nodes"])
-            slices.append(SliceSample(m, s["slice"], names, kernel_count(names, fm),
-                                      float(s["boundary_mbytes"]), float(s["ms"])))
+            slices.append(SliceSample(m, s["slice"], names, int(s["kernels"]),
+                                      float(s["boundary_mbytes"]), float(s["ms"]),
+                                      int(s["reorders"]), float(s["reorder_melems"])))
     return nodes, slices, feats
 
 
@@ -154,7 +160,7 @@ def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: i
     return [NodeSample("sweep", s.features, group_of(s.features), s.ms) for s in found]
 
 
-def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 150,
+def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
                  progress: Callable[[str], None] | None = None) -> tuple[Any, list[str]]:
     """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
@@ -185,3 +191,23 @@ def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, 
     model = onnx.load(str(model_path))
     names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
     return SlicePredictor.from_json(obj).node_times(model_features(model), names)
+
+
+def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
+    """Slice constants (:func:`~coinf.device.slicepred.fit_slice_constants`) fitted on the
+    cached slices of ``models`` with their *profiled* node times instead of predicted ones: with
+    a model's own profiled node times, what a perfect node predictor would reach."""
+    import numpy as np
+    from coinf.device.slicepred import fit_slice_constants
+
+    sums, slices = [], []
+    for m in models:
+        cache = cache_dir / f"{m}.timings.json"
+        t = ModelTimings.from_json(json.loads(cache.read_text()))
+        for s in t.slices:
+            if float(s["ms"]) > 0:
+                sums.append(sum(t.nodes.get(n, 0.0) for n in s["nodes"]))
+                slices.append(SliceSample(m, s["slice"], tuple(s["nodes"]), int(s["kernels"]),
+                                          float(s["boundary_mbytes"]), float(s["ms"]),
+                                          int(s["reorders"]), float(s["reorder_melems"])))
+    return fit_slice_constants(np.array(sums), slices)

@@ -42,6 +42,10 @@ class _Builder:
         self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
+    def _const(self, name: str, arr: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(arr, name))
+        return name
+
     def node(self, op: str, ins: list[str], **attrs: Any) -> str:
         name = self._name(op)
         out = f"{name}_out"
@@ -70,10 +74,20 @@ class _Builder:
 
     def block(self) -> None:
         r = self.r
-        kind = r.choice(["conv", "conv", "dwsep", "residual", "pool"])
+        kind = r.choice(["conv", "conv", "dwsep", "residual", "pool", "wide", "branches", "lrn"])
         if kind == "conv":
-            self.conv(r.choice([8, 16, 32, 64, 96, 128]), r.choice([1, 3, 3, 5]),
+            self.conv(r.choice([4, 8, 12, 16, 24, 32, 48, 64, 64, 96, 128, 192]),
+                      r.choice([1, 3, 3, 3, 5]),
                       2 if self.hw > 8 and r.random() < 0.3 else 1)
+        elif kind == "wide":  # AlexNet-style stems: large kernels and strides
+            k = r.choice([5, 7, 11])
+            self.conv(r.choice([16, 32, 48, 64, 96]), k,
+                      r.choice([2, 4]) if self.hw >= 4 * k else 1)
+        elif kind == "lrn":
+            self.x = self.node("LRN", [self.x], size=r.choice([3, 5]), alpha=1e-4, beta=0.75,
+                               bias=r.choice([1.0, 2.0]))
+        elif kind == "branches":  # Inception-style: parallel 1x1 / kxk / pool branches, Concat
+            self.branches()
         elif kind == "dwsep":
             expand = self.c * r.choice([1, 2, 4, 6])
             if expand != self.c:
@@ -89,8 +103,30 @@ class _Builder:
                 self.x = self.node("Relu", [self.x])
         elif self.hw > 4:
             op = r.choice(["MaxPool", "AveragePool"])
-            self.x = self.node(op, [self.x], kernel_shape=[2, 2], strides=[2, 2])
-            self.hw //= 2
+            k = r.choice([2, 3])
+            self.x = self.node(op, [self.x], kernel_shape=[k, k], strides=[2, 2],
+                               pads=[k // 2 if k == 3 else 0] * 4)
+            self.hw = (self.hw + 2 * (k // 2 if k == 3 else 0) - k) // 2 + 1
+
+    def branches(self) -> None:
+        r, src, c_in = self.r, self.x, self.c
+        outs, total = [], 0
+        for _ in range(r.randint(2, 4)):
+            self.x, self.c = src, c_in
+            kind = r.choice(["1x1", "kxk", "pool"])
+            if kind == "pool":
+                self.x = self.node(r.choice(["AveragePool", "MaxPool"]), [self.x],
+                                   kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+                self.conv(r.choice([4, 8, 16, 24]), 1, 1)
+            else:
+                if kind == "kxk":
+                    self.conv(r.choice([4, 8, 16]), 1, 1)
+                self.conv(r.choice([4, 6, 8, 12, 16, 24, 32, 48]),
+                          1 if kind == "1x1" else r.choice([3, 5, 7]), 1)
+            outs.append(self.x)
+            total += self.c
+        self.x = self.node("Concat", outs, axis=1)
+        self.c = total
 
     def head(self) -> None:
         self.x = self.node("GlobalAveragePool", [self.x])
@@ -114,10 +150,86 @@ class _Builder:
         return onnx.shape_inference.infer_shapes(m)
 
 
+def _sequence_model(b: _Builder, inputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    graph = helper.make_graph(b.nodes, "context", inputs,
+                              [helper.make_tensor_value_info(b.x, TensorProto.FLOAT, None)],
+                              b.inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def random_sequence_network(seed: int) -> onnx.ModelProto:
+    """One random sequence model (deterministic for a seed): token embeddings (Gather) then an
+    LSTM/GRU, a TextCNN (1-D convolutions, ReduceMax, Concat) or a WaveNet-style stack of
+    dilated, gated 1-D convolutions (Conv, Slice, Tanh, Sigmoid, Mul, Add), and a MatMul + Add
+    or Gemm head -- the ops of the zoo's audio and text models."""
+    r = random.Random(seed)
+    b = _Builder(r, 1, 1)
+    seq, emb, vocab = r.choice([8, 16, 32, 64, 100, 128]), r.choice([16, 32, 50, 64, 128]), \
+        r.choice([500, 1000, 2000, 4000])
+    kind = r.choice(["rnn", "rnn", "textcnn", "wavenet"])
+    inputs = [helper.make_tensor_value_info("x", TensorProto.INT64, [1, seq])]
+    if kind == "wavenet":  # features in, no embedding
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, emb, seq])]
+        x = "x"
+    else:
+        x = b.node("Gather", [b._w("emb", vocab, emb), "x"])  # [1, seq, emb]
+    if kind == "rnn":
+        x = b.node("Transpose", [x], perm=[1, 0, 2])  # [seq, 1, emb]
+        hid, dirs = r.choice([32, 64, 128, 256]), r.choice([1, 1, 2])
+        op = r.choice(["LSTM", "GRU"])
+        gates = 4 if op == "LSTM" else 3
+        ins = [x, b._w(f"W{b.k}", dirs, gates * hid, emb), b._w(f"R{b.k}", dirs, gates * hid, hid),
+               b._w(f"B{b.k}", dirs, 2 * gates * hid)]
+        attrs: dict[str, Any] = {"hidden_size": hid,
+                                 "direction": "bidirectional" if dirs == 2 else "forward"}
+        if op == "GRU":
+            attrs["linear_before_reset"] = 1
+        name = b._name(op)
+        y = f"{name}_y"
+        b.nodes.append(helper.make_node(op, ins, [y], name=name, **attrs))  # [seq, dirs, 1, hid]
+        shape = b._const("shape", np.array([seq, dirs * hid], np.int64))
+        x = b.node("Transpose", [y], perm=[0, 2, 1, 3])
+        x = b.node("Reshape", [x, shape])
+        x = b.node("MatMul", [x, b._w(f"mw{b.k}", dirs * hid, r.choice([64, 256, 1000]))])
+        b.x = b.node("Add", [x, b._w(f"mb{b.k}", int(b.inits[-1].dims[1]))])
+        return _sequence_model(b, inputs)
+    if kind == "textcnn":
+        x = b.node("Transpose", [x], perm=[0, 2, 1])  # [1, emb, seq]
+        pooled, width = [], 0
+        for k in r.sample([2, 3, 4, 5], r.randint(1, 3)):
+            c = r.choice([16, 32, 64, 100])
+            y = b.node("Conv", [x, b._w(f"cw{b.k}", c, emb, k), b._w(f"cb{b.k}", c)],
+                       kernel_shape=[k])
+            y = b.node("Relu", [y])
+            pooled.append(b.node("ReduceMax", [y], axes=[2], keepdims=0))
+            width += c
+        x = b.node("Concat", pooled, axis=1) if len(pooled) > 1 else pooled[0]
+        b.x = b.node("Gemm", [x, b._w(f"fw{b.k}", r.choice([2, 10, 32]), width),
+                              b._w(f"fb{b.k}", int(b.inits[-1].dims[0]))], transB=1)
+        return _sequence_model(b, inputs)
+    c = r.choice([16, 32, 64])
+    x = b.node("Conv", [x, b._w(f"w{b.k}", c, emb, 1), b._w(f"b{b.k}", c)], kernel_shape=[1])
+    starts, ends, axes = (b._const(f"s{b.k}", np.array([0], np.int64)),
+                          b._const(f"e{b.k}", np.array([seq], np.int64)),
+                          b._const(f"a{b.k}", np.array([2], np.int64)))
+    for d in [1, 2, 4, 8, 16, 32][: r.randint(2, 6)]:
+        h = b.node("Conv", [x, b._w(f"w{b.k}", c, c, 2), b._w(f"b{b.k}", c)], kernel_shape=[2],
+                   dilations=[d], pads=[d, d])
+        h = b.node("Slice", [h, starts, ends, axes])
+        g = b.node("Mul", [b.node("Tanh", [h]), b.node("Sigmoid", [h])])
+        g = b.node("Conv", [g, b._w(f"w{b.k}", c, c, 1), b._w(f"b{b.k}", c)], kernel_shape=[1])
+        x = b.node("Add", [x, g])
+    b.x = b.node("Conv", [b.node("Relu", [x]), b._w(f"w{b.k}", r.choice([10, 29, 40]), c, 1)],
+                 kernel_shape=[1])
+    return _sequence_model(b, inputs)
+
+
 def random_network(seed: int) -> onnx.ModelProto:
     """One random chain of blocks (deterministic for a seed)."""
     r = random.Random(seed)
-    c, hw = r.choice([3, 8, 16]), r.choice([16, 32, 48, 64, 96])
+    c, hw = r.choice([1, 3, 8, 16]), r.choice([16, 32, 48, 64, 96, 128])
     b = _Builder(r, c, hw)
     for _ in range(r.randint(3, 8)):
         b.block()
@@ -130,7 +242,8 @@ def run_context_sweep(count: int = 40, seed: int = 0, threads: int = 1, repeats:
     """Profile ``count`` random networks in context; one sample per anchor node."""
     out: list[NodeSample] = []
     for i in range(count):
-        model = random_network(seed * 100_003 + i)
+        # every fourth network is a sequence model (embeddings, RNNs, 1-D convolutions)
+        model = (random_sequence_network if i % 4 == 3 else random_network)(seed * 100_003 + i)
         feats = model_features(model)
         prof = profile_in_context_model(model, threads, repeats)
         out += [NodeSample(f"synthetic{i}", feats[n][0], feats[n][1], ms)

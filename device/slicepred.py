@@ -3,15 +3,20 @@ that really run, not single layers).
 
 A slice's time at ``ORT_ENABLE_ALL`` is modelled as
 
-    slice_ms = scale * sum(anchor node times) + c0 + c_kernel * kernels + c_io * boundary Melems
+    slice_ms = scale * sum(anchor node times) + c0 + c_kernel * kernels + c_io * boundary MB
+               + c_reorder * reorders + c_copy * reordered Melems
 
-* anchor node times: one power law per *kernel group* -- the anchor's kind refined by what
-  matters to its kernel (conv: depthwise / pointwise / spatial, and whether BN or an activation
-  is fused into it; gemm: op; other kinds: op) -- over the sizes (MFLOPs, input, output and
-  parameter elements), fitted on per-node times from onnxruntime's profiler inside whole models
-  (:mod:`.incontext`); nodes fused into an anchor and metadata ops cost nothing of their own;
-* the per-run constant (``c0``), a per-kernel dispatch cost and a cost per element crossing the
-  slice boundary (the layout reorders onnxruntime adds there), fitted on measured slice times.
+* anchor node times: gradient-boosted trees (:mod:`.boosted`) over the node's sizes (MFLOPs,
+  input, output and parameter elements, in log), its structure (kernel, stride, depthwise,
+  channels in and out, map size, sequence length), its op and whether BN or an activation is
+  fused into it, fitted on per-node times from onnxruntime's profiler inside whole models
+  (:mod:`.incontext`); an op the trees never saw falls back to a power law per *kernel group*
+  (the anchor's kind refined by what matters to its kernel), then per kind. Nodes fused into an
+  anchor and metadata ops cost nothing of their own;
+* ``kernels``, ``reorders`` and the elements the reorders copy are read from the graph
+  onnxruntime really runs for the slice (:mod:`.ortgraph`: no inference needed); the per-run
+  constant ``c0``, the costs per kernel, per MB entering and leaving the slice, per reorder and
+  per reordered element are fitted on measured slice times.
 
 :func:`leave_one_model_out` evaluates it as the issue asks: for every model, train on all the
 *other* models' timings and predict this model's slices.
@@ -25,13 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from coinf.device.features import FREE_OPS, LINEAR_FEATURES, NodeFeatures
+from coinf.device.boosted import Boosted
+from coinf.device.features import FREE_OPS, KINDS, LINEAR_FEATURES, OP_CODE, NodeFeatures
 from coinf.device.predict import Linear, _fit_loglinear
 
 FORMAT = "coinf-slice-predictor"
-VERSION = 1
+VERSION = 2
 #: a group needs this many samples for its own power law; else its kind's, else the global one
 MIN_GROUP = 6
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
 
 def group_of(f: NodeFeatures, followers: Sequence[str] = ()) -> str:
@@ -64,8 +71,19 @@ class SliceSample:
     slice: str
     nodes: tuple[str, ...]
     kernels: int
-    boundary_melems: float
+    boundary_melems: float  # MB entering and leaving the slice
     ms: float
+    reorders: int = 0
+    reorder_melems: float = 0.0  # elements copied by layout reorders (millions)
+
+
+def node_vector(f: NodeFeatures, group: str) -> list[float]:
+    """A node's inputs to the boosted trees: log sizes, structure, op and fusion."""
+    lin = [math.log(max(v, 0.0) + 1e-6) for v in f.linear]
+    t = f.tree
+    return [*lin, t[1], t[2], t[3], math.log1p(t[4]), math.log1p(t[5]), math.log1p(t[6]),
+            math.log1p(t[7]), float(KIND_CODE.get(f.kind, -1)), OP_CODE.get(f.op_type, -1.0),
+            1.0 if group.endswith("+fused") else 0.0]
 
 
 def _loglinear(x: np.ndarray, y: np.ndarray) -> Linear:
@@ -82,7 +100,14 @@ class SlicePredictor:
     c0: float = 0.0
     c_kernel: float = 0.0
     c_io: float = 0.0
+    c_reorder: float = 0.0
+    c_copy: float = 0.0
+    #: the boosted node model and the ops it was trained on (others use ``groups``)
+    boosted: Boosted | None = None
+    boosted_ops: frozenset[str] = frozenset()
     trained_on: list[str] = field(default_factory=list)
+    _memo: dict[int, tuple[Any, dict[str, float]]] = field(default_factory=dict, repr=False,
+                                                           compare=False)
     #: per group, the size range it was fitted on: inputs are clipped into it, so a power law
     #: never extrapolates far (a wide exponent on a tiny feature would explode)
     ranges: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
@@ -125,40 +150,36 @@ class SlicePredictor:
     @classmethod
     def train(cls, nodes: Iterable[NodeSample], slices: Sequence[SliceSample],
               features: Mapping[str, Mapping[str, tuple[NodeFeatures, str]]],
-              extra: Sequence[NodeSample] = ()) -> SlicePredictor:
-        """Fit the node power laws, then the slice constants on ``slices`` (``features``:
+              extra: Sequence[NodeSample] = (), boosted: bool = True) -> SlicePredictor:
+        """Fit the node models, then the slice constants on ``slices`` (``features``:
         model -> anchor name -> (features, group) for every model a slice comes from).
-        ``extra``: out-of-context samples (the single-layer sweep) for ops no model has."""
-        node_list = list(nodes)
+        ``extra``: out-of-context samples (the single-layer sweep) for ops no model has.
+        ``boosted=False`` keeps the power laws alone (no scikit-learn needed)."""
+        node_list = [n for n in nodes if n.ms > 0]
         groups, ranges = cls.fit_nodes(node_list, extra)
         pred = cls(groups, trained_on=sorted({s.model for s in node_list}), ranges=ranges)
+        if boosted and len(node_list) >= 50:
+            x = np.array([node_vector(n.features, n.group) for n in node_list])
+            pred.boosted = Boosted.fit(x, np.log(np.array([n.ms for n in node_list])))
+            pred.boosted_ops = frozenset(n.features.op_type for n in node_list)
         usable = [s for s in slices if s.ms > 0]
-        if len(usable) >= 4:
+        if len(usable) >= 6:
             sums = np.array([pred.node_sum(s.nodes, features[s.model]) for s in usable])
-            a = np.column_stack([sums, np.ones(len(usable)),
-                                 [s.kernels for s in usable],
-                                 [s.boundary_melems for s in usable]])
-            y = np.array([s.ms for s in usable])
-            # relative error matters (the target is +-10%), and a few slices of another model
-            # with badly predicted nodes must not drag the constants: a robust (soft-L1) fit
-            # of the relative error. The per-kernel term may be negative: the profiler's own
-            # cost inflates every kernel's time inside a profiled run, and a slice runs
-            # without the profiler. The node laws are trusted as they are (scale 1).
-            from scipy.optimize import least_squares
-
-            def rel(c: np.ndarray) -> np.ndarray:
-                return (sums + c[0] + c[1] * a[:, 2] + c[2] * a[:, 3]) / y - 1.0
-
-            fit = least_squares(rel, np.array([0.01, 0.0, 0.0]), loss="soft_l1", f_scale=0.1,
-                                bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, np.inf]))
-            sol = np.array([1.0, *fit.x])
-            pred.scale, pred.c0, pred.c_kernel, pred.c_io = (float(v) for v in sol)
+            (pred.scale, pred.c0, pred.c_kernel, pred.c_io, pred.c_reorder,
+             pred.c_copy) = fit_slice_constants(sums, usable)
         return pred
 
     # -- prediction -------------------------------------------------------------------------
     def node_ms(self, f: NodeFeatures, group: str) -> float:
         if f.op_type in FREE_OPS or f.fused:
             return 0.0
+        if self.boosted is not None and f.op_type in self.boosted_ops:
+            return float(np.exp(self.boosted([node_vector(f, group)])[0]))
+        return self.law_ms(f, group)
+
+    def law_ms(self, f: NodeFeatures, group: str) -> float:
+        """The power law's time for a node (its group's law, else its kind's, else the
+        global one): the fallback for ops the boosted trees never saw."""
         for key in (group, group.replace("+fused", ""), group.split(":", 1)[0], "*"):
             law = self.groups.get(key)
             if law is not None:
@@ -169,14 +190,31 @@ class SlicePredictor:
                 return max(law([float(v) for v in x]), 0.0)
         return 0.0
 
+    def model_nodes(self, features: Mapping[str, tuple[NodeFeatures, str]]) -> dict[str, float]:
+        """:meth:`node_ms` of every anchor in ``features`` (one batched call to the trees;
+        remembered per features object, which is kept alive with its result)."""
+        key = id(features)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is features:
+            return hit[1]
+        out: dict[str, float] = {}
+        batch = [(n, f, g) for n, (f, g) in features.items()
+                 if f.op_type not in FREE_OPS and not f.fused]
+        trees = [(n, f, g) for n, f, g in batch
+                 if self.boosted is not None and f.op_type in self.boosted_ops]
+        if trees and self.boosted is not None:
+            ms = np.exp(self.boosted([node_vector(f, g) for _, f, g in trees]))
+            out.update((n, float(v)) for (n, _, _), v in zip(trees, ms, strict=True))
+        for n, f, g in batch:
+            if n not in out:
+                out[n] = self.node_ms(f, g)
+        self._memo[key] = (features, out)
+        return out
+
     def node_sum(self, names: Iterable[str],
                  features: Mapping[str, tuple[NodeFeatures, str]]) -> float:
-        total = 0.0
-        for n in names:
-            fg = features.get(n)
-            if fg is not None:
-                total += self.node_ms(*fg)
-        return total
+        times = self.model_nodes(features)
+        return sum(times.get(n, 0.0) for n in names)
 
     def node_times(self, features: Mapping[str, tuple[NodeFeatures, str]],
                    all_names: Iterable[str] = ()) -> dict[str, float]:
@@ -184,14 +222,20 @@ class SlicePredictor:
         kernel's dispatch cost (``c_kernel``), every other node (fused, metadata, constant)
         0; the per-run ``c0`` is left out (a few microseconds against a radio exchange)."""
         out = dict.fromkeys(all_names, 0.0)
-        for n, (f, g) in features.items():
-            out[n] = max(self.scale * self.node_ms(f, g) + self.c_kernel, 0.0)
+        times = self.model_nodes(features)
+        for n in features:
+            out[n] = max(self.scale * times.get(n, 0.0) + self.c_kernel, 0.0)
         return out
 
     def slice_ms(self, names: Sequence[str], kernels: int, boundary_melems: float,
-                 features: Mapping[str, tuple[NodeFeatures, str]]) -> float:
+                 features: Mapping[str, tuple[NodeFeatures, str]], reorders: int = 0,
+                 reorder_melems: float = 0.0) -> float:
+        """A slice of the anchors ``names`` whose optimized graph runs ``kernels`` kernels,
+        ``reorders`` of them layout reorders copying ``reorder_melems`` million elements, with
+        ``boundary_melems`` MB entering and leaving it."""
         ms = (self.scale * self.node_sum(names, features) + self.c0
-              + self.c_kernel * kernels + self.c_io * boundary_melems)
+              + self.c_kernel * kernels + self.c_io * boundary_melems
+              + self.c_reorder * reorders + self.c_copy * reorder_melems)
         return max(ms, self.c0 if self.c0 > 0 else 1e-3)
 
     # -- JSON -------------------------------------------------------------------------------
@@ -199,7 +243,10 @@ class SlicePredictor:
         return {"format": FORMAT, "version": VERSION, "linear_features": list(LINEAR_FEATURES),
                 "groups": {k: v.to_json() for k, v in self.groups.items()},
                 "scale": self.scale, "c0": self.c0, "c_kernel": self.c_kernel,
-                "c_io": self.c_io, "trained_on": self.trained_on,
+                "c_io": self.c_io, "c_reorder": self.c_reorder, "c_copy": self.c_copy,
+                "trained_on": self.trained_on,
+                "boosted": self.boosted.to_json() if self.boosted else None,
+                "boosted_ops": sorted(self.boosted_ops),
                 "ranges": {k: [lo, hi] for k, (lo, hi) in self.ranges.items()}}
 
     @classmethod
@@ -211,7 +258,8 @@ class SlicePredictor:
                              f"{VERSION}")
         if list(obj.get("linear_features", [])) != list(LINEAR_FEATURES):
             raise ValueError("slice predictor was trained on different features; retrain it")
-        consts = [float(obj.get(k, 0.0)) for k in ("scale", "c0", "c_kernel", "c_io")]
+        consts = [float(obj.get(k, 0.0))
+                  for k in ("scale", "c0", "c_kernel", "c_io", "c_reorder", "c_copy")]
         if not all(math.isfinite(c) for c in consts) or consts[0] <= 0:
             raise ValueError("slice predictor constants must be finite, scale > 0")
         groups = {str(k): Linear.from_json(v) for k, v in obj["groups"].items()}
@@ -222,9 +270,39 @@ class SlicePredictor:
             if len(lo) != len(LINEAR_FEATURES) or len(hi) != len(LINEAR_FEATURES):
                 raise ValueError(f"slice predictor range of {k!r} has the wrong length")
             ranges[str(k)] = ([float(v) for v in lo], [float(v) for v in hi])
-        scale, c0, c_kernel, c_io = consts
-        return cls(groups, scale, c0, c_kernel, c_io,
+        scale, c0, c_kernel, c_io, c_reorder, c_copy = consts
+        boosted = Boosted.from_json(obj["boosted"]) if obj.get("boosted") else None
+        if boosted is not None and boosted.features != len(node_vector(_PROBE, "")):
+            raise ValueError("slice predictor's trees take other node features; retrain it")
+        return cls(groups, scale, c0, c_kernel, c_io, c_reorder, c_copy, boosted,
+                   frozenset(str(o) for o in obj.get("boosted_ops", [])),
                    trained_on=[str(m) for m in obj.get("trained_on", [])], ranges=ranges)
+
+
+def fit_slice_constants(node_sums: np.ndarray, slices: Sequence[SliceSample],
+                        ) -> tuple[float, ...]:
+    """``(scale, c0, c_kernel, c_io, c_reorder, c_copy)`` of the slice model for slices whose
+    node times sum to ``node_sums``. Relative error matters (the target is +-10%), and a few
+    slices of another model with badly predicted nodes must not drag the constants: a robust
+    (soft-L1) fit of the relative error. The per-kernel term may be negative: the profiler's
+    own cost inflates every kernel's time inside a profiled run, and a slice runs without it."""
+    from scipy.optimize import least_squares
+
+    a = np.column_stack([np.ones(len(slices)), [s.kernels for s in slices],
+                         [s.boundary_melems for s in slices], [s.reorders for s in slices],
+                         [s.reorder_melems for s in slices]])
+    y = np.array([s.ms for s in slices])
+
+    def rel(c: np.ndarray) -> np.ndarray:
+        return (c[0] * node_sums + a @ c[1:]) / y - 1.0
+
+    fit = least_squares(rel, np.array([1.0, 0.01, 0.0, 0.0, 0.0, 0.0]), loss="soft_l1",
+                        f_scale=0.1, bounds=([0.2, 0.0, -np.inf, -np.inf, -np.inf, -np.inf],
+                                             [5.0, np.inf, np.inf, np.inf, np.inf, np.inf]))
+    return tuple(float(v) for v in fit.x)
+
+
+_PROBE = NodeFeatures("probe", "Relu", "activation", (0.0,) * 8, (0.0,) * 4, 0.0)
 
 
 def within(pairs: Sequence[tuple[float, float]], tol: float = 0.10) -> float:
@@ -247,7 +325,8 @@ def leave_one_model_out(nodes: Sequence[NodeSample], slices: Sequence[SliceSampl
         pred = SlicePredictor.train(train_nodes, train_slices, features, extra)
         assert held not in pred.trained_on
         out[held] = [(s.slice, pred.slice_ms(s.nodes, s.kernels, s.boundary_melems,
-                                             features[held]), s.ms)
+                                             features[held], s.reorders, s.reorder_melems),
+                      s.ms)
                      for s in slices if s.model == held]
     return out
 

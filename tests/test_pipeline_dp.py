@@ -12,6 +12,7 @@ from coinf.wearable.planner.pipeline_dp import (
     evaluate,
     split_dp,
     split_exhaustive,
+    split_prefix,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -81,6 +82,35 @@ def test_a_slow_link_moves_the_cut_to_a_small_tensor() -> None:
     s = split_dp(points, [1.0, 1.0, 1.0], [1.0, 1.0])
     assert s.cuts == ("c002", "c005")
     assert s.bottleneck_s == 30.0
+
+
+def test_a_last_device_that_only_adds_a_slow_link_is_left_out() -> None:
+    # the model's last layer is tiny, but the tensor before it is large: giving it to a third
+    # device costs a slow link of 1000 B at 1 B/s; two devices do better
+    points = chain_points([100, 100, 1], [10**6, 10, 1000, 5])
+    three = split_dp(points, [1.0, 1.0, 1.0], [1.0, 1.0])
+    best = split_prefix(points, [1.0, 1.0, 1.0], [1.0, 1.0])
+    assert best is not None and len(best.compute_s) == 2
+    assert best.bottleneck_s < three.bottleneck_s
+    # with fast links the third device is kept: fewer devices must be clearly better
+    assert len(split_prefix(points, [1.0, 1.0, 1.0], [1e9, 1e9]).compute_s) == 3
+    balanced = chain_points([10] * 6, [1] * 7)
+    assert len(split_prefix(balanced, [1.0, 1.0, 1.0], [1e9, 1e9]).compute_s) == 3
+    assert split_prefix(chain_points([10], [1, 1]), [1.0, 1.0], [1.0]) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(dag_case())
+def test_split_prefix_is_never_worse_than_all_devices(case: tuple) -> None:
+    points, speeds, bws, result = case
+    if len(speeds) < 2:
+        return
+    try:
+        every = split_dp(points, speeds, bws, result)
+    except InputError:
+        return
+    best = split_prefix(points, speeds, bws, result, margin=0.0)
+    assert best is not None and best.bottleneck_s <= every.bottleneck_s + 1e-12
 
 
 def test_too_few_cuts_and_bad_inputs_are_named() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections import deque
@@ -41,7 +40,6 @@ from coinf.ble_protocol.route import (
     decode_stage_result,
     encode_route,
     failed_hop,
-    valid_name,
 )
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -53,6 +51,7 @@ from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
+from coinf.wearable.pipeline_config import Helper, load_helpers
 from coinf.wearable.plan import WEARABLE, Stage
 from coinf.wearable.planner.compress_select import (
     Option,
@@ -65,7 +64,7 @@ from coinf.wearable.planner.pipeline_dp import (
     PipelineSplit,
     ResplitTrigger,
     cut_points,
-    split_dp,
+    split_prefix,
 )
 
 from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
@@ -81,76 +80,8 @@ EWMA = 0.3
 #: a pipeline REQUEST's bytes besides its tensors' (frame, route, tensor and packing headers):
 #: priced into every link option, since it dominates a small code's cost
 OVERHEAD_BYTES = 96.0
-
-
-@dataclass(frozen=True)
-class Helper:
-    """A helper device: its name, how to reach it, and priors for the planner. ``bandwidth_bps``
-    and ``latency_s`` are also the emulated shape of links into it (``shape=True``)."""
-
-    name: str
-    address: str
-    bandwidth_bps: float | None = None
-    latency_s: float = 0.0
-    speed_flops: float | None = None
-    shape: bool = False
-
-    @property
-    def channel(self) -> Channel | None:
-        if not self.shape or self.bandwidth_bps is None:
-            return None
-        return Channel(self.bandwidth_bps, self.latency_s, overhead_bytes=16)
-
-
-def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
-    """Helpers from a pipeline config (a JSON file or its object)::
-
-        {"helpers": [{"name": "h1", "address": "tcp:192.168.1.5:7878",
-                      "bandwidth_kbps": 250, "latency_ms": 5, "speed_gflops": 2.0,
-                      "shape": false}, ...]}
-
-    Raises :class:`InputError` naming the bad field."""
-    where = str(source) if not isinstance(source, Mapping) else "pipeline config"
-    if isinstance(source, Mapping):
-        obj: Any = source
-    else:
-        try:
-            obj = json.loads(Path(source).read_text())
-        except OSError as exc:
-            raise InputError(f"cannot read pipeline config {where}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(f"pipeline config {where} is not JSON: {exc}") from None
-    entries = obj.get("helpers") if isinstance(obj, Mapping) else None
-    if not isinstance(entries, list) or not entries:
-        raise InputError(f"{where}: expected {{\"helpers\": [{{\"name\", \"address\"}}, ...]}}")
-    helpers: list[Helper] = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, Mapping):
-            raise InputError(f"{where}: helpers[{i}] must be an object")
-        name, address = e.get("name"), e.get("address")
-        if not isinstance(name, str) or not valid_name(name) or name == WEARABLE:
-            raise InputError(f"{where}: helpers[{i}].name must be 1-32 of [A-Za-z0-9_-] and "
-                             f"not {WEARABLE!r}, got {name!r}")
-        if not isinstance(address, str) or ":" not in address:
-            raise InputError(f"{where}: helpers[{i}].address must be a transport spec like "
-                             f"tcp:HOST:PORT, got {address!r}")
-        nums = {}
-        for key in ("bandwidth_kbps", "latency_ms", "speed_gflops"):
-            v = e.get(key)
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
-                                  or not v >= 0 or (key != "latency_ms" and v == 0)):
-                raise InputError(f"{where}: helpers[{i}].{key} must be a number > 0, got {v!r}")
-            nums[key] = v
-        helpers.append(Helper(
-            name, address,
-            bandwidth_bps=nums["bandwidth_kbps"] * 1000 if nums["bandwidth_kbps"] else None,
-            latency_s=(nums["latency_ms"] or 0) / 1000,
-            speed_flops=nums["speed_gflops"] * 1e9 if nums["speed_gflops"] else None,
-            shape=bool(e.get("shape", False))))
-    names = [h.name for h in helpers]
-    if len(set(names)) != len(names):
-        raise InputError(f"{where}: helper names must be unique, got {names}")
-    return helpers
+#: fewer devices are used only when their bottleneck is this much shorter (no churn on noise)
+FEWER_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -203,6 +134,7 @@ class PipelineStats:
     retries: int = 0
     local: bool = False
     packing: list[str] = field(default_factory=list)  # per link
+    first_link: str = ""  # the connector the wearable reached the first helper with
     #: per link, the compressor's gamma (1: none; ``packing`` then applies to its code)
     gamma: list[int] = field(default_factory=list)
 
@@ -246,7 +178,8 @@ class PipelineSession:
                  connect_timeout: float = 5.0, packing: str = "raw",
                  replan_threshold: float = 0.2, dead_retry_s: float = 30.0,
                  wearable_speed_flops: float | None = None,
-                 input_fps: float | None = None) -> None:
+                 input_fps: float | None = None,
+                 ble_options: Mapping[str, Any] | None = None) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         if not helpers:
             raise InputError("a pipeline needs at least one helper")
@@ -265,6 +198,9 @@ class PipelineSession:
         self._tables: dict[tuple[str, float], list[tuple[float, Option]]] = {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        #: options of this wearable's GATT server for helpers with a ``ble:`` wearable_link
+        #: (``passkey``, ``keystore``, ``pairing_window_s``, ...: ``WearableServer``)
+        self.ble_options = dict(ble_options or {})
         self.dead_retry_s = dead_retry_s
         self.points = cut_points(self.bundle)
         self._flops = {c.id: c.head.flops for c in self.bundle.candidates}
@@ -279,12 +215,16 @@ class PipelineSession:
         self._conns: dict[str, Connection] = {}
         self._dead: dict[str, float] = {}
         self._sent_end: dict[str, float] = {}
+        self._untimed: dict[str, int] = {}  # bytes delivered with the message before
         self._min_flops = MIN_SHARE * max(self.bundle.candidates[-1].head.flops, 1)
         self._plan: PipelinePlan | None = None
         self.replans = 0
         #: re-split when a measurement moves past the threshold (False: only when devices
         #: come or go, e.g. to measure one split's throughput)
         self.adaptive = True
+        #: use at most this many devices (the wearable included; None: every helper alive)
+        self.max_devices: int | None = None
+        self._frozen: dict[tuple[str, ...], PipelinePlan] = {}
         self.last: PipelineStats | None = None
         self._closed = False
 
@@ -317,29 +257,28 @@ class PipelineSession:
     def plan(self, force: bool = False) -> PipelinePlan | None:
         """The split in use (re-made when the devices or their measurements moved); ``None``
         when no helper is left (the wearable runs everything)."""
-        devices = (WEARABLE, *self.alive())
+        devices = (WEARABLE, *self.alive())[:self.max_devices]
         if len(devices) == 1:
             return None
+        if not self.adaptive and not force and devices in self._frozen:
+            self._plan = self._frozen[devices]  # frozen: the last split over these devices
+            return self._plan
         speeds, bws = self._speeds(devices), self._bandwidths(devices)
         current = self._plan
         if (not force and current is not None and current.devices == devices
                 and (not self.adaptive or not self._trigger.moved(speeds, bws))):
             return current
+        key = devices
         n = len(devices)
-        split = None
-        while n >= 2:  # too few nested cuts for every device: use the first n
-            try:
-                split = split_dp(self.points, speeds[:n], bws[:n - 1], self._result_bytes)
-                break
-            except InputError:
-                n -= 1
+        split = split_prefix(self.points, speeds, bws, self._result_bytes, FEWER_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")
+        n = len(split.compute_s)
         devices = devices[:n]
         ids = [self.points[0].id, *split.cuts, self.points[-1].id]
         stages = tuple(Stage(d, slice_name(a, b)) for d, a, b
                        in zip(devices, ids, ids[1:], strict=False))
-        self._plan = PipelinePlan(tuple(devices), split, stages)
+        self._plan = self._frozen[key] = PipelinePlan(tuple(devices), split, stages)
         self._trigger.planned(speeds, bws)
         if current is not None:
             self.replans += 1
@@ -461,6 +400,11 @@ class PipelineSession:
         t_send = time.perf_counter()
         reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
         send_s = service_time(self._sent_end, plan.devices[1], t_send, marks)
+        nbytes = len(payload)
+        if "delivered" in marks:  # BLE: one completing with the one before shares its air time
+            nbytes += self._untimed.pop(plan.devices[1], 0)
+            if send_s <= MIN_SEND_S:
+                self._untimed[plan.devices[1]], nbytes = nbytes, 0
         hop_stats, result_blob = decode_stage_result(reply.payload, len(plan.hops))
         try:
             decoded = decode_tensors(result_blob, max_bytes=self._result_bytes)
@@ -471,7 +415,7 @@ class PipelineSession:
         # measurements: every device's speed, every link's bandwidth
         compute = [own_s * 1e3] + [h.compute_us / 1e3 for h in hop_stats]
         links = [send_s * 1e3] + [h.send_us / 1e3 for h in hop_stats[:-1]]
-        self._observe_link(plan.devices[1], len(payload), send_s)
+        self._observe_link(plan.devices[1], nbytes, send_s)
         for hop, st in zip(plan.hops, hop_stats, strict=True):
             flops = self._flops[hop.end] - self._flops[hop.start]
             if flops >= self._min_flops and st.compute_us > 0:
@@ -480,7 +424,8 @@ class PipelineSession:
             self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
                                       packing=[str(p) for p in specs],
-                                      gamma=[o.gamma for o in choices])
+                                      gamma=[o.gamma for o in choices],
+                                      first_link=conn.connector.spec)
 
     def link_packing(self, plan: PipelinePlan) -> PackSpec:
         """The first link's packing (:meth:`link_packings`)."""
@@ -524,10 +469,14 @@ class PipelineSession:
         conn = self._conns.get(name)
         if conn is None:
             helper = self.helpers[name]
-            connector = open_connector(helper.address, bundle=self.bundle) \
-                if helper.address.startswith("inprocess") else open_connector(helper.address)
-            if helper.channel is not None:
-                connector = _ShapedConnector(connector, helper.channel)
+            spec = helper.wearable_spec
+            if helper.over_ble:  # this wearable's GATT server; the radio shapes the link
+                connector = open_connector(spec, bundle=self.bundle, **self.ble_options)
+            else:
+                connector = open_connector(spec, bundle=self.bundle) \
+                    if spec.startswith("inprocess") else open_connector(spec)
+                if helper.channel is not None:
+                    connector = _ShapedConnector(connector, helper.channel)
             conn = self._conns[name] = Connection(
                 connector, self.bundle.identity, connect_timeout=self.connect_timeout,
                 reconnect_timeout=self.connect_timeout, request_timeout=self.timeout,
@@ -581,7 +530,7 @@ def service_time(last_end: dict[str, float], key: str, t0: float,
     """How long the link took to carry one message: from when it could start (sent, or the
     previous message on the same link finished: links are FIFO) until it was taken. Waiting
     behind earlier frames is queueing, not transfer."""
-    sent = marks.get("sent", t0)
+    sent = marks.get("delivered", marks.get("sent", t0))  # BLE: on the air, not buffered
     start = max(t0, last_end.get(key, 0.0))
     last_end[key] = max(sent, last_end.get(key, 0.0))
     return max(sent - start, 0.0)

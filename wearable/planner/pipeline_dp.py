@@ -169,6 +169,25 @@ def split_dp(points: Sequence[CutPoint], speeds: Sequence[float],
     return evaluate(points, chain[::-1], speeds, bandwidths, result_bytes)
 
 
+def split_prefix(points: Sequence[CutPoint], speeds: Sequence[float],
+                 bandwidths: Sequence[float], result_bytes: float = 0.0,
+                 margin: float = 0.05) -> PipelineSplit | None:
+    """The best :func:`split_dp` over the first k devices, k = n..2: fewer devices win only
+    when their bottleneck is shorter by more than ``margin`` (relative). A helper at the end of
+    the chain does not always pay: with tiny last slices, giving one to another device can move
+    a bigger tensor over a slow link. k with too few nested cuts is skipped; ``None`` when no
+    k >= 2 has a split."""
+    best: PipelineSplit | None = None
+    for k in range(len(speeds), 1, -1):
+        try:
+            cand = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
+        except InputError:
+            continue
+        if best is None or cand.bottleneck_s < best.bottleneck_s * (1 - margin):
+            best = cand
+    return best
+
+
 def split_exhaustive(points: Sequence[CutPoint], speeds: Sequence[float],
                      bandwidths: Sequence[float], result_bytes: float = 0.0) -> PipelineSplit:
     """Every valid chain of n-1 cuts tried (small cases only; tests compare it with the DP)."""
@@ -209,4 +228,4 @@ class ResplitTrigger:
 
 
 __all__ = ["CutPoint", "PipelineSplit", "ResplitTrigger", "cut_points", "evaluate",
-           "split_dp", "split_exhaustive"]
+           "split_dp", "split_exhaustive", "split_prefix"]

@@ -13,6 +13,14 @@ K-device batches (``stage_ms_median`` the medians), ``bound_fps`` one frame per 
 throughputs are medians over ``--repeats`` batches. ``efficiency`` is the median over batches of
 each batch's throughput over its own bound (the load of a shared machine moves between
 batches); ``efficiency_pooled`` is ``throughput_fps / bound_fps``.
+
+``--first-link ble``: the wearable reaches helper 1 over BLE through the emulated radio (a
+``coinf radio`` process, ``--radio-preset``): its GATT server on the radio's wearable side, h1 a
+BLE central on the other (``coinf handheld --listen ble:HCI``, also listening on TCP for its
+peers); helper-to-helper links are shaped TCP as before. The wearable's GATT server serves one
+helper at a time, so the K-device and 2-device pipelines are one session (and one BLE link)
+restricted to its first 2 devices for the 2-device batches. The default bundle is then the
+zoo's lenet_digits (small crossing tensors: its cuts carry 40 B to 14 kB).
 """
 
 from __future__ import annotations
@@ -20,10 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import math
+import secrets
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +71,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "--rate and --compressors or a --bundle with compressors)")
     parser.add_argument("--in-process", action="store_true",
                         help="host the helpers in this process (default: one process each)")
+    parser.add_argument("--first-link", choices=("tcp", "ble"), default="tcp",
+                        help="the wearable -> helper 1 link: shaped TCP (default) or BLE through "
+                        "the emulated radio (a coinf radio process)")
+    parser.add_argument("--radio-preset", default="pi-zero-2w",
+                        help="with --first-link ble: the radio preset (default %(default)s)")
     parser.set_defaults(func=run)
 
 
@@ -80,6 +96,15 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--compressors needs --bandwidth-kbps-schedule A,B,...")
         emit(asyncio.run(pipeline_switch.measure(args)))
         return 0
+    if args.first_link == "ble":
+        from coinf.ble_protocol.radio import PRESETS
+
+        if args.in_process:
+            raise InputError("--first-link ble runs the helpers as processes (the BLE central "
+                             "is a `coinf handheld --listen ble:HCI`): drop --in-process")
+        if args.radio_preset not in PRESETS:
+            raise InputError(f"unknown --radio-preset {args.radio_preset!r}: expected one of "
+                             f"{', '.join(sorted(PRESETS))}")
     emit(asyncio.run(measure(args)))
     return 0
 
@@ -91,11 +116,21 @@ def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
 
     if args.bundle:
         return Bundle.load(args.bundle)
-    progress("splitting the zoo's vgg ...")
-    return split_model(ONNX_DIR / "vgg.onnx", tmp / "vgg")
+    model = "lenet_digits" if args.first_link == "ble" else "vgg"
+    progress(f"splitting the zoo's {model} ...")
+    return split_model(ONNX_DIR / f"{model}.onnx", tmp / model)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    ble = radio_link(args) if args.first_link == "ble" else None
+    try:
+        return await _measure(args, ble)
+    finally:
+        if ble is not None:
+            ble.stop()
+
+
+async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str, Any]:
     import numpy as np
 
     from coinf.ble_protocol.shaped import Channel
@@ -117,12 +152,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             hosting: Any = local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
                                          dict.fromkeys(names, channel), max_pending=depth + 2)
         else:
-            hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2)
+            hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2, ble)
         async with hosting as hosts:
-            helpers = [Helper(h.name, h.address, bps, channel.latency_s, shape=True)
-                       for h in hosts]
-            full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
-            two = PipelineSession(bundle, helpers[:1], slowdown=args.slowdown, threads=1)
+            helpers = [Helper(h.name, h.address, bps, channel.latency_s, shape=True,
+                              wearable_link=getattr(h, "wearable_link", None)) for h in hosts]
+            if ble is not None:  # the prior of the BLE link: the radio's capacity
+                helpers[0] = dataclasses.replace(helpers[0], bandwidth_bps=ble.capacity_bps,
+                                                 latency_s=0.0)
+                full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1,
+                                       connect_timeout=30.0, ble_options=ble.wearable_options)
+                two: Any = _FirstDevices(full, 2)
+            else:
+                full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
+                two = PipelineSession(bundle, helpers[:1], slowdown=args.slowdown, threads=1)
             async with full, two:
                 for name, sess in (("K", full), ("2", two)):
                     progress(f"warm-up: {name}-device pipeline, {args.warmup} frames ...")
@@ -162,6 +204,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                             "effective_accuracy": round(delivered * args.accuracy, 4)}
                 plan = full.plan()
                 two_plan = two.plan()
+                first_link = full.last.first_link if full.last is not None else ""
         assert plan is not None and two_plan is not None
         columns = list(zip(*stage_rows, strict=True)) if stage_rows else []
         # the mean is what bounds a stage's throughput (a median hides the slow frames)
@@ -172,6 +215,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "model": Path(bundle.meta.get("source", {}).get("file", spec.name)).stem,
             "devices": k,
+            "first_link": "ble" if first_link.startswith("ble:") else "tcp",
+            **({"radio": {"preset": args.radio_preset,
+                          "capacity_bps": round(ble.capacity_bps)}} if ble else {}),
             "cuts": list(plan.cuts),
             "stages": [str(s) for s in plan.stages],
             "stage_ms": stage_ms,
@@ -194,10 +240,83 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+@dataclasses.dataclass
+class RadioLink:
+    """A ``coinf radio`` process: the wearable's and helper 1's HCI specs, the pairing."""
+
+    wearable_hci: str
+    helper_hci: str
+    capacity_bps: float
+    passkey: int
+    stop: Callable[[], None]
+
+    @property
+    def wearable_options(self) -> dict[str, Any]:
+        return {"passkey": self.passkey, "pairing_window_s": math.inf}
+
+
+def radio_link(args: argparse.Namespace) -> RadioLink:
+    from coinf.ble_protocol.radio import preset, spawn
+
+    wspec, hspec, stop = spawn(args.radio_preset)
+    capacity = preset(args.radio_preset).capacity_bps()
+    progress(f"radio process: preset {args.radio_preset}, ATT capacity "
+             f"{capacity / 1000:.1f} kB/s each way")
+    return RadioLink(wspec, hspec, capacity, secrets.randbelow(1_000_000), stop)
+
+
+class _FirstDevices:
+    """The first ``n`` devices of a shared session (the BLE case: one GATT server, one link)."""
+
+    def __init__(self, sess: Any, n: int) -> None:
+        self.sess, self.n = sess, n
+
+    @property
+    def last(self) -> Any:
+        return self.sess.last
+
+    @property
+    def adaptive(self) -> bool:
+        return bool(self.sess.adaptive)
+
+    @adaptive.setter
+    def adaptive(self, value: bool) -> None:
+        self.sess.adaptive = value
+
+    def plan(self) -> Any:
+        with self._limited():
+            return self.sess.plan()
+
+    async def run(self, feed: Any) -> Any:
+        with self._limited():
+            return await self.sess.run(feed)
+
+    async def astream(self, feeds: Any, depth: int) -> AsyncIterator[Any]:
+        with self._limited():
+            async for item in self.sess.astream(feeds, depth=depth):
+                yield item
+
+    @contextlib.contextmanager
+    def _limited(self) -> Iterator[None]:
+        before, self.sess.max_devices = self.sess.max_devices, self.n
+        try:
+            yield
+        finally:
+            self.sess.max_devices = before
+
+    async def __aenter__(self) -> _FirstDevices:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
 @contextlib.asynccontextmanager
 async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespace, tmp: Path,
-                           max_pending: int) -> AsyncIterator[list[Any]]:
-    """One ``coinf handheld --pipeline`` process per helper on a free local port."""
+                           max_pending: int, ble: RadioLink | None = None
+                           ) -> AsyncIterator[list[Any]]:
+    """One ``coinf handheld --pipeline`` process per helper on a free local port; with ``ble``
+    helper 1 is also the BLE central of the wearable's link."""
     import json
     import socket
     import subprocess
@@ -209,18 +328,23 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    entries = [{"name": n, "address": f"tcp:127.0.0.1:{p}", "shape": True,
-                "bandwidth_kbps": args.bandwidth_kbps, "latency_ms": args.latency_ms}
-               for n, p in zip(names, ports, strict=True)]
+    entries: list[dict[str, Any]] = [
+        {"name": n, "address": f"tcp:127.0.0.1:{p}", "shape": True,
+         "bandwidth_kbps": args.bandwidth_kbps, "latency_ms": args.latency_ms}
+        for n, p in zip(names, ports, strict=True)]
+    if ble is not None:
+        entries[0]["wearable_link"] = f"ble:{ble.wearable_hci}"
     config = tmp / "pipeline.json"
     config.write_text(json.dumps({"helpers": entries}))
     procs: list[subprocess.Popen[str]] = []
     try:
-        for n in names:
+        for i, n in enumerate(names):
+            central = (["--listen", f"ble:{ble.helper_hci}", "--passkey", str(ble.passkey)]
+                       if ble is not None and i == 0 else [])
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle.root),
                  "--pipeline", str(config), "--name", n, "--slowdown", str(args.slowdown),
-                 "--threads", "1", "--max-pending", str(max_pending)],
+                 "--threads", "1", "--max-pending", str(max_pending), *central],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         for n, proc in zip(names, procs, strict=True):
             assert proc.stdout is not None
@@ -228,7 +352,8 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
             if "serving" not in line:
                 raise RuntimeError(f"helper {n} did not start: {line!r}")
         progress(f"{len(procs)} helper processes serving")
-        yield [SimpleNamespace(name=e["name"], address=e["address"]) for e in entries]
+        yield [SimpleNamespace(name=e["name"], address=e["address"],
+                               wearable_link=e.get("wearable_link")) for e in entries]
     finally:
         stop_processes(procs)
 

@@ -22,6 +22,13 @@ def forwarder_for(args: argparse.Namespace) -> tuple[Callable[[Any, Any], Any], 
         raise UserError(f"--name {args.name!r} is not in {args.pipeline} (helpers: "
                         f"{', '.join(names)})")
     own = next(h for h in helpers if h.name == args.name)
+    listen = args.listen or (f"ble:{args.hci}" if args.hci else args.transport or "")
+    if own.over_ble and not listen.startswith("ble"):
+        # the wearable would wait at its GATT server for a central that never comes
+        raise UserError(f"{args.pipeline} says the wearable reaches {args.name!r} over BLE "
+                        f"(wearable_link {own.wearable_link!r}): give --listen ble:HCI (or "
+                        f"--listen ble), so this helper connects to the wearable as a central; "
+                        f"it also listens on {own.address} for its peers")
     peers = {h.name: Peer(h.name, h.address, h.channel) for h in helpers if h.name != args.name}
 
     def make(bundle: Any, emulation: Any) -> Forwarder:

@@ -75,11 +75,11 @@ def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
 
     if args.context_cache:
         ctx, names = train_on_zoo(Path(args.context_cache), progress=note,
-                                  synthetic=15 if args.quick else 150)
+                                  synthetic=15 if args.quick else 300)
     else:
         with tempfile.TemporaryDirectory(prefix="coinf-context-") as tmp:
             ctx, names = train_on_zoo(Path(tmp), progress=note,
-                                      synthetic=15 if args.quick else 150)
+                                      synthetic=15 if args.quick else 300)
     predictor.meta["slice_model"] = ctx.to_json()
     return list(names)
 
@@ -173,7 +173,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sweep (CI-size)")
     parser.add_argument("--no-context", action="store_true",
                         help="with --train: skip the in-context slice predictor (which times "
-                        "every zoo model and 150 synthetic networks here, ~1 min)")
+                        "every zoo model and 300 synthetic networks here, ~1 min)")
     parser.add_argument("--context-cache", metavar="DIR",
                         help="keep the zoo bundles and timings of --train here (default: a "
                         "temporary folder)")

@@ -1,0 +1,105 @@
+"""Boosted node-time trees, onnxruntime's optimized graph as slice features, and the context
+sweep's coverage of the zoo's ops (issue 17, part 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from coinf.device.boosted import Boosted
+from coinf.device.context_data import model_features
+from coinf.device.context_sweep import random_network, random_sequence_network
+from coinf.device.incontext import trimmed_mean
+from coinf.device.ortgraph import kernels, optimized_graph
+from coinf.device.slicepred import NodeSample, SlicePredictor, node_vector
+from coinf.device.sweep import random_feeds
+
+from tests.test_incontext import conv_bn_relu_gemm
+
+
+def _data(n: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 4, size=(n, 3))
+    # a step no power law has: 3x slower when feature 1 is above 2
+    y = np.log(0.01 * np.exp(x[:, 0]) * np.where(x[:, 1] > 2, 3.0, 1.0))
+    return x, y
+
+
+def test_boosted_trees_learn_a_step_and_survive_json() -> None:
+    x, y = _data()
+    model = Boosted.fit(x, y, trees=150)
+    err = np.abs(model(x) - y)
+    assert np.median(err) < 0.1  # within ~10 % in time
+    again = Boosted.from_json(model.to_json())
+    np.testing.assert_allclose(again(x), model(x), rtol=1e-12)
+    with pytest.raises(ValueError, match="features per row"):
+        model(x[:, :2])
+
+
+@pytest.mark.parametrize("field, value, match", [
+    (0, lambda t: [10 ** 6, *t[0][1:]], "out of range"),        # left child past the end
+    (0, lambda t: [0, *t[0][1:]], "precedes"),                # a node its own child: a cycle
+    (2, lambda t: [7, *t[2][1:]], "out of range"),            # feature 7 of 3
+    (3, lambda t: [float("nan"), *t[3][1:]], "non-finite"),
+])
+def test_boosted_json_is_validated(field: int, value, match: str) -> None:
+    x, y = _data()
+    obj = Boosted.fit(x, y, trees=3).to_json()
+    tree = obj["trees"][0]
+    tree[field] = value(tree)
+    with pytest.raises(ValueError, match=match):
+        Boosted.from_json(obj)
+    with pytest.raises(ValueError, match="format"):
+        Boosted.from_json({"format": "pickle"})
+
+
+def test_optimized_graph_counts_the_kernels_that_run() -> None:
+    model = conv_bn_relu_gemm()
+    k = kernels(model)
+    graph = optimized_graph(model)
+    assert k.count == len(graph.graph.node)
+    # BN and the activations fold into their Conv/Gemm on every CPU
+    assert 3 <= k.count < len(model.graph.node)
+    assert (k.reorders == 0) == (k.reorder_melems == 0)
+    if k.reorders:  # NCHWc on this CPU: each reorder copies at least the pooled 32 values
+        assert k.reorder_melems * 1e6 >= 32
+
+
+def test_trimmed_mean_resolves_below_the_profilers_microsecond() -> None:
+    assert trimmed_mean([0.002, 0.003, 0.002, 0.003, 0.1]) == pytest.approx(0.0025 + 1e-9, abs=1e-3)
+    assert trimmed_mean([0.002] * 4 + [0.003] * 6) == pytest.approx(0.0026666, rel=1e-3)
+    assert trimmed_mean([0.004]) == 0.004
+
+
+def test_synthetic_networks_cover_the_zoos_ops_and_run() -> None:
+    ops: set[str] = set()
+    for i in range(24):
+        model = (random_sequence_network if i % 2 else random_network)(i)
+        onnx.checker.check_model(model, full_check=True)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess.run(None, random_feeds(sess))
+        ops |= {n.op_type for n in model.graph.node}
+    assert {"LSTM", "GRU", "LRN", "Gather", "ReduceMax", "MatMul", "Slice", "Concat",
+            "Tanh", "Sigmoid", "AveragePool", "MaxPool", "Conv", "Gemm"} <= ops
+
+
+def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> None:
+    feats = {}
+    nodes = []
+    for i in range(8):
+        fm = model_features(random_network(i))
+        feats.update(fm)
+        nodes += [NodeSample(f"m{i}", f, g, 1e-3 * (1 + f.flops / 1e6)) for f, g in fm.values()]
+    assert len(nodes) >= 50
+    pred = SlicePredictor.train(nodes, [], {})
+    assert pred.boosted is not None and "Conv" in pred.boosted_ops
+    again = SlicePredictor.from_json(pred.to_json())
+    for f, g in feats.values():
+        assert again.node_ms(f, g) == pytest.approx(pred.node_ms(f, g), rel=1e-9)
+    # an op the trees never saw uses the power laws
+    lstm = next(fg for fg in model_features(random_sequence_network(3)).values()
+                if fg[0].op_type in ("LSTM", "GRU", "Gather"))
+    assert lstm[0].op_type not in pred.boosted_ops
+    assert pred.node_ms(*lstm) == pytest.approx(pred.law_ms(*lstm))
+    assert len(node_vector(*lstm)) == pred.boosted.features

@@ -1,0 +1,237 @@
+"""A pipeline whose first link is BLE (issue 13): the wearable (this process, its GATT server on
+the emulated radio of a `coinf radio` process) --BLE--> h1 --TCP--> h2, each helper a real
+`coinf handheld --pipeline` process; h1 listens both as a BLE central (for the wearable) and on
+its TCP address (for its peers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from coinf.ble_protocol.radio import spawn
+from coinf.convert.split import split_model
+from coinf.wearable.pipeline import PipelineSession, load_helpers
+
+from coinf.errors import InputError
+from tests.ble_servers import TEST_PASSKEY, WEARABLE_PAIRING
+from tests.procs import handheld_daemon
+from tests.test_pipeline_run import frames, reference
+from tests.test_pipeline_slices import LENET
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory):
+    return split_model(LENET, tmp_path_factory.mktemp("pble") / "lenet")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess.Popen]]]:
+    """The radio process, h1 (BLE to the wearable + TCP for peers) and h2 (TCP); yields the
+    config and the helper processes (``procs["restart h1"]()`` starts h1 again)."""
+    whole = float(bundle.candidates[-1].head.flops) * 1000 / 1e9  # the model in 1 ms
+    with ExitStack() as stack:
+        wspec, hspec, stop_radio = spawn("pi-zero-2w", overrides=["time_scale=0.5"])
+        stack.callback(stop_radio)
+        config = tmp / "pipeline.json"
+        config.write_text(json.dumps({"helpers": [
+            {"name": "h1", "address": f"tcp:127.0.0.1:{free_port()}",
+             "wearable_link": f"ble:{wspec}", "speed_gflops": whole, "bandwidth_kbps": 20},
+            {"name": "h2", "address": f"tcp:127.0.0.1:{free_port()}", "speed_gflops": whole,
+             "bandwidth_kbps": 1000}]}))
+        common = ("--pipeline", str(config), "--threads", "1")
+
+        def h1() -> subprocess.Popen:
+            return stack.enter_context(handheld_daemon(
+                bundle.root, f"ble:{hspec}", *common, "--name", "h1",
+                "--passkey", str(TEST_PASSKEY)))
+
+        procs: dict[str, Any] = {"h1": h1(), "h2": stack.enter_context(handheld_daemon(
+            bundle.root, json.loads(config.read_text())["helpers"][1]["address"], *common,
+            "--name", "h2")), "restart h1": h1}
+        yield config, procs
+
+
+def session(bundle, config: Path, dead_retry_s: float = 30.0) -> PipelineSession:
+    whole = float(bundle.candidates[-1].head.flops) * 1000
+    return PipelineSession(bundle, load_helpers(config), wearable_speed_flops=whole,
+                           timeout=20.0, connect_timeout=20.0, ble_options=WEARABLE_PAIRING,
+                           dead_retry_s=dead_retry_s)
+
+
+def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp_path) -> None:
+    feeds = frames(bundle, 16)
+    ref = reference(bundle, feeds)
+
+    async def main(procs: dict[str, subprocess.Popen]) -> tuple[list, list]:
+        async with session(bundle, config) as sess:
+            sess.adaptive = False
+            plan = sess.plan()
+            assert plan is not None and plan.devices == ("wearable", "h1", "h2")
+            got, seen = [], []
+            async for out, stats in sess.astream(feeds, depth=4):
+                got.append(out[bundle.outputs[0].name])
+                seen.append(stats)
+                if len(got) == 6:
+                    procs["h2"].kill()  # h2 vanishes with frames in flight
+            return got, seen
+
+    with ble_pipeline(bundle, tmp_path) as (config, procs):
+        got, seen = asyncio.run(asyncio.wait_for(main(procs), 60))
+    assert len(got) == len(feeds)  # nothing lost
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    assert seen[0].devices == ("wearable", "h1", "h2")
+    assert seen[-1].devices == ("wearable", "h1")  # re-planned onto the remaining devices
+    assert all(s.first_link.startswith("ble:tcp-client:") for s in seen)
+    assert sum(s.retries for s in seen) >= 1
+
+
+def test_when_the_ble_helper_dies_the_wearable_reaches_the_next_over_tcp_and_comes_back(
+        bundle, tmp_path) -> None:
+    feeds = frames(bundle, 12)
+    ref = reference(bundle, feeds)
+    retry_s = 2.0
+
+    async def main(procs: dict[str, Any]) -> tuple[list, Any]:
+        async with session(bundle, config, dead_retry_s=retry_s) as sess:
+            sess.adaptive = False
+            got = []
+            async for out, stats in sess.astream(feeds, depth=3):
+                got.append((out[bundle.outputs[0].name], stats))
+                if len(got) == 4:
+                    procs["h1"].kill()  # the BLE helper vanishes (no disconnect is sent)
+            # h1 comes back: once its time out is over, the wearable reaches it over BLE again
+            await asyncio.to_thread(procs["restart h1"])
+            await asyncio.sleep(retry_s)
+            out = await sess.run(feeds[0])
+            np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
+                                       atol=1e-5)
+            return got, sess.last
+
+    with ble_pipeline(bundle, tmp_path) as (config, procs):
+        got, back = asyncio.run(asyncio.wait_for(main(procs), 60))
+        h2_address = load_helpers(config)[1].address
+    assert len(got) == len(feeds)
+    for (g, _), r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    first, last = got[0][1], got[-1][1]
+    assert first.devices == ("wearable", "h1", "h2") and first.first_link.startswith("ble:")
+    assert last.devices == ("wearable", "h2") and last.first_link == h2_address
+    assert back.devices == ("wearable", "h1", "h2") and back.first_link.startswith("ble:")
+
+
+def test_wearable_link_is_validated(tmp_path) -> None:
+    base = {"name": "h1", "address": "tcp:127.0.0.1:7878"}
+    ok = load_helpers({"helpers": [{**base, "wearable_link": "ble:hci-socket:0"},
+                                   {"name": "h2", "address": "tcp:127.0.0.1:7879"}]})
+    assert ok[0].over_ble and ok[0].wearable_spec == "ble:hci-socket:0"
+    assert not ok[1].over_ble and ok[1].wearable_spec == "tcp:127.0.0.1:7879"
+    for bad, match in [("ble:", "wearable_link must be ble:HCI"),
+                       ("bt:hci0", "wearable_link must be ble:HCI"),
+                       (7, "wearable_link must be ble:HCI"),
+                       ("tcp:nohost", r"helpers\[0\].wearable_link")]:
+        with pytest.raises(InputError, match=match):
+            load_helpers({"helpers": [{**base, "wearable_link": bad}]})
+    with pytest.raises(InputError, match="h1, h2 share the wearable_link"):
+        load_helpers({"helpers": [
+            {**base, "wearable_link": "ble:hci-socket:0"},
+            {"name": "h2", "address": "tcp:127.0.0.1:7879", "wearable_link": "ble:hci-socket:0"}]})
+
+
+def test_a_ble_helper_started_without_a_ble_listener_is_refused(bundle, tmp_path,
+                                                                capsys) -> None:
+    from coinf.cli import main
+
+    config = tmp_path / "pipeline.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": "h1", "address": "tcp:127.0.0.1:7878", "wearable_link": "ble:hci-socket:0"}]}))
+    assert main(["handheld", "--bundle", str(bundle.root), "--pipeline", str(config),
+                 "--name", "h1"]) == 2
+    assert "give --listen ble:HCI" in capsys.readouterr().err
+
+
+def test_bench_pipeline_first_link_ble(capsys) -> None:
+    from coinf.cli import main
+
+    assert main(["bench", "pipeline", "--first-link", "ble", "--in-process"]) == 2
+    assert "drop --in-process" in capsys.readouterr().err
+    assert main(["bench", "pipeline", "--first-link", "ble", "--devices", "3", "--frames", "6",
+                 "--repeats", "1", "--warmup", "4", "--slowdown", "10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["first_link"] == "ble" and out["radio"]["preset"] == "pi-zero-2w"
+    assert out["model"] == "lenet_digits" and out["stages"][1].endswith("@h1(onnxruntime)")
+    assert out["throughput_fps"] > 0 and len(out["stage_ms"]) == 5
+
+
+def test_a_gatt_link_knows_when_a_message_is_on_the_air() -> None:
+    """The wearable's GATT server takes a message into bumble's queues before the radio carries
+    it; ``Link.delivered`` waits for the controller's completions (the pipeline times its BLE
+    link with it)."""
+    import os
+
+    from coinf.ble_protocol.messages import Message, MsgType
+
+    from tests.test_ble_link import radio_pair
+
+    async def main() -> tuple[int, int, int]:
+        async with radio_pair("pi-zero-2w", 0.5) as (radio, wl, hl):
+            payload = os.urandom(4000)
+            s0 = radio.link.stats()["payload_bytes"]
+            await wl.send(Message(MsgType.REQUEST, 1, payload))
+            s1 = radio.link.stats()["payload_bytes"]
+            await wl.delivered()
+            s2 = radio.link.stats()["payload_bytes"]
+            got = await asyncio.wait_for(hl.receive(), 30)
+            assert got.payload == payload
+            return s1 - s0, s2 - s0, len(payload)
+
+    taken, delivered, size = asyncio.run(asyncio.wait_for(main(), 60))
+    assert taken < delivered and delivered >= size  # send returned before the air carried it
+
+
+def test_max_devices_limits_a_session_and_frozen_splits_are_kept_per_device_set(bundle) -> None:
+    """The bench's BLE mode runs its 2-device batches on the K-device session (one GATT link):
+    ``max_devices`` limits the plan, and with ``adaptive`` off each device set keeps its split."""
+    from coinf.handheld.pipeline_host import local_helpers
+    from coinf.wearable.pipeline import Helper
+
+    whole = float(bundle.candidates[-1].head.flops) * 1000
+    feeds = frames(bundle, 4)
+    ref = reference(bundle, feeds)
+
+    async def main() -> None:
+        async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+            helpers = [Helper(h.name, h.address, 1e9, speed_flops=whole) for h in hosts]
+            async with PipelineSession(bundle, helpers, wearable_speed_flops=whole) as sess:
+                full = sess.plan()
+                assert full is not None and full.devices == ("wearable", "h1", "h2")
+                sess.max_devices = 2
+                two = sess.plan()
+                assert two is not None and two.devices == ("wearable", "h1")
+                out = await sess.run(feeds[0])
+                assert sess.last is not None and sess.last.devices == ("wearable", "h1")
+                np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
+                                           atol=1e-5)
+                sess.adaptive = False
+                sess.max_devices = None
+                assert sess.plan() is full  # the frozen split over these devices, not re-made
+                sess.max_devices = 2
+                assert sess.plan() is two
+                sess.max_devices = 1
+                assert sess.plan() is None  # the wearable alone
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -275,12 +275,13 @@ async def test_a_pipeline_switches_gamma_when_a_links_bandwidth_drops(bundle: Bu
     speed = float(bundle.candidates[-1].head.flops) * 1000
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
         helpers = [Helper(h.name, h.address, 1e9, speed_flops=speed) for h in hosts]
+        cuts = [c.candidate for c in bundle.compressors()[::3]]  # pool1's, relu2's
         async with PipelineSession(bundle, helpers, packing="auto", timeout=10.0,
-                                   wearable_speed_flops=speed, input_fps=100.0) as sess:
+                                   wearable_speed_flops=speed, input_fps=100.0,
+                                   cuts=cuts) as sess:
             sess.adaptive = False  # keep the split; only the links' options move
             plan = sess.plan()
-            assert plan is not None and len(plan.cuts) == 2
-            assert all(bundle.compressors(c) for c in plan.cuts)
+            assert plan is not None and list(plan.cuts) == cuts
             compute_fps = 1.0 / max(plan.split.compute_s)
             seen = []
             # the links' bandwidth estimates (set before each frame: the local links' own
@@ -474,3 +475,12 @@ def test_the_two_device_planner_compresses_when_the_bandwidth_drops(bundle: Bund
             gammas[tol, bw] = parse_config_spec(split_config(winner)[1])[0]
     assert all(gammas[tol, bw] is None for tol in (10.0, 2.0, 0.5) for bw in (1e9, 1e5))
     assert gammas[10.0, 2e4] == 8 and gammas[2.0, 2e4] == 2 and gammas[0.5, 2e4] is None
+
+
+def test_a_fixed_split_is_checked(bundle: Bundle) -> None:
+    helpers = [Helper(n, "tcp:127.0.0.1:9", 1e6) for n in ("h1", "h2")]
+    ids = [c.id for c in bundle.candidates]
+    with pytest.raises(InputError, match="strictly before"):
+        PipelineSession(bundle, helpers, cuts=[ids[3], ids[2]])
+    with pytest.raises(InputError, match="cuts from this bundle"):
+        PipelineSession(bundle, helpers, cuts=["nope", ids[2]])

@@ -64,6 +64,7 @@ from coinf.wearable.planner.pipeline_dp import (
     PipelineSplit,
     ResplitTrigger,
     cut_points,
+    evaluate,
     split_prefix,
 )
 
@@ -179,7 +180,8 @@ class PipelineSession:
                  replan_threshold: float = 0.2, dead_retry_s: float = 30.0,
                  wearable_speed_flops: float | None = None,
                  input_fps: float | None = None,
-                 ble_options: Mapping[str, Any] | None = None) -> None:
+                 ble_options: Mapping[str, Any] | None = None,
+                 cuts: Sequence[str] | None = None) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         if not helpers:
             raise InputError("a pipeline needs at least one helper")
@@ -224,6 +226,12 @@ class PipelineSession:
         self.adaptive = True
         #: use at most this many devices (the wearable included; None: every helper alive)
         self.max_devices: int | None = None
+        #: ``cuts``: a fixed split (one cut per link) used whenever that many devices are alive;
+        #: otherwise the DP splits (paper 002, §IV-D: split once, let the thresholds move)
+        self.fixed_cuts = tuple(cuts) if cuts else None
+        if self.fixed_cuts is not None:
+            n = len(self.fixed_cuts)
+            evaluate(self.points, self.fixed_cuts, [1.0] * (n + 1), [1.0] * n)  # checks them
         self._frozen: dict[tuple[str, ...], PipelinePlan] = {}
         self.last: PipelineStats | None = None
         self._closed = False
@@ -270,7 +278,10 @@ class PipelineSession:
             return current
         key = devices
         n = len(devices)
-        split = split_prefix(self.points, speeds, bws, self._result_bytes, FEWER_MARGIN)
+        if self.fixed_cuts is not None and n == len(self.fixed_cuts) + 1:
+            split = evaluate(self.points, self.fixed_cuts, speeds, bws, self._result_bytes)
+        else:
+            split = split_prefix(self.points, speeds, bws, self._result_bytes, FEWER_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")
         n = len(split.compute_s)

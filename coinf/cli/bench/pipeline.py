@@ -66,6 +66,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a compressor set (index.json): with --bandwidth-kbps-schedule, "
                         "measure run-time selection of gamma and packing instead "
                         "(coinf/cli/bench/pipeline_switch.py)")
+    parser.add_argument("--cuts", metavar="C1,C2",
+                        help="with --bandwidth-kbps-schedule: a fixed split (one cut per link) "
+                        "instead of the DP's")
     parser.add_argument("--bandwidth-kbps-schedule", metavar="A,B,...",
                         help="kB/s of the link into the first helper, one phase each (needs "
                         "--rate and --compressors or a --bundle with compressors)")

@@ -5,14 +5,14 @@ The compressor set DIR's backbone is split into a bundle and the set attached (o
 names a bundle that has compressors). The wearable (this process) and K-1 in-process helpers,
 each device ``--slowdown`` x slower, stream from a real-time source at ``--rate`` Hz; the link
 into the first helper is shaped to each bandwidth of the schedule in turn (the others stay at
-``--bandwidth-kbps``). The split is made once (warm-up at the schedule's first bandwidth) and
-frozen, as in the paper: only each link's option moves, looked up per frame from the link's
-measured bandwidth in the threshold table. Per phase, side by side on the same split and
-links, the session choosing (``packing="auto"``: raw, packings, compressors) and the same
-session sending raw tensors only (``auto_packing`` off): frames delivered, the
-options used, and the effective accuracy = sum over delivered frames of the accuracy of the
-option it used / frames generated (a dropped frame counts as wrong; accuracies from the set's
-index, on its test set).
+``--bandwidth-kbps``). The split is made once (warm-up at the schedule's first bandwidth;
+``--cuts C1,C2`` fixes it instead) and frozen, as in the paper: only each link's option moves,
+looked up per frame from the link's measured bandwidth in the threshold table. Per phase, side
+by side on the same split and links: the session choosing (``packing="auto"``: raw, packings,
+compressors) and the same session sending raw tensors only (``auto_packing`` off). Reported:
+frames delivered, the options used, and the effective accuracy = sum over delivered frames of
+the accuracy of the option it used / frames generated (a dropped frame counts as wrong;
+accuracies from the set's index, on its test set).
 """
 
 from __future__ import annotations
@@ -127,8 +127,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                                else other.bandwidth_bps, other.latency_s, shape=i == 0)
                         for i, h in enumerate(hosts)]
 
+            cuts = [c.strip() for c in args.cuts.split(",")] if args.cuts else None
             sess = PipelineSession(bundle, helpers(), slowdown=args.slowdown, threads=1,
-                                   packing="auto", input_fps=args.rate)
+                                   packing="auto", input_fps=args.rate, cuts=cuts)
             phases = []
             async with sess:
                 progress(f"warm-up: {args.warmup} frames at {kbps[0]:g} kB/s ...")

@@ -278,6 +278,7 @@ class PipelineSession:
             return current
         key = devices
         n = len(devices)
+        split: PipelineSplit | None
         if self.fixed_cuts is not None and n == len(self.fixed_cuts) + 1:
             split = evaluate(self.points, self.fixed_cuts, speeds, bws, self._result_bytes)
         else:

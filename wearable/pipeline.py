@@ -200,6 +200,9 @@ class PipelineSession:
         self.adaptive = True
         #: use at most this many devices (the wearable included; None: every helper alive)
         self.max_devices: int | None = None
+        #: use every device the cuts allow, even when fewer would have a shorter bottleneck
+        #: (tests and benchmarks of a K-device pipeline)
+        self.all_devices = False
         self._frozen: dict[tuple[str, ...], PipelinePlan] = {}
         self.last: PipelineStats | None = None
         self._closed = False
@@ -246,7 +249,8 @@ class PipelineSession:
             return current
         key = devices
         n = len(devices)
-        split = split_prefix(self.points, speeds, bws, self._result_bytes, FEWER_MARGIN)
+        split = split_prefix(self.points, speeds, bws, self._result_bytes,
+                             1.0 if self.all_devices else FEWER_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")
         n = len(split.compute_s)

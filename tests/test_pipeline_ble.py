@@ -67,9 +67,13 @@ def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess
 
 def session(bundle, config: Path, dead_retry_s: float = 30.0) -> PipelineSession:
     whole = float(bundle.candidates[-1].head.flops) * 1000
-    return PipelineSession(bundle, load_helpers(config), wearable_speed_flops=whole,
+    sess = PipelineSession(bundle, load_helpers(config), wearable_speed_flops=whole,
                            timeout=20.0, connect_timeout=20.0, ble_options=WEARABLE_PAIRING,
                            dead_retry_s=dead_retry_s)
+    # LeNet's last slices are tiny: over BLE two devices would be faster (split_prefix), but
+    # these tests are about three
+    sess.all_devices = True
+    return sess
 
 
 def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp_path) -> None:

@@ -226,6 +226,9 @@ class PipelineSession:
         self.adaptive = True
         #: use at most this many devices (the wearable included; None: every helper alive)
         self.max_devices: int | None = None
+        #: use every device the cuts allow, even when fewer would have a shorter bottleneck
+        #: (tests and benchmarks of a K-device pipeline)
+        self.all_devices = False
         #: ``cuts``: a fixed split (one cut per link) used whenever that many devices are alive;
         #: otherwise the DP splits (paper 002, §IV-D: split once, let the thresholds move)
         self.fixed_cuts = tuple(cuts) if cuts else None
@@ -282,7 +285,8 @@ class PipelineSession:
         if self.fixed_cuts is not None and n == len(self.fixed_cuts) + 1:
             split = evaluate(self.points, self.fixed_cuts, speeds, bws, self._result_bytes)
         else:
-            split = split_prefix(self.points, speeds, bws, self._result_bytes, FEWER_MARGIN)
+            split = split_prefix(self.points, speeds, bws, self._result_bytes,
+                                 1.0 if self.all_devices else FEWER_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")
         n = len(split.compute_s)

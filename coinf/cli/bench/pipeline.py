@@ -168,6 +168,7 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
             else:
                 full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
                 two = PipelineSession(bundle, helpers[:1], slowdown=args.slowdown, threads=1)
+            full.all_devices = True  # a K-device pipeline, even where fewer would be faster
             async with full, two:
                 for name, sess in (("K", full), ("2", two)):
                     progress(f"warm-up: {name}-device pipeline, {args.warmup} frames ...")

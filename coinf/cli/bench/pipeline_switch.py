@@ -130,6 +130,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             cuts = [c.strip() for c in args.cuts.split(",")] if args.cuts else None
             sess = PipelineSession(bundle, helpers(), slowdown=args.slowdown, threads=1,
                                    packing="auto", input_fps=args.rate, cuts=cuts)
+            sess.all_devices = True  # a K-device pipeline, as asked
             phases = []
             async with sess:
                 progress(f"warm-up: {args.warmup} frames at {kbps[0]:g} kB/s ...")

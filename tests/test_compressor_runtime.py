@@ -484,3 +484,26 @@ def test_a_fixed_split_is_checked(bundle: Bundle) -> None:
         PipelineSession(bundle, helpers, cuts=[ids[3], ids[2]])
     with pytest.raises(InputError, match="cuts from this bundle"):
         PipelineSession(bundle, helpers, cuts=["nope", ids[2]])
+
+
+def test_the_pipeline_dp_puts_a_slow_links_cut_where_a_compressor_shrinks_it(
+        bundle: Bundle) -> None:
+    with_codes = {c.id for c in bundle.candidates if bundle.compressors(c.id)}
+    assert with_codes
+    whole = float(bundle.candidates[-1].head.flops) * 100
+    # a slow first link: with packing="auto" the DP charges each cut its cheapest encoding
+    # within 1 % accuracy, so the cut moves to a compressor's cut; raw pricing does not
+    slow = [Helper("h1", "tcp:127.0.0.1:9", 500.0, speed_flops=whole),
+            Helper("h2", "tcp:127.0.0.1:9", 1e9, speed_flops=whole)]
+    auto = PipelineSession(bundle, slow, packing="auto", wearable_speed_flops=whole)
+    auto.all_devices = True
+    auto.dp_tolerance = 0.02  # the fixture's gamma-2 code keeps 0.97 / 0.98 of the accuracy
+    raw = PipelineSession(bundle, slow, wearable_speed_flops=whole)
+    raw.all_devices = True
+    plan_auto, plan_raw = auto.plan(), raw.plan()
+    assert plan_auto is not None and plan_raw is not None
+    assert plan_auto.split.cuts[0] in with_codes
+    assert plan_raw.split.cuts[0] not in with_codes
+    point = next(p for p in auto.priced_points() if p.id == plan_auto.split.cuts[0])
+    cand = next(c for c in bundle.candidates if c.id == point.id)
+    assert point.nbytes < cand.crossing_bytes  # priced as a code, not the raw tensor

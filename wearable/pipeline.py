@@ -55,12 +55,14 @@ from coinf.wearable.pipeline_config import Helper, load_helpers
 from coinf.wearable.plan import WEARABLE, Stage
 from coinf.wearable.planner.compress_select import (
     Option,
+    cheapest_bytes,
     link_options,
     lookup,
     option_label,
     thresholds,
 )
 from coinf.wearable.planner.pipeline_dp import (
+    CutPoint,
     PipelineSplit,
     ResplitTrigger,
     cut_points,
@@ -81,6 +83,8 @@ EWMA = 0.3
 #: a pipeline REQUEST's bytes besides its tensors' (frame, route, tensor and packing headers):
 #: priced into every link option, since it dominates a small code's cost
 OVERHEAD_BYTES = 96.0
+#: default of ``PipelineSession.dp_tolerance``
+DP_TOLERANCE = 0.01
 #: fewer devices are used only when their bottleneck is this much shorter (no churn on noise)
 FEWER_MARGIN = 0.05
 
@@ -205,6 +209,9 @@ class PipelineSession:
         self.ble_options = dict(ble_options or {})
         self.dead_retry_s = dead_retry_s
         self.points = cut_points(self.bundle)
+        #: with ``packing="auto"`` the DP prices a cut by its smallest option whose accuracy is
+        #: within this (relative) of the cut's most accurate option
+        self.dp_tolerance = DP_TOLERANCE
         self._flops = {c.id: c.head.flops for c in self.bundle.candidates}
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=8)
         self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-pipe-head")
@@ -265,6 +272,17 @@ class PipelineSession:
         _, elapsed = self._slices.run_slice(cand, "head", feeds)
         self._speed[WEARABLE].add(cand.head.flops / max(elapsed, 1e-6))
 
+    def priced_points(self) -> list[CutPoint]:
+        """The DP's cuts. With ``packing="auto"`` each cut costs its cheapest encoding within
+        ``dp_tolerance`` of its most accurate one (a packing or a compressor's code), so a slow
+        link draws the cut to where a compressor shrinks it; else its raw bytes."""
+        if not self.auto_packing:
+            return self.points
+        cands = {c.id: c for c in self.bundle.candidates}
+        return [dataclasses.replace(p, nbytes=cheapest_bytes(link_options(
+            cands[p.id], self.bundle.compressors(p.id), OVERHEAD_BYTES), self.dp_tolerance))
+            for p in self.points]
+
     def plan(self, force: bool = False) -> PipelinePlan | None:
         """The split in use (re-made when the devices or their measurements moved); ``None``
         when no helper is left (the wearable runs everything)."""
@@ -282,10 +300,11 @@ class PipelineSession:
         key = devices
         n = len(devices)
         split: PipelineSplit | None
+        points = self.priced_points()
         if self.fixed_cuts is not None and n == len(self.fixed_cuts) + 1:
-            split = evaluate(self.points, self.fixed_cuts, speeds, bws, self._result_bytes)
+            split = evaluate(points, self.fixed_cuts, speeds, bws, self._result_bytes)
         else:
-            split = split_prefix(self.points, speeds, bws, self._result_bytes,
+            split = split_prefix(points, speeds, bws, self._result_bytes,
                                  1.0 if self.all_devices else FEWER_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")

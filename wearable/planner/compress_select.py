@@ -119,6 +119,16 @@ def link_options(cand: Candidate, compressors: Sequence[Compressor] = (),
     return options
 
 
+def cheapest_bytes(options: Sequence[Option], tolerance: float = 0.01) -> float:
+    """Bytes of the smallest option within ``tolerance`` (relative accuracy) of the most
+    accurate one: what the pipeline DP charges a cut whose link choice is made per frame, so
+    that a slow link draws the cut to where a compressor can shrink it."""
+    if not options:
+        raise InputError("no compression option to choose from")
+    best = max(o.accuracy for o in options)
+    return min(o.nbytes for o in options if o.accuracy >= best - tolerance)
+
+
 def option_label(option: Option | str) -> str:
     """``raw``, ``q8``, ``g4`` (compressor gamma 4, raw code), ``g4+q8``."""
     if isinstance(option, str):
@@ -136,5 +146,5 @@ def lookup(table: list[tuple[float, Option]], bandwidth_bps: float) -> Option:
     return table[max(i, 0)][1]
 
 
-__all__ = ["Option", "effective_accuracy", "link_options", "lookup", "option_label", "select",
-           "thresholds", "throughput"]
+__all__ = ["Option", "cheapest_bytes", "effective_accuracy", "link_options", "lookup",
+           "option_label", "select", "thresholds", "throughput"]

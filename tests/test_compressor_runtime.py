@@ -507,3 +507,31 @@ def test_the_pipeline_dp_puts_a_slow_links_cut_where_a_compressor_shrinks_it(
     point = next(p for p in auto.priced_points() if p.id == plan_auto.split.cuts[0])
     cand = next(c for c in bundle.candidates if c.id == point.id)
     assert point.nbytes < cand.crossing_bytes  # priced as a code, not the raw tensor
+
+
+def test_plan_pipeline_draws_every_stage(bundle: Bundle, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf plan --pipeline --png``: one bar per compute and per link stage, the link's
+    option in its label; a folder as --png is refused before any work."""
+    from coinf.wearable.planner.pipeline_chart import stage_bars
+
+    from coinf.cli import main
+
+    config = tmp_path / "p.json"
+    config.write_text(json.dumps({"helpers": [
+        {"name": "phone", "address": "tcp:127.0.0.1:9", "bandwidth_kbps": 2},
+        {"name": "laptop", "address": "tcp:127.0.0.1:10", "bandwidth_kbps": 1e6}]}))
+    png = tmp_path / "pipe.png"
+    assert main(["plan", str(bundle.root), "--pipeline", str(config), "--png", str(png),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out["chart"] == str(png)
+    bars = stage_bars(out["stages"])
+    assert len(bars) == 2 * len(out["devices"]) - 1
+    assert [k for _, _, k in bars] == ["compute", "link"] * (len(out["devices"]) - 1) + \
+        ["compute"]
+    links = [s for s in out["stages"] if s["link_ms"] is not None]
+    assert all(s["compressor"] in label for s, (label, _, _) in
+               zip(links, [b for b in bars if b[2] == "link"], strict=True))
+    assert main(["plan", str(bundle.root), "--pipeline", str(config), "--png",
+                 str(tmp_path)]) == 2

@@ -51,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         "objective": objective, "strategies": [o.to_json() for o in options],
         "chosen": best.name, "why": why,
     }
+    if args.png:
+        from coinf.wearable.planner.pipeline_chart import plot_pipeline
+
+        plot_pipeline(rows, args.png, f"{bundle.root.name}: pipeline over "
+                      f"{len(plan.devices)} devices", [*notes, f"chosen for {objective}: {why}"])
+        out["chart"] = str(args.png)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -73,4 +79,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{o.name:<12} {lat:>11} {o.throughput_fps:>9.2f}  {', '.join(o.devices)}: "
               f"{o.detail}" + "".join(f" ({n})" for n in o.notes))
     print(f"chosen for {objective}: {why}")
+    if args.png:
+        print(f"chart: {args.png}")
     return 0

@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.planner.planner import Planner
     from coinf.wearable.policy import OBJECTIVES, load_policy
 
+    if args.png:
+        check_output_file(args.png, "--png")
     if args.pipeline:
         from coinf.cli.commands import pipeline_plan
 
@@ -110,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--budget-ms must be >= 0 (0 = fastest)")
     if not args.timeout > 0:
         raise UserError("--timeout must be > 0 s")
-    if args.png:
-        check_output_file(args.png, "--png")
     bundle = Bundle.load(args.bundle)
     policy = load_policy(args.policy)[0]
     wear = load_or_default("wearable", args.wearable_profile)

@@ -18,6 +18,8 @@ CPU thread in about a minute.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -29,20 +31,25 @@ BATCH = 64
 LEARNING_RATE = 2e-3
 
 
-def _conv(cin: int, cout: int) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
-
-
 class DigitNet(nn.Module):
-    """The three blocks; ``forward_from(k, a)`` runs blocks k.. on block k-1's output."""
+    """The three blocks; ``forward_from(k, a)`` runs blocks k.. on block k-1's output.
 
-    def __init__(self, classes: int = 10) -> None:
+    ``batchnorm=False`` gives the inference form (convolutions with biases, batch norm folded
+    in), which :func:`load_digitnet_onnx` fills from the committed ONNX file."""
+
+    def __init__(self, classes: int = 10, batchnorm: bool = True) -> None:
         super().__init__()
-        self.block1 = nn.Sequential(*_conv(1, 32), *_conv(32, 32), *_conv(32, 32), *_conv(32, 32),
+
+        def conv(cin: int, cout: int) -> list[nn.Module]:
+            if not batchnorm:
+                return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU()]
+            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
+                    nn.ReLU()]
+
+        self.block1 = nn.Sequential(*conv(1, 32), *conv(32, 32), *conv(32, 32), *conv(32, 32),
                                     nn.MaxPool2d(2))
-        self.block2 = nn.Sequential(*_conv(32, 64), *_conv(64, 64), *_conv(64, 64),
-                                    nn.MaxPool2d(2))
-        self.block3 = nn.Sequential(*_conv(64, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(1),
+        self.block2 = nn.Sequential(*conv(32, 64), *conv(64, 64), *conv(64, 64), nn.MaxPool2d(2))
+        self.block3 = nn.Sequential(*conv(64, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(1),
                                     nn.Linear(64, classes))
 
     @property
@@ -70,6 +77,34 @@ def make_digitnet(large: bool = False) -> DigitNet:
     return DigitNet()
 
 
+def load_digitnet_onnx(path: str | Path) -> DigitNet:
+    """The inference-form DigitNet with the weights of an exported one (the zoo's committed
+    ``digitnet.onnx`` or a compressor set's ``backbone.onnx``): its Conv nodes, in graph order,
+    fill the convolutions, its Gemm the linear layer."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(path))
+    init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    layers = [m for m in DigitNet(batchnorm=False).modules()
+              if isinstance(m, nn.Conv2d | nn.Linear)]
+    nodes = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm")]
+    if [n.op_type for n in nodes] != ["Conv" if isinstance(m, nn.Conv2d) else "Gemm"
+                                      for m in layers]:
+        raise ValueError(f"{path}: not a digitnet graph (its Conv/Gemm nodes do not match)")
+    model = DigitNet(batchnorm=False)
+    layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    with torch.no_grad():
+        for node, layer in zip(nodes, layers, strict=True):
+            weight, bias = (init.get(name) for name in node.input[1:3])
+            if weight is None or bias is None or tuple(weight.shape) != tuple(layer.weight.shape):
+                raise ValueError(f"{path}: node {node.name} has no weights of the digitnet shape")
+            layer.weight.copy_(torch.from_numpy(weight.copy()))
+            assert layer.bias is not None
+            layer.bias.copy_(torch.from_numpy(bias.copy()))
+    return model.eval()
+
+
 def train_digitnet(seed: int) -> tuple[DigitNet, dict[str, object], float]:
     """A DigitNet trained on the digits split at 32x32: (model in eval mode, metrics, seconds)."""
     from coinf.models.training import train_digits
@@ -80,5 +115,6 @@ def train_digitnet(seed: int) -> tuple[DigitNet, dict[str, object], float]:
     return model.eval(), metrics, seconds
 
 
-__all__ = ["BATCH", "CUTS", "EPOCHS", "IMAGE_SIZE", "DigitNet", "make_digitnet",
+__all__ = ["BATCH", "CUTS", "EPOCHS", "IMAGE_SIZE", "DigitNet", "load_digitnet_onnx",
+           "make_digitnet",
            "train_digitnet"]

@@ -299,18 +299,38 @@ def export_set(out_dir: str | Path, *, cuts: Sequence[str] = tuple(CUTS),
     from coinf.models.zoo import committed_path, deterministic_torch
 
     say = progress or (lambda _m: None)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     data = digits_data(size=IMAGE_SIZE)
     x_tr, y_tr = data.x_train[:train_limit], data.y_train[:train_limit]
-    x_te, y_te = data.x_test[:test_limit], data.y_test[:test_limit]
     src = Path(backbone_path) if backbone_path else committed_path("digitnet")
     with deterministic_torch():
-        original = load_digitnet_onnx(src)
-        joint = JointCompressed(copy.deepcopy(original), cuts, gammas, seed)
+        joint = JointCompressed(copy.deepcopy(load_digitnet_onnx(src)), cuts, gammas, seed)
         say(f"fine-tuning {len(joint.keys)} compressors {[key(*k) for k in joint.keys]} jointly "
             f"with the backbone on {len(y_tr)} images, {epochs} epochs, QAT bits {list(qat_bits)}")
         finetune_joint(joint, x_tr, y_tr, epochs, seed, qat_bits, say)
+    tuning = {"joint": True, "epochs": epochs, "train_images": len(y_tr),
+              "qat_bits": list(qat_bits), "seed": seed}
+    return write_set(out_dir, joint, src, packings=packings, test_limit=test_limit,
+                     fine_tuning=tuning, progress=progress)
+
+
+def write_set(out_dir: str | Path, joint: JointCompressed, original: str | Path, *,
+              packings: Sequence[str] = PACKINGS, test_limit: int | None = None,
+              fine_tuning: dict[str, Any] | None = None,
+              progress: Progress | None = None) -> dict[str, Any]:
+    """Export ``joint`` as a set in ``out_dir`` and measure its accuracies (onnxruntime, real
+    codec) on the digits test split; ``original``: the ONNX file of the model before
+    fine-tuning (for ``original_accuracy``). Returns the index written to index.json."""
+    from coinf.models.digits import digits_data
+    from coinf.models.zoo import deterministic_torch
+
+    say = progress or (lambda _m: None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = digits_data(size=IMAGE_SIZE)
+    x_te, y_te = data.x_test[:test_limit], data.y_test[:test_limit]
+    src = Path(original)
+    joint.eval()
+    with deterministic_torch():
         backbone = backbone_onnx(joint.backbone, joint.cuts)
         files = {"backbone.onnx": backbone}
         for cut, gamma in joint.keys:
@@ -349,8 +369,7 @@ def export_set(out_dir: str | Path, *, cuts: Sequence[str] = tuple(CUTS),
         "cuts": plain,
         "original_model": "digitnet", "original_accuracy": round(
             float((logits.argmax(1) == y_te).mean()), 6),
-        "fine_tuning": {"joint": True, "epochs": epochs, "train_images": len(y_tr),
-                        "qat_bits": list(qat_bits), "seed": seed},
+        "fine_tuning": fine_tuning or {},
         "compressors": compressors,
     }
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")

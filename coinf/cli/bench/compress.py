@@ -9,14 +9,15 @@ rows are the plain cut of the fine-tuned backbone. ``--separate`` also fine-tune
 lists the rows that meet issue 13's targets.
 
 ``--model lenet``: for each cut and gamma (paper 002, Table I) the compressor is inserted into
-the trained LeNet, fine-tuned end to end on the digits training split (torch, CPU, one
-thread, seeded), exported as two ONNX models (head+encoder, decoder+tail) and evaluated with
-onnxruntime on the test split, with the code sent through the real packing codec
-(``ble_protocol.packing``: pack, then unpack, per image). gamma 1 rows are the plain cut (no compressor, no fine-tuning) with the same
-packings. ``bytes`` is the mean packed size per image, ``ratio_vs_float32`` the float32
-activation's bytes over it, ``accuracy_drop_pp`` the test accuracy lost against the trained
-model (percentage points; one test image is 0.28 pp), ``overhead_flops_pct`` the encoder's and
-decoder's FLOPs over the model's. ``max_onnx_error`` checks the exported pair against torch.
+the trained LeNet, fine-tuned end to end on the digits training split (torch, CPU, one thread,
+seeded), exported as two ONNX models (head+encoder, decoder+tail) and evaluated with onnxruntime
+on the test split, with the code sent through the real packing codec (``ble_protocol.packing``:
+pack, then unpack, per image). gamma 1 rows are the plain cut (no compressor, no fine-tuning)
+with the same packings. ``bytes`` is the mean packed size per image, ``ratio_vs_float32`` the
+float32 activation's bytes over it, ``accuracy_drop_pp`` the test accuracy lost against the
+trained model (percentage points; one test image is 0.28 pp), ``overhead_flops_pct`` the
+encoder's and decoder's FLOPs over the model's. ``max_onnx_error`` checks the exported pair
+against torch.
 """
 
 from __future__ import annotations

@@ -38,15 +38,17 @@ from coinf.models.digitnet import CUTS, IMAGE_SIZE, DigitNet, load_digitnet_onnx
 from torch import nn
 
 FORMAT = 1
-FINETUNE_EPOCHS = 15
+FINETUNE_EPOCHS = 20
 LEARNING_RATE = 3e-4  # the trained backbone
 AE_LEARNING_RATE = 3e-3  # the new encoders and decoders
 BATCH = 64
 #: epochs at the start during which only the compressors learn (the backbone's rate is 0), so
 #: the fresh, random autoencoders do not drag the trained backbone off
 WARMUP_EPOCHS = 3
+#: weight of the distillation term (KL from the model before fine-tuning) per compressed path
+DISTILL = 1.0
 #: bit widths of the simulated quantization, one per batch in turn (0: the float code)
-QAT_BITS = (0, 8, 4, 2)
+QAT_BITS = (0, 4, 2, 2)
 PACKINGS = ("raw", "q8", "q4", "q2", "qz4", "qz2")
 TEST_SET = ("sklearn.datasets.load_digits test split (seed 0, {n} images) upsampled to 32x32 "
             "(models.digits)")
@@ -150,11 +152,15 @@ def model_flops(backbone: nn.Module) -> int:
 def finetune_joint(joint: JointCompressed, x: np.ndarray, y: np.ndarray,
                    epochs: int = FINETUNE_EPOCHS, seed: int = 0,
                    qat_bits: Sequence[int] = QAT_BITS, progress: Progress | None = None,
-                   warmup: int = WARMUP_EPOCHS) -> None:
+                   warmup: int = WARMUP_EPOCHS, teacher: nn.Module | None = None,
+                   distill: float = DISTILL) -> None:
     """End-to-end fine-tuning of the backbone and every compressor at once: the loss is the sum
     of the cross entropies of the plain path and of each compressed path (Adam, cosine
     schedule, seeded shuffle; the code quantized to ``qat_bits[step % len]``). For the first
-    ``warmup`` epochs (at most half of them) the backbone's learning rate is 0."""
+    ``warmup`` epochs (at most half of them) the backbone's learning rate is 0. With a
+    ``teacher`` (the model before fine-tuning, frozen), each compressed path also pays
+    ``distill`` x the KL divergence from the teacher's predictions (it keeps the small training
+    set from being memorised through the new layers)."""
     if epochs < 0 or not qat_bits or any(not 0 <= b <= 16 for b in qat_bits):
         raise ValueError("epochs must be >= 0 and qat_bits a non-empty list of 0..16")
     new = {id(p) for m in (joint.encoders, joint.decoders) for p in m.parameters()}
@@ -182,6 +188,12 @@ def finetune_joint(joint: JointCompressed, x: np.ndarray, y: np.ndarray,
             opt.zero_grad()
             outs = joint.forward_all(xt[batch], qat_bits[step % len(qat_bits)])
             loss = sum((F.cross_entropy(o, yt[batch]) for o in outs), torch.zeros(()))
+            if teacher is not None and distill > 0:
+                with torch.no_grad():
+                    soft = F.log_softmax(teacher(xt[batch]), 1)
+                loss = loss + distill * sum(
+                    (F.kl_div(F.log_softmax(o, 1), soft, log_target=True, reduction="batchmean")
+                     for o in outs[1:]), torch.zeros(()))
             loss.backward()
             opt.step()
             total += float(loss.detach()) * len(batch)
@@ -291,7 +303,7 @@ def export_set(out_dir: str | Path, *, cuts: Sequence[str] = tuple(CUTS),
                packings: Sequence[str] = PACKINGS, qat_bits: Sequence[int] = QAT_BITS,
                train_limit: int | None = None, test_limit: int | None = None,
                backbone_path: str | Path | None = None, seed: int = 0,
-               progress: Progress | None = None) -> dict[str, Any]:
+               distill: float = DISTILL, progress: Progress | None = None) -> dict[str, Any]:
     """Fine-tune compressors for ``cuts`` x ``gammas`` jointly with the trained ``digitnet``
     (the zoo's committed weights unless ``backbone_path``), write the set to ``out_dir`` and
     return its index. ``*_limit`` take the first images of a split (for quick tests)."""
@@ -303,12 +315,15 @@ def export_set(out_dir: str | Path, *, cuts: Sequence[str] = tuple(CUTS),
     x_tr, y_tr = data.x_train[:train_limit], data.y_train[:train_limit]
     src = Path(backbone_path) if backbone_path else committed_path("digitnet")
     with deterministic_torch():
-        joint = JointCompressed(copy.deepcopy(load_digitnet_onnx(src)), cuts, gammas, seed)
+        teacher = load_digitnet_onnx(src).requires_grad_(False)
+        joint = JointCompressed(copy.deepcopy(teacher), cuts, gammas, seed)
         say(f"fine-tuning {len(joint.keys)} compressors {[key(*k) for k in joint.keys]} jointly "
             f"with the backbone on {len(y_tr)} images, {epochs} epochs, QAT bits {list(qat_bits)}")
-        finetune_joint(joint, x_tr, y_tr, epochs, seed, qat_bits, say)
+        finetune_joint(joint, x_tr, y_tr, epochs, seed, qat_bits, say, teacher=teacher,
+                       distill=distill)
     tuning = {"joint": True, "epochs": epochs, "train_images": len(y_tr),
-              "qat_bits": list(qat_bits), "seed": seed}
+              "qat_bits": list(qat_bits), "warmup_epochs": min(WARMUP_EPOCHS, epochs // 2),
+              "distill": distill, "seed": seed}
     return write_set(out_dir, joint, src, packings=packings, test_limit=test_limit,
                      fine_tuning=tuning, progress=progress)
 

@@ -200,3 +200,40 @@ def test_cli_refuses_bad_arguments_in_one_line(argv: list[str], needle: str, tmp
     assert rc == 2 and needle in err, err
     assert err.strip().count("\n") == 0 and "Traceback" not in err
     assert not (tmp_path / "set").exists()
+
+
+SET_DIR = Path(__file__).resolve().parents[1] / "models" / "onnx" / "digitnet_set"
+
+
+def test_committed_set_is_consistent_and_reproduces_its_recorded_accuracy() -> None:
+    """models/onnx/digitnet_set (written by `coinf bench compress --out`): every file the index
+    names has the format's signature, and one recorded accuracy is measured again, exactly."""
+    import onnx
+    from coinf.models.compressor_set import evaluate
+
+    index = json.loads((SET_DIR / "index.json").read_text())
+    assert index["format"] == 1 and index["fine_tuning"]["joint"] is True
+    backbone_bytes = (SET_DIR / index["model"]).read_bytes()
+    backbone = onnx.shape_inference.infer_shapes(onnx.load_from_string(backbone_bytes))
+    typed = {v.name: v for v in backbone.graph.value_info}
+    names = {p.name for p in SET_DIR.iterdir()}
+    assert names == {"index.json", "backbone.onnx"} | {
+        c[f] for c in index["compressors"] for f in ("encoder", "decoder")}
+    for entry in index["compressors"]:
+        (cut,) = entry["crossing"]
+        shape = [d.dim_value for d in typed[cut].type.tensor_type.shape.dim]
+        assert shape == index["cuts"][cut]["shape"]
+        enc, dec = (_session(str(SET_DIR / entry[f])) for f in ("encoder", "decoder"))
+        crossing = (cut, "tensor(float)", shape)
+        code = ("code", "tensor(float)", entry["code_shape"])
+        assert _sig(enc.get_inputs()) == [crossing] and _sig(enc.get_outputs()) == [code]
+        assert _sig(dec.get_inputs()) == [code] and _sig(dec.get_outputs()) == [crossing]
+        assert entry["flops"] <= 0.02 * entry["model_flops"]
+    from coinf.models.digits import digits_data
+
+    data = digits_data(size=32)
+    entry = next(c for c in index["compressors"] if (c["crossing"], c["gamma"]) == (["pool2"], 8))
+    acc, size = evaluate(backbone_bytes, "pool2", (SET_DIR / entry["encoder"]).read_bytes(),
+                         (SET_DIR / entry["decoder"]).read_bytes(), data.x_test, data.y_test,
+                         ["q2"])
+    assert acc["q2"] == entry["accuracy"]["q2"] and size["q2"] == entry["bytes"]["q2"]

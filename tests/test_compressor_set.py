@@ -237,3 +237,16 @@ def test_committed_set_is_consistent_and_reproduces_its_recorded_accuracy() -> N
                          (SET_DIR / entry["decoder"]).read_bytes(), data.x_test, data.y_test,
                          ["q2"])
     assert acc["q2"] == entry["accuracy"]["q2"] and size["q2"] == entry["bytes"]["q2"]
+
+
+def test_committed_backbone_splits_with_a_candidate_at_every_cut(tmp_path: Path) -> None:
+    """`coinf split` of backbone.onnx offers each cut of the set, crossing exactly that tensor
+    (what attaching the set to a bundle relies on)."""
+    from coinf.convert.split import split_model
+
+    index = json.loads((SET_DIR / "index.json").read_text())
+    bundle = split_model(SET_DIR / "backbone.onnx", tmp_path / "b")
+    crossings = {tuple(t.name for t in c.crossing): c for c in bundle.candidates}
+    for cut, plain in index["cuts"].items():
+        (tensor,) = crossings[(cut,)].crossing
+        assert list(tensor.shape) == plain["shape"]

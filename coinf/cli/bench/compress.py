@@ -283,7 +283,7 @@ def threshold_table(result: dict[str, Any], fps: float) -> dict[str, Any]:
     out: dict[str, Any] = {"fps": fps, "cuts": {}}
     for cut in dict.fromkeys(r["cut"] for r in result["rows"]):
         options = [Option(r["gamma"], r["packing"], r["bytes"],
-                          max(base - r["accuracy_drop_pp"] / 100, 0.0))
+                          min(max(base - r["accuracy_drop_pp"] / 100, 0.0), 1.0))
                    for r in result["rows"] if r["cut"] == cut]
         regions = []
         for theta, opt in thresholds(options, fps, fps):

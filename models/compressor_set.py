@@ -303,10 +303,12 @@ def export_set(out_dir: str | Path, *, cuts: Sequence[str] = tuple(CUTS),
                packings: Sequence[str] = PACKINGS, qat_bits: Sequence[int] = QAT_BITS,
                train_limit: int | None = None, test_limit: int | None = None,
                backbone_path: str | Path | None = None, seed: int = 0,
-               distill: float = DISTILL, progress: Progress | None = None) -> dict[str, Any]:
+               distill: float = DISTILL, freeze_backbone: bool = False,
+               progress: Progress | None = None) -> dict[str, Any]:
     """Fine-tune compressors for ``cuts`` x ``gammas`` jointly with the trained ``digitnet``
     (the zoo's committed weights unless ``backbone_path``), write the set to ``out_dir`` and
-    return its index. ``*_limit`` take the first images of a split (for quick tests)."""
+    return its index. ``*_limit`` take the first images of a split (for quick tests);
+    ``freeze_backbone`` trains the compressors only (the backbone stays the zoo model)."""
     from coinf.models.digits import digits_data
     from coinf.models.zoo import committed_path, deterministic_torch
 
@@ -316,14 +318,15 @@ def export_set(out_dir: str | Path, *, cuts: Sequence[str] = tuple(CUTS),
     src = Path(backbone_path) if backbone_path else committed_path("digitnet")
     with deterministic_torch():
         teacher = load_digitnet_onnx(src).requires_grad_(False)
-        joint = JointCompressed(copy.deepcopy(teacher), cuts, gammas, seed)
+        backbone = copy.deepcopy(teacher).requires_grad_(not freeze_backbone)
+        joint = JointCompressed(backbone, cuts, gammas, seed)
         say(f"fine-tuning {len(joint.keys)} compressors {[key(*k) for k in joint.keys]} jointly "
             f"with the backbone on {len(y_tr)} images, {epochs} epochs, QAT bits {list(qat_bits)}")
         finetune_joint(joint, x_tr, y_tr, epochs, seed, qat_bits, say, teacher=teacher,
                        distill=distill)
     tuning = {"joint": True, "epochs": epochs, "train_images": len(y_tr),
               "qat_bits": list(qat_bits), "warmup_epochs": min(WARMUP_EPOCHS, epochs // 2),
-              "distill": distill, "seed": seed}
+              "distill": distill, "freeze_backbone": freeze_backbone, "seed": seed}
     return write_set(out_dir, joint, src, packings=packings, test_limit=test_limit,
                      fine_tuning=tuning, progress=progress)
 

@@ -68,7 +68,7 @@ def tuned() -> Any:
 
 
 def test_joint_training_shares_one_backbone_for_every_gamma(tuned: Any) -> None:
-    joint, original, before, data = tuned
+    joint, _original, before, data = tuned
     assert joint.cuts == ["pool1", "pool2"]  # put in network order
     assert [f"{c}-g{g}" for c, g in joint.keys] == [
         f"{c}-g{g}" for c in ("pool1", "pool2") for g in (2, 4, 8)]

@@ -47,6 +47,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="digitnet: keep the compressor set in DIR")
     parser.add_argument("--separate", action="store_true",
                         help="digitnet: also fine-tune each compressor alone (slow)")
+    parser.add_argument("--freeze-backbone", action="store_true",
+                        help="digitnet: train the compressors only (the backbone stays the "
+                        "zoo model)")
     parser.add_argument("--fps", type=float, default=30.0,
                         help="pipeline compute bound and input rate for the bandwidth "
                         "thresholds (frames/s, default %(default)s)")
@@ -61,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model == "digitnet":
         return _run_set(args)
-    if args.out is not None or args.separate:
-        raise InputError("--out and --separate apply to --model digitnet only")
+    if args.out is not None or args.separate or args.freeze_backbone:
+        raise InputError("--out, --separate and --freeze-backbone apply to --model digitnet "
+                         "only")
     require_torch()
     from coinf.models.compressors import FINETUNE_EPOCHS, GAMMAS, LENET_CUTS
 
@@ -118,12 +122,14 @@ def _run_set(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="coinf-set-") as tmp:
         t0 = time.perf_counter()
         index = export_set(args.out or Path(tmp), cuts=cuts, gammas=gammas, epochs=epochs,
-                           packings=packs, progress=progress)
+                           packings=packs, freeze_backbone=args.freeze_backbone,
+                           progress=progress)
         result: dict[str, Any] = {
             "model": "digitnet", "test_images": index["test_images"],
             "base_accuracy": index["original_accuracy"],
             "backbone_accuracy": index["base_accuracy"]["raw"], "fine_tune_epochs": epochs,
-            "fine_tuning": "joint, quantization-aware",
+            "fine_tuning": "joint, quantization-aware" + (
+                ", backbone frozen" if args.freeze_backbone else ""),
             "model_flops": index["compressors"][0]["model_flops"],
             "seconds": round(time.perf_counter() - t0, 1), "rows": set_rows(index, packs)}
         if args.separate:
@@ -132,7 +138,8 @@ def _run_set(args: argparse.Namespace) -> int:
                 for gamma in gammas:
                     progress(f"separate fine-tuning of {cut} gamma {gamma}")
                     one = export_set(Path(tmp) / f"{cut}-g{gamma}", cuts=[cut], gammas=[gamma],
-                                     epochs=epochs, packings=packs, progress=progress)
+                                     epochs=epochs, packings=packs, progress=progress,
+                                     freeze_backbone=args.freeze_backbone)
                     rows += [r for r in set_rows(one, packs) if r["gamma"] != 1]
             result["separate_rows"] = rows
     result["targets"] = targets(result["rows"])

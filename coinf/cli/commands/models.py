@@ -47,6 +47,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--packings", default=None,
                    help="packings whose accuracy is measured (default: raw,q8,q4,q2,qz4,qz2)")
     c.add_argument("--epochs", type=int, default=None, help="joint fine-tuning epochs (default 15)")
+    c.add_argument("--freeze-backbone", action="store_true",
+                   help="train the compressors only (the backbone stays the zoo model)")
     c.set_defaults(func=_compressors)
 
     def usage(args: argparse.Namespace) -> int:
@@ -149,7 +151,7 @@ def _compressors(args: argparse.Namespace) -> int:
 
     index = export_set(args.out, cuts=cuts, gammas=gammas,
                        epochs=FINETUNE_EPOCHS if args.epochs is None else args.epochs,
-                       packings=packings or PACKINGS,
+                       packings=packings or PACKINGS, freeze_backbone=args.freeze_backbone,
                        progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"{args.out}: backbone.onnx and {len(index['compressors'])} compressors "
           f"(index.json; base accuracy {index['base_accuracy']['raw']:.4f})")

@@ -250,3 +250,34 @@ def test_committed_backbone_splits_with_a_candidate_at_every_cut(tmp_path: Path)
     for cut, plain in index["cuts"].items():
         (tensor,) = crossings[(cut,)].crossing
         assert list(tensor.shape) == plain["shape"]
+
+
+def _weights(path: Path) -> list[np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(path))
+    init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    return [init[n.input[1]] for n in proto.graph.node if n.op_type in ("Conv", "Gemm")]
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_export_set_fine_tunes_the_backbone_unless_frozen(freeze: bool, tmp_path: Path) -> None:
+    from coinf.models.compressor_set import export_set
+    from coinf.models.zoo import committed_path
+
+    index = export_set(tmp_path, cuts=["pool2"], gammas=[8], epochs=1, packings=["raw"],
+                       train_limit=32, test_limit=4, freeze_backbone=freeze)
+    assert index["fine_tuning"]["freeze_backbone"] is freeze
+    new, old = _weights(tmp_path / "backbone.onnx"), _weights(committed_path("digitnet"))
+    same = [np.array_equal(a, b) for a, b in zip(new, old, strict=True)]
+    assert all(same) if freeze else not any(same)
+
+
+def test_committed_set_backbone_was_fine_tuned() -> None:
+    from coinf.models.zoo import committed_path
+
+    index = json.loads((SET_DIR / "index.json").read_text())
+    assert index["fine_tuning"]["freeze_backbone"] is False
+    new, old = _weights(SET_DIR / "backbone.onnx"), _weights(committed_path("digitnet"))
+    assert not any(np.array_equal(a, b) for a, b in zip(new, old, strict=True))

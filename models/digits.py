@@ -1,7 +1,8 @@
 """scikit-learn's handwritten digits as a deterministic train/val/test split (no network needed).
 
 The 8x8 images (values 0..16) are scaled to [0, 1] and bilinearly upsampled to 28x28 with a fixed
-interpolation matrix, so the arrays are shaped like the ``lenet_digits`` input (N, 1, 28, 28).
+interpolation matrix, so the arrays are shaped like the ``lenet_digits`` input (N, 1, 28, 28)
+(or to 32x32 for ``digitnet``: ``digits_data(size=32)``, same split).
 Needs numpy and scikit-learn only (no torch).
 """
 
@@ -49,13 +50,15 @@ def upsample(images: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
     return out.astype(np.float32).reshape(n, 1, size, size)
 
 
-def digits_data(seed: int = DIGITS_SEED) -> DigitsSplit:
-    """The stratified 60/20/20 split of the 1,797 sklearn digits, same arrays on every call."""
+def digits_data(seed: int = DIGITS_SEED, size: int = IMAGE_SIZE) -> DigitsSplit:
+    """The stratified 60/20/20 split of the 1,797 sklearn digits, same arrays on every call;
+    ``size`` is the side of the upsampled images (28 for ``lenet_digits``, 32 for ``digitnet``);
+    the split does not depend on it."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     data = load_digits()
-    x = upsample(np.asarray(data.images, dtype=np.float64) / 16.0)
+    x = upsample(np.asarray(data.images, dtype=np.float64) / 16.0, size)
     y = np.asarray(data.target, dtype=np.int64)
     idx = np.arange(len(y))
     train_idx, rest = train_test_split(

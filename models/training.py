@@ -24,32 +24,34 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     return float((pred == y).mean())
 
 
-def train_digits(model: nn.Module, seed: int) -> tuple[dict[str, Any], float]:
-    """Train ``model`` in place on the digits split with Adam; return (metrics, seconds taken).
+def train_digits(model: nn.Module, seed: int, *, size: int = 28, epochs: int = EPOCHS,
+                 batch: int = BATCH, lr: float = LEARNING_RATE) -> tuple[dict[str, Any], float]:
+    """Train ``model`` in place on the digits split (images upsampled to ``size``) with Adam;
+    return (metrics, seconds taken).
 
     Single thread, deterministic algorithms and a seeded shuffle make the result repeatable on a
     given machine (see docs/MODELS.md for why other CPUs may differ in the last bits).
     """
-    data = digits_data()
+    data = digits_data(size=size)
     gen = torch.Generator().manual_seed(seed)
     x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, EPOCHS)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
     start = time.perf_counter()
-    for _ in range(EPOCHS):
+    for _ in range(epochs):
         model.train()
         order = torch.randperm(len(y_train), generator=gen)
-        for i in range(0, len(order), BATCH):
-            batch = order[i : i + BATCH]
+        for i in range(0, len(order), batch):
+            part = order[i : i + batch]
             opt.zero_grad()
-            loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss = F.cross_entropy(model(x_train[part]), y_train[part])
             loss.backward()
             opt.step()
         sched.step()
     seconds = time.perf_counter() - start
     model.eval()
     metrics = {
-        "dataset": "sklearn.datasets.load_digits upsampled to 28x28 (models.digits)",
+        "dataset": f"sklearn.datasets.load_digits upsampled to {size}x{size} (models.digits)",
         "split_seed": data.seed,
         "split_sizes": {
             "train": len(data.y_train),
@@ -57,9 +59,9 @@ def train_digits(model: nn.Module, seed: int) -> tuple[dict[str, Any], float]:
             "test": len(data.y_test),
         },
         "train_seed": seed,
-        "epochs": EPOCHS,
-        "batch": BATCH,
-        "optimizer": f"Adam lr={LEARNING_RATE} cosine",
+        "epochs": epochs,
+        "batch": batch,
+        "optimizer": f"Adam lr={lr} cosine",
         "train_accuracy": round(accuracy(model, data.x_train, data.y_train), 6),
         "val_accuracy": round(accuracy(model, data.x_val, data.y_val), 6),
         "test_accuracy": round(accuracy(model, data.x_test, data.y_test), 6),

@@ -82,6 +82,14 @@ def _trained_lenet(large: bool) -> Built:
     return model, metrics
 
 
+def _trained_digitnet(large: bool) -> Built:
+    from coinf.models.digitnet import train_digitnet
+
+    model, metrics, seconds = train_digitnet(SEED)
+    _progress(f"  trained in {seconds:.1f} s, test accuracy {metrics['test_accuracy']:.4f}")
+    return model, metrics
+
+
 def _img(size: int) -> tuple[InputSpec, ...]:
     return (InputSpec("image", (1, 3, size, size)),)
 
@@ -155,6 +163,13 @@ _SPECS = [
         (InputSpec("words", (1, 5), "int64", 3000), InputSpec("caps", (1, 5), "int64", 5)),
         (InputSpec("words", (1, 5), "int64", 130000), InputSpec("caps", (1, 5), "int64", 5)),
         _arch("make_senna_mlp", embeddings=True),
+    ),
+    ModelSpec(
+        "digitnet", "VGG", ("streaming-CNN",),
+        "VGG-like CNN (8 conv) trained on sklearn digits upsampled to 32x32 outside the model; "
+        "cuts at its pools (32x16x16, 64x8x8) take the compressors of models/compressor_set.py",
+        (InputSpec("image", (1, 1, 32, 32)),), (InputSpec("image", (1, 1, 32, 32)),),
+        _trained_digitnet, trained=True,
     ),
 ]  # fmt: skip
 

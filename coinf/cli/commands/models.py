@@ -1,5 +1,6 @@
-"""``coinf models list``, ``coinf models build NAME|--all [--large] --out DIR`` and
-``coinf models prune [MODEL] --out FILE`` (SMCD group-lasso pruning of a LeNet).
+"""``coinf models list``, ``coinf models build NAME|--all [--large] --out DIR``,
+``coinf models prune [MODEL] --out FILE`` (SMCD group-lasso pruning of a LeNet) and
+``coinf models compressors -o DIR`` (a jointly fine-tuned compressor set of ``digitnet``).
 
 Listing reads the committed ONNX files with onnx only; torch is imported when building.
 """
@@ -34,6 +35,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=30, help="sparsifying epochs")
     p.add_argument("--finetune-epochs", type=int, default=20, help="fine-tuning epochs")
     p.set_defaults(func=_prune)
+    c = sub.add_parser("compressors", help="a compressor set: Table-I autoencoders at the cuts of "
+                                           "the digit CNN, fine-tuned jointly with one backbone "
+                                           "and quantization-aware codes (needs torch; "
+                                           "docs/PIPELINE.md)")
+    c.add_argument("-o", "--out", required=True, type=Path, metavar="DIR",
+                   help="directory to write backbone.onnx, <cut>-g<N>.enc/dec.onnx, index.json")
+    c.add_argument("--model", default="digitnet", help="backbone (only digitnet has sets)")
+    c.add_argument("--cuts", default="pool1,pool2", help="cuts (default %(default)s)")
+    c.add_argument("--gammas", default="2,4,8", help="compression ratios (default %(default)s)")
+    c.add_argument("--packings", default=None,
+                   help="packings whose accuracy is measured (default: raw,q8,q4,q2,qz4,qz2)")
+    c.add_argument("--epochs", type=int, default=None, help="joint fine-tuning epochs (default 15)")
+    c.add_argument("--freeze-backbone", action="store_true",
+                   help="train the compressors only (the backbone stays the zoo model)")
+    c.set_defaults(func=_compressors)
 
     def usage(args: argparse.Namespace) -> int:
         parser.print_help()
@@ -87,6 +103,58 @@ def _build(args: argparse.Namespace) -> int:
             name, args.out, large=args.large, progress=lambda m: print("  " + m, file=sys.stderr)
         )
         print(path)
+    return 0
+
+
+def parse_set_args(cuts: str, gammas: str, packings: str | None
+                   ) -> tuple[list[str], list[int], list[str] | None]:
+    """Validated ``--cuts``, ``--gammas``, ``--packings`` of a digitnet compressor set."""
+    from coinf.ble_protocol.packing import PackSpec
+
+    known_cuts, known_gammas = ("pool1", "pool2"), (2, 4, 8)
+    cut_list = [c.strip() for c in cuts.split(",") if c.strip()]
+    if not cut_list or any(c not in known_cuts for c in cut_list):
+        raise UserError(f"--cuts {cuts!r}: expected a comma-separated list of "
+                        f"{', '.join(known_cuts)}")
+    try:
+        gamma_list = [int(g) for g in gammas.split(",") if g.strip()]
+    except ValueError:
+        gamma_list = []
+    if not gamma_list or any(g not in known_gammas for g in gamma_list):
+        raise UserError(f"--gammas {gammas!r}: expected a comma-separated list of 2, 4, 8")
+    if packings is None:
+        return cut_list, gamma_list, None
+    pack_list = [p.strip() for p in packings.split(",") if p.strip()]
+    for p in pack_list:
+        try:
+            PackSpec.parse(p)
+        except ValueError as exc:
+            raise UserError(f"--packings: {exc}") from None
+    if not pack_list:
+        raise UserError("--packings is empty; expected e.g. raw,q4,q2")
+    return cut_list, gamma_list, pack_list
+
+
+def _compressors(args: argparse.Namespace) -> int:
+    from coinf.models.zoo import require_torch
+
+    if args.model != "digitnet":
+        raise UserError(f"--model {args.model!r}: only 'digitnet' has compressor sets (the "
+                        "LeNet compressors are per gamma: `coinf bench compress --model lenet`)")
+    cuts, gammas, packings = parse_set_args(args.cuts, args.gammas, args.packings)
+    if args.epochs is not None and args.epochs < 0:
+        raise UserError(f"--epochs {args.epochs}: expected a count >= 0")
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} exists and is not a directory")
+    require_torch()
+    from coinf.models.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
+
+    index = export_set(args.out, cuts=cuts, gammas=gammas,
+                       epochs=FINETUNE_EPOCHS if args.epochs is None else args.epochs,
+                       packings=packings or PACKINGS, freeze_backbone=args.freeze_backbone,
+                       progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"{args.out}: backbone.onnx and {len(index['compressors'])} compressors "
+          f"(index.json; base accuracy {index['base_accuracy']['raw']:.4f})")
     return 0
 
 

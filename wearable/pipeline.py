@@ -224,6 +224,9 @@ class PipelineSession:
         self._conns: dict[str, Connection] = {}
         self._dead: dict[str, float] = {}
         self._sent_end: dict[str, float] = {}
+        #: requests on the wearable's own links still waiting for their reply, in issue order
+        self._pending: dict[str, list[tuple[float, int, dict[str, float]]]] = {}
+        self._delivers: set[str] = set()  # links that report when the radio carried a message
         self._untimed: dict[str, int] = {}  # bytes delivered with the message before
         self._min_flops = MIN_SHARE * max(self.bundle.candidates[-1].head.flops, 1)
         self._plan: PipelinePlan | None = None
@@ -433,7 +436,15 @@ class PipelineSession:
         rpc = await conn.client()
         marks: dict[str, float] = {}
         t_send = time.perf_counter()
-        reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
+        pending = self._pending.setdefault(plan.devices[1], [])
+        entry = (t_send, len(payload), marks)
+        pending.append(entry)
+        try:
+            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
+        finally:
+            pending.remove(entry)
+        if "delivered" in marks:
+            self._delivers.add(plan.devices[1])
         send_s = service_time(self._sent_end, plan.devices[1], t_send, marks)
         nbytes = len(payload)
         if "delivered" in marks:  # BLE: one completing with the one before shares its air time
@@ -486,9 +497,29 @@ class PipelineSession:
                 table = self._tables[key] = thresholds(
                     link_options(cand, self.bundle.compressors(cand.id), OVERHEAD_BYTES),
                     compute_fps, input_fps)
-            bw = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
-            out.append(lookup(table, bw))
+            out.append(lookup(table, self.link_bandwidth(receiver)))
         return out
+
+    def link_bandwidth(self, receiver: str) -> float:
+        """The link's bandwidth estimate (B/s), lowered at once when a message on the wearable's
+        own link is overdue: one that has been on the wire for ``elapsed`` s without being
+        taken shows the link carries at most ``bytes / elapsed`` -- a bandwidth drop is seen
+        while the first slow message is still sending, not after its round trip, so the next
+        frames already go compressed instead of queueing more raw tensors behind it."""
+        est = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
+        prev_end = self._sent_end.get(receiver, 0.0)
+        now = time.perf_counter()
+        for t0, nbytes, marks in self._pending.get(receiver, ()):
+            done = marks.get("delivered") if receiver in self._delivers else \
+                marks.get("delivered", marks.get("sent"))
+            if done is not None:
+                prev_end = max(prev_end, done)
+                continue
+            elapsed = now - max(t0, prev_end)
+            if elapsed > 2 * nbytes / est:  # overdue (2x: no reaction to jitter)
+                return min(est, nbytes / elapsed)
+            break
+        return est
 
     def _observe_link(self, device: str, nbytes: int, seconds: float) -> None:
         if nbytes <= 0:

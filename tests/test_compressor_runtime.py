@@ -535,3 +535,34 @@ def test_plan_pipeline_draws_every_stage(bundle: Bundle, tmp_path: Path,
                zip(links, [b for b in bars if b[2] == "link"], strict=True))
     assert main(["plan", str(bundle.root), "--pipeline", str(config), "--png",
                  str(tmp_path)]) == 2
+
+
+def test_an_overdue_message_lowers_the_links_bandwidth_at_once(bundle: Bundle) -> None:
+    """A message on the wearable's own link that is still unsent long after the estimate
+    says it should have gone bounds the bandwidth by bytes / elapsed; a sent one, or one
+    not yet overdue, leaves the estimate alone."""
+    import time
+
+    helpers = [Helper("h1", "tcp:127.0.0.1:9", 1e6), Helper("h2", "tcp:127.0.0.1:9", 1e6)]
+    sess = PipelineSession(bundle, helpers, packing="auto")
+    assert sess.link_bandwidth("h1") == pytest.approx(1e6)
+    now = time.perf_counter()
+    sess._pending["h1"] = [(now - 1.0, 20_000, {})]  # 20 kB unsent after 1 s: <= 20 kB/s
+    assert sess.link_bandwidth("h1") == pytest.approx(20_000, rel=0.05)
+    sess._pending["h1"] = [(now - 1.0, 20_000, {"sent": now - 0.9}),  # gone: not evidence
+                           (now - 0.001, 20_000, {})]                 # just started
+    assert sess.link_bandwidth("h1") == pytest.approx(1e6)
+    sess._pending["h1"] = [(now - 1.0, 20_000, {"sent": now - 0.9}),
+                           (now - 1.0, 20_000, {})]  # waited behind the first, then 0.9 s
+    assert sess.link_bandwidth("h1") == pytest.approx(20_000 / 0.9, rel=0.05)
+    # the choice follows: at a fast estimate raw, with an overdue message a compressor's code
+    ids = [c.id for c in bundle.candidates]
+    cut = next(i for i in ids if bundle.compressors(i))
+    fixed = PipelineSession(bundle, helpers, packing="auto", cuts=[cut, ids[ids.index(cut) + 1]],
+                            wearable_speed_flops=1e9)
+    fixed._bw["h1"].value = 1e9
+    plan = fixed.plan()
+    assert plan is not None and plan.cuts[0] == cut
+    assert fixed.link_choices(plan)[0].gamma == 1
+    fixed._pending["h1"] = [(time.perf_counter() - 5.0, 100_000, {})]  # <= 20 kB/s
+    assert fixed.link_choices(plan)[0].gamma > 1

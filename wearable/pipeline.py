@@ -236,6 +236,8 @@ class PipelineSession:
         self.adaptive = True
         #: use at most this many devices (the wearable included; None: every helper alive)
         self.max_devices: int | None = None
+        #: weigh slices by their in-context time on this device (one profiled run), not FLOPs
+        self.weigh_by_time = True
         #: use every device the cuts allow, even when fewer would have a shorter bottleneck
         #: (tests and benchmarks of a K-device pipeline)
         self.all_devices = False
@@ -265,7 +267,30 @@ class PipelineSession:
     def _bandwidths(self, devices: Sequence[str]) -> list[float]:
         return [self._bw[d].value or DEFAULT_BANDWIDTH_BPS for d in devices[1:]]
 
+    def _weigh_slices(self) -> None:
+        """Weigh each cut by measured time, not FLOPs: one profiled run of the whole model on
+        this device gives every node's time in context (:mod:`coinf.device.incontext`); a cut's
+        work is the model's FLOPs times its head's share of that time. A convolution can run
+        several times faster per FLOP than another, so FLOPs alone balance stages badly; the
+        devices' speeds are then measured in these units too."""
+        from coinf.device.incontext import profile_in_context
+
+        try:
+            nodes = profile_in_context(self.bundle.model_path, "all", 1, 2, 5).nodes
+        except Exception as exc:
+            log.info("pipeline: slices weighed by FLOPs (profiling failed: %s)", exc)
+            return
+        total_ms = sum(nodes.values())
+        total_flops = float(self.bundle.candidates[-1].head.flops)
+        if not total_ms > 0 or not total_flops > 0:
+            return
+        self._flops = {c.id: total_flops * sum(nodes.get(n, 0.0) for n in c.head.nodes)
+                       / total_ms for c in self.bundle.candidates}
+        self._flops[self.bundle.candidates[-1].id] = total_flops
+
     def _measure_wearable(self) -> None:
+        if self.weigh_by_time:
+            self._weigh_slices()
         cand = self.bundle.candidates[-1]
         rng = np.random.default_rng(0)
         feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype)
@@ -273,18 +298,21 @@ class PipelineSession:
                  for t in self.bundle.inputs}
         self._slices.run_slice(cand, "head", feeds)  # warm-up (session creation)
         _, elapsed = self._slices.run_slice(cand, "head", feeds)
-        self._speed[WEARABLE].add(cand.head.flops / max(elapsed, 1e-6))
+        self._speed[WEARABLE].add(self._flops[cand.id] / max(elapsed, 1e-6))
 
     def priced_points(self) -> list[CutPoint]:
-        """The DP's cuts. With ``packing="auto"`` each cut costs its cheapest encoding within
+        """The DP's cuts, each weighed by its measured work (:meth:`_weigh_slices`). With
+        ``packing="auto"`` each cut costs its cheapest encoding within
         ``dp_tolerance`` of its most accurate one (a packing or a compressor's code), so a slow
         link draws the cut to where a compressor shrinks it; else its raw bytes."""
+        points = [dataclasses.replace(p, flops=self._flops.get(p.id, p.flops))
+                  for p in self.points]
         if not self.auto_packing:
-            return self.points
+            return points
         cands = {c.id: c for c in self.bundle.candidates}
         return [dataclasses.replace(p, nbytes=cheapest_bytes(link_options(
             cands[p.id], self.bundle.compressors(p.id), OVERHEAD_BYTES), self.dp_tolerance))
-            for p in self.points]
+            for p in points]
 
     def plan(self, force: bool = False) -> PipelinePlan | None:
         """The split in use (re-made when the devices or their measurements moved); ``None``
@@ -407,8 +435,8 @@ class PipelineSession:
                 self._head_pool, self._slices.run_slice, first, "head", feeds)
             crossing = {t.name: produced[t.name] if t.name in produced else feeds[t.name]
                         for t in first.crossing}
-            if first.head.flops >= self._min_flops and own_s > 0:
-                self._speed[WEARABLE].add(first.head.flops / own_s)
+            if self._flops[first.id] >= self._min_flops and own_s > 0:
+                self._speed[WEARABLE].add(self._flops[first.id] / own_s)
         choices = (self.link_choices(plan) if self.auto_packing
                    else [Option(1, str(self.packing), 1.0, 1.0)]
                    + [Option(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))

@@ -566,3 +566,20 @@ def test_an_overdue_message_lowers_the_links_bandwidth_at_once(bundle: Bundle) -
     assert fixed.link_choices(plan)[0].gamma == 1
     fixed._pending["h1"] = [(time.perf_counter() - 5.0, 100_000, {})]  # <= 20 kB/s
     assert fixed.link_choices(plan)[0].gamma > 1
+
+
+def test_slices_are_weighed_by_their_measured_time(bundle: Bundle) -> None:
+    helpers = [Helper("h1", "tcp:127.0.0.1:9", 1e9), Helper("h2", "tcp:127.0.0.1:9", 1e9)]
+    timed = PipelineSession(bundle, helpers)
+    assert timed.plan() is not None  # measures (and profiles) this machine as the wearable
+    flops = PipelineSession(bundle, helpers)
+    flops.weigh_by_time = False
+    assert flops.plan() is not None
+    by_time, by_flops = timed.priced_points(), flops.priced_points()
+    total = float(bundle.candidates[-1].head.flops)
+    assert by_time[-1].flops == pytest.approx(total) == by_flops[-1].flops
+    assert [p.flops for p in by_flops] == [float(c.head.flops) for c in bundle.candidates]
+    # LeNet's cuts are a chain: work only grows along it
+    assert all(a.flops <= b.flops + 1e-6 for a, b in zip(by_time, by_time[1:]))
+    # and it is not the FLOPs again (pooling and the small layers cost more than their FLOPs)
+    assert any(abs(a.flops - b.flops) > 0.05 * total for a, b in zip(by_time, by_flops))

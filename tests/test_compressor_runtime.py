@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -580,6 +581,7 @@ def test_slices_are_weighed_by_their_measured_time(bundle: Bundle) -> None:
     assert by_time[-1].flops == pytest.approx(total) == by_flops[-1].flops
     assert [p.flops for p in by_flops] == [float(c.head.flops) for c in bundle.candidates]
     # LeNet's cuts are a chain: work only grows along it
-    assert all(a.flops <= b.flops + 1e-6 for a, b in zip(by_time, by_time[1:]))
+    assert all(a.flops <= b.flops + 1e-6 for a, b in itertools.pairwise(by_time))
     # and it is not the FLOPs again (pooling and the small layers cost more than their FLOPs)
-    assert any(abs(a.flops - b.flops) > 0.05 * total for a, b in zip(by_time, by_flops))
+    assert any(abs(a.flops - b.flops) > 0.05 * total
+               for a, b in zip(by_time, by_flops, strict=True))

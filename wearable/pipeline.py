@@ -212,7 +212,7 @@ class PipelineSession:
         #: with ``packing="auto"`` the DP prices a cut by its smallest option whose accuracy is
         #: within this (relative) of the cut's most accurate option
         self.dp_tolerance = DP_TOLERANCE
-        self._flops = {c.id: c.head.flops for c in self.bundle.candidates}
+        self._flops: dict[str, float] = {c.id: float(c.head.flops) for c in self.bundle.candidates}
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=8)
         self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-pipe-head")
         self.codecs = CodecRunner(self.bundle, self.emulation.session_options())

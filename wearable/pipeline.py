@@ -27,7 +27,6 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.messages import MsgType, encode_request
 from coinf.ble_protocol.packing import PackSpec, pack_tensors
 from coinf.ble_protocol.route import (
-    Hop,
     decode_stage_result,
     encode_route,
     failed_hop,
@@ -52,6 +50,7 @@ from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
 from coinf.wearable.pipeline_config import Helper, load_helpers
+from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Stage
 from coinf.wearable.planner.compress_select import (
     Option,
@@ -87,68 +86,6 @@ OVERHEAD_BYTES = 96.0
 DP_TOLERANCE = 0.01
 #: fewer devices are used only when their bottleneck is this much shorter (no churn on noise)
 FEWER_MARGIN = 0.05
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    """Stages over devices (the first is this wearable) and the split's predicted times."""
-
-    devices: tuple[str, ...]
-    split: PipelineSplit
-    stages: tuple[Stage, ...]
-
-    @property
-    def cuts(self) -> tuple[str, ...]:
-        return self.split.cuts
-
-    @property
-    def hops(self) -> tuple[Hop, ...]:
-        """The route the first helper receives (every stage after the wearable's)."""
-        return tuple(Hop(s.device, *s.slice.split("..")) for s in self.stages[1:])
-
-    def rows(self, options: Sequence[Option | str] | str = "raw") -> list[dict[str, Any]]:
-        """One row per stage, for ``coinf plan``: device, slice, compute, link to the next and
-        what that link carries (``options``: one per link, e.g. :meth:`PipelineSession.
-        link_choices`; a string: the first link's packing, the others raw)."""
-        if isinstance(options, str):
-            options = [options] + ["raw"] * (len(self.split.link_s) - 1)
-        out = []
-        for i, st in enumerate(self.stages):
-            link = self.split.link_s[i] * 1e3 if i < len(self.split.link_s) else None
-            opt = options[i] if link is not None else None
-            out.append({"device": st.device, "slice": st.slice, "runtime": st.runtime,
-                        "compute_ms": round(self.split.compute_s[i] * 1e3, 3),
-                        "link_ms": None if link is None else round(link, 3),
-                        "compressor": option_label(opt) if opt is not None else None,
-                        "link_bytes": int(opt.nbytes) if isinstance(opt, Option) else None})
-        return out
-
-    def __str__(self) -> str:
-        return " -> ".join(map(str, self.stages))
-
-
-@dataclass
-class PipelineStats:
-    """What one frame did: the plan's devices, each device's compute and each link's time."""
-
-    devices: tuple[str, ...] = ()
-    cuts: tuple[str, ...] = ()
-    compute_ms: list[float] = field(default_factory=list)
-    link_ms: list[float] = field(default_factory=list)
-    total_ms: float = 0.0
-    retries: int = 0
-    local: bool = False
-    packing: list[str] = field(default_factory=list)  # per link
-    first_link: str = ""  # the connector the wearable reached the first helper with
-    #: per link, the compressor's gamma (1: none; ``packing`` then applies to its code)
-    gamma: list[int] = field(default_factory=list)
-
-    @property
-    def options(self) -> list[str]:
-        """Per link, what it carried: ``raw``, ``q8``, ``g4``, ``g4+q8``."""
-        return [option_label(Option(g, p, 1.0, 1.0))
-                for g, p in zip(self.gamma or [1] * len(self.packing), self.packing,
-                                strict=True)]
 
 
 class _Ewma:

@@ -10,7 +10,7 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 # (bench name, module, help). Each module defines register(parser) which sets func.
@@ -62,3 +62,26 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 10.0
 def progress(message: str) -> None:
     """Progress goes to stderr so stdout stays pure JSON."""
     print(message, file=sys.stderr, flush=True)
+
+
+async def realtime(run: Callable[[Any], Awaitable[Any]], frames: list[Any], n: int, rate: float,
+                   depth: int) -> float:
+    """Feed ``run`` a frame every 1/rate s; one that finds ``depth`` frames in flight is
+    dropped (paper 002, §III: a dropped frame counts as misclassified). The fraction
+    delivered."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    inflight: set[asyncio.Future[Any]] = set()
+    dropped = 0
+    t0 = loop.time()
+    for i in range(n):
+        await asyncio.sleep(max(t0 + i / rate - loop.time(), 0.0))
+        if len(inflight) >= depth:
+            dropped += 1
+            continue
+        task = asyncio.ensure_future(run(frames[i % len(frames)]))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+    await asyncio.gather(*inflight)
+    return (n - dropped) / n

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from coinf.cli.bench import emit, median, progress, stop_processes
+from coinf.cli.bench import emit, median, progress, realtime, stop_processes
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -193,7 +193,7 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
                                 efficiencies.append(fps * slowest / 1000.0)
                         progress(f"batch {r + 1}/{args.repeats} {name}-device: {fps:.1f} fps "
                                  f"({sess.plan()})")
-                realtime: dict[str, Any] = {}
+                live: dict[str, Any] = {}
                 if args.rate > 0:
                     for name, sess in (("devices", full), ("two_devices", two)):
                         progress(f"real-time source at {args.rate:g} Hz: {name} ...")
@@ -201,9 +201,9 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
                         stages = 2 * len(p.devices) - 1 if p is not None else 1
                         # a real-time pipeline holds one frame per stage: a deeper buffer
                         # only delays the drops of a short run
-                        delivered = await _realtime(sess, frames, 2 * args.frames, args.rate,
-                                                    stages)
-                        realtime[name] = {
+                        delivered = await realtime(sess.run, frames, 2 * args.frames,
+                                                   args.rate, stages)
+                        live[name] = {
                             "delivered_fraction": round(delivered, 3),
                             "effective_accuracy": round(delivered * args.accuracy, 4)}
                 plan = full.plan()
@@ -234,8 +234,8 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
             "two_device_cuts": list(two_plan.cuts),
             "two_device_fps": round(fps_2, 2),
             "speedup_vs_two_devices": round(fps_k / fps_2, 3),
-            **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **realtime}}
-               if realtime else {}),
+            **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **live}}
+               if live else {}),
             "runs_fps": {"devices": [round(v, 2) for v in runs["K"]],
                          "two_devices": [round(v, 2) for v in runs["2"]]},
             "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
@@ -360,26 +360,6 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
                                wearable_link=e.get("wearable_link")) for e in entries]
     finally:
         stop_processes(procs)
-
-
-async def _realtime(sess: Any, frames: list[dict[str, Any]], n: int, rate: float,
-                    depth: int) -> float:
-    """Frames generated every 1/rate s; one that finds ``depth`` frames in flight is dropped
-    (paper 002, §III: a dropped frame counts as misclassified). The fraction delivered."""
-    loop = asyncio.get_running_loop()
-    inflight: set[asyncio.Future[Any]] = set()
-    dropped = 0
-    t0 = loop.time()
-    for i in range(n):
-        await asyncio.sleep(max(t0 + i / rate - loop.time(), 0.0))
-        if len(inflight) >= depth:
-            dropped += 1
-            continue
-        task = asyncio.ensure_future(sess.run(frames[i % len(frames)]))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-    await asyncio.gather(*inflight)
-    return (n - dropped) / n
 
 
 def _stage_ms(stats: Any) -> list[float]:

@@ -18,13 +18,12 @@ accuracies from the set's index, on its test set).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from coinf.cli.bench import progress
+from coinf.cli.bench import progress, realtime
 from coinf.errors import InputError
 
 
@@ -69,10 +68,7 @@ def _accuracy(bundle: Any, cut: str, gamma: int, packing: str) -> float | None:
 async def _phase(sess: Any, bundle: Any, frames: list[Any], n: int, rate: float,
                  depth: int, base: float) -> dict[str, Any]:
     """Frames every 1/rate s; one that finds ``depth`` frames in flight is dropped."""
-    loop = asyncio.get_running_loop()
-    inflight: set[asyncio.Future[Any]] = set()
     used: list[tuple[float, list[str]]] = []
-    dropped = 0
 
     async def one(feed: Any) -> None:
         await sess.run(feed)
@@ -84,18 +80,9 @@ async def _phase(sess: Any, bundle: Any, frames: list[Any], n: int, rate: float,
                 acc = min(acc, a) if a is not None else acc
         used.append((acc, st.options if st is not None and not st.local else ["local"]))
 
-    t0 = loop.time()
-    for i in range(n):
-        await asyncio.sleep(max(t0 + i / rate - loop.time(), 0.0))
-        if len(inflight) >= depth:
-            dropped += 1
-            continue
-        task = asyncio.ensure_future(one(frames[i % len(frames)]))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-    await asyncio.gather(*inflight)
+    delivered = await realtime(one, frames, n, rate, depth)
     counts = collections.Counter("/".join(o) for _, o in used)
-    return {"delivered_fraction": round((n - dropped) / n, 3),
+    return {"delivered_fraction": round(delivered, 3),
             "effective_accuracy": round(sum(a for a, _ in used) / n, 4),
             "options": dict(counts.most_common())}
 

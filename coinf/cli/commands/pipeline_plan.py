@@ -40,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.planner.strategy import choose, compare
 
     devices = ["wearable", *(h.name for h in helpers)]
-    options = compare(sess.priced_points(), devices, sess._speeds(devices), sess._bandwidths(devices),
-                      [h.latency_s for h in helpers], sess._result_bytes, bundle.model_path)
+    options = compare(sess.priced_points(), devices, sess._speeds(devices),
+                      sess._bandwidths(devices), [h.latency_s for h in helpers],
+                      sess._result_bytes, bundle.model_path)
     objective = "throughput" if args.objective == "throughput" else "latency"
     best, why = choose(options, objective)
     out: dict[str, Any] = {

@@ -103,3 +103,25 @@ def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> Non
     assert lstm[0].op_type not in pred.boosted_ops
     assert pred.node_ms(*lstm) == pytest.approx(pred.law_ms(*lstm))
     assert len(node_vector(*lstm)) == pred.boosted.features
+
+
+def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:
+    from coinf.device.slicepred import SliceSample, profiler_inflation
+
+    fm = model_features(random_network(5))
+    names = list(fm)
+    nodes = [NodeSample("m", f, g, 0.004) for f, g in fm.values()]  # 4 us each, profiled
+    whole_ms = 0.003 * len(nodes)  # unprofiled, the whole model runs 1 us faster per kernel
+    whole = SliceSample("m", "c000.tail", tuple(names), len(nodes), 0.0, whole_ms)
+    part = SliceSample("m", "c001.tail", tuple(names[1:]), len(nodes) - 1, 0.0, whole_ms / 2)
+    assert profiler_inflation(nodes, [part, whole]) == pytest.approx(0.001)
+    assert profiler_inflation(nodes, [part]) == 0.0  # no slice holds every node: unknown
+    faster = [SliceSample("m", "c000.tail", tuple(names), len(nodes), 0.0, 0.005 * len(nodes))]
+    assert profiler_inflation(nodes, faster) == 0.0  # never negative
+    pred = SlicePredictor.train(nodes, [whole], {"m": fm})
+    assert pred.profiler_ms == pytest.approx(0.001)
+    obj = pred.to_json()
+    assert SlicePredictor.from_json(obj).profiler_ms == pytest.approx(0.001)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="profiler_ms"):
+            SlicePredictor.from_json({**obj, "profiler_ms": bad})

@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
           "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
                                               for r in rows if r["measured_ms"] > 0])
                                    for s in STYLES},
-          "incontext_constants": {"scale": ctx.scale, "c0_ms": ctx.c0,
+          "incontext_constants": {"scale": ctx.scale, "profiler_ms": ctx.profiler_ms,
+                                  "c0_ms": ctx.c0,
                                   "c_kernel_ms": ctx.c_kernel, "c_io_ms_per_mb": ctx.c_io,
                                   "c_reorder_ms": ctx.c_reorder,
                                   "c_copy_ms_per_melem": ctx.c_copy},

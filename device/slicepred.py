@@ -12,7 +12,8 @@ A slice's time at ``ORT_ENABLE_ALL`` is modelled as
   fused into it, fitted on per-node times from onnxruntime's profiler inside whole models
   (:mod:`.incontext`); an op the trees never saw falls back to a power law per *kernel group*
   (the anchor's kind refined by what matters to its kernel), then per kind. Nodes fused into an
-  anchor and metadata ops cost nothing of their own;
+  anchor and metadata ops cost nothing of their own. The profiler's own share of each kernel
+  (:func:`profiler_inflation`, about a microsecond) is taken off every label before fitting;
 * ``kernels``, ``reorders`` and the elements the reorders copy are read from the graph
   onnxruntime really runs for the slice (:mod:`.ortgraph`: no inference needed); the per-run
   constant ``c0``, the costs per kernel, per MB entering and leaving the slice, per reorder and

@@ -22,12 +22,6 @@ CACHE_VERSION = 2  # 2: trimmed-mean node times, optimized-graph kernels per sli
 Features = dict[str, tuple[NodeFeatures, str]]
 
 
-def kernel_count(names: tuple[str, ...],
-                 feats: Mapping[str, tuple[NodeFeatures, str]]) -> int:
-    """Kernels a slice of these nodes is expected to run: its anchors."""
-    return sum(1 for n in names if n in feats)
-
-
 def boundary_mbytes(bundle: Any, cand: Any, side: str) -> float:
     """MB entering and leaving one side of a cut (the layout reorders scale with it)."""
     crossing = sum(t.nbytes for t in cand.crossing)
@@ -50,6 +44,12 @@ class ModelTimings:
         return {"format": CACHE_FORMAT, "version": CACHE_VERSION, "model": self.model,
                 "sha256": self.sha256, "nodes": self.nodes, "slices": self.slices,
                 "run_ms": self.run_ms}
+
+    def slice_samples(self) -> list[SliceSample]:
+        """Every timed slice with its optimized-graph counts."""
+        return [SliceSample(self.model, s["slice"], tuple(s["nodes"]), int(s["kernels"]),
+                            float(s["boundary_mbytes"]), float(s["ms"]), int(s["reorders"]),
+                            float(s["reorder_melems"])) for s in self.slices]
 
     @classmethod
     def from_json(cls, obj: Any) -> ModelTimings:
@@ -97,11 +97,7 @@ def samples(timings: Mapping[str, ModelTimings], models: Mapping[str, onnx.Model
     for m, t in timings.items():
         fm = feats[m]
         nodes += [NodeSample(m, fm[n][0], fm[n][1], ms) for n, ms in t.nodes.items() if n in fm]
-        for s in t.slices:
-            names = tuple(s["nodes"])
-            slices.append(SliceSample(m, s["slice"], names, int(s["kernels"]),
-                                      float(s["boundary_mbytes"]), float(s["ms"]),
-                                      int(s["reorders"]), float(s["reorder_melems"])))
+        slices += t.slice_samples()
     return nodes, slices, feats
 
 
@@ -195,19 +191,16 @@ def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, 
 
 def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
     """Slice constants (:func:`~coinf.device.slicepred.fit_slice_constants`) fitted on the
-    cached slices of ``models`` with their *profiled* node times instead of predicted ones: with
-    a model's own profiled node times, what a perfect node predictor would reach."""
+    cached slices of ``models`` with their *profiled* node times instead of predicted ones: the
+    constants for a predictor that reproduced the profiler exactly."""
     import numpy as np
     from coinf.device.slicepred import fit_slice_constants
 
     sums, slices = [], []
     for m in models:
-        cache = cache_dir / f"{m}.timings.json"
-        t = ModelTimings.from_json(json.loads(cache.read_text()))
-        for s in t.slices:
-            if float(s["ms"]) > 0:
-                sums.append(sum(t.nodes.get(n, 0.0) for n in s["nodes"]))
-                slices.append(SliceSample(m, s["slice"], tuple(s["nodes"]), int(s["kernels"]),
-                                          float(s["boundary_mbytes"]), float(s["ms"]),
-                                          int(s["reorders"]), float(s["reorder_melems"])))
+        t = ModelTimings.from_json(json.loads((cache_dir / f"{m}.timings.json").read_text()))
+        for s in t.slice_samples():
+            if s.ms > 0:
+                sums.append(sum(t.nodes.get(n, 0.0) for n in s.nodes))
+                slices.append(s)
     return fit_slice_constants(np.array(sums), slices)

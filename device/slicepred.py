@@ -180,9 +180,12 @@ class SlicePredictor:
     def node_ms(self, f: NodeFeatures, group: str) -> float:
         if f.op_type in FREE_OPS or f.fused:
             return 0.0
-        if self.boosted is not None and f.op_type in self.boosted_ops:
+        if self._tree_nodes(f) and self.boosted is not None:
             return float(np.exp(self.boosted([node_vector(f, group)])[0]))
         return self.law_ms(f, group)
+
+    def _tree_nodes(self, f: NodeFeatures) -> bool:
+        return self.boosted is not None and f.op_type in self.boosted_ops
 
     def law_ms(self, f: NodeFeatures, group: str) -> float:
         """The power law's time for a node (its group's law, else its kind's, else the
@@ -207,8 +210,7 @@ class SlicePredictor:
         out: dict[str, float] = {}
         batch = [(n, f, g) for n, (f, g) in features.items()
                  if f.op_type not in FREE_OPS and not f.fused]
-        trees = [(n, f, g) for n, f, g in batch
-                 if self.boosted is not None and f.op_type in self.boosted_ops]
+        trees = [(n, f, g) for n, f, g in batch if self._tree_nodes(f)]
         if trees and self.boosted is not None:
             ms = np.exp(self.boosted([node_vector(f, g) for _, f, g in trees]))
             out.update((n, float(v)) for (n, _, _), v in zip(trees, ms, strict=True))

@@ -204,3 +204,40 @@ def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
                 sums.append(sum(t.nodes.get(n, 0.0) for n in s.nodes))
                 slices.append(s)
     return fit_slice_constants(np.array(sums), slices)
+
+
+def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
+                      names: tuple[str, ...] | None = None, sweep_scale: float = 0.2,
+                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
+    model, a predictor trained on every other model (and ``synthetic`` networks profiled once
+    for all) predicts this model's cached slice times. Per model: slices, the fractions within
+    +-10% and +-25%, the median of predicted / measured, and the profiler's surplus per kernel
+    (:func:`~coinf.device.slicepred.profiler_surplus`, µs); ``sweep_scale`` 0 leaves out the
+    single-layer sweep. Quick to iterate on (the slices
+    are not measured again), so it shows a change to the predictor in one number per model;
+    ``coinf bench predict --bundle`` measures every slice anew."""
+    import statistics
+
+    from coinf.device.context_sweep import run_context_sweep
+    from coinf.device.slicepred import leave_one_model_out, profiler_surplus, within
+    from coinf.models import zoo
+
+    names = names or tuple(zoo.ZOO)
+    timings = {n: load_or_measure(n, zoo.committed_path(n), cache_dir, repeats, progress)
+               for n in names}
+    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
+    nodes, slices, feats = samples(timings, models)
+    surplus = profiler_surplus(nodes, slices)
+    syn = run_context_sweep(synthetic, progress=progress) if synthetic > 0 else []
+    extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
+    res = leave_one_model_out(nodes + syn, slices, feats, list(timings), extra)
+    out: dict[str, Any] = {}
+    for m, rows in res.items():
+        pairs = [(p, me) for _, p, me in rows]
+        out[m] = {"slices": len(rows), "within_10pct": within(pairs),
+                  "within_25pct": within(pairs, 0.25),
+                  "median_predicted_over_measured": statistics.median(
+                      p / me for p, me in pairs if me > 0) if pairs else None,
+                  "profiler_surplus_us_per_kernel": surplus[m] * 1e3 if m in surplus else None}
+    return out

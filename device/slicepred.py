@@ -292,24 +292,31 @@ class SlicePredictor:
                    trained_on=[str(m) for m in obj.get("trained_on", [])], ranges=ranges)
 
 
-def profiler_inflation(nodes: Sequence[NodeSample], slices: Sequence[SliceSample]) -> float:
-    """How much the profiler adds to each kernel's time (ms): per model with node samples and
-    a slice of all of them (the whole model), its profiled node times summed minus the whole
-    model's unprofiled time, per kernel; the median over models, 0 when none has both. The
-    profiler wraps every kernel in timestamps (about a microsecond here): on 2 µs kernels
-    that is half the label."""
+def profiler_surplus(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
+                     ) -> dict[str, float]:
+    """Per model with node samples and a slice of all of them (the whole model): its profiled
+    node times summed minus the whole model's unprofiled time, per kernel (ms) -- what the
+    profiler adds to each kernel it times."""
     sums: dict[str, float] = {}
     names: dict[str, set[str]] = {}
     for n in nodes:
         sums[n.model] = sums.get(n.model, 0.0) + n.ms
         names.setdefault(n.model, set()).add(n.features.name)
-    per_kernel = []
+    out = {}
     for m, total in sums.items():
         whole = [s for s in slices if s.model == m and s.ms > 0 and s.kernels > 0
                  and names[m] <= set(s.nodes)]
         if whole:
             w = max(whole, key=lambda s: len(s.nodes))
-            per_kernel.append((total - w.ms) / w.kernels)
+            out[m] = (total - w.ms) / w.kernels
+    return out
+
+
+def profiler_inflation(nodes: Sequence[NodeSample], slices: Sequence[SliceSample]) -> float:
+    """How much the profiler adds to each kernel's time (ms): the median over models of
+    :func:`profiler_surplus`, 0 when no model has one. The profiler wraps every kernel in
+    timestamps (about a microsecond here): on 2 µs kernels that is half the label."""
+    per_kernel = list(profiler_surplus(nodes, slices).values())
     if not per_kernel:
         return 0.0
     return max(float(np.median(per_kernel)), 0.0)

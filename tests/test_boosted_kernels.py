@@ -107,7 +107,7 @@ def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> Non
 
 
 def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:
-    from coinf.device.slicepred import SliceSample, profiler_inflation
+    from coinf.device.slicepred import SliceSample, profiler_inflation, profiler_surplus
 
     fm = model_features(random_network(5))
     names = list(fm)
@@ -116,6 +116,7 @@ def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:
     whole = SliceSample("m", "c000.tail", tuple(names), len(nodes), 0.0, whole_ms)
     part = SliceSample("m", "c001.tail", tuple(names[1:]), len(nodes) - 1, 0.0, whole_ms / 2)
     assert profiler_inflation(nodes, [part, whole]) == pytest.approx(0.001)
+    assert profiler_surplus(nodes, [part, whole]) == {"m": pytest.approx(0.001)}
     assert profiler_inflation(nodes, [part]) == 0.0  # no slice holds every node: unknown
     faster = [SliceSample("m", "c000.tail", tuple(names), len(nodes), 0.0, 0.005 * len(nodes))]
     assert profiler_inflation(nodes, faster) == 0.0  # never negative

@@ -24,6 +24,15 @@ def test_missing_bundle_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) 
     assert "Traceback" not in err and "/nonexistent/bundle" in err
 
 
+def test_bench_predict_wants_a_bundle_or_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["--bundle", "b", "--zoo"]):
+        assert main(["bench", "predict", *argv, "--json"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "--bundle" in err and "--zoo" in err
+    assert main(["bench", "predict", "--zoo", "--synthetic", "-1"]) == 2
+    assert "--synthetic" in capsys.readouterr().err
+
+
 def test_missing_optional_dependency_is_a_one_line_error(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A Pi with only coinf[wearable] gets the extra to install, not a traceback."""

@@ -132,6 +132,23 @@ def test_lomo_can_fail_and_never_sees_the_held_out_model() -> None:
     assert [p for _, p, _ in again["c"]] == pytest.approx([p for _, p, _ in res["c"]])
 
 
+def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> None:
+    """Three real zoo models, measured once into the cache, each predicted by the others."""
+    from coinf.device.context_data import zoo_leave_one_out
+
+    names = ("lenet_digits", "senna_mlp", "digitnet")
+    per = zoo_leave_one_out(tmp_path, repeats=3, synthetic=0, names=names, sweep_scale=0)
+    assert set(per) == set(names)
+    for r in per.values():
+        assert r["slices"] > 0 and 0.0 <= r["within_10pct"] <= r["within_25pct"] <= 1.0
+        assert r["median_predicted_over_measured"] > 0
+        assert r["profiler_surplus_us_per_kernel"] is not None  # every model has a whole slice
+    cached = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")}
+    assert set(cached) == {f"{n}.timings.json" for n in names}
+    assert zoo_leave_one_out(tmp_path, 3, 0, names, 0) == per  # cache read, nothing re-timed
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")} == cached
+
+
 def test_slice_predictor_json_is_validated() -> None:
     nodes, slices, feats = _zoo({"a": 10.0, "b": 10.0})
     pred = SlicePredictor.train(nodes, slices, feats)

@@ -7,7 +7,7 @@ Everything here runs at ``ORT_ENABLE_ALL`` with one intra-op thread -- what a Se
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,19 @@ def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: i
     return [NodeSample("sweep", s.features, group_of(s.features), s.ms) for s in found]
 
 
+def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
+                progress: Callable[[str], None] | None = None,
+                ) -> tuple[list[NodeSample], list[SliceSample], dict[str, Features]]:
+    """:func:`samples` of the zoo models ``names``, their timings read from ``cache_dir`` (or
+    measured into it, :func:`load_or_measure`)."""
+    from coinf.models import zoo
+
+    timings = {n: load_or_measure(n, zoo.committed_path(n), cache_dir, repeats, progress)
+               for n in names}
+    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
+    return samples(timings, models)
+
+
 def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
                  progress: Callable[[str], None] | None = None) -> tuple[Any, list[str]]:
@@ -166,16 +179,11 @@ def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     from coinf.device.context_sweep import run_context_sweep
     from coinf.models import zoo
 
-    timings = {}
-    for name in zoo.ZOO:
-        if name != held_out:
-            timings[name] = load_or_measure(name, zoo.committed_path(name), cache_dir, repeats,
-                                            progress)
-    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
-    nodes, slices, feats = samples(timings, models)
+    names = [n for n in zoo.ZOO if n != held_out]
+    nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     nodes += run_context_sweep(synthetic, progress=progress)
     extra = sweep_samples(cache_dir, 0.2, progress=progress)
-    return SlicePredictor.train(nodes, slices, feats, extra), sorted(timings)
+    return SlicePredictor.train(nodes, slices, feats, extra), sorted(names)
 
 
 def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, float] | None:
@@ -214,9 +222,9 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     for all) predicts this model's cached slice times. Per model: slices, the fractions within
     +-10% and +-25%, the median of predicted / measured, and the profiler's surplus per kernel
     (:func:`~coinf.device.slicepred.profiler_surplus`, µs); ``sweep_scale`` 0 leaves out the
-    single-layer sweep. Quick to iterate on (the slices
-    are not measured again), so it shows a change to the predictor in one number per model;
-    ``coinf bench predict --bundle`` measures every slice anew."""
+    single-layer sweep. Quick to iterate on (the slices are not measured again), so it shows
+    a change to the predictor in one number per model; ``coinf bench predict --bundle``
+    measures every slice anew."""
     import statistics
 
     from coinf.device.context_sweep import run_context_sweep
@@ -224,14 +232,11 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     from coinf.models import zoo
 
     names = names or tuple(zoo.ZOO)
-    timings = {n: load_or_measure(n, zoo.committed_path(n), cache_dir, repeats, progress)
-               for n in names}
-    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
-    nodes, slices, feats = samples(timings, models)
+    nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     surplus = profiler_surplus(nodes, slices)
     syn = run_context_sweep(synthetic, progress=progress) if synthetic > 0 else []
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
-    res = leave_one_model_out(nodes + syn, slices, feats, list(timings), extra)
+    res = leave_one_model_out(nodes + syn, slices, feats, list(names), extra)
     out: dict[str, Any] = {}
     for m, rows in res.items():
         pairs = [(p, me) for _, p, me in rows]

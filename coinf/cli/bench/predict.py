@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.synthetic < 0:
         raise UserError(f"--synthetic must be >= 0, got {args.synthetic}")
     if args.zoo:
+        if args.profile:
+            raise UserError("--profile scores the sweep predictors of one --bundle; --zoo "
+                            "scores the in-context predictor only")
         return run_zoo(args)
     bundle = Bundle.load(args.bundle)
     held = zoo_source(bundle)

@@ -198,20 +198,13 @@ def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, 
 
 
 def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
-    """Slice constants (:func:`~coinf.device.slicepred.fit_slice_constants`) fitted on the
-    cached slices of ``models`` with their *profiled* node times instead of predicted ones: the
-    constants for a predictor that reproduced the profiler exactly."""
-    import numpy as np
-    from coinf.device.slicepred import fit_slice_constants
+    """:func:`~coinf.device.slicecheck.profiled_constants` of the cached timings of ``models``:
+    the slice constants for a predictor that reproduced the profiler exactly."""
+    from coinf.device.slicecheck import profiled_constants as fit
 
-    sums, slices = [], []
-    for m in models:
-        t = ModelTimings.from_json(json.loads((cache_dir / f"{m}.timings.json").read_text()))
-        for s in t.slice_samples():
-            if s.ms > 0:
-                sums.append(sum(t.nodes.get(n, 0.0) for n in s.nodes))
-                slices.append(s)
-    return fit_slice_constants(np.array(sums), slices)
+    timings = [ModelTimings.from_json(json.loads((cache_dir / f"{m}.timings.json").read_text()))
+               for m in models]
+    return fit({t.model: t.nodes for t in timings}, [s for t in timings for s in t.slice_samples()])
 
 
 def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
@@ -220,14 +213,17 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
     model, a predictor trained on every other model (and ``synthetic`` networks profiled once
     for all) predicts this model's cached slice times. Per model: slices, the fractions within
-    +-10% and +-25%, the median of predicted / measured, and the profiler's surplus per kernel
-    (:func:`~coinf.device.slicepred.profiler_surplus`, µs); ``sweep_scale`` 0 leaves out the
-    single-layer sweep. Quick to iterate on (the slices are not measured again), so it shows
-    a change to the predictor in one number per model; ``coinf bench predict --bundle``
-    measures every slice anew."""
+    +-10% and +-25%, the median of predicted / measured, the profiler's surplus per kernel
+    (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
+    :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
+    predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
+    ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on (the slices are
+    not measured again), so it shows a change to the predictor in one number per model;
+    ``coinf bench predict --bundle`` measures every slice anew."""
     import statistics
 
     from coinf.device.context_sweep import run_context_sweep
+    from coinf.device.slicecheck import additive_pairs, profiled_pairs
     from coinf.device.slicepred import leave_one_model_out, profiler_surplus, within
     from coinf.models import zoo
 
@@ -237,6 +233,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     syn = run_context_sweep(synthetic, progress=progress) if synthetic > 0 else []
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
     res = leave_one_model_out(nodes + syn, slices, feats, list(names), extra)
+    profiled, additive = profiled_pairs(nodes, slices, list(names)), additive_pairs(nodes, slices)
     out: dict[str, Any] = {}
     for m, rows in res.items():
         pairs = [(p, me) for _, p, me in rows]
@@ -244,5 +241,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                   "within_25pct": within(pairs, 0.25),
                   "median_predicted_over_measured": statistics.median(
                       p / me for p, me in pairs if me > 0) if pairs else None,
-                  "profiler_surplus_us_per_kernel": surplus[m] * 1e3 if m in surplus else None}
+                  "profiler_surplus_us_per_kernel": surplus[m] * 1e3 if m in surplus else None,
+                  "profiled_within_10pct": within(profiled[m]) if m in profiled else None,
+                  "additive_within_10pct": within(additive[m]) if m in additive else None}
     return out

@@ -132,6 +132,29 @@ def test_lomo_can_fail_and_never_sees_the_held_out_model() -> None:
     assert [p for _, p, _ in again["c"]] == pytest.approx([p for _, p, _ in res["c"]])
 
 
+def test_reference_scores_reach_one_on_exact_labels_and_can_fail() -> None:
+    from coinf.device.slicecheck import additive_pairs, profiled_pairs
+
+    nodes, slices, _ = _zoo({"a": 10.0, "b": 10.0, "c": 30.0})
+    # every model's profiled node times are exact: both references are perfect, even for c
+    # (whose kernels run 3x faster: the trees miss it, its own profile does not)
+    for ref in (profiled_pairs(nodes, slices), additive_pairs(nodes, slices)):
+        assert set(ref) == {"a", "b", "c"}
+        assert all(within(pairs) == 1.0 for pairs in ref.values())
+    # c's profile says its kernels take twice what its slices show: its reference score drops
+    doubled = [replace(n, ms=n.ms * 2) if n.model == "c" else n for n in nodes]
+    assert within(profiled_pairs(doubled, slices, ["c"])["c"]) < 0.2
+    # ... but c's slices never fit the constants c is predicted with
+    moved = [replace(s, ms=s.ms * 7) if s.model == "c" else s for s in slices]
+    assert [p for p, _ in profiled_pairs(nodes, moved, ["c"])["c"]] == pytest.approx(
+        [p for p, _ in profiled_pairs(nodes, slices, ["c"])["c"]])
+    # slices of the same nodes measured 1.6x apart: no sum of node times explains both
+    noisy = slices + [replace(s, slice=s.slice + "'", ms=s.ms * 1.6)
+                      for s in slices if s.model == "a"]
+    assert within(additive_pairs(nodes, noisy)["a"]) <= 0.5
+    assert within(additive_pairs(nodes, noisy)["b"]) == 1.0
+
+
 def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> None:
     """Three real zoo models, measured once into the cache, each predicted by the others."""
     from coinf.device.context_data import zoo_leave_one_out
@@ -143,6 +166,8 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
         assert r["slices"] > 0 and 0.0 <= r["within_10pct"] <= r["within_25pct"] <= 1.0
         assert r["median_predicted_over_measured"] > 0
         assert r["profiler_surplus_us_per_kernel"] is not None  # every model has a whole slice
+        assert 0.0 <= r["profiled_within_10pct"] <= 1.0
+        assert 0.0 <= r["additive_within_10pct"] <= 1.0
     cached = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")}
     assert set(cached) == {f"{n}.timings.json" for n in names}
     assert zoo_leave_one_out(tmp_path, 3, 0, names, 0) == per  # cache read, nothing re-timed

@@ -25,7 +25,9 @@ real-time priority (``chrt -f 50``) on a shared machine, or measurements will no
 
 ``--zoo`` instead scores every zoo model in one run from the cached slice times (measuring
 only what the cache lacks): per model the within-10% fraction, the median predicted/measured
-ratio and the profiler's surplus per kernel -- a quick check of a change to the predictor.
+ratio, the profiler's surplus per kernel and two reference scores (:mod:`coinf.device.slicecheck`:
+``profiled_within_10pct``, the own-profile score above, and ``additive_within_10pct``, free
+node times fitted on the model's own slices) -- a quick check of a change to the predictor.
 """
 
 from __future__ import annotations
@@ -159,9 +161,14 @@ def run_zoo(args: argparse.Namespace) -> int:
 
     per = zoo_leave_one_out(Path(args.cache), args.repeats, args.synthetic, progress=progress)
     scores = [r["within_10pct"] for r in per.values()]
+    own = [r["profiled_within_10pct"] for r in per.values()
+           if r["profiled_within_10pct"] is not None]
     emit({"leave_one_model_out": True, "cached_slices": True, "synthetic": args.synthetic,
           "within_10pct": {m: r["within_10pct"] for m, r in per.items()},
           "min_within_10pct": min(scores), "median_within_10pct": median(scores),
+          # the same with every model's own profiled node times (a perfect node predictor)
+          "min_profiled_within_10pct": min(own) if own else None,
+          "median_profiled_within_10pct": median(own) if own else None,
           "models": per})
     return 0
 

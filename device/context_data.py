@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from coinf.device.features import NodeFeatures
+from coinf.device.features import LINEAR_FEATURES, TREE_FEATURES, NodeFeatures
 from coinf.device.incontext import model_features, profile_in_context
 from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
 CACHE_VERSION = 2  # 2: trimmed-mean node times, optimized-graph kernels per slice
+SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
 Features = dict[str, tuple[NodeFeatures, str]]
 
 
@@ -131,6 +132,21 @@ def load_or_measure(name: str, model_path: Path, cache_dir: Path, repeats: int =
     return t
 
 
+def _node_json(s: NodeSample) -> dict[str, Any]:
+    f = s.features
+    return {"name": f.name, "op_type": f.op_type, "kind": f.kind, "tree": list(f.tree),
+            "linear": list(f.linear), "flops": f.flops, "group": s.group, "ms": s.ms}
+
+
+def _node_from_json(model: str, d: Mapping[str, Any]) -> NodeSample:
+    f = NodeFeatures(str(d["name"]), str(d["op_type"]), str(d["kind"]),
+                     tuple(float(v) for v in d["tree"]), tuple(float(v) for v in d["linear"]),
+                     float(d["flops"]))
+    if len(f.tree) != len(TREE_FEATURES) or len(f.linear) != len(LINEAR_FEATURES):
+        raise ValueError("cached node features of the wrong length")
+    return NodeSample(model, f, str(d.get("group") or group_of(f)), float(d["ms"]))
+
+
 def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: int = 1,
                   progress: Callable[[str], None] | None = None) -> list[NodeSample]:
     """The single-layer sweep (:mod:`.sweep`) as out-of-context node samples, cached."""
@@ -140,20 +156,45 @@ def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: i
     if cache.is_file():
         try:
             obj = json.loads(cache.read_text())
-            return [NodeSample("sweep", f, group_of(f), float(ms))
-                    for f, ms in ((NodeFeatures(d["name"], d["op_type"], d["kind"],
-                                                tuple(d["tree"]), tuple(d["linear"]),
-                                                float(d["flops"])), d["ms"])
-                                  for d in obj["samples"])]
+            return [_node_from_json("sweep", d) for d in obj["samples"]]
         except (ValueError, KeyError, TypeError):
             pass
     found, _ = run_sweep(scale, seed, threads, 5, progress)
+    out = [NodeSample("sweep", s.features, group_of(s.features), s.ms) for s in found]
     cache_dir.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"samples": [
-        {"name": s.features.name, "op_type": s.features.op_type, "kind": s.features.kind,
-         "tree": list(s.features.tree), "linear": list(s.features.linear),
-         "flops": s.features.flops, "ms": s.ms} for s in found]}) + "\n")
-    return [NodeSample("sweep", s.features, group_of(s.features), s.ms) for s in found]
+    cache.write_text(json.dumps({"samples": [_node_json(s) for s in out]}) + "\n")
+    return out
+
+
+def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
+                      repeats: int = 10, fresh: bool = False,
+                      progress: Callable[[str], None] | None = None) -> list[NodeSample]:
+    """:func:`~coinf.device.context_sweep.run_context_sweep` of ``count`` synthetic networks,
+    cached in ``cache_dir`` so that runs on one cache train on the same labels (profiling them
+    again moves a held-out model's score by up to 0.7, docs/BENCHMARKS.md section 12). The
+    cache is keyed by the arguments and by the first networks' bytes (a change to the
+    generators invalidates it); ``fresh`` profiles them again and replaces it."""
+    import hashlib
+
+    from coinf.device.context_sweep import network, run_context_sweep
+
+    if count <= 0:
+        return []
+    digest = hashlib.sha256(b"".join(network(i, seed).SerializeToString()
+                                     for i in range(min(count, 4)))).hexdigest()
+    cache = cache_dir / f"synthetic-{count}-{seed}-{threads}-{repeats}.json"
+    if cache.is_file() and not fresh:
+        try:
+            obj = json.loads(cache.read_text())
+            if obj.get("format") == SYNTHETIC_FORMAT and obj.get("networks") == digest:
+                return [_node_from_json(str(d["model"]), d) for d in obj["samples"]]
+        except (ValueError, KeyError, TypeError):
+            pass
+    out = run_context_sweep(count, seed, threads, repeats, progress)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"format": SYNTHETIC_FORMAT, "networks": digest, "samples": [
+        {"model": s.model, **_node_json(s)} for s in out]}) + "\n")
+    return out
 
 
 def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
@@ -171,17 +212,17 @@ def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
 
 def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
-                 progress: Callable[[str], None] | None = None) -> tuple[Any, list[str]]:
+                 progress: Callable[[str], None] | None = None,
+                 fresh_synthetic: bool = False) -> tuple[Any, list[str]]:
     """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
     ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks in
-    context and the single-layer sweep for groups nothing in context covers; and the models
-    it was trained on."""
-    from coinf.device.context_sweep import run_context_sweep
+    context (:func:`synthetic_samples`) and the single-layer sweep for groups nothing in
+    context covers; and the models it was trained on."""
     from coinf.models import zoo
 
     names = [n for n in zoo.ZOO if n != held_out]
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
-    nodes += run_context_sweep(synthetic, progress=progress)
+    nodes += synthetic_samples(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress)
     extra = sweep_samples(cache_dir, 0.2, progress=progress)
     return SlicePredictor.train(nodes, slices, feats, extra), sorted(names)
 
@@ -209,11 +250,13 @@ def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
 
 def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       names: tuple[str, ...] | None = None, sweep_scale: float = 0.2,
-                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                      progress: Callable[[str], None] | None = None,
+                      fresh_synthetic: bool = False) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
-    model, a predictor trained on every other model (and ``synthetic`` networks profiled once
-    for all) predicts this model's cached slice times. Per model: slices, the fractions within
-    +-10% and +-25%, the median of predicted / measured, the profiler's surplus per kernel
+    model, a predictor trained on every other model (and ``synthetic`` networks, profiled once
+    into the cache: :func:`synthetic_samples`) predicts this model's cached slice times. Per
+    model: slices, the fractions within +-10% and +-25%, the median of predicted / measured,
+    the profiler's surplus per kernel
     (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
     :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
     predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
@@ -222,7 +265,6 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     ``coinf bench predict --bundle`` measures every slice anew."""
     import statistics
 
-    from coinf.device.context_sweep import run_context_sweep
     from coinf.device.slicecheck import additive_pairs, profiled_pairs
     from coinf.device.slicepred import leave_one_model_out, profiler_surplus, within
     from coinf.models import zoo
@@ -230,7 +272,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     names = names or tuple(zoo.ZOO)
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     surplus = profiler_surplus(nodes, slices)
-    syn = run_context_sweep(synthetic, progress=progress) if synthetic > 0 else []
+    syn = synthetic_samples(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress)
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
     res = leave_one_model_out(nodes + syn, slices, feats, list(names), extra)
     profiled, additive = profiled_pairs(nodes, slices, list(names)), additive_pairs(nodes, slices)

@@ -237,13 +237,18 @@ def random_network(seed: int) -> onnx.ModelProto:
     return b.model(c, hw)
 
 
+def network(i: int, seed: int = 0) -> onnx.ModelProto:
+    """The sweep's ``i``-th network (deterministic): every fourth is a sequence model
+    (embeddings, RNNs, 1-D convolutions), the others random chains of CNN blocks."""
+    return (random_sequence_network if i % 4 == 3 else random_network)(seed * 100_003 + i)
+
+
 def run_context_sweep(count: int = 40, seed: int = 0, threads: int = 1, repeats: int = 10,
                       progress: Callable[[str], None] | None = None) -> list[NodeSample]:
     """Profile ``count`` random networks in context; one sample per anchor node."""
     out: list[NodeSample] = []
     for i in range(count):
-        # every fourth network is a sequence model (embeddings, RNNs, 1-D convolutions)
-        model = (random_sequence_network if i % 4 == 3 else random_network)(seed * 100_003 + i)
+        model = network(i, seed)
         feats = model_features(model)
         prof = profile_in_context_model(model, threads, repeats)
         out += [NodeSample(f"synthetic{i}", feats[n][0], feats[n][1], ms)

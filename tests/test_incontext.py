@@ -3,6 +3,7 @@ slice predictor (issue 17, part 1)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,6 +131,31 @@ def test_lomo_can_fail_and_never_sees_the_held_out_model() -> None:
     moved = [replace(n, ms=n.ms * 50) if n.model == "c" else n for n in nodes]
     again = leave_one_model_out(moved, slices, feats, models=["c"])
     assert [p for _, p, _ in again["c"]] == pytest.approx([p for _, p, _ in res["c"]])
+
+
+def test_synthetic_profiles_are_cached_per_arguments_and_refreshed_on_request(
+        tmp_path: Path) -> None:
+    from coinf.device.context_data import synthetic_samples
+
+    first = synthetic_samples(tmp_path, 3, seed=1, repeats=2)
+    assert first and {s.model for s in first} == {"synthetic0", "synthetic1", "synthetic2"}
+    cache = tmp_path / "synthetic-3-1-1-2.json"
+    stamp = cache.stat().st_mtime_ns
+    again = synthetic_samples(tmp_path, 3, seed=1, repeats=2)
+    assert again == first and cache.stat().st_mtime_ns == stamp  # read back, not re-profiled
+    # the groups read back are the in-context ones (e.g. a Conv with its fused activation)
+    assert [s.group for s in again] == [s.group for s in first]
+    fresh = synthetic_samples(tmp_path, 3, seed=1, repeats=2, fresh=True)
+    assert cache.stat().st_mtime_ns != stamp and len(fresh) == len(first)
+    # a cache that does not parse, or was made by other generators, is measured again
+    cache.write_text("{not json")
+    assert len(synthetic_samples(tmp_path, 3, seed=1, repeats=2)) == len(first)
+    obj = json.loads(cache.read_text())
+    obj["networks"] = "0" * 64
+    obj["samples"][0]["ms"] = 123.0
+    cache.write_text(json.dumps(obj))
+    assert max(s.ms for s in synthetic_samples(tmp_path, 3, seed=1, repeats=2)) < 123.0
+    assert synthetic_samples(tmp_path, 0) == []
 
 
 def test_reference_scores_reach_one_on_exact_labels_and_can_fail() -> None:

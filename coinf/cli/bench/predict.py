@@ -20,7 +20,8 @@ the other models' profiled node times: how far a node predictor that reproduced 
 exactly would get. It is no upper bound -- the profiler reports whole microseconds, so on
 models of 1-3 us kernels the trees, fitted over thousands of nodes, beat the model's own
 profile -- but where it is far above ``incontext`` the node model is what is missing. The
-zoo's timings are cached in ``--cache`` (a few seconds to a minute to rebuild). Run it at
+zoo's timings and the synthetic networks' profiles are cached in ``--cache`` (a few seconds to
+a minute to rebuild; ``--fresh-synthetic`` profiles the synthetic networks again). Run it at
 real-time priority (``chrt -f 50``) on a shared machine, or measurements will not repeat.
 
 ``--zoo`` instead scores every zoo model in one run from the cached slice times (measuring
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.context_data import train_on_zoo
 
     ctx, trained_on = train_on_zoo(Path(args.cache), args.repeats, args.synthetic, held,
-                                   progress)
+                                   progress, args.fresh_synthetic)
     model = onnx.load(str(bundle.model_path))
     feats = node_features(model)
     # a reference, not the predictor: this model's OWN in-context node times (measured here,
@@ -159,7 +160,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     """``--zoo``: leave-one-model-out over every zoo model's cached slice times in one run."""
     from coinf.device.context_data import zoo_leave_one_out
 
-    per = zoo_leave_one_out(Path(args.cache), args.repeats, args.synthetic, progress=progress)
+    per = zoo_leave_one_out(Path(args.cache), args.repeats, args.synthetic, progress=progress,
+                            fresh_synthetic=args.fresh_synthetic)
     scores = [r["within_10pct"] for r in per.values()]
     own = [r["profiled_within_10pct"] for r in per.values()
            if r["profiled_within_10pct"] is not None]
@@ -186,7 +188,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=25, help="timed runs per slice (median)")
     parser.add_argument("--synthetic", type=int, default=300,
-                        help="synthetic networks profiled in context for training")
+                        help="synthetic networks profiled in context for training (cached "
+                             "in --cache)")
+    parser.add_argument("--fresh-synthetic", action="store_true",
+                        help="profile the synthetic networks again instead of reading them "
+                             "from --cache (and replace the cached profiles)")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings are cached")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")

@@ -175,8 +175,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with --train: skip the in-context slice predictor (which times "
                         "every zoo model and 300 synthetic networks here, ~1 min)")
     parser.add_argument("--context-cache", metavar="DIR",
-                        help="keep the zoo bundles and timings of --train here (default: a "
-                        "temporary folder)")
+                        help="keep the zoo bundles and timings and the synthetic networks' "
+                        "profiles of --train here, to be read back by the next --train on "
+                        "this device (default: a temporary folder)")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="sweep size multiplier (default 1: ~640 layers)")
     parser.add_argument("--seed", type=int, default=0)

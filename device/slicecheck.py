@@ -72,6 +72,8 @@ def additive_pairs(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
     out: dict[str, Pairs] = {}
     for m in sorted({n.model for n in nodes} & {s.model for s in slices}):
         test = [s for s in slices if s.model == m and s.ms > 0]
+        if not test:
+            continue
         names = sorted({n.features.name for n in nodes if n.model == m})
         col = {n: i for i, n in enumerate(names)}
         a = np.zeros((len(test), len(names) + 3))

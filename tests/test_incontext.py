@@ -179,6 +179,10 @@ def test_reference_scores_reach_one_on_exact_labels_and_can_fail() -> None:
                       for s in slices if s.model == "a"]
     assert within(additive_pairs(nodes, noisy)["a"]) <= 0.5
     assert within(additive_pairs(nodes, noisy)["b"]) == 1.0
+    # a model with no timed slice gets no reference score (and breaks nothing)
+    untimed = [replace(s, ms=0.0) if s.model == "b" else s for s in slices]
+    assert "b" not in additive_pairs(nodes, untimed)
+    assert "b" not in profiled_pairs(nodes, untimed)
 
 
 def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> None:

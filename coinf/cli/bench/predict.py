@@ -194,6 +194,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="profile the synthetic networks again instead of reading them "
                              "from --cache (and replace the cached profiles)")
     parser.add_argument("--cache", default="out/bench-predict",
-                        help="where the zoo's bundles and timings are cached")
+                        help="where the zoo's bundles and timings and the synthetic "
+                             "networks' profiles are cached")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")
     parser.set_defaults(func=run)

@@ -256,8 +256,8 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     model, a predictor trained on every other model (and ``synthetic`` networks, profiled once
     into the cache: :func:`synthetic_samples`) predicts this model's cached slice times. Per
     model: slices, the fractions within +-10% and +-25%, the median of predicted / measured,
-    the profiler's surplus per kernel
-    (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
+    the profiler's surplus per kernel (:func:`~coinf.device.slicepred.profiler_surplus`, µs),
+    and the two reference scores of
     :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
     predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
     ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on (the slices are

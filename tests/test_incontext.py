@@ -145,8 +145,14 @@ def test_synthetic_profiles_are_cached_per_arguments_and_refreshed_on_request(
     assert again == first and cache.stat().st_mtime_ns == stamp  # read back, not re-profiled
     # the groups read back are the in-context ones (e.g. a Conv with its fused activation)
     assert [s.group for s in again] == [s.group for s in first]
+    # a value planted in a valid cache is what a plain call returns; fresh=True measures anew
+    obj = json.loads(cache.read_text())
+    obj["samples"][0]["ms"] = 123.0
+    cache.write_text(json.dumps(obj))
+    assert max(s.ms for s in synthetic_samples(tmp_path, 3, seed=1, repeats=2)) == 123.0
     fresh = synthetic_samples(tmp_path, 3, seed=1, repeats=2, fresh=True)
-    assert cache.stat().st_mtime_ns != stamp and len(fresh) == len(first)
+    assert len(fresh) == len(first) and max(s.ms for s in fresh) < 123.0
+    assert max(s.ms for s in synthetic_samples(tmp_path, 3, seed=1, repeats=2)) < 123.0
     # a cache that does not parse, or was made by other generators, is measured again
     cache.write_text("{not json")
     assert len(synthetic_samples(tmp_path, 3, seed=1, repeats=2)) == len(first)

@@ -7,20 +7,38 @@ Everything here runs at ``ORT_ENABLE_ALL`` with one intra-op thread -- what a Se
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx
 from coinf.device.features import LINEAR_FEATURES, TREE_FEATURES, NodeFeatures
 from coinf.device.incontext import model_features, profile_in_context
-from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample, group_of
+from coinf.device.slicepred import NodeSample, Relabel, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
 CACHE_VERSION = 2  # 2: trimmed-mean node times, optimized-graph kernels per slice
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
+PARTS_FORMAT = "coinf-synthetic-parts-1"
+#: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
+#: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
+#: docs/BENCHMARKS.md section 12, sixth round)
+PRIOR_WEIGHT = 0.3
 Features = dict[str, tuple[NodeFeatures, str]]
+T = TypeVar("T")
+
+
+def _slice_from_json(model: str, d: Mapping[str, Any]) -> SliceSample:
+    return SliceSample(model, str(d["slice"]), tuple(str(n) for n in d["nodes"]),
+                       int(d["kernels"]), float(d["boundary_mbytes"]), float(d["ms"]),
+                       int(d["reorders"]), float(d["reorder_melems"]))
+
+
+def _slice_json(s: SliceSample) -> dict[str, Any]:
+    return {"model": s.model, "slice": s.slice, "nodes": list(s.nodes), "kernels": s.kernels,
+            "boundary_mbytes": s.boundary_melems, "ms": s.ms, "reorders": s.reorders,
+            "reorder_melems": s.reorder_melems}
 
 
 def boundary_mbytes(bundle: Any, cand: Any, side: str) -> float:
@@ -48,9 +66,7 @@ class ModelTimings:
 
     def slice_samples(self) -> list[SliceSample]:
         """Every timed slice with its optimized-graph counts."""
-        return [SliceSample(self.model, s["slice"], tuple(s["nodes"]), int(s["kernels"]),
-                            float(s["boundary_mbytes"]), float(s["ms"]), int(s["reorders"]),
-                            float(s["reorder_melems"])) for s in self.slices]
+        return [_slice_from_json(self.model, s) for s in self.slices]
 
     @classmethod
     def from_json(cls, obj: Any) -> ModelTimings:
@@ -166,6 +182,35 @@ def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: i
     return out
 
 
+def _read_cache(path: Path, fmt: str, digest: str, key: str,
+                parse: Callable[[Mapping[str, Any]], T]) -> list[T] | None:
+    """The rows under ``key`` of a synthetic-network cache file of format ``fmt`` made from
+    the networks of ``digest``, each read by ``parse``; None if it is missing, unreadable,
+    stale or holds a malformed row."""
+    try:
+        obj = json.loads(path.read_text())
+        if obj.get("format") == fmt and obj.get("networks") == digest:
+            return [parse(d) for d in obj[key]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def _write_cache(path: Path, fmt: str, digest: str, key: str, rows: list[Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": fmt, "networks": digest, key: rows}) + "\n")
+
+
+def _networks_digest(count: int, seed: int) -> str:
+    """sha256 of the first synthetic networks' bytes: a change to the generators shows."""
+    import hashlib
+
+    from coinf.device.context_sweep import network
+
+    return hashlib.sha256(b"".join(network(i, seed).SerializeToString()
+                                   for i in range(min(count, 4)))).hexdigest()
+
+
 def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
                       repeats: int = 10, fresh: bool = False,
                       progress: Callable[[str], None] | None = None) -> list[NodeSample]:
@@ -174,27 +219,83 @@ def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int =
     again moves a held-out model's score by up to 0.7, docs/BENCHMARKS.md section 12). The
     cache is keyed by the arguments and by the first networks' bytes (a change to the
     generators invalidates it); ``fresh`` profiles them again and replaces it."""
-    import hashlib
-
-    from coinf.device.context_sweep import network, run_context_sweep
+    from coinf.device.context_sweep import run_context_sweep
 
     if count <= 0:
         return []
-    digest = hashlib.sha256(b"".join(network(i, seed).SerializeToString()
-                                     for i in range(min(count, 4)))).hexdigest()
+    digest = _networks_digest(count, seed)
     cache = cache_dir / f"synthetic-{count}-{seed}-{threads}-{repeats}.json"
-    if cache.is_file() and not fresh:
-        try:
-            obj = json.loads(cache.read_text())
-            if obj.get("format") == SYNTHETIC_FORMAT and obj.get("networks") == digest:
-                return [_node_from_json(str(d["model"]), d) for d in obj["samples"]]
-        except (ValueError, KeyError, TypeError):
-            pass
+    got = None if fresh else _read_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
+                                         lambda d: _node_from_json(str(d["model"]), d))
+    if got is not None:
+        return got
     out = run_context_sweep(count, seed, threads, repeats, progress)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"format": SYNTHETIC_FORMAT, "networks": digest, "samples": [
-        {"model": s.model, **_node_json(s)} for s in out]}) + "\n")
+    _write_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
+                 [{"model": s.model, **_node_json(s)} for s in out])
     return out
+
+
+def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
+                    repeats: int = 25, passes: int = 2, fresh: bool = False,
+                    progress: Callable[[str], None] | None = None) -> list[SliceSample]:
+    """Every part of the ``count`` synthetic networks
+    (:func:`~coinf.device.partlabels.time_parts`), timed in ``passes`` passes over all of them
+    (a part's time is its median over the passes), cached in ``cache_dir`` like
+    :func:`synthetic_samples`. About a second per network per pass here."""
+    import statistics
+
+    from coinf.device.context_sweep import network
+    from coinf.device.partlabels import time_parts
+
+    if count <= 0:
+        return []
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
+    digest = _networks_digest(count, seed)
+    cache = cache_dir / f"synthetic-parts-{count}-{seed}-{threads}-{repeats}-{passes}.json"
+    cached = None if fresh else _read_cache(cache, PARTS_FORMAT, digest, "parts",
+                                            lambda d: _slice_from_json(str(d["model"]), d))
+    if cached is not None:
+        return cached
+    runs: list[list[SliceSample]] = []
+    for p in range(passes):
+        got: list[SliceSample] = []
+        for i in range(count):
+            got += time_parts(f"synthetic{i}", network(i, seed), threads, repeats)
+            if progress and (i % 25 == 0 or i == count - 1):
+                progress(f"synthetic parts, pass {p + 1}/{passes}: network {i + 1}/{count}, "
+                         f"{len(got)} parts timed")
+        runs.append(got)
+    out = [replace(s, ms=statistics.median(r[j].ms for r in runs))
+           for j, s in enumerate(runs[0])]
+    _write_cache(cache, PARTS_FORMAT, digest, "parts", [_slice_json(s) for s in out])
+    return out
+
+
+def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = 2,
+                     fresh: bool = False, progress: Callable[[str], None] | None = None,
+                     ) -> list[NodeSample]:
+    """The synthetic networks' node samples (:func:`synthetic_samples`) labelled with
+    unprofiled kernel times decomposed from their parts (:func:`synthetic_parts`,
+    :func:`~coinf.device.partlabels.relabel` with one set of term costs for all)."""
+    from coinf.device.partlabels import relabel
+
+    nodes = synthetic_samples(cache_dir, count, seed, fresh=fresh, progress=progress)
+    parts = synthetic_parts(cache_dir, count, seed, passes=passes, fresh=fresh,
+                            progress=progress)
+    return relabel(nodes, parts, PRIOR_WEIGHT, shared=True)
+
+
+def zoo_relabel(synthetic: Sequence[NodeSample]) -> Relabel:
+    """The ``relabel`` for :meth:`~coinf.device.slicepred.SlicePredictor.train` on zoo
+    models: each training model's labels decomposed from its own slices, plus ``synthetic``
+    (already unprofiled, :func:`synthetic_labels`)."""
+    from coinf.device.partlabels import relabel
+
+    def run(nodes: list[NodeSample], slices: list[SliceSample]) -> list[NodeSample]:
+        return relabel(nodes, slices, PRIOR_WEIGHT) + list(synthetic)
+
+    return run
 
 
 def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
@@ -213,18 +314,21 @@ def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
 def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
                  progress: Callable[[str], None] | None = None,
-                 fresh_synthetic: bool = False) -> tuple[Any, list[str]]:
+                 fresh_synthetic: bool = False, passes: int = 2) -> tuple[Any, list[str]]:
     """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
     ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks in
-    context (:func:`synthetic_samples`) and the single-layer sweep for groups nothing in
-    context covers; and the models it was trained on."""
+    context (:func:`synthetic_labels`, parts timed in ``passes`` passes) and the single-layer
+    sweep for groups nothing in context covers; and the models it was trained on. Every node
+    label is an unprofiled time (:func:`zoo_relabel`)."""
     from coinf.models import zoo
 
     names = [n for n in zoo.ZOO if n != held_out]
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
-    nodes += synthetic_samples(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress)
+    syn = synthetic_labels(cache_dir, synthetic, passes=passes, fresh=fresh_synthetic,
+                           progress=progress)
     extra = sweep_samples(cache_dir, 0.2, progress=progress)
-    return SlicePredictor.train(nodes, slices, feats, extra), sorted(names)
+    return (SlicePredictor.train(nodes, slices, feats, extra, relabel=zoo_relabel(syn)),
+            sorted(names))
 
 
 def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, float] | None:
@@ -253,11 +357,11 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       progress: Callable[[str], None] | None = None,
                       fresh_synthetic: bool = False) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
-    model, a predictor trained on every other model (and ``synthetic`` networks, profiled once
-    into the cache: :func:`synthetic_samples`) predicts this model's cached slice times. Per
-    model: slices, the fractions within +-10% and +-25%, the median of predicted / measured,
-    the profiler's surplus per kernel (:func:`~coinf.device.slicepred.profiler_surplus`, µs),
-    and the two reference scores of
+    model, a predictor trained on every other model (and ``synthetic`` networks, profiled and
+    timed once into the cache: :func:`synthetic_labels`) predicts this model's cached slice
+    times. Per model: slices, the fractions within +-10% and +-25%, the median of predicted /
+    measured, the profiler's surplus per kernel
+    (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
     :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
     predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
     ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on (the slices are
@@ -272,9 +376,9 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     names = names or tuple(zoo.ZOO)
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     surplus = profiler_surplus(nodes, slices)
-    syn = synthetic_samples(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress)
+    syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress)
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
-    res = leave_one_model_out(nodes + syn, slices, feats, list(names), extra)
+    res = leave_one_model_out(nodes, slices, feats, list(names), extra, zoo_relabel(syn))
     profiled, additive = profiled_pairs(nodes, slices, list(names)), additive_pairs(nodes, slices)
     out: dict[str, Any] = {}
     for m, rows in res.items():

@@ -48,24 +48,28 @@ def optimized_graph(model: str | Path | onnx.ModelProto, threads: int = 1) -> on
 def kernels(model: str | Path | onnx.ModelProto, threads: int = 1) -> Kernels:
     """:class:`Kernels` of ``model``'s optimized graph (tensor sizes from the original model's
     inferred shapes: reorders keep the original tensor names on their outer side)."""
-    from coinf.device.features import shape_map
-
     original = model if isinstance(model, onnx.ModelProto) else \
         onnx.load(str(model), load_external_data=False)
+    return count_kernels(original, optimized_graph(model, threads))
+
+
+def count_kernels(original: onnx.ModelProto, optimized: onnx.ModelProto) -> Kernels:
+    """:class:`Kernels` of ``optimized``, the graph onnxruntime made of ``original``."""
+    from coinf.device.features import shape_map
+
     shapes = shape_map(original)
-    graph = optimized_graph(model, threads).graph
 
     def numel(name: str) -> int:
         shape = shapes.get(name)
         return int(np.prod([d if d and d > 0 else 1 for d in shape])) if shape else 0
 
     reorders, elems = 0, 0
-    for n in graph.node:
+    for n in optimized.graph.node:
         if n.op_type == "ReorderInput":
             reorders, elems = reorders + 1, elems + numel(n.input[0])
         elif n.op_type == "ReorderOutput":
             reorders, elems = reorders + 1, elems + numel(n.output[0])
-    return Kernels(len(graph.node), reorders, elems / 1e6)
+    return Kernels(len(optimized.graph.node), reorders, elems / 1e6)
 
 
-__all__ = ["Kernels", "kernels", "optimized_graph"]
+__all__ = ["Kernels", "count_kernels", "kernels", "optimized_graph"]

@@ -9,11 +9,13 @@ A slice's time at ``ORT_ENABLE_ALL`` is modelled as
 * anchor node times: gradient-boosted trees (:mod:`.boosted`) over the node's sizes (MFLOPs,
   input, output and parameter elements, in log), its structure (kernel, stride, depthwise,
   channels in and out, map size, sequence length), its op and whether BN or an activation is
-  fused into it, fitted on per-node times from onnxruntime's profiler inside whole models
-  (:mod:`.incontext`); an op the trees never saw falls back to a power law per *kernel group*
-  (the anchor's kind refined by what matters to its kernel), then per kind. Nodes fused into an
-  anchor and metadata ops cost nothing of their own. The profiler's own share of each kernel
-  (:func:`profiler_inflation`, about a microsecond) is taken off every label before fitting;
+  fused into it, fitted on per-node times inside whole models; an op the trees never saw falls
+  back to a power law per *kernel group* (the anchor's kind refined by what matters to its
+  kernel), then per kind. Nodes fused into an anchor and metadata ops cost nothing of their
+  own. The labels start as onnxruntime's profiler's per-node times (:mod:`.incontext`); a
+  ``relabel`` (:mod:`.partlabels`) replaces them by times decomposed from unprofiled timings of
+  the model's slices or parts, else the profiler's own share of each kernel
+  (:func:`profiler_inflation`, about a microsecond) is taken off every label;
 * ``kernels``, ``reorders`` and the elements the reorders copy are read from the graph
   onnxruntime really runs for the slice (:mod:`.ortgraph`: no inference needed); the per-run
   constant ``c0``, the costs per kernel, per MB entering and leaving the slice, per reorder and
@@ -26,7 +28,7 @@ A slice's time at ``ORT_ENABLE_ALL`` is modelled as
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +41,11 @@ FORMAT = "coinf-slice-predictor"
 VERSION = 2
 #: a group needs this many samples for its own power law; else its kind's, else the global one
 MIN_GROUP = 6
+#: the boosted node model's size: trees of this depth (a smaller model underfits its own
+#: training labels, p10-p90 of predicted / label 0.70-1.41 at 300 trees of depth 4)
+NODE_TREES, NODE_DEPTH = 1000, 6
+#: ``relabel(nodes, slices)``: training nodes with labels that are unprofiled kernel times
+Relabel = Callable[[list["NodeSample"], list["SliceSample"]], list["NodeSample"]]
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
 
@@ -153,21 +160,27 @@ class SlicePredictor:
     @classmethod
     def train(cls, nodes: Iterable[NodeSample], slices: Sequence[SliceSample],
               features: Mapping[str, Mapping[str, tuple[NodeFeatures, str]]],
-              extra: Sequence[NodeSample] = (), boosted: bool = True) -> SlicePredictor:
+              extra: Sequence[NodeSample] = (), boosted: bool = True,
+              relabel: Relabel | None = None) -> SlicePredictor:
         """Fit the node models, then the slice constants on ``slices`` (``features``:
         model -> anchor name -> (features, group) for every model a slice comes from).
         ``extra``: out-of-context samples (the single-layer sweep) for ops no model has.
-        ``boosted=False`` keeps the power laws alone (no scikit-learn needed)."""
+        ``boosted=False`` keeps the power laws alone (no scikit-learn needed). ``relabel``
+        replaces the profiler's labels by unprofiled kernel times (:mod:`.partlabels`); without
+        it the profiler's own cost (:func:`profiler_inflation`) is taken off every label."""
         node_list = [n for n in nodes if n.ms > 0]
         inflation = profiler_inflation(node_list, slices)
-        if inflation > 0:  # labels as a kernel costs without the profiler around it
+        if relabel is not None:
+            node_list = [n for n in relabel(node_list, list(slices)) if n.ms > 0]
+        elif inflation > 0:  # labels as a kernel costs without the profiler around it
             node_list = [replace(n, ms=max(n.ms - inflation, 0.2 * n.ms)) for n in node_list]
         groups, ranges = cls.fit_nodes(node_list, extra)
         pred = cls(groups, trained_on=sorted({s.model for s in node_list}), ranges=ranges)
         pred.profiler_ms = inflation
         if boosted and len(node_list) >= 50:
             x = np.array([node_vector(n.features, n.group) for n in node_list])
-            pred.boosted = Boosted.fit(x, np.log(np.array([n.ms for n in node_list])))
+            pred.boosted = Boosted.fit(x, np.log(np.array([n.ms for n in node_list])),
+                                       trees=NODE_TREES, depth=NODE_DEPTH)
             pred.boosted_ops = frozenset(n.features.op_type for n in node_list)
         usable = [s for s in slices if s.ms > 0]
         if len(usable) >= 6:
@@ -292,34 +305,43 @@ class SlicePredictor:
                    trained_on=[str(m) for m in obj.get("trained_on", [])], ranges=ranges)
 
 
-def profiler_surplus(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
-                     ) -> dict[str, float]:
+def _whole_runs(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
+                ) -> dict[str, tuple[float, SliceSample]]:
     """Per model with node samples and a slice of all of them (the whole model): its profiled
-    node times summed minus the whole model's unprofiled time, per kernel (ms) -- what the
-    profiler adds to each kernel it times."""
+    node times summed, and that slice."""
     sums: dict[str, float] = {}
     names: dict[str, set[str]] = {}
     for n in nodes:
         sums[n.model] = sums.get(n.model, 0.0) + n.ms
         names.setdefault(n.model, set()).add(n.features.name)
-    out = {}
-    for m, total in sums.items():
-        whole = [s for s in slices if s.model == m and s.ms > 0 and s.kernels > 0
-                 and names[m] <= set(s.nodes)]
-        if whole:
-            w = max(whole, key=lambda s: len(s.nodes))
-            out[m] = (total - w.ms) / w.kernels
-    return out
+    by: dict[str, list[SliceSample]] = {}
+    for s in slices:
+        if s.model in names and s.ms > 0 and s.kernels > 0 and names[s.model] <= set(s.nodes):
+            by.setdefault(s.model, []).append(s)
+    return {m: (sums[m], max(whole, key=lambda s: len(s.nodes))) for m, whole in by.items()}
+
+
+def profiler_surplus(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
+                     ) -> dict[str, float]:
+    """Per model with node samples and a slice of all of them (the whole model): its profiled
+    node times summed minus the whole model's unprofiled time, per kernel (ms) -- what the
+    profiler adds to each kernel it times."""
+    return {m: (total - w.ms) / w.kernels for m, (total, w) in _whole_runs(nodes, slices).items()}
 
 
 def profiler_inflation(nodes: Sequence[NodeSample], slices: Sequence[SliceSample]) -> float:
     """How much the profiler adds to each kernel's time (ms): the median over models of
-    :func:`profiler_surplus`, 0 when no model has one. The profiler wraps every kernel in
-    timestamps (about a microsecond here): on 2 µs kernels that is half the label."""
-    per_kernel = list(profiler_surplus(nodes, slices).values())
-    if not per_kernel:
+    :func:`profiler_surplus`, each model weighted by its kernels per ms of run (a model's
+    surplus is a difference of two run times spread over its kernels: on a long run with few
+    kernels, run-to-run drift swamps it); 0 when no model has one. The profiler wraps every
+    kernel in timestamps (about a microsecond here): on 2 µs kernels that is half the label."""
+    runs = _whole_runs(nodes, slices)
+    if not runs:
         return 0.0
-    return max(float(np.median(per_kernel)), 0.0)
+    pairs = sorted(((total - w.ms) / w.kernels, w.kernels / w.ms) for total, w in runs.values())
+    cum = np.cumsum([wt for _, wt in pairs])
+    median = pairs[int(np.searchsorted(cum, cum[-1] / 2))][0]
+    return max(float(median), 0.0)
 
 
 def fit_slice_constants(node_sums: np.ndarray, slices: Sequence[SliceSample],
@@ -357,15 +379,18 @@ def within(pairs: Sequence[tuple[float, float]], tol: float = 0.10) -> float:
 def leave_one_model_out(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
                         features: Mapping[str, Mapping[str, tuple[NodeFeatures, str]]],
                         models: Sequence[str] | None = None, extra: Sequence[NodeSample] = (),
+                        relabel: Relabel | None = None,
                         ) -> dict[str, list[tuple[str, float, float]]]:
     """For each model (default: every model with slices): train on every other model's node
-    and slice timings, predict this model's slices. Returns model -> [(slice, predicted,
-    measured)]. A model never contributes to its own prediction."""
+    and slice timings (``relabel`` as in :meth:`SlicePredictor.train`), predict this model's
+    slices. Returns model -> [(slice, predicted, measured)]. A model never contributes to its
+    own prediction."""
     out: dict[str, list[tuple[str, float, float]]] = {}
     for held in models if models is not None else sorted({s.model for s in slices}):
         train_nodes = [n for n in nodes if n.model != held]
         train_slices = [s for s in slices if s.model != held]
-        pred = SlicePredictor.train(train_nodes, train_slices, features, extra)
+        pred = SlicePredictor.train(train_nodes, train_slices, features, extra,
+                                    relabel=relabel)
         assert held not in pred.trained_on
         out[held] = [(s.slice, pred.slice_ms(s.nodes, s.kernels, s.boundary_melems,
                                              features[held], s.reorders, s.reorder_melems),

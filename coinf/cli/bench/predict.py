@@ -3,10 +3,12 @@ model the predictors never saw.
 
 Three predictors, each scored by the fraction of slices within +-10% of the measured time:
 
-* ``incontext`` (:mod:`coinf.device.slicepred`): per-node boosted trees learnt from
-  onnxruntime's profiler inside whole models -- every zoo model *except the one B was split
-  from* (leave-one-model-out) plus synthetic multi-layer networks -- and slice constants (per
-  run, per kernel, per reorder of onnxruntime's optimized graph) fitted on those models'
+* ``incontext`` (:mod:`coinf.device.slicepred`): per-node boosted trees learnt from node times
+  inside whole models -- every zoo model *except the one B was split from*
+  (leave-one-model-out) plus synthetic multi-layer networks; onnxruntime's profiler labels
+  them, and :mod:`coinf.device.partlabels` corrects the labels with unprofiled timings of each
+  model's slices and of the synthetic networks' prefixes and suffixes -- and slice constants
+  (per run, per kernel, per reorder of onnxruntime's optimized graph) fitted on those models'
   measured slices;
 * ``coinf`` and ``neurosurgeon``: the single-layer sweep predictors (trained here, or loaded from
   a device profile with ``--profile``), summed per slice plus one empty-run overhead.
@@ -20,8 +22,9 @@ the other models' profiled node times: how far a node predictor that reproduced 
 exactly would get. It is no upper bound -- the profiler reports whole microseconds, so on
 models of 1-3 us kernels the trees, fitted over thousands of nodes, beat the model's own
 profile -- but where it is far above ``incontext`` the node model is what is missing. The
-zoo's timings and the synthetic networks' profiles are cached in ``--cache`` (a few seconds to
-a minute to rebuild; ``--fresh-synthetic`` profiles the synthetic networks again). Run it at
+zoo's timings and the synthetic networks' profiles and part timings are cached in ``--cache``
+(about 14 minutes to rebuild here, 11 of them timing the synthetic networks' parts in two
+passes; ``--fresh-synthetic`` measures the synthetic networks again). Run it at
 real-time priority (``chrt -f 50``) on a shared machine, or measurements will not repeat.
 
 ``--zoo`` instead scores every zoo model in one run from the cached slice times (measuring
@@ -188,13 +191,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=25, help="timed runs per slice (median)")
     parser.add_argument("--synthetic", type=int, default=300,
-                        help="synthetic networks profiled in context for training (cached "
-                             "in --cache)")
+                        help="synthetic networks profiled and timed in parts for training "
+                             "(cached in --cache)")
     parser.add_argument("--fresh-synthetic", action="store_true",
-                        help="profile the synthetic networks again instead of reading them "
-                             "from --cache (and replace the cached profiles)")
+                        help="measure the synthetic networks again instead of reading them "
+                             "from --cache (and replace the cached profiles and part timings)")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings and the synthetic "
-                             "networks' profiles are cached")
+                             "networks' profiles and part timings are cached")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")
     parser.set_defaults(func=run)

@@ -1,0 +1,147 @@
+"""Node labels decomposed from unprofiled part timings (issue 17, part 1): cutting a network
+into parts that run alone, timing them, and solving part times for node times."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from coinf.device.context_sweep import network
+from coinf.device.incontext import anchors, model_features
+from coinf.device.partlabels import cut_points, decompose, parts, relabel, time_parts
+from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample
+
+
+def test_cuts_never_split_a_fused_group_and_parts_cover_the_network() -> None:
+    model = network(0)
+    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
+    index = {n: k for k, n in enumerate(names)}
+    anchor = anchors(model)
+    fused = [(index[a], k) for k, n in enumerate(names) if (a := anchor.get(n, n)) != n]
+    assert fused  # the network has Conv + BN + activation groups
+    cuts = cut_points(model)
+    assert cuts and cuts[-1] == len(names) - 1
+    for k in cuts:  # a group lies wholly on one side of every cut
+        assert all((a <= k) == (f <= k) for a, f in fused)
+    for a, f in fused:  # and no cut falls between an anchor and its follower
+        assert not any(a <= k < f for k in cuts)
+    feats = model_features(model)
+    got = parts(model)
+    prefixes = [p for p in got if p[0].startswith("prefix")]
+    suffixes = [p for p in got if p[0].startswith("suffix")]
+    assert len({p[1] for p in prefixes}) == len(prefixes)  # one per distinct anchor set
+    assert set(max(prefixes, key=lambda p: len(p[1]))[1]) == set(feats)  # the whole network
+    assert suffixes and all(set(p[1]) < set(feats) for p in suffixes)
+    for _, _, part, mb in got:
+        onnx.checker.check_model(part)
+        assert mb > 0
+
+
+def test_parts_run_alone_and_are_timed_with_their_kernels() -> None:
+    model = network(1)
+    timed = time_parts("n1", model, repeats=2)
+    assert len(timed) == len(parts(model))
+    assert all(s.model == "n1" and s.ms > 0 and s.kernels > 0 and s.nodes for s in timed)
+    whole = max(timed, key=lambda s: len(s.nodes))
+    assert set(whole.nodes) == set(model_features(model))
+
+
+def _world(models: int = 4, nodes: int = 6, seed: int = 0, reorders: float = 0.003,
+           ) -> tuple[dict[str, dict[str, float]], list[SliceSample], np.ndarray]:
+    """True node times, every prefix and suffix of each model timed exactly as
+    sum + c0 (20 us) + g . (boundary MB, reorders, reordered Melems), and g."""
+    rng = np.random.default_rng(seed)
+    g = np.array([0.02, reorders, 0.05])
+    truth, slices = {}, []
+    for m in range(models):
+        name = f"m{m}"
+        x = {f"{name}n{k}": float(v) for k, v in enumerate(rng.uniform(0.01, 0.5, nodes))}
+        truth[name] = x
+        order = list(x)
+        for k in range(1, nodes + 1):
+            for side, sub in (("prefix", order[:k]), ("suffix", order[nodes - k:])):
+                z = np.array([rng.uniform(0.01, 0.5), rng.integers(0, 3), rng.uniform(0, 0.2)])
+                ms = sum(x[n] for n in sub) + 0.02 + float(g @ z)
+                slices.append(SliceSample(name, f"{side}{k}", tuple(sub), k, float(z[0]), ms,
+                                          int(z[1]), float(z[2])))
+    return truth, slices, g
+
+
+def _rel_err(got: dict[str, dict[str, float]], truth: dict[str, dict[str, float]]) -> float:
+    return max(abs(got[m][n] / v - 1) for m, x in truth.items() for n, v in x.items())
+
+
+def test_decompose_recovers_node_times_from_part_times() -> None:
+    truth, slices, _ = _world()
+    rng = np.random.default_rng(1)
+    # priors 30-60 % off either way: the part times must move every node back
+    priors = {m: {n: v * float(rng.choice([0.5, 0.7, 1.4, 1.6])) for n, v in x.items()}
+              for m, x in truth.items()}
+    assert _rel_err(priors, truth) > 0.25
+    shared = decompose(slices, priors, 0.001, shared=True)
+    assert _rel_err(shared, truth) < 0.02
+    # per model, the reorder count is no term of its own: exact where reorders cost nothing
+    _, free_reorders, _ = _world(reorders=0.0)
+    assert _rel_err(decompose(free_reorders, priors, 0.001), truth) < 0.02
+    # a heavy prior holds the labels near it instead
+    assert _rel_err(decompose(slices, priors, 100.0, shared=True), truth) > 0.25
+    # models with no part, and names no part runs, are left out; a zero weight is refused
+    assert set(decompose(slices, {**priors, "none": {"a": 1.0}}, 0.01)) == set(truth)
+    with pytest.raises(ValueError, match="weight"):
+        decompose(slices, priors, 0.0)
+    assert decompose([], {}, 0.03, shared=True) == {} and relabel([], [], 0.03, True) == []
+
+
+def test_relabel_takes_the_profilers_share_off_and_fits_the_parts() -> None:
+    truth, slices, _ = _world(models=3)
+    feats = model_features(network(0))
+    f, grp = next(iter(feats.values()))
+    # profiled labels: each kernel 1 us slower, and noisy
+    rng = np.random.default_rng(2)
+    nodes = [NodeSample(m, replace(f, name=n), grp, (v + 0.001) * float(rng.uniform(0.8, 1.2)))
+             for m, x in truth.items() for n, v in x.items()]
+    nodes.append(NodeSample("unparted", replace(f, name="lone"), grp, 0.011))
+    out = relabel(nodes, slices, 0.001, shared=True)
+    assert [n.features.name for n in out] == [n.features.name for n in nodes]
+    got = {n.features.name: n.ms for n in out}
+    assert max(abs(got[n] / v - 1) for x in truth.values() for n, v in x.items()) < 0.05
+    assert got["lone"] == pytest.approx(0.011)  # no part: kept (nothing to take off it)
+
+
+def test_train_fits_the_trees_on_relabelled_times() -> None:
+    fm = model_features(network(5))
+    nodes = [NodeSample(f"m{i}", f, g, 0.004 * (1 + i % 3)) for i in range(20)
+             for f, g in fm.values()]
+
+    def doubled(ns: list[NodeSample], _: list[SliceSample]) -> list[NodeSample]:
+        return [replace(n, ms=2 * n.ms) for n in ns]
+
+    plain = SlicePredictor.train(nodes, [], {})
+    twice = SlicePredictor.train(nodes, [], {}, relabel=doubled)
+    f, g = next(iter(fm.values()))
+    assert twice.node_ms(f, g) == pytest.approx(2 * plain.node_ms(f, g), rel=0.05)
+
+
+def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -> None:
+    from coinf.device.context_data import synthetic_labels, synthetic_parts
+
+    first = synthetic_parts(tmp_path, 2, seed=1, repeats=2, passes=2)
+    assert {s.model for s in first} == {"synthetic0", "synthetic1"}
+    cache = tmp_path / "synthetic-parts-2-1-1-2-2.json"
+    obj = json.loads(cache.read_text())
+    obj["parts"][0]["ms"] = 123.0
+    cache.write_text(json.dumps(obj))
+    assert max(s.ms for s in synthetic_parts(tmp_path, 2, seed=1, repeats=2)) == 123.0
+    fresh = synthetic_parts(tmp_path, 2, seed=1, repeats=2, fresh=True)
+    assert len(fresh) == len(first) and max(s.ms for s in fresh) < 123.0
+    cache.write_text("{not json")
+    assert len(synthetic_parts(tmp_path, 2, seed=1, repeats=2)) == len(first)
+    assert synthetic_parts(tmp_path, 0) == []
+    with pytest.raises(ValueError, match="passes"):
+        synthetic_parts(tmp_path, 2, passes=0)
+    labels = synthetic_labels(tmp_path, 2, seed=1, passes=1)
+    assert labels and all(n.ms > 0 for n in labels)

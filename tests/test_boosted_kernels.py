@@ -120,6 +120,13 @@ def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:
     assert profiler_inflation(nodes, [part]) == 0.0  # no slice holds every node: unknown
     faster = [SliceSample("m", "c000.tail", tuple(names), len(nodes), 0.0, 0.005 * len(nodes))]
     assert profiler_inflation(nodes, faster) == 0.0  # never negative
+    # a long run over few kernels says little about a microsecond per kernel: it is weighted
+    # by kernels per ms, so its drift (here 1 ms per kernel the other way) does not win
+    fl = model_features(random_network(6))
+    long_nodes = [NodeSample("long", f, g, 5.0 / len(fl)) for f, g in fl.values()]
+    long_run = SliceSample("long", "c000.tail", tuple(fl), 2, 0.0, 7.0)
+    assert profiler_surplus(long_nodes, [long_run]) == {"long": pytest.approx(-1.0)}
+    assert profiler_inflation(nodes + long_nodes, [whole, long_run]) == pytest.approx(0.001)
     pred = SlicePredictor.train(nodes, [whole], {"m": fm})
     assert pred.profiler_ms == pytest.approx(0.001)
     obj = pred.to_json()

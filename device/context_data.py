@@ -25,6 +25,9 @@ PARTS_FORMAT = "coinf-synthetic-parts-1"
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
 #: docs/BENCHMARKS.md section 12, sixth round)
 PRIOR_WEIGHT = 0.3
+#: small networks (:func:`~coinf.device.context_sweep.network`, family ``small``) trained on
+#: next to the mixed ones: without them LeNet and SENNA were predicted 21-47 % high
+SMALL_NETWORKS = 100
 Features = dict[str, tuple[NodeFeatures, str]]
 T = TypeVar("T")
 
@@ -201,35 +204,40 @@ def _write_cache(path: Path, fmt: str, digest: str, key: str, rows: list[Any]) -
     path.write_text(json.dumps({"format": fmt, "networks": digest, key: rows}) + "\n")
 
 
-def _networks_digest(count: int, seed: int) -> str:
+def _networks_digest(count: int, seed: int, family: str = "mixed") -> str:
     """sha256 of the first synthetic networks' bytes: a change to the generators shows."""
     import hashlib
 
     from coinf.device.context_sweep import network
 
-    return hashlib.sha256(b"".join(network(i, seed).SerializeToString()
+    return hashlib.sha256(b"".join(network(i, seed, family).SerializeToString()
                                    for i in range(min(count, 4)))).hexdigest()
+
+
+def _cache_stem(family: str) -> str:
+    return "synthetic" if family == "mixed" else f"synthetic-{family}"
 
 
 def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
                       repeats: int = 10, fresh: bool = False,
-                      progress: Callable[[str], None] | None = None) -> list[NodeSample]:
-    """:func:`~coinf.device.context_sweep.run_context_sweep` of ``count`` synthetic networks,
-    cached in ``cache_dir`` so that runs on one cache train on the same labels (profiling them
-    again moves a held-out model's score by up to 0.7, docs/BENCHMARKS.md section 12). The
-    cache is keyed by the arguments and by the first networks' bytes (a change to the
-    generators invalidates it); ``fresh`` profiles them again and replaces it."""
+                      progress: Callable[[str], None] | None = None,
+                      family: str = "mixed") -> list[NodeSample]:
+    """:func:`~coinf.device.context_sweep.run_context_sweep` of ``count`` synthetic networks
+    of ``family``, cached in ``cache_dir`` so that runs on one cache train on the same labels
+    (profiling them again moves a held-out model's score by up to 0.7, docs/BENCHMARKS.md
+    section 12). The cache is keyed by the arguments and by the first networks' bytes (a
+    change to the generators invalidates it); ``fresh`` profiles them again and replaces it."""
     from coinf.device.context_sweep import run_context_sweep
 
     if count <= 0:
         return []
-    digest = _networks_digest(count, seed)
-    cache = cache_dir / f"synthetic-{count}-{seed}-{threads}-{repeats}.json"
+    digest = _networks_digest(count, seed, family)
+    cache = cache_dir / f"{_cache_stem(family)}-{count}-{seed}-{threads}-{repeats}.json"
     got = None if fresh else _read_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
                                          lambda d: _node_from_json(str(d["model"]), d))
     if got is not None:
         return got
-    out = run_context_sweep(count, seed, threads, repeats, progress)
+    out = run_context_sweep(count, seed, threads, repeats, progress, family)
     _write_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
                  [{"model": s.model, **_node_json(s)} for s in out])
     return out
@@ -237,22 +245,24 @@ def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int =
 
 def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
                     repeats: int = 25, passes: int = 2, fresh: bool = False,
-                    progress: Callable[[str], None] | None = None) -> list[SliceSample]:
-    """Every part of the ``count`` synthetic networks
+                    progress: Callable[[str], None] | None = None,
+                    family: str = "mixed") -> list[SliceSample]:
+    """Every part of the ``count`` synthetic networks of ``family``
     (:func:`~coinf.device.partlabels.time_parts`), timed in ``passes`` passes over all of them
     (a part's time is its median over the passes), cached in ``cache_dir`` like
     :func:`synthetic_samples`. About a second per network per pass here."""
     import statistics
 
-    from coinf.device.context_sweep import network
+    from coinf.device.context_sweep import model_name, network
     from coinf.device.partlabels import time_parts
 
     if count <= 0:
         return []
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
-    digest = _networks_digest(count, seed)
-    cache = cache_dir / f"synthetic-parts-{count}-{seed}-{threads}-{repeats}-{passes}.json"
+    digest = _networks_digest(count, seed, family)
+    cache = cache_dir / (f"{_cache_stem(family)}-parts-{count}-{seed}-{threads}-{repeats}-"
+                         f"{passes}.json")
     cached = None if fresh else _read_cache(cache, PARTS_FORMAT, digest, "parts",
                                             lambda d: _slice_from_json(str(d["model"]), d))
     if cached is not None:
@@ -261,10 +271,11 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
     for p in range(passes):
         got: list[SliceSample] = []
         for i in range(count):
-            got += time_parts(f"synthetic{i}", network(i, seed), threads, repeats)
+            got += time_parts(model_name(i, family), network(i, seed, family), threads,
+                              repeats)
             if progress and (i % 25 == 0 or i == count - 1):
-                progress(f"synthetic parts, pass {p + 1}/{passes}: network {i + 1}/{count}, "
-                         f"{len(got)} parts timed")
+                progress(f"synthetic parts ({family}), pass {p + 1}/{passes}: network "
+                         f"{i + 1}/{count}, {len(got)} parts timed")
         runs.append(got)
     out = [replace(s, ms=statistics.median(r[j].ms for r in runs))
            for j, s in enumerate(runs[0])]
@@ -274,16 +285,22 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
 
 def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = 2,
                      fresh: bool = False, progress: Callable[[str], None] | None = None,
-                     ) -> list[NodeSample]:
-    """The synthetic networks' node samples (:func:`synthetic_samples`) labelled with
-    unprofiled kernel times decomposed from their parts (:func:`synthetic_parts`,
-    :func:`~coinf.device.partlabels.relabel` with one set of term costs for all)."""
+                     small: int = 0) -> list[NodeSample]:
+    """The node samples (:func:`synthetic_samples`) of ``count`` synthetic networks of the
+    ``mixed`` family and ``small`` of the ``small`` one, labelled with unprofiled kernel times
+    decomposed from their parts (:func:`synthetic_parts`,
+    :func:`~coinf.device.partlabels.relabel` with one set of term costs per family: the
+    small networks' tiny parts would otherwise pull the mixed family's costs)."""
     from coinf.device.partlabels import relabel
 
-    nodes = synthetic_samples(cache_dir, count, seed, fresh=fresh, progress=progress)
-    parts = synthetic_parts(cache_dir, count, seed, passes=passes, fresh=fresh,
-                            progress=progress)
-    return relabel(nodes, parts, PRIOR_WEIGHT, shared=True)
+    out: list[NodeSample] = []
+    for family, n in (("mixed", count), ("small", small)):
+        nodes = synthetic_samples(cache_dir, n, seed, fresh=fresh, progress=progress,
+                                  family=family)
+        parts = synthetic_parts(cache_dir, n, seed, passes=passes, fresh=fresh,
+                                progress=progress, family=family)
+        out += relabel(nodes, parts, PRIOR_WEIGHT, shared=True)
+    return out
 
 
 def zoo_relabel(synthetic: Sequence[NodeSample]) -> Relabel:
@@ -314,10 +331,12 @@ def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
 def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
                  progress: Callable[[str], None] | None = None,
-                 fresh_synthetic: bool = False, passes: int = 2) -> tuple[Any, list[str]]:
+                 fresh_synthetic: bool = False, passes: int = 2,
+                 small: int = SMALL_NETWORKS) -> tuple[Any, list[str]]:
     """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
-    ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks in
-    context (:func:`synthetic_labels`, parts timed in ``passes`` passes) and the single-layer
+    ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks and
+    ``small`` small ones in context (:func:`synthetic_labels`, parts timed in ``passes``
+    passes) and the single-layer
     sweep for groups nothing in context covers; and the models it was trained on. Every node
     label is an unprofiled time (:func:`zoo_relabel`)."""
     from coinf.models import zoo
@@ -325,7 +344,7 @@ def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     names = [n for n in zoo.ZOO if n != held_out]
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     syn = synthetic_labels(cache_dir, synthetic, passes=passes, fresh=fresh_synthetic,
-                           progress=progress)
+                           progress=progress, small=small)
     extra = sweep_samples(cache_dir, 0.2, progress=progress)
     return (SlicePredictor.train(nodes, slices, feats, extra, relabel=zoo_relabel(syn)),
             sorted(names))
@@ -355,12 +374,13 @@ def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
 def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       names: tuple[str, ...] | None = None, sweep_scale: float = 0.2,
                       progress: Callable[[str], None] | None = None,
-                      fresh_synthetic: bool = False) -> dict[str, Any]:
+                      fresh_synthetic: bool = False,
+                      small: int = SMALL_NETWORKS) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
-    model, a predictor trained on every other model (and ``synthetic`` networks, profiled and
-    timed once into the cache: :func:`synthetic_labels`) predicts this model's cached slice
-    times. Per model: slices, the fractions within +-10% and +-25%, the median of predicted /
-    measured, the profiler's surplus per kernel
+    model, a predictor trained on every other model (and ``synthetic`` plus ``small``
+    networks, profiled and timed once into the cache: :func:`synthetic_labels`) predicts this
+    model's cached slice times. Per model: slices, the fractions within +-10% and +-25%, the
+    median of predicted / measured, the profiler's surplus per kernel
     (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
     :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
     predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
@@ -376,7 +396,8 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     names = names or tuple(zoo.ZOO)
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     surplus = profiler_surplus(nodes, slices)
-    syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress)
+    syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress,
+                           small=small)
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
     res = leave_one_model_out(nodes, slices, feats, list(names), extra, zoo_relabel(syn))
     profiled, additive = profiled_pairs(nodes, slices, list(names)), additive_pairs(nodes, slices)

@@ -237,24 +237,113 @@ def random_network(seed: int) -> onnx.ModelProto:
     return b.model(c, hw)
 
 
-def network(i: int, seed: int = 0) -> onnx.ModelProto:
-    """The sweep's ``i``-th network (deterministic): every fourth is a sequence model
-    (embeddings, RNNs, 1-D convolutions), the others random chains of CNN blocks."""
+def plain_network(seed: int) -> onnx.ModelProto:
+    """A small LeNet/VGG-style stack (deterministic for a seed): 3x3/5x5 convolutions of 4-256
+    channels (not only multiples of 8) with ReLU or Tanh, 2x2 max or average pools, on 1 or 3
+    channels of 8-64 pixels, then 1-3 Gemm layers."""
+    r = random.Random(seed)
+    c_in, hw = r.choice([1, 1, 3]), r.choice([8, 12, 16, 28, 32, 32, 48, 64])
+    b = _Builder(r, c_in, hw)
+    act = r.choice(["Relu", "Relu", "Tanh"])
+    pad = r.random() < 0.5
+    width = float(r.choice([4, 6, 8, 16, 32]))
+    while b.hw >= 4 and len(b.nodes) < 30:
+        for _ in range(r.choice([1, 1, 2])):
+            k = r.choice([3, 5]) if b.hw > 6 else 3
+            if not pad and b.hw <= k:
+                break
+            p = k // 2 if pad else 0
+            w, bias = b._w(f"w{b.k}", int(width), b.c, k, k), b._w(f"b{b.k}", int(width))
+            b.x = b.node("Conv", [b.x, w, bias], kernel_shape=[k, k], strides=[1, 1],
+                         pads=[p] * 4)
+            b.c, b.hw = int(width), b.hw + 2 * p - k + 1
+            b.x = b.node(act, [b.x])
+        if b.hw < 4:
+            break
+        b.x = b.node(r.choice(["MaxPool", "MaxPool", "AveragePool"]), [b.x],
+                     kernel_shape=[2, 2], strides=[2, 2])
+        b.hw //= 2
+        width = min(width * r.choice([1.5, 2, 2.5]), 256)
+    b.x = b.node("Flatten", [b.x])
+    _gemm_chain(b, b.c * b.hw * b.hw, r.randint(1, 3), act, [16, 32, 64, 84, 120, 128, 256, 512],
+                [2, 10, 100])
+    return b.model(c_in, hw)
+
+
+def _gemm_chain(b: _Builder, width: int, layers: int, act: str, hidden: list[int],
+                outputs: list[int]) -> None:
+    for i in range(layers):
+        out = b.r.choice(hidden) if i < layers - 1 else b.r.choice(outputs)
+        b.x = b.node("Gemm", [b.x, b._w(f"fw{b.k}", out, width), b._w(f"fb{b.k}", out)],
+                     transB=1)
+        if i < layers - 1:
+            if act == "Clip":
+                lo, hi = b._const(f"lo{b.k}", np.array(-1.0, np.float32)), \
+                    b._const(f"hi{b.k}", np.array(1.0, np.float32))
+                b.x = b.node("Clip", [b.x, lo, hi])
+            else:
+                b.x = b.node(act, [b.x])
+        width = out
+
+
+def embedding_mlp(seed: int) -> onnx.ModelProto:
+    """A small SENNA-style window classifier (deterministic for a seed): one or two token
+    embeddings (Gather) over a window of 3-11 tokens, Concat, Flatten, then 2-3 Gemm layers
+    with a hard tanh (Clip), Tanh, ReLU or Sigmoid between them."""
+    r = random.Random(seed)
+    b = _Builder(r, 1, 1)
+    window = r.choice([3, 5, 7, 11])
+    dims = [r.choice([16, 32, 50, 64])] + ([r.choice([2, 5, 8])] if r.random() < 0.6 else [])
+    vocab = r.choice([500, 3000, 10000])
+    inputs, embedded = [], []
+    for j, d in enumerate(dims):
+        inputs.append(helper.make_tensor_value_info(f"tokens{j}", TensorProto.INT64, [1, window]))
+        table = b._w(f"emb{j}", vocab if j == 0 else 10, d)
+        embedded.append(b.node("Gather", [table, f"tokens{j}"]))
+    b.x = embedded[0] if len(embedded) == 1 else b.node("Concat", embedded, axis=2)
+    b.x = b.node("Flatten", [b.x], axis=1)
+    _gemm_chain(b, window * sum(dims), r.randint(2, 3), r.choice(["Clip", "Tanh", "Relu",
+                                                                   "Sigmoid"]),
+                [32, 64, 100, 150, 200, 300, 500], [2, 10, 45, 100])
+    return _sequence_model(b, inputs)
+
+
+#: network families: ``mixed`` (CNN chains and sequence models, the zoo's ops) and ``small``
+#: (LeNet-like stacks and SENNA-like MLPs: kernels of a few microseconds on small maps and
+#: channel counts the mixed family lacks)
+FAMILIES = ("mixed", "small")
+
+
+def network(i: int, seed: int = 0, family: str = "mixed") -> onnx.ModelProto:
+    """The sweep's ``i``-th network of ``family`` (deterministic). ``mixed``: every fourth is a
+    sequence model (embeddings, RNNs, 1-D convolutions), the others random chains of CNN
+    blocks. ``small``: three in five :func:`plain_network`, the others :func:`embedding_mlp`."""
+    if family == "small":
+        return (plain_network if i % 5 < 3 else embedding_mlp)(seed * 100_003 + 9_000_000 + i)
+    if family != "mixed":
+        raise ValueError(f"unknown network family {family!r}; expected one of {FAMILIES}")
     return (random_sequence_network if i % 4 == 3 else random_network)(seed * 100_003 + i)
 
 
+def model_name(i: int, family: str = "mixed") -> str:
+    """The name the ``i``-th network of ``family`` trains under."""
+    return f"synthetic{i}" if family == "mixed" else f"{family}{i}"
+
+
 def run_context_sweep(count: int = 40, seed: int = 0, threads: int = 1, repeats: int = 10,
-                      progress: Callable[[str], None] | None = None) -> list[NodeSample]:
-    """Profile ``count`` random networks in context; one sample per anchor node."""
+                      progress: Callable[[str], None] | None = None,
+                      family: str = "mixed") -> list[NodeSample]:
+    """Profile ``count`` random networks of ``family`` in context; one sample per anchor."""
     out: list[NodeSample] = []
     for i in range(count):
-        model = network(i, seed)
+        model = network(i, seed, family)
         feats = model_features(model)
         prof = profile_in_context_model(model, threads, repeats)
-        out += [NodeSample(f"synthetic{i}", feats[n][0], feats[n][1], ms)
+        out += [NodeSample(model_name(i, family), feats[n][0], feats[n][1], ms)
                 for n, ms in prof.items() if n in feats]
         if progress and (i % 10 == 0 or i == count - 1):
-            progress(f"context sweep {i + 1}/{count}: {len(model.graph.node)} nodes")
+            progress(f"context sweep ({family}) {i + 1}/{count}: "
+                     f"{len(model.graph.node)} nodes")
     return out
 
 

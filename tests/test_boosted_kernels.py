@@ -85,6 +85,33 @@ def test_synthetic_networks_cover_the_zoos_ops_and_run() -> None:
             "Tanh", "Sigmoid", "AveragePool", "MaxPool", "Conv", "Gemm"} <= ops
 
 
+def test_small_networks_run_and_cover_lenet_and_senna_like_layers() -> None:
+    from coinf.device.context_sweep import model_name, network
+
+    ops: set[str] = set()
+    channels: set[int] = set()
+    maps: set[int] = set()
+    for i in range(20):
+        model = network(i, family="small")
+        onnx.checker.check_model(model, full_check=True)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess.run(None, random_feeds(sess))
+        ops |= {n.op_type for n in model.graph.node}
+        for init in model.graph.initializer:
+            if len(init.dims) == 4:  # conv weights: output channels
+                channels.add(int(init.dims[0]))
+        maps |= {int(i.type.tensor_type.shape.dim[-1].dim_value) for i in model.graph.input
+                 if len(i.type.tensor_type.shape.dim) == 4}
+    assert {"Conv", "MaxPool", "Gemm", "Gather", "Concat", "Flatten"} <= ops
+    assert any(c % 8 for c in channels)  # channel counts the NCHWc-friendly family lacks
+    assert min(maps) < 16  # maps smaller than any of the mixed family's
+    assert network(3, family="small").SerializeToString() == \
+        network(3, family="small").SerializeToString()  # deterministic
+    assert model_name(3, "small") == "small3" and model_name(3) == "synthetic3"
+    with pytest.raises(ValueError, match="family"):
+        network(0, family="huge")
+
+
 def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> None:
     feats = {}
     nodes = []

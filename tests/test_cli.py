@@ -31,6 +31,8 @@ def test_bench_predict_wants_a_bundle_or_the_zoo(capsys: pytest.CaptureFixture[s
         assert "Traceback" not in err and "--bundle" in err and "--zoo" in err
     assert main(["bench", "predict", "--zoo", "--synthetic", "-1"]) == 2
     assert "--synthetic" in capsys.readouterr().err
+    assert main(["bench", "predict", "--zoo", "--small", "-1"]) == 2
+    assert "--small" in capsys.readouterr().err
     assert main(["bench", "predict", "--zoo", "--profile", "p.json"]) == 2
     assert "--profile" in capsys.readouterr().err
 

@@ -147,5 +147,7 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     assert synthetic_parts(tmp_path, 0) == []
     with pytest.raises(ValueError, match="passes"):
         synthetic_parts(tmp_path, 2, passes=0)
-    labels = synthetic_labels(tmp_path, 2, seed=1, passes=1)
+    labels = synthetic_labels(tmp_path, 2, seed=1, passes=1, small=2)
     assert labels and all(n.ms > 0 for n in labels)
+    assert {n.model for n in labels} == {"synthetic0", "synthetic1", "small0", "small1"}
+    assert (tmp_path / "synthetic-small-parts-2-1-1-25-1.json").is_file()

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                         "(every zoo model, from the timings cache)")
     if args.synthetic < 0:
         raise UserError(f"--synthetic must be >= 0, got {args.synthetic}")
+    if args.small < 0:
+        raise UserError(f"--small must be >= 0, got {args.small}")
     if args.zoo:
         if args.profile:
             raise UserError("--profile scores the sweep predictors of one --bundle; --zoo "
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.context_data import train_on_zoo
 
     ctx, trained_on = train_on_zoo(Path(args.cache), args.repeats, args.synthetic, held,
-                                   progress, args.fresh_synthetic)
+                                   progress, args.fresh_synthetic, small=args.small)
     model = onnx.load(str(bundle.model_path))
     feats = node_features(model)
     # a reference, not the predictor: this model's OWN in-context node times (measured here,
@@ -164,11 +166,12 @@ def run_zoo(args: argparse.Namespace) -> int:
     from coinf.device.context_data import zoo_leave_one_out
 
     per = zoo_leave_one_out(Path(args.cache), args.repeats, args.synthetic, progress=progress,
-                            fresh_synthetic=args.fresh_synthetic)
+                            fresh_synthetic=args.fresh_synthetic, small=args.small)
     scores = [r["within_10pct"] for r in per.values()]
     own = [r["profiled_within_10pct"] for r in per.values()
            if r["profiled_within_10pct"] is not None]
     emit({"leave_one_model_out": True, "cached_slices": True, "synthetic": args.synthetic,
+          "small": args.small,
           "within_10pct": {m: r["within_10pct"] for m, r in per.items()},
           "min_within_10pct": min(scores), "median_within_10pct": median(scores),
           # the same with every model's own profiled node times (a perfect node predictor)
@@ -193,6 +196,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", type=int, default=300,
                         help="synthetic networks profiled and timed in parts for training "
                              "(cached in --cache)")
+    parser.add_argument("--small", type=int, default=100,
+                        help="small synthetic networks (LeNet-like stacks, SENNA-like MLPs) "
+                             "profiled and timed in parts for training (cached in --cache)")
     parser.add_argument("--fresh-synthetic", action="store_true",
                         help="measure the synthetic networks again instead of reading them "
                              "from --cache (and replace the cached profiles and part timings)")

@@ -75,11 +75,13 @@ def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
 
     if args.context_cache:
         ctx, names = train_on_zoo(Path(args.context_cache), progress=note,
-                                  synthetic=15 if args.quick else 300, passes=1)
+                                  synthetic=15 if args.quick else 300, passes=1,
+                                  small=5 if args.quick else 100)
     else:
         with tempfile.TemporaryDirectory(prefix="coinf-context-") as tmp:
             ctx, names = train_on_zoo(Path(tmp), progress=note,
-                                      synthetic=15 if args.quick else 300, passes=1)
+                                      synthetic=15 if args.quick else 300, passes=1,
+                                      small=5 if args.quick else 100)
     predictor.meta["slice_model"] = ctx.to_json()
     return list(names)
 

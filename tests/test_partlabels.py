@@ -151,3 +151,23 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     assert labels and all(n.ms > 0 for n in labels)
     assert {n.model for n in labels} == {"synthetic0", "synthetic1", "small0", "small1"}
     assert (tmp_path / "synthetic-small-parts-2-1-1-25-1.json").is_file()
+
+
+def test_lomo_with_relabelling_never_reads_the_held_out_models_timings() -> None:
+    from functools import partial
+
+    from coinf.device.slicepred import leave_one_model_out
+
+    truth, slices, _ = _world(models=3, nodes=8)
+    f0, grp = next(iter(model_features(network(0)).values()))
+    feats = {m: {n: (replace(f0, name=n, linear=(v * 100, v, v, 0.01)), grp) for n, v in x.items()}
+             for m, x in truth.items()}
+    nodes = [NodeSample(m, feats[m][n][0], grp, v + 0.001) for m, x in truth.items()
+             for n, v in x.items()]
+    hook = partial(relabel, weight=0.3)
+    res = leave_one_model_out(nodes, slices, feats, ["m2"], relabel=hook)
+    moved_nodes = [replace(n, ms=n.ms * 50) if n.model == "m2" else n for n in nodes]
+    moved_slices = [replace(s, ms=s.ms * 50) if s.model == "m2" else s for s in slices]
+    again = leave_one_model_out(moved_nodes, moved_slices, feats, ["m2"], relabel=hook)
+    assert [p for _, p, _ in again["m2"]] == pytest.approx([p for _, p, _ in res["m2"]])
+    assert [t for _, _, t in again["m2"]] == pytest.approx([50 * t for _, _, t in res["m2"]])

@@ -174,6 +174,7 @@ def run_zoo(args: argparse.Namespace) -> int:
           "small": args.small,
           "within_10pct": {m: r["within_10pct"] for m, r in per.items()},
           "min_within_10pct": min(scores), "median_within_10pct": median(scores),
+          "mean_within_10pct": sum(scores) / len(scores),
           # the same with every model's own profiled node times (a perfect node predictor)
           "min_profiled_within_10pct": min(own) if own else None,
           "median_profiled_within_10pct": median(own) if own else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from coinf.device.slicepred import (
     within,
 )
 from onnx import TensorProto, helper, numpy_helper
+
+from tests.cachecheck import check_planted_fresh_corrupt
 
 
 def conv_bn_relu_gemm() -> onnx.ModelProto:
@@ -145,17 +148,11 @@ def test_synthetic_profiles_are_cached_per_arguments_and_refreshed_on_request(
     assert again == first and cache.stat().st_mtime_ns == stamp  # read back, not re-profiled
     # the groups read back are the in-context ones (e.g. a Conv with its fused activation)
     assert [s.group for s in again] == [s.group for s in first]
-    # a value planted in a valid cache is what a plain call returns; fresh=True measures anew
-    obj = json.loads(cache.read_text())
-    obj["samples"][0]["ms"] = 123.0
-    cache.write_text(json.dumps(obj))
-    assert max(s.ms for s in synthetic_samples(tmp_path, 3, seed=1, repeats=2)) == 123.0
-    fresh = synthetic_samples(tmp_path, 3, seed=1, repeats=2, fresh=True)
-    assert len(fresh) == len(first) and max(s.ms for s in fresh) < 123.0
-    assert max(s.ms for s in synthetic_samples(tmp_path, 3, seed=1, repeats=2)) < 123.0
-    # a cache that does not parse, or was made by other generators, is measured again
-    cache.write_text("{not json")
-    assert len(synthetic_samples(tmp_path, 3, seed=1, repeats=2)) == len(first)
+    # a planted value is read back, fresh=True measures anew, a corrupt cache is re-measured
+    check_planted_fresh_corrupt(cache, "samples",
+                                partial(synthetic_samples, tmp_path, 3, seed=1, repeats=2),
+                                len(first))
+    # and so is a cache made by other generators
     obj = json.loads(cache.read_text())
     obj["networks"] = "0" * 64
     obj["samples"][0]["ms"] = 123.0

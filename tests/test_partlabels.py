@@ -3,8 +3,8 @@ into parts that run alone, timing them, and solving part times for node times.""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,8 @@ from coinf.device.context_sweep import network
 from coinf.device.incontext import anchors, model_features
 from coinf.device.partlabels import cut_points, decompose, parts, relabel, time_parts
 from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample
+
+from tests.cachecheck import check_planted_fresh_corrupt
 
 
 def test_cuts_never_split_a_fused_group_and_parts_cover_the_network() -> None:
@@ -135,15 +137,9 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
 
     first = synthetic_parts(tmp_path, 2, seed=1, repeats=2, passes=2)
     assert {s.model for s in first} == {"synthetic0", "synthetic1"}
-    cache = tmp_path / "synthetic-parts-2-1-1-2-2.json"
-    obj = json.loads(cache.read_text())
-    obj["parts"][0]["ms"] = 123.0
-    cache.write_text(json.dumps(obj))
-    assert max(s.ms for s in synthetic_parts(tmp_path, 2, seed=1, repeats=2)) == 123.0
-    fresh = synthetic_parts(tmp_path, 2, seed=1, repeats=2, fresh=True)
-    assert len(fresh) == len(first) and max(s.ms for s in fresh) < 123.0
-    cache.write_text("{not json")
-    assert len(synthetic_parts(tmp_path, 2, seed=1, repeats=2)) == len(first)
+    check_planted_fresh_corrupt(tmp_path / "synthetic-parts-2-1-1-2-2.json", "parts",
+                                partial(synthetic_parts, tmp_path, 2, seed=1, repeats=2),
+                                len(first))
     assert synthetic_parts(tmp_path, 0) == []
     with pytest.raises(ValueError, match="passes"):
         synthetic_parts(tmp_path, 2, passes=0)
@@ -154,8 +150,6 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
 
 
 def test_lomo_with_relabelling_never_reads_the_held_out_models_timings() -> None:
-    from functools import partial
-
     from coinf.device.slicepred import leave_one_model_out
 
     truth, slices, _ = _world(models=3, nodes=8)

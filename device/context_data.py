@@ -25,9 +25,11 @@ PARTS_FORMAT = "coinf-synthetic-parts-1"
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
 #: docs/BENCHMARKS.md section 12, sixth round)
 PRIOR_WEIGHT = 0.3
-#: small networks (:func:`~coinf.device.context_sweep.network`, family ``small``) trained on
-#: next to the mixed ones: without them LeNet and SENNA were predicted 21-47 % high
-SMALL_NETWORKS = 100
+#: networks of the other families (:func:`~coinf.device.context_sweep.network`) trained on
+#: next to the mixed ones: without ``small`` LeNet and SENNA were predicted 21-47 % high, without
+#: ``gated`` and ``mobile`` WaveNet's and MobileNetV2's slices were 6-10 % low and ResNet's high
+#: (docs/BENCHMARKS.md section 12, seventh round)
+FAMILY_NETWORKS: Mapping[str, int] = {"small": 100, "gated": 60, "mobile": 30}
 Features = dict[str, tuple[NodeFeatures, str]]
 T = TypeVar("T")
 
@@ -285,16 +287,24 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
 
 def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = 2,
                      fresh: bool = False, progress: Callable[[str], None] | None = None,
-                     small: int = 0) -> list[NodeSample]:
+                     families: Mapping[str, int] | None = None) -> list[NodeSample]:
     """The node samples (:func:`synthetic_samples`) of ``count`` synthetic networks of the
-    ``mixed`` family and ``small`` of the ``small`` one, labelled with unprofiled kernel times
-    decomposed from their parts (:func:`synthetic_parts`,
-    :func:`~coinf.device.partlabels.relabel` with one set of term costs per family: the
-    small networks' tiny parts would otherwise pull the mixed family's costs)."""
+    ``mixed`` family and as many of each other family as ``families`` says (none by default),
+    labelled with unprofiled kernel times decomposed from their parts
+    (:func:`synthetic_parts`, :func:`~coinf.device.partlabels.relabel` with one set of term
+    costs per family: the small networks' tiny parts would otherwise pull the mixed family's
+    costs)."""
+    from coinf.device.context_sweep import FAMILIES
     from coinf.device.partlabels import relabel
 
+    wanted = [("mixed", count), *(families or {}).items()]
+    for family, n in wanted:
+        if family not in FAMILIES:
+            raise ValueError(f"unknown network family {family!r}; expected one of {FAMILIES}")
+        if n < 0:
+            raise ValueError(f"the {family} family needs a count >= 0, got {n}")
     out: list[NodeSample] = []
-    for family, n in (("mixed", count), ("small", small)):
+    for family, n in wanted:
         nodes = synthetic_samples(cache_dir, n, seed, fresh=fresh, progress=progress,
                                   family=family)
         parts = synthetic_parts(cache_dir, n, seed, passes=passes, fresh=fresh,
@@ -332,10 +342,10 @@ def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
                  progress: Callable[[str], None] | None = None,
                  fresh_synthetic: bool = False, passes: int = 2,
-                 small: int = SMALL_NETWORKS) -> tuple[Any, list[str]]:
+                 families: Mapping[str, int] = FAMILY_NETWORKS) -> tuple[Any, list[str]]:
     """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
     ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks and
-    ``small`` small ones in context (:func:`synthetic_labels`, parts timed in ``passes``
+    ``families``' networks in context (:func:`synthetic_labels`, parts timed in ``passes``
     passes) and the single-layer
     sweep for groups nothing in context covers; and the models it was trained on. Every node
     label is an unprofiled time (:func:`zoo_relabel`)."""
@@ -344,7 +354,7 @@ def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     names = [n for n in zoo.ZOO if n != held_out]
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     syn = synthetic_labels(cache_dir, synthetic, passes=passes, fresh=fresh_synthetic,
-                           progress=progress, small=small)
+                           progress=progress, families=families)
     extra = sweep_samples(cache_dir, 0.2, progress=progress)
     return (SlicePredictor.train(nodes, slices, feats, extra, relabel=zoo_relabel(syn)),
             sorted(names))
@@ -375,12 +385,12 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       names: tuple[str, ...] | None = None, sweep_scale: float = 0.2,
                       progress: Callable[[str], None] | None = None,
                       fresh_synthetic: bool = False,
-                      small: int = SMALL_NETWORKS) -> dict[str, Any]:
+                      families: Mapping[str, int] = FAMILY_NETWORKS) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
-    model, a predictor trained on every other model (and ``synthetic`` plus ``small``
-    networks, profiled and timed once into the cache: :func:`synthetic_labels`) predicts this
-    model's cached slice times. Per model: slices, the fractions within +-10% and +-25%, the
-    median of predicted / measured, the profiler's surplus per kernel
+    model, a predictor trained on every other model (and ``synthetic`` mixed networks plus
+    ``families``' networks, profiled and timed once into the cache: :func:`synthetic_labels`)
+    predicts this model's cached slice times. Per model: slices, the fractions within +-10%
+    and +-25%, the median of predicted / measured, the profiler's surplus per kernel
     (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
     :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
     predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
@@ -397,7 +407,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
     surplus = profiler_surplus(nodes, slices)
     syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress,
-                           small=small)
+                           families=families)
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
     res = leave_one_model_out(nodes, slices, feats, list(names), extra, zoo_relabel(syn))
     profiled, additive = profiled_pairs(nodes, slices, list(names)), additive_pairs(nodes, slices)

@@ -308,18 +308,123 @@ def embedding_mlp(seed: int) -> onnx.ModelProto:
     return _sequence_model(b, inputs)
 
 
+def gated_network(seed: int) -> onnx.ModelProto:
+    """A WaveNet-style audio stack (deterministic for a seed): a 1x1 input convolution over
+    8-64 features of 32-256 steps (optionally then Tanh), 2-8 gated layers -- a dilated
+    kernel-2 or -3 1-D convolution shared by filter and gate or one each, cropped by Slice,
+    tanh x sigmoid, a 1x1 residual convolution and Add, and optionally a 1x1 skip convolution
+    summed over the layers -- then ReLU and a 1x1 output convolution."""
+    r = random.Random(seed)
+    b = _Builder(r, 1, 1)
+    feats, seq, c = r.choice([8, 13, 20, 40, 64]), r.choice([32, 50, 100, 128, 200, 256]), \
+        r.choice([16, 24, 32, 48, 64])
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, feats, seq])]
+    x = b.node("Conv", ["x", b._w(f"w{b.k}", c, feats, 1), b._w(f"b{b.k}", c)],
+               kernel_shape=[1])
+    if r.random() < 0.5:
+        x = b.node("Tanh", [x])
+    k, split, skip = r.choice([2, 2, 3]), r.random() < 0.6, r.random() < 0.6
+    cycle, layers = r.randint(3, 6), r.randint(2, 8)
+    starts, ends, axes = (b._const(f"s{b.k}", np.array([0], np.int64)),
+                          b._const(f"e{b.k}", np.array([seq], np.int64)),
+                          b._const(f"a{b.k}", np.array([2], np.int64)))
+    total = ""
+
+    def dilated(src: str, d: int) -> str:
+        h = b.node("Conv", [src, b._w(f"w{b.k}", c, c, k), b._w(f"b{b.k}", c)],
+                   kernel_shape=[k], dilations=[d], pads=[d * (k - 1)] * 2)
+        return b.node("Slice", [h, starts, ends, axes])
+
+    for i in range(layers):
+        d = 2 ** (i % cycle)
+        f = dilated(x, d)
+        g = dilated(x, d) if split else f
+        z = b.node("Mul", [b.node("Tanh", [f]), b.node("Sigmoid", [g])])
+        res = b.node("Conv", [z, b._w(f"w{b.k}", c, c, 1), b._w(f"b{b.k}", c)],
+                     kernel_shape=[1])
+        if skip:
+            sk = b.node("Conv", [z, b._w(f"w{b.k}", c, c, 1), b._w(f"b{b.k}", c)],
+                        kernel_shape=[1])
+            total = b.node("Add", [total, sk]) if total else sk
+        x = b.node("Add", [x, res])
+    out = b.node("Relu", [total or x])
+    b.x = b.node("Conv", [out, b._w(f"w{b.k}", r.choice([10, 29, 40]), c, 1)], kernel_shape=[1])
+    return _sequence_model(b, inputs)
+
+
+#: channel widths of :func:`inverted_network`'s stages
+_INVERTED_WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 160)
+
+
+def _bn_conv(b: _Builder, cout: int, k: int, stride: int, group: int = 1,
+             relu6: bool = True) -> None:
+    """Conv + BatchNormalization (+ Clip(0, 6)): the layer MobileNets are made of."""
+    w, bias = b._w(f"w{b.k}", cout, b.c // group, k, k), b._w(f"b{b.k}", cout)
+    b.x = b.node("Conv", [b.x, w, bias], kernel_shape=[k, k], strides=[stride] * 2,
+                 pads=[k // 2] * 4, group=group)
+    b.c, b.hw = cout, (b.hw + stride - 1) // stride
+    s, bb = b._w(f"s{b.k}", cout, offset=1.0), b._w(f"bb{b.k}", cout)
+    m, v = b._w(f"m{b.k}", cout), b._w(f"v{b.k}", cout, offset=2.0)
+    b.x = b.node("BatchNormalization", [b.x, s, bb, m, v])
+    if relu6:
+        lo, hi = b._const(f"lo{b.k}", np.array(0.0, np.float32)), \
+            b._const(f"hi{b.k}", np.array(6.0, np.float32))
+        b.x = b.node("Clip", [b.x, lo, hi])
+
+
+def inverted_network(seed: int) -> onnx.ModelProto:
+    """A MobileNetV2-style network (deterministic for a seed): a 3x3 stride-2 stem on 3 x 32-128
+    pixels, 2-6 stages of 1-4 inverted residual blocks (1x1 expansion by 1, 4 or 6, 3x3
+    depthwise, 1x1 projection, each with BatchNormalization and ReLU6 but the projection, an
+    Add when the shape allows) of 8-160 channels, optionally a wide 1x1 convolution, then
+    GlobalAveragePool and mostly a Gemm: early layers on large maps with few channels, which
+    the mixed family has few of."""
+    r = random.Random(seed)
+    hw = r.choice([32, 48, 64, 96, 112, 128])
+    b = _Builder(r, 3, hw)
+    _bn_conv(b, r.choice([8, 16, 24, 32]), 3, 2)
+    wi = r.randint(0, 3)
+    for stage in range(r.randint(2, 6)):
+        cout = _INVERTED_WIDTHS[min(wi, len(_INVERTED_WIDTHS) - 1)]
+        t = 1 if stage == 0 and r.random() < 0.5 else r.choice([4, 6, 6])
+        stride = 2 if (stage > 0 and b.hw >= 4 and r.random() < 0.75) else 1
+        for i in range(r.randint(1, 4)):
+            skip, cin = b.x, b.c
+            if t != 1:
+                _bn_conv(b, cin * t, 1, 1)
+            _bn_conv(b, b.c, 3, stride if i == 0 else 1, group=b.c)
+            _bn_conv(b, cout, 1, 1, relu6=False)
+            if (stride == 1 or i > 0) and cin == cout:
+                b.x = b.node("Add", [b.x, skip])
+        wi += r.choice([1, 1, 2])
+    head = r.random()
+    if head < 0.7:
+        _bn_conv(b, r.choice([128, 256, 512, 1280]), 1, 1)
+    b.x = b.node("Flatten", [b.node("GlobalAveragePool", [b.x])])
+    if head < 0.85:
+        out = r.choice([10, 100, 1000])
+        b.x = b.node("Gemm", [b.x, b._w(f"fw{b.k}", out, b.c), b._w(f"fb{b.k}", out)], transB=1)
+    return b.model(3, hw)
+
+
 #: network families: ``mixed`` (CNN chains and sequence models, the zoo's ops) and ``small``
 #: (LeNet-like stacks and SENNA-like MLPs: kernels of a few microseconds on small maps and
-#: channel counts the mixed family lacks)
-FAMILIES = ("mixed", "small")
+#: channel counts the mixed family lacks), ``gated`` (WaveNet-style audio stacks,
+#: :func:`gated_network`) and ``mobile`` (MobileNetV2-style, :func:`inverted_network`)
+FAMILIES = ("mixed", "small", "gated", "mobile")
 
 
 def network(i: int, seed: int = 0, family: str = "mixed") -> onnx.ModelProto:
     """The sweep's ``i``-th network of ``family`` (deterministic). ``mixed``: every fourth is a
     sequence model (embeddings, RNNs, 1-D convolutions), the others random chains of CNN
-    blocks. ``small``: three in five :func:`plain_network`, the others :func:`embedding_mlp`."""
+    blocks. ``small``: three in five :func:`plain_network`, the others :func:`embedding_mlp`.
+    ``gated``: :func:`gated_network`; ``mobile``: :func:`inverted_network`."""
     if family == "small":
         return (plain_network if i % 5 < 3 else embedding_mlp)(seed * 100_003 + 9_000_000 + i)
+    if family == "gated":
+        return gated_network(seed * 100_003 + 19_000_000 + i)
+    if family == "mobile":
+        return inverted_network(seed * 100_003 + 29_000_000 + i)
     if family != "mixed":
         raise ValueError(f"unknown network family {family!r}; expected one of {FAMILIES}")
     return (random_sequence_network if i % 4 == 3 else random_network)(seed * 100_003 + i)

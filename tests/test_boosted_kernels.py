@@ -112,6 +112,43 @@ def test_small_networks_run_and_cover_lenet_and_senna_like_layers() -> None:
         network(0, family="huge")
 
 
+def test_gated_and_mobile_networks_run_and_have_their_models_layers() -> None:
+    from coinf.device.context_sweep import network
+    from onnx import helper
+
+    def attr(node: onnx.NodeProto, name: str, default: object) -> object:
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name),
+                    default)
+
+    dilations: set[int] = set()
+    split = depthwise = adds = 0
+    for family in ("gated", "mobile"):
+        for i in range(12):
+            model = network(i, family=family)
+            onnx.checker.check_model(model, full_check=True)
+            sess = ort.InferenceSession(model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+            sess.run(None, random_feeds(sess))
+            convs = [n for n in model.graph.node if n.op_type == "Conv"]
+            if family == "gated":
+                dilations |= {int(max(attr(n, "dilations", [1]))) for n in convs}
+                readers: dict[str, int] = {}
+                for n in model.graph.node:
+                    if n.op_type in ("Tanh", "Sigmoid"):
+                        readers[n.input[0]] = readers.get(n.input[0], 0) + 1
+                split += all(v == 1 for v in readers.values())
+            else:
+                shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+                depthwise += sum(int(attr(n, "group", 1)) > 1 and shapes[n.input[1]][1] == 1
+                                 for n in convs)
+                adds += sum(n.op_type == "Add" for n in model.graph.node)
+        assert network(5, family=family).SerializeToString() == \
+            network(5, family=family).SerializeToString()  # deterministic
+    assert {1, 2, 4, 8} <= dilations  # dilated 1-D convolutions, doubling per layer
+    assert 0 < split < 12  # separate filter and gate convolutions in some, shared in others
+    assert depthwise > 12 and adds > 0  # depthwise 3x3s and residual Adds
+
+
 def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> None:
     feats = {}
     nodes = []

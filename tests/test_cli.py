@@ -31,10 +31,36 @@ def test_bench_predict_wants_a_bundle_or_the_zoo(capsys: pytest.CaptureFixture[s
         assert "Traceback" not in err and "--bundle" in err and "--zoo" in err
     assert main(["bench", "predict", "--zoo", "--synthetic", "-1"]) == 2
     assert "--synthetic" in capsys.readouterr().err
-    assert main(["bench", "predict", "--zoo", "--small", "-1"]) == 2
-    assert "--small" in capsys.readouterr().err
+    assert main(["bench", "predict", "--zoo", "--family", "small=-1"]) == 2
+    assert "small=N needs N >= 0" in capsys.readouterr().err
+    assert main(["bench", "predict", "--zoo", "--family", "tiny=3"]) == 2
+    assert "one of small, gated, mobile" in capsys.readouterr().err
+    assert main(["bench", "predict", "--zoo", "--family", "gated=x"]) == 2
+    assert "whole number" in capsys.readouterr().err
     assert main(["bench", "predict", "--zoo", "--profile", "p.json"]) == 2
     assert "--profile" in capsys.readouterr().err
+
+
+def test_bench_predict_zoo_reports_the_families_it_trained_on(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import coinf.device.context_data as cd
+
+    seen: dict[str, object] = {}
+
+    def scored(cache: object, repeats: int, synthetic: int, **kw: object) -> dict[str, object]:
+        seen.update(kw)  # the expensive leave-one-model-out itself is tested in test_incontext
+        row = {"within_10pct": 0.5, "profiled_within_10pct": None, "additive_within_10pct": 1.0}
+        return {"a": dict(row), "b": {**row, "within_10pct": 1.0}}
+
+    monkeypatch.setattr(cd, "zoo_leave_one_out", scored)
+    assert main(["bench", "predict", "--zoo", "--synthetic", "7", "--family", "gated=3",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["families"] == {**cd.FAMILY_NETWORKS, "gated": 3} == seen["families"]
+    assert out["synthetic"] == 7 and out["mean_within_10pct"] == pytest.approx(0.75)
+    assert out["min_within_10pct"] == 0.5
 
 
 def test_missing_optional_dependency_is_a_one_line_error(

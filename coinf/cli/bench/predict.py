@@ -62,6 +62,25 @@ def zoo_source(bundle: Any) -> str | None:
     return None
 
 
+def parse_families(specs: list[str]) -> dict[str, int]:
+    """``--family NAME=N`` options over the default counts (UserError on a bad one)."""
+    from coinf.device.context_data import FAMILY_NETWORKS
+
+    out = dict(FAMILY_NETWORKS)
+    for spec in specs:
+        name, sep, count = spec.partition("=")
+        if not sep or name not in FAMILY_NETWORKS:
+            raise UserError(f"--family takes NAME=N with NAME one of "
+                            f"{', '.join(FAMILY_NETWORKS)}, got {spec!r}")
+        try:
+            out[name] = int(count)
+        except ValueError:
+            raise UserError(f"--family {name}=N needs a whole number, got {count!r}") from None
+        if out[name] < 0:
+            raise UserError(f"--family {name}=N needs N >= 0, got {out[name]}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from coinf.convert.bundle import Bundle
     from coinf.device.context_data import boundary_mbytes, model_features, profiled_constants
@@ -81,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
                         "(every zoo model, from the timings cache)")
     if args.synthetic < 0:
         raise UserError(f"--synthetic must be >= 0, got {args.synthetic}")
-    if args.small < 0:
-        raise UserError(f"--small must be >= 0, got {args.small}")
+    args.families = parse_families(args.family)
     if args.zoo:
         if args.profile:
             raise UserError("--profile scores the sweep predictors of one --bundle; --zoo "
@@ -103,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.context_data import train_on_zoo
 
     ctx, trained_on = train_on_zoo(Path(args.cache), args.repeats, args.synthetic, held,
-                                   progress, args.fresh_synthetic, small=args.small)
+                                   progress, args.fresh_synthetic, families=args.families)
     model = onnx.load(str(bundle.model_path))
     feats = node_features(model)
     # a reference, not the predictor: this model's OWN in-context node times (measured here,
@@ -166,12 +184,12 @@ def run_zoo(args: argparse.Namespace) -> int:
     from coinf.device.context_data import zoo_leave_one_out
 
     per = zoo_leave_one_out(Path(args.cache), args.repeats, args.synthetic, progress=progress,
-                            fresh_synthetic=args.fresh_synthetic, small=args.small)
+                            fresh_synthetic=args.fresh_synthetic, families=args.families)
     scores = [r["within_10pct"] for r in per.values()]
     own = [r["profiled_within_10pct"] for r in per.values()
            if r["profiled_within_10pct"] is not None]
     emit({"leave_one_model_out": True, "cached_slices": True, "synthetic": args.synthetic,
-          "small": args.small,
+          "families": args.families,
           "within_10pct": {m: r["within_10pct"] for m, r in per.items()},
           "min_within_10pct": min(scores), "median_within_10pct": median(scores),
           "mean_within_10pct": sum(scores) / len(scores),
@@ -197,9 +215,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", type=int, default=300,
                         help="synthetic networks profiled and timed in parts for training "
                              "(cached in --cache)")
-    parser.add_argument("--small", type=int, default=100,
-                        help="small synthetic networks (LeNet-like stacks, SENNA-like MLPs) "
-                             "profiled and timed in parts for training (cached in --cache)")
+    parser.add_argument("--family", action="append", default=[], metavar="NAME=N",
+                        help="how many networks of another synthetic family to train on next "
+                             "to the mixed ones (repeatable; default small=100 (LeNet-like "
+                             "stacks, SENNA-like MLPs), gated=60 (WaveNet-style), mobile=30 "
+                             "(MobileNetV2-style); cached in --cache)")
     parser.add_argument("--fresh-synthetic", action="store_true",
                         help="measure the synthetic networks again instead of reading them "
                              "from --cache (and replace the cached profiles and part timings)")

@@ -63,25 +63,30 @@ def starting_profile(role: str, out: Path, writes: bool, force: bool) -> Any:
     return existing
 
 
+#: the other synthetic families' sizes under --quick
+QUICK_FAMILIES = {"small": 5, "gated": 3, "mobile": 2}
+
+
 def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
     """Train the in-context slice predictor on the zoo measured here (docs/PLANNER.md section
     4) and store it in the sweep predictor; returns the models it was trained on."""
     import tempfile
 
-    from coinf.device.context_data import train_on_zoo
+    from coinf.device.context_data import FAMILY_NETWORKS, train_on_zoo
 
     def note(message: str) -> None:
         print(message, file=sys.stderr)
 
+    families = QUICK_FAMILIES if args.quick else FAMILY_NETWORKS
     if args.context_cache:
         ctx, names = train_on_zoo(Path(args.context_cache), progress=note,
                                   synthetic=15 if args.quick else 300, passes=1,
-                                  small=5 if args.quick else 100)
+                                  families=families)
     else:
         with tempfile.TemporaryDirectory(prefix="coinf-context-") as tmp:
             ctx, names = train_on_zoo(Path(tmp), progress=note,
                                       synthetic=15 if args.quick else 300, passes=1,
-                                      small=5 if args.quick else 100)
+                                      families=families)
     predictor.meta["slice_model"] = ctx.to_json()
     return list(names)
 

@@ -27,8 +27,8 @@ PARTS_FORMAT = "coinf-synthetic-parts-1"
 PRIOR_WEIGHT = 0.3
 #: networks of the other families (:func:`~coinf.device.context_sweep.network`) trained on
 #: next to the mixed ones: without ``small`` LeNet and SENNA were predicted 21-47 % high, without
-#: ``gated`` and ``mobile`` WaveNet's and MobileNetV2's slices were 6-10 % low and ResNet's high
-#: (docs/BENCHMARKS.md section 12, seventh round)
+#: ``gated`` and ``mobile`` WaveNet's and MobileNetV2's slices 6-10 % low (docs/BENCHMARKS.md
+#: section 12, sixth and seventh rounds)
 FAMILY_NETWORKS: Mapping[str, int] = {"small": 100, "gated": 60, "mobile": 30}
 Features = dict[str, tuple[NodeFeatures, str]]
 T = TypeVar("T")

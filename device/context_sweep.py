@@ -53,24 +53,32 @@ class _Builder:
         return out
 
     def conv(self, cout: int, k: int, stride: int, group: int = 1) -> None:
-        name = f"w{self.k}"
-        w = self._w(name, cout, self.c // group, k, k)
+        """A square convolution, then BatchNormalization (60 %) and ReLU, ReLU6 or nothing."""
+        self.plain_conv(cout, k, stride, group)
+        if self.r.random() < 0.6:
+            self.batchnorm()
+        act = self.r.choice(["Relu", "Relu", "Clip", None])
+        if act == "Clip":
+            self.relu6()
+        elif act:
+            self.x = self.node(act, [self.x])
+
+    def plain_conv(self, cout: int, k: int, stride: int, group: int = 1) -> None:
+        w = self._w(f"w{self.k}", cout, self.c // group, k, k)
         b = self._w(f"b{self.k}", cout)
         self.x = self.node("Conv", [self.x, w, b], kernel_shape=[k, k], strides=[stride] * 2,
                            pads=[k // 2] * 4, group=group)
         self.c, self.hw = cout, (self.hw + stride - 1) // stride
-        if self.r.random() < 0.6:
-            s, bb = self._w(f"s{self.k}", cout, offset=1.0), self._w(f"bb{self.k}", cout)
-            m, v = self._w(f"m{self.k}", cout), self._w(f"v{self.k}", cout, offset=2.0)
-            self.x = self.node("BatchNormalization", [self.x, s, bb, m, v])
-        act = self.r.choice(["Relu", "Relu", "Clip", None])
-        if act == "Clip":
-            lo, hi = f"lo{self.k}", f"hi{self.k}"
-            self.inits += [numpy_helper.from_array(np.array(0.0, np.float32), lo),
-                           numpy_helper.from_array(np.array(6.0, np.float32), hi)]
-            self.x = self.node("Clip", [self.x, lo, hi])
-        elif act:
-            self.x = self.node(act, [self.x])
+
+    def batchnorm(self) -> None:
+        s, bb = self._w(f"s{self.k}", self.c, offset=1.0), self._w(f"bb{self.k}", self.c)
+        m, v = self._w(f"m{self.k}", self.c), self._w(f"v{self.k}", self.c, offset=2.0)
+        self.x = self.node("BatchNormalization", [self.x, s, bb, m, v])
+
+    def relu6(self) -> None:
+        lo = self._const(f"lo{self.k}", np.array(0.0, np.float32))
+        hi = self._const(f"hi{self.k}", np.array(6.0, np.float32))
+        self.x = self.node("Clip", [self.x, lo, hi])
 
     def block(self) -> None:
         r = self.r
@@ -319,8 +327,12 @@ def gated_network(seed: int) -> onnx.ModelProto:
     feats, seq, c = r.choice([8, 13, 20, 40, 64]), r.choice([32, 50, 100, 128, 200, 256]), \
         r.choice([16, 24, 32, 48, 64])
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, feats, seq])]
-    x = b.node("Conv", ["x", b._w(f"w{b.k}", c, feats, 1), b._w(f"b{b.k}", c)],
-               kernel_shape=[1])
+
+    def pointwise(src: str, cin: int, cout: int, bias: bool = True) -> str:
+        ins = [src, b._w(f"w{b.k}", cout, cin, 1)] + ([b._w(f"b{b.k}", cout)] if bias else [])
+        return b.node("Conv", ins, kernel_shape=[1])
+
+    x = pointwise("x", feats, c)
     if r.random() < 0.5:
         x = b.node("Tanh", [x])
     k, split, skip = r.choice([2, 2, 3]), r.random() < 0.6, r.random() < 0.6
@@ -340,15 +352,13 @@ def gated_network(seed: int) -> onnx.ModelProto:
         f = dilated(x, d)
         g = dilated(x, d) if split else f
         z = b.node("Mul", [b.node("Tanh", [f]), b.node("Sigmoid", [g])])
-        res = b.node("Conv", [z, b._w(f"w{b.k}", c, c, 1), b._w(f"b{b.k}", c)],
-                     kernel_shape=[1])
+        res = pointwise(z, c, c)
         if skip:
-            sk = b.node("Conv", [z, b._w(f"w{b.k}", c, c, 1), b._w(f"b{b.k}", c)],
-                        kernel_shape=[1])
+            sk = pointwise(z, c, c)
             total = b.node("Add", [total, sk]) if total else sk
         x = b.node("Add", [x, res])
     out = b.node("Relu", [total or x])
-    b.x = b.node("Conv", [out, b._w(f"w{b.k}", r.choice([10, 29, 40]), c, 1)], kernel_shape=[1])
+    b.x = pointwise(out, c, r.choice([10, 29, 40]), bias=False)
     return _sequence_model(b, inputs)
 
 
@@ -358,18 +368,11 @@ _INVERTED_WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 160)
 
 def _bn_conv(b: _Builder, cout: int, k: int, stride: int, group: int = 1,
              relu6: bool = True) -> None:
-    """Conv + BatchNormalization (+ Clip(0, 6)): the layer MobileNets are made of."""
-    w, bias = b._w(f"w{b.k}", cout, b.c // group, k, k), b._w(f"b{b.k}", cout)
-    b.x = b.node("Conv", [b.x, w, bias], kernel_shape=[k, k], strides=[stride] * 2,
-                 pads=[k // 2] * 4, group=group)
-    b.c, b.hw = cout, (b.hw + stride - 1) // stride
-    s, bb = b._w(f"s{b.k}", cout, offset=1.0), b._w(f"bb{b.k}", cout)
-    m, v = b._w(f"m{b.k}", cout), b._w(f"v{b.k}", cout, offset=2.0)
-    b.x = b.node("BatchNormalization", [b.x, s, bb, m, v])
+    """Conv + BatchNormalization (+ ReLU6): the layer MobileNets are made of."""
+    b.plain_conv(cout, k, stride, group)
+    b.batchnorm()
     if relu6:
-        lo, hi = b._const(f"lo{b.k}", np.array(0.0, np.float32)), \
-            b._const(f"hi{b.k}", np.array(6.0, np.float32))
-        b.x = b.node("Clip", [b.x, lo, hi])
+        b.relu6()
 
 
 def inverted_network(seed: int) -> onnx.ModelProto:

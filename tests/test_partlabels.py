@@ -147,10 +147,11 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     assert labels and all(n.ms > 0 for n in labels)
     assert {n.model for n in labels} == {"synthetic0", "synthetic1", "small0", "small1"}
     assert (tmp_path / "synthetic-small-parts-2-1-1-25-1.json").is_file()
-    with pytest.raises(ValueError, match="unknown network family 'tiny'"):
-        synthetic_labels(tmp_path, 2, seed=1, passes=1, families={"tiny": 2})
-    with pytest.raises(ValueError, match="gated family needs a count >= 0"):
-        synthetic_labels(tmp_path, 2, seed=1, passes=1, families={"gated": -1})
+    for bad, message in (({"tiny": 2}, "unknown network family 'tiny'"),
+                         ({"gated": -1}, "gated family needs a count >= 0")):
+        with pytest.raises(ValueError, match=message):
+            synthetic_labels(tmp_path / "bad", 2, seed=1, passes=1, families=bad)
+        assert not (tmp_path / "bad").exists()  # refused before any network was measured
 
 
 def test_lomo_with_relabelling_never_reads_the_held_out_models_timings() -> None:

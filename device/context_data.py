@@ -238,11 +238,24 @@ def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int =
     got = None if fresh else _read_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
                                          lambda d: _node_from_json(str(d["model"]), d))
     if got is not None:
-        return got
+        return _featured(got, count, seed, family)
     out = run_context_sweep(count, seed, threads, repeats, progress, family)
     _write_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
                  [{"model": s.model, **_node_json(s)} for s in out])
     return out
+
+
+def _featured(rows: list[NodeSample], count: int, seed: int, family: str) -> list[NodeSample]:
+    """Cached samples with their features and groups computed anew from the regenerated
+    networks (the cache keeps measurements; features follow the code that reads them, e.g. a
+    residual Add now known to run inside its convolution). A row whose node is no longer an
+    anchor is dropped."""
+    from coinf.device.context_sweep import model_name, network
+
+    feats = {model_name(i, family): model_features(network(i, seed, family))
+             for i in range(count)}
+    return [NodeSample(s.model, *feats[s.model][s.features.name], s.ms) for s in rows
+            if s.features.name in feats.get(s.model, {})]
 
 
 def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,

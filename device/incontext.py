@@ -213,15 +213,63 @@ def dynamic_names(model: onnx.ModelProto) -> set[str]:
     return out
 
 
-def model_features(model: onnx.ModelProto) -> dict[str, tuple[NodeFeatures, str]]:
+def sum_fused(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
+              ) -> dict[str, str]:
+    """The Add nodes onnxruntime folds into a convolution as its NCHWc *Sum* input (the
+    residual joins of ResNet and MobileNetV2), and the activation after each that it folds in
+    too: node name -> the anchor it runs in. Read off ``optimized``, the graph onnxruntime runs
+    for ``model`` (:func:`~coinf.device.ortgraph.optimized_graph` when not given): an NCHWc
+    ``Conv`` with a fourth input is named ``<tensor>_nchwc`` after the tensor its Add read, and
+    its ``activation`` attribute names the activation folded after the Add. Empty on a machine
+    whose onnxruntime has no NCHWc kernels, or where the channel counts rule it out (ResNet's
+    12-channel first stage keeps its Adds)."""
+    from coinf.device.ortgraph import optimized_graph
+
+    opt = optimized if optimized is not None else optimized_graph(model)
+    g = model.graph
+    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(g.node)]
+    anchor = anchors(model)
+    producer = {o: names[k] for k, n in enumerate(g.node) for o in n.output}
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(g.node):
+        for t in n.input:
+            readers.setdefault(t, []).append(k)
+    out: dict[str, str] = {}
+    for n in opt.graph.node:
+        if n.op_type != "Conv" or not n.domain.endswith("nchwc") or len(n.input) < 4 \
+                or not n.input[3] or not n.name.endswith("_nchwc"):
+            continue
+        src = n.name[: -len("_nchwc")]
+        adds = [k for k in readers.get(src, []) if g.node[k].op_type == "Add"]
+        if len(adds) != 1 or src not in producer:
+            continue
+        root = anchor.get(producer[src], producer[src])
+        add = g.node[adds[0]]
+        out[names[adds[0]]] = root
+        act = next((a.s.decode() for a in n.attribute if a.name == "activation"), "")
+        after = readers.get(add.output[0], []) if act else []
+        if len(after) == 1 and g.node[after[0]].op_type == act:
+            out[names[after[0]]] = root
+    return out
+
+
+def model_features(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
+                   ) -> dict[str, tuple[NodeFeatures, str]]:
     """Anchor features of every node that runs (dynamic, not fused into another, not metadata):
-    name -> (features, kernel group). Fused followers and constant nodes are absent."""
+    name -> (features, kernel group). Fused followers, the Adds and activations folded into a
+    convolution (:func:`sum_fused`, from ``optimized`` or the graph onnxruntime makes of
+    ``model``) and constant nodes are absent."""
     anchor = anchors(model)
     followers = fused_followers(model)
     dyn = dynamic_names(model)
+    folded = sum_fused(model, optimized)
+    ops = {n.name or f"{n.op_type}_{k}": n.op_type for k, n in enumerate(model.graph.node)}
+    for node, root in folded.items():
+        followers[root] = (*followers.get(root, ()), ops[node])
     out: dict[str, tuple[NodeFeatures, str]] = {}
     for f in node_features(model):
-        if f.name not in dyn or anchor.get(f.name, f.name) != f.name or f.op_type in FREE_OPS:
+        if f.name not in dyn or anchor.get(f.name, f.name) != f.name or f.op_type in FREE_OPS \
+                or f.name in folded:
             continue
         out[f.name] = (replace(f, fused=False), group_of(f, followers.get(f.name, ())))
     return out

@@ -38,7 +38,7 @@ from coinf.device.features import FREE_OPS, KINDS, LINEAR_FEATURES, OP_CODE, Nod
 from coinf.device.predict import Linear, _fit_loglinear
 
 FORMAT = "coinf-slice-predictor"
-VERSION = 2
+VERSION = 3
 #: a group needs this many samples for its own power law; else its kind's, else the global one
 MIN_GROUP = 6
 #: the boosted node model's size: trees of this depth (a smaller model underfits its own
@@ -55,7 +55,8 @@ def group_of(f: NodeFeatures, followers: Sequence[str] = ()) -> str:
     if f.kind == "conv":
         kernel, depthwise = f.tree[1], f.tree[3]
         shape = "dw" if depthwise else ("pw" if kernel <= 1 else "k")
-        return f"conv:{shape}{fused}"
+        residual = "+sum" if "Add" in followers else ""  # a residual Add folded in
+        return f"conv:{shape}{residual}{fused}"
     if f.kind == "gemm":
         return f"gemm:{f.op_type}{fused}"
     return f"{f.kind}:{f.op_type}"
@@ -91,7 +92,7 @@ def node_vector(f: NodeFeatures, group: str) -> list[float]:
     t = f.tree
     return [*lin, t[1], t[2], t[3], math.log1p(t[4]), math.log1p(t[5]), math.log1p(t[6]),
             math.log1p(t[7]), float(KIND_CODE.get(f.kind, -1)), OP_CODE.get(f.op_type, -1.0),
-            1.0 if group.endswith("+fused") else 0.0]
+            1.0 if group.endswith("+fused") else 0.0, 1.0 if "+sum" in group else 0.0]
 
 
 def _loglinear(x: np.ndarray, y: np.ndarray) -> Linear:
@@ -278,7 +279,7 @@ class SlicePredictor:
             raise ValueError(f"not a coinf slice predictor (format must be {FORMAT!r})")
         if obj.get("version") != VERSION:
             raise ValueError(f"slice predictor version {obj.get('version')}; this coinf reads "
-                             f"{VERSION}")
+                             f"{VERSION} (re-run `coinf profile --train`)")
         if list(obj.get("linear_features", [])) != list(LINEAR_FEATURES):
             raise ValueError("slice predictor was trained on different features; retrain it")
         consts = [float(obj.get(k, 0.0))

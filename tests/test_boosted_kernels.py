@@ -66,6 +66,74 @@ def test_optimized_graph_counts_the_kernels_that_run() -> None:
         assert k.reorder_melems * 1e6 >= 32
 
 
+def residual_block(channels: int) -> onnx.ModelProto:
+    """Conv+ReLU, Conv+ReLU, Conv, Add (the first block's output), ReLU: ResNet's join."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, cin: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            rng.normal(0, 0.1, (channels, cin, 3, 3)).astype(np.float32), name)
+
+    conv = {"pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0", **conv),
+             helper.make_node("Relu", ["a"], ["ar"], name="relu0"),
+             helper.make_node("Conv", ["ar", "w1"], ["b"], name="conv1", **conv),
+             helper.make_node("Relu", ["b"], ["br"], name="relu1"),
+             helper.make_node("Conv", ["br", "w2"], ["c"], name="conv2", **conv),
+             helper.make_node("Add", ["c", "ar"], ["d"], name="add"),
+             helper.make_node("Relu", ["d"], ["y"], name="relu2")]
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 24, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 24, 24])],
+        [weight("w0", 3), weight("w1", channels), weight("w2", channels)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _nchwc_conv(inputs: list[str], activation: str = "") -> onnx.ModelProto:
+    """An optimized graph of one NCHWc Conv named after the tensor ``c`` (see ortgraph)."""
+    from onnx import helper
+
+    attrs = {"activation": activation} if activation else {}
+    node = helper.make_node("Conv", inputs, ["t"], name="c_nchwc", domain="com.microsoft.nchwc",
+                            **attrs)
+    return helper.make_model(helper.make_graph([node], "opt", [], []))
+
+
+def test_sum_fusion_is_read_off_the_nchwc_convolution_with_a_fourth_input() -> None:
+    from coinf.device.incontext import sum_fused
+
+    model = residual_block(16)
+    assert sum_fused(model, _nchwc_conv(["r0", "w", "", "r1"], "Relu")) == \
+        {"add": "conv2", "relu2": "conv2"}
+    assert sum_fused(model, _nchwc_conv(["r0", "w", "", "r1"])) == {"add": "conv2"}
+    assert sum_fused(model, _nchwc_conv(["r0", "w", "b"], "Relu")) == {}  # no Sum input
+
+
+@pytest.mark.parametrize("channels", [16, 12])
+def test_a_residual_add_onnxruntime_folds_costs_nothing_of_its_own(channels: int) -> None:
+    from coinf.device.incontext import sum_fused
+
+    model = residual_block(channels)
+    graph = optimized_graph(model)
+    folded = sum_fused(model, graph)
+    feats = model_features(model, graph)
+    # on x86, onnxruntime folds the Add into an NCHWc Conv when the channels fill its blocks
+    # (12 never does); elsewhere it may not fold it at all: either way the features follow
+    if any(n.domain.endswith("nchwc") and len(n.input) > 3 and n.input[3]
+           for n in graph.graph.node):
+        assert folded == {"add": "conv2", "relu2": "conv2"}
+        assert set(feats) == {"conv0", "conv1", "conv2"}
+        assert feats["conv2"][1] == "conv:k+sum+fused"
+        assert node_vector(*feats["conv2"])[-1] == 1.0
+        assert node_vector(*feats["conv1"])[-1] == 0.0
+    else:
+        assert folded == {} and {"add", "relu2"} <= set(feats)
+        assert all("+sum" not in g for _, g in feats.values())
+    assert model_features(model) == feats  # the graph onnxruntime makes, when not given
+
+
 def test_trimmed_mean_resolves_below_the_profilers_microsecond() -> None:
     # the outlier and the smallest value dropped, the rest averaged; a median would say 0.003
     assert trimmed_mean([0.002, 0.003, 0.002, 0.003, 0.1]) == pytest.approx(0.0026667, rel=1e-3)
@@ -168,6 +236,10 @@ def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> Non
     assert lstm[0].op_type not in pred.boosted_ops
     assert pred.node_ms(*lstm) == pytest.approx(pred.law_ms(*lstm))
     assert len(node_vector(*lstm)) == pred.boosted.features
+    # a predictor from before the residual-join feature (version 2) is refused, saying why
+    old = {**pred.to_json(), "version": 2}
+    with pytest.raises(ValueError, match=r"version 2; this coinf reads 3 .*profile --train"):
+        SlicePredictor.from_json(old)
 
 
 def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:

@@ -148,6 +148,11 @@ def test_synthetic_profiles_are_cached_per_arguments_and_refreshed_on_request(
     assert again == first and cache.stat().st_mtime_ns == stamp  # read back, not re-profiled
     # the groups read back are the in-context ones (e.g. a Conv with its fused activation)
     assert [s.group for s in again] == [s.group for s in first]
+    # features and groups are derived anew from the networks; only the times are read
+    obj = json.loads(cache.read_text())
+    obj["samples"][0]["group"], obj["samples"][0]["tree"][1] = "conv:bogus", 99.0
+    cache.write_text(json.dumps(obj))
+    assert synthetic_samples(tmp_path, 3, seed=1, repeats=2) == first
     # a planted value is read back, fresh=True measures anew, a corrupt cache is re-measured
     check_planted_fresh_corrupt(cache, "samples",
                                 partial(synthetic_samples, tmp_path, 3, seed=1, repeats=2),

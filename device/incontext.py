@@ -15,6 +15,7 @@ level; ``basic`` keeps every node's name (no fusion), ``all`` is what a Session 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from coinf.device.features import (
     FREE_OPS,
@@ -31,6 +33,7 @@ from coinf.device.features import (
     node_features,
 )
 from coinf.device.slicepred import group_of
+from onnx import helper, numpy_helper
 
 #: kernels onnxruntime adds for the NCHWc layout; they belong to no original node
 LAYOUT_OPS = ("ReorderInput", "ReorderOutput")
@@ -225,15 +228,24 @@ def sum_fused(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
     12-channel first stage keeps its Adds)."""
     from coinf.device.ortgraph import optimized_graph
 
-    opt = optimized if optimized is not None else optimized_graph(model)
     g = model.graph
     names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(g.node)]
     anchor = anchors(model)
     producer = {o: names[k] for k, n in enumerate(g.node) for o in n.output}
+    ops = dict(zip(names, (n.op_type for n in g.node), strict=True))
     readers: dict[str, list[int]] = {}
     for k, n in enumerate(g.node):
         for t in n.input:
             readers.setdefault(t, []).append(k)
+    if optimized is None:
+        # building a session of the whole model costs its weights' memory again (a wearable
+        # plans too): only where a join could fold, and only if this onnxruntime folds any
+        joins = any(n.op_type == "Add" and any(
+            ops.get(anchor.get(producer.get(t, ""), ""), "") == "Conv" for t in n.input)
+            for n in g.node)
+        if not joins or not nchwc_folds_joins():
+            return {}
+    opt = optimized if optimized is not None else optimized_graph(model)
     out: dict[str, str] = {}
     for n in opt.graph.node:
         if n.op_type != "Conv" or not n.domain.endswith("nchwc") or len(n.input) < 4 \
@@ -251,6 +263,28 @@ def sum_fused(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
         if len(after) == 1 and g.node[after[0]].op_type == act:
             out[names[after[0]]] = root
     return out
+
+
+@functools.cache
+def nchwc_folds_joins() -> bool:
+    """Whether this machine's onnxruntime folds a residual Add into an NCHWc convolution at
+    all (x86 builds do; where MLAS has no NCHWc kernels nothing is folded): one tiny probe
+    graph per process."""
+    from coinf.device.ortgraph import optimized_graph
+
+    channels = 16  # fills the 8- and the 16-wide NCHWc blocks
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.normal(0, 0.1, (channels, cin, 3, 3)).astype(np.float32),
+                                 f"w{i}") for i, cin in enumerate((channels, channels))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["b", "a"], ["y"])]
+    shape = [1, channels, 8, 8]
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)], w)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return "Add" not in {n.op_type for n in optimized_graph(model).graph.node}
 
 
 def model_features(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,

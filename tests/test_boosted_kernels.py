@@ -10,7 +10,7 @@ import pytest
 from coinf.device.boosted import Boosted
 from coinf.device.context_data import model_features
 from coinf.device.context_sweep import random_network, random_sequence_network
-from coinf.device.incontext import trimmed_mean
+from coinf.device.incontext import nchwc_folds_joins, trimmed_mean
 from coinf.device.ortgraph import kernels, optimized_graph
 from coinf.device.slicepred import NodeSample, SlicePredictor, node_vector
 from coinf.device.sweep import random_feeds
@@ -132,6 +132,26 @@ def test_a_residual_add_onnxruntime_folds_costs_nothing_of_its_own(channels: int
         assert folded == {} and {"add", "relu2"} <= set(feats)
         assert all("+sum" not in g for _, g in feats.values())
     assert model_features(model) == feats  # the graph onnxruntime makes, when not given
+    if channels == 16:  # the per-process probe agrees with what this block shows
+        assert bool(folded) == nchwc_folds_joins()
+
+
+def test_no_session_is_built_for_a_model_without_a_join_after_a_convolution(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import coinf.device.ortgraph as ortgraph
+    from coinf.device.incontext import sum_fused
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("a session was built")
+
+    folds = nchwc_folds_joins()  # probed before sessions are refused
+    monkeypatch.setattr(ortgraph, "optimized_graph", refuse)
+    assert sum_fused(conv_bn_relu_gemm()) == {}
+    if folds:  # a join after a convolution does need the optimized graph
+        with pytest.raises(AssertionError, match="session was built"):
+            sum_fused(residual_block(16))
+    else:  # an onnxruntime that folds nothing is never asked
+        assert sum_fused(residual_block(16)) == {}
 
 
 def test_trimmed_mean_resolves_below_the_profilers_microsecond() -> None:

@@ -151,6 +151,7 @@ def test_synthetic_profiles_are_cached_per_arguments_and_refreshed_on_request(
     # features and groups are derived anew from the networks; only the times are read
     obj = json.loads(cache.read_text())
     obj["samples"][0]["group"], obj["samples"][0]["tree"][1] = "conv:bogus", 99.0
+    obj["samples"].append({**obj["samples"][0], "name": "no-such-node"})  # not an anchor: dropped
     cache.write_text(json.dumps(obj))
     assert synthetic_samples(tmp_path, 3, seed=1, repeats=2) == first
     # a planted value is read back, fresh=True measures anew, a corrupt cache is re-measured

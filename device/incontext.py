@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -193,11 +194,13 @@ def profile_in_context(model_path: str | Path, level: str = "all", threads: int 
     return Profiled(nodes, other, len(kern), run_ms, sum(kern.values()))
 
 
-def fused_followers(model: onnx.ModelProto) -> dict[str, tuple[str, ...]]:
-    """Anchor name -> op types of the nodes fused into it (``("BatchNormalization", "Relu")``)."""
+def fused_followers(model: onnx.ModelProto, anchor: Mapping[str, str] | None = None,
+                    ) -> dict[str, tuple[str, ...]]:
+    """Anchor name -> op types of the nodes fused into it (``("BatchNormalization", "Relu")``),
+    from ``anchor`` (node -> the anchor it runs in; default :func:`anchors`)."""
     out: dict[str, list[str]] = {}
     ops = {n.name or f"{n.op_type}_{k}": n.op_type for k, n in enumerate(model.graph.node)}
-    for node, a in anchors(model).items():
+    for node, a in (anchors(model) if anchor is None else anchor).items():
         if node != a:
             out.setdefault(a, []).append(ops[node])
     return {k: tuple(v) for k, v in out.items()}
@@ -217,7 +220,7 @@ def dynamic_names(model: onnx.ModelProto) -> set[str]:
 
 
 def sum_fused(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
-              ) -> dict[str, str]:
+              anchor: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Add nodes onnxruntime folds into a convolution as its NCHWc *Sum* input (the
     residual joins of ResNet and MobileNetV2), and the activation after each that it folds in
     too: node name -> the anchor it runs in. Read off ``optimized``, the graph onnxruntime runs
@@ -225,12 +228,13 @@ def sum_fused(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
     ``Conv`` with a fourth input is named ``<tensor>_nchwc`` after the tensor its Add read, and
     its ``activation`` attribute names the activation folded after the Add. Empty on a machine
     whose onnxruntime has no NCHWc kernels, or where the channel counts rule it out (ResNet's
-    12-channel first stage keeps its Adds)."""
+    12-channel first stage keeps its Adds). ``anchor``: :func:`anchors` of ``model``, if the
+    caller has it."""
     from coinf.device.ortgraph import optimized_graph
 
     g = model.graph
     names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(g.node)]
-    anchor = anchors(model)
+    anchor = anchors(model) if anchor is None else anchor
     producer = {o: names[k] for k, n in enumerate(g.node) for o in n.output}
     ops = dict(zip(names, (n.op_type for n in g.node), strict=True))
     readers: dict[str, list[int]] = {}
@@ -240,10 +244,9 @@ def sum_fused(model: onnx.ModelProto, optimized: onnx.ModelProto | None = None,
     if optimized is None:
         # building a session of the whole model costs its weights' memory again (a wearable
         # plans too): only where a join could fold, and only if this onnxruntime folds any
-        joins = any(n.op_type == "Add" and any(
-            ops.get(anchor.get(producer.get(t, ""), ""), "") == "Conv" for t in n.input)
-            for n in g.node)
-        if not joins or not nchwc_folds_joins():
+        conv_out = {t for t, p in producer.items() if ops[anchor.get(p, p)] == "Conv"}
+        if not any(n.op_type == "Add" and conv_out.intersection(n.input) for n in g.node) \
+                or not nchwc_folds_joins():
             return {}
     opt = optimized if optimized is not None else optimized_graph(model)
     out: dict[str, str] = {}
@@ -294,16 +297,12 @@ def model_features(model: onnx.ModelProto, optimized: onnx.ModelProto | None = N
     convolution (:func:`sum_fused`, from ``optimized`` or the graph onnxruntime makes of
     ``model``) and constant nodes are absent."""
     anchor = anchors(model)
-    followers = fused_followers(model)
+    runs_in = {**anchor, **sum_fused(model, optimized, anchor)}  # node -> the kernel's anchor
+    followers = fused_followers(model, runs_in)
     dyn = dynamic_names(model)
-    folded = sum_fused(model, optimized)
-    ops = {n.name or f"{n.op_type}_{k}": n.op_type for k, n in enumerate(model.graph.node)}
-    for node, root in folded.items():
-        followers[root] = (*followers.get(root, ()), ops[node])
     out: dict[str, tuple[NodeFeatures, str]] = {}
     for f in node_features(model):
-        if f.name not in dyn or anchor.get(f.name, f.name) != f.name or f.op_type in FREE_OPS \
-                or f.name in folded:
+        if f.name not in dyn or runs_in.get(f.name, f.name) != f.name or f.op_type in FREE_OPS:
             continue
         out[f.name] = (replace(f, fused=False), group_of(f, followers.get(f.name, ())))
     return out

@@ -145,16 +145,19 @@ def decompose(slices: Sequence[SliceSample], priors: Mapping[str, Mapping[str, f
               weight: float, shared: bool = False, iterations: int = 30,
               ) -> dict[str, dict[str, float]]:
     """Per model of ``priors`` with timed slices: node name -> ms. Minimises, over node times
-    ``x_n >= FLOOR * p_n``, ``c0 >= 0`` and the term costs ``g`` (per MB of boundary, per
-    reorder, per million elements reordered),
+    ``x_n >= FLOOR * p_n``, the per-run constant ``c0 >= 0`` and the term costs ``g`` (per MB
+    of boundary, per reorder, per million elements reordered),
 
         sum over slices ((sum_{n in s} x_n + c0 + g . z_s) / T_s - 1)^2
         + weight^2 * sum over nodes (x_n / p_n - 1)^2
 
-    with ``p`` the ``priors``. ``g`` is per model (without the reorder count, :func:`_terms`),
-    or with ``shared`` one for all models (started from :func:`_joint_terms`, then
-    block-coordinate descent: each model exactly with ``g`` fixed, then ``g``). Names in a
-    slice that have no prior (fused away, free) are not unknowns."""
+    with ``p`` the ``priors``. ``c0`` and ``g`` are per model (``g`` without the reorder
+    count, :func:`_terms`), or with ``shared`` one for all models (started from
+    :func:`_joint_terms`, then block-coordinate descent: each model exactly with them fixed,
+    then them). Shared, ``c0`` is pinned by every model's shortest parts: per model, on a
+    network whose parts run for milliseconds, a few microseconds of it are not identifiable
+    and the last node's label absorbs them (its one-node suffix is its only short part).
+    Names in a slice that have no prior (fused away, free) are not unknowns."""
     from scipy.optimize import lsq_linear
 
     if weight <= 0:
@@ -175,48 +178,52 @@ def decompose(slices: Sequence[SliceSample], priors: Mapping[str, Mapping[str, f
             a[i, len(names) + 1:] = _terms(s, shared)
         a /= np.array([s.ms for s in ss])[:, None]
         blocks[m] = (names, p, a)
-    g = _joint_terms(blocks, weight) if shared and blocks else np.zeros(3)
+    # shared: g = (c0, per MB, per reorder, per Melem reordered), the unknowns per model are
+    # its nodes; else every model solves its nodes, its c0 and its g
+    g = _joint_terms(blocks, weight) if shared and blocks else np.zeros(4)
+    g[0] = max(g[0], 0.0)
     x = {m: np.r_[p, 0.0, np.zeros(3)] for m, (_, p, _) in blocks.items()}
     for _ in range(iterations if shared and blocks else 1):
         for m, (names, p, a) in blocks.items():
             n = len(names)
-            cols = n + 1 if shared else n + 4
+            cols = n if shared else n + 4
             prior = np.zeros((n, cols))
             prior[np.arange(n), np.arange(n)] = weight / p
-            rhs = np.ones(len(a)) - (a[:, n + 1:] @ g if shared else 0.0)
-            lo = np.r_[FLOOR * p, 0.0, np.full(cols - n - 1, -np.inf)]
+            rhs = np.ones(len(a)) - (a[:, n:] @ g if shared else 0.0)
+            lo = np.r_[FLOOR * p, [] if shared else [0.0, -np.inf, -np.inf, -np.inf]]
             hi = np.full(cols, np.inf)
             sol = lsq_linear(np.vstack([a[:, :cols], prior]), np.r_[rhs, np.full(n, weight)],
                              bounds=(lo, hi), method="bvls").x
             x[m][:cols] = sol
         if shared and blocks:
-            rows = np.vstack([a[:, len(names) + 1:] for names, _, a in blocks.values()])
-            rest = np.concatenate([1.0 - a[:, :len(names) + 1] @ x[m][:len(names) + 1]
+            rows = np.vstack([a[:, len(names):] for names, _, a in blocks.values()])
+            rest = np.concatenate([1.0 - a[:, :len(names)] @ x[m][:len(names)]
                                    for m, (names, _, a) in blocks.items()])
-            g = np.linalg.lstsq(rows, rest, rcond=None)[0]
+            g = lsq_linear(rows, rest, bounds=([0.0, -np.inf, -np.inf, -np.inf],
+                                               np.full(4, np.inf))).x
     return {m: {n: float(v) for n, v in zip(names, x[m][:len(names)], strict=True)}
             for m, (names, _, _) in blocks.items()}
 
 
 def _joint_terms(blocks: Mapping[str, tuple[list[str], np.ndarray, np.ndarray]],
                  weight: float) -> np.ndarray:
-    """The shared term costs of the joint least squares without bounds (sparse normal
-    equations): alternating between the models and the shared terms alone takes hundreds of
-    sweeps to get there, the bounds rarely bind."""
+    """The shared ``(c0, term costs)`` of the joint least squares without bounds (sparse
+    normal equations): alternating between the models and the shared terms alone takes
+    hundreds of sweeps to get there, the bounds rarely bind."""
     from scipy.sparse import block_diag, csr_matrix, hstack, identity
     from scipy.sparse.linalg import spsolve
 
     own, terms, rhs = [], [], []
     for names, p, a in blocks.values():
         n = len(names)
-        prior = np.zeros((n, n + 1))
+        prior = np.zeros((n, n))
         prior[np.arange(n), np.arange(n)] = weight / p
-        own.append(csr_matrix(np.vstack([a[:, :n + 1], prior])))
-        terms.append(np.vstack([a[:, n + 1:], np.zeros((n, 3))]))
+        own.append(csr_matrix(np.vstack([a[:, :n], prior])))
+        terms.append(np.vstack([a[:, n:], np.zeros((n, 4))]))
         rhs.append(np.r_[np.ones(len(a)), np.full(n, weight)])
     a_all = hstack([block_diag(own), csr_matrix(np.vstack(terms))]).tocsc()
     normal = (a_all.T @ a_all + 1e-12 * identity(a_all.shape[1])).tocsc()
-    return np.asarray(spsolve(normal, a_all.T @ np.concatenate(rhs)))[-3:]
+    return np.asarray(spsolve(normal, a_all.T @ np.concatenate(rhs)))[-4:]
 
 
 def relabel(nodes: Sequence[NodeSample], slices: Sequence[SliceSample], weight: float,

@@ -98,6 +98,39 @@ def test_decompose_recovers_node_times_from_part_times() -> None:
     assert decompose([], {}, 0.03, shared=True) == {} and relabel([], [], 0.03, True) == []
 
 
+def test_shared_decomposition_pins_the_run_constant_on_short_parts() -> None:
+    """A network whose parts run for milliseconds cannot tell its few microseconds of per-run
+    constant from its last node (whose one-node suffix is its only short part); shared over
+    the family, the constant comes from the networks whose parts are short."""
+    c0 = 0.0025
+    rng = np.random.default_rng(3)
+    truth: dict[str, dict[str, float]] = {}
+    slices: list[SliceSample] = []
+    for m in range(6):
+        name, big = f"m{m}", m == 0
+        times = rng.uniform(0.5, 2.0, 5) if big else rng.uniform(0.001, 0.004, 5)
+        if big:
+            times[-1] = 0.001  # a small last node: its suffix alone runs 3.5 us
+        x = {f"{name}n{k}": float(v) for k, v in enumerate(times)}
+        truth[name] = x
+        order = list(x)
+        for k in range(1, 6):
+            for side, sub in (("prefix", order[:k]), ("suffix", order[5 - k:])):
+                slices.append(SliceSample(name, f"{side}{k}", tuple(sub), k, 0.0,
+                                          sum(x[n] for n in sub) + c0))
+    # priors: every node 1.5x its truth (a profiler that adds to each kernel), the small last
+    # node 5x (a microsecond of the profiler's is most of it)
+    priors = {m: {n: 1.5 * v for n, v in x.items()} for m, x in truth.items()}
+    last = "m0n4"
+    priors["m0"][last] = 5 * truth["m0"][last]
+    shared = decompose(slices, priors, 0.05, shared=True)
+    assert shared["m0"][last] == pytest.approx(truth["m0"][last], rel=0.15)
+    assert _rel_err(shared, truth) < 0.15
+    # per network, the big one's constant goes to 0 and its last node takes it
+    alone = decompose(slices, priors, 0.05)
+    assert alone["m0"][last] > 2 * truth["m0"][last]
+
+
 def test_relabel_takes_the_profilers_share_off_and_fits_the_parts() -> None:
     from coinf.device.slicepred import profiler_inflation
 

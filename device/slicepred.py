@@ -28,6 +28,7 @@ A slice's time at ``ORT_ENABLE_ALL`` is modelled as
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -350,17 +351,24 @@ def fit_slice_constants(node_sums: np.ndarray, slices: Sequence[SliceSample],
     """``(scale, c0, c_kernel, c_io, c_reorder, c_copy)`` of the slice model for slices whose
     node times sum to ``node_sums``. Relative error matters (the target is +-10%), and a few
     slices of another model with badly predicted nodes must not drag the constants: a robust
-    (soft-L1) fit of the relative error. The per-kernel term may be negative: the profiler's
-    own cost inflates every kernel's time inside a profiled run, and a slice runs without it."""
+    (soft-L1) fit of the relative error. Each model's slices weigh ``1 / sqrt(its slice
+    count)``: the constants must carry to an unseen model, and a model cut into 126 slices
+    would otherwise set them for one cut into 14 (equal weight per model lets the few slices of
+    the smallest models set them instead). The per-kernel term may be negative: the
+    profiler's own cost inflates every kernel's time inside a profiled run, and a slice runs
+    without it."""
     from scipy.optimize import least_squares
 
     a = np.column_stack([np.ones(len(slices)), [s.kernels for s in slices],
                          [s.boundary_melems for s in slices], [s.reorders for s in slices],
                          [s.reorder_melems for s in slices]])
     y = np.array([s.ms for s in slices])
+    count = Counter(s.model for s in slices)
+    w = np.array([count[s.model] ** -0.5 for s in slices])
+    w /= w.mean()
 
     def rel(c: np.ndarray) -> np.ndarray:
-        return (c[0] * node_sums + a @ c[1:]) / y - 1.0
+        return w * ((c[0] * node_sums + a @ c[1:]) / y - 1.0)
 
     fit = least_squares(rel, np.array([1.0, 0.01, 0.0, 0.0, 0.0, 0.0]), loss="soft_l1",
                         f_scale=0.1, bounds=([0.2, 0.0, -np.inf, -np.inf, -np.inf, -np.inf],

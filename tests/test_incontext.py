@@ -213,6 +213,23 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")} == cached
 
 
+def test_slice_constants_follow_most_models_not_the_one_with_most_slices() -> None:
+    """One model cut into 100 slices runs 10 us of fixed cost, five cut into 9 run 30 us: the
+    constants must carry to an unseen model, so the five pull them most of the way (counted
+    per slice, the one sets them: 10.7 us)."""
+    from coinf.device.slicepred import fit_slice_constants
+
+    rng = np.random.default_rng(0)
+    slices, sums = [], []
+    for m, (n, c0) in enumerate([(100, 0.010)] + [(9, 0.030)] * 5):
+        for k in range(n):
+            s = float(rng.uniform(0.02, 0.2))
+            slices.append(SliceSample(f"m{m}", f"s{k}", (), 0, 0.0, s + c0))
+            sums.append(s)
+    scale, c0, *_ = fit_slice_constants(np.array(sums), slices)
+    assert 0.022 < c0 < 0.031 and scale == pytest.approx(1.0, abs=0.05)
+
+
 def test_slice_predictor_json_is_validated() -> None:
     nodes, slices, feats = _zoo({"a": 10.0, "b": 10.0})
     pred = SlicePredictor.train(nodes, slices, feats)

@@ -83,13 +83,26 @@ class ModelTimings:
                    list(obj["slices"]), float(obj.get("run_ms", 0.0)))
 
 
+#: a zoo model's slices are timed in this many rounds over all of them (a fresh session each
+#: round); a slice's time is the median of its rounds. The machine here is shared: a burst of
+#: contention lasting a second or two slowed four successive LSTM slices by 12-16 % in one
+#: round of three, and a cache timed in one round carries such bursts into its labels.
+SLICE_ROUNDS = 3
+
+
 def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
                   progress: Callable[[str], None] | None = None, sha256: str = "",
-                  ) -> ModelTimings:
-    """Profile the bundle's whole model in context and time every head and tail slice."""
+                  rounds: int = SLICE_ROUNDS) -> ModelTimings:
+    """Profile the bundle's whole model in context and time every head and tail slice
+    (median of ``repeats`` runs per round, then the median over ``rounds`` rounds taken
+    round-robin over the slices, so a burst of contention hits one round of a few slices)."""
+    import statistics
+
     from coinf.device.ortgraph import kernels
     from coinf.device.sweep import make_session, random_feeds, time_session
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     prof = profile_in_context(bundle.model_path, "all", threads, 3, repeats)
     slices = []
     for cand in bundle.candidates:
@@ -97,16 +110,22 @@ def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
             if part.file is None or not part.nodes:
                 continue
             path = str(bundle.path(part.file))
-            sess = make_session(path, threads)
-            ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0)
             k = kernels(path, threads)
             slices.append({"slice": f"{cand.id}.{side}", "nodes": list(part.nodes),
-                           "boundary_mbytes": boundary_mbytes(bundle, cand, side), "ms": ms,
-                           "kernels": k.count, "reorders": k.reorders,
+                           "boundary_mbytes": boundary_mbytes(bundle, cand, side),
+                           "path": path, "kernels": k.count, "reorders": k.reorders,
                            "reorder_melems": k.reorder_melems})
+    times: list[list[float]] = [[] for _ in slices]
+    for _ in range(rounds):
+        for s, got in zip(slices, times, strict=True):
+            sess = make_session(str(s["path"]), threads)
+            got.append(time_session(sess, random_feeds(sess), 3, repeats, 2.0))
+    for s, got in zip(slices, times, strict=True):
+        del s["path"]
+        s["ms"] = statistics.median(got)
     if progress:
         progress(f"{name}: {len(prof.nodes)} anchors profiled in context, "
-                 f"{len(slices)} slices timed")
+                 f"{len(slices)} slices timed in {rounds} rounds")
     return ModelTimings(name, sha256 or bundle.model_sha256, prof.nodes, slices, prof.run_ms)
 
 

@@ -270,3 +270,45 @@ def test_planner_uses_the_incontext_predictor_stored_in_a_profile(tmp_path: Path
     bad["predictor"]["slice_model"] = {"format": "x"}
     with pytest.raises(ProfileError, match="slice predictor"):
         DeviceProfile.from_json(bad)
+
+
+def test_slices_are_timed_round_robin_and_a_burst_in_one_round_is_dropped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slice is timed once per round, all slices in each round; a slice's time is the
+    median of its rounds, so a burst of contention in one round does not reach the cache."""
+    import coinf.device.sweep as sweep
+    from coinf.convert.split import split_model
+    from coinf.device.context_data import measure_model
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu_gemm(), str(path))
+    bundle = split_model(path, tmp_path / "b")
+    order: list[int] = []
+    real = sweep.time_session
+
+    def timed(sess: object, feeds: dict[str, np.ndarray], *args: float) -> float:
+        order.append(id(sess))
+        ms = real(sess, feeds, 1, 1)  # type: ignore[arg-type]
+        return ms * 50 if len(order) == 2 else ms  # a burst: slice 1 in the first round
+
+    monkeypatch.setattr(sweep, "time_session", timed)
+    t = measure_model("m", bundle, repeats=1, rounds=3)
+    n = len(t.slices)
+    assert n >= 4 and len(order) == 3 * n  # every slice in every round
+    unburst = real(*_session_and_feeds(bundle, t.slices[1]["slice"]), 1, 50)
+    assert t.slices[1]["ms"] < 10 * unburst  # its burst dropped
+    # one round only keeps the burst
+    order.clear()
+    one = measure_model("m", bundle, repeats=1, rounds=1)
+    assert one.slices[1]["ms"] > 10 * unburst
+    with pytest.raises(ValueError, match="rounds"):
+        measure_model("m", bundle, rounds=0)
+
+
+def _session_and_feeds(bundle: object, key: str) -> tuple[object, dict[str, np.ndarray]]:
+    from coinf.device.sweep import make_session, random_feeds
+
+    cid, side = key.split(".")
+    cand = next(c for c in bundle.candidates if c.id == cid)  # type: ignore[attr-defined]
+    sess = make_session(str(bundle.path(getattr(cand, side).file)), 1)  # type: ignore[attr-defined]
+    return sess, random_feeds(sess)

@@ -63,6 +63,29 @@ def test_bench_predict_zoo_reports_the_families_it_trained_on(
     assert out["min_within_10pct"] == 0.5
 
 
+def test_bench_predict_zoo_warns_of_slice_times_that_do_not_add_up(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import coinf.device.context_data as cd
+
+    rows = {"a": {"within_10pct": 0.2, "profiled_within_10pct": None,
+                  "additive_within_10pct": 0.22},
+            "b": {"within_10pct": 1.0, "profiled_within_10pct": None,
+                  "additive_within_10pct": 0.97},
+            "c": {"within_10pct": 1.0, "profiled_within_10pct": None,
+                  "additive_within_10pct": None}}
+    monkeypatch.setattr(cd, "zoo_leave_one_out", lambda *a, **kw: rows)
+    assert main(["bench", "predict", "--zoo", "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["inconsistent_timings"] == {"a": 0.22}
+    assert "warning" in got.err and "a (0.22)" in got.err and "b (" not in got.err
+    rows["a"]["additive_within_10pct"] = 0.95
+    assert main(["bench", "predict", "--zoo", "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["inconsistent_timings"] == {} and "warning" not in got.err
+
+
 def test_missing_optional_dependency_is_a_one_line_error(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A Pi with only coinf[wearable] gets the extra to install, not a traceback."""

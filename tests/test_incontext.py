@@ -194,6 +194,33 @@ def test_reference_scores_reach_one_on_exact_labels_and_can_fail() -> None:
     assert "b" not in profiled_pairs(nodes, untimed)
 
 
+def test_additive_fit_explains_consistent_slices_and_not_a_busy_machines() -> None:
+    """The reference ``additive_within_10pct`` doubles as a check of the cache: slice times that
+    add up are explained in full; the same slices, each 0.62x or 1.55x at random (the plateaus
+    of a busy host), are not, and ``bench predict --zoo`` then warns."""
+    from coinf.device.slicecheck import additive_pairs
+
+    from coinf.cli.bench.predict import CONSISTENT_WITHIN_10PCT
+
+    names = [f"n{i}" for i in range(10)]
+    times = dict(zip(names, np.linspace(0.01, 0.1, 10), strict=True))
+    nodes = [NodeSample("m", _feat(n, 1.0), "conv:k", float(v)) for n, v in times.items()]
+    rng = np.random.default_rng(0)
+
+    def slices(noisy: bool) -> list[SliceSample]:
+        out = []
+        for k in range(1, 11):
+            for side, part in (("head", names[:k]), ("tail", names[k - 1:])):
+                ms = sum(times[n] for n in part) + 0.003
+                factor = float(rng.choice([0.62, 1.55])) if noisy else 1.0
+                out.append(SliceSample("m", f"c{k}.{side}", tuple(part), len(part), 0.001,
+                                       ms * factor))
+        return out
+
+    assert within(additive_pairs(nodes, slices(False))["m"]) == pytest.approx(1.0)
+    assert within(additive_pairs(nodes, slices(True))["m"]) < CONSISTENT_WITHIN_10PCT
+
+
 def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> None:
     """Three real zoo models, measured once into the cache, each predicted by the others."""
     from coinf.device.context_data import zoo_leave_one_out

@@ -197,10 +197,8 @@ def test_reference_scores_reach_one_on_exact_labels_and_can_fail() -> None:
 def test_additive_fit_explains_consistent_slices_and_not_a_busy_machines() -> None:
     """The reference ``additive_within_10pct`` doubles as a check of the cache: slice times that
     add up are explained in full; the same slices, each 0.62x or 1.55x at random (the plateaus
-    of a busy host), are not, and ``bench predict --zoo`` then warns."""
-    from coinf.device.slicecheck import additive_pairs
-
-    from coinf.cli.bench.predict import CONSISTENT_WITHIN_10PCT
+    of a busy host), are not (``bench predict --zoo`` then warns)."""
+    from coinf.device.slicecheck import CONSISTENT_WITHIN_10PCT, additive_pairs
 
     names = [f"n{i}" for i in range(10)]
     times = dict(zip(names, np.linspace(0.01, 0.1, 10), strict=True))

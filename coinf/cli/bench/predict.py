@@ -33,7 +33,7 @@ ratio, the profiler's surplus per kernel and two reference scores (:mod:`coinf.d
 ``profiled_within_10pct``, the own-profile score above, and ``additive_within_10pct``, free
 node times fitted on the model's own slices) -- a quick check of a change to the predictor.
 ``additive_within_10pct`` also checks the cache: on a busy machine a model's slice times stop
-adding up, and the models below ``CONSISTENT_WITHIN_10PCT`` are listed in
+adding up, and the models below ``slicecheck.CONSISTENT_WITHIN_10PCT`` are listed in
 ``inconsistent_timings`` with a warning (their scores measure the machine's noise).
 """
 
@@ -63,20 +63,6 @@ def zoo_source(bundle: Any) -> str | None:
         if sha and path.is_file() and sha256_file(path) == sha:
             return name
     return None
-
-
-#: a model whose slices free node times (fitted in-sample) explain less often than this within
-#: +-10 % was timed on a busy machine (0.91-1.00 for every model on three caches of quiet days,
-#: 0.22 for MobileNetV2 on a noisy one: docs/BENCHMARKS.md section 12, tenth round)
-CONSISTENT_WITHIN_10PCT = 0.85
-
-
-def inconsistent_models(per: dict[str, Any]) -> dict[str, float]:
-    """Model -> ``additive_within_10pct`` for the models of a ``zoo_leave_one_out`` result
-    whose cached slice times no additive model explains (see ``CONSISTENT_WITHIN_10PCT``)."""
-    return {m: float(r["additive_within_10pct"]) for m, r in per.items()
-            if r.get("additive_within_10pct") is not None
-            and r["additive_within_10pct"] < CONSISTENT_WITHIN_10PCT}
 
 
 def parse_families(specs: list[str]) -> dict[str, int]:
@@ -205,6 +191,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     scores = [r["within_10pct"] for r in per.values()]
     own = [r["profiled_within_10pct"] for r in per.values()
            if r["profiled_within_10pct"] is not None]
+    from coinf.device.slicecheck import CONSISTENT_WITHIN_10PCT, inconsistent_models
+
     noisy = inconsistent_models(per)
     if noisy:
         progress("warning: the cached slice times of " + ", ".join(

@@ -18,7 +18,7 @@ from coinf.device.incontext import model_features, profile_in_context
 from coinf.device.slicepred import NodeSample, Relabel, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
-CACHE_VERSION = 2  # 2: trimmed-mean node times, optimized-graph kernels per slice
+CACHE_VERSION = 3  # 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
 PARTS_FORMAT = "coinf-synthetic-parts-1"
 #: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
@@ -83,50 +83,105 @@ class ModelTimings:
                    list(obj["slices"]), float(obj.get("run_ms", 0.0)))
 
 
-#: a zoo model's slices are timed in this many rounds over all of them (a fresh session each
-#: round); a slice's time is the median of its rounds. The machine here is shared: a burst of
-#: contention lasting a second or two slowed four successive LSTM slices by 12-16 % in one
-#: round of three, and a cache timed in one round carries such bursts into its labels.
-SLICE_ROUNDS = 3
+#: zoo slices are timed in this many rounds over every slice of every model being measured (a
+#: fresh session each); a slice keeps the median of its rounds and every round's time. The
+#: machine here is shared: a burst of contention slowed four successive LSTM slices by 12-16 %
+#: in one round of three, and its speed drifts by 10-40 % over tens of minutes, so models timed
+#: one after another saw different machines (docs/BENCHMARKS.md section 12, eleventh round).
+SLICE_ROUNDS = 6
 
 
-def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
-                  progress: Callable[[str], None] | None = None, sha256: str = "",
-                  rounds: int = SLICE_ROUNDS) -> ModelTimings:
-    """Profile the bundle's whole model in context and time every head and tail slice
-    (median of ``repeats`` runs per round, then the median over ``rounds`` rounds taken
-    round-robin over the slices, so a burst of contention hits one round of a few slices)."""
-    import statistics
-
+def _slice_specs(bundle: Any, threads: int) -> list[dict[str, Any]]:
+    """Every head and tail slice of ``bundle`` with its optimized-graph counts and file."""
     from coinf.device.ortgraph import kernels
-    from coinf.device.sweep import make_session, random_feeds, time_session
 
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    prof = profile_in_context(bundle.model_path, "all", threads, 3, repeats)
-    slices = []
+    specs = []
     for cand in bundle.candidates:
         for side, part in (("head", cand.head), ("tail", cand.tail)):
             if part.file is None or not part.nodes:
                 continue
             path = str(bundle.path(part.file))
             k = kernels(path, threads)
-            slices.append({"slice": f"{cand.id}.{side}", "nodes": list(part.nodes),
-                           "boundary_mbytes": boundary_mbytes(bundle, cand, side),
-                           "path": path, "kernels": k.count, "reorders": k.reorders,
-                           "reorder_melems": k.reorder_melems})
-    times: list[list[float]] = [[] for _ in slices]
-    for _ in range(rounds):
-        for s, got in zip(slices, times, strict=True):
+            specs.append({"slice": f"{cand.id}.{side}", "nodes": list(part.nodes),
+                          "boundary_mbytes": boundary_mbytes(bundle, cand, side),
+                          "path": path, "kernels": k.count, "reorders": k.reorders,
+                          "reorder_melems": k.reorder_melems})
+    return specs
+
+
+def interleaved(per_model: Sequence[Sequence[T]], rounds: int) -> list[list[T]]:
+    """The timing order of each round: the models' slices taken in turn (first slice of each
+    model, then the second, ...), forwards in even rounds and backwards in odd ones, so every
+    model sees the same stretches of the machine and a drift within a round cancels between
+    rounds."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    longest = max((len(s) for s in per_model), default=0)
+    order = [s[i] for i in range(longest) for s in per_model if i < len(s)]
+    return [order if r % 2 == 0 else order[::-1] for r in range(rounds)]
+
+
+def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int = 1,
+                   progress: Callable[[str], None] | None = None,
+                   sha256: Mapping[str, str] | None = None,
+                   rounds: int = SLICE_ROUNDS) -> dict[str, ModelTimings]:
+    """Profile each bundle's whole model in context, then time every head and tail slice of
+    every bundle together (median of ``repeats`` runs per round; ``rounds`` rounds in the
+    order of :func:`interleaved`). A slice keeps the median of its rounds (``ms``) and each
+    round's time (``rounds_ms``, what :func:`repeatability` reads)."""
+    import statistics
+
+    from coinf.device.sweep import make_session, random_feeds, time_session
+
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    profiles = {n: profile_in_context(b.model_path, "all", threads, 3, repeats)
+                for n, b in bundles.items()}
+    specs = {n: _slice_specs(b, threads) for n, b in bundles.items()}
+    times: dict[int, list[float]] = {id(s): [] for ss in specs.values() for s in ss}
+    for r, order in enumerate(interleaved(list(specs.values()), rounds)):
+        for s in order:
             sess = make_session(str(s["path"]), threads)
-            got.append(time_session(sess, random_feeds(sess), 3, repeats, 2.0))
-    for s, got in zip(slices, times, strict=True):
-        del s["path"]
-        s["ms"] = statistics.median(got)
-    if progress:
-        progress(f"{name}: {len(prof.nodes)} anchors profiled in context, "
-                 f"{len(slices)} slices timed in {rounds} rounds")
-    return ModelTimings(name, sha256 or bundle.model_sha256, prof.nodes, slices, prof.run_ms)
+            times[id(s)].append(time_session(sess, random_feeds(sess), 3, repeats, 2.0))
+        if progress and len(bundles) > 1:
+            progress(f"slices of {len(bundles)} models timed: round {r + 1}/{rounds}")
+    out = {}
+    for n, ss in specs.items():
+        for s in ss:
+            got = times[id(s)]
+            del s["path"]
+            s["ms"], s["rounds_ms"] = statistics.median(got), got
+        if progress:
+            progress(f"{n}: {len(profiles[n].nodes)} anchors profiled in context, "
+                     f"{len(ss)} slices timed in {rounds} rounds")
+        out[n] = ModelTimings(n, (sha256 or {}).get(n) or bundles[n].model_sha256,
+                              profiles[n].nodes, ss, profiles[n].run_ms)
+    return out
+
+
+def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
+                  progress: Callable[[str], None] | None = None, sha256: str = "",
+                  rounds: int = SLICE_ROUNDS) -> ModelTimings:
+    """:func:`measure_models` of one bundle."""
+    return measure_models({name: bundle}, repeats, threads, progress,
+                          {name: sha256} if sha256 else None, rounds)[name]
+
+
+def repeatability(t: ModelTimings, tol: float = 0.10) -> float | None:
+    """How often the median of a slice's even rounds and the median of its odd rounds agree
+    within ``tol``: how well this machine repeats the measurement the model's slices are
+    scored against (a ceiling for any predictor's within-10 % score; conservative, as each
+    half has half the rounds). None for a cache without two rounds per slice."""
+    import statistics
+
+    pairs = []
+    for s in t.slices:
+        got = [float(v) for v in s.get("rounds_ms") or []]
+        if len(got) < 2:
+            return None
+        pairs.append((statistics.median(got[0::2]), statistics.median(got[1::2])))
+    ok = [abs(a / b - 1.0) <= tol for a, b in pairs if b > 0]
+    return sum(ok) / len(ok) if ok else None
 
 
 def samples(timings: Mapping[str, ModelTimings], models: Mapping[str, onnx.ModelProto],
@@ -142,34 +197,44 @@ def samples(timings: Mapping[str, ModelTimings], models: Mapping[str, onnx.Model
     return nodes, slices, feats
 
 
-def load_or_measure(name: str, model_path: Path, cache_dir: Path, repeats: int = 25,
-                    progress: Callable[[str], None] | None = None) -> ModelTimings:
-    """Timings of a zoo model from ``cache_dir`` if they match its file, else split it (into
-    ``cache_dir/<name>``) and measure."""
+def load_or_measure(names: Iterable[str], cache_dir: Path, repeats: int = 25,
+                    progress: Callable[[str], None] | None = None) -> dict[str, ModelTimings]:
+    """Timings of the zoo models ``names``: each read from ``cache_dir`` if it matches the
+    model's file; the others split (into ``cache_dir/<name>``) and measured together
+    (:func:`measure_models`: their slices interleaved round by round)."""
     from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
     from coinf.convert.split import split_model
+    from coinf.models import zoo
 
-    sha = sha256_file(model_path)
-    cache = cache_dir / f"{name}.timings.json"
-    if cache.is_file():
-        try:
-            t = ModelTimings.from_json(json.loads(cache.read_text()))
-            if t.sha256 == sha:
-                return t
-        except (ValueError, KeyError, TypeError):
-            pass
-    out = cache_dir / name
-    bundle = None
-    if (out / MANIFEST).is_file():
-        b = Bundle.load(out)
-        if b.meta.get("source", {}).get("sha256") == sha:
-            bundle = b
-    if bundle is None:
-        bundle = split_model(model_path, out, force=True)
-    t = measure_model(name, bundle, repeats, progress=progress, sha256=sha)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(t.to_json()) + "\n")
-    return t
+    out: dict[str, ModelTimings] = {}
+    todo: dict[str, Any] = {}
+    shas: dict[str, str] = {}
+    for name in names:
+        model_path = zoo.committed_path(name)
+        shas[name] = sha = sha256_file(model_path)
+        cache = cache_dir / f"{name}.timings.json"
+        if cache.is_file():
+            try:
+                t = ModelTimings.from_json(json.loads(cache.read_text()))
+                if t.sha256 == sha:
+                    out[name] = t
+                    continue
+            except (ValueError, KeyError, TypeError):
+                pass
+        folder = cache_dir / name
+        bundle = None
+        if (folder / MANIFEST).is_file():
+            b = Bundle.load(folder)
+            if b.meta.get("source", {}).get("sha256") == sha:
+                bundle = b
+        todo[name] = bundle or split_model(model_path, folder, force=True)
+    if todo:
+        measured = measure_models(todo, repeats, progress=progress, sha256=shas)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for name, t in measured.items():
+            (cache_dir / f"{name}.timings.json").write_text(json.dumps(t.to_json()) + "\n")
+        out.update(measured)
+    return {n: out[n] for n in names}
 
 
 def _node_json(s: NodeSample) -> dict[str, Any]:
@@ -362,10 +427,7 @@ def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
                 ) -> tuple[list[NodeSample], list[SliceSample], dict[str, Features]]:
     """:func:`samples` of the zoo models ``names``, their timings read from ``cache_dir`` (or
     measured into it, :func:`load_or_measure`)."""
-    from coinf.models import zoo
-
-    timings = {n: load_or_measure(n, zoo.committed_path(n), cache_dir, repeats, progress)
-               for n in names}
+    timings = load_or_measure(list(names), cache_dir, repeats, progress)
     models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
     return samples(timings, models)
 
@@ -423,7 +485,8 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     ``families``' networks, profiled and timed once into the cache: :func:`synthetic_labels`)
     predicts this model's cached slice times. Per model: slices, the fractions within +-10%
     and +-25%, the median of predicted / measured, the profiler's surplus per kernel
-    (:func:`~coinf.device.slicepred.profiler_surplus`, µs), and the two reference scores of
+    (:func:`~coinf.device.slicepred.profiler_surplus`, µs), how often the cache's own rounds
+    repeat within +-10% (:func:`repeatability`), and the two reference scores of
     :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
     predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
     ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on (the slices are
@@ -436,7 +499,9 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     from coinf.models import zoo
 
     names = names or tuple(zoo.ZOO)
-    nodes, slices, feats = zoo_samples(cache_dir, names, repeats, progress)
+    timings = load_or_measure(list(names), cache_dir, repeats, progress)
+    nodes, slices, feats = samples(timings, {m: onnx.load(str(cache_dir / m / "model.onnx"))
+                                             for m in timings})
     surplus = profiler_surplus(nodes, slices)
     syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress,
                            families=families)
@@ -452,5 +517,6 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       p / me for p, me in pairs if me > 0) if pairs else None,
                   "profiler_surplus_us_per_kernel": surplus[m] * 1e3 if m in surplus else None,
                   "profiled_within_10pct": within(profiled[m]) if m in profiled else None,
-                  "additive_within_10pct": within(additive[m]) if m in additive else None}
+                  "additive_within_10pct": within(additive[m]) if m in additive else None,
+                  "measurement_repeatability_within_10pct": repeatability(timings[m])}
     return out

@@ -106,5 +106,20 @@ def inconsistent_models(per: Mapping[str, Mapping[str, Any]]) -> dict[str, float
             and r["additive_within_10pct"] < CONSISTENT_WITHIN_10PCT}
 
 
-__all__ = ["CONSISTENT_WITHIN_10PCT", "additive_pairs", "inconsistent_models",
-           "profiled_constants", "profiled_pairs"]
+#: the target itself: a model whose cached slice times repeat within +-10 % (the halves of
+#: their rounds, ``measurement_repeatability_within_10pct``) less often than this cannot show
+#: a within-10 % score of 0.90 against them, whatever predicts them
+REPEATABLE_WITHIN_10PCT = 0.90
+
+
+def unrepeatable_models(per: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Model -> ``measurement_repeatability_within_10pct`` for the models of a
+    ``zoo_leave_one_out`` result whose own measurement repeats less often than
+    ``REPEATABLE_WITHIN_10PCT`` (a cache without rounds names none)."""
+    return {m: float(r["measurement_repeatability_within_10pct"]) for m, r in per.items()
+            if r.get("measurement_repeatability_within_10pct") is not None
+            and r["measurement_repeatability_within_10pct"] < REPEATABLE_WITHIN_10PCT}
+
+
+__all__ = ["CONSISTENT_WITHIN_10PCT", "REPEATABLE_WITHIN_10PCT", "additive_pairs",
+           "inconsistent_models", "profiled_constants", "profiled_pairs", "unrepeatable_models"]

@@ -86,6 +86,31 @@ def test_bench_predict_zoo_warns_of_slice_times_that_do_not_add_up(
     assert json.loads(got.out)["inconsistent_timings"] == {} and "warning" not in got.err
 
 
+def test_bench_predict_zoo_names_models_whose_measurement_does_not_repeat(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import coinf.device.context_data as cd
+
+    def row(score: float, repeat: float | None) -> dict[str, float | None]:
+        return {"within_10pct": score, "profiled_within_10pct": None,
+                "additive_within_10pct": 0.97, "measurement_repeatability_within_10pct": repeat}
+
+    rows = {"a": row(0.4, 0.56), "b": row(0.9, 0.95), "c": row(1.0, None)}
+    monkeypatch.setattr(cd, "zoo_leave_one_out", lambda *a, **kw: rows)
+    assert main(["bench", "predict", "--zoo", "--json"]) == 0
+    got = capsys.readouterr()
+    out = json.loads(got.out)
+    assert out["unrepeatable_timings"] == {"a": 0.56}
+    assert out["min_measurement_repeatability_within_10pct"] == 0.56
+    assert out["median_measurement_repeatability_within_10pct"] == pytest.approx(0.755)
+    assert "a (0.56)" in got.err and "b (" not in got.err
+    rows["a"]["measurement_repeatability_within_10pct"] = 0.9
+    assert main(["bench", "predict", "--zoo", "--json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["unrepeatable_timings"] == {} and "repeat" not in got.err
+
+
 def test_missing_optional_dependency_is_a_one_line_error(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A Pi with only coinf[wearable] gets the extra to install, not a traceback."""

@@ -232,6 +232,7 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
         assert r["profiler_surplus_us_per_kernel"] is not None  # every model has a whole slice
         assert 0.0 <= r["profiled_within_10pct"] <= 1.0
         assert 0.0 <= r["additive_within_10pct"] <= 1.0
+        assert 0.0 <= r["measurement_repeatability_within_10pct"] <= 1.0  # rounds were kept
     cached = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")}
     assert set(cached) == {f"{n}.timings.json" for n in names}
     assert zoo_leave_one_out(tmp_path, 3, 0, names, 0) == per  # cache read, nothing re-timed
@@ -320,6 +321,8 @@ def test_slices_are_timed_round_robin_and_a_burst_in_one_round_is_dropped(
     t = measure_model("m", bundle, repeats=1, rounds=3)
     n = len(t.slices)
     assert n >= 4 and len(order) == 3 * n  # every slice in every round
+    assert all(len(s["rounds_ms"]) == 3 and s["ms"] == sorted(s["rounds_ms"])[1]
+               for s in t.slices)
     unburst = real(*_session_and_feeds(bundle, t.slices[1]["slice"]), 1, 50)
     assert t.slices[1]["ms"] < 10 * unburst  # its burst dropped
     # one round only keeps the burst
@@ -337,3 +340,63 @@ def _session_and_feeds(bundle: object, key: str) -> tuple[object, dict[str, np.n
     cand = next(c for c in bundle.candidates if c.id == cid)  # type: ignore[attr-defined]
     sess = make_session(str(bundle.path(getattr(cand, side).file)), 1)  # type: ignore[attr-defined]
     return sess, random_feeds(sess)
+
+
+def test_models_timed_together_see_the_same_machine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models' slices are interleaved round by round: a machine that turns 2x slower
+    halfway through slows both models alike (timed one model after the other, the second
+    would be measured 2x slow against the first), and the halves of the rounds disagree."""
+    import coinf.device.sweep as sweep
+    from coinf.convert.split import split_model
+    from coinf.device.context_data import measure_models, repeatability
+
+    bundles = {}
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(conv_bn_relu_gemm(), str(path))
+        bundles[name] = split_model(path, tmp_path / name)
+    true_ms = {}  # a fixed time per slice file, so the machine's speed is all that varies
+    calls: list[str] = []
+
+    def timed(sess: str, feeds: object, *args: float) -> float:
+        calls.append(sess)
+        slow = 2.0 if len(calls) > total // 2 else 1.0
+        return true_ms.setdefault(sess, 0.01 * (1 + len(true_ms))) * slow
+
+    monkeypatch.setattr(sweep, "make_session", lambda path, threads: path)
+    real_feeds = sweep.random_feeds  # the in-context profile still runs for real
+    monkeypatch.setattr(sweep, "random_feeds",
+                        lambda sess: {} if isinstance(sess, str) else real_feeds(sess))
+    monkeypatch.setattr(sweep, "time_session", timed)
+    per_round = sum(1 for b in bundles.values() for c in b.candidates
+                    for part in (c.head, c.tail) if part.file is not None and part.nodes)
+    total = 6 * per_round
+    got = measure_models(bundles, repeats=1, rounds=6)
+    assert len(calls) == total
+    first = [Path(c).relative_to(tmp_path).parts[0] for c in calls[:per_round]]
+    assert first[:4] == ["a", "b", "a", "b"]  # models alternate within a round
+    by_model = {}
+    for m, t in got.items():
+        paths = {f"{c.id}.{side}": str(bundles[m].path(getattr(c, side).file))
+                 for c in bundles[m].candidates for side in ("head", "tail")
+                 if getattr(c, side).file is not None}
+        by_model[m] = [s["ms"] / true_ms[paths[s["slice"]]] for s in t.slices]
+    # every slice of both models got the same mix of fast and slow rounds
+    assert max(max(v) for v in by_model.values()) == pytest.approx(
+        min(min(v) for v in by_model.values()), rel=1e-6)
+    # rounds 0-2 ran fast and 3-5 slow: the even rounds' median is fast, the odd ones' slow
+    assert repeatability(got["a"]) == repeatability(got["b"]) == 0.0
+
+
+def test_repeatability_compares_even_with_odd_rounds() -> None:
+    from coinf.device.context_data import ModelTimings, repeatability
+
+    def t(*rounds: list[float]) -> ModelTimings:
+        return ModelTimings("m", "", {}, [{"slice": f"s{i}", "rounds_ms": r}
+                                          for i, r in enumerate(rounds)])
+
+    assert repeatability(t([1.0, 1.05, 1.0, 1.05], [2.0, 2.0])) == 1.0
+    assert repeatability(t([1.0, 1.3, 1.0, 1.3], [2.0, 2.0])) == 0.5  # 30 % apart
+    assert repeatability(t([1.0, 1.3, 1.0, 1.3], [2.0, 2.0]), tol=0.35) == 1.0
+    assert repeatability(t([1.0], [2.0, 2.0])) is None  # a cache timed in one round

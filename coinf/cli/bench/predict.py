@@ -34,7 +34,11 @@ ratio, the profiler's surplus per kernel and two reference scores (:mod:`coinf.d
 node times fitted on the model's own slices) -- a quick check of a change to the predictor.
 ``additive_within_10pct`` also checks the cache: on a busy machine a model's slice times stop
 adding up, and the models below ``slicecheck.CONSISTENT_WITHIN_10PCT`` are listed in
-``inconsistent_timings`` with a warning (their scores measure the machine's noise).
+``inconsistent_timings`` with a warning (their scores measure the machine's noise). The zoo's
+slices are timed in rounds interleaved over every model; how often the median of half the
+rounds repeats the other half within +-10 % is ``measurement_repeatability_within_10pct`` per
+model, the ceiling of its score on this cache, and the models below 0.90 are listed in
+``unrepeatable_timings`` with a note.
 """
 
 from __future__ import annotations
@@ -191,9 +195,23 @@ def run_zoo(args: argparse.Namespace) -> int:
     scores = [r["within_10pct"] for r in per.values()]
     own = [r["profiled_within_10pct"] for r in per.values()
            if r["profiled_within_10pct"] is not None]
-    from coinf.device.slicecheck import CONSISTENT_WITHIN_10PCT, inconsistent_models
+    from coinf.device.slicecheck import (
+        CONSISTENT_WITHIN_10PCT,
+        REPEATABLE_WITHIN_10PCT,
+        inconsistent_models,
+        unrepeatable_models,
+    )
 
-    noisy = inconsistent_models(per)
+    noisy, unrepeatable = inconsistent_models(per), unrepeatable_models(per)
+    if unrepeatable:
+        progress("note: the cached slice times of " + ", ".join(
+            f"{m} ({r:.2f})" for m, r in unrepeatable.items()) + " repeat within +-10 % "
+            f"(half their rounds against the other half) less often than "
+            f"{REPEATABLE_WITHIN_10PCT:.2f}: no predictor can show a within_10pct of "
+            f"{REPEATABLE_WITHIN_10PCT:.2f} against them. Time them on a quieter machine (a new "
+            "--cache DIR) to score them.")
+    repeat = [r["measurement_repeatability_within_10pct"] for r in per.values()
+              if r.get("measurement_repeatability_within_10pct") is not None]
     if noisy:
         progress("warning: the cached slice times of " + ", ".join(
             f"{m} ({a:.2f})" for m, a in noisy.items()) + " are not self-consistent: free "
@@ -213,6 +231,11 @@ def run_zoo(args: argparse.Namespace) -> int:
           # free node times fitted on each model's own slices: below CONSISTENT_WITHIN_10PCT
           # the cache's timings, not the predictor, are what is off
           "inconsistent_timings": noisy,
+          # how often each model's cached slice times repeat within +-10 % (half of their
+          # rounds against the other half): the ceiling of its within_10pct on this cache
+          "min_measurement_repeatability_within_10pct": min(repeat) if repeat else None,
+          "median_measurement_repeatability_within_10pct": median(repeat) if repeat else None,
+          "unrepeatable_timings": unrepeatable,
           "models": per})
     return 0
 

@@ -86,7 +86,7 @@ class ModelTimings:
 #: zoo slices are timed in this many rounds over every slice of every model being measured (a
 #: fresh session each); a slice keeps the median of its rounds and every round's time. The
 #: machine here is shared: a burst of contention slowed four successive LSTM slices by 12-16 %
-#: in one round of three, and its speed drifts by 10-40 % over tens of minutes, so models timed
+#: in one round of three, and its speed drifts by 3-40 % over tens of minutes, so models timed
 #: one after another saw different machines (docs/BENCHMARKS.md section 12, eleventh round).
 SLICE_ROUNDS = 6
 
@@ -427,9 +427,13 @@ def zoo_samples(cache_dir: Path, names: Iterable[str], repeats: int = 25,
                 ) -> tuple[list[NodeSample], list[SliceSample], dict[str, Features]]:
     """:func:`samples` of the zoo models ``names``, their timings read from ``cache_dir`` (or
     measured into it, :func:`load_or_measure`)."""
-    timings = load_or_measure(list(names), cache_dir, repeats, progress)
-    models = {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings}
-    return samples(timings, models)
+    return _cached_samples(cache_dir, load_or_measure(list(names), cache_dir, repeats, progress))
+
+
+def _cached_samples(cache_dir: Path, timings: Mapping[str, ModelTimings],
+                    ) -> tuple[list[NodeSample], list[SliceSample], dict[str, Features]]:
+    """:func:`samples` of ``timings``, each model read from its bundle in ``cache_dir``."""
+    return samples(timings, {m: onnx.load(str(cache_dir / m / "model.onnx")) for m in timings})
 
 
 def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
@@ -500,8 +504,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
 
     names = names or tuple(zoo.ZOO)
     timings = load_or_measure(list(names), cache_dir, repeats, progress)
-    nodes, slices, feats = samples(timings, {m: onnx.load(str(cache_dir / m / "model.onnx"))
-                                             for m in timings})
+    nodes, slices, feats = _cached_samples(cache_dir, timings)
     surplus = profiler_surplus(nodes, slices)
     syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress,
                            families=families)

@@ -18,9 +18,10 @@ from coinf.device.incontext import model_features, profile_in_context
 from coinf.device.slicepred import NodeSample, Relabel, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
-CACHE_VERSION = 3  # 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds
+CACHE_VERSION = 4  # 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds;
+#: 4: each round at least SLICE_MIN_S
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
-PARTS_FORMAT = "coinf-synthetic-parts-1"
+PARTS_FORMAT = "coinf-synthetic-parts-2"  # 2: each part timed for SLICE_MIN_S
 #: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
 #: docs/BENCHMARKS.md section 12, sixth round)
@@ -131,7 +132,7 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     round's time (``rounds_ms``, what :func:`repeatability` reads)."""
     import statistics
 
-    from coinf.device.sweep import make_session, random_feeds, time_session
+    from coinf.device.sweep import SLICE_MIN_S, make_session, random_feeds, time_session
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -142,7 +143,8 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     for r, order in enumerate(interleaved(list(specs.values()), rounds)):
         for s in order:
             sess = make_session(str(s["path"]), threads)
-            times[id(s)].append(time_session(sess, random_feeds(sess), 3, repeats, 2.0))
+            times[id(s)].append(time_session(sess, random_feeds(sess), 3, repeats, 2.0,
+                                                SLICE_MIN_S))
         if progress and len(bundles) > 1:
             progress(f"slices of {len(bundles)} models timed: round {r + 1}/{rounds}")
     out = {}

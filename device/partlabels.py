@@ -109,13 +109,14 @@ def parts(model: onnx.ModelProto) -> list[tuple[str, tuple[str, ...], onnx.Model
 
 
 def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int = 25,
-               budget_s: float = 2.0) -> list[SliceSample]:
+               budget_s: float = 2.0, min_s: float | None = None) -> list[SliceSample]:
     """Every part of ``model`` (:func:`parts`) timed without the profiler at
-    ``ORT_ENABLE_ALL`` (median of ``repeats`` runs after 3 warm-up runs, at most ``budget_s``
-    each), with the kernels onnxruntime really runs for it."""
+    ``ORT_ENABLE_ALL`` (median of at least ``repeats`` runs filling ``min_s`` seconds, default
+    :data:`~coinf.device.sweep.SLICE_MIN_S`, after 3 warm-up runs; at most ``budget_s`` each),
+    with the kernels onnxruntime really runs for it."""
     import onnxruntime as ort
     from coinf.device.ortgraph import count_kernels
-    from coinf.device.sweep import random_feeds, session_options, time_session
+    from coinf.device.sweep import SLICE_MIN_S, random_feeds, session_options, time_session
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +126,8 @@ def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int
             opts.log_severity_level = 3
             sess = ort.InferenceSession(part.SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
-            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s)
+            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s,
+                              SLICE_MIN_S if min_s is None else min_s)
             k = count_kernels(part, onnx.load(opts.optimized_model_filepath,
                                               load_external_data=False))
             out.append(SliceSample(name, part_name, a, k.count, mb, ms, k.reorders,

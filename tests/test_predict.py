@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import onnx
 import pytest
@@ -101,3 +102,34 @@ def test_profile_train_cli_quick(tmp_path: Path) -> None:
     assert obj["predictor"]["format"] == "coinf-predictor"
     assert main(["profile", "--out", str(out), "--threads", "0"]) == 2
     onnx.checker.check_model(make_model(tmp_path / "m.onnx"))
+
+
+class _CountingSession:
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run(self, outputs: object, feeds: object) -> list[object]:
+        self.runs += 1
+        return []
+
+
+def test_time_session_runs_a_fast_session_for_min_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast session gets as many runs as fill ``min_s``; ``repeats`` alone without it, and the
+    budget still stops a session that would run too long (a clock that advances 1 ms per
+    reading, so the counts do not depend on this machine)."""
+    import coinf.device.sweep as sweep
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.001
+        return now[0]
+
+    monkeypatch.setattr(sweep, "time", SimpleNamespace(perf_counter=clock))
+    plain, long, capped = _CountingSession(), _CountingSession(), _CountingSession()
+    sweep.time_session(plain, {}, warmup=2, repeats=5, budget_s=10.0)
+    sweep.time_session(long, {}, warmup=2, repeats=5, budget_s=10.0, min_s=0.1)
+    sweep.time_session(capped, {}, warmup=2, repeats=5, budget_s=0.02, min_s=1.0)
+    assert plain.runs == 2 + 5
+    assert 2 + 40 <= long.runs <= 2 + 60  # 2 readings per run: ~50 runs fill 0.1 s
+    assert 2 + 5 <= capped.runs <= 2 + 15  # the budget wins over min_s

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.predict import Predictor
     from coinf.device.profile import DeviceProfile
     from coinf.device.slicepred import within
-    from coinf.device.sweep import make_session, random_feeds, run_sweep, time_session
+    from coinf.device.sweep import SLICE_MIN_S, make_session, random_feeds, run_sweep, time_session
     from coinf.models import zoo
 
     if args.repeats < 3:
@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     sessions = [make_session(str(bundle.path(str(p.file))), args.threads) for _, _, p in parts]
     # two passes over every slice, a few seconds apart: how well the machine repeats its own
     # measurement is the ceiling for any predictor's within-10% score
-    passes = [[time_session(s, random_feeds(s), 3, args.repeats, 2.0) for s in sessions]
+    passes = [[time_session(s, random_feeds(s), 3, args.repeats, 2.0, SLICE_MIN_S)
+               for s in sessions]
               for _ in range(2)]
     rows: list[dict[str, Any]] = []
     for (cand, side, part), m1, m2 in zip(parts, *passes, strict=True):

@@ -18,8 +18,9 @@ from coinf.device.incontext import model_features, profile_in_context
 from coinf.device.slicepred import NodeSample, Relabel, SlicePredictor, SliceSample, group_of
 
 CACHE_FORMAT = "coinf-context-timings"
-CACHE_VERSION = 4  # 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds;
-#: 4: each round at least SLICE_MIN_S
+#: 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds; 4: each round
+#: runs a slice for at least ``sweep.SLICE_MIN_S``
+CACHE_VERSION = 4
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
 PARTS_FORMAT = "coinf-synthetic-parts-2"  # 2: each part timed for SLICE_MIN_S
 #: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
@@ -127,8 +128,9 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
                    sha256: Mapping[str, str] | None = None,
                    rounds: int = SLICE_ROUNDS) -> dict[str, ModelTimings]:
     """Profile each bundle's whole model in context, then time every head and tail slice of
-    every bundle together (median of ``repeats`` runs per round; ``rounds`` rounds in the
-    order of :func:`interleaved`). A slice keeps the median of its rounds (``ms``) and each
+    every bundle together (per round, the median of at least ``repeats`` runs filling
+    :data:`~coinf.device.sweep.SLICE_MIN_S`; ``rounds`` rounds in the order of
+    :func:`interleaved`). A slice keeps the median of its rounds (``ms``) and each
     round's time (``rounds_ms``, what :func:`repeatability` reads)."""
     import statistics
 
@@ -143,8 +145,8 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     for r, order in enumerate(interleaved(list(specs.values()), rounds)):
         for s in order:
             sess = make_session(str(s["path"]), threads)
-            times[id(s)].append(time_session(sess, random_feeds(sess), 3, repeats, 2.0,
-                                                SLICE_MIN_S))
+            ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0, SLICE_MIN_S)
+            times[id(s)].append(ms)
         if progress and len(bundles) > 1:
             progress(f"slices of {len(bundles)} models timed: round {r + 1}/{rounds}")
     out = {}

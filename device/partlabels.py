@@ -109,9 +109,9 @@ def parts(model: onnx.ModelProto) -> list[tuple[str, tuple[str, ...], onnx.Model
 
 
 def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int = 25,
-               budget_s: float = 2.0, min_s: float | None = None) -> list[SliceSample]:
+               budget_s: float = 2.0) -> list[SliceSample]:
     """Every part of ``model`` (:func:`parts`) timed without the profiler at
-    ``ORT_ENABLE_ALL`` (median of at least ``repeats`` runs filling ``min_s`` seconds, default
+    ``ORT_ENABLE_ALL`` (median of at least ``repeats`` runs filling
     :data:`~coinf.device.sweep.SLICE_MIN_S`, after 3 warm-up runs; at most ``budget_s`` each),
     with the kernels onnxruntime really runs for it."""
     import onnxruntime as ort
@@ -126,8 +126,7 @@ def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int
             opts.log_severity_level = 3
             sess = ort.InferenceSession(part.SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
-            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s,
-                              SLICE_MIN_S if min_s is None else min_s)
+            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s, SLICE_MIN_S)
             k = count_kernels(part, onnx.load(opts.optimized_model_filepath,
                                               load_external_data=False))
             out.append(SliceSample(name, part_name, a, k.count, mb, ms, k.reorders,

@@ -57,16 +57,20 @@ class ModelSpec:
 def _arch(
     factory: str, *, batchnorm: bool = False, embeddings: bool = False
 ) -> Callable[[bool], Built]:
-    """Builder for a seeded random-weight model made by ``models.architectures.<factory>``."""
+    """Builder for a seeded random-weight model made by ``<factory>(large)``: ``make_x`` of
+    :mod:`models.architectures` (images) or ``sequence.make_x`` of :mod:`models.sequence`
+    (audio and text); ``embeddings`` re-scales a text model's embeddings."""
 
     def builder(large: bool) -> Built:
         from coinf.models import architectures as arch
+        from coinf.models import sequence
 
-        model = getattr(arch, factory)(large)
+        module, _, name = factory.rpartition(".")
+        model = getattr(sequence if module == "sequence" else arch, name)(large)
         if batchnorm:
             arch.randomize_norm_stats(model)
         if embeddings:
-            arch.init_scaled(model)
+            sequence.init_scaled(model)
         return model.eval(), None
 
     return builder
@@ -140,29 +144,29 @@ _SPECS = [
         "wavenet", "WaveNet", ("CoINF",),
         "gated dilated causal conv stacks with residual+skip sums over 20 MFCCs; 29 symbols/frame",
         (InputSpec("mfcc", (1, 20, 100)),), (InputSpec("mfcc", (1, 20, 400)),),
-        _arch("make_wavenet"),
+        _arch("sequence.make_wavenet"),
     ),
     ModelSpec(
         "lstm_lm", "LSTM", ("CoINF",),
         "word-level LSTM language model, 2 layers; small: vocab 1000, hidden 128; next-word logits",
-        _tokens(32, 1000), _tokens(35, 10000), _arch("make_lstm_lm", embeddings=True),
+        _tokens(32, 1000), _tokens(35, 10000), _arch("sequence.make_lstm_lm", embeddings=True),
     ),
     ModelSpec(
         "textcnn", "TextCNN", ("CoINF",),
         "Kim-style CNN: embedding, conv widths 3/4/5 in parallel, max over time, concat, FC",
-        _tokens(64, 2000), _tokens(256, 20000), _arch("make_textcnn", embeddings=True),
+        _tokens(64, 2000), _tokens(256, 20000), _arch("sequence.make_textcnn", embeddings=True),
     ),
     ModelSpec(
         "gru_text", "GRU", ("CoINF",),
         "bidirectional GRU document classifier (CoINF's TextRNN role); final states -> FC",
-        _tokens(64, 2000), _tokens(256, 30000), _arch("make_gru_text", embeddings=True),
+        _tokens(64, 2000), _tokens(256, 30000), _arch("sequence.make_gru_text", embeddings=True),
     ),
     ModelSpec(
         "senna_mlp", "SENNA", ("CoINF", "Neurosurgeon"),
         "SENNA window MLP: 5 words + caps features -> embeddings -> HardTanh(300) -> 45 tags",
         (InputSpec("words", (1, 5), "int64", 3000), InputSpec("caps", (1, 5), "int64", 5)),
         (InputSpec("words", (1, 5), "int64", 130000), InputSpec("caps", (1, 5), "int64", 5)),
-        _arch("make_senna_mlp", embeddings=True),
+        _arch("sequence.make_senna_mlp", embeddings=True),
     ),
     ModelSpec(
         "digitnet", "VGG", ("streaming-CNN",),

@@ -171,20 +171,27 @@ def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
                           {name: sha256} if sha256 else None, rounds)[name]
 
 
-def repeatability(t: ModelTimings, tol: float = 0.10) -> float | None:
-    """How often the median of a slice's even rounds and the median of its odd rounds agree
-    within ``tol``: how well this machine repeats the measurement the model's slices are
-    scored against (a ceiling for any predictor's within-10 % score; conservative, as each
-    half has half the rounds). None for a cache without two rounds per slice."""
+def half_rounds(t: ModelTimings) -> list[tuple[str, float, float]] | None:
+    """Per slice: the median of its even rounds and the median of its odd rounds (two
+    independent measurements of it); None for a cache without two rounds per slice."""
     import statistics
 
-    pairs = []
+    out = []
     for s in t.slices:
         got = [float(v) for v in s.get("rounds_ms") or []]
         if len(got) < 2:
             return None
-        pairs.append((statistics.median(got[0::2]), statistics.median(got[1::2])))
-    ok = [abs(a / b - 1.0) <= tol for a, b in pairs if b > 0]
+        out.append((str(s["slice"]), statistics.median(got[0::2]), statistics.median(got[1::2])))
+    return out
+
+
+def repeatability(t: ModelTimings, tol: float = 0.10) -> float | None:
+    """How often the two halves of a slice's rounds (:func:`half_rounds`) agree within
+    ``tol``: how well this machine repeats the measurement the model's slices are scored
+    against (a ceiling for any predictor's within-10 % score; conservative, as each half has
+    half the rounds). None for a cache without two rounds per slice."""
+    halves = half_rounds(t)
+    ok = [abs(a / b - 1.0) <= tol for _, a, b in halves or [] if b > 0]
     return sum(ok) / len(ok) if ok else None
 
 
@@ -494,14 +501,19 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     predicts this model's cached slice times. Per model: slices, the fractions within +-10%
     and +-25%, the median of predicted / measured, the profiler's surplus per kernel
     (:func:`~coinf.device.slicepred.profiler_surplus`, µs), how often the cache's own rounds
-    repeat within +-10% (:func:`repeatability`), and the two reference scores of
-    :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node times in place of
-    predicted ones; ``additive_within_10pct``: free node times fitted on its own slices);
+    repeat within +-10% (:func:`repeatability`), the plan regret under each condition of
+    :mod:`.planregret` (what the prediction's errors cost the planner; with half the cache's
+    rounds predicting the other half, what the machine's own noise costs), and the two
+    reference scores of :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node
+    times in place of predicted ones; ``additive_within_10pct``: free node times fitted on its
+    own slices);
     ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on (the slices are
     not measured again), so it shows a change to the predictor in one number per model;
     ``coinf bench predict --bundle`` measures every slice anew."""
     import statistics
 
+    from coinf.convert.bundle import Bundle
+    from coinf.device.planregret import SLOWDOWNS, break_even_kb_s, cut_bytes, regret_table
     from coinf.device.slicecheck import additive_pairs, profiled_pairs
     from coinf.device.slicepred import leave_one_model_out, profiler_surplus, within
     from coinf.models import zoo
@@ -513,11 +525,14 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress,
                            families=families)
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
-    res = leave_one_model_out(nodes, slices, feats, list(names), extra, zoo_relabel(syn))
+    res = leave_one_model_out(nodes, slices, feats, list(names), extra, zoo_relabel(syn),
+                              progress)
     profiled, additive = profiled_pairs(nodes, slices, list(names)), additive_pairs(nodes, slices)
     out: dict[str, Any] = {}
     for m, rows in res.items():
         pairs = [(p, me) for _, p, me in rows]
+        cuts = cut_bytes(Bundle.load(cache_dir / m))
+        regret, halves = regret_table(rows, cuts), half_rounds(timings[m])
         out[m] = {"slices": len(rows), "within_10pct": within(pairs),
                   "within_25pct": within(pairs, 0.25),
                   "median_predicted_over_measured": statistics.median(
@@ -525,5 +540,11 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                   "profiler_surplus_us_per_kernel": surplus[m] * 1e3 if m in surplus else None,
                   "profiled_within_10pct": within(profiled[m]) if m in profiled else None,
                   "additive_within_10pct": within(additive[m]) if m in additive else None,
-                  "measurement_repeatability_within_10pct": repeatability(timings[m])}
+                  "measurement_repeatability_within_10pct": repeatability(timings[m]),
+                  "plan_regret": regret, "max_plan_regret": max(regret.values()),
+                  # where the wearable's and the handheld's whole-model runs break even
+                  "break_even_kb_s": {f"x{k:g}": break_even_kb_s(
+                      {n: (p, me) for n, p, me in rows}, cuts, k) for k in SLOWDOWNS if k > 1},
+                  # the same with half the rounds predicting the other half: the machine's own
+                  "measurement_plan_regret": regret_table(halves, cuts) if halves else None}
     return out

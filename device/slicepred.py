@@ -389,13 +389,17 @@ def leave_one_model_out(nodes: Sequence[NodeSample], slices: Sequence[SliceSampl
                         features: Mapping[str, Mapping[str, tuple[NodeFeatures, str]]],
                         models: Sequence[str] | None = None, extra: Sequence[NodeSample] = (),
                         relabel: Relabel | None = None,
+                        progress: Callable[[str], None] | None = None,
                         ) -> dict[str, list[tuple[str, float, float]]]:
     """For each model (default: every model with slices): train on every other model's node
     and slice timings (``relabel`` as in :meth:`SlicePredictor.train`), predict this model's
     slices. Returns model -> [(slice, predicted, measured)]. A model never contributes to its
-    own prediction."""
+    own prediction. ``progress`` hears of each model before its predictor is trained."""
     out: dict[str, list[tuple[str, float, float]]] = {}
-    for held in models if models is not None else sorted({s.model for s in slices}):
+    held_out = list(models) if models is not None else sorted({s.model for s in slices})
+    for i, held in enumerate(held_out, 1):
+        if progress:
+            progress(f"leave one model out {i}/{len(held_out)}: training without {held}")
         train_nodes = [n for n in nodes if n.model != held]
         train_slices = [s for s in slices if s.model != held]
         pred = SlicePredictor.train(train_nodes, train_slices, features, extra,

@@ -51,8 +51,10 @@ def test_bench_predict_zoo_reports_the_families_it_trained_on(
 
     def scored(cache: object, repeats: int, synthetic: int, **kw: object) -> dict[str, object]:
         seen.update(kw)  # the expensive leave-one-model-out itself is tested in test_incontext
-        row = {"within_10pct": 0.5, "profiled_within_10pct": None, "additive_within_10pct": 1.0}
-        return {"a": dict(row), "b": {**row, "within_10pct": 1.0}}
+        row = {"within_10pct": 0.5, "profiled_within_10pct": None, "additive_within_10pct": 1.0,
+               "plan_regret": {"x1@10kB/s": 0.0, "x10@break-even": 0.1}}
+        return {"a": dict(row), "b": {**row, "within_10pct": 1.0,
+                                      "plan_regret": {"x1@10kB/s": 0.2}}}
 
     monkeypatch.setattr(cd, "zoo_leave_one_out", scored)
     assert main(["bench", "predict", "--zoo", "--synthetic", "7", "--family", "gated=3",
@@ -61,6 +63,9 @@ def test_bench_predict_zoo_reports_the_families_it_trained_on(
     assert out["families"] == {**cd.FAMILY_NETWORKS, "gated": 3} == seen["families"]
     assert out["synthetic"] == 7 and out["mean_within_10pct"] == pytest.approx(0.75)
     assert out["min_within_10pct"] == 0.5
+    # the worst model per condition, over the conditions any model has
+    assert out["max_plan_regret"] == {"x1@10kB/s": 0.2, "x10@break-even": 0.1}
+    assert out["max_measurement_plan_regret"] is None
 
 
 def test_bench_predict_zoo_warns_of_slice_times_that_do_not_add_up(

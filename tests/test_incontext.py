@@ -120,7 +120,9 @@ def _zoo(speed: dict[str, float]) -> tuple[list[NodeSample], list[SliceSample], 
 
 def test_lomo_predicts_a_model_that_runs_like_the_others() -> None:
     nodes, slices, feats = _zoo({"a": 10.0, "b": 10.0, "c": 10.0})
-    res = leave_one_model_out(nodes, slices, feats)
+    heard: list[str] = []
+    res = leave_one_model_out(nodes, slices, feats, progress=heard.append)
+    assert [h.split(": ")[0] for h in heard] == [f"leave one model out {i}/3" for i in (1, 2, 3)]
     for m in "abc":
         assert within([(p, t) for _, p, t in res[m]]) == 1.0
 
@@ -221,7 +223,9 @@ def test_additive_fit_explains_consistent_slices_and_not_a_busy_machines() -> No
 
 def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> None:
     """Three real zoo models, measured once into the cache, each predicted by the others."""
+    from coinf.convert.bundle import Bundle
     from coinf.device.context_data import zoo_leave_one_out
+    from coinf.device.planregret import LINK_KB_S, SLOWDOWNS, cut_bytes
 
     names = ("lenet_digits", "senna_mlp", "digitnet")
     per = zoo_leave_one_out(tmp_path, repeats=3, synthetic=0, names=names, sweep_scale=0,
@@ -234,6 +238,19 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
         assert 0.0 <= r["profiled_within_10pct"] <= 1.0
         assert 0.0 <= r["additive_within_10pct"] <= 1.0
         assert 0.0 <= r["measurement_repeatability_within_10pct"] <= 1.0  # rounds were kept
+        assert len(r["plan_regret"]) == len(SLOWDOWNS) * len(LINK_KB_S) + 1  # + x10@break-even
+        assert r["max_plan_regret"] == max(r["plan_regret"].values()) >= 0.0
+        assert set(r["measurement_plan_regret"]) == set(r["plan_regret"])
+        assert r["break_even_kb_s"]["x10"] > 0  # every model runs 10x slower on the wearable
+    for name in names:  # the split's bundle is in the cache: its cuts' bytes
+        bundle = Bundle.load(tmp_path / name)
+        cuts = cut_bytes(bundle)
+        assert set(cuts) == {c.id for c in bundle.candidates}
+        for c in bundle.candidates:
+            if c.is_wearable_only:
+                assert cuts[c.id] == (0, 0)
+            elif not c.head.nodes:  # handheld-only sends the input
+                assert cuts[c.id][0] == sum(t.nbytes for t in bundle.inputs) > 0
     cached = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")}
     assert set(cached) == {f"{n}.timings.json" for n in names}
     again = zoo_leave_one_out(tmp_path, 3, 0, names, 0, families={})

@@ -23,8 +23,11 @@ exactly would get. It is no upper bound -- the profiler reports whole microsecon
 models of 1-3 us kernels the trees, fitted over thousands of nodes, beat the model's own
 profile -- but where it is far above ``incontext`` the node model is what is missing. The
 zoo's timings and the synthetic networks' profiles and part timings are cached in ``--cache``
-(about 14 minutes to rebuild here on a quiet day, 11 of them timing the synthetic networks'
-parts in two passes; ``--fresh-synthetic`` measures the synthetic networks again). Run it at
+(about 39 minutes to rebuild here, most of them timing the synthetic networks' parts, each for
+at least ``sweep.SLICE_MIN_S``; ``--fresh-synthetic`` measures the synthetic networks again).
+``plan_regret`` (:mod:`coinf.device.planregret`) is what the in-context predictor's errors cost
+the planner: the measured latency of the cut it picks over the best cut's, - 1, with the
+wearable 1x and 10x slower than this machine and links from BLE rates to compute-only. Run it at
 real-time priority (``chrt -f 50``) on a shared machine, or measurements will not repeat.
 
 ``--zoo`` instead scores every zoo model in one run from the cached slice times (measuring
@@ -38,7 +41,9 @@ adding up, and the models below ``slicecheck.CONSISTENT_WITHIN_10PCT`` are liste
 slices are timed in rounds interleaved over every model; how often the median of half the
 rounds repeats the other half within +-10 % is ``measurement_repeatability_within_10pct`` per
 model, the ceiling of its score on this cache, and the models below 0.90 are listed in
-``unrepeatable_timings`` with a note.
+``unrepeatable_timings`` with a note. ``max_plan_regret`` is the worst model's plan regret
+per condition; ``max_measurement_plan_regret`` the same with half of each slice's rounds
+predicting the other half (what the machine's noise alone costs).
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.features import node_features
     from coinf.device.incontext import profile_in_context
     from coinf.device.ortgraph import kernels
+    from coinf.device.planregret import cut_bytes, regret_table
     from coinf.device.predict import Predictor
     from coinf.device.profile import DeviceProfile
     from coinf.device.slicepred import within
@@ -175,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
               [(r["measured_passes_ms"][1], r["measured_passes_ms"][0]) for r in rows]),
           "within_25pct": {s: score(s, 0.25) for s in STYLES},
           "own_profile_within_10pct": score("own_nodes", 0.10),
+          "plan_regret": regret_table([(r["slice"], r["incontext_ms"], r["measured_ms"])
+                                       for r in rows], cut_bytes(bundle)),
           "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
                                               for r in rows if r["measured_ms"] > 0])
                                    for s in STYLES},
@@ -204,6 +212,12 @@ def run_zoo(args: argparse.Namespace) -> int:
     )
 
     noisy, unrepeatable = inconsistent_models(per), unrepeatable_models(per)
+
+    def worst(key: str) -> dict[str, float] | None:
+        tables = [r[key] for r in per.values() if r.get(key) is not None]
+        keys = dict.fromkeys(c for t in tables for c in t)
+        return {c: max(t[c] for t in tables if c in t) for c in keys} if tables else None
+
     if unrepeatable:
         progress("note: the cached slice times of " + ", ".join(
             f"{m} ({r:.2f})" for m, r in unrepeatable.items()) + " repeat within +-10 % "
@@ -237,6 +251,11 @@ def run_zoo(args: argparse.Namespace) -> int:
           "min_measurement_repeatability_within_10pct": min(repeat) if repeat else None,
           "median_measurement_repeatability_within_10pct": median(repeat) if repeat else None,
           "unrepeatable_timings": unrepeatable,
+          # what the errors cost the planner: the worst model's measured latency of the cut
+          # picked from predicted times over the best cut's, - 1, per (slowdown, link rate)
+          "max_plan_regret": worst("plan_regret"),
+          # the same with half of each cache's rounds predicting the other half: its noise
+          "max_measurement_plan_regret": worst("measurement_plan_regret"),
           "models": per})
     return 0
 

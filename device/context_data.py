@@ -360,8 +360,11 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
     """Every part of the ``count`` synthetic networks of ``family``
     (:func:`~coinf.device.partlabels.time_parts`), timed in ``passes`` passes over all of them
     (a part's time is its median over the passes), cached in ``cache_dir`` like
-    :func:`synthetic_samples`. About a second per network per pass here."""
+    :func:`synthetic_samples`. About two seconds per network per pass here (each part is
+    timed for at least :data:`~coinf.device.sweep.SLICE_MIN_S`); progress says how long is
+    left."""
     import statistics
+    import time
 
     from coinf.device.context_sweep import model_name, network
     from coinf.device.partlabels import time_parts
@@ -378,14 +381,18 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
     if cached is not None:
         return cached
     runs: list[list[SliceSample]] = []
+    start = time.monotonic()
     for p in range(passes):
         got: list[SliceSample] = []
         for i in range(count):
             got += time_parts(model_name(i, family), network(i, seed, family), threads,
                               repeats)
             if progress and (i % 25 == 0 or i == count - 1):
+                done = p * count + i + 1
+                left = (time.monotonic() - start) / done * (passes * count - done)
                 progress(f"synthetic parts ({family}), pass {p + 1}/{passes}: network "
-                         f"{i + 1}/{count}, {len(got)} parts timed")
+                         f"{i + 1}/{count}, {len(got)} parts timed, about {left / 60:.0f} "
+                         "min left")
         runs.append(got)
     out = [replace(s, ms=statistics.median(r[j].ms for r in runs))
            for j, s in enumerate(runs[0])]

@@ -552,6 +552,6 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                   # where the wearable's and the handheld's whole-model runs break even
                   "break_even_kb_s": {f"x{k:g}": break_even_kb_s(
                       {n: (p, me) for n, p, me in rows}, cuts, k) for k in SLOWDOWNS if k > 1},
-                  # the same with half the rounds predicting the other half: the machine's own
+                  # half the rounds predicting the other half: what the machine's noise costs
                   "measurement_plan_regret": regret_table(halves, cuts) if halves else None}
     return out

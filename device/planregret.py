@@ -19,7 +19,7 @@ between compete on compute.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 #: wearable CPU x the measured machine's: as fast, and about a Pi Zero 2 W against a laptop core
 SLOWDOWNS = (1.0, 10.0)
@@ -30,31 +30,41 @@ LINK_KB_S = (10.0, 36.0, 1_000.0, 100_000.0)
 Times = Mapping[str, tuple[float, float]]  # slice "<cid>.head|tail" -> (predicted, measured) ms
 
 
-def cut_bytes(bundle: Any) -> dict[str, tuple[int, int]]:
-    """Per candidate of ``bundle``: bytes sent up (wearable -> handheld) and back. A
-    ``wearable-only`` cut sends nothing; every other cut sends its crossing tensors and gets
-    the graph outputs back."""
+class Cut(NamedTuple):
+    """One candidate cut: bytes sent up (wearable -> handheld) and back, and which sides run
+    something (``wearable-only`` has no tail, ``handheld-only`` no head)."""
+
+    up: int
+    down: int
+    head: bool
+    tail: bool
+
+
+def cut_bytes(bundle: Any) -> dict[str, Cut]:
+    """Every candidate of ``bundle``. A ``wearable-only`` cut sends nothing; every other cut
+    sends its crossing tensors and gets the graph outputs back."""
     out_bytes = sum(t.nbytes for t in bundle.outputs)
-    return {c.id: (0, 0) if not c.tail.nodes else (c.crossing_bytes, out_bytes)
+    return {c.id: Cut(c.crossing_bytes if c.tail.nodes else 0, out_bytes if c.tail.nodes else 0,
+                      bool(c.head.nodes), bool(c.tail.nodes))
             for c in bundle.candidates}
 
 
-def _latencies(times: Times, cuts: Mapping[str, tuple[int, int]], which: int, slowdown: float,
+def _latencies(times: Times, cuts: Mapping[str, Cut], which: int, slowdown: float,
                kb_s: float) -> dict[str, float]:
-    """Latency (ms) of every cut whose non-empty sides all have times; ``which`` 0 from the
-    predicted times, 1 from the measured ones."""
+    """Latency (ms) of every cut whose sides all have times; ``which`` 0 from the predicted
+    times, 1 from the measured ones."""
     out: dict[str, float] = {}
-    for cid, (up, down) in cuts.items():
+    for cid, cut in cuts.items():
         head, tail = times.get(f"{cid}.head"), times.get(f"{cid}.tail")
-        if head is None and tail is None:
+        if (cut.head and head is None) or (cut.tail and tail is None):
             continue
-        out[cid] = (slowdown * (head[which] if head else 0.0) + (tail[which] if tail else 0.0)
-                    + (up + down) / kb_s)  # bytes / (kB/s) = ms
+        out[cid] = (slowdown * (head[which] if head and cut.head else 0.0)
+                    + (tail[which] if tail and cut.tail else 0.0)
+                    + (cut.up + cut.down) / kb_s)  # bytes / (kB/s) = ms
     return out
 
 
-def plan_regret(times: Times, cuts: Mapping[str, tuple[int, int]], slowdown: float,
-                kb_s: float) -> float:
+def plan_regret(times: Times, cuts: Mapping[str, Cut], slowdown: float, kb_s: float) -> float:
     """Measured latency of the cut the predicted times pick, over the best measured one, - 1."""
     pred = _latencies(times, cuts, 0, slowdown, kb_s)
     meas = _latencies(times, cuts, 1, slowdown, kb_s)
@@ -65,22 +75,20 @@ def plan_regret(times: Times, cuts: Mapping[str, tuple[int, int]], slowdown: flo
     return chosen / best - 1.0 if best > 0 else 0.0
 
 
-def break_even_kb_s(times: Times, cuts: Mapping[str, tuple[int, int]],
-                    slowdown: float) -> float | None:
-    """The link rate (kB/s) at which the all-wearable cut (a head, no tail) and the
-    all-handheld one (a tail, no head) take the same measured time; None if the model lacks
-    either, or at ``slowdown`` <= 1 (both run the whole model on the same CPU: only noise
-    would part them)."""
-    local = [times[f"{c}.head"][1] for c in cuts if f"{c}.head" in times
-             and f"{c}.tail" not in times]
-    remote = [(times[f"{c}.tail"][1], sum(cuts[c])) for c in cuts if f"{c}.tail" in times
-              and f"{c}.head" not in times]
+def break_even_kb_s(times: Times, cuts: Mapping[str, Cut], slowdown: float) -> float | None:
+    """The link rate (kB/s) at which the all-wearable cut and the all-handheld one take the
+    same measured time; None if either is untimed, or at ``slowdown`` <= 1 (both run the whole
+    model on the same CPU: only noise would part them)."""
+    local = [times[f"{c}.head"][1] for c, cut in cuts.items()
+             if not cut.tail and f"{c}.head" in times]
+    remote = [(times[f"{c}.tail"][1], cut.up + cut.down) for c, cut in cuts.items()
+              if not cut.head and f"{c}.tail" in times]
     if slowdown <= 1 or not local or not remote or slowdown * local[0] <= remote[0][0]:
         return None
     return remote[0][1] / (slowdown * local[0] - remote[0][0])  # bytes / ms = kB/s
 
 
-def regret_table(rows: Iterable[tuple[str, float, float]], cuts: Mapping[str, tuple[int, int]],
+def regret_table(rows: Iterable[tuple[str, float, float]], cuts: Mapping[str, Cut],
                  slowdowns: Iterable[float] = SLOWDOWNS,
                  rates: Iterable[float] = LINK_KB_S) -> dict[str, float]:
     """:func:`plan_regret` under every (slowdown, link rate), keyed ``"x10@36kB/s"``, and at

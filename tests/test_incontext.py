@@ -248,9 +248,10 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
         assert set(cuts) == {c.id for c in bundle.candidates}
         for c in bundle.candidates:
             if c.is_wearable_only:
-                assert cuts[c.id] == (0, 0)
+                assert cuts[c.id] == (0, 0, True, False)
             elif not c.head.nodes:  # handheld-only sends the input
-                assert cuts[c.id][0] == sum(t.nbytes for t in bundle.inputs) > 0
+                assert cuts[c.id].up == sum(t.nbytes for t in bundle.inputs) > 0
+                assert not cuts[c.id].head and cuts[c.id].tail
     cached = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.timings.json")}
     assert set(cached) == {f"{n}.timings.json" for n in names}
     again = zoo_leave_one_out(tmp_path, 3, 0, names, 0, families={})

@@ -6,13 +6,15 @@ import pytest
 from coinf.device.planregret import (
     LINK_KB_S,
     SLOWDOWNS,
+    Cut,
     break_even_kb_s,
     plan_regret,
     regret_table,
 )
 
 # three cuts of one model: all on the handheld, a split, all on the wearable
-CUTS = {"c0": (1000, 10), "c1": (100, 10), "c2": (0, 0)}
+CUTS = {"c0": Cut(1000, 10, False, True), "c1": Cut(100, 10, True, True),
+        "c2": Cut(0, 0, True, False)}
 
 
 def rows(head1: float, tail1: float, whole: float, error: float = 1.0,
@@ -67,5 +69,9 @@ def test_the_slowdown_applies_to_the_head_only() -> None:
 def test_cuts_without_times_are_skipped_and_none_is_an_error() -> None:
     times = {"c2.head": (10.0, 10.0)}
     assert plan_regret(times, CUTS, 1.0, 36.0) == 0.0
+    # a split whose tail went untimed is not ranked (as if its tail took no time, it would
+    # win on its predicted head and cost 4x)
+    times["c1.head"] = (0.1, 50.0)
+    assert plan_regret(times, CUTS, 1.0, 1e9) == 0.0
     with pytest.raises(ValueError, match="at least one cut"):
         plan_regret({}, CUTS, 1.0, 36.0)

@@ -392,7 +392,7 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
                 left = (time.monotonic() - start) / done * (passes * count - done)
                 progress(f"synthetic parts ({family}), pass {p + 1}/{passes}: network "
                          f"{i + 1}/{count}, {len(got)} parts timed, about {left / 60:.0f} "
-                         "min left")
+                         "min left for this family")
         runs.append(got)
     out = [replace(s, ms=statistics.median(r[j].ms for r in runs))
            for j, s in enumerate(runs[0])]

@@ -172,8 +172,9 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     first = synthetic_parts(tmp_path, 2, seed=1, repeats=2, passes=2, progress=heard.append)
     assert {s.model for s in first} == {"synthetic0", "synthetic1"}
     # networks 1 and 2 of each pass, the last saying nothing is left
-    assert len(heard) == 4 and heard[-1].startswith("synthetic parts (mixed), pass 2/2: network "
-                                                    "2/2") and heard[-1].endswith("0 min left")
+    assert len(heard) == 4
+    assert heard[-1].startswith("synthetic parts (mixed), pass 2/2: network 2/2")
+    assert heard[-1].endswith("about 0 min left for this family")
     check_planted_fresh_corrupt(tmp_path / "synthetic-parts-2-1-1-2-2.json", "parts",
                                 partial(synthetic_parts, tmp_path, 2, seed=1, repeats=2),
                                 len(first))

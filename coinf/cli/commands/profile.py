@@ -180,8 +180,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sweep (CI-size)")
     parser.add_argument("--no-context", action="store_true",
                         help="with --train: skip the in-context slice predictor (which times "
-                        "every zoo model, and 490 synthetic networks whole and in parts, "
-                        "here: 7.5 min on one x86 core)")
+                        "every zoo model, and 490 synthetic networks whole and in parts: "
+                        "most of the 20 min --train took on one x86 core here)")
     parser.add_argument("--context-cache", metavar="DIR",
                         help="keep the zoo bundles and timings and the synthetic networks' "
                         "profiles and part timings of --train here, to be read back by the "

@@ -69,7 +69,6 @@ SECURE = (
     | _P.READ_REQUIRES_AUTHENTICATION
     | _P.WRITE_REQUIRES_AUTHENTICATION
 )
-ENCRYPTED = SECURE  # older name
 
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # s from connection (or from the end of pairing) to HELLO
 PAIRING_TIMEOUT = 60.0  # s a passkey pairing may take (a person types the passkey)

@@ -501,10 +501,12 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       names: tuple[str, ...] | None = None, sweep_scale: float = 0.2,
                       progress: Callable[[str], None] | None = None,
                       fresh_synthetic: bool = False,
-                      families: Mapping[str, int] = FAMILY_NETWORKS) -> dict[str, Any]:
+                      families: Mapping[str, int] = FAMILY_NETWORKS,
+                      passes: int = 2) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
     model, a predictor trained on every other model (and ``synthetic`` mixed networks plus
-    ``families``' networks, profiled and timed once into the cache: :func:`synthetic_labels`)
+    ``families``' networks, profiled and timed once into the cache, their parts in ``passes``
+    passes: :func:`synthetic_labels`)
     predicts this model's cached slice times. Per model: slices, the fractions within +-10%
     and +-25%, the median of predicted / measured, the profiler's surplus per kernel
     (:func:`~coinf.device.slicepred.profiler_surplus`, µs), how often the cache's own rounds
@@ -529,8 +531,8 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     timings = load_or_measure(list(names), cache_dir, repeats, progress)
     nodes, slices, feats = _cached_samples(cache_dir, timings)
     surplus = profiler_surplus(nodes, slices)
-    syn = synthetic_labels(cache_dir, synthetic, fresh=fresh_synthetic, progress=progress,
-                           families=families)
+    syn = synthetic_labels(cache_dir, synthetic, passes=passes, fresh=fresh_synthetic,
+                           progress=progress, families=families)
     extra = sweep_samples(cache_dir, sweep_scale, progress=progress) if sweep_scale > 0 else []
     res = leave_one_model_out(nodes, slices, feats, list(names), extra, zoo_relabel(syn),
                               progress)

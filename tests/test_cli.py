@@ -31,6 +31,8 @@ def test_bench_predict_wants_a_bundle_or_the_zoo(capsys: pytest.CaptureFixture[s
         assert "Traceback" not in err and "--bundle" in err and "--zoo" in err
     assert main(["bench", "predict", "--zoo", "--synthetic", "-1"]) == 2
     assert "--synthetic" in capsys.readouterr().err
+    assert main(["bench", "predict", "--zoo", "--passes", "0"]) == 2
+    assert "--passes must be >= 1, got 0" in capsys.readouterr().err
     assert main(["bench", "predict", "--zoo", "--family", "small=-1"]) == 2
     assert "small=N needs N >= 0" in capsys.readouterr().err
     assert main(["bench", "predict", "--zoo", "--family", "tiny=3"]) == 2
@@ -58,9 +60,10 @@ def test_bench_predict_zoo_reports_the_families_it_trained_on(
 
     monkeypatch.setattr(cd, "zoo_leave_one_out", scored)
     assert main(["bench", "predict", "--zoo", "--synthetic", "7", "--family", "gated=3",
-                 "--json"]) == 0
+                 "--passes", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["families"] == {**cd.FAMILY_NETWORKS, "gated": 3} == seen["families"]
+    assert out["passes"] == 1 == seen["passes"]  # scores a `profile --train` context cache
     assert out["synthetic"] == 7 and out["mean_within_10pct"] == pytest.approx(0.75)
     assert out["min_within_10pct"] == 0.5
     # the worst model per condition, over the conditions any model has

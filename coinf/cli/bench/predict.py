@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                         "(every zoo model, from the timings cache)")
     if args.synthetic < 0:
         raise UserError(f"--synthetic must be >= 0, got {args.synthetic}")
+    if args.passes < 1:
+        raise UserError(f"--passes must be >= 1, got {args.passes}")
     args.families = parse_families(args.family)
     if args.zoo:
         if args.profile:
@@ -134,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.context_data import train_on_zoo
 
     ctx, trained_on = train_on_zoo(Path(args.cache), args.repeats, args.synthetic, held,
-                                   progress, args.fresh_synthetic, families=args.families)
+                                   progress, args.fresh_synthetic, args.passes,
+                                   families=args.families)
     model = onnx.load(str(bundle.model_path))
     feats = node_features(model)
     # a reference, not the predictor: this model's OWN in-context node times (measured here,
@@ -200,7 +203,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     from coinf.device.context_data import zoo_leave_one_out
 
     per = zoo_leave_one_out(Path(args.cache), args.repeats, args.synthetic, progress=progress,
-                            fresh_synthetic=args.fresh_synthetic, families=args.families)
+                            fresh_synthetic=args.fresh_synthetic, passes=args.passes,
+                            families=args.families)
     scores = [r["within_10pct"] for r in per.values()]
     own = [r["profiled_within_10pct"] for r in per.values()
            if r["profiled_within_10pct"] is not None]
@@ -236,7 +240,7 @@ def run_zoo(args: argparse.Namespace) -> int:
             "that noise, not the predictor: time them again on a quiet machine (a new --cache "
             "DIR).")
     emit({"leave_one_model_out": True, "cached_slices": True, "synthetic": args.synthetic,
-          "families": args.families,
+          "families": args.families, "passes": args.passes,
           "within_10pct": {m: r["within_10pct"] for m, r in per.items()},
           "min_within_10pct": min(scores), "median_within_10pct": median(scores),
           "mean_within_10pct": sum(scores) / len(scores),
@@ -283,6 +287,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh-synthetic", action="store_true",
                         help="measure the synthetic networks again instead of reading them "
                              "from --cache (and replace the cached profiles and part timings)")
+    parser.add_argument("--passes", type=int, default=2,
+                        help="passes over the synthetic networks' parts (a part's time is its "
+                             "median over them); 1 reads the --context-cache of `coinf profile "
+                             "--train`, which times them once")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings and the synthetic "
                              "networks' profiles and part timings are cached")

@@ -522,7 +522,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     import statistics
 
     from coinf.convert.bundle import Bundle
-    from coinf.device.planregret import SLOWDOWNS, break_even_kb_s, cut_bytes, regret_table
+    from coinf.device.planregret import SLOWDOWNS, break_even_kb_s, bundle_cuts, regret_table
     from coinf.device.slicecheck import additive_pairs, profiled_pairs
     from coinf.device.slicepred import leave_one_model_out, profiler_surplus, within
     from coinf.models import zoo
@@ -540,7 +540,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     out: dict[str, Any] = {}
     for m, rows in res.items():
         pairs = [(p, me) for _, p, me in rows]
-        cuts = cut_bytes(Bundle.load(cache_dir / m))
+        cuts = bundle_cuts(Bundle.load(cache_dir / m))
         regret, halves = regret_table(rows, cuts), half_rounds(timings[m])
         out[m] = {"slices": len(rows), "within_10pct": within(pairs),
                   "within_25pct": within(pairs, 0.25),

@@ -40,7 +40,7 @@ class Cut(NamedTuple):
     tail: bool
 
 
-def cut_bytes(bundle: Any) -> dict[str, Cut]:
+def bundle_cuts(bundle: Any) -> dict[str, Cut]:
     """Every candidate of ``bundle``. A ``wearable-only`` cut sends nothing; every other cut
     sends its crossing tensors and gets the graph outputs back."""
     out_bytes = sum(t.nbytes for t in bundle.outputs)

@@ -225,7 +225,7 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
     """Three real zoo models, measured once into the cache, each predicted by the others."""
     from coinf.convert.bundle import Bundle
     from coinf.device.context_data import zoo_leave_one_out
-    from coinf.device.planregret import LINK_KB_S, SLOWDOWNS, cut_bytes
+    from coinf.device.planregret import LINK_KB_S, SLOWDOWNS, bundle_cuts
 
     names = ("lenet_digits", "senna_mlp", "digitnet")
     per = zoo_leave_one_out(tmp_path, repeats=3, synthetic=0, names=names, sweep_scale=0,
@@ -244,7 +244,7 @@ def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> 
         assert r["break_even_kb_s"]["x10"] > 0  # every model runs 10x slower on the wearable
     for name in names:  # the split's bundle is in the cache: its cuts' bytes
         bundle = Bundle.load(tmp_path / name)
-        cuts = cut_bytes(bundle)
+        cuts = bundle_cuts(bundle)
         assert set(cuts) == {c.id for c in bundle.candidates}
         for c in bundle.candidates:
             if c.is_wearable_only:

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.features import node_features
     from coinf.device.incontext import profile_in_context
     from coinf.device.ortgraph import kernels
-    from coinf.device.planregret import cut_bytes, regret_table
+    from coinf.device.planregret import bundle_cuts, regret_table
     from coinf.device.predict import Predictor
     from coinf.device.profile import DeviceProfile
     from coinf.device.slicepred import within
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
           "within_25pct": {s: score(s, 0.25) for s in STYLES},
           "own_profile_within_10pct": score("own_nodes", 0.10),
           "plan_regret": regret_table([(r["slice"], r["incontext_ms"], r["measured_ms"])
-                                       for r in rows], cut_bytes(bundle)),
+                                       for r in rows], bundle_cuts(bundle)),
           "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
                                               for r in rows if r["measured_ms"] > 0])
                                    for s in STYLES},

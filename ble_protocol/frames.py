@@ -264,10 +264,6 @@ class Reassembler:
         while len(self._recent) > 64:
             self._recent.popitem(last=False)
 
-    def forget_completed(self) -> None:
-        """Allow request ids to be reused (e.g. after a reconnection)."""
-        self._recent.clear()
-
     def cancel(self, request_id: int) -> int:
         """Drop partial messages with ``request_id``; returns how many were dropped."""
         keys = [k for k in self._partials if k[1] == request_id]

@@ -32,7 +32,7 @@ from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.feeds import Dataset, load_dataset  # noqa: F401 - re-exported
 from coinf.convert.packcal import Options
 
-from coinf.errors import BundleError, InputError, UserError
+from coinf.errors import BundleError, InputError
 
 #: quantized levels + zstd (ble_protocol/codecs.py), calibrated when zstandard is installed
 ZSTD_SPECS: tuple[str, ...] = ("qz2", "qz3", "qz4", "qz5", "qz6", "qz8")
@@ -247,8 +247,3 @@ def best_row(rows: list[dict[str, Any]], tolerance_pp: float = DEFAULT_TOLERANCE
     return min(ok, key=lambda r: r["mean_bytes"]) if ok else None
 
 
-def check_calibrated(bundle: Bundle) -> None:
-    """Raise :class:`CoinfError` when no candidate carries a packing table."""
-    if not any(packing_rows(c) for c in bundle.candidates):
-        raise UserError(f"bundle {bundle.root} has no packing calibration; "
-                         "run `coinf calibrate BUNDLE --data ...`")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from coinf.convert.cost import tensor_bytes
-from coinf.convert.graph import Graph, subgraphs, value_info
+from coinf.convert.graph import Graph, value_info
 from onnx import GraphProto, ModelProto, helper
 
 
@@ -86,5 +86,3 @@ def build_slice(g: Graph, dynamic_nodes: Iterable[int], inputs: Iterable[str],
     return model
 
 
-def has_subgraph_nodes(g: Graph, nodes: Iterable[int]) -> bool:
-    return any(subgraphs(g.model.graph.node[i]) for i in nodes)

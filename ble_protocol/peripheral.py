@@ -28,7 +28,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from bumble import hci, smp
@@ -47,6 +47,7 @@ from bumble.keys import PairingKeys
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
 from coinf.ble_protocol import gatt
+from coinf.ble_protocol.acl_pacing import AclPacer
 from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
@@ -57,7 +58,6 @@ from coinf.ble_protocol.tasks import TaskSet
 from coinf.errors import InputError
 
 log = logging.getLogger(__name__)
-FLUSH_POLL_S = 0.002  # how often Link.delivered looks at the controller's completed packets
 
 _P = Characteristic.Permissions
 #: bumble's own checks (encryption; its ``authenticated`` flag is set by any completed pairing,
@@ -498,43 +498,18 @@ class WearableServer:
         assert device is not None
         data_up, control = self.data_up, self.control
 
-        queue = device.host.le_acl_packet_queue or device.host.acl_packet_queue
-        limit = self.max_queued_packets
+        pacer = AclPacer(
+            device.host.le_acl_packet_queue or device.host.acl_packet_queue,
+            self.max_queued_packets,
+            alive=lambda: connection is self._active,
+        )
 
         async def write_data(chunk: bytes) -> None:
             await device.notify_subscriber(connection, data_up, chunk)
-            # Keep the host's ACL queue short: ATT responses to the handheld's control writes
-            # (which carry its credits) queue behind our data, and a long queue would stall
-            # the credit loop. Credits bound memory; this bounds latency.
-            while queue is not None and queue.pending > limit and connection is self._active:
-                flowed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-                def on_flow(fut: asyncio.Future[None] = flowed) -> None:
-                    if not fut.done():
-                        fut.set_result(None)
-
-                queue.once("flow", on_flow)
-                try:
-                    await asyncio.wait_for(flowed, 1.0)
-                except TimeoutError:
-                    pass
-                finally:
-                    queue.remove_listener("flow", on_flow)
+            await pacer.wait_for_room()
 
         async def write_control(frame: bytes) -> None:
             await device.notify_subscriber(connection, control, frame)
-
-        def flushed() -> Awaitable[None]:
-            """Done when the controller completed every packet queued now (on the air). Polls
-            (FLUSH_POLL_S): a second 'flow' listener next to write_data's would race it."""
-            target = queue.queued if queue is not None else 0
-
-            async def wait() -> None:
-                while (queue is not None and queue.completed < target
-                       and connection is self._active):
-                    await asyncio.sleep(FLUSH_POLL_S)
-
-            return wait()
 
         async def disconnect() -> None:
             if connection is self._active:
@@ -553,7 +528,7 @@ class WearableServer:
             reassembly_timeout=self.reassembly_timeout,
             name=f"ble:{connection.peer_address}",
             heartbeat=gatt.peer_heartbeat(body),
-            flushed=flushed,
+            flushed=pacer.flushed,
         )
         self._link = link
         ack = make_hello(

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import onnxruntime as ort
 from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
 from coinf.ble_protocol.packing import PackSpec, pack
 from coinf.ble_protocol.rpc import RpcClient
@@ -54,7 +53,9 @@ from coinf.wearable.options import (
     UNSET,
     RunOptions,
     SessionOptions,
+    check_providers,
     check_run_options,
+    parse_packing,
     request_timeout,
 )
 from coinf.wearable.plan import Plan
@@ -109,7 +110,7 @@ class AsyncSession:
         opts = base.replace(**options).validate()
         self.options = opts
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
-        self._providers = _check_providers(providers)
+        self._providers = check_providers(providers)
         self.emulation = DeviceEmulation(opts.slowdown, opts.threads)
         self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
             ("wearable", opts.runtime, opts.wearable_profile),
@@ -117,7 +118,7 @@ class AsyncSession:
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=opts.head_cache + 2,
                                    providers=self._providers, runtime=opts.runtime,
                                    profile=self._profiles["wearable"])
-        self._packing = _parse_packing(opts.packing)
+        self._packing = parse_packing(opts.packing)
         self._codecs = CodecRunner(self.bundle, self.emulation.session_options())
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
@@ -443,7 +444,7 @@ class AsyncSession:
         self._candidate = self.bundle.candidate(split)
         self._compressor = None  # a fixed split sends its crossing tensors as they are
         if packing is not None:
-            self._packing = packing if isinstance(packing, PackSpec) else _parse_packing(packing)
+            self._packing = packing if isinstance(packing, PackSpec) else parse_packing(packing)
         if self.autoplan is not None:
             self._planner_off, self.autoplan = self.autoplan, None
 
@@ -550,27 +551,6 @@ def _encode(codecs: CodecRunner, emulation: DeviceEmulation, plan: Plan,
 
 def _nbytes(tensors: Mapping[str, np.ndarray]) -> int:
     return sum(int(a.nbytes) for a in tensors.values())
-
-
-def _parse_packing(packing: str | PackSpec) -> PackSpec:
-    if isinstance(packing, PackSpec):
-        return packing
-    try:
-        return PackSpec.parse(packing)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-
-
-def _check_providers(providers: Sequence[str] | None) -> list[str]:
-    if providers is None:
-        return ["CPUExecutionProvider"]
-    available = ort.get_available_providers()
-    names = [p if isinstance(p, str) else p[0] for p in providers]
-    bad = [p for p in names if p not in available]
-    if bad or not names:
-        raise InputError(f"execution provider(s) {bad or names} not available; this "
-                         f"onnxruntime has {available}")
-    return names
 
 
 def _puller(feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]]

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnxruntime as ort
+from coinf.ble_protocol.packing import PackSpec
 from coinf.wearable.planner.planner import _UNSET
 
 from coinf.errors import InputError
@@ -179,3 +181,25 @@ def check_run_options(run_options: object | None) -> RunOptions:
         "RunOptions has no meaning for a split session"
     )
 
+
+def parse_packing(packing: str | PackSpec) -> PackSpec:
+    """A packing spec (``q8``, ``f16``...) as a PackSpec; a bad one is an InputError."""
+    if isinstance(packing, PackSpec):
+        return packing
+    try:
+        return PackSpec.parse(packing)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def check_providers(providers: Sequence[str] | None) -> list[str]:
+    """onnxruntime execution providers by name (default CPU); unknown ones are refused."""
+    if providers is None:
+        return ["CPUExecutionProvider"]
+    available = ort.get_available_providers()
+    names = [p if isinstance(p, str) else p[0] for p in providers]
+    bad = [p for p in names if p not in available]
+    if bad or not names:
+        raise InputError(f"execution provider(s) {bad or names} not available; this "
+                         f"onnxruntime has {available}")
+    return names

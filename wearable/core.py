@@ -444,7 +444,7 @@ class AsyncSession:
         self._candidate = self.bundle.candidate(split)
         self._compressor = None  # a fixed split sends its crossing tensors as they are
         if packing is not None:
-            self._packing = packing if isinstance(packing, PackSpec) else parse_packing(packing)
+            self._packing = parse_packing(packing)
         if self.autoplan is not None:
             self._planner_off, self.autoplan = self.autoplan, None
 

@@ -19,10 +19,12 @@ from coinf.device.slicepred import NodeSample, Relabel, SlicePredictor, SliceSam
 
 CACHE_FORMAT = "coinf-context-timings"
 #: 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds; 4: each round
-#: runs a slice for at least ``sweep.SLICE_MIN_S``
-CACHE_VERSION = 4
+#: runs a slice for at least ``sweep.SLICE_MIN_S``; 5: a round's time and a slice's are the
+#: fastest run (``sweep.SLICE_STAT``)
+CACHE_VERSION = 5
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
-PARTS_FORMAT = "coinf-synthetic-parts-2"  # 2: each part timed for SLICE_MIN_S
+#: 2: each part timed for SLICE_MIN_S; 3: its fastest run (SLICE_STAT)
+PARTS_FORMAT = "coinf-synthetic-parts-3"
 #: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
 #: docs/BENCHMARKS.md section 12, sixth round)
@@ -86,7 +88,8 @@ class ModelTimings:
 
 
 #: zoo slices are timed in this many rounds over every slice of every model being measured (a
-#: fresh session each); a slice keeps the median of its rounds and every round's time. The
+#: fresh session each); a slice keeps the fastest of its rounds (``sweep.SLICE_STAT``) and every
+#: round's time. The
 #: machine here is shared: a burst of contention slowed four successive LSTM slices by 12-16 %
 #: in one round of three, and its speed drifts by 3-40 % over tens of minutes, so models timed
 #: one after another saw different machines (docs/BENCHMARKS.md section 12, eleventh round).
@@ -128,13 +131,18 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
                    sha256: Mapping[str, str] | None = None,
                    rounds: int = SLICE_ROUNDS) -> dict[str, ModelTimings]:
     """Profile each bundle's whole model in context, then time every head and tail slice of
-    every bundle together (per round, the median of at least ``repeats`` runs filling
-    :data:`~coinf.device.sweep.SLICE_MIN_S`; ``rounds`` rounds in the order of
-    :func:`interleaved`). A slice keeps the median of its rounds (``ms``) and each
-    round's time (``rounds_ms``, what :func:`repeatability` reads)."""
-    import statistics
-
-    from coinf.device.sweep import SLICE_MIN_S, make_session, random_feeds, time_session
+    every bundle together (per round, the :data:`~coinf.device.sweep.SLICE_STAT` of at least
+    ``repeats`` runs filling :data:`~coinf.device.sweep.SLICE_MIN_S`; ``rounds`` rounds in the
+    order of :func:`interleaved`). A slice keeps the same statistic over its rounds (``ms``)
+    and each round's time (``rounds_ms``, what :func:`repeatability` reads)."""
+    from coinf.device.sweep import (
+        SLICE_MIN_S,
+        SLICE_STAT,
+        make_session,
+        random_feeds,
+        summarize,
+        time_session,
+    )
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -145,7 +153,8 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     for r, order in enumerate(interleaved(list(specs.values()), rounds)):
         for s in order:
             sess = make_session(str(s["path"]), threads)
-            ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0, SLICE_MIN_S)
+            ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0, SLICE_MIN_S,
+                              SLICE_STAT)
             times[id(s)].append(ms)
         if progress and len(bundles) > 1:
             progress(f"slices of {len(bundles)} models timed: round {r + 1}/{rounds}")
@@ -154,7 +163,7 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
         for s in ss:
             got = times[id(s)]
             del s["path"]
-            s["ms"], s["rounds_ms"] = statistics.median(got), got
+            s["ms"], s["rounds_ms"] = summarize(got, SLICE_STAT), got
         if progress:
             progress(f"{n}: {len(profiles[n].nodes)} anchors profiled in context, "
                      f"{len(ss)} slices timed in {rounds} rounds")
@@ -172,16 +181,18 @@ def measure_model(name: str, bundle: Any, repeats: int = 25, threads: int = 1,
 
 
 def half_rounds(t: ModelTimings) -> list[tuple[str, float, float]] | None:
-    """Per slice: the median of its even rounds and the median of its odd rounds (two
-    independent measurements of it); None for a cache without two rounds per slice."""
-    import statistics
+    """Per slice: its even rounds and its odd rounds, each summarized as a slice's rounds are
+    (:data:`~coinf.device.sweep.SLICE_STAT`): two independent measurements of it; None for a
+    cache without two rounds per slice."""
+    from coinf.device.sweep import SLICE_STAT, summarize
 
     out = []
     for s in t.slices:
         got = [float(v) for v in s.get("rounds_ms") or []]
         if len(got) < 2:
             return None
-        out.append((str(s["slice"]), statistics.median(got[0::2]), statistics.median(got[1::2])))
+        out.append((str(s["slice"]), summarize(got[0::2], SLICE_STAT),
+                    summarize(got[1::2], SLICE_STAT)))
     return out
 
 
@@ -359,15 +370,16 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
                     family: str = "mixed") -> list[SliceSample]:
     """Every part of the ``count`` synthetic networks of ``family``
     (:func:`~coinf.device.partlabels.time_parts`), timed in ``passes`` passes over all of them
-    (a part's time is its median over the passes), cached in ``cache_dir`` like
+    (a part's time is the :data:`~coinf.device.sweep.SLICE_STAT` of its passes), cached in
+    ``cache_dir`` like
     :func:`synthetic_samples`. About two seconds per network per pass here (each part is
     timed for at least :data:`~coinf.device.sweep.SLICE_MIN_S`); progress says how long is
     left."""
-    import statistics
     import time
 
     from coinf.device.context_sweep import model_name, network
     from coinf.device.partlabels import time_parts
+    from coinf.device.sweep import SLICE_STAT, summarize
 
     if count <= 0:
         return []
@@ -394,7 +406,7 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
                          f"{i + 1}/{count}, {len(got)} parts timed, about {left / 60:.0f} "
                          "min left for this family")
         runs.append(got)
-    out = [replace(s, ms=statistics.median(r[j].ms for r in runs))
+    out = [replace(s, ms=summarize([r[j].ms for r in runs], SLICE_STAT))
            for j, s in enumerate(runs[0])]
     _write_cache(cache, PARTS_FORMAT, digest, "parts", [_slice_json(s) for s in out])
     return out

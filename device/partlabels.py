@@ -111,12 +111,19 @@ def parts(model: onnx.ModelProto) -> list[tuple[str, tuple[str, ...], onnx.Model
 def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int = 25,
                budget_s: float = 2.0) -> list[SliceSample]:
     """Every part of ``model`` (:func:`parts`) timed without the profiler at
-    ``ORT_ENABLE_ALL`` (median of at least ``repeats`` runs filling
-    :data:`~coinf.device.sweep.SLICE_MIN_S`, after 3 warm-up runs; at most ``budget_s`` each),
+    ``ORT_ENABLE_ALL`` (the :data:`~coinf.device.sweep.SLICE_STAT` of at least ``repeats``
+    runs filling :data:`~coinf.device.sweep.SLICE_MIN_S`, after 3 warm-up runs; at most
+    ``budget_s`` each),
     with the kernels onnxruntime really runs for it."""
     import onnxruntime as ort
     from coinf.device.ortgraph import count_kernels
-    from coinf.device.sweep import SLICE_MIN_S, random_feeds, session_options, time_session
+    from coinf.device.sweep import (
+        SLICE_MIN_S,
+        SLICE_STAT,
+        random_feeds,
+        session_options,
+        time_session,
+    )
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,7 +133,8 @@ def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int
             opts.log_severity_level = 3
             sess = ort.InferenceSession(part.SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
-            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s, SLICE_MIN_S)
+            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s, SLICE_MIN_S,
+                              SLICE_STAT)
             k = count_kernels(part, onnx.load(opts.optimized_model_filepath,
                                               load_external_data=False))
             out.append(SliceSample(name, part_name, a, k.count, mb, ms, k.reorders,

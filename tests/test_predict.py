@@ -104,6 +104,39 @@ def test_profile_train_cli_quick(tmp_path: Path) -> None:
     onnx.checker.check_model(make_model(tmp_path / "m.onnx"))
 
 
+class _SteppedSession:
+    """A session whose runs take ``durations`` seconds in turn on the clock ``now``."""
+
+    def __init__(self, now: list[float], durations: list[float]) -> None:
+        self.now, self.durations, self.runs = now, durations, 0
+
+    def run(self, outputs: object, feeds: object) -> list[object]:
+        self.now[0] += self.durations[self.runs % len(self.durations)]
+        self.runs += 1
+        return []
+
+
+def test_time_session_reports_the_median_or_the_fastest_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stat="min"`` is the fastest timed run (warm-up runs excluded), ``median`` the middle
+    one; a bad statistic fails before any run."""
+    import coinf.device.sweep as sweep
+
+    now = [0.0]
+    monkeypatch.setattr(sweep, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    # two warm-up runs at 0.5 ms (faster than any timed run), then 4, 2, 9, 3, 7 ms
+    runs = [0.0005, 0.0005, 0.004, 0.002, 0.009, 0.003, 0.007]
+    assert sweep.time_session(_SteppedSession(now, runs), {}, 2, 5, 10.0,
+                              stat="min") == pytest.approx(2.0)
+    assert sweep.time_session(_SteppedSession(now, runs), {}, 2, 5, 10.0) == pytest.approx(4.0)
+    bad = _SteppedSession(now, runs)
+    with pytest.raises(ValueError, match="stat must be 'median' or 'min', got 'mean'"):
+        sweep.time_session(bad, {}, 2, 5, stat="mean")
+    assert bad.runs == 0
+    assert sweep.summarize([3.0, 1.0, 2.0], "min") == 1.0
+    assert sweep.summarize([3.0, 1.0, 2.0]) == 2.0
+
+
 class _CountingSession:
     def __init__(self) -> None:
         self.runs = 0

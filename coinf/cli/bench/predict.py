@@ -13,9 +13,10 @@ Three predictors, each scored by the fraction of slices within +-10% of the meas
 * ``coinf`` and ``neurosurgeon``: the single-layer sweep predictors (trained here, or loaded from
   a device profile with ``--profile``), summed per slice plus one empty-run overhead.
 
-Measured times are medians of ``--repeats`` runs at ``ORT_ENABLE_ALL``, one thread, taken in two
-passes; ``measurement_repeatability_within_10pct`` is how often the two passes agree within
-+-10% -- on a shared machine the ceiling for every predictor's score.
+Measured times are the fastest of at least ``--repeats`` runs (``sweep.SLICE_STAT``) at
+``ORT_ENABLE_ALL``, one thread, taken in two passes (a slice keeps the faster);
+``measurement_repeatability_within_10pct`` is how often the two passes agree within +-10% --
+on a shared machine the ceiling for every predictor's score.
 ``own_profile_within_10pct`` scores the slice model fed with the held-out model's *own*
 in-context node times (profiled after training, for this score only), its constants fitted on
 the other models' profiled node times: how far a node predictor that reproduced the profiler
@@ -38,8 +39,8 @@ node times fitted on the model's own slices) -- a quick check of a change to the
 ``additive_within_10pct`` also checks the cache: on a busy machine a model's slice times stop
 adding up, and the models below ``slicecheck.CONSISTENT_WITHIN_10PCT`` are listed in
 ``inconsistent_timings`` with a warning (their scores measure the machine's noise). The zoo's
-slices are timed in rounds interleaved over every model; how often the median of half the
-rounds repeats the other half within +-10 % is ``measurement_repeatability_within_10pct`` per
+slices are timed in rounds interleaved over every model; how often the fastest of half the
+rounds repeats the other half's within +-10 % is ``measurement_repeatability_within_10pct`` per
 model, the ceiling of its score on this cache, and the models below 0.90 are listed in
 ``unrepeatable_timings`` with a note. ``max_plan_regret`` is the worst model's plan regret
 per condition; ``max_measurement_plan_regret`` the same with half of each slice's rounds
@@ -283,7 +284,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=float, default=0.2, help="sweep size when training here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=25, help="timed runs per slice (median)")
+    parser.add_argument("--repeats", type=int, default=25,
+                        help="timed runs per slice, at least (its fastest counts)")
     parser.add_argument("--synthetic", type=int, default=300,
                         help="synthetic networks profiled and timed in parts for training "
                              "(cached in --cache)")
@@ -296,8 +298,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="measure the synthetic networks again instead of reading them "
                              "from --cache (and replace the cached profiles and part timings)")
     parser.add_argument("--passes", type=int, default=2,
-                        help="passes over the synthetic networks' parts (a part's time is its "
-                             "median over them); 1 reads the --context-cache of `coinf profile "
+                        help="passes over the synthetic networks' parts (a part's time is the "
+                             "fastest of them); 1 reads the --context-cache of `coinf profile "
                              "--train`, which times them once")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings and the synthetic "

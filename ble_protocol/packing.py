@@ -94,6 +94,7 @@ MAGIC = b"CP2"
 HEADER = struct.Struct("<3sBBBBB")
 HEADER_SIZE = HEADER.size  # 8, then the dims (1-5 B each) and the codec's parameters
 PARAMS = struct.Struct("<dd")  # QUANT: scale, offset
+_F32_TINY = float(np.finfo(np.float32).tiny)  # float32's smallest normal number
 VALUE = struct.Struct("<d")  # CONST: the value
 MAX_DIM = 0xFFFFFFFF
 #: LZ4 high-compression level for quantized payloads. They are at most bits/32 of the float32
@@ -168,9 +169,12 @@ def quantization_bound(
     scale: float, peak: float = 0.0, dtype: np.dtype | type = np.float32
 ) -> float:
     """Largest ``|x - unpack(pack(x))|`` for a QUANT tensor of step ``scale``: half a step plus
-    the rounding of ``dtype`` arithmetic on values up to ``peak = max|x|``."""
-    eps = float(np.finfo(np.dtype(dtype)).eps)
-    return 0.5 * scale + 8.0 * eps * (abs(peak) + scale)
+    the rounding of ``dtype`` arithmetic on values up to ``peak = max|x|``, and one subnormal
+    unit of ``dtype`` near zero."""
+    info = np.finfo(np.dtype(dtype))
+    # the last term: the result is rounded to the dtype, whose subnormals are evenly spaced
+    return 0.5 * scale + 8.0 * float(info.eps) * (abs(peak) + scale) + float(
+        info.smallest_subnormal)
 
 
 # --- bit transposition ---------------------------------------------------------------------
@@ -569,7 +573,9 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
             full[: h.bits] = planes
             levels = from_bit_planes(full, level_dtype)[:count]
         top = abs(h.offset) + h.scale * ((1 << h.bits) - 1)
-        wide = out_dtype == np.float64 or top > 1e37  # float32 arithmetic would overflow
+        # float32 arithmetic would overflow, or round a subnormal step (flushing it to 0 below
+        # half a unit) and multiply that error by the level
+        wide = out_dtype == np.float64 or top > 1e37 or h.scale < _F32_TINY
         work = np.float64 if wide else np.float32
         vals = levels.astype(work)
         np.multiply(vals, work(h.scale), out=vals)

@@ -9,7 +9,7 @@ import pytest
 from coinf.ble_protocol import packing as P
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -55,6 +55,7 @@ def test_every_bitwidth_round_trips_within_the_bound(bits: int) -> None:
 
 @FAST
 @given(x=finite_floats("f4"), bits=st.integers(1, 16))
+@example(x=np.array([1e-45, 0.0], np.float32), bits=2)  # a step float32 flushes to 0
 def test_quantized_round_trip_property(x: np.ndarray, bits: int) -> None:
     y = P.unpack(P.pack(x, P.PackSpec("q", bits)))
     assert y.shape == x.shape and y.dtype == x.dtype
@@ -63,6 +64,19 @@ def test_quantized_round_trip_property(x: np.ndarray, bits: int) -> None:
         scale = span / (2**bits - 1)
         bound = P.quantization_bound(scale, float(np.abs(x).max()))
         assert float(np.abs(y.astype(np.float64) - x.astype(np.float64)).max()) <= bound
+
+
+@pytest.mark.parametrize("bits", [2, 8, 16])
+def test_a_subnormal_step_round_trips_within_the_bound(bits: int) -> None:
+    """A tensor whose step is below float32's normal range (1e-40 over 65,535 levels is about
+    one subnormal unit) decodes in float64: float32 arithmetic would round the step by up to
+    half a unit and multiply that error by the level."""
+    x = np.linspace(0.0, 1e-40, 1000, dtype=np.float32)
+    y = P.unpack(P.pack(x, P.PackSpec("q", bits)))
+    scale = (float(x.max()) - float(x.min())) / (2**bits - 1)
+    err = float(np.abs(y.astype(np.float64) - x.astype(np.float64)).max())
+    assert err <= P.quantization_bound(scale, float(np.abs(x).max()))
+    assert float(y.max()) == pytest.approx(1e-40, rel=1e-4)  # the top level is not lost
 
 
 @FAST

@@ -135,14 +135,7 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     ``repeats`` runs filling :data:`~coinf.device.sweep.SLICE_MIN_S`; ``rounds`` rounds in the
     order of :func:`interleaved`). A slice keeps the same statistic over its rounds (``ms``)
     and each round's time (``rounds_ms``, what :func:`repeatability` reads)."""
-    from coinf.device.sweep import (
-        SLICE_MIN_S,
-        SLICE_STAT,
-        make_session,
-        random_feeds,
-        summarize,
-        time_session,
-    )
+    from coinf.device.sweep import make_session, random_feeds, slice_time_of, time_slice
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -153,9 +146,7 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     for r, order in enumerate(interleaved(list(specs.values()), rounds)):
         for s in order:
             sess = make_session(str(s["path"]), threads)
-            ms = time_session(sess, random_feeds(sess), 3, repeats, 2.0, SLICE_MIN_S,
-                              SLICE_STAT)
-            times[id(s)].append(ms)
+            times[id(s)].append(time_slice(sess, random_feeds(sess), 3, repeats, 2.0))
         if progress and len(bundles) > 1:
             progress(f"slices of {len(bundles)} models timed: round {r + 1}/{rounds}")
     out = {}
@@ -163,7 +154,7 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
         for s in ss:
             got = times[id(s)]
             del s["path"]
-            s["ms"], s["rounds_ms"] = summarize(got, SLICE_STAT), got
+            s["ms"], s["rounds_ms"] = slice_time_of(got), got
         if progress:
             progress(f"{n}: {len(profiles[n].nodes)} anchors profiled in context, "
                      f"{len(ss)} slices timed in {rounds} rounds")
@@ -184,15 +175,14 @@ def half_rounds(t: ModelTimings) -> list[tuple[str, float, float]] | None:
     """Per slice: its even rounds and its odd rounds, each summarized as a slice's rounds are
     (:data:`~coinf.device.sweep.SLICE_STAT`): two independent measurements of it; None for a
     cache without two rounds per slice."""
-    from coinf.device.sweep import SLICE_STAT, summarize
+    from coinf.device.sweep import slice_time_of
 
     out = []
     for s in t.slices:
         got = [float(v) for v in s.get("rounds_ms") or []]
         if len(got) < 2:
             return None
-        out.append((str(s["slice"]), summarize(got[0::2], SLICE_STAT),
-                    summarize(got[1::2], SLICE_STAT)))
+        out.append((str(s["slice"]), slice_time_of(got[0::2]), slice_time_of(got[1::2])))
     return out
 
 
@@ -379,7 +369,7 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
 
     from coinf.device.context_sweep import model_name, network
     from coinf.device.partlabels import time_parts
-    from coinf.device.sweep import SLICE_STAT, summarize
+    from coinf.device.sweep import slice_time_of
 
     if count <= 0:
         return []
@@ -406,7 +396,7 @@ def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1
                          f"{i + 1}/{count}, {len(got)} parts timed, about {left / 60:.0f} "
                          "min left for this family")
         runs.append(got)
-    out = [replace(s, ms=summarize([r[j].ms for r in runs], SLICE_STAT))
+    out = [replace(s, ms=slice_time_of([r[j].ms for r in runs]))
            for j, s in enumerate(runs[0])]
     _write_cache(cache, PARTS_FORMAT, digest, "parts", [_slice_json(s) for s in out])
     return out

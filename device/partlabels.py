@@ -117,13 +117,7 @@ def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int
     with the kernels onnxruntime really runs for it."""
     import onnxruntime as ort
     from coinf.device.ortgraph import count_kernels
-    from coinf.device.sweep import (
-        SLICE_MIN_S,
-        SLICE_STAT,
-        random_feeds,
-        session_options,
-        time_session,
-    )
+    from coinf.device.sweep import random_feeds, session_options, time_slice
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,8 +127,7 @@ def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int
             opts.log_severity_level = 3
             sess = ort.InferenceSession(part.SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
-            ms = time_session(sess, random_feeds(sess), 3, repeats, budget_s, SLICE_MIN_S,
-                              SLICE_STAT)
+            ms = time_slice(sess, random_feeds(sess), 3, repeats, budget_s)
             k = count_kernels(part, onnx.load(opts.optimized_model_filepath,
                                               load_external_data=False))
             out.append(SliceSample(name, part_name, a, k.count, mb, ms, k.reorders,

@@ -288,7 +288,7 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
     :data:`~coinf.device.sweep.SLICE_STAT`, as the in-context predictor's training slices are
     timed)."""
     from coinf.device.litert import litert_times
-    from coinf.device.sweep import SLICE_MIN_S, SLICE_STAT, make_session, random_feeds, time_session
+    from coinf.device.sweep import make_session, random_feeds, time_slice
 
     # at the level slices run, so node sums include fusion (fused followers cost 0)
     mp = ModelProfile(nodes=profile_nodes(bundle.model_path, threads, warmup, repeats, "all"))
@@ -301,8 +301,7 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
                 entry[f"{side}_ms"] = 0.0
                 continue
             sess = make_session(str(bundle.path(part.file)), threads)
-            entry[f"{side}_ms"] = time_session(sess, random_feeds(sess), warmup, repeats, 5.0,
-                                               SLICE_MIN_S, SLICE_STAT)
+            entry[f"{side}_ms"] = time_slice(sess, random_feeds(sess), warmup, repeats, 5.0)
             entry.update(litert_times(bundle, cand, side, random_feeds(sess), threads, warmup,
                                       repeats))  # {side}_ms_litert when a TFLite twin ships
             node_sum = sum(mp.nodes.get(n, 0.0) for n in part.nodes)

@@ -225,13 +225,19 @@ SLICE_MIN_S = 0.03
 SLICE_STAT = "min"
 
 
+_STATS: dict[str, Callable[[Sequence[float]], Any]] = {"median": np.median, "min": min}
+
+
+def _statistic(stat: str) -> Callable[[Sequence[float]], Any]:
+    try:
+        return _STATS[stat]
+    except KeyError:
+        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}") from None
+
+
 def summarize(times: Sequence[float], stat: str = "median") -> float:
     """``stat`` (``median`` or ``min``) of ``times``."""
-    if stat == "min":
-        return float(min(times))
-    if stat == "median":
-        return float(np.median(times))
-    raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
+    return float(_statistic(stat)(times))
 
 
 def time_session(sess: object, feeds: dict[str, np.ndarray], warmup: int = 2,
@@ -242,7 +248,7 @@ def time_session(sess: object, feeds: dict[str, np.ndarray], warmup: int = 2,
     fill ``min_s`` seconds (a median over 25 runs of a 10 µs slice spans a quarter of a
     millisecond and does not repeat within 10 %); stops early past ``budget_s`` once it has
     3 runs."""
-    summarize([0.0], stat)  # a bad stat fails before the runs
+    pick = _statistic(stat)  # a bad stat fails before the runs
     for _ in range(warmup):
         sess.run(None, feeds)  # type: ignore[attr-defined]
     times = []
@@ -256,7 +262,21 @@ def time_session(sess: object, feeds: dict[str, np.ndarray], warmup: int = 2,
         if (len(times) >= repeats and elapsed >= min_s) or (elapsed > budget_s
                                                             and len(times) >= 3):
             break
-    return summarize(times, stat)
+    return float(pick(times))
+
+
+def time_slice(sess: object, feeds: dict[str, np.ndarray], warmup: int = 3,
+               repeats: int = 25, budget_s: float = 2.0) -> float:
+    """A slice's or part's time (ms): :func:`time_session` filling :data:`SLICE_MIN_S`, its
+    :data:`SLICE_STAT`. The zoo's slices, the synthetic parts that label the in-context
+    predictor and the slices a profile measures for the planner are all timed by this."""
+    return time_session(sess, feeds, warmup, repeats, budget_s, SLICE_MIN_S, SLICE_STAT)
+
+
+def slice_time_of(times: Sequence[float]) -> float:
+    """One slice's time over several rounds or passes of :func:`time_slice`: their
+    :data:`SLICE_STAT`."""
+    return summarize(times, SLICE_STAT)
 
 
 def run_overhead_ms(threads: int = 1, repeats: int = 50) -> float:

@@ -104,15 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.predict import Predictor
     from coinf.device.profile import DeviceProfile
     from coinf.device.slicepred import within
-    from coinf.device.sweep import (
-        SLICE_MIN_S,
-        SLICE_STAT,
-        make_session,
-        random_feeds,
-        run_sweep,
-        summarize,
-        time_session,
-    )
+    from coinf.device.sweep import make_session, random_feeds, run_sweep, slice_time_of, time_slice
     from coinf.models import zoo
 
     if args.repeats < 3:
@@ -161,12 +153,11 @@ def run(args: argparse.Namespace) -> int:
     sessions = [make_session(str(bundle.path(str(p.file))), args.threads) for _, _, p in parts]
     # two passes over every slice, a few seconds apart: how well the machine repeats its own
     # measurement is the ceiling for any predictor's within-10% score
-    passes = [[time_session(s, random_feeds(s), 3, args.repeats, 2.0, SLICE_MIN_S, SLICE_STAT)
-               for s in sessions]
+    passes = [[time_slice(s, random_feeds(s), 3, args.repeats, 2.0) for s in sessions]
               for _ in range(2)]
     rows: list[dict[str, Any]] = []
     for (cand, side, part), m1, m2 in zip(parts, *passes, strict=True):
-        measured = summarize([m1, m2], SLICE_STAT)
+        measured = slice_time_of([m1, m2])
         row: dict[str, Any] = {"slice": f"{cand.id}.{side}", "nodes": len(part.nodes),
                                "measured_ms": measured, "measured_passes_ms": [m1, m2]}
         k = kernels(str(bundle.path(str(part.file))), args.threads)

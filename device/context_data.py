@@ -354,79 +354,112 @@ def _featured(rows: list[NodeSample], count: int, seed: int, family: str) -> lis
             if s.features.name in feats.get(s.model, {})]
 
 
-def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
-                    repeats: int = 25, passes: int = 2, fresh: bool = False,
-                    progress: Callable[[str], None] | None = None,
-                    family: str = "mixed") -> list[SliceSample]:
-    """Every part of the ``count`` synthetic networks of ``family``
-    (:func:`~coinf.device.partlabels.time_parts`), timed in ``passes`` passes over all of them
-    (a part's time is the :data:`~coinf.device.sweep.SLICE_STAT` of its passes), cached in
-    ``cache_dir`` like
-    :func:`synthetic_samples`. About two seconds per network per pass here (each part is
-    timed for at least :data:`~coinf.device.sweep.SLICE_MIN_S`); progress says how long is
-    left."""
+#: a synthetic network's parts are timed in this many passes over every family, each part
+#: keeping its fastest pass, and in at least this many runs per pass. One pass did not repeat:
+#: the parts of two caches built 35 minutes apart agreed within +-10 % for few of them (p10 and
+#: p90 of their ratios 0.80 and 1.50), and two runs over the same parts 90 s apart differed by
+#: a median 26 %. The fastest of two passes took the zoo's within_10pct from 0.63 and 0.58 to
+#: 0.68 and 0.67 on the same two caches (docs/BENCHMARKS.md section 12, sixteenth round).
+PART_PASSES, PART_REPEATS = 2, 12
+
+
+def _parts_cache(cache_dir: Path, family: str, count: int, seed: int, threads: int,
+                 repeats: int, passes: int) -> Path:
+    return cache_dir / (f"{_cache_stem(family)}-parts-{count}-{seed}-{threads}-{repeats}-"
+                        f"{passes}.json")
+
+
+def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0,
+                       threads: int = 1, repeats: int = PART_REPEATS,
+                       passes: int = PART_PASSES, fresh: bool = False,
+                       progress: Callable[[str], None] | None = None,
+                       ) -> dict[str, list[SliceSample]]:
+    """Every part of the synthetic networks of each family in ``wanted`` (family -> count;
+    :func:`~coinf.device.partlabels.time_parts`), each family cached in ``cache_dir`` like
+    :func:`synthetic_samples`. The families not cached are timed pass by pass: the first pass
+    over all of them, then the second, so a part's passes lie minutes apart (the machine's
+    speed drifts over tens of seconds), and a part keeps the
+    :data:`~coinf.device.sweep.SLICE_STAT` of its passes. About one second per network per
+    pass here; progress says how long is left."""
     import time
 
-    from coinf.device.context_sweep import model_name, network
+    from coinf.device.context_sweep import FAMILIES, model_name, network
     from coinf.device.partlabels import time_parts
     from coinf.device.sweep import slice_time_of
 
-    if count <= 0:
-        return []
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
-    digest = _networks_digest(count, seed, family)
-    cache = cache_dir / (f"{_cache_stem(family)}-parts-{count}-{seed}-{threads}-{repeats}-"
-                         f"{passes}.json")
-    cached = None if fresh else _read_cache(cache, PARTS_FORMAT, digest, "parts",
-                                            lambda d: _slice_from_json(str(d["model"]), d))
-    if cached is not None:
-        return cached
-    runs: list[list[SliceSample]] = []
-    start = time.monotonic()
-    for p in range(passes):
-        got: list[SliceSample] = []
-        for i in range(count):
-            got += time_parts(model_name(i, family), network(i, seed, family), threads,
-                              repeats)
-            if progress and (i % 25 == 0 or i == count - 1):
-                done = p * count + i + 1
-                left = (time.monotonic() - start) / done * (passes * count - done)
-                progress(f"synthetic parts ({family}), pass {p + 1}/{passes}: network "
-                         f"{i + 1}/{count}, {len(got)} parts timed, about {left / 60:.0f} "
-                         "min left for this family")
-        runs.append(got)
-    out = [replace(s, ms=slice_time_of([r[j].ms for r in runs]))
-           for j, s in enumerate(runs[0])]
-    _write_cache(cache, PARTS_FORMAT, digest, "parts", [_slice_json(s) for s in out])
-    return out
-
-
-def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = 2,
-                     fresh: bool = False, progress: Callable[[str], None] | None = None,
-                     families: Mapping[str, int] | None = None) -> list[NodeSample]:
-    """The node samples (:func:`synthetic_samples`) of ``count`` synthetic networks of the
-    ``mixed`` family and as many of each other family as ``families`` says (none by default),
-    labelled with unprofiled kernel times decomposed from their parts
-    (:func:`synthetic_parts`, :func:`~coinf.device.partlabels.relabel` with one set of term
-    costs per family: the small networks' tiny parts would otherwise pull the mixed family's
-    costs)."""
-    from coinf.device.context_sweep import FAMILIES
-    from coinf.device.partlabels import relabel
-
-    wanted = [("mixed", count), *(families or {}).items()]
-    for family, n in wanted:
+    for family, n in wanted.items():
         if family not in FAMILIES:
             raise ValueError(f"unknown network family {family!r}; expected one of {FAMILIES}")
         if n < 0:
             raise ValueError(f"the {family} family needs a count >= 0, got {n}")
+    out: dict[str, list[SliceSample]] = {f: [] for f, n in wanted.items() if n == 0}
+    todo: dict[str, tuple[int, str, Path]] = {}
+    for family, n in wanted.items():
+        if n == 0:
+            continue
+        digest = _networks_digest(n, seed, family)
+        cache = _parts_cache(cache_dir, family, n, seed, threads, repeats, passes)
+        cached = None if fresh else _read_cache(cache, PARTS_FORMAT, digest, "parts",
+                                                lambda d: _slice_from_json(str(d["model"]), d))
+        if cached is not None:
+            out[family] = cached
+        else:
+            todo[family] = (n, digest, cache)
+    runs: dict[str, list[list[SliceSample]]] = {f: [] for f in todo}
+    total, done, start = passes * sum(n for n, _, _ in todo.values()), 0, time.monotonic()
+    for p in range(passes):
+        for family, (n, _, _) in todo.items():
+            got: list[SliceSample] = []
+            for i in range(n):
+                got += time_parts(model_name(i, family), network(i, seed, family), threads,
+                                  repeats)
+                done += 1
+                if progress and (i % 25 == 0 or i == n - 1):
+                    left = (time.monotonic() - start) / done * (total - done)
+                    progress(f"synthetic parts, pass {p + 1}/{passes}, {family}: network "
+                             f"{i + 1}/{n}, {len(got)} parts timed, about {left / 60:.0f} "
+                             "min left")
+            runs[family].append(got)
+    for family, (_, digest, cache) in todo.items():
+        first = runs[family][0]
+        out[family] = [replace(s, ms=slice_time_of([r[j].ms for r in runs[family]]))
+                       for j, s in enumerate(first)]
+        _write_cache(cache, PARTS_FORMAT, digest, "parts",
+                     [_slice_json(s) for s in out[family]])
+    return {f: out[f] for f in wanted}
+
+
+def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
+                    repeats: int = PART_REPEATS, passes: int = PART_PASSES,
+                    fresh: bool = False, progress: Callable[[str], None] | None = None,
+                    family: str = "mixed") -> list[SliceSample]:
+    """:func:`synthetic_parts_of` of one family."""
+    return synthetic_parts_of(cache_dir, {family: max(count, 0)}, seed, threads, repeats,
+                              passes, fresh, progress)[family]
+
+
+def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = PART_PASSES,
+                     fresh: bool = False, progress: Callable[[str], None] | None = None,
+                     families: Mapping[str, int] | None = None,
+                     repeats: int = PART_REPEATS) -> list[NodeSample]:
+    """The node samples (:func:`synthetic_samples`) of ``count`` synthetic networks of the
+    ``mixed`` family and as many of each other family as ``families`` says (none by default),
+    labelled with unprofiled kernel times decomposed from their parts
+    (:func:`synthetic_parts_of`, all families' parts timed pass by pass;
+    :func:`~coinf.device.partlabels.relabel` with one set of term costs per family: the small
+    networks' tiny parts would otherwise pull the mixed family's costs)."""
+    from coinf.device.partlabels import relabel
+
+    wanted = {"mixed": count, **(families or {})}
+    parts = synthetic_parts_of(cache_dir, wanted, seed, repeats=repeats, passes=passes,
+                               fresh=fresh, progress=progress)
     out: list[NodeSample] = []
-    for family, n in wanted:
+    for family, n in wanted.items():
         nodes = synthetic_samples(cache_dir, n, seed, fresh=fresh, progress=progress,
                                   family=family)
-        parts = synthetic_parts(cache_dir, n, seed, passes=passes, fresh=fresh,
-                                progress=progress, family=family)
-        out += relabel(nodes, parts, PRIOR_WEIGHT, shared=True)
+        out += relabel(nodes, parts[family], PRIOR_WEIGHT, shared=True)
     return out
 
 
@@ -459,7 +492,7 @@ def _cached_samples(cache_dir: Path, timings: Mapping[str, ModelTimings],
 def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                  held_out: str | None = None,
                  progress: Callable[[str], None] | None = None,
-                 fresh_synthetic: bool = False, passes: int = 2,
+                 fresh_synthetic: bool = False, passes: int = PART_PASSES,
                  families: Mapping[str, int] = FAMILY_NETWORKS) -> tuple[Any, list[str]]:
     """A :class:`~coinf.device.slicepred.SlicePredictor` trained on every zoo model but
     ``held_out`` (its timings are neither measured nor read), ``synthetic`` random networks and
@@ -504,7 +537,7 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       progress: Callable[[str], None] | None = None,
                       fresh_synthetic: bool = False,
                       families: Mapping[str, int] = FAMILY_NETWORKS,
-                      passes: int = 2) -> dict[str, Any]:
+                      passes: int = PART_PASSES) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
     model, a predictor trained on every other model (and ``synthetic`` mixed networks plus
     ``families``' networks, profiled and timed once into the cache, their parts in ``passes``

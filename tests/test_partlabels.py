@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from coinf.device.context_data import PART_REPEATS
 from coinf.device.context_sweep import network
 from coinf.device.incontext import anchors, model_features
 from coinf.device.partlabels import cut_points, decompose, parts, relabel, time_parts
@@ -173,8 +174,8 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     assert {s.model for s in first} == {"synthetic0", "synthetic1"}
     # networks 1 and 2 of each pass, the last saying nothing is left
     assert len(heard) == 4
-    assert heard[-1].startswith("synthetic parts (mixed), pass 2/2: network 2/2")
-    assert heard[-1].endswith("about 0 min left for this family")
+    assert heard[-1].startswith("synthetic parts, pass 2/2, mixed: network 2/2")
+    assert heard[-1].endswith("about 0 min left")
     check_planted_fresh_corrupt(tmp_path / "synthetic-parts-2-1-1-2-2.json", "parts",
                                 partial(synthetic_parts, tmp_path, 2, seed=1, repeats=2),
                                 len(first))
@@ -184,12 +185,31 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     labels = synthetic_labels(tmp_path, 2, seed=1, passes=1, families={"small": 2})
     assert labels and all(n.ms > 0 for n in labels)
     assert {n.model for n in labels} == {"synthetic0", "synthetic1", "small0", "small1"}
-    assert (tmp_path / "synthetic-small-parts-2-1-1-25-1.json").is_file()
+    assert (tmp_path / f"synthetic-small-parts-2-1-1-{PART_REPEATS}-1.json").is_file()
     for bad, message in (({"tiny": 2}, "unknown network family 'tiny'"),
                          ({"gated": -1}, "gated family needs a count >= 0")):
         with pytest.raises(ValueError, match=message):
             synthetic_labels(tmp_path / "bad", 2, seed=1, passes=1, families=bad)
         assert not (tmp_path / "bad").exists()  # refused before any network was measured
+
+
+def test_every_family_is_timed_in_each_pass_before_the_next_pass(tmp_path: Path) -> None:
+    """A part's passes lie minutes apart: pass 1 over every family, then pass 2."""
+    from coinf.device.context_data import synthetic_parts_of
+
+    heard: list[str] = []
+    got = synthetic_parts_of(tmp_path, {"mixed": 1, "small": 1, "gated": 0}, seed=1, repeats=2,
+                             passes=2, progress=heard.append)
+    assert [m.split(":")[0] for m in heard] == [
+        "synthetic parts, pass 1/2, mixed", "synthetic parts, pass 1/2, small",
+        "synthetic parts, pass 2/2, mixed", "synthetic parts, pass 2/2, small"]
+    assert got["gated"] == [] and {s.model for s in got["small"]} == {"small0"}
+    assert all(s.ms > 0 for s in got["mixed"] + got["small"])
+    # each family is cached on its own and read back without timing anything
+    again: list[str] = []
+    assert synthetic_parts_of(tmp_path, {"small": 1}, seed=1, repeats=2, passes=2,
+                              progress=again.append) == {"small": got["small"]}
+    assert again == []
 
 
 def test_lomo_with_relabelling_never_reads_the_held_out_models_timings() -> None:

@@ -80,12 +80,12 @@ def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
     families = QUICK_FAMILIES if args.quick else FAMILY_NETWORKS
     if args.context_cache:
         ctx, names = train_on_zoo(Path(args.context_cache), progress=note,
-                                  synthetic=15 if args.quick else 300, passes=1,
+                                  synthetic=15 if args.quick else 300,
                                   families=families)
     else:
         with tempfile.TemporaryDirectory(prefix="coinf-context-") as tmp:
             ctx, names = train_on_zoo(Path(tmp), progress=note,
-                                      synthetic=15 if args.quick else 300, passes=1,
+                                      synthetic=15 if args.quick else 300,
                                       families=families)
     predictor.meta["slice_model"] = ctx.to_json()
     return list(names)

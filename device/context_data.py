@@ -23,8 +23,8 @@ CACHE_FORMAT = "coinf-context-timings"
 #: fastest run (``sweep.SLICE_STAT``)
 CACHE_VERSION = 5
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
-#: 2: each part timed for SLICE_MIN_S; 3: its fastest run (SLICE_STAT)
-PARTS_FORMAT = "coinf-synthetic-parts-3"
+#: 2: each part timed for SLICE_MIN_S; 3: its fastest run (SLICE_STAT); 4: the passes it holds
+PARTS_FORMAT = "coinf-synthetic-parts-4"
 #: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
 #: docs/BENCHMARKS.md section 12, sixth round)
@@ -297,9 +297,10 @@ def _read_cache(path: Path, fmt: str, digest: str, key: str,
     return None
 
 
-def _write_cache(path: Path, fmt: str, digest: str, key: str, rows: list[Any]) -> None:
+def _write_cache(path: Path, fmt: str, digest: str, key: str, rows: list[Any],
+                 **extra: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": fmt, "networks": digest, key: rows}) + "\n")
+    path.write_text(json.dumps({"format": fmt, "networks": digest, key: rows, **extra}) + "\n")
 
 
 def _networks_digest(count: int, seed: int, family: str = "mixed") -> str:
@@ -354,19 +355,28 @@ def _featured(rows: list[NodeSample], count: int, seed: int, family: str) -> lis
             if s.features.name in feats.get(s.model, {})]
 
 
-#: a synthetic network's parts are timed in this many passes over every family, each part
-#: keeping its fastest pass, and in at least this many runs per pass. One pass did not repeat:
-#: the parts of two caches built 35 minutes apart agreed within +-10 % for few of them (p10 and
-#: p90 of their ratios 0.80 and 1.50), and two runs over the same parts 90 s apart differed by
-#: a median 26 %. The fastest of two passes took the zoo's within_10pct from 0.63 and 0.58 to
-#: 0.68 and 0.67 on the same two caches (docs/BENCHMARKS.md section 12, sixteenth round).
-PART_PASSES, PART_REPEATS = 2, 12
+#: passes over every synthetic family's parts (a part keeps its fastest pass) and runs per
+#: pass. A pass is the first over every family, then the second, so a part's passes lie
+#: minutes apart, and a cache keeps its passes: asked for more, it times only the missing ones.
+#: The machine's speed for a tiny part moves by tens of per cent over minutes; the fastest of
+#: 1, 2 and 4-5 passes taken hours apart scored within_10pct 0.58-0.63, 0.67-0.68 and
+#: 0.73-0.78 (docs/BENCHMARKS.md section 12, sixteenth round).
+PART_PASSES, PART_REPEATS = 2, 25
 
 
-def _parts_cache(cache_dir: Path, family: str, count: int, seed: int, threads: int,
-                 repeats: int, passes: int) -> Path:
-    return cache_dir / (f"{_cache_stem(family)}-parts-{count}-{seed}-{threads}-{repeats}-"
-                        f"{passes}.json")
+def _parts_cache(cache_dir: Path, family: str, *key: int) -> Path:
+    return cache_dir / f"{_cache_stem(family)}-parts-{'-'.join(map(str, key))}.json"
+
+
+def _cached_parts(path: Path, digest: str) -> tuple[list[SliceSample], int]:
+    """A parts cache's rows and how many passes they hold ([], 0 if none is usable)."""
+    rows = _read_cache(path, PARTS_FORMAT, digest, "parts",
+                       lambda d: _slice_from_json(str(d["model"]), d))
+    try:
+        passes = int(json.loads(path.read_text())["passes"]) if rows else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        passes = 0
+    return (rows or [], passes) if passes >= 1 else ([], 0)
 
 
 def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0,
@@ -375,12 +385,12 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
                        progress: Callable[[str], None] | None = None,
                        ) -> dict[str, list[SliceSample]]:
     """Every part of the synthetic networks of each family in ``wanted`` (family -> count;
-    :func:`~coinf.device.partlabels.time_parts`), each family cached in ``cache_dir`` like
-    :func:`synthetic_samples`. The families not cached are timed pass by pass: the first pass
-    over all of them, then the second, so a part's passes lie minutes apart (the machine's
-    speed drifts over tens of seconds), and a part keeps the
-    :data:`~coinf.device.sweep.SLICE_STAT` of its passes. About one second per network per
-    pass here; progress says how long is left."""
+    :func:`~coinf.device.partlabels.time_parts`) in at least ``passes`` passes, each family
+    cached in ``cache_dir`` with the passes it holds (``fresh``: none). Only the missing passes
+    are timed, pass by pass: one over every family, then the next, so a part's passes lie
+    minutes apart; a part keeps the :data:`~coinf.device.sweep.SLICE_STAT` of its passes,
+    cached ones included. About two seconds per network per pass here; progress says how long
+    is left."""
     import time
 
     from coinf.device.context_sweep import FAMILIES, model_name, network
@@ -394,41 +404,42 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
             raise ValueError(f"unknown network family {family!r}; expected one of {FAMILIES}")
         if n < 0:
             raise ValueError(f"the {family} family needs a count >= 0, got {n}")
-    out: dict[str, list[SliceSample]] = {f: [] for f, n in wanted.items() if n == 0}
-    todo: dict[str, tuple[int, str, Path]] = {}
+    have: dict[str, tuple[list[SliceSample], int]] = {}
     for family, n in wanted.items():
-        if n == 0:
-            continue
-        digest = _networks_digest(n, seed, family)
-        cache = _parts_cache(cache_dir, family, n, seed, threads, repeats, passes)
-        cached = None if fresh else _read_cache(cache, PARTS_FORMAT, digest, "parts",
-                                                lambda d: _slice_from_json(str(d["model"]), d))
-        if cached is not None:
-            out[family] = cached
-        else:
-            todo[family] = (n, digest, cache)
-    runs: dict[str, list[list[SliceSample]]] = {f: [] for f in todo}
-    total, done, start = passes * sum(n for n, _, _ in todo.values()), 0, time.monotonic()
-    for p in range(passes):
-        for family, (n, _, _) in todo.items():
-            got: list[SliceSample] = []
+        digest = _networks_digest(n, seed, family) if n else ""
+        cache = _parts_cache(cache_dir, family, n, seed, threads, repeats)
+        have[family] = ([], 0) if fresh or not n else _cached_parts(cache, digest)
+    runs: dict[str, list[list[SliceSample]]] = {f: [rows] if k else [] for f, (rows, k) in
+                                                have.items()}
+    left_passes = {f: passes - k for f, (_, k) in have.items() if wanted[f] and k < passes}
+    total = sum(wanted[f] * k for f, k in left_passes.items())
+    done, start = 0, time.monotonic()
+    for p in range(max(left_passes.values(), default=0)):
+        for family in (f for f, k in left_passes.items() if p < k):
+            n, got = wanted[family], []
             for i in range(n):
                 got += time_parts(model_name(i, family), network(i, seed, family), threads,
                                   repeats)
                 done += 1
                 if progress and (i % 25 == 0 or i == n - 1):
                     left = (time.monotonic() - start) / done * (total - done)
-                    progress(f"synthetic parts, pass {p + 1}/{passes}, {family}: network "
-                             f"{i + 1}/{n}, {len(got)} parts timed, about {left / 60:.0f} "
-                             "min left")
+                    progress(f"synthetic parts, pass {have[family][1] + p + 1}/{passes}, "
+                             f"{family}: network {i + 1}/{n}, {len(got)} parts timed, about "
+                             f"{left / 60:.0f} min left")
+            if runs[family] and [(s.model, s.slice) for s in got] != [
+                    (s.model, s.slice) for s in runs[family][0]]:
+                runs[family] = []  # the cached parts are not these networks' parts
             runs[family].append(got)
-    for family, (_, digest, cache) in todo.items():
-        first = runs[family][0]
+    out: dict[str, list[SliceSample]] = {}
+    for family, n in wanted.items():
+        first = runs[family][0] if runs[family] else []
         out[family] = [replace(s, ms=slice_time_of([r[j].ms for r in runs[family]]))
                        for j, s in enumerate(first)]
-        _write_cache(cache, PARTS_FORMAT, digest, "parts",
-                     [_slice_json(s) for s in out[family]])
-    return {f: out[f] for f in wanted}
+        if family in left_passes:
+            cache = _parts_cache(cache_dir, family, n, seed, threads, repeats)
+            _write_cache(cache, PARTS_FORMAT, _networks_digest(n, seed, family), "parts",
+                         [_slice_json(s) for s in out[family]], passes=len(runs[family]))
+    return out
 
 
 def synthetic_parts(cache_dir: Path, count: int, seed: int = 0, threads: int = 1,
@@ -540,20 +551,15 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
                       passes: int = PART_PASSES) -> dict[str, Any]:
     """Leave-one-model-out over the zoo's cached timings, all models in one run: for each
     model, a predictor trained on every other model (and ``synthetic`` mixed networks plus
-    ``families``' networks, profiled and timed once into the cache, their parts in ``passes``
-    passes: :func:`synthetic_labels`)
-    predicts this model's cached slice times. Per model: slices, the fractions within +-10%
-    and +-25%, the median of predicted / measured, the profiler's surplus per kernel
-    (:func:`~coinf.device.slicepred.profiler_surplus`, µs), how often the cache's own rounds
-    repeat within +-10% (:func:`repeatability`), the plan regret under each condition of
-    :mod:`.planregret` (what the prediction's errors cost the planner; with half the cache's
-    rounds predicting the other half, what the machine's own noise costs), and the two
-    reference scores of :mod:`.slicecheck` (``profiled_within_10pct``: its own profiled node
-    times in place of predicted ones; ``additive_within_10pct``: free node times fitted on its
-    own slices);
-    ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on (the slices are
-    not measured again), so it shows a change to the predictor in one number per model;
-    ``coinf bench predict --bundle`` measures every slice anew."""
+    ``families``' networks, their parts in ``passes`` passes: :func:`synthetic_labels`)
+    predicts this model's cached slice times. Per model: the fractions within +-10% and
+    +-25%, the median of predicted / measured, the profiler's surplus per kernel (µs), the
+    repeatability of the cache's own rounds (:func:`repeatability`), the plan regret under
+    each condition of :mod:`.planregret` (and with half the rounds predicting the other half),
+    and the two reference scores of :mod:`.slicecheck` (``profiled_within_10pct``: its own
+    profiled node times; ``additive_within_10pct``: free node times fitted on its own slices).
+    ``sweep_scale`` 0 leaves out the single-layer sweep. Quick to iterate on: nothing is
+    measured again (``coinf bench predict --bundle`` measures every slice anew)."""
     import statistics
 
     from coinf.convert.bundle import Bundle

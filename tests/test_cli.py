@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from coinf.cli import build_parser, main
@@ -152,3 +154,13 @@ def test_run_every_candidate_then_let_the_planner_choose(
     assert plan["chosen"].split("~")[0] in ids and plan["measured_ms"] > 0
     assert plan["fastest_in_table"] in ids
     assert main(["run", str(bundle.root), "--plan", "-1"]) == 2
+
+
+def test_profile_refuses_a_pass_count_below_one_before_measuring(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`coinf profile --train --passes 0` names the flag and writes nothing."""
+    out = tmp_path / "p.json"
+    assert main(["profile", "--train", "--quick", "--passes", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--passes must be >= 1, got 0" in err and "Traceback" not in err
+    assert not out.exists()

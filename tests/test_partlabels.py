@@ -176,7 +176,7 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     assert len(heard) == 4
     assert heard[-1].startswith("synthetic parts, pass 2/2, mixed: network 2/2")
     assert heard[-1].endswith("about 0 min left")
-    check_planted_fresh_corrupt(tmp_path / "synthetic-parts-2-1-1-2-2.json", "parts",
+    check_planted_fresh_corrupt(tmp_path / "synthetic-parts-2-1-1-2.json", "parts",
                                 partial(synthetic_parts, tmp_path, 2, seed=1, repeats=2),
                                 len(first))
     assert synthetic_parts(tmp_path, 0) == []
@@ -185,7 +185,7 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
     labels = synthetic_labels(tmp_path, 2, seed=1, passes=1, families={"small": 2})
     assert labels and all(n.ms > 0 for n in labels)
     assert {n.model for n in labels} == {"synthetic0", "synthetic1", "small0", "small1"}
-    assert (tmp_path / f"synthetic-small-parts-2-1-1-{PART_REPEATS}-1.json").is_file()
+    assert (tmp_path / f"synthetic-small-parts-2-1-1-{PART_REPEATS}.json").is_file()
     for bad, message in (({"tiny": 2}, "unknown network family 'tiny'"),
                          ({"gated": -1}, "gated family needs a count >= 0")):
         with pytest.raises(ValueError, match=message):
@@ -210,6 +210,36 @@ def test_every_family_is_timed_in_each_pass_before_the_next_pass(tmp_path: Path)
     assert synthetic_parts_of(tmp_path, {"small": 1}, seed=1, repeats=2, passes=2,
                               progress=again.append) == {"small": got["small"]}
     assert again == []
+
+
+def test_a_parts_cache_is_topped_up_with_the_missing_passes_only(tmp_path: Path) -> None:
+    """Asked for more passes than it holds, a cache times only the missing ones, and each part
+    keeps the fastest of all its passes, the cached ones included."""
+    import json
+
+    from coinf.device.context_data import synthetic_parts_of
+
+    def parts_of(passes: int, heard: list[str]) -> list[SliceSample]:
+        return synthetic_parts_of(tmp_path, {"small": 2}, seed=1, repeats=2, passes=passes,
+                                  progress=heard.append)["small"]
+
+    heard: list[str] = []
+    one = parts_of(1, heard)
+    assert [m.split(":")[0] for m in heard] == ["synthetic parts, pass 1/1, small"] * 2
+    cache = tmp_path / "synthetic-small-parts-2-1-1-2.json"
+    planted = json.loads(cache.read_text())
+    planted["parts"][0]["ms"] = 1e-6  # faster than any pass can be: it must survive
+    cache.write_text(json.dumps(planted))
+    heard.clear()
+    three = parts_of(3, heard)
+    assert [m.split(":")[0] for m in heard] == (["synthetic parts, pass 2/3, small"] * 2
+                                                + ["synthetic parts, pass 3/3, small"] * 2)
+    assert [(s.model, s.slice) for s in three] == [(s.model, s.slice) for s in one]
+    assert three[0].ms == 1e-6
+    assert all(0 < b.ms <= a.ms for a, b in zip(one, three, strict=True))
+    assert json.loads(cache.read_text())["passes"] == 3
+    heard.clear()
+    assert parts_of(2, heard) == three and heard == []  # it holds enough: nothing timed
 
 
 def test_lomo_with_relabelling_never_reads_the_held_out_models_timings() -> None:

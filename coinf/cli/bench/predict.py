@@ -114,9 +114,6 @@ def run(args: argparse.Namespace) -> int:
                         "(every zoo model, from the timings cache)")
     if args.synthetic < 0:
         raise UserError(f"--synthetic must be >= 0, got {args.synthetic}")
-    if args.passes is None:
-        from coinf.device.context_data import PART_PASSES
-        args.passes = PART_PASSES
     if args.passes < 1:
         raise UserError(f"--passes must be >= 1, got {args.passes}")
     args.families = parse_families(args.family)
@@ -291,11 +288,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh-synthetic", action="store_true",
                         help="measure the synthetic networks again instead of reading them "
                              "from --cache (and replace the cached profiles and part timings)")
-    parser.add_argument("--passes", type=int, default=None,
-                        help="passes over the synthetic networks' parts, all families in "
-                             "each pass (a part's time is the fastest of them; default: as "
-                             "`coinf profile --train` times them, two, so its --context-cache "
-                             "is read as it is)")
+    parser.add_argument("--passes", type=int, default=2,
+                        help="passes over the synthetic networks' parts, every family in each "
+                             "pass (a part's time is the fastest of them); 1 reads the "
+                             "--context-cache of `coinf profile --train`, which times them once")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings and the synthetic "
                              "networks' profiles and part timings are cached")

@@ -63,6 +63,11 @@ def starting_profile(role: str, out: Path, writes: bool, force: bool) -> Any:
     return existing
 
 
+#: passes over the synthetic networks' parts that --train times unless told: each takes about
+#: 15 minutes here, and a --context-cache is topped up by a later run with more
+#: (docs/BENCHMARKS.md section 12, sixteenth round)
+PROFILE_PASSES = 1
+
 #: the other synthetic families' sizes under --quick
 QUICK_FAMILIES = {"small": 5, "gated": 3, "mobile": 2}
 
@@ -80,12 +85,12 @@ def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
     families = QUICK_FAMILIES if args.quick else FAMILY_NETWORKS
     if args.context_cache:
         ctx, names = train_on_zoo(Path(args.context_cache), progress=note,
-                                  synthetic=15 if args.quick else 300,
+                                  synthetic=15 if args.quick else 300, passes=args.passes,
                                   families=families)
     else:
         with tempfile.TemporaryDirectory(prefix="coinf-context-") as tmp:
             ctx, names = train_on_zoo(Path(tmp), progress=note,
-                                      synthetic=15 if args.quick else 300,
+                                      synthetic=15 if args.quick else 300, passes=args.passes,
                                       families=families)
     predictor.meta["slice_model"] = ctx.to_json()
     return list(names)
@@ -111,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         prof.slowdown = args.slowdown
     if args.repeats < 1 or args.warmup < 0:
         raise UserError("--repeats must be >= 1 and --warmup >= 0")
+    if args.passes < 1:
+        raise UserError(f"--passes must be >= 1, got {args.passes}")
     if args.memory_budget is not None:
         if not 0 < args.memory_budget < 1e7:
             raise UserError(f"--memory-budget must be in (0, 1e7) MB, got {args.memory_budget}")
@@ -186,6 +193,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="keep the zoo bundles and timings and the synthetic networks' "
                         "profiles and part timings of --train here, to be read back by the "
                         "next --train on this device (default: a temporary folder)")
+    parser.add_argument("--passes", type=int, default=PROFILE_PASSES,
+                        help="with --train: passes over the synthetic networks' parts, each "
+                        f"part keeping its fastest (default {PROFILE_PASSES}, about 15 min "
+                        "each here); run again on the same --context-cache with more to add "
+                        "the missing passes only")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="sweep size multiplier (default 1: ~640 layers)")
     parser.add_argument("--seed", type=int, default=0)

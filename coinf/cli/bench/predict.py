@@ -290,8 +290,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "from --cache (and replace the cached profiles and part timings)")
     parser.add_argument("--passes", type=int, default=2,
                         help="passes over the synthetic networks' parts, every family in each "
-                             "pass (a part's time is the fastest of them); 1 reads the "
-                             "--context-cache of `coinf profile --train`, which times them once")
+                             "pass (a part's time is the fastest of them); a --cache holding "
+                             "fewer is topped up with the missing ones (the --context-cache of "
+                             "`coinf profile --train` holds 1 unless it was given --passes)")
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings and the synthetic "
                              "networks' profiles and part timings are cached")

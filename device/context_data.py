@@ -409,11 +409,10 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
         digest = _networks_digest(n, seed, family) if n else ""
         cache = _parts_cache(cache_dir, family, n, seed, threads, repeats)
         have[family] = ([], 0) if fresh or not n else _cached_parts(cache, digest)
-    runs: dict[str, list[list[SliceSample]]] = {f: [rows] if k else [] for f, (rows, k) in
-                                                have.items()}
+    runs = {f: [rows] if k else [] for f, (rows, k) in have.items()}
+    held = {f: k for f, (_, k) in have.items()}  # passes behind runs[f]
     left_passes = {f: passes - k for f, (_, k) in have.items() if wanted[f] and k < passes}
-    total = sum(wanted[f] * k for f, k in left_passes.items())
-    done, start = 0, time.monotonic()
+    total, done, start = sum(wanted[f] * k for f, k in left_passes.items()), 0, time.monotonic()
     for p in range(max(left_passes.values(), default=0)):
         for family in (f for f, k in left_passes.items() if p < k):
             n, got = wanted[family], []
@@ -428,8 +427,9 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
                              f"{left / 60:.0f} min left")
             if runs[family] and [(s.model, s.slice) for s in got] != [
                     (s.model, s.slice) for s in runs[family][0]]:
-                runs[family] = []  # the cached parts are not these networks' parts
+                runs[family], held[family] = [], 0  # cached: not these networks' parts
             runs[family].append(got)
+            held[family] += 1
     out: dict[str, list[SliceSample]] = {}
     for family, n in wanted.items():
         first = runs[family][0] if runs[family] else []
@@ -438,7 +438,7 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
         if family in left_passes:
             cache = _parts_cache(cache_dir, family, n, seed, threads, repeats)
             _write_cache(cache, PARTS_FORMAT, _networks_digest(n, seed, family), "parts",
-                         [_slice_json(s) for s in out[family]], passes=len(runs[family]))
+                         [_slice_json(s) for s in out[family]], passes=held[family])
     return out
 
 

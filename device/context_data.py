@@ -283,18 +283,26 @@ def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: i
     return out
 
 
-def _read_cache(path: Path, fmt: str, digest: str, key: str,
-                parse: Callable[[Mapping[str, Any]], T]) -> list[T] | None:
-    """The rows under ``key`` of a synthetic-network cache file of format ``fmt`` made from
-    the networks of ``digest``, each read by ``parse``; None if it is missing, unreadable,
-    stale or holds a malformed row."""
+def _cache_obj(path: Path, fmt: str, digest: str) -> dict[str, Any] | None:
+    """A cache file of format ``fmt`` made from the networks of ``digest``, else None."""
     try:
         obj = json.loads(path.read_text())
-        if obj.get("format") == fmt and obj.get("networks") == digest:
-            return [parse(d) for d in obj[key]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return None
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(obj, dict) and obj.get("format") == fmt and obj.get("networks") == digest
+    return obj if ok else None
+
+
+def _read_cache(path: Path, fmt: str, digest: str, key: str,
+                parse: Callable[[Mapping[str, Any]], T],
+                obj: dict[str, Any] | None = None) -> list[T] | None:
+    """The rows under ``key`` of :func:`_cache_obj` (or of ``obj``, read already), each read by
+    ``parse``; None if there is none or it holds a malformed row."""
+    obj = obj if obj is not None else _cache_obj(path, fmt, digest)
+    try:
+        return [parse(d) for d in obj[key]] if obj is not None else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _write_cache(path: Path, fmt: str, digest: str, key: str, rows: list[Any],
@@ -355,12 +363,10 @@ def _featured(rows: list[NodeSample], count: int, seed: int, family: str) -> lis
             if s.features.name in feats.get(s.model, {})]
 
 
-#: passes over every synthetic family's parts (a part keeps its fastest pass) and runs per
-#: pass. A pass is the first over every family, then the second, so a part's passes lie
-#: minutes apart, and a cache keeps its passes: asked for more, it times only the missing ones.
-#: The machine's speed for a tiny part moves by tens of per cent over minutes; the fastest of
-#: 1, 2 and 4-5 passes taken hours apart scored within_10pct 0.58-0.63, 0.67-0.68 and
-#: 0.73-0.78 (docs/BENCHMARKS.md section 12, sixteenth round).
+#: passes over every synthetic family's parts (a part keeps its fastest) and runs per pass. A
+#: tiny part's speed here moves by tens of per cent over minutes; the fastest of 1, 2 and 4-5
+#: passes taken hours apart scored within_10pct 0.58-0.63, 0.67-0.68 and 0.73-0.78
+#: (docs/BENCHMARKS.md section 12, sixteenth round).
 PART_PASSES, PART_REPEATS = 2, 25
 
 
@@ -370,13 +376,11 @@ def _parts_cache(cache_dir: Path, family: str, *key: int) -> Path:
 
 def _cached_parts(path: Path, digest: str) -> tuple[list[SliceSample], int]:
     """A parts cache's rows and how many passes they hold ([], 0 if none is usable)."""
+    obj = _cache_obj(path, PARTS_FORMAT, digest)
     rows = _read_cache(path, PARTS_FORMAT, digest, "parts",
-                       lambda d: _slice_from_json(str(d["model"]), d))
-    try:
-        passes = int(json.loads(path.read_text())["passes"]) if rows else 0
-    except (OSError, ValueError, KeyError, TypeError):
-        passes = 0
-    return (rows or [], passes) if passes >= 1 else ([], 0)
+                       lambda d: _slice_from_json(str(d["model"]), d), obj)
+    passes = obj.get("passes") if obj is not None else None
+    return (rows, passes) if rows and isinstance(passes, int) and passes >= 1 else ([], 0)
 
 
 def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0,
@@ -389,8 +393,7 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
     cached in ``cache_dir`` with the passes it holds (``fresh``: none). Only the missing passes
     are timed, pass by pass: one over every family, then the next, so a part's passes lie
     minutes apart; a part keeps the :data:`~coinf.device.sweep.SLICE_STAT` of its passes,
-    cached ones included. About two seconds per network per pass here; progress says how long
-    is left."""
+    cached ones included. Progress says how long is left."""
     import time
 
     from coinf.device.context_sweep import FAMILIES, model_name, network
@@ -404,11 +407,9 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
             raise ValueError(f"unknown network family {family!r}; expected one of {FAMILIES}")
         if n < 0:
             raise ValueError(f"the {family} family needs a count >= 0, got {n}")
-    have: dict[str, tuple[list[SliceSample], int]] = {}
-    for family, n in wanted.items():
-        digest = _networks_digest(n, seed, family) if n else ""
-        cache = _parts_cache(cache_dir, family, n, seed, threads, repeats)
-        have[family] = ([], 0) if fresh or not n else _cached_parts(cache, digest)
+    files = {f: (_parts_cache(cache_dir, f, n, seed, threads, repeats),
+                 _networks_digest(n, seed, f)) for f, n in wanted.items() if n}
+    have = {f: ([], 0) if fresh or f not in files else _cached_parts(*files[f]) for f in wanted}
     runs = {f: [rows] if k else [] for f, (rows, k) in have.items()}
     held = {f: k for f, (_, k) in have.items()}  # passes behind runs[f]
     left_passes = {f: passes - k for f, (_, k) in have.items() if wanted[f] and k < passes}
@@ -431,13 +432,12 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
             runs[family].append(got)
             held[family] += 1
     out: dict[str, list[SliceSample]] = {}
-    for family, n in wanted.items():
+    for family in wanted:
         first = runs[family][0] if runs[family] else []
         out[family] = [replace(s, ms=slice_time_of([r[j].ms for r in runs[family]]))
                        for j, s in enumerate(first)]
         if family in left_passes:
-            cache = _parts_cache(cache_dir, family, n, seed, threads, repeats)
-            _write_cache(cache, PARTS_FORMAT, _networks_digest(n, seed, family), "parts",
+            _write_cache(files[family][0], PARTS_FORMAT, files[family][1], "parts",
                          [_slice_json(s) for s in out[family]], passes=held[family])
     return out
 

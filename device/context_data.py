@@ -423,7 +423,7 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
                 done += 1
                 if progress and (i % 25 == 0 or i == n - 1):
                     left = (time.monotonic() - start) / done * (total - done)
-                    progress(f"synthetic parts, pass {have[family][1] + p + 1}/{passes}, "
+                    progress(f"synthetic parts, pass {held[family] + 1}/{passes}, "
                              f"{family}: network {i + 1}/{n}, {len(got)} parts timed, about "
                              f"{left / 60:.0f} min left")
             if runs[family] and [(s.model, s.slice) for s in got] != [

@@ -117,8 +117,12 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
     check_out_dir(out, force)  # raises before any work is done
     step = progress or (lambda stage, done, total: None)
     prep = Preparation.of(freeze, input_data, state)  # reads --input-data before any work
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise BundleError(f"output {out}: cannot write next to it in {out.parent} "
+                          f"({exc.strerror or exc})") from None
     try:
         step("load", 0, 1)
         # large initializers go straight to the bundle's weights.bin (convert/weights.py)

@@ -25,6 +25,7 @@ one machine playing a slower device). ``*_ms_litert`` are the same slices' times
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -251,7 +252,12 @@ class DeviceProfile:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:  # written whole, then renamed over the old one: a crash never leaves half a file
+            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> DeviceProfile:

@@ -76,3 +76,50 @@ def test_damaged_bundle_file_is_named(lenet: Bundle, tmp_path: Path, which: str,
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("WARNING")]
     assert "Traceback" not in err and len(lines) == 1, err
     assert rel in err and "damaged" in err and "--force" in err
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(
+        lenet: Bundle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    # a profile's --out and --context-cache, and bench predict's --cache, are checked before the
+    # sweep or any timing (which take minutes to hours): no sweep line reaches stderr
+    err = one_line_error(capsys, ["profile", "--train", "--quick", "--no-context", "--out",
+                                  str(tmp_path)], "--out", "is a directory")
+    assert "sweep" not in err
+    one_line_error(capsys, ["profile", "--train", "--quick", "--no-context", "--out",
+                            str(a_file / "p.json")], "--out", str(a_file), "not a directory")
+    one_line_error(capsys, ["profile", "--train", "--quick", "--out", str(tmp_path / "p.json"),
+                            "--context-cache", str(a_file)], "--context-cache",
+                   "not a directory")
+    one_line_error(capsys, ["profile", "--train", "--quick", "--no-context", "--out",
+                            str(tmp_path / "p.json"), "--bundle", str(tmp_path / "nope")],
+                   "not a bundle directory")
+    one_line_error(capsys, ["bench", "predict", "--zoo", "--cache", str(a_file), "--json"],
+                   "--cache", "not a directory")
+    assert not (tmp_path / "p.json").exists()
+    # a bundle's output under a file: the split's own error, not an OSError traceback
+    one_line_error(capsys, ["split", str(lenet.root / lenet.model_file), "-o",
+                            str(a_file / "bundle")], "cannot write next to it")
+    assert a_file.read_text() == "not a directory"
+
+
+def test_an_os_error_on_a_path_is_one_line_and_a_bug_keeps_its_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import coinf.cli.commands.status as status
+
+    def denied(args: object) -> int:
+        raise PermissionError(13, "Permission denied", "/var/lib/coinf/x.json")
+
+    monkeypatch.setattr(status, "run", denied)
+    rc = main(["status"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err, err
+    assert err.strip() == "coinf status: error: /var/lib/coinf/x.json: Permission denied"
+
+    def broken(args: object) -> int:
+        raise OSError("no path in this one")
+
+    monkeypatch.setattr(status, "run", broken)
+    with pytest.raises(OSError, match="no path in this one"):
+        main(["status"])

@@ -92,3 +92,28 @@ def test_same_machine_updates_its_profile(monkeypatch: pytest.MonkeyPatch,
     out.write_text(json.dumps(saved))
     assert main(["profile", "--out", str(out), "--threads", "3"]) == 0
     assert json.loads(out.read_text())["host"] == LAPTOP
+
+
+def test_a_failed_save_leaves_the_old_profile_whole(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    path = tmp_path / "handheld.json"
+    old = profile_mod.DeviceProfile.default("handheld")
+    old.name = "before"
+    old.save(path)
+    new = profile_mod.DeviceProfile.default("handheld")
+    new.name = "after"
+
+    def disk_full(self: Path, data: str, *args: object, **kw: object) -> int:
+        with open(self, "w") as f:  # opened (truncated), then the disk fills up mid-write
+            f.write(data[: len(data) // 2])
+        raise OSError(28, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError):
+        new.save(path)
+    monkeypatch.undo()
+    assert profile_mod.DeviceProfile.load(path).name == "before"
+    assert [p.name for p in tmp_path.iterdir()] == ["handheld.json"]  # no temporary file left
+    new.save(path)
+    assert profile_mod.DeviceProfile.load(path).name == "after"
+    assert [p.name for p in tmp_path.iterdir()] == ["handheld.json"]

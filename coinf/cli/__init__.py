@@ -90,6 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coinf {args.command}: error: {missing_message(top, 'this command')}",
               file=sys.stderr)
         return EXIT_USER
+    except OSError as exc:
+        if exc.filename is None:  # not about a path: a bug or the system, keep its traceback
+            raise
+        # a path given (or implied) cannot be read or written: the user's to mend, no traceback
+        print(f"coinf {args.command}: error: {exc.filename}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_OTHER
     except KeyboardInterrupt:
         print(f"coinf {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -57,6 +57,7 @@ import numpy as np
 import onnx
 
 from coinf.cli.bench import emit, median, progress
+from coinf.cli.paths import writable_dir
 from coinf.errors import UserError
 
 STYLES = ("incontext", "coinf", "neurosurgeon")
@@ -117,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.passes < 1:
         raise UserError(f"--passes must be >= 1, got {args.passes}")
     args.families = parse_families(args.family)
+    writable_dir(args.cache, "--cache")  # before any timing, not after it
     if args.zoo:
         if args.profile:
             raise UserError("--profile scores the sweep predictors of one --bundle; --zoo "

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coinf.cli.paths import writable_dir, writable_file
 from coinf.errors import UserError
 
 
@@ -103,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_profile_path(role)
     writes = bool(args.train or args.bundle or args.threads is not None
                   or args.slowdown is not None or args.name or args.memory_budget is not None)
+    if writes:  # refused now, not after a sweep of tens of minutes
+        writable_file(out, "--out")
+        if args.train and not args.no_context and args.context_cache:
+            writable_dir(args.context_cache, "--context-cache")
     prof = starting_profile(role, out, writes, args.force)
     if args.name:
         prof.name = args.name
@@ -126,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
                or args.memory_budget is not None)
     report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role,
                                  "role_from": "--role" if args.role else "detected"}
+    bundle = None
+    if args.bundle:  # loaded (and checked) before the sweep
+        from coinf.convert.bundle import Bundle
+
+        bundle = Bundle.load(args.bundle)
     if args.train:
         from coinf.device.predict import Predictor, require_training_deps
 
@@ -142,11 +152,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_context:
             report["incontext_trained_on"] = train_context(prof.predictor, args)
         changed = True
-    if args.bundle:
-        from coinf.convert.bundle import Bundle
+    if bundle is not None:
         from coinf.device.profile import profile_bundle
 
-        bundle = Bundle.load(args.bundle)
         mp = profile_bundle(bundle, prof.threads, args.warmup, args.repeats,
                             slices=not args.no_slices,
                             progress=lambda m: print(m, file=sys.stderr))

@@ -35,7 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="keep at most K candidate cuts including the extremes (default 64)")
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
                         help="store weights once in BUNDLE/weights.bin instead of in every "
-                             "slice (auto: when slices would hold > 256 MB of weights)")
+                             "slice (auto: when self-contained slices would hold > 16 MB of "
+                             "weights in all)")
     parser.add_argument("--tflite", action="store_true",
                         help="also write a verified float32 .tflite head and tail per candidate "
                              "(as `coinf convert tflite BUNDLE`; needs the tflite extra)")

@@ -1,0 +1,45 @@
+"""Checks of the paths a command will write, made before it does any work.
+
+A profile run or a benchmark can take tens of minutes; an output path that cannot be written
+must be refused at the start, not after the work (``UserError`` naming the flag and the path).
+The directories the output needs are created here, as the command would create them anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from coinf.errors import UserError
+
+
+def _make_dir(path: Path, flag: str, target: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{flag} {target}: cannot be created, because a part of {path} is a "
+                        f"file, not a directory") from None
+    except OSError as exc:
+        raise UserError(f"{flag} {target}: cannot create {path} "
+                        f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {target}: the directory {path} is not writable")
+
+
+def writable_dir(path: str | Path, flag: str) -> Path:
+    """``path`` as a writable directory (created if missing), else ``UserError``."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {p}: exists and is not a directory (expected a directory)")
+    _make_dir(p, flag, p)
+    return p
+
+
+def writable_file(path: str | Path, flag: str) -> Path:
+    """``path`` as a file that can be written, created or replaced (its directory is created if
+    missing), else ``UserError``."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{flag} {p}: is a directory (expected a file name)")
+    _make_dir(p.parent, flag, p)
+    return p

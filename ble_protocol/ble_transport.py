@@ -55,10 +55,11 @@ class PeripheralConnector(Connector):
         if not self._started:
             try:
                 await self.server.start()
-            except LinkClosed as exc:
+            except (AdapterError, LinkClosed) as exc:
                 if not self._ever_started:  # a wrong spec or no controller: the user must act
                     raise AdapterError(f"{exc} (check the HCI spec after 'ble:')") from None
-                raise  # it worked before: the transport is down for now (transient)
+                # it worked before: the transport is down for now (transient)
+                raise LinkClosed(str(exc)) from None
             self._started = self._ever_started = True
         try:
             return await self.server.accept(timeout)

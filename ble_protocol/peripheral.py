@@ -55,7 +55,7 @@ from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolErr
 from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey, strong_keys
 from coinf.ble_protocol.tasks import TaskSet
 
-from coinf.errors import InputError
+from coinf.errors import AdapterError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class WearableServer:
         try:
             self._transport = await open_transport(self.spec)
         except Exception as exc:
-            raise LinkClosed(f"cannot open HCI transport {self.spec!r}: {exc}") from None
+            raise AdapterError(f"cannot open HCI transport {self.spec!r}: {exc}") from None
         device = Device.with_hci(
             self.name,
             hci.Address(self.address, hci.Address.RANDOM_DEVICE_ADDRESS),

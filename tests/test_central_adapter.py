@@ -85,6 +85,25 @@ def test_hci_transport_that_does_not_open_is_one_line(tmp_path: Path,
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["wearable", "pair"])
+def test_wearable_hci_transport_that_does_not_open_is_the_users_to_mend(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The wearable's GATT server on an HCI spec that never opens: exit 2 (an AdapterError,
+    like the handheld's), not 3 as if a peer had gone away."""
+    from coinf.cli import main
+
+    bundle = make_tiny_bundle(tmp_path / "b")
+    args = (["wearable", "--bundle", str(bundle.root)] if command == "wearable"
+            else ["wearable", "pair", "--keystore", str(tmp_path / "bonds.json")])
+    rc = main([*args, "--hci", "bogus:spec", "--once"] if command == "wearable"
+              else [*args, "--hci", "bogus:spec"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("coinf wearable: error: cannot open HCI transport 'bogus:spec'"), err
+    assert "Traceback" not in err
+
+
 def test_handheld_without_bluetooth_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     from coinf.cli import main

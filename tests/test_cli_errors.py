@@ -123,3 +123,13 @@ def test_an_os_error_on_a_path_is_one_line_and_a_bug_keeps_its_traceback(
     monkeypatch.setattr(status, "run", broken)
     with pytest.raises(OSError, match="no path in this one"):
         main(["status"])
+
+
+def test_bench_prune_checks_its_settings_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    # one line, the error: no "splitting" or "[1/3] strength" progress before it
+    one_line_error(capsys, ["bench", "prune", "--epochs", "-1", "--json"], "epochs must be >= 0")
+    one_line_error(capsys, ["bench", "prune", "--repeats", "0", "--json"], "--repeats")
+    (tmp_path / "f").write_text("x")
+    one_line_error(capsys, ["bench", "prune", "--out", str(tmp_path / "f"), "--json"], "--out")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from coinf.cli.bench import emit, median, progress
+from coinf.cli.paths import writable_dir
 from coinf.errors import InputError, UserError
 
 
@@ -103,6 +104,13 @@ def run(args: argparse.Namespace) -> int:
     src = Path(args.model) if args.model else committed_path("lenet_digits")
     if not src.is_file():
         raise InputError(f"--model {src}: no such file")
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {args.repeats}")
+    configs = [PruneConfig(strength=s, threshold=args.threshold, sparsify_epochs=args.epochs,
+                           finetune_epochs=args.finetune_epochs)
+               for s in strengths]  # every setting checked before the first training
+    if args.out is not None:
+        writable_dir(args.out, "--out")
     tmp = tempfile.TemporaryDirectory(prefix="coinf-prune-")
     out = args.out or Path(tmp.name)
     try:
@@ -115,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
         files: list[Path] = []
         for i, s in enumerate(strengths, 1):
             progress(f"[{i}/{len(strengths)}] strength {s:g}")
-            cfg = PruneConfig(strength=s, threshold=args.threshold,
-                              sparsify_epochs=args.epochs, finetune_epochs=args.finetune_epochs)
+            cfg = configs[i - 1]
             path = out / f"{src.stem}_pruned_{s:g}.onnx"
             meta = prune_lenet_file(src, path, cfg, progress=progress)
             flops, params = model_costs(path)

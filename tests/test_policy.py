@@ -90,6 +90,15 @@ def test_policy_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert cfg.read_text() == before
     err = capsys.readouterr().err
     assert "w_wearable" in err and "turbo" in err and "Traceback" not in err
+    # settings after --file (argparse alone leaves them over as unrecognised)
+    other = tmp_path / "other.json"
+    assert main(["policy", "set", "--file", str(other), "latency_budget_ms=90",
+                 "streaming=true"]) == 0
+    pol, _, _ = load_policy(other)
+    assert pol.latency_budget_ms == 90 and pol.streaming
+    with pytest.raises(SystemExit):  # an unknown option is still refused, not taken as a setting
+        main(["policy", "set", "--file", str(other), "--latency=3"])
+    assert load_policy(other)[0].latency_budget_ms == 90
 
 
 def test_policy_json_validation() -> None:

@@ -76,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {name for name, _, _ in COMMANDS}
     first = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(first if first in names else None)
-    args = parser.parse_args(args_list)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:  # argparse leaves KEY=VALUE words that follow an option (`policy set --file F k=v`)
+        if isinstance(getattr(args, "settings", None), list) and all(
+                "=" in e and not e.startswith("-") for e in extra):
+            args.settings.extend(extra)
+        else:
+            parser.error("unrecognized arguments: " + " ".join(extra))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0

@@ -133,3 +133,12 @@ def test_bench_prune_checks_its_settings_before_training(
     one_line_error(capsys, ["bench", "prune", "--repeats", "0", "--json"], "--repeats")
     (tmp_path / "f").write_text("x")
     one_line_error(capsys, ["bench", "prune", "--out", str(tmp_path / "f"), "--json"], "--out")
+
+
+def test_bench_stream_refuses_a_negative_rate_and_an_accuracy_in_per_cent(
+        lenet: Bundle, capsys: pytest.CaptureFixture[str]) -> None:
+    # a negative rate used to mean "no real-time source", silently; 98 is per cent, not a fraction
+    one_line_error(capsys, ["bench", "stream", "--bundle", str(lenet.root), "--rate", "-1",
+                            "--json"], "--rate", "-1.0")
+    one_line_error(capsys, ["bench", "stream", "--bundle", str(lenet.root), "--rate", "5",
+                            "--accuracy", "98", "--json"], "--accuracy", "[0, 1]")

@@ -29,8 +29,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="also run a real-time source at HZ frames/s: frames the pipeline "
                         "cannot take are dropped; reports effective accuracy")
     parser.add_argument("--accuracy", type=float, default=None,
-                        help="model accuracy for effective accuracy (default: the zoo's "
-                        "recorded test accuracy, else 1)")
+                        help="model accuracy for effective accuracy, a fraction in [0, 1] "
+                        "(default: the zoo's recorded test accuracy, else 1)")
     parser.add_argument("--json", action="store_true", help="(always JSON)")
     parser.set_defaults(func=run)
 
@@ -104,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.frames < 2 or args.repeats < 1 or args.depth < 2:
         raise UserError("need --frames >= 2, --repeats >= 1 and --depth >= 2")
+    if not 0 <= args.rate < 1e6:
+        raise UserError(f"--rate must be a frame rate in Hz (> 0), or 0 for none; got {args.rate}")
+    if args.accuracy is not None and not 0 <= args.accuracy <= 1:
+        raise UserError(f"--accuracy must be a fraction in [0, 1], got {args.accuracy}")
     bundle = Bundle.load(args.bundle)
     channel, bps = channel_for(args.preset, args.bandwidth_kbps)
     split = args.split or throughput_choice(bundle, args.slowdown, bps, channel.latency_s,

@@ -85,7 +85,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(
     # a profile's --out and --context-cache, and bench predict's --cache, are checked before the
     # sweep or any timing (which take minutes to hours): no sweep line reaches stderr
     err = one_line_error(capsys, ["profile", "--train", "--quick", "--no-context", "--out",
-                                  str(tmp_path)], "--out", "is a directory")
+                                  str(tmp_path)], "--out", "is a folder")
     assert "sweep" not in err
     one_line_error(capsys, ["profile", "--train", "--quick", "--no-context", "--out",
                             str(a_file / "p.json")], "--out", str(a_file), "not a directory")

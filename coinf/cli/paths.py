@@ -35,11 +35,16 @@ def writable_dir(path: str | Path, flag: str) -> Path:
     return p
 
 
-def writable_file(path: str | Path, flag: str) -> Path:
-    """``path`` as a file that can be written, created or replaced (its directory is created if
-    missing), else ``UserError``."""
+def writable_file(path: str | Path, flag: str, *, make_folder: bool = True) -> Path:
+    """``path`` as a file that can be written, created or replaced, else ``UserError``. Its
+    folder is created if missing, or with ``make_folder=False`` must exist already."""
     p = Path(path)
     if p.is_dir():
-        raise UserError(f"{flag} {p}: is a directory (expected a file name)")
-    _make_dir(p.parent, flag, p)
+        raise UserError(f"{flag} {p}: is a folder; give the name of a file in it")
+    if make_folder:
+        _make_dir(p.parent, flag, p)
+    elif not p.parent.is_dir():
+        raise UserError(f"{flag} {p}: the folder {p.parent} does not exist (create it first)")
+    elif not os.access(p.parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {p}: the folder {p.parent} is not writable")
     return p

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coinf.cli.paths import writable_file
 from coinf.errors import UserError
 
 if TYPE_CHECKING:
@@ -62,20 +62,6 @@ def _link(args: argparse.Namespace) -> LinkEstimate:
                         DEFAULT_LINK.rtt_ms if args.rtt_ms is None else args.rtt_ms, source)
 
 
-def check_output_file(path: str, flag: str) -> None:
-    """Refuse an output file that cannot be written, before any work (one line, exit 2)."""
-    import os
-
-    out = Path(path)
-    folder = out.parent
-    if out.is_dir():
-        raise UserError(f"{flag} {path}: is a folder; give a file name such as {out / 'plan.png'}")
-    if not folder.is_dir():
-        raise UserError(f"{flag} {path}: the folder {folder} does not exist (create it first)")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{flag} {path}: the folder {folder} is not writable")
-
-
 def profiles_note(wear: Any, hand: Any, args: argparse.Namespace) -> str:
     """Which profiles are measured and which are the built-in defaults, in one line."""
     from coinf.device.profile import default_profile_path
@@ -100,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.policy import OBJECTIVES, load_policy
 
     if args.png:
-        check_output_file(args.png, "--png")
+        writable_file(args.png, "--png", make_folder=False)
     if args.pipeline:
         from coinf.cli.commands import pipeline_plan
 

@@ -16,8 +16,6 @@ bundle from reusing stale files); each is verified once when built:
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from coinf.convert.verify import mismatch
 from onnx import ModelProto
 
 from coinf.errors import BundleError
+from coinf.files import write_atomically
 
 STAGES_DIR = "stages"
 SEP = ".."
@@ -121,15 +120,7 @@ class StageSlices:
                 problem = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
             if problem:
                 raise BundleError(f"slice {slice_name(a.id, b.id)} does not compose: {problem}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(target, data)
 
     def _check(self, a: Candidate, b: Candidate, data: bytes) -> str | None:
         """``middle(head_a(x))`` against ``head_b(x)`` (the bundle's own slices, onnxruntime

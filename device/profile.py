@@ -25,7 +25,6 @@ one machine playing a slower device). ``*_ms_litert`` are the same slices' times
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from coinf.device.predict import Predictor
 from coinf.device.slicepred import SlicePredictor
 
 from coinf.errors import UserError
+from coinf.files import write_atomically
 
 FORMAT = "coinf-device-profile"
 VERSION = 1
@@ -250,14 +250,7 @@ class DeviceProfile:
             raise ProfileError(f"device profile is not valid: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:  # written whole, then renamed over the old one: a crash never leaves half a file
-            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomically(path, (json.dumps(self.to_json(), indent=1) + "\n").encode())
 
     @classmethod
     def load(cls, path: str | Path) -> DeviceProfile:

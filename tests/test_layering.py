@@ -10,7 +10,8 @@ Rules (a package may only import packages of the same or a lower rank):
 ====  ================================================================
 rank  packages
 ====  ================================================================
-0     ``coinf.errors``, ``coinf.deps`` (and the bare ``coinf`` namespace: ``__version__``)
+0     ``coinf.errors``, ``coinf.deps``, ``coinf.files`` (and the bare ``coinf`` namespace:
+      ``__version__``)
 1     ``coinf.ble_protocol``, ``coinf.models``
 2     ``coinf.convert``
 3     ``coinf.device``
@@ -39,6 +40,7 @@ RANKS: dict[str, int] = {
     "coinf": 0,  # the namespace itself (``from coinf import __version__``); see _resolve_facade
     "coinf.errors": 0,
     "coinf.deps": 0,
+    "coinf.files": 0,
     "coinf.ble_protocol": 1,
     "coinf.models": 1,
     "coinf.convert": 2,

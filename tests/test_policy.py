@@ -8,9 +8,17 @@ from pathlib import Path
 import pytest
 from coinf.device.status import DeviceStatus
 from coinf.wearable.planner import CandidateCost, coinf
-from coinf.wearable.policy import PROFILES, Policy, PolicyError, load_policy, policy_from_json
+from coinf.wearable.policy import (
+    PROFILES,
+    Policy,
+    PolicyError,
+    load_policy,
+    policy_from_json,
+    set_policy,
+)
 
 from coinf.cli import main
+from tests.disk import fill_the_disk
 
 # offloading saves the wearable energy but costs the handheld; local does the opposite
 ROWS = [
@@ -99,6 +107,14 @@ def test_policy_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(SystemExit):  # an unknown option is still refused, not taken as a setting
         main(["policy", "set", "--file", str(other), "--latency=3"])
     assert load_policy(other)[0].latency_budget_ms == 90
+
+    # a full disk half-way through a save leaves the old policy whole
+    fill_the_disk(monkeypatch)
+    with pytest.raises(OSError):
+        set_policy({"latency_budget_ms": "70"}, other)
+    monkeypatch.undo()
+    assert load_policy(other)[0].latency_budget_ms == 90
+    assert sorted(p.name for p in other.parent.iterdir()) == ["cfg", "other.json"]
 
 
 def test_policy_json_validation() -> None:

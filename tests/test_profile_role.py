@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from coinf.device import profile as profile_mod
 
 from coinf.cli import main
+from tests.disk import fill_the_disk
 
 PI = {"node": "raspberrypi", "machine": "aarch64", "system": "Linux"}
 LAPTOP = {"node": "laptop", "machine": "x86_64", "system": "Linux"}
@@ -105,29 +104,7 @@ def test_a_failed_save_leaves_the_old_profile_whole(monkeypatch: pytest.MonkeyPa
     new = profile_mod.DeviceProfile.default("handheld")
     new.name = "after"
 
-    real_open = io.open
-
-    class DiskFull:
-        """A file opened for writing (so truncated) whose disk fills up half-way through."""
-
-        def __init__(self, f: Any) -> None:
-            self.f = f
-
-        def write(self, data: Any) -> int:
-            self.f.write(data[: len(data) // 2])
-            raise OSError(28, "No space left on device")
-
-        def __enter__(self) -> DiskFull:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self.f.close()
-
-    def open_on_a_full_disk(file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
-        f = real_open(file, mode, *args, **kw)
-        return DiskFull(f) if "w" in mode else f
-
-    monkeypatch.setattr(io, "open", open_on_a_full_disk)
+    fill_the_disk(monkeypatch)
     with pytest.raises(OSError):
         new.save(path)
     monkeypatch.undo()

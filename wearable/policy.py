@@ -31,6 +31,7 @@ from coinf.wearable.planner.schedulers import (
 )
 
 from coinf.errors import UserError
+from coinf.files import write_atomically
 
 OBJECTIVES = ("auto", "latency", "energy", "throughput", "neurosurgeon-latency",
               "neurosurgeon-energy", "dyno")
@@ -219,6 +220,5 @@ def set_policy(settings: dict[str, str], path: str | Path | None = None) -> tupl
             val = _coerce(k, v)
             current[k] = list(val) if isinstance(val, tuple) else val
     policy = policy_from_json(current)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+    write_atomically(p, (json.dumps(current, indent=1, sort_keys=True) + "\n").encode())
     return policy, p

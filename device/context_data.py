@@ -293,12 +293,10 @@ def _cache_obj(path: Path, fmt: str, digest: str) -> dict[str, Any] | None:
     return obj if ok else None
 
 
-def _read_cache(path: Path, fmt: str, digest: str, key: str,
-                parse: Callable[[Mapping[str, Any]], T],
-                obj: dict[str, Any] | None = None) -> list[T] | None:
-    """The rows under ``key`` of :func:`_cache_obj` (or of ``obj``, read already), each read by
-    ``parse``; None if there is none or it holds a malformed row."""
-    obj = obj if obj is not None else _cache_obj(path, fmt, digest)
+def _cache_rows(obj: dict[str, Any] | None, key: str,
+                parse: Callable[[Mapping[str, Any]], T]) -> list[T] | None:
+    """The rows under ``key`` of a cache file read by :func:`_cache_obj`, each read by
+    ``parse``; None if there is no file or it holds a malformed row."""
     try:
         return [parse(d) for d in obj[key]] if obj is not None else None
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -340,7 +338,7 @@ def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int =
         return []
     digest = _networks_digest(count, seed, family)
     cache = cache_dir / f"{_cache_stem(family)}-{count}-{seed}-{threads}-{repeats}.json"
-    got = None if fresh else _read_cache(cache, SYNTHETIC_FORMAT, digest, "samples",
+    got = None if fresh else _cache_rows(_cache_obj(cache, SYNTHETIC_FORMAT, digest), "samples",
                                          lambda d: _node_from_json(str(d["model"]), d))
     if got is not None:
         return _featured(got, count, seed, family)
@@ -377,8 +375,7 @@ def _parts_cache(cache_dir: Path, family: str, *key: int) -> Path:
 def _cached_parts(path: Path, digest: str) -> tuple[list[SliceSample], int]:
     """A parts cache's rows and how many passes they hold ([], 0 if none is usable)."""
     obj = _cache_obj(path, PARTS_FORMAT, digest)
-    rows = _read_cache(path, PARTS_FORMAT, digest, "parts",
-                       lambda d: _slice_from_json(str(d["model"]), d), obj)
+    rows = _cache_rows(obj, "parts", lambda d: _slice_from_json(str(d["model"]), d))
     passes = obj.get("passes") if obj is not None else None
     return (rows, passes) if rows and isinstance(passes, int) and passes >= 1 else ([], 0)
 

@@ -121,9 +121,8 @@ def run(args: argparse.Namespace) -> int:
         rows: list[dict[str, Any]] = []
         before = None
         files: list[Path] = []
-        for i, s in enumerate(strengths, 1):
+        for i, (s, cfg) in enumerate(zip(strengths, configs, strict=True), 1):
             progress(f"[{i}/{len(strengths)}] strength {s:g}")
-            cfg = configs[i - 1]
             path = out / f"{src.stem}_pruned_{s:g}.onnx"
             meta = prune_lenet_file(src, path, cfg, progress=progress)
             flops, params = model_costs(path)

@@ -43,52 +43,15 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import lz4.block
 import numpy as np
-from coinf.ble_protocol import codecs
+from coinf.ble_protocol import codecs, media
+from coinf.ble_protocol.bitplanes import bit_planes, from_bit_planes
 from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
-
-try:  # the compiled SIMD transpose; the pure-numpy one below gives byte-identical output
-    import bitshuffle as _bitshuffle
-except ImportError:  # pragma: no cover - depends on the platform (no aarch64 wheel)
-    _bitshuffle = None
-
-#: Use the compiled ``bitshuffle`` transpose when it is installed (benches flip this to compare).
-USE_BITSHUFFLE = _bitshuffle is not None
-
-
-def _omp_limiter() -> Callable[[], None]:
-    """bitshuffle's wheel carries its own OpenMP runtime, which spreads each transpose over
-    every core: a few µs of work then waits for threads the head's onnxruntime is keeping busy
-    (measured on 2 loaded cores: 20-30 ms per small tensor instead of 0.01 ms). Its thread count
-    is a per-thread setting, so each calling thread sets its own to 1, once. This touches only
-    that private runtime, not other libraries' OpenMP."""
-    import ctypes
-    import glob
-    import os
-    import threading
-
-    done = threading.local()
-    libs = [] if _bitshuffle is None else glob.glob(os.path.join(
-        os.path.dirname(_bitshuffle.__file__), os.pardir, "bitshuffle.libs", "libgomp*"))
-    try:
-        set_threads = ctypes.CDLL(libs[0]).omp_set_num_threads if libs else None
-    except (OSError, AttributeError):  # pragma: no cover - another build of bitshuffle
-        set_threads = None
-
-    def limit() -> None:
-        if set_threads is not None and not getattr(done, "ok", False):
-            set_threads(1)
-            done.ok = True
-
-    return limit
-
-
-_one_omp_thread = _omp_limiter()
 
 MAGIC = b"CP2"
 HEADER = struct.Struct("<3sBBBBB")
@@ -104,7 +67,7 @@ LZ4_HC_LEVEL = 4
 RAW, LOSSLESS, HALF, QUANT, CONST = 0, 1, 2, 3, 4
 QUANTZ = 5  # quantized levels in one zstd frame (ble_protocol/codecs.py)
 CODEC_NAMES = {RAW: "raw", LOSSLESS: "lossless", HALF: "half", QUANT: "quant", CONST: "const",
-               QUANTZ: "quantz"}
+               QUANTZ: "quantz", **media.NAMES}  # JPEG 6, WEBP 7, PNG 8, PCM16 9, FLAC 10
 FLAG_LZ4 = 1
 FLAG_ZSTD = 2  # QUANTZ only: the payload is one magicless zstd frame
 #: zstd cannot expand a frame more than this (an RLE block: 4 B -> 128 KiB); a header claiming
@@ -117,31 +80,60 @@ LZ4_MAX_RATIO = 255
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
 
-_SPEC_RE = re.compile(r"^(?:(qz?)(\d{1,2})|f32|f16|raw|lossless|half)$")
+_SPEC_RE = re.compile(
+    r"^(?:(qz?)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|pcm16|flac)$")
+SPEC_NAMES = "q1..q16, qz1..qz16, f16, f32, raw, jpeg-q1..jpeg-q100, webp-q1..webp-q100, png, " \
+    "pcm16 or flac"
 
 
 @dataclass(frozen=True)
 class PackSpec:
     """How to pack a tensor: ``codec`` is ``"q"`` or ``"qz"`` (quantized levels + zstd; both with
-    ``bits`` 1..16), ``"f32"``, ``"f16"`` or ``"raw"``. ``str(spec)`` and :meth:`parse` use the
-    short names ``q4``, ``qz4``, ``f16``, ``f32``, ``raw``."""
+    ``bits`` 1..16), ``"f32"``, ``"f16"``, ``"raw"``, or a standard codec
+    (:mod:`ble_protocol.media`): ``"jpeg"``/``"webp"`` with ``quality`` 1..100, ``"png"``,
+    ``"pcm16"``, ``"flac"``. ``str(spec)`` and :meth:`parse` use the short names ``q4``,
+    ``qz4``, ``f16``, ``f32``, ``raw``, ``jpeg-q90``, ``webp-q75``, ``png``, ``pcm16``,
+    ``flac``."""
 
     codec: str
     bits: int | None = None
+    quality: int | None = None
 
     def __post_init__(self) -> None:
+        if self.codec in media.QUALITY:
+            if not isinstance(self.quality, int) or not 1 <= self.quality <= 100 or self.bits:
+                raise ValueError(f"packing {self.codec!r} needs a quality in 1..100 and no "
+                                 f"bits, got quality {self.quality}")
+            return
+        if self.quality is not None:
+            raise ValueError(f"packing {self.codec!r} takes no quality (got {self.quality})")
         if self.codec in ("q", "qz"):
             if not isinstance(self.bits, int) or not 1 <= self.bits <= MAX_BITS:
                 raise ValueError(f"quantized packing needs bits in 1..{MAX_BITS}, got {self.bits}")
-        elif self.codec in ("f32", "f16", "raw"):
+        elif self.codec in ("f32", "f16", "raw", "png", "pcm16", "flac"):
             if self.bits is not None:
                 raise ValueError(f"packing {self.codec!r} takes no bits (got {self.bits})")
         else:
-            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, f32, f16 "
-                             "or raw")
+            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, f32, f16, "
+                             "raw, jpeg, webp, png, pcm16 or flac")
 
     def __str__(self) -> str:
+        if self.codec in media.QUALITY:
+            return f"{self.codec}-q{self.quality}"
         return f"{self.codec}{self.bits}" if self.codec in ("q", "qz") else self.codec
+
+    @property
+    def is_media(self) -> bool:
+        """A standard image or audio codec (:mod:`ble_protocol.media`)."""
+        return self.codec in media.WIRE
+
+    @property
+    def sample_bits(self) -> int:
+        """Bits per value before any entropy coding (a calibration row's ``bits``)."""
+        if self.bits is not None:
+            return self.bits
+        return {"f16": 16, "pcm16": 16, "flac": 16}.get(
+            self.codec, 8 if self.codec in media.IMAGE else 32)
 
     @property
     def lossless(self) -> bool:
@@ -150,14 +142,17 @@ class PackSpec:
     @classmethod
     def parse(cls, text: str | int) -> PackSpec:
         """``"q4"``/``4`` -> 4-bit; ``"qz4"`` -> 4-bit + zstd; ``"f16"``/``"half"``;
-        ``"f32"``/``"lossless"``; ``"raw"``."""
+        ``"f32"``/``"lossless"``; ``"raw"``; ``"jpeg-q90"``, ``"webp-q75"``, ``"png"``,
+        ``"pcm16"``, ``"flac"``."""
         if isinstance(text, int) and not isinstance(text, bool):
             return cls("q", text)
         m = _SPEC_RE.match(str(text).strip().lower())
         if not m:
-            raise ValueError(f"bad packing {text!r}; expected q1..q16, qz1..qz16, f16, f32 or raw")
+            raise ValueError(f"bad packing {text!r}; expected {SPEC_NAMES}")
         if m.group(1) is not None:
             return cls(m.group(1), int(m.group(2)))
+        if m.group(3) is not None:
+            return cls(m.group(3), quality=int(m.group(4)))
         name = m.group(0)
         return cls({"lossless": "f32", "half": "f16"}.get(name, name))
 
@@ -175,75 +170,6 @@ def quantization_bound(
     # the last term: the result is rounded to the dtype, whose subnormals are evenly spaced
     return 0.5 * scale + 8.0 * float(info.eps) * (abs(peak) + scale) + float(
         info.smallest_subnormal)
-
-
-# --- bit transposition ---------------------------------------------------------------------
-
-_M1, _M2, _M3 = (np.uint64(0x00AA00AA00AA00AA), np.uint64(0x0000CCCC0000CCCC),
-                 np.uint64(0x00000000F0F0F0F0))
-_S7, _S14, _S28 = np.uint64(7), np.uint64(14), np.uint64(28)
-
-
-def _transpose8(x: np.ndarray) -> np.ndarray:
-    """Transpose each 8x8 bit matrix held in a uint64 (bit ``8*r + c`` -> ``8*c + r``).
-
-    In place on ``x``; the transposition is its own inverse."""
-    t = np.empty_like(x)
-    for mask, shift in ((_M1, _S7), (_M2, _S14), (_M3, _S28)):
-        np.right_shift(x, shift, out=t)
-        np.bitwise_xor(t, x, out=t)
-        np.bitwise_and(t, mask, out=t)
-        np.bitwise_xor(x, t, out=x)
-        np.left_shift(t, shift, out=t)
-        np.bitwise_xor(x, t, out=x)
-    return x
-
-
-def _numpy_shuffle(raw: np.ndarray, itemsize: int) -> np.ndarray:
-    """Bit planes of ``raw`` (bytes of n elements, n % 8 == 0): shape ``(8*itemsize, n//8)``."""
-    m = raw.size // itemsize // 8
-    by = raw.reshape(m * 8, itemsize).T  # (itemsize, n): byte j of every element
-    out = np.empty((itemsize, 8, m), dtype=np.uint8)
-    for j in range(itemsize):
-        x = np.ascontiguousarray(by[j]).view(np.uint64)
-        out[j] = _transpose8(x.copy()).view(np.uint8).reshape(m, 8).T
-    return out.reshape(8 * itemsize, m)
-
-
-def _numpy_unshuffle(planes: np.ndarray, itemsize: int) -> np.ndarray:
-    """Inverse of :func:`_numpy_shuffle`: bytes of the n elements, C order."""
-    m = planes.shape[1]
-    out = np.empty((m * 8, itemsize), dtype=np.uint8)
-    pl = planes.reshape(itemsize, 8, m)
-    for j in range(itemsize):
-        x = np.array(pl[j].T, order="C").view(np.uint64).reshape(m)  # own, writable copy
-        out[:, j] = _transpose8(x).view(np.uint8)
-    return out.reshape(-1)
-
-
-def bit_planes(values: np.ndarray, use_library: bool | None = None) -> np.ndarray:
-    """Bit planes of a 1-D array whose length is a multiple of 8: ``(8*itemsize, n//8)`` uint8."""
-    itemsize = values.dtype.itemsize
-    if values.size == 0:
-        return np.zeros((8 * itemsize, 0), dtype=np.uint8)
-    if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
-        _one_omp_thread()
-        shuffled = _bitshuffle.bitshuffle(values, values.size)
-        return shuffled.view(np.uint8).reshape(8 * itemsize, values.size // 8)
-    return _numpy_shuffle(values.view(np.uint8), itemsize)
-
-
-def from_bit_planes(
-    planes: np.ndarray, dtype: np.dtype, use_library: bool | None = None
-) -> np.ndarray:
-    """Inverse of :func:`bit_planes`; ``planes`` has all ``8*itemsize`` rows."""
-    n = planes.shape[1] * 8
-    if n == 0:
-        return np.zeros(0, dtype=dtype)
-    if (USE_BITSHUFFLE if use_library is None else use_library) and _bitshuffle is not None:
-        _one_omp_thread()
-        return _bitshuffle.bitunshuffle(planes.reshape(-1).view(dtype), n)
-    return _numpy_unshuffle(planes, dtype.itemsize).view(dtype)
 
 
 # --- packing ---------------------------------------------------------------------------------
@@ -347,6 +273,14 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
         codec = "f32"  # non-float tensors always travel losslessly
     if codec == "raw":
         return _finish(RAW, 0, code, shape, 0.0, 0.0, flat.view(np.uint8).data, compress=False)
+    if spec.is_media:
+        media.require(codec)
+        if media.applies(codec, shape) and flat.size and bool(np.isfinite(flat).all()):
+            params, payload = media.encode(codec, spec.quality, flat.reshape(shape))
+            bits = spec.quality if spec.quality is not None else spec.sample_bits
+            return HEADER.pack(MAGIC, media.WIRE[codec], 0, bits, code, len(shape)) + b"".join(
+                _varint(d) for d in shape) + params + payload
+        codec = "f32"  # not image- or audio-like, or not finite: exact instead
     if codec in ("q", "qz") and flat.size:
         assert spec.bits is not None
         lo, hi = float(flat.min()), float(flat.max())
@@ -376,6 +310,17 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
             return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
         # a finite value overflows float16: keep it exact instead
     return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
+
+
+def decodable() -> list[str]:
+    """The packing codecs this side decodes (``q``, ``qz``, ``f16``, ``f32``, ``raw`` and the
+    installed standard codecs): the ``decoders`` of HELLO and HELLO_ACK (docs/PROTOCOL.md)."""
+    return ["f16", "f32", "q", "raw"] + (["qz"] if codecs.AVAILABLE else []) + sorted(
+        media.available())
+
+
+#: what a peer that lists no ``decoders`` (protocol 1 before codec packings) decodes
+LEGACY_DECODERS = frozenset({"f16", "f32", "q", "qz", "raw"})
 
 
 def pack_tensors(
@@ -410,6 +355,7 @@ class PackedHeader:
     raw_size: int
     packed_size: int
     payload_offset: int
+    params: bytes = b""  # a standard codec's parameters (media.py)
 
     @property
     def count(self) -> int:
@@ -460,7 +406,7 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise _bad(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
     if codec not in CODEC_NAMES:
         raise _bad(f"unknown codec {codec}")
-    if flags & ~(FLAG_ZSTD if codec == QUANTZ else FLAG_LZ4):
+    if flags & ~(FLAG_ZSTD if codec == QUANTZ else 0 if codec in media.NAMES else FLAG_LZ4):
         raise _bad(f"unknown flags 0x{flags:02x} for codec {CODEC_NAMES[codec]}")
     dtype = ONNX_TO_NUMPY.get(code)
     if dtype is None:
@@ -483,6 +429,8 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     if nbytes > max_bytes:
         raise ProtocolError(ErrorCode.TOO_LARGE,
                             f"packed tensor {shape} {dtype} of {nbytes} B exceeds {max_bytes} B")
+    if codec in media.NAMES:
+        return _media_header(mv, codec, bits, code, dtype, shape, start)
     n8 = (count + 7) // 8  # bytes per bit plane
     is_float = code in FLOAT_CODES
     if codec in (QUANT, QUANTZ):
@@ -527,6 +475,28 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     return PackedHeader(codec, flags, bits, dtype, shape, scale, offset, raw_size, psize, start)
 
 
+def _media_header(mv: memoryview, codec: int, bits: int, code: int, dtype: np.dtype,
+                  shape: tuple[int, ...], start: int) -> PackedHeader:
+    """The rest of a standard codec's header: its parameters, checked (media.py)."""
+    name = media.NAMES[codec]
+    size = media.params_size(codec, shape)
+    if code not in FLOAT_CODES or size is None:
+        raise _bad(f"{name} needs a float {'image' if name in media.IMAGE else 'waveform'}-like "
+                   f"tensor; got {dtype} {list(shape)}")
+    want = (1, 100) if name in media.QUALITY else (8, 8) if name in media.IMAGE else (16, 16)
+    if not want[0] <= bits <= want[1]:
+        raise _bad(f"{name} with bits/quality {bits}; expected {want[0]}..{want[1]}")
+    if len(mv) < start + size:
+        raise ProtocolError(ErrorCode.TRUNCATED, "packed tensor header cut short")
+    params = bytes(mv[start:start + size])
+    media.check_params(codec, params)
+    start += size
+    if len(mv) == start:
+        raise ProtocolError(ErrorCode.TRUNCATED, f"packed {name} tensor has no payload")
+    return PackedHeader(codec, 0, bits, dtype, shape, 0.0, 0.0, 0, len(mv) - start, start,
+                        params)
+
+
 def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
     """Decode a packed body; :class:`ProtocolError` (MALFORMED/TRUNCATED/TOO_LARGE) on anything
     inconsistent. The result never holds more than the header's shape, nor ``max_bytes``."""
@@ -535,6 +505,8 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
     payload = memoryview(data)[h.payload_offset:]
     if h.codec == CONST:
         return np.full(h.shape, h.offset, dtype=out_dtype)
+    if h.codec in media.NAMES:
+        return media.decode(h.codec, h.params, payload, h.shape, h.dtype)
     if h.codec == QUANTZ and h.flags & FLAG_ZSTD:
         try:
             buf = codecs.decompress_levels(payload, h.raw_size)

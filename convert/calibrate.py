@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol import codecs
+from coinf.ble_protocol import codecs, media
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import packcal
 from coinf.convert.bundle import Bundle, Candidate
@@ -36,9 +36,15 @@ from coinf.errors import BundleError, InputError
 
 #: quantized levels + zstd (ble_protocol/codecs.py), calibrated when zstandard is installed
 ZSTD_SPECS: tuple[str, ...] = ("qz2", "qz3", "qz4", "qz5", "qz6", "qz8")
+#: standard codecs (ble_protocol/media.py), calibrated where a crossing tensor is image- or
+#: audio-like and their library is installed (the `codecs` extra)
+MEDIA_SPECS: tuple[str, ...] = (
+    "jpeg-q50", "jpeg-q75", "jpeg-q90", "jpeg-q95", "webp-q50", "webp-q75", "webp-q90", "png",
+    "pcm16", "flac")
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
-) + (ZSTD_SPECS if codecs.AVAILABLE else ())
+) + (ZSTD_SPECS if codecs.AVAILABLE else ()) + tuple(
+    s for s in MEDIA_SPECS if PackSpec.parse(s).codec in media.available())
 DEFAULT_TOLERANCE_PP = 1.0
 #: one-sided confidence of the reported upper bound on the accuracy drop
 CONFIDENCE = 0.95

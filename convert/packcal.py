@@ -19,12 +19,13 @@ each sequence.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol import packing
+from coinf.ble_protocol import media, packing
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import state as st
 from coinf.convert.bundle import Bundle, Candidate, open_slice
@@ -145,6 +146,8 @@ class _Trial:
     agree: list[bool] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
     rel: list[float] = field(default_factory=list)
+    encode_s: list[float] = field(default_factory=list)  # packing every crossing tensor
+    decode_s: list[float] = field(default_factory=list)
     drift: list[float] = field(default_factory=list)  # fed-back state error, every step
     final: list[float] = field(default_factory=list)  # ... at the end of each sequence
 
@@ -194,9 +197,14 @@ class _Calibration:
             for i in seq:
                 feed = {**self.data.feed(i), **state}
                 crossing = self.runner.run_head(feed)
+                t0 = time.perf_counter()
                 bodies = {n: packing.pack(v, specs[n]) for n, v in crossing.items()}
+                t1 = time.perf_counter()
+                unpacked = {n: packing.unpack(b) for n, b in bodies.items()}
+                tr.encode_s.append(t1 - t0)
+                tr.decode_s.append(time.perf_counter() - t1)
                 tr.sizes.append(sum(len(b) for b in bodies.values()))
-                out = self.runner.run_tail({n: packing.unpack(b) for n, b in bodies.items()})
+                out = self.runner.run_tail(unpacked)
                 state = {a: out[b] for a, b in self.pairs}
                 ref = self.ref[k]
                 label = self._label(i)
@@ -266,6 +274,8 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
     rows: list[dict[str, Any]] = []
     for spec_text in specs:
         spec = PackSpec.parse(spec_text)
+        if spec.is_media and not codec_applies(bundle, cand, spec.codec):
+            continue  # no image- or audio-like tensor crosses here: no codec candidate
         assign = base_assignment(cand, str(spec), opts)
         tr = cal.trial(assign)
         drop, bound = cal.drop(tr)
@@ -288,7 +298,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
         row: dict[str, Any] = {
             "spec": str(spec),
             "codec": spec.codec,
-            "bits": spec.bits if spec.bits is not None else (16 if spec.codec == "f16" else 32),
+            "bits": spec.sample_bits,
             "mean_bytes": round(mean_bytes, 2),
             "ratio": round(mean_float / mean_bytes, 3) if mean_bytes else 0.0,
             "accuracy_drop_pp": round(drop, 4),
@@ -298,6 +308,10 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             "accuracy_drop_upper_pp": round(bound, 4),
             "metric": cal.metric_label,
         }
+        if spec.is_media:  # the planner prices the codec by these (this machine, one core)
+            row["quality"] = spec.quality
+            row["encode_ms"] = round(1e3 * float(np.median(tr.encode_s)), 4)
+            row["decode_ms"] = round(1e3 * float(np.median(tr.decode_s)), 4)
         if any(s != str(spec) for s in assign.values()):
             row["tensors"] = dict(assign)
         if promoted:
@@ -310,6 +324,16 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             row["final_drift_rel_l2"] = float(f"{float(np.mean(tr.final)):.4g}")
         rows.append(row)
     return rows
+
+
+def codec_applies(bundle: Bundle, cand: Candidate, codec: str) -> bool:
+    """Whether a standard codec packs at least one crossing tensor of ``cand``: a float image
+    at any cut, a float waveform only where it is a model input (a ``[1, N]`` activation of a
+    fully connected layer is shaped like one, but it is no sound). The other tensors travel
+    as the codec's fallback (lossless)."""
+    inputs = {t.name for t in bundle.inputs}
+    return any(np.dtype(t.dtype).kind == "f" and media.applies(codec, tuple(t.shape))
+               and (codec in media.IMAGE or t.name in inputs) for t in cand.crossing)
 
 
 def _is_float(cand: Candidate, name: str) -> bool:

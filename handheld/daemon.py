@@ -38,7 +38,7 @@ from coinf.ble_protocol.messages import (
     encode_json,
     encode_result,
 )
-from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
+from coinf.ble_protocol.packing import LOSSLESS_SPEC, decodable, pack
 from coinf.ble_protocol.route import is_route
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -203,6 +203,7 @@ class HandheldDaemon:
             "bundle": self.bundle.identity,
             "role": "handheld",
             "capabilities": CAPABILITIES,
+            "decoders": decodable(),
         }
 
     def status(self) -> dict[str, Any]:

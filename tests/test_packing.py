@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+from coinf.ble_protocol import bitplanes
 from coinf.ble_protocol import packing as P
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -196,17 +197,17 @@ def test_relu_activations_compress() -> None:
 
 
 def test_numpy_fallback_is_byte_identical_to_bitshuffle() -> None:
-    if P._bitshuffle is None:
+    if bitplanes._bitshuffle is None:
         pytest.skip("bitshuffle not installed; the numpy path is the only one")
     for dtype in ("u1", "<u2", "<f4", "<f8"):
         v = P._pad8((RNG.random(77) * 250).astype(dtype))
-        lib = P.bit_planes(v, use_library=True)
-        ref = P.bit_planes(v, use_library=False)
+        lib = bitplanes.bit_planes(v, use_library=True)
+        ref = bitplanes.bit_planes(v, use_library=False)
         assert np.array_equal(lib, ref)
-        assert np.array_equal(P.from_bit_planes(lib, v.dtype, use_library=False), v)
-        assert np.array_equal(P.from_bit_planes(ref, v.dtype, use_library=True), v)
+        assert np.array_equal(bitplanes.from_bit_planes(lib, v.dtype, use_library=False), v)
+        assert np.array_equal(bitplanes.from_bit_planes(ref, v.dtype, use_library=True), v)
     # plane k holds bit k of each element, element i in bit i of each byte
-    one = P.bit_planes(np.array([1, 2, 0, 0, 0, 0, 0, 0], np.uint8), use_library=False)
+    one = bitplanes.bit_planes(np.array([1, 2, 0, 0, 0, 0, 0, 0], np.uint8), use_library=False)
     assert one[:, 0].tolist() == [1, 2, 0, 0, 0, 0, 0, 0]
 
 
@@ -406,7 +407,7 @@ def test_pack_output_does_not_depend_on_bitshuffle(monkeypatch: pytest.MonkeyPat
     x = relu_activation((1, 6, 13, 13))
     specs = ("q2", "q5", "q12", "f16", "f32")
     with_lib = [P.pack(x, s) for s in specs]
-    monkeypatch.setattr(P, "USE_BITSHUFFLE", False)
+    monkeypatch.setattr(bitplanes, "USE_BITSHUFFLE", False)
     assert [P.pack(x, s) for s in specs] == with_lib
     for body, s in zip(with_lib, specs, strict=True):
         assert np.array_equal(P.unpack(body), P.unpack(P.pack(x, s)))

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.messages import MsgType, ProtocolError
+from coinf.ble_protocol.packing import LEGACY_DECODERS
 from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
@@ -111,6 +112,17 @@ class AutoPlan:
                     link.observe_transfer(nbytes, (ms - half_rtt) / 1e3, way)
 
     # -- control channel ----------------------------------------------------------------------
+    def peer_decoders(self, hello_ack: Mapping[str, Any] | None) -> None:
+        """The packings the handheld said it decodes (HELLO_ACK ``decoders``; a peer that lists
+        none decodes the packings before codec packings): the planner offers no other."""
+        got = (hello_ack or {}).get("decoders")
+        names = frozenset(str(d) for d in got[:64]) if isinstance(got, list) else LEGACY_DECODERS
+        planner = self.adaptive.planner
+        if planner.peer_decoders != names:
+            planner.peer_decoders = names
+            planner.reset_configs()
+            self.adaptive.decision = None
+
     async def on_connect(self, rpc: RpcClient, timeout: float) -> None:
         """Probe the link, read the handheld's status and (unless given) its profile."""
         await self.probe(rpc, timeout)

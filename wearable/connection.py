@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, decode_json, encode_json
+from coinf.ble_protocol.packing import decodable
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.transport import Connector, connect_within
 
@@ -127,6 +128,7 @@ class Connection:
             "bundle": self.bundle_identity,
             "role": "wearable",
             "capabilities": ["raw", "packed"],
+            "decoders": decodable(),
         }
         t0 = time.perf_counter()
         reply = await rpc.request(MsgType.HELLO, encode_json(hello), self.connect_timeout)

@@ -488,6 +488,7 @@ class AsyncSession:
 
     async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
         if self.autoplan is not None:
+            self.autoplan.peer_decoders(self.connection.info)
             await self.autoplan.on_connect(rpc, timeout)
 
     # -- lifecycle --------------------------------------------------------------------------

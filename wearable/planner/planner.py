@@ -31,6 +31,10 @@ from coinf.errors import CoinfError
 _UNSET: Any = object()
 #: separates candidate id and packing in a configuration id (``c003~q4``)
 PACK_SEP = "~"
+#: a standard codec's encode time on the wearable over its time where it was calibrated (one
+#: x86-64 core): an estimate for libjpeg-turbo/libwebp/libFLAC on a 1 GHz Cortex-A53, used
+#: until a codec is profiled on the device (docs/PLANNER.md, "Codec packings")
+CODEC_SLOWDOWN = 10.0
 
 
 def split_config(config_id: str) -> tuple[str, str]:
@@ -123,6 +127,12 @@ class Planner:
         self.predictor_style = predictor_style
         self._features: Any = None
         self._wire_cfg: dict[str, list[tuple[str, int, int, float]]] = {}
+        #: (encode ms where calibrated, decode ms) of each codec configuration (``c000~png``)
+        self.codec_ms: dict[str, tuple[float, float]] = {}
+        #: the packing codecs the handheld decodes (HELLO_ACK ``decoders``); None = not known,
+        #: so every calibrated packing is offered (``coinf plan`` without a peer)
+        self.peer_decoders: frozenset[str] | None = None
+        self.codec_slowdown = CODEC_SLOWDOWN
         from coinf.ble_protocol.packing import PackSpec
 
         for spec in packings:
@@ -219,7 +229,11 @@ class Planner:
             for spec, nbytes, out_bytes, acc in self._configs(c):
                 head, tail = h * sw, t * sh
                 gamma, packing = parse_config_spec(spec)
-                if packing != "raw":  # quantize + shuffle + LZ4 on the wearable
+                codec = self.codec_ms.get(f"{c.id}{PACK_SEP}{spec}")
+                if codec is not None:  # a standard codec: its calibrated encode/decode times
+                    head += codec[0] * self.codec_slowdown * sw * self.wearable.slowdown
+                    tail += codec[1] * sh
+                elif packing != "raw":  # quantize + shuffle + LZ4 on the wearable
                     head += c.crossing_bytes / (self.pack_mb_s * 1e3) * sw * self.wearable.slowdown
                 if gamma is not None:  # the encoder here, the decoder there: the set gives
                     # their FLOPs together; each side is charged all of them at its model rate
@@ -255,6 +269,23 @@ class Planner:
             out += [str(r.get("spec")) for r in packing_rows(c)] if spec == "auto" else [spec]
         return list(dict.fromkeys(out))
 
+    def reset_configs(self) -> None:
+        """Forget the configurations (the peer's decoders or the calibration changed)."""
+        self._wire_cfg.clear()
+        self.codec_ms.clear()
+        self.excluded_configs.clear()
+
+    def _undecodable(self, spec: str) -> str | None:
+        """Why the handheld cannot take configuration ``spec``, or None."""
+        if self.peer_decoders is None:
+            return None
+        from coinf.ble_protocol.packing import PackSpec
+
+        codec = PackSpec.parse(parse_config_spec(spec)[1]).codec
+        return None if codec in self.peer_decoders else (
+            f"the handheld cannot decode {codec} (it decodes "
+            f"{', '.join(sorted(self.peer_decoders))})")
+
     def _configs(self, c: Any) -> list[tuple[str, int, int, float]]:
         """(packing, request bytes, result bytes, accuracy drop) of each configuration of
         candidate ``c``: raw, plus every packing in ``self.packings`` it was calibrated for."""
@@ -283,6 +314,10 @@ class Planner:
                     continue  # not calibrated for this packing: not a configuration
                 tol = self.policy.accuracy_tolerance_pp
                 rid = f"{c.id}{PACK_SEP}{spec}"
+                missing = self._undecodable(spec)
+                if missing:
+                    self.excluded_configs[rid] = missing
+                    continue
                 if drop > tol:  # beyond the user's accuracy tolerance: never a choice
                     self.excluded_configs[rid] = (
                         f"accuracy drop {drop:.2f} pp > tolerance {tol:g} pp")
@@ -293,6 +328,9 @@ class Planner:
                         f"95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp")
                     continue
                 out.append((spec, round(packed) + header, res, drop))
+                ms = _codec_ms(c, spec)
+                if ms is not None:
+                    self.codec_ms[rid] = ms
             if "auto" in self.packings:
                 out += self._compressor_configs(c, header, res)
         self._wire_cfg[c.id] = out
@@ -310,6 +348,8 @@ class Planner:
                 if packing not in comp.accuracy:
                     continue
                 spec = f"g{comp.gamma}" if packing == "raw" else f"g{comp.gamma}+{packing}"
+                if self._undecodable(spec):
+                    continue
                 drop = max(round((comp.base_accuracy - comp.accuracy[packing]) * 100.0, 6), 0.0)
                 tol = self.policy.accuracy_tolerance_pp
                 if drop > tol:
@@ -351,11 +391,14 @@ class Planner:
                wearable_status: DeviceStatus | None = None,
                handheld_status: DeviceStatus | None = None, objective: str | None = None,
                latency_budget_ms: float | None = _UNSET, *, load_factor: float = 1.0,
-               handheld_load: float | None = None) -> Decision:
+               handheld_load: float | None = None,
+               only: Callable[[CandidateCost], bool] | None = None) -> Decision:
         """Pick a candidate. ``objective`` and ``latency_budget_ms`` default to the policy's
         (pass ``latency_budget_ms=None`` explicitly for "no budget"). ``handheld_load`` scales
         the handheld's tails (Neurosurgeon's K; by default the handheld status' speed factor
-        for Neurosurgeon, 1 otherwise)."""
+        for Neurosurgeon, 1 otherwise). ``only`` restricts the choice to the rows it keeps
+        (the reference points of :mod:`wearable.planner.references`); ``ValueError`` when it
+        keeps none."""
         pol = self.policy
         objective = objective or pol.objective
         if objective not in OBJECTIVES:
@@ -365,6 +408,10 @@ class Planner:
         all_rows = self.costs(link_estimate, wearable_status, handheld_status, load_factor,
                               handheld_load if handheld_load is not None else 1.0)
         rows, excluded = self.feasible(all_rows)
+        if only is not None:
+            rows = [r for r in rows if only(r)]
+            if not rows:
+                raise ValueError("no feasible configuration of that kind")
         ww, wh, why_w = pol.weights(wearable_status, handheld_status)
         streaming = pol.streaming or objective == "throughput"
         if objective == "auto":
@@ -377,7 +424,8 @@ class Planner:
             k = handheld_load if handheld_load is not None else (
                 handheld_status.speed_factor() if handheld_status else 1.0)
             # the handheld's load is applied by K here, not twice
-            rows = self.feasible(self.costs(link_estimate, wearable_status, None, load_factor))[0]
+            rows = [r for r in self.feasible(self.costs(
+                link_estimate, wearable_status, None, load_factor))[0] if only is None or only(r)]
             d = neurosurgeon(rows, objective.split("-", 1)[1], handheld_load=k)
         else:
             d = dyno(rows, pol.dyno_constraints(), pol.dyno_targets(), streaming=streaming,
@@ -449,6 +497,16 @@ class Planner:
         if n_pack:
             ex += f"; {n_pack} packed configurations refused (accuracy)"
         return f"{obj}{ex} -> chose {d.winner}: {d.why}"
+
+
+def _codec_ms(cand: Any, spec: str) -> tuple[float, float] | None:
+    """(encode ms, decode ms) a standard codec's calibration row measured, else None."""
+    from coinf.convert.calibrate import packing_rows
+
+    for row in packing_rows(cand):
+        if row.get("spec") == spec and "encode_ms" in row:
+            return float(row["encode_ms"]), float(row.get("decode_ms", 0.0))
+    return None
 
 
 class AdaptivePlanner:

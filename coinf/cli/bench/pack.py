@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from coinf.ble_protocol import packing
+from coinf.ble_protocol import bitplanes, packing
 from coinf.ble_protocol.tensors import encode_tensors
 from coinf.cli.bench import emit, median, progress
 from coinf.errors import InputError
@@ -82,15 +82,15 @@ def _codec_speed(tensor: np.ndarray, spec: str, repeats: int) -> dict[str, float
     mb = tensor.size * 4 / 1e6
     body = packing.pack(tensor, spec)
     times: dict[str, list[float]] = {k: [] for k in ("pack", "unpack", "pack_np", "unpack_np")}
-    lib = packing.USE_BITSHUFFLE
+    lib = bitplanes.USE_BITSHUFFLE
     try:
         for _ in range(repeats):
             for use, suffix in ((lib, ""), (False, "_np")):
-                packing.USE_BITSHUFFLE = use
+                bitplanes.USE_BITSHUFFLE = use
                 times["pack" + suffix].append(_time(lambda: packing.pack(tensor, spec), 1))
                 times["unpack" + suffix].append(_time(lambda: packing.unpack(body), 1))
     finally:
-        packing.USE_BITSHUFFLE = lib
+        bitplanes.USE_BITSHUFFLE = lib
     out = {f"{k}_mb_s": round(mb / median(v), 1) for k, v in times.items()}
     out["ratio"] = round(tensor.size * 4 / len(body), 2)
     return out
@@ -233,7 +233,7 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
         "codec_speed": {
             "bits": speed_spec,
             "note": "MB of float32 input per second, one core, median over repeats",
-            "bitshuffle_installed": packing._bitshuffle is not None,
+            "bitshuffle_installed": bitplanes._bitshuffle is not None,
             "large_tensor": {"mb": round(large.nbytes / 1e6, 2), "inputs": want,
                              "distinct_inputs": min(want, len(data)), **speed_large},
             "model_tensor": {"cut": cut(biggest.id), "shape": list(tensor.shape),

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.device.profile import load_or_default
     from coinf.device.status import DeviceStatus
     from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.planner.references import plan_json
     from coinf.wearable.policy import OBJECTIVES, load_policy
 
     if args.png:
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
                       f"timeout {args.timeout:g} s")
     d.notes.insert(2, profiles_note(wear, hand, args))
     out = d.to_json()
+    out.update(plan_json(planner, d, link_estimate=link, wearable_status=wst,
+                         handheld_status=hst, objective=args.objective, latency_budget_ms=budget))
     out["stages"] = _stages(bundle, planner, d.winner)
     mem = planner.memory
     out["memory"] = {"budget_mb": mem.budget_mb, "overhead_mb": round(mem.overhead_mb, 2),
@@ -151,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(d.explain())
         print(f"stages: {out['stages']}")
+        print(references_text(out))
         if args.optimal:
             o = out["optimal_cut"]
             print(f"min-cut optimum over every cut: {o['latency_ms']:.1f} ms "
@@ -160,6 +164,22 @@ def run(args: argparse.Namespace) -> int:
         if args.png:
             print(f"chart: {args.png}")
     return 0
+
+
+def references_text(out: dict[str, Any]) -> str:
+    """The chosen plan beside the four reference points, one line each."""
+    lines = ["against what a user would do (predicted):"]
+    for name, e in (("chosen", out["chosen"]), *out["reference"].items()):
+        if e is None:
+            why = out.get("reference_missing", {}).get(name)
+            lines.append(f"  {name:<15} none feasible" + (f": {why}" if why else ""))
+            continue
+        bound = e.get("quality_loss_bound")
+        q = f"quality loss {e['quality_loss']:.2f} pp" + (
+            f" (95% bound {bound:.1f})" if bound else "")
+        lines.append(f"  {name:<15} {e['id']:<22} {e['latency_ms']:9.1f} ms "
+                     f"{e['wearable_mj']:8.1f} mJ {e['bytes']:9,d} B  {q}")
+    return "\n".join(lines)
 
 
 def register(parser: argparse.ArgumentParser) -> None:

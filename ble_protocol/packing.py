@@ -44,7 +44,7 @@ import math
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import lz4.block
 import numpy as np
@@ -98,6 +98,9 @@ class PackSpec:
     codec: str
     bits: int | None = None
     quality: int | None = None
+    #: a standard codec's calibrated value range, per channel ``(lo, hi)`` (images) or one
+    #: ``(-peak, peak)`` (audio); None = this input's own range. Not part of the name.
+    ranges: tuple[tuple[float, float], ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.codec in media.QUALITY:
@@ -276,7 +279,8 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
     if spec.is_media:
         media.require(codec)
         if media.applies(codec, shape) and flat.size and bool(np.isfinite(flat).all()):
-            params, payload = media.encode(codec, spec.quality, flat.reshape(shape))
+            params, payload = media.encode(codec, spec.quality, flat.reshape(shape),
+                                           spec.ranges)
             bits = spec.quality if spec.quality is not None else spec.sample_bits
             return HEADER.pack(MAGIC, media.WIRE[codec], 0, bits, code, len(shape)) + b"".join(
                 _varint(d) for d in shape) + params + payload

@@ -16,6 +16,11 @@ name                per-sample loss                                             
 ``maxrel``          ``max|test - ref| / max|ref|``                                      error
 ``meanrel``         ``mean|test - ref| / mean|ref|``                                    error
 ``cosine``          ``1 - cos(test, ref)`` of the flattened outputs                     score
+``cents@T``         pitch: share of the frames the reference calls voiced whose pitch   decision
+                    moved by more than T cents (``1200 log2(test / ref)``); the
+                    outputs are (pitch, confidence), voiced = reference confidence
+                    >= 0.5 (swift-f0's rule); with pitch alone, every frame whose
+                    reference pitch is > 0; no voiced frame: 0
 ``MODULE:FUNC``     ``1 - FUNC(outputs_ref, outputs_test)``; FUNC returns a score in      score
                     [0, 1], 1 = identical; both arguments are lists of the metric's
                     outputs (arrays, in model order); ``MODULE`` may be a ``.py`` path
@@ -43,8 +48,12 @@ from coinf.errors import InputError
 
 _THRESH = re.compile(r"^(iou|decision)@(-?[0-9.]+(?:e-?\d+)?)$")
 _TOPK = re.compile(r"^top(\d{1,3})$")
-BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine")
+_CENTS = re.compile(r"^cents@([0-9.]+(?:e-?\d+)?)$")
+BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine", "cents@T")
 EPS = 1e-12
+VOICED = 0.5
+"""``cents@T``: a frame is voiced when the reference confidence is at least this (swift-f0's
+``PitchResult.confidence`` rule)."""
 
 
 @dataclass
@@ -73,6 +82,9 @@ class Metric:
                 raise InputError(f"--metric {self.name}: the function returned {score}; "
                                  "expected a score in [0, 1]")
             return 1.0 - score
+        cents = _CENTS.match(self.name)
+        if cents:
+            return cents_loss(ref, test, float(cents.group(1)))
         vals = [self._one(np.asarray(r), np.asarray(t), label if len(ref) == 1 else None)
                 for r, t in zip(ref, test, strict=True)]
         return float(np.mean(vals))
@@ -114,6 +126,28 @@ class Metric:
                 return 0.0
             return 1.0 - float(r64 @ t64) / max(nr * nt, EPS)
         raise AssertionError(name)
+
+
+def cents_loss(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], cents: float) -> float:
+    """``cents@T``: share of the reference's voiced frames whose pitch moved by more than
+    ``cents``. ``ref``/``test`` are ``[pitch]`` or ``[pitch, confidence]`` (same shapes)."""
+    if len(ref) not in (1, 2):
+        raise InputError(f"--metric cents@{cents:g}: expected the outputs pitch and confidence "
+                         f"(--metric-output twice) or pitch alone, got {len(ref)} outputs")
+    rp = np.asarray(ref[0], dtype=np.float64).reshape(-1)
+    tp = np.asarray(test[0], dtype=np.float64).reshape(-1)
+    voiced = rp > 0
+    if len(ref) == 2:
+        conf = np.asarray(ref[1], dtype=np.float64).reshape(-1)
+        if conf.shape != rp.shape:
+            raise InputError(f"--metric cents@{cents:g}: pitch has {rp.size} frames, confidence "
+                             f"{conf.size}")
+        voiced &= conf >= VOICED
+    if not voiced.any():
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        moved = np.abs(1200.0 * np.log2(tp[voiced] / rp[voiced]))
+    return float(np.mean(~(moved <= cents)))  # NaN (test pitch <= 0) counts as moved
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -174,11 +208,18 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
         except ValueError:
             raise InputError(f"--metric {text!r}: {t.group(2)!r} is not a threshold") from None
     k = _TOPK.match(name)
-    if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or name in (
+    c = _CENTS.match(name)
+    if c:
+        try:
+            float(c.group(1))
+        except ValueError:
+            raise InputError(f"--metric {text!r}: {c.group(1)!r} is not a number of cents"
+                             ) from None
+    if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or c or name in (
             "maxrel", "meanrel", "cosine"):
         return Metric(name, chosen)
     raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
-                     "top5, iou@0.5, decision@0.5) or MODULE:FUNCTION")
+                     "top5, iou@0.5, decision@0.5, cents@50) or MODULE:FUNCTION")
 
 
 def upper_bound_pp(losses: np.ndarray, confidence: float) -> float:

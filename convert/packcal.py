@@ -19,9 +19,10 @@ each sequence.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -119,14 +120,56 @@ def tensor_specs(cand: Candidate, spec: str | PackSpec) -> dict[str, PackSpec]:
         return {}
     rows = cand.extra.get("packing") or []
     for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, dict) and row.get("spec") == name and isinstance(
-                row.get("tensors"), dict):
+        if not (isinstance(row, dict) and row.get("spec") == name):
+            continue
+        out: dict[str, PackSpec] = {}
+        if isinstance(row.get("tensors"), dict):
             try:
-                return {str(k): PackSpec.parse(str(v)) for k, v in row["tensors"].items()}
+                out = {str(k): PackSpec.parse(str(v)) for k, v in row["tensors"].items()}
             except ValueError:
                 return {}
+        if isinstance(row.get("ranges"), dict):
+            uniform = PackSpec.parse(name)
+            ranged = _ranged(row["ranges"], uniform)
+            out.update({k: v for k, v in ranged.items() if out.get(k, uniform).is_media})
+        if out:
+            return out
     like = cand.extra.get(st.EXTRA_KEY) or []
     return {str(t): PackSpec.parse(LOSSLESS) for t in like} if isinstance(like, list) else {}
+
+
+#: distinct values per channel gathered to recognise 8-bit pixels (a few frames' worth)
+GRID_VALUES = 4096
+
+
+def _snap(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    """A channel's range for the map to 8-bit pixels. When its values lie on an even grid of
+    at most 256 steps (a model input made from 8-bit pixels by an affine map: ``(p / 255 -
+    mean) / std``), the range spans exactly 255 of those steps, so each pixel maps back to
+    itself whatever the darkest and brightest pixel of the calibration data were."""
+    if values.size < 2 or not hi > lo:
+        return lo, hi
+    gaps = np.diff(values.astype(np.float64))
+    step = float(gaps.min())
+    span = (hi - lo) / step if step > 0 else math.inf
+    if not span <= 255.5 or np.abs(gaps / step - np.round(gaps / step)).max() > 1e-3:
+        return lo, hi
+    low = lo - (255 - round(span)) // 2 * step
+    return low, low + 255 * step
+
+
+def _ranged(ranges: Mapping[str, Any], spec: PackSpec) -> dict[str, PackSpec]:
+    """A standard codec's spec per tensor, with the range calibration measured for it (a
+    manifest entry that is not a list of ``[lo, hi]`` pairs is ignored)."""
+    out = {}
+    for name, pairs in ranges.items():
+        try:
+            rng = tuple((float(lo), float(hi)) for lo, hi in pairs)
+        except (TypeError, ValueError):
+            continue
+        if rng and all(np.isfinite(rng).ravel()):
+            out[str(name)] = replace(spec, ranges=rng)
+    return out
 
 
 def _metric_outputs(bundle: Bundle, metric: Metric) -> list[str]:
@@ -166,7 +209,13 @@ class _Calibration:
         self.sequences = [range(s, min(s + length, n)) for s in range(0, n, length)]
         self.ref_correct: list[bool] = []
         self.float_bytes = 0.0
+        #: per image- or audio-like crossing tensor, its value range over every input
+        #: (the standard codecs' calibrated map to pixels or samples)
+        self.ranges: dict[str, list[tuple[float, float]]] = {}
+        self._grid: dict[str, list[np.ndarray]] = {}  # distinct values per channel, first inputs
         self._reference()
+        self.ranges = {k: [_snap(self._grid[k][c], lo, hi) for c, (lo, hi) in enumerate(v)]
+                       for k, v in self.ranges.items()}
 
     def _reference(self) -> None:
         """The unpacked run (its own state fed back): outputs per step."""
@@ -178,17 +227,44 @@ class _Calibration:
                 crossing = self.runner.run_head(feed)
                 self.float_bytes += sum(4 * a.size if a.dtype.kind == "f" else a.nbytes
                                         for a in crossing.values())
+                self._widen(crossing)
                 out = self.runner.run_tail(crossing)
                 self.ref.append(out)
                 state = {a: out[b] for a, b in self.pairs}
                 label = self._label(i)
                 self.ref_correct.append(label is not None and _top1(out[self.mout[0]]) == label)
 
+    def _widen(self, crossing: Mapping[str, np.ndarray]) -> None:
+        for name, a in crossing.items():
+            got = media.channel_ranges(a) if a.dtype.kind == "f" and np.isfinite(a).all() \
+                else None
+            if got is None:
+                continue
+            old = self.ranges.setdefault(name, got)
+            self.ranges[name] = [(min(a0, b0), max(a1, b1))
+                                 for (a0, a1), (b0, b1) in zip(old, got, strict=True)]
+            seen = self._grid.setdefault(name, [np.zeros(0, a.dtype)] * len(got))
+            lay = media.image_layout(a.shape)
+            if lay is not None and all(len(v) < GRID_VALUES for v in seen):  # images only
+                hwc = a.reshape(-1, lay[1]) if lay[0] else a.reshape(lay[1], -1).T
+                self._grid[name] = [np.unique(np.concatenate([v, hwc[:, c]]))
+                                    for c, v in enumerate(seen)]
+
+    def specs(self, assign: Mapping[str, str]) -> dict[str, PackSpec]:
+        """The assignment's specs, a standard codec with the calibrated range of its tensor."""
+        out = {}
+        for name, text in assign.items():
+            spec = PackSpec.parse(text)
+            if spec.is_media and name in self.ranges:
+                spec = replace(spec, ranges=tuple(self.ranges[name]))
+            out[name] = spec
+        return out
+
     def _label(self, i: int) -> int | None:
         return None if self.data.labels is None else int(self.data.labels[i])
 
     def trial(self, assign: Mapping[str, str]) -> _Trial:
-        specs = {k: PackSpec.parse(v) for k, v in assign.items()}
+        specs = self.specs(assign)
         tr = _Trial()
         k = 0
         for seq in self.sequences:
@@ -312,6 +388,8 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             row["quality"] = spec.quality
             row["encode_ms"] = round(1e3 * float(np.median(tr.encode_s)), 4)
             row["decode_ms"] = round(1e3 * float(np.median(tr.decode_s)), 4)
+            row["ranges"] = {k: [[float(f"{a:.9g}"), float(f"{b:.9g}")] for a, b in v]
+                             for k, v in cal.ranges.items()}
         if any(s != str(spec) for s in assign.values()):
             row["tensors"] = dict(assign)
         if promoted:

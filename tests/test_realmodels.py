@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from coinf.ble_protocol import packing
+from coinf.ble_protocol import bitplanes, packing
 from coinf.convert import calibrate as cal
 from coinf.convert.bundle import Bundle
 from coinf.convert.metrics import parse_metric
@@ -35,7 +35,7 @@ RNG = np.random.default_rng(5)
 def _numpy_shuffle(monkeypatch: pytest.MonkeyPatch) -> None:
     # bitshuffle's OpenMP threads are slow on a loaded CI box; the numpy transpose is
     # byte-identical (tests/test_packing.py) and what a Pi install runs
-    monkeypatch.setattr(packing, "USE_BITSHUFFLE", False)
+    monkeypatch.setattr(bitplanes, "USE_BITSHUFFLE", False)
     global RNG
     RNG = np.random.default_rng(5)  # the same data whichever tests run
 

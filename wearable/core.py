@@ -60,7 +60,7 @@ from coinf.wearable.options import (
 )
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
-from coinf.wearable.planner.planner import parse_config_spec
+from coinf.wearable.planner.planner import CODEC_SLOWDOWN, parse_config_spec
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
@@ -112,6 +112,7 @@ class AsyncSession:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self._providers = check_providers(providers)
         self.emulation = DeviceEmulation(opts.slowdown, opts.threads)
+        self._codec_emulation = DeviceEmulation(min(opts.slowdown, CODEC_SLOWDOWN))
         self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
             ("wearable", opts.runtime, opts.wearable_profile),
             ("handheld", opts.handheld_runtime, opts.handheld_profile))}
@@ -340,7 +341,8 @@ class AsyncSession:
                 await self.autoplan.maintain(rpc, timeout)
             sent = crossing if plan.compressor is None else await self._on(
                 self._head_pool, _encode, self._codecs, self.emulation, plan, crossing, stats)
-            payload = await self._codec(_pack, _nbytes(sent), plan, sent, stats)
+            payload = await self._codec(_pack, _nbytes(sent), plan, sent, stats,
+                                        self._codec_emulation)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
             bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
             timeout = request_timeout(timeout, len(payload), bps, rtt,
@@ -527,7 +529,10 @@ class AsyncSession:
         await self.close()
 
 
-def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes:
+def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
+          codec_emulation: DeviceEmulation) -> bytes:
+    """The REQUEST payload. A standard codec's encoding is stretched as the planner prices it
+    on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at most the head's)."""
     t0 = time.perf_counter()
     if plan.packing.codec == "raw":
         blob = encode_tensors(crossing)
@@ -536,7 +541,10 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats) -> bytes
                                           for n, a in crossing.items()})
     cid = plan.candidate.id if plan.compressor is None else plan.compressor.wire_id
     payload = encode_request(cid, blob)
-    stats.pack_ms = (time.perf_counter() - t0) * 1e3
+    elapsed = time.perf_counter() - t0
+    if plan.packing.is_media:
+        elapsed = codec_emulation.stretch(elapsed)
+    stats.pack_ms = elapsed * 1e3
     stats.bytes_up = len(payload)
     return payload
 

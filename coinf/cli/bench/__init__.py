@@ -22,6 +22,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("plan-sweep", "plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
     ("split", "split", "coinf split of a big model: time and peak RSS vs onnx.load"),
     ("pack", "pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
+    ("rate", "rate", "bytes vs task-quality loss: standard codecs on the input vs every cut"),
     ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),

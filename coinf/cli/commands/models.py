@@ -1,15 +1,21 @@
 """``coinf models list``, ``coinf models build NAME|--all [--large] --out DIR``,
-``coinf models prune [MODEL] --out FILE`` (SMCD group-lasso pruning of a LeNet) and
-``coinf models compressors -o DIR`` (a jointly fine-tuned compressor set of ``digitnet``).
+``coinf models data NAME --out FILE.npz [-n N] [--seed S]`` (real calibration inputs of a
+pretrained model), ``coinf models prune [MODEL] --out FILE`` (SMCD group-lasso pruning of a
+LeNet) and ``coinf models compressors -o DIR`` (a jointly fine-tuned compressor set of
+``digitnet``).
 
-Listing reads the committed ONNX files with onnx only; torch is imported when building.
+Listing reads the committed ONNX files with onnx only; torch is imported when building a zoo
+model. Pretrained models (``coinf.models.pretrained``) are built from their pip packages without
+torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from coinf.errors import UserError
 
@@ -24,6 +30,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--large", action="store_true", help="build the large variant (NAME_large.onnx)")
     b.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     b.set_defaults(func=_build)
+    d = sub.add_parser("data", help="real calibration inputs of a pretrained model (an .npz for "
+                                    "`coinf calibrate --data`)")
+    d.add_argument("name", metavar="NAME", help="pretrained model name (see `coinf models list`)")
+    d.add_argument("--out", required=True, type=Path, metavar="FILE.npz", help="file to write")
+    d.add_argument("-n", type=int, default=300, help="number of feeds (default %(default)s)")
+    d.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    d.set_defaults(func=_data)
     p = sub.add_parser("prune", help="SMCD: group-lasso pruning of a LeNet into a smaller dense "
                                      "model (needs torch; docs/PRUNING.md)")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
@@ -80,17 +93,45 @@ def _list(args: argparse.Namespace) -> int:
         else:
             facts = ("-", "-", "missing")
         rows.append((name, spec.family, shape, *facts, ",".join(spec.papers)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    _table(rows)
+    _list_pretrained()
     return 0
 
 
+def _table(rows: Sequence[tuple[str, ...]], file: TextIO | None = None) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=file)
+
+
+def _list_pretrained() -> None:
+    """The pretrained models' table, after the zoo's and a blank line."""
+    from coinf.models.pretrained import PRETRAINED, installed_version
+
+    print("\npretrained (`coinf models build NAME --out DIR`, no torch; docs/MODELS.md):")
+    rows: list[tuple[str, ...]] = [
+        ("name", "task", "package", "licence", "sha256", "input", "installed")]
+    for name, spec in PRETRAINED.items():
+        have = installed_version(spec)
+        state = "yes" if have == spec.version else "no" if have is None else f"no ({have})"
+        shape = " ".join(s.describe() for s in spec.inputs)
+        rows.append((name, spec.task, spec.requirement, spec.licence, spec.sha256[:12], shape,
+                     state))
+    _table(rows)
+
+
 def _build(args: argparse.Namespace) -> int:
+    from coinf.models.pretrained import PRETRAINED
     from coinf.models.zoo import ZOO, build, require_torch, spec_for
 
     if args.all == (args.name is not None):
-        raise UserError(f"give one model NAME or --all (models: {', '.join(ZOO)})")
+        raise UserError(f"give one model NAME or --all (models: {', '.join(ZOO)}; pretrained: "
+                        f"{', '.join(PRETRAINED)})")
+    if args.name in PRETRAINED:
+        return _build_pretrained(args)
+    if args.name is not None and args.name not in ZOO:
+        raise UserError(f"unknown model {args.name!r}; expected one of: {', '.join(ZOO)}, or a "
+                        f"pretrained one: {', '.join(PRETRAINED)}")
     names = list(ZOO) if args.all else [spec_for(args.name).name]
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} exists and is not a directory")
@@ -103,6 +144,37 @@ def _build(args: argparse.Namespace) -> int:
             name, args.out, large=args.large, progress=lambda m: print("  " + m, file=sys.stderr)
         )
         print(path)
+    return 0
+
+
+def _build_pretrained(args: argparse.Namespace) -> int:
+    from coinf.models.pretrained import build, require_package, spec_for
+
+    if args.large:
+        raise UserError(f"--large: {args.name!r} is a pretrained model; it has one size")
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} exists and is not a directory")
+    spec = spec_for(args.name)
+    require_package(spec)  # MissingDependency naming pkg==version, before any work
+    print(f"building {spec.name} from {spec.requirement} ({spec.licence})", file=sys.stderr)
+    print(build(spec.name, args.out))
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from coinf.models.pretrained import spec_for
+    from coinf.models.realdata import write_npz
+
+    spec = spec_for(args.name)
+    if args.n < 1:
+        raise UserError(f"-n {args.n}: expected at least 1 feed")
+    if args.out.suffix != ".npz" or args.out.is_dir():
+        raise UserError(f"--out {args.out}: expected a file name ending in .npz")
+    source = write_npz(spec.name, args.out, args.n, args.seed)
+    print(f"{args.out}: {args.n} feeds of {' '.join(s.describe() for s in spec.inputs)} "
+          f"from {source}")
+    print(f"calibrate with: coinf calibrate BUNDLE --data {args.out} --metric {spec.metric}"
+          + "".join(f" --metric-output {o}" for o in spec.metric_outputs), file=sys.stderr)
     return 0
 
 

@@ -19,14 +19,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", help="bundle directory (from `coinf split`)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--split", help="candidate id, handheld-only or wearable-only (several, "
-                       "comma-separated, run one after the other)")
+                       "comma-separated, run one after the other); ID~PACKING packs that "
+                       "one so (c000~jpeg-q90)")
     which.add_argument("--all", action="store_true", help="run every candidate (or --max of them)")
     parser.add_argument("--max", type=int, default=0, help="with --all: at most N, evenly spread")
     parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket", "ble"])
     parser.add_argument("--handheld", help="daemon address for --transport socket")
     parser.add_argument("--hci", help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
                         "tcp-client:HOST:PORT (coinf radio)")
-    parser.add_argument("--packing", default="raw", help="raw, f32, f16 or q1..q16")
+    parser.add_argument("--packing", default="raw",
+                        help="raw, f32, f16, q1..q16, qz1..qz16, jpeg-qNN, webp-qNN, png, pcm16 "
+                             "or flac (docs/PACKING.md)")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
     parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.all:
         ids = [bundle.candidates[i].id for i in spread(len(bundle.candidates), args.max)]
     else:
-        ids = [bundle.candidate(c.strip()).id for c in args.split.split(",")] \
+        ids = [_config(bundle, c, args.packing) for c in args.split.split(",")] \
             if args.split else [""]
     rows: list[dict[str, Any]] = []
 
@@ -111,13 +114,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
-    session = open_session(ids[0] or None, packing=args.packing)
+    session = open_session(ids[0].partition("~")[0] or None, packing=args.packing)
     with session, TransferProgress(session):
-        if any(c and not bundle.candidate(c).is_wearable_only for c in ids):
+        if any(c and not bundle.candidate(c.partition("~")[0]).is_wearable_only for c in ids):
             connect_or_fall_back(session, args.no_fallback)  # set-up is not an inference
-        for k, cid in enumerate(ids, 1):
+        for k, config in enumerate(ids, 1):
+            cid, _, packing = config.partition("~")
             if cid:
-                session.set_split(cid)
+                session.set_split(cid, packing or args.packing)
             cand = session.split
             if len(ids) > 1:
                 sent = "nothing" if cand.is_wearable_only else _kb(cand.crossing_bytes)
@@ -133,19 +137,25 @@ def run(args: argparse.Namespace) -> int:
                 if o.size else 0.0
                 for n, o in zip([t.name for t in bundle.outputs], outs, strict=True)
             )
+            lossy = not cand.is_wearable_only and not session.packing.lossless
             match = all(
                 np.allclose(o, reference[t.name], rtol=RTOL, atol=ATOL)
                 for t, o in zip(bundle.outputs, outs, strict=True)
-            )
+            ) or lossy  # a lossy packing's quality is calibrated (`coinf calibrate`), not exact
 
             def med(field: str, _stats: list = stats) -> float:
                 return round(statistics.median(getattr(s, field) for s in _stats), 3)
 
             rows.append({
                 "candidate": cand.id,
+                "packing": str(session.packing),
                 "label": cand.label,
                 "tensors": len(cand.crossing),
                 "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
+                "bytes_up": med("bytes_up"),
+                "lossy": lossy,
+                "top1_same": all(int(np.argmax(o)) == int(np.argmax(reference[t.name]))
+                                 for t, o in zip(bundle.outputs, outs, strict=True)),
                 "head_ms": med("head_ms"),
                 "pack_ms": med("pack_ms"),
                 "transfer_ms": med("transfer_ms"),
@@ -180,6 +190,20 @@ def run(args: argparse.Namespace) -> int:
         if planned:
             print(format_plan(planned))
     return 0 if all(r["match"] for r in rows) else 1
+
+
+def _config(bundle: Any, text: str, default: str) -> str:
+    """``c004`` or ``c004~q8``: the candidate's id and the packing (checked here, before any
+    work)."""
+    from coinf.ble_protocol.packing import PackSpec
+    from coinf.errors import UserError
+
+    cid, sep, packing = text.strip().partition("~")
+    try:
+        PackSpec.parse(packing if sep else default)
+    except ValueError as exc:
+        raise UserError(f"--split {text.strip()}: {exc}") from None
+    return bundle.candidate(cid).id + (f"~{packing}" if sep else "")
 
 
 def _kb(n: float) -> str:
@@ -260,16 +284,19 @@ def connect_or_fall_back(session: Any, strict: bool) -> None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'candidate':<10} {'cut after':<28} {'tensors':>7} {'bytes':>9} {'head ms':>8} "
+    head = (f"{'candidate':<10} {'packing':<9} {'cut after':<28} {'sent B':>9} {'head ms':>8} "
             f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
     lines = [head, "-" * len(head)]
     for r in rows:
         label = r["label"] if len(r["label"]) <= 28 else "…" + r["label"][-27:]
+        match = ("lossy, top-1 " + ("same" if r.get("top1_same") else "CHANGED")) \
+            if r.get("lossy") else "yes" if r["match"] else "NO"
         lines.append(
-            f"{r['candidate']:<10} {label:<28} {r['tensors']:>7} {r['bytes']:>9} "
+            f"{r['candidate']:<10} {r.get('packing', 'raw'):<9} {label:<28} "
+            f"{round(r.get('bytes_up', r['bytes'])):>9} "
             f"{r['head_ms']:>8.2f} {r['pack_ms']:>8.2f} {r['transfer_ms']:>8.2f} "
             f"{r['tail_ms']:>8.2f} {r['return_ms']:>8.2f} {r['total_ms']:>8.2f}  "
-            f"{'yes' if r['match'] else 'NO'}"
+            f"{match}"
             + (f"  (finished on the wearable {r['fallbacks']}x: handheld unavailable)"
                if r.get("fallbacks") else "")
         )

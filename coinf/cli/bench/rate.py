@@ -1,0 +1,188 @@
+"""``coinf bench rate``: bytes against task-quality loss for every way of sending the model's work.
+
+Two families of points, measured on the same real inputs with the task's own metric:
+
+* **offload**: the model input (the handheld-only candidate) through every standard codec x
+  quality (JPEG, WebP, PNG for images; PCM16, FLAC for audio), the quantizing packings and raw;
+* **split**: every packing at every chosen cut (by default the cuts with the fewest crossing
+  bytes, where a split could beat a codec at all).
+
+``summary`` gives, at the tolerance (1 pp by default, the measured loss), the fewest bytes each
+family needs: ``best_codec_bytes`` (a standard codec on the input), ``best_split_bytes`` (any
+packing at a cut) and ``best_input_packing_bytes`` (q/qz on the input). ``--png`` draws the
+rate-quality plot (bytes on a log axis). With ``--model NAME`` a pretrained model of
+``coinf models list`` is built, split and fed its own real inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from coinf.cli.bench import emit, progress
+from coinf.errors import InputError
+
+SPLIT_SPECS = ("q2", "q3", "q4", "q6", "q8", "qz2", "qz3", "qz4", "qz6", "qz8", "f16", "f32")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    parser.add_argument("--model", default=None,
+                        help="a pretrained model (`coinf models list`): built, split and fed "
+                             "its own real inputs")
+    parser.add_argument("--bundle", default=None, help="any bundle (with --data)")
+    parser.add_argument("--data", default=None, help="with --bundle: an .npz of feeds "
+                                                     "(see coinf calibrate)")
+    parser.add_argument("--limit", type=int, default=None, help="first N inputs")
+    parser.add_argument("--samples", type=int, default=300,
+                        help="with --model: real inputs to make (default %(default)s)")
+    parser.add_argument("--metric", default=None,
+                        help="quality metric (see coinf calibrate --metric; --model: the "
+                             "model's task metric)")
+    parser.add_argument("--metric-output", action="append", default=[], metavar="NAME")
+    parser.add_argument("--cuts", type=int, default=4,
+                        help="split cuts measured: the N with the fewest crossing bytes "
+                             "(default %(default)s)")
+    parser.add_argument("--candidates", default=None,
+                        help="comma-separated candidate ids instead of --cuts")
+    parser.add_argument("--tolerance", type=float, default=1.0,
+                        help="quality loss of the summary, pp (default %(default)s)")
+    parser.add_argument("--png", default=None, metavar="FILE", help="write the plot here")
+    parser.add_argument("--work", default=None, metavar="DIR",
+                        help="with --model: where the model and bundle are built "
+                             "(default: a temporary folder)")
+    parser.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if (args.model is None) == (args.bundle is None):
+        raise InputError("give either --model NAME or --bundle DIR --data FILE")
+    if args.bundle is not None and args.data is None:
+        raise InputError("--bundle needs --data FILE.npz (the bundle's own inputs)")
+    for name in ("limit", "samples", "cuts"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name} must be >= 1, got {value}")
+    if not 0 <= args.tolerance <= 100:
+        raise InputError(f"--tolerance must be in [0, 100] pp, got {args.tolerance}")
+    if args.png:
+        from coinf.cli.paths import writable_file
+
+        writable_file(args.png, "--png", make_folder=False)
+
+
+def _prepare_model(args: argparse.Namespace, work: Path) -> tuple[Any, str, str | None, dict]:
+    """Build the pretrained model, split it, write its real inputs: (bundle, data, metric,
+    model info)."""
+    from coinf.convert.bundle import Bundle
+    from coinf.models import pretrained, realdata
+
+    spec = pretrained.spec_for(args.model)
+    progress(f"building {spec.name} from {spec.package}=={spec.version}")
+    onnx_path = pretrained.build(spec.name, work)
+    out = work / f"{spec.name}.bundle"
+    if not (out / "manifest.json").exists():
+        from coinf.convert.split import split_model
+
+        progress(f"splitting {onnx_path.name}")
+        split_model(str(onnx_path), str(out), verify=True)
+    data = work / f"{spec.name}-{args.samples}.npz"
+    if not data.exists():
+        progress(f"making {args.samples} real inputs")
+        realdata.write_npz(spec.name, data, args.samples, 0)
+    info = {"name": spec.name, "package": spec.package, "version": spec.version,
+            "license": spec.licence, "sha256": spec.sha256, "pretrained": True}
+    if not args.metric_output and not args.metric:
+        args.metric_output = list(spec.metric_outputs)
+    return Bundle.load(out), str(data), args.metric or spec.metric, info
+
+
+def _cands(bundle: Any, args: argparse.Namespace) -> list[Any]:
+    if args.candidates:
+        return [bundle.candidate(c) for c in args.candidates.split(",")]
+    splits = [c for c in bundle.candidates if not (c.is_handheld_only or c.is_wearable_only)]
+    splits.sort(key=lambda c: c.crossing_bytes)
+    first = next(c for c in bundle.candidates if c.is_handheld_only)
+    return [first, *splits[: args.cuts]]
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.ble_protocol.packing import PackSpec
+    from coinf.convert import calibrate as cal
+    from coinf.convert.bundle import Bundle
+    from coinf.convert.metrics import parse_metric
+    from coinf.convert.packcal import Options
+
+    _check(args)
+    with tempfile.TemporaryDirectory(prefix="coinf-rate-") as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        model: dict[str, Any] | None = None
+        if args.model:
+            bundle, data_path, metric_name, model = _prepare_model(args, work)
+        else:
+            bundle, data_path, metric_name = Bundle.load(args.bundle), args.data, args.metric
+        data = cal.load_dataset(data_path, bundle, args.limit)
+        metric = parse_metric(metric_name, args.metric_output, [t.name for t in bundle.outputs])
+        opts = Options(metric=metric, tolerance_pp=args.tolerance)
+        points = []
+        for cand in _cands(bundle, args):
+            specs = cal.DEFAULT_SPECS if cand.is_handheld_only else SPLIT_SPECS
+            t0 = time.perf_counter()
+            rows = cal.calibrate_candidate(bundle, cand, data, specs, opts)
+            progress(f"{cand.id} {cand.label}: {len(rows)} packings on {len(data)} inputs in "
+                     f"{time.perf_counter() - t0:.0f} s")
+            for r in rows:
+                spec = PackSpec.parse(r["spec"])
+                family = ("codec" if spec.is_media else "input") if cand.is_handheld_only \
+                    else "split"
+                points.append({"family": family, "cut": cand.id, "label": cand.label,
+                               "packing": r["spec"], "method": _method(spec),
+                               "bytes": r["mean_bytes"], "quality_loss": r["accuracy_drop_pp"],
+                               "quality_loss_bound": r["accuracy_drop_upper_pp"],
+                               "encode_ms": r.get("encode_ms"), "decode_ms": r.get("decode_ms")})
+            points.append({"family": "input" if cand.is_handheld_only else "split",
+                           "cut": cand.id, "label": cand.label, "packing": "raw",
+                           "method": "raw", "bytes": float(cand.crossing_bytes),
+                           "quality_loss": 0.0, "quality_loss_bound": 0.0})
+        result = {"bench": "rate", "bundle": str(bundle.root.name), "samples": len(data),
+                  "data": data.name, "metric": metric.describe(), "tolerance_pp": args.tolerance,
+                  "points": points, "summary": summary(points, args.tolerance)}
+        if model is not None:
+            result["model"] = model
+        if args.png:
+            from coinf.cli.bench.rate_chart import plot_rate
+
+            plot_rate(points, args.png, f"{bundle.root.name}: {len(data)} inputs, "
+                      f"{metric.describe()}", args.tolerance)
+            result["png"] = args.png
+    emit(result)
+    return 0
+
+
+def _method(spec: Any) -> str:
+    """The plot's line a packing belongs to."""
+    if spec.is_media:
+        return spec.codec
+    return {"q": "q (bit planes + LZ4)", "qz": "qz (levels + zstd)"}.get(spec.codec, spec.codec)
+
+
+def summary(points: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    """Fewest bytes of each family whose measured loss is within ``tolerance`` (None if
+    none), the configuration that gives it, and whether its 95% bound establishes it."""
+    out: dict[str, Any] = {}
+    for key, family in (("best_codec", "codec"), ("best_split", "split"),
+                        ("best_input_packing", "input")):
+        ok = [p for p in points if p["family"] == family and p["quality_loss"] <= tolerance]
+        best = min(ok, key=lambda p: p["bytes"]) if ok else None
+        out[f"{key}_bytes"] = None if best is None else round(best["bytes"], 1)
+        out[key] = None if best is None else {
+            "cut": best["cut"], "packing": best["packing"],
+            "quality_loss": best["quality_loss"],
+            "established": best["quality_loss_bound"] <= tolerance}
+    if out["best_codec_bytes"] and out["best_split_bytes"]:
+        out["split_over_codec_bytes"] = round(out["best_split_bytes"] / out["best_codec_bytes"], 3)
+    return out

@@ -1,0 +1,60 @@
+"""The rate-quality plot of ``coinf bench rate``: bytes sent (log axis) against quality loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+STYLE = {"codec": "-", "input": ":", "split": "--"}
+NAMES = {"codec": "offload, codec", "input": "offload, packed input", "split": "split"}
+
+
+def _front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points no other point beats in both bytes and loss, by bytes."""
+    out: list[dict[str, Any]] = []
+    for p in sorted(points, key=lambda p: (p["bytes"], p["quality_loss"])):
+        if not out or p["quality_loss"] < out[-1]["quality_loss"]:
+            out.append(p)
+    return out
+
+
+def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: float) -> None:
+    """One line per method: each codec on the input, q/qz on the input, and the best split
+    (the front over every cut x packing); the tolerance as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in points:
+        if p["method"] == "raw":
+            continue
+        key = (p["family"], "best cut x packing" if p["family"] == "split" else p["method"])
+        lines.setdefault(key, []).append(p)
+    for (family, method), pts in sorted(lines.items()):
+        pts = _front(pts) if family == "split" else sorted(pts, key=lambda p: p["bytes"])
+        ax.plot([p["bytes"] for p in pts], [p["quality_loss"] for p in pts], STYLE[family],
+                marker="o", ms=4, label=f"{NAMES[family]}: {method}")
+        if family == "split":
+            for p in pts:
+                ax.annotate(f"{p['cut']} {p['packing']}", (p["bytes"], p["quality_loss"]),
+                            fontsize=6, xytext=(3, 3), textcoords="offset points")
+    raw = [p for p in points if p["method"] == "raw" and p["family"] == "input"]
+    for p in raw:
+        ax.axvline(p["bytes"], color="grey", lw=0.8)
+        ax.annotate("raw float input", (p["bytes"], 0), fontsize=7, rotation=90,
+                    xytext=(-9, 5), textcoords="offset points")
+    ax.axhline(tolerance, color="red", lw=0.8, ls="--")
+    ax.annotate(f"{tolerance:g} pp tolerance", (ax.get_xlim()[0], tolerance), fontsize=7,
+                color="red", xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=-0.5)
+    ax.set_xlabel("bytes sent per inference (log scale)")
+    ax.set_ylabel("task-quality loss vs the exact model (pp)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(True, which="both", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

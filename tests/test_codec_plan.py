@@ -1,0 +1,157 @@
+"""Codec packings in the planner, the handshake and a Session: calibrated on real photos, offered
+only when the handheld decodes them, and compared against the four reference points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from coinf.ble_protocol import media
+from coinf.ble_protocol.packing import LEGACY_DECODERS, decodable, pack, unpack
+from coinf.convert import calibrate as cal
+from coinf.convert.bundle import Bundle
+from coinf.convert.feeds import load_dataset
+from coinf.convert.packcal import tensor_specs
+from coinf.wearable.planner.adapt import LinkEstimate
+from coinf.wearable.planner.planner import Planner
+from coinf.wearable.planner.references import KINDS, plan_json
+from coinf.wearable.policy import Policy
+
+from coinf import Session
+from tests.planner_bundle import make_bundle
+
+pytest.importorskip("PIL")
+SPECS = ("q8", "jpeg-q90", "webp-q75", "png")
+N = 320  # enough for a 95% bound under 1 pp when nothing changes (299)
+
+
+def photos(n: int, hw: int = 32) -> np.ndarray:
+    """Crops of scikit-learn's two sample photos, scaled to [0, 1] like a camera frame."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    from PIL import Image
+
+    imgs = datasets.load_sample_images().images
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        im = imgs[i % 2]
+        s = int(rng.integers(hw, 200))
+        y, x = int(rng.integers(0, im.shape[0] - s)), int(rng.integers(0, im.shape[1] - s))
+        crop = Image.fromarray(im[y:y + s, x:x + s]).resize((hw, hw), Image.BILINEAR)
+        out.append(np.asarray(crop, np.float32).transpose(2, 0, 1) / 255.0)
+    return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Bundle:
+    if not {"jpeg", "webp", "png"} <= media.available():
+        pytest.skip("the codecs extra is not installed")
+    root = tmp_path_factory.mktemp("codecplan")
+    b = make_bundle(root / "b")
+    np.savez(root / "photos.npz", x=photos(N))
+    data = load_dataset(str(root / "photos.npz"), b)
+    cal.store(b, cal.calibrate(b, data, SPECS), data)
+    return Bundle.load(b.root)
+
+
+def test_codec_rows_only_where_an_image_crosses(bundle: Bundle) -> None:
+    specs = {c.id: [r["spec"] for r in cal.packing_rows(c)] for c in bundle.candidates}
+    assert specs["c000"] == list(SPECS)  # the model input: a 3-channel frame
+    assert specs["c001"] == ["q8"]  # 16 channels: not an image
+    row = {r["spec"]: r for r in cal.packing_rows(bundle.candidate("c000"))}
+    assert row["jpeg-q90"]["mean_bytes"] < row["q8"]["mean_bytes"] / 2
+    assert row["png"]["encode_ms"] > 0 and row["png"]["decode_ms"] > 0
+    assert row["jpeg-q90"]["bits"] == 8 and row["jpeg-q90"]["quality"] == 90
+
+
+def test_the_pixel_map_is_calibrated_so_png_of_8bit_frames_is_exact(bundle: Bundle) -> None:
+    """The frames are 8-bit pixels / 255: over 320 of them each channel spans [0, 1], so the
+    calibrated map gives back the very pixels and PNG loses nothing (per-input ranges would
+    not: a frame whose red spans 3..250 maps 248 values onto 256 levels)."""
+    cand = bundle.candidate("c000")
+    spec = tensor_specs(cand, "png")["x"]
+    assert spec.ranges is not None and len(spec.ranges) == 3
+    assert all(lo == pytest.approx(0, abs=0.02) and hi == pytest.approx(1, abs=0.02)
+               for lo, hi in spec.ranges)
+    lo = np.array([r[0] for r in spec.ranges], np.float32)[None, :, None, None]
+    hi = np.array([r[1] for r in spec.ranges], np.float32)[None, :, None, None]
+    frame = np.clip(photos(1)[0][None] * 0.8 + 0.1, lo, hi)  # spans less than its channel
+    exact = np.round(frame * 255).astype(np.float32) / 255
+    calibrated = unpack(pack(exact, spec))
+    own = unpack(pack(exact, "png"))
+    assert np.abs(calibrated - exact).max() < 1e-5  # the very pixels
+    assert np.abs(own - exact).max() > 1e-4  # this frame's own range: levels off the pixels
+    row = {r["spec"]: r for r in cal.packing_rows(cand)}["png"]
+    assert row["rel_l2"] < 1e-3 and row["accuracy_drop_pp"] == 0
+
+
+def _planner(bundle: Bundle, objective: str = "energy") -> Planner:
+    return Planner(bundle, policy=Policy(objective=objective))
+
+
+def test_the_planner_never_offers_what_the_peer_cannot_decode(bundle: Bundle) -> None:
+    p = _planner(bundle)
+    link = LinkEstimate(20_000, 20_000, 30)
+    ids = {r.id for r in p.costs(link)}
+    assert "c000~jpeg-q90" in ids
+    p.peer_decoders = LEGACY_DECODERS
+    p.reset_configs()
+    ids = {r.id for r in p.costs(link)}
+    assert not any("jpeg" in i or "webp" in i or "png" in i for i in ids)
+    assert "cannot decode jpeg" in p.excluded_configs["c000~jpeg-q90"]
+    assert "c000~q8" in ids
+
+
+def test_codec_time_is_charged_to_both_sides(bundle: Bundle) -> None:
+    p = _planner(bundle)
+    rows = {r.id: r for r in p.costs(LinkEstimate(20_000, 20_000, 30))}
+    enc, dec = p.codec_ms["c000~png"]
+    assert rows["c000~png"].head_ms == pytest.approx(enc * p.codec_slowdown, rel=1e-6)
+    assert rows["c000~png"].tail_ms == pytest.approx(rows["c000"].tail_ms + dec, rel=1e-6)
+
+
+@pytest.mark.parametrize("objective,key", [("energy", "wearable_mj"), ("latency", "latency_ms")])
+def test_the_choice_is_no_worse_than_any_reference_point(bundle: Bundle, objective: str,
+                                                         key: str) -> None:
+    p = _planner(bundle, objective)
+    link = LinkEstimate(20_000, 20_000, 30)
+    d = p.decide(link)
+    out = plan_json(p, d, link_estimate=link)
+    refs = out["reference"]
+    assert set(refs) == set(KINDS)
+    assert refs["wearable_only"]["cut"] == "c003"
+    assert refs["handheld_raw"]["id"] == "c000"
+    assert refs["handheld_codec"]["packing"] in ("jpeg-q90", "webp-q75", "png")
+    assert refs["best_split"]["cut"] in ("c001", "c002")
+    assert out["chosen"]["id"] == d.winner
+    if objective == "energy":  # energy counts the whole system here (both weights 1)
+        energy = {r.id: r.energy_mj() for r in d.rows}
+        assert all(energy[d.winner] <= energy[e["id"]] + 1e-9 for e in refs.values())
+    else:
+        assert all(out["chosen"][key] <= e[key] + 1e-6 for e in refs.values())
+    # a codec sends far fewer bytes than the float frame, for a quality loss within the bound
+    assert refs["handheld_codec"]["bytes"] < refs["handheld_raw"]["bytes"] / 4
+    assert refs["handheld_codec"]["quality_loss_bound"] <= 1.0
+
+
+def test_both_sides_announce_their_decoders() -> None:
+    have = decodable()
+    assert {"q", "f16", "f32", "raw"} <= set(have)
+    assert set(media.available()) <= set(have)
+
+
+def test_a_session_sends_a_jpeg_frame_and_gets_the_model_output(bundle: Bundle) -> None:
+    x = photos(3)
+    with Session(bundle.root, split="c000", packing="jpeg-q95") as sess:
+        for frame in x:
+            feed = {"x": frame[None]}
+            got = sess.run(None, feed)[0]
+            assert sess.last_run.packing == "jpeg-q95" and not sess.last_run.local
+            assert sess.last_run.bytes_up < frame.nbytes / 4
+            with Session(bundle.root, split="c003") as local:
+                want = local.run(None, feed)[0]
+            assert np.allclose(got, want, atol=0.05)
+    with Session(bundle.root, split="c000", packing="png") as sess:
+        assert sess.run(None, {"x": x[0][None]})[0].shape == (1, 10)
+    assert Path(bundle.root).exists()

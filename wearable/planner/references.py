@@ -10,7 +10,9 @@ chosen configuration, :func:`references` names, under the same objective, link a
 * ``best_split``: the best configuration that runs part of the model on each side.
 
 Each is what the planner's own scheduler picks among that kind of row, so the comparison uses
-one cost model throughout; a kind with no feasible row is ``None``.
+one cost model throughout. When no row of a kind is feasible (the raw input would outlast the
+timeout) the fastest of them stands in, with its ``excluded`` reason; a kind with no row at all
+(no codec calibrated, or every codec refused for quality) is ``None``.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ def references(planner: Planner, decision: Decision, **decide: Any) -> dict[str,
     for kind, keep in _kinds(planner).items():
         try:
             out[kind] = planner.decide(only=keep, **decide).winner
-        except ValueError:
-            out[kind] = None
+        except ValueError:  # none feasible: the fastest of that kind, shown as excluded
+            rows = [r for r in decision.rows if keep(r)]
+            out[kind] = min(rows, key=lambda r: r.latency_ms(decision.streaming)).id \
+                if rows else None
     return out
 
 

@@ -25,8 +25,6 @@ from typing import Any
 from coinf.cli.bench import emit, progress
 from coinf.errors import InputError
 
-SPLIT_SPECS = ("q2", "q3", "q4", "q6", "q8", "qz2", "qz3", "qz4", "qz6", "qz8", "f16", "f32")
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
@@ -130,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         opts = Options(metric=metric, tolerance_pp=args.tolerance)
         points = []
         for cand in _cands(bundle, args):
-            specs = cal.DEFAULT_SPECS if cand.is_handheld_only else SPLIT_SPECS
+            specs = cal.DEFAULT_SPECS if cand.is_handheld_only else cal.SPLIT_SPECS
             t0 = time.perf_counter()
             rows = cal.calibrate_candidate(bundle, cand, data, specs, opts)
             progress(f"{cand.id} {cand.label}: {len(rows)} packings on {len(data)} inputs in "

@@ -1,0 +1,142 @@
+"""What ``coinf demo`` prepares before anything runs: the model, its bundle, its calibration.
+
+A pretrained model (``coinf models list``) is built from its package, split and verified, and
+calibrated on real inputs with its task's metric: the standard codecs and the quantizing
+packings on the model input, the quantizing packings at the cuts that send the fewest bytes.
+Everything is kept in ``--out`` and reused while the model file and the request are the same.
+A zoo model (random weights) is split only; its packings stay uncalibrated (raw).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coinf.cli.bench import progress
+
+#: split cuts calibrated besides the model input: those that send the fewest bytes
+CUTS = 3
+
+
+@dataclass
+class Prepared:
+    """The demo's model: its bundle, where it came from, a held-out real input."""
+
+    bundle_dir: Path
+    info: dict[str, Any]  # name, package, version, license, sha256, pretrained
+    input_file: Path | None  # a real input (.npy) for the end-to-end runs
+    description: str
+
+
+def ensure_bundle(model: Path, out: Path) -> Path:
+    """Split ``model`` into ``out`` (verified) unless a bundle of this very file is there."""
+    from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
+    from coinf.convert.split import split_model
+
+    if (out / MANIFEST).is_file():
+        try:
+            source = Bundle.load(out).meta.get("source", {})
+            if source.get("sha256") == sha256_file(model):
+                progress(f"reusing bundle {out}")
+                return out
+        except Exception as exc:  # a damaged bundle is rebuilt, whatever is wrong with it
+            progress(f"rebuilding bundle {out} ({exc})")
+    progress(f"splitting {model} into {out} ...")
+    t0 = time.perf_counter()
+    split_model(model, out, verify=True, force=True)
+    progress(f"split + verify took {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def prepare(name: str, out: Path, samples: int) -> Prepared:
+    """Build, split and calibrate ``name`` (a pretrained or a zoo model) under ``out``."""
+    from coinf.models import pretrained, zoo
+
+    if name in pretrained.PRETRAINED:
+        spec = pretrained.spec_for(name)
+        onnx_path = out / spec.file_name()
+        if not onnx_path.is_file():
+            progress(f"building {name} from {spec.requirement} (no torch needed)")
+            pretrained.build(name, out)
+        bundle_dir = ensure_bundle(onnx_path, out / name)
+        calibrate(bundle_dir, name, out, samples, spec.metric, list(spec.metric_outputs))
+        info = {"name": name, "package": spec.package, "version": spec.version,
+                "license": spec.licence, "sha256": spec.sha256, "pretrained": True,
+                "task": spec.task}
+        return Prepared(bundle_dir, info, held_out_input(name, out), spec.description)
+    if name not in zoo.ZOO:
+        from coinf.errors import UserError
+
+        raise UserError(f"unknown model {name!r}; pretrained: {', '.join(pretrained.PRETRAINED)}"
+                        f"; zoo (random weights): {', '.join(zoo.ZOO)}")
+    bundle_dir = ensure_bundle(zoo.committed_path(name), out / name)
+    info = {"name": name, "package": "coinf (models/onnx)", "version": "committed",
+            "license": "Apache-2.0", "pretrained": bool(zoo.spec_for(name).trained),
+            "task": "classification"}
+    return Prepared(bundle_dir, info, None, zoo.spec_for(name).description)
+
+
+def _request(name: str, samples: int, metric: str, outputs: list[str]) -> dict[str, Any]:
+    return {"model": name, "samples": samples, "metric": metric, "outputs": outputs,
+            "cuts": CUTS, "version": 1}
+
+
+def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name: str,
+              outputs: list[str]) -> None:
+    """Calibrate the input and the ``CUTS`` cheapest cuts on ``samples`` real inputs, unless
+    the bundle already holds this very calibration."""
+    from coinf.convert import calibrate as cal
+    from coinf.convert.bundle import Bundle
+    from coinf.convert.metrics import parse_metric
+    from coinf.convert.packcal import Options
+    from coinf.models import realdata
+
+    bundle = Bundle.load(bundle_dir)
+    want = _request(name, samples, metric_name, outputs)
+    if bundle.meta.get("demo_calibration") == want:
+        progress(f"reusing the calibration in {bundle_dir} ({samples} real inputs)")
+        return
+    data_path = out / f"{name}-{samples}.npz"
+    if not data_path.is_file():
+        progress(f"making {samples} real inputs for calibration ...")
+        realdata.write_npz(name, data_path, samples, seed=0)
+    data = cal.load_dataset(str(data_path), bundle)
+    opts = Options(metric=parse_metric(metric_name, outputs, [t.name for t in bundle.outputs]))
+    splits = sorted((c for c in bundle.candidates
+                     if not (c.is_handheld_only or c.is_wearable_only)),
+                    key=lambda c: c.crossing_bytes)[:CUTS]
+    results = {}
+    for cand, specs in [(bundle.candidates[0], cal.DEFAULT_SPECS),
+                        *((c, cal.SPLIT_SPECS) for c in splits)]:
+        t0 = time.perf_counter()
+        progress(f"calibrating {cand.id} ({cand.label}): {len(specs)} packings x {len(data)} "
+                 f"real inputs ...")
+        results[cand.id] = cal.calibrate_candidate(bundle, cand, data, specs, opts)
+        progress(f"  {time.perf_counter() - t0:.0f} s")
+    cal.store(bundle, results, data, opts)
+    bundle = Bundle.load(bundle_dir)
+    bundle.meta["demo_calibration"] = want
+    bundle.save()
+
+
+def held_out_input(name: str, out: Path) -> Path:
+    """One real input that calibration did not see (another seed), as ``.npy``."""
+    from coinf.models import realdata
+
+    path = out / f"{name}-input.npy"
+    if not path.is_file():
+        arrays, _ = realdata.dataset(name, 1, seed=12345)
+        (array,) = arrays.values()
+        np.save(path, np.ascontiguousarray(array[:1]))
+    return path
+
+
+def describe(prep: Prepared) -> str:
+    i = prep.info
+    kind = "pretrained by its publisher" if i["pretrained"] else "random weights (a zoo model)"
+    return (f"{i['name']}: {prep.description} -- {kind}; {i['package']} {i['version']}, "
+            f"licence {i['license']}")

@@ -1,0 +1,76 @@
+"""The demo's preparation on a real pretrained model (swift-f0's pitch network, small enough for
+a test): built from its wheel, split, calibrated on real-style inputs with the task's metric,
+the calibration reused, and the four reference points planned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from coinf.convert import calibrate as cal
+from coinf.convert.bundle import Bundle
+from coinf.models import pretrained
+
+from coinf.cli.commands import demo_prep
+from coinf.cli.commands.demo import KINDS, plan_condition
+
+SAMPLES = 24
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> demo_prep.Prepared:
+    if pretrained.installed_version(pretrained.spec_for("swift_f0")) != "0.3.0":
+        pytest.skip("swift-f0==0.3.0 is not installed (the `pretrained` extra)")
+    return demo_prep.prepare("swift_f0", tmp_path_factory.mktemp("demo"), SAMPLES)
+
+
+def test_prepare_builds_splits_and_calibrates_with_the_task_metric(
+        prepared: demo_prep.Prepared) -> None:
+    assert prepared.info["pretrained"] is True and prepared.info["license"] == "MIT"
+    bundle = Bundle.load(prepared.bundle_dir)
+    meta = bundle.meta[cal.META_KEY]
+    assert meta["samples"] == SAMPLES and meta["metric_spec"]["name"].startswith("cents")
+    rows = {c.id: [r["spec"] for r in cal.packing_rows(c)] for c in bundle.candidates}
+    first = bundle.candidates[0].id
+    assert {"pcm16", "flac"} <= set(rows[first])  # the waveform input gets the audio codecs
+    assert not {"jpeg-q90", "png"} & set(rows[first])  # and no image codec
+    calibrated = [cid for cid, specs in rows.items() if specs and cid != first]
+    assert len(calibrated) == demo_prep.CUTS
+    assert all("pcm16" not in rows[c] for c in calibrated)  # activations are no waveforms
+    assert prepared.input_file is not None and prepared.input_file.is_file()
+
+
+def test_a_second_prepare_reuses_everything(prepared: demo_prep.Prepared,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_: object, **__: object) -> None:
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(cal, "calibrate_candidate", boom)
+    out = Path(prepared.bundle_dir).parent
+    again = demo_prep.prepare("swift_f0", out, SAMPLES)
+    assert again.bundle_dir == prepared.bundle_dir
+    with pytest.raises(AssertionError, match="calibrated again"):
+        demo_prep.prepare("swift_f0", out, SAMPLES + 1)  # another request calibrates anew
+
+
+def test_the_plan_names_every_reference_point(prepared: demo_prep.Prepared) -> None:
+    bundle = Bundle.load(prepared.bundle_dir)
+    c = plan_condition(bundle, "preset", 20_480.0, 30.0, 1000.0)
+    plan = c["plan"]
+    assert set(plan["reference"]) == set(KINDS)
+    assert plan["reference"]["wearable_only"]["id"] == bundle.candidates[-1].id
+    assert plan["reference"]["handheld_raw"]["id"] == bundle.candidates[0].id
+    codec = plan["reference"]["handheld_codec"]
+    if codec is None:  # 24 samples cannot bound a loss under 1 pp: it says why
+        assert "refused" in plan["reference_missing"]["handheld_codec"]
+    else:
+        assert codec["packing"] in ("pcm16", "flac")
+    ids = {r["candidate"] for r in c["rows"]}
+    assert plan["chosen"]["id"] in ids
+
+
+def test_an_unknown_model_is_one_clear_error(tmp_path: Path) -> None:
+    from coinf.errors import UserError
+
+    with pytest.raises(UserError, match="pretrained: mobilenetv2_imagenet"):
+        demo_prep.prepare("nosuchmodel", tmp_path, 10)

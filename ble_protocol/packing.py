@@ -276,7 +276,7 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
         codec = "f32"  # non-float tensors always travel losslessly
     if codec == "raw":
         return _finish(RAW, 0, code, shape, 0.0, 0.0, flat.view(np.uint8).data, compress=False)
-    if spec.is_media:
+    if codec in media.WIRE:
         media.require(codec)
         if media.applies(codec, shape) and flat.size and bool(np.isfinite(flat).all()):
             params, payload = media.encode(codec, spec.quality, flat.reshape(shape),

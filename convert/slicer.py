@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from coinf.convert.cost import tensor_bytes
-from coinf.convert.graph import Graph, value_info
-from onnx import GraphProto, ModelProto, helper
+from coinf.convert.graph import Graph, subgraphs, value_info
+from onnx import GraphProto, ModelProto, NodeProto, helper
 
 
 def closure(g: Graph, dynamic_nodes: Iterable[int], tensors: Iterable[str] = ()) -> list[int]:
@@ -44,15 +44,24 @@ def used_initializers(g: Graph, nodes: Iterable[int]) -> list[str]:
     return list(names)
 
 
+def _constant_bytes(node: NodeProto) -> int:
+    """Bytes of a node's own weights: a Constant's value, and the initializers and Constants
+    inside its sub-graphs (If branches, Loop/Scan bodies), recursively."""
+    total = 0
+    if node.op_type == "Constant":
+        total += sum(tensor_bytes(a.t) for a in node.attribute if a.name == "value")
+    for sub in subgraphs(node):
+        total += sum(tensor_bytes(t) for t in sub.initializer)
+        total += sum(_constant_bytes(n) for n in sub.node)
+    return total
+
+
 def param_bytes(g: Graph, nodes: Iterable[int]) -> int:
-    """Bytes of initializers and Constant values in a slice, each counted once."""
+    """Bytes of initializers and Constant values in a slice, each counted once (outer-scope
+    initializers a sub-graph captures count once too; its local weights count with its node)."""
     nodes = list(nodes)
     total = sum(tensor_bytes(g.initializers[t]) for t in used_initializers(g, nodes))
-    for i in nodes:
-        proto = g.model.graph.node[i]
-        if proto.op_type == "Constant":
-            total += sum(tensor_bytes(a.t) for a in proto.attribute if a.name == "value")
-    return total
+    return total + sum(_constant_bytes(g.model.graph.node[i]) for i in nodes)
 
 
 def build_slice(g: Graph, dynamic_nodes: Iterable[int], inputs: Iterable[str],

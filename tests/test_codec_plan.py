@@ -108,6 +108,10 @@ def test_codec_time_is_charged_to_both_sides(bundle: Bundle) -> None:
     rows = {r.id: r for r in p.costs(LinkEstimate(20_000, 20_000, 30))}
     enc, dec = p.codec_ms["c000~png"]
     assert rows["c000~png"].head_ms == pytest.approx(enc * p.codec_slowdown, rel=1e-6)
+    p.wearable.slowdown = 4.0  # an emulated wearable: encoding is stretched 4x, not 40x
+    assert p.codec_factor() == 4.0
+    p.wearable.slowdown = 40.0
+    assert p.codec_factor() == p.codec_slowdown
     assert rows["c000~png"].tail_ms == pytest.approx(rows["c000"].tail_ms + dec, rel=1e-6)
 
 
@@ -155,3 +159,21 @@ def test_a_session_sends_a_jpeg_frame_and_gets_the_model_output(bundle: Bundle) 
     with Session(bundle.root, split="c000", packing="png") as sess:
         assert sess.run(None, {"x": x[0][None]})[0].shape == (1, 10)
     assert Path(bundle.root).exists()
+
+
+def test_a_fixed_codec_the_handheld_lacks_is_refused_before_sending(
+        bundle: Bundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coinf.errors import InputError
+    from coinf.handheld import daemon
+
+    monkeypatch.setattr(daemon, "decodable", lambda: sorted(LEGACY_DECODERS))
+    with Session(bundle.root, split="c000", packing="jpeg-q90") as sess:
+        with pytest.raises(InputError, match="cannot be sent: the handheld decodes only"):
+            sess.run(None, {"x": photos(1)})
+    with Session(bundle.root, split="c000", packing="q8") as sess:  # what it lists still goes
+        assert sess.run(None, {"x": photos(1)})[0].shape == (1, 10)
+
+
+def test_a_non_float_tensor_under_a_codec_travels_exactly() -> None:
+    x = np.arange(192, dtype=np.int32).reshape(1, 3, 8, 8)
+    assert np.array_equal(unpack(pack(x, "png")), x)

@@ -60,7 +60,7 @@ from coinf.wearable.options import (
 )
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.costs import Decision
-from coinf.wearable.planner.planner import CODEC_SLOWDOWN, parse_config_spec
+from coinf.wearable.planner.planner import CODEC_SLOWDOWN, check_decodable, parse_config_spec
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
@@ -337,6 +337,7 @@ class AsyncSession:
         timeout = ro.timeout if ro.timeout is not None else self.options.timeout
         try:
             rpc = await self.connection.client()
+            check_decodable(plan.packing, self.connection.info)
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
             sent = crossing if plan.compressor is None else await self._on(

@@ -231,7 +231,7 @@ class Planner:
                 gamma, packing = parse_config_spec(spec)
                 codec = self.codec_ms.get(f"{c.id}{PACK_SEP}{spec}")
                 if codec is not None:  # a standard codec: its calibrated encode/decode times
-                    head += codec[0] * self.codec_slowdown * sw * self.wearable.slowdown
+                    head += codec[0] * self.codec_factor() * sw
                     tail += codec[1] * sh
                 elif packing != "raw":  # quantize + shuffle + LZ4 on the wearable
                     head += c.crossing_bytes / (self.pack_mb_s * 1e3) * sw * self.wearable.slowdown
@@ -269,6 +269,13 @@ class Planner:
             out += [str(r.get("spec")) for r in packing_rows(c)] if spec == "auto" else [spec]
         return list(dict.fromkeys(out))
 
+    def codec_factor(self) -> float:
+        """A codec's encode time on the wearable over its calibrated time: ``codec_slowdown``
+        for a device profile (absolute rates), at most the profile's own slowdown for an
+        emulated one (a K x slower copy of this machine stretches encoding the same way)."""
+        k = self.wearable.slowdown
+        return min(k, self.codec_slowdown) if k > 1 else self.codec_slowdown
+
     def reset_configs(self) -> None:
         """Forget the configurations (the peer's decoders or the calibration changed)."""
         self._wire_cfg.clear()
@@ -276,12 +283,16 @@ class Planner:
         self.excluded_configs.clear()
 
     def _undecodable(self, spec: str) -> str | None:
-        """Why the handheld cannot take configuration ``spec``, or None."""
-        if self.peer_decoders is None:
-            return None
+        """Why configuration ``spec`` cannot be sent: this wearable cannot encode it (a codec
+        library missing) or the handheld cannot decode it; None when it can."""
+        from coinf.ble_protocol import media
         from coinf.ble_protocol.packing import PackSpec
 
         codec = PackSpec.parse(parse_config_spec(spec)[1]).codec
+        if codec in media.WIRE and codec not in media.available():
+            return f"this device cannot encode {codec}: {media.INSTALL}"
+        if self.peer_decoders is None:
+            return None
         return None if codec in self.peer_decoders else (
             f"the handheld cannot decode {codec} (it decodes "
             f"{', '.join(sorted(self.peer_decoders))})")
@@ -497,6 +508,21 @@ class Planner:
         if n_pack:
             ex += f"; {n_pack} packed configurations refused (accuracy)"
         return f"{obj}{ex} -> chose {d.winner}: {d.why}"
+
+
+def check_decodable(packing: Any, hello_ack: Mapping[str, Any] | None) -> None:
+    """Refuse, before anything is sent, a packing the handheld did not list in its HELLO_ACK
+    ``decoders`` (a packing fixed by the caller; the planner never picks one)."""
+    from coinf.ble_protocol.packing import LEGACY_DECODERS
+
+    got = (hello_ack or {}).get("decoders")
+    names = set(map(str, got)) if isinstance(got, list) else LEGACY_DECODERS
+    if packing.codec not in names:
+        from coinf.errors import InputError
+
+        raise InputError(f"packing {packing} cannot be sent: the handheld decodes only "
+                         f"{', '.join(sorted(names))} (install coinf[codecs] there, or choose "
+                         f"another packing)")
 
 
 def _codec_ms(cand: Any, spec: str) -> tuple[float, float] | None:

@@ -237,6 +237,11 @@ def _bad(text: str) -> ProtocolError:
 def check_params(wire: int, params: bytes | memoryview) -> None:
     """Every scale finite and >= 0, every offset finite, the top value finite in float32."""
     name = NAMES[wire]
+    with np.errstate(over="ignore"):  # a hostile finite scale may overflow float32: refused
+        _check_params(name, params)
+
+
+def _check_params(name: str, params: bytes | memoryview) -> None:
     if name in IMAGE:
         for k in range(len(params) // PAIR.size):
             s, o = PAIR.unpack_from(params, k * PAIR.size)
@@ -284,8 +289,10 @@ def _pixels(name: str, data: bytes, c: int, h: int, w: int) -> np.ndarray:
     any pixel is decoded (a decompression bomb is refused unopened)."""
     sj = _simplejpeg()
     if name == "jpeg" and sj is not None:
-        hh, ww, _, _ = sj.decode_jpeg_header(data)
+        hh, ww, space, _ = sj.decode_jpeg_header(data)
         _same_size(name, (hh, ww), (h, w))
+        if (space == "Gray") != (c == 1):  # as Pillow's mode check below: no silent conversion
+            raise _bad(f"jpeg image is {space}; expected {'Gray' if c == 1 else 'colour'}")
         px = sj.decode_jpeg(data, colorspace="GRAY" if c == 1 else "RGB")
     else:
         import warnings

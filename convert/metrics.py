@@ -21,6 +21,12 @@ name                per-sample loss                                             
                     outputs are (pitch, confidence), voiced = reference confidence
                     >= 0.5 (swift-f0's rule); with pitch alone, every frame whose
                     reference pitch is > 0; no voiced frame: 0
+``class``           outputs that hold class ids (``--post argmax`` or the indices of   decision
+                    ``--post topk:K``): share of positions whose first id changed
+``boxes@T``         detections ``[1, K, 6]`` (cx, cy, w, h, score, class; ``--post        decision
+                    boxes:K``): the boxes scoring >= 0.25 on each side are matched
+                    greedily (same class, IoU >= T); loss = 1 - F1 of the matching
+                    (both empty: 0)
 ``MODULE:FUNC``     ``1 - FUNC(outputs_ref, outputs_test)``; FUNC returns a score in      score
                     [0, 1], 1 = identical; both arguments are lists of the metric's
                     outputs (arrays, in model order); ``MODULE`` may be a ``.py`` path
@@ -49,7 +55,11 @@ from coinf.errors import InputError
 _THRESH = re.compile(r"^(iou|decision)@(-?[0-9.]+(?:e-?\d+)?)$")
 _TOPK = re.compile(r"^top(\d{1,3})$")
 _CENTS = re.compile(r"^cents@([0-9.]+(?:e-?\d+)?)$")
-BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine", "cents@T")
+_BOXES = re.compile(r"^boxes@(0?\.[0-9]+|1(?:\.0*)?)$")
+BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine", "cents@T",
+           "class", "boxes@T")
+BOX_SCORE = 0.25
+"""``boxes@T``: the score from which a detection counts (on both sides)."""
 EPS = 1e-12
 VOICED = 0.5
 """``cents@T``: a frame is voiced when the reference confidence is at least this (swift-f0's
@@ -91,6 +101,12 @@ class Metric:
 
     def _one(self, ref: np.ndarray, test: np.ndarray, label: int | None) -> float:
         name = self.name
+        if name == "class":
+            r, t = _rows(ref), _rows(test)
+            return float(np.mean(r[:, 0] != t[:, 0])) if r.size else 0.0
+        b = _BOXES.match(name)
+        if b:
+            return boxes_loss(ref, test, float(b.group(1)))
         m = _TOPK.match(name)
         if m:
             k = int(m.group(1))
@@ -148,6 +164,40 @@ def cents_loss(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], cents: flo
     with np.errstate(divide="ignore", invalid="ignore"):
         moved = np.abs(1200.0 * np.log2(tp[voiced] / rp[voiced]))
     return float(np.mean(~(moved <= cents)))  # NaN (test pitch <= 0) counts as moved
+
+
+def boxes_loss(ref: np.ndarray, test: np.ndarray, iou: float,
+               score: float = BOX_SCORE) -> float:
+    """``1 - F1`` of the detections (rows cx, cy, w, h, score, class) scoring >= ``score``,
+    matched greedily by IoU (>= ``iou``, same class), best reference box first."""
+    r = ref.reshape(-1, 6).astype(np.float64)
+    t = test.reshape(-1, 6).astype(np.float64)
+    r, t = r[r[:, 4] >= score], t[t[:, 4] >= score]
+    if len(r) == 0 and len(t) == 0:
+        return 0.0
+    free = np.ones(len(t), bool)
+    hits = 0
+    for box in r[np.argsort(-r[:, 4])]:
+        ious = _iou(box, t) * free * (t[:, 5] == box[5])
+        if ious.size and ious.max() >= iou:
+            free[int(ious.argmax())] = False
+            hits += 1
+    return 1.0 - 2.0 * hits / (len(r) + len(t))
+
+
+def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """IoU of one (cx, cy, w, h) box with each row of ``others``."""
+    def corners(b: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (b[..., 0] - b[..., 2] / 2, b[..., 1] - b[..., 3] / 2,
+                b[..., 0] + b[..., 2] / 2, b[..., 1] + b[..., 3] / 2)
+
+    ax0, ay0, ax1, ay1 = corners(box)
+    bx0, by0, bx1, by1 = corners(others)
+    w = np.clip(np.minimum(ax1, bx1) - np.maximum(ax0, bx0), 0, None)
+    h = np.clip(np.minimum(ay1, by1) - np.maximum(ay0, by0), 0, None)
+    inter = w * h
+    union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
+    return np.where(union > 0, inter / np.maximum(union, EPS), 0.0)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -215,11 +265,11 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
         except ValueError:
             raise InputError(f"--metric {text!r}: {c.group(1)!r} is not a number of cents"
                              ) from None
-    if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or c or name in (
-            "maxrel", "meanrel", "cosine"):
+    if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or c or _BOXES.match(name) \
+            or name in ("maxrel", "meanrel", "cosine", "class"):
         return Metric(name, chosen)
     raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
-                     "top5, iou@0.5, decision@0.5, cents@50) or MODULE:FUNCTION")
+                     "top5, iou@0.5, decision@0.5, cents@50, class, boxes@0.5) or MODULE:FUNCTION")
 
 
 def upper_bound_pp(losses: np.ndarray, confidence: float) -> float:

@@ -37,29 +37,41 @@ class Preparation:
     state: Sequence[tuple[str, str]] | None = None
     frozen: dict[str, np.ndarray] = field(default_factory=dict)
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    post: str | None = None  # --post (convert/post.py)
+    post_meta: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, freeze: Mapping[str, Any] | None = None,
            input_data: str | Path | Mapping[str, np.ndarray] | None = None,
-           state: Sequence[tuple[str, str]] | None = None) -> Preparation:
+           state: Sequence[tuple[str, str]] | None = None,
+           post: str | None = None) -> Preparation:
         data: dict[str, np.ndarray] | None = None
         name = None
         if isinstance(input_data, str | Path):
             data, name = read_npz(input_data, "--input-data"), Path(input_data).name
         elif input_data is not None:
             data, name = {k: np.asarray(v) for k, v in input_data.items()}, "arrays"
-        return cls(dict(freeze or {}), data, name, list(state) if state else None)
+        if post is not None:
+            from coinf.convert.post import check_spec
+
+            post = check_spec(post)  # before any work
+        return cls(dict(freeze or {}), data, name, list(state) if state else None, post=post)
 
     def _prepare(self, model: ModelProto) -> None:
         if self.freeze:
             self.frozen = fz.freeze_inputs(model, self.freeze)
+        if self.post:
+            from coinf.convert.post import attach
+
+            self.post_meta = attach(model, self.post)
 
     def load(self, model_path: str | Path, dims: Mapping[str, int] | None,
              weights: Path | None = None) -> Graph:
         """:func:`load_graph` with the freeze and the representative data applied (``weights``:
         where large initializers go, see :func:`load_graph`)."""
         data = self.data
-        g = load_graph(model_path, dims, prepare=self._prepare if self.freeze else None,
+        g = load_graph(model_path, dims,
+                       prepare=self._prepare if self.freeze or self.post else None,
                        input_data=data, weights=weights)
         if data is not None:
             known = [k for k in data if k in g.inputs]
@@ -73,6 +85,8 @@ class Preparation:
         """Record frozen inputs, the data's name and state pairs; mark state-like crossings."""
         if self.frozen:
             meta[fz.META_KEY] = fz.manifest_entry(self.frozen)
+        if self.post_meta:
+            meta["post"] = self.post_meta
         if self.data_name:
             meta["input_data"] = self.data_name
         if self.pairs:

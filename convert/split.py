@@ -93,7 +93,8 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
                 shared_weights: bool | None = None, force: bool = False,
                 freeze: Mapping[str, Any] | None = None,
                 input_data: str | Path | Mapping[str, Any] | None = None,
-                state: Sequence[tuple[str, str]] | None = None) -> Bundle:
+                state: Sequence[tuple[str, str]] | None = None,
+                post: str | None = None) -> Bundle:
     """Slice ``model_path`` into a bundle in ``out_dir`` and return it (loaded back from disk).
 
     With ``verify=True`` every candidate is checked (:mod:`convert.verify`) and
@@ -111,12 +112,14 @@ def split_model(model_path: str | Path, out_dir: str | Path, *,
 
     ``freeze`` (``{input: value}``), ``input_data`` (an .npz path or arrays: representative
     inputs) and ``state`` (``[(input, output)]`` recurrent pairs) are for models exported by
-    other tools: :mod:`convert.realmodel`.
+    other tools: :mod:`convert.realmodel`. ``post`` appends a post-processing (``topk:5``,
+    ``argmax``, ``boxes:100`` or a FILE.onnx: :mod:`convert.post`) so that only what the app
+    needs comes back.
     """
     out = Path(out_dir)
     check_out_dir(out, force)  # raises before any work is done
     step = progress or (lambda stage, done, total: None)
-    prep = Preparation.of(freeze, input_data, state)  # reads --input-data before any work
+    prep = Preparation.of(freeze, input_data, state, post)  # reads --input-data before any work
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

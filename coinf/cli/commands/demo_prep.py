@@ -32,22 +32,24 @@ class Prepared:
     description: str
 
 
-def ensure_bundle(model: Path, out: Path) -> Path:
-    """Split ``model`` into ``out`` (verified) unless a bundle of this very file is there."""
+def ensure_bundle(model: Path, out: Path, post: str | None = None) -> Path:
+    """Split ``model`` into ``out`` (verified; ``post``: convert/post.py) unless a bundle of
+    this very file and post-processing is there."""
     from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
     from coinf.convert.split import split_model
 
     if (out / MANIFEST).is_file():
         try:
-            source = Bundle.load(out).meta.get("source", {})
-            if source.get("sha256") == sha256_file(model):
+            meta = Bundle.load(out).meta
+            if meta.get("source", {}).get("sha256") == sha256_file(model) and \
+                    (meta.get("post") or {}).get("spec") == post:
                 progress(f"reusing bundle {out}")
                 return out
         except Exception as exc:  # a damaged bundle is rebuilt, whatever is wrong with it
             progress(f"rebuilding bundle {out} ({exc})")
     progress(f"splitting {model} into {out} ...")
     t0 = time.perf_counter()
-    split_model(model, out, verify=True, force=True)
+    split_model(model, out, verify=True, force=True, post=post)
     progress(f"split + verify took {time.perf_counter() - t0:.1f} s")
     return out
 
@@ -62,7 +64,7 @@ def prepare(name: str, out: Path, samples: int) -> Prepared:
         if not onnx_path.is_file():
             progress(f"building {name} from {spec.requirement} (no torch needed)")
             pretrained.build(name, out)
-        bundle_dir = ensure_bundle(onnx_path, out / name)
+        bundle_dir = ensure_bundle(onnx_path, out / name, spec.post)
         calibrate(bundle_dir, name, out, samples, spec.metric, list(spec.metric_outputs))
         info = {"name": name, "package": spec.package, "version": spec.version,
                 "license": spec.licence, "sha256": spec.sha256, "pretrained": True,

@@ -31,6 +31,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", action="append", default=[], metavar="INPUT=OUTPUT",
                         help="a recurrent state pair (OUTPUT is fed back as INPUT); default: "
                              "detected by name; repeatable")
+    parser.add_argument("--post", default=None, metavar="SPEC",
+                        help="post-processing appended before splitting, so only what the app "
+                             "needs comes back: topk:K, argmax, boxes:K (a YOLO-style detector)"
+                             " or FILE.onnx (docs/BUNDLE.md)")
     parser.add_argument("--max-candidates", type=int, default=None, metavar="K",
                         help="keep at most K candidate cuts including the extremes (default 64)")
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
@@ -114,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     bundle = split_model(args.model, args.output, dims=dims, verify=args.verify,
                          progress=_Bar(), max_candidates=k, force=args.force,
                          freeze=freeze, input_data=args.input_data, state=state or None,
-                         shared_weights={"auto": None, "yes": True, "no": False}[
+                         post=args.post, shared_weights={"auto": None, "yes": True, "no": False}[
                              args.shared_weights])
     summary = None
     if args.tflite:

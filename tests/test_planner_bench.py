@@ -16,8 +16,36 @@ def test_bench_plan_measures_every_candidate(tmp_path: Path) -> None:
     r = plan_one(bundle.root, bandwidth_kbps=5000, slowdown=1.0, threads=1, runs=1,
                  objective="latency", repeats=2)
     ids = [c["id"] for c in r["candidates"]]
-    assert ids == [c.id for c in bundle.candidates]
+    assert ids == [c.id for c in bundle.candidates]  # uncalibrated: one row per cut
     assert r["chosen"] in ids and r["best"] in ids
     assert r["ratio"] >= 1.0 and r["best_ms"] == min(c["measured_ms"] for c in r["candidates"])
     assert r["wearable_only_ms"] > 0 and r["handheld_only_ms"] > 0
     assert all(c["predicted_ms"] > 0 for c in r["candidates"])
+
+
+def test_bench_plan_measures_the_reference_points_codecs_included(tmp_path: Path) -> None:
+    import numpy as np
+    import pytest
+    from coinf.ble_protocol import media
+    from coinf.cli.bench.plan import plan_one
+    from coinf.convert import calibrate as cal
+    from coinf.convert.feeds import load_dataset
+
+    from tests.test_codec_plan import photos
+
+    if "png" not in media.available():
+        pytest.skip("the codecs extra is not installed")
+    bundle = make_bundle(tmp_path / "b", hw=16)
+    np.savez(tmp_path / "p.npz", x=photos(300, 16))
+    np.save(tmp_path / "x.npy", photos(1, 16))
+    data = load_dataset(str(tmp_path / "p.npz"), bundle)
+    cal.store(bundle, cal.calibrate(bundle, data, ("png", "q8"), ["c000"]), data)
+    r = plan_one(bundle.root, bandwidth_kbps=20, slowdown=1.0, threads=1, runs=1,
+                 objective="latency", repeats=2, inputs=[f"x={tmp_path / 'x.npy'}"])
+    refs = r["reference"]
+    assert refs["handheld_codec"]["id"] == "c000~png"
+    assert refs["handheld_raw"]["id"] == "c000" and refs["wearable_only"]["id"] == "c003"
+    assert all(v["measured_ms"] > 0 for v in refs.values() if v)
+    assert "c000~png" in [c["id"] for c in r["candidates"]]
+    assert r["chosen_vs_best_reference"] == pytest.approx(
+        r["chosen_ms"] / min(v["measured_ms"] for v in refs.values() if v))

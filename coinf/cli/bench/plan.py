@@ -24,18 +24,22 @@ from coinf.cli.bench import emit, progress
 from coinf.errors import CoinfError, UserError
 
 
-def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threads: int,
+def _measure(bundle: Any, config: str, bandwidth_bps: float, slowdown: float, threads: int,
              runs: int, stop_above_ms: float | None,
-             latency_s: float) -> tuple[float, bool, dict[str, float]]:
-    """Median end-to-end ms of ``runs`` runs (after one warm-up), whether it stopped early (the
-    first timed run exceeded ``stop_above_ms``), and the median of each RunStats time."""
+             latency_s: float, feeds: dict[str, Any] | None = None,
+             ) -> tuple[float, bool, dict[str, float]]:
+    """Median end-to-end ms of ``runs`` runs (after one warm-up) of a configuration (``c004``
+    or ``c004~q8``), whether it stopped early (the first timed run exceeded
+    ``stop_above_ms``), and the median of each RunStats time."""
     from coinf.ble_protocol.shaped import Channel
     from coinf.cli.sample import bundle_feeds
     from coinf.wearable.session import Session
 
-    feeds = bundle_feeds(bundle)
+    feeds = feeds or bundle_feeds(bundle)
+    cid, _, packing = config.partition("~")
     stats = []
-    with Session(bundle, split=cid, transport=Channel(bandwidth_bps, latency_s),
+    with Session(bundle, split=cid, packing=packing or "raw",
+                 transport=Channel(bandwidth_bps, latency_s),
                  slowdown=slowdown, threads=threads, handheld_threads=threads) as sess:
         sess.run(None, feeds)  # warm-up: connect, load the slices
         for _ in range(runs):
@@ -52,20 +56,28 @@ def _measure(bundle: Any, cid: str, bandwidth_bps: float, slowdown: float, threa
 
 def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: float, threads: int,
              runs: int, objective: str, repeats: int,
-             predictor_profile: str | None = None, preset: str = "pi-zero-2w") -> dict[str, Any]:
+             predictor_profile: str | None = None, preset: str = "pi-zero-2w",
+             inputs: list[str] | None = None) -> dict[str, Any]:
     """One configuration. The link is a shaped channel at the radio ``preset``'s ATT capacity
     (or ``bandwidth_kbps``) with half its connection interval of latency each way. With
     ``predictor_profile`` the planner never sees this model's timings: compute times come from
-    that profile's layer predictors."""
+    that profile's layer predictors. ``inputs`` (``NAME=FILE.npy``) replace the random feeds:
+    a codec's bytes depend on the picture. The four reference points (wearable/planner/
+    references.py) are always measured; ``chosen_vs_best_reference`` compares the choice
+    with the best of them."""
     from coinf.ble_protocol.shaped import Channel
     from coinf.cli.bench.stream import channel_for
+    from coinf.cli.sample import bundle_feeds, load_feeds
     from coinf.convert.bundle import Bundle
     from coinf.device.profile import DeviceProfile, profile_bundle
     from coinf.wearable.planner.adapt import LinkEstimate
     from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.planner.references import references
     from coinf.wearable.policy import Policy
 
     bundle = Bundle.load(bundle_dir)
+    feeds = bundle_feeds(bundle)
+    feeds.update(load_feeds(inputs or [], bundle.inputs))
     channel, bps = channel_for(preset, bandwidth_kbps)
     latency_s = channel.latency_s
     wear = DeviceProfile.pi_zero_2w()
@@ -98,7 +110,7 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
     meds: dict[str, dict[str, float]] = {}
     for cid in (first, last):
         measured[cid], _, meds[cid] = _measure(bundle, cid, bps, slowdown, threads, runs, None,
-                                                latency_s)
+                                                latency_s, feeds)
         stopped[cid] = ""
     load = meds[last]["head_ms"] / base[last].head_ms if base[last].head_ms > 0 else 1.0
     hload = meds[first]["tail_ms"] / base[first].tail_ms if base[first].tail_ms > 0 else 1.0
@@ -111,7 +123,10 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
     decision = planner.decide(link, latency_budget_ms=budget, load_factor=load,
                               handheld_load=hload)
     predicted = {r.id: r.latency_ms() for r in decision.rows}
-    full = [first, last, decision.winner]  # the baselines and the choice: always measured
+    refs = references(planner, decision, link_estimate=link, latency_budget_ms=budget,
+                      load_factor=load, handheld_load=hload)
+    # the baselines, the choice and the reference points: always measured
+    full = [first, last, decision.winner, *(r for r in refs.values() if r)]
     rest = sorted((c for c in predicted if c not in full), key=lambda c: predicted[c])
     airtime = {r.id: 1000.0 * (r.crossing_bytes + link.overhead_bytes) / bps
                for r in decision.rows}
@@ -125,7 +140,7 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
         else:
             limit = None if cid in full or best is None else best
             ms, stop, _ = _measure(bundle, cid, bps, slowdown, threads, runs, limit,
-                                        latency_s)
+                                   latency_s, feeds)
             measured[cid], stopped[cid] = ms, ("first run > best" if stop else "")
         progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {measured[cid]:.1f} ms"
                  + (f" (stopped: {stopped[cid]})" if stopped[cid] else ""))
@@ -138,12 +153,17 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
         "bandwidth_bps": bps,
         "calibration": {"wearable_load_factor": load, "handheld_load_factor": hload,
                         "rtt_ms": rtt},
-        "candidates": [{"id": c.id, "predicted_ms": predicted[c.id],
-                        "measured_ms": measured[c.id], "stopped_early": stopped[c.id] or None}
-                       for c in bundle.candidates],
+        "candidates": [{"id": c, "predicted_ms": predicted[c],
+                        "measured_ms": measured[c], "stopped_early": stopped[c] or None}
+                       for c in predicted],
         "chosen": chosen, "best": best_id, "chosen_ms": measured[chosen],
         "best_ms": measured[best_id], "ratio": measured[chosen] / measured[best_id],
         "wearable_only_ms": measured[last], "handheld_only_ms": measured[first],
+        "reference": {k: None if v is None else {"id": v, "predicted_ms": predicted[v],
+                                                  "measured_ms": measured[v]}
+                      for k, v in refs.items()},
+        "chosen_vs_best_reference": measured[chosen] / min(
+            measured[v] for v in refs.values() if v),
     }
 
 
@@ -161,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
                                       and args.bandwidth_kbps <= 0):
         raise UserError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
     emit(plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
-                  args.runs, args.objective, args.repeats, args.predicted, args.preset))
+                  args.runs, args.objective, args.repeats, args.predicted, args.preset,
+                  args.input))
     return 0
 
 
@@ -245,6 +266,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wearable-slowdown", type=float, default=10.0)
     parser.add_argument("--bandwidth-kbps", type=float, default=None,
                         help="link bandwidth (default: the preset's ATT capacity)")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="a real input instead of random values (a codec's bytes depend "
+                             "on the picture)")
     _common(parser)
     parser.set_defaults(func=run)
 

@@ -131,17 +131,21 @@ def run(args: argparse.Namespace) -> int:
             rows = cal.calibrate_candidate(bundle, cand, data, specs, opts)
             progress(f"{cand.id} {cand.label}: {len(rows)} packings on {len(data)} inputs in "
                      f"{time.perf_counter() - t0:.0f} s")
+            total = max(cand.head.flops + cand.tail.flops, 1)
+            share = round(cand.head.flops / total, 4)  # of the model's compute on the wearable
             for r in rows:
                 spec = PackSpec.parse(r["spec"])
                 family = ("codec" if spec.is_media else "input") if cand.is_handheld_only \
                     else "split"
                 points.append({"family": family, "cut": cand.id, "label": cand.label,
+                               "wearable_share": share,
                                "packing": r["spec"], "method": _method(spec),
                                "bytes": r["mean_bytes"], "quality_loss": r["accuracy_drop_pp"],
                                "quality_loss_bound": r["accuracy_drop_upper_pp"],
                                "encode_ms": r.get("encode_ms"), "decode_ms": r.get("decode_ms")})
             points.append({"family": "input" if cand.is_handheld_only else "split",
                            "cut": cand.id, "label": cand.label, "packing": "raw",
+                           "wearable_share": share,
                            "method": "raw", "bytes": float(cand.crossing_bytes),
                            "quality_loss": 0.0, "quality_loss_bound": 0.0})
         result = {"bench": "rate", "bundle": str(bundle.root.name), "samples": len(data),
@@ -152,8 +156,9 @@ def run(args: argparse.Namespace) -> int:
         if args.png:
             from coinf.cli.bench.rate_chart import plot_rate
 
-            plot_rate(points, args.png, f"{bundle.root.name}: {len(data)} inputs, "
-                      f"{metric.describe()}", args.tolerance)
+            what = metric.name + (f" on {', '.join(metric.outputs)}" if metric.outputs else "")
+            plot_rate(points, args.png, f"{model['name'] if model else bundle.root.name}: "
+                      f"{len(data)} real inputs, task metric {what}", args.tolerance)
             result["png"] = args.png
     emit(result)
     return 0

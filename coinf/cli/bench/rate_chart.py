@@ -38,7 +38,9 @@ def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: fl
                 marker="o", ms=4, label=f"{NAMES[family]}: {method}")
         if family == "split":
             for p in pts:
-                ax.annotate(f"{p['cut']} {p['packing']}", (p["bytes"], p["quality_loss"]),
+                share = p.get("wearable_share")
+                where = f", {share:.0%} of FLOPs on the wearable" if share is not None else ""
+                ax.annotate(f"{p['cut']} {p['packing']}{where}", (p["bytes"], p["quality_loss"]),
                             fontsize=6, xytext=(3, 3), textcoords="offset points")
     raw = [p for p in points if p["method"] == "raw" and p["family"] == "input"]
     for p in raw:

@@ -104,9 +104,9 @@ class Metric:
         if name == "class":
             r, t = _rows(ref), _rows(test)
             return float(np.mean(r[:, 0] != t[:, 0])) if r.size else 0.0
-        b = _BOXES.match(name)
-        if b:
-            return boxes_loss(ref, test, float(b.group(1)))
+        box = _BOXES.match(name)
+        if box:
+            return boxes_loss(ref, test, float(box.group(1)))
         m = _TOPK.match(name)
         if m:
             k = int(m.group(1))

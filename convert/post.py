@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
@@ -49,7 +50,7 @@ def check_spec(spec: str) -> str:
     return text
 
 
-def attach(model: ModelProto, spec: str) -> dict[str, str]:
+def attach(model: ModelProto, spec: str) -> dict[str, Any]:
     """Append the post-processing ``spec`` to ``model`` in place; what the manifest records."""
     spec = check_spec(spec)
     if spec.endswith(".onnx"):
@@ -93,7 +94,7 @@ def _boxes(model: ModelProto, target: str, k: int, pre: str, out: str) -> None:
         g.initializer.append(numpy_helper.from_array(np.array(values, np.int64), f"{pre}/{name}"))
         return f"{pre}/{name}"
 
-    def node(op: str, ins: list[str], name: str, **attrs: object) -> str:
+    def node(op: str, ins: list[str], name: str, **attrs: Any) -> str:
         g.node.append(helper.make_node(op, ins, [f"{pre}/{name}"], f"{pre}/{name}", **attrs))
         return f"{pre}/{name}"
 

@@ -14,6 +14,7 @@ from coinf.convert.bundle import Bundle
 from coinf.convert.feeds import load_dataset
 from coinf.convert.packcal import tensor_specs
 from coinf.wearable.planner.adapt import LinkEstimate
+from coinf.wearable.planner.codec_costs import codec_factor
 from coinf.wearable.planner.planner import Planner
 from coinf.wearable.planner.references import KINDS, plan_json
 from coinf.wearable.policy import Policy
@@ -106,13 +107,32 @@ def test_the_planner_never_offers_what_the_peer_cannot_decode(bundle: Bundle) ->
 def test_codec_time_is_charged_to_both_sides(bundle: Bundle) -> None:
     p = _planner(bundle)
     rows = {r.id: r for r in p.costs(LinkEstimate(20_000, 20_000, 30))}
-    enc, dec = p.codec_ms["c000~png"]
-    assert rows["c000~png"].head_ms == pytest.approx(enc * p.codec_slowdown, rel=1e-6)
+    row = {r["spec"]: r for r in cal.packing_rows(bundle.candidate("c000"))}["png"]
+    assert p.codec_ms["c000~png"] == pytest.approx(
+        (row["encode_ms"] * p.codec_slowdown, row["decode_ms"]), rel=1e-6)
+    assert rows["c000~png"].head_ms == pytest.approx(row["encode_ms"] * p.codec_slowdown)
+    assert rows["c000~png"].tail_ms == pytest.approx(rows["c000"].tail_ms + row["decode_ms"])
     p.wearable.slowdown = 4.0  # an emulated wearable: encoding is stretched 4x, not 40x
-    assert p.codec_factor() == 4.0
+    assert codec_factor(p.wearable) == 4.0
     p.wearable.slowdown = 40.0
-    assert p.codec_factor() == p.codec_slowdown
-    assert rows["c000~png"].tail_ms == pytest.approx(rows["c000"].tail_ms + dec, rel=1e-6)
+    assert codec_factor(p.wearable) == p.codec_slowdown
+
+
+def test_profiled_codec_times_win_over_calibrated_ones(bundle: Bundle) -> None:
+    from coinf.device.profile import ModelProfile, codec_times
+
+    measured = codec_times(bundle.candidate("c000"), repeats=2)
+    assert set(measured) == {f"{k}_{s}_ms" for k in ("encode", "decode")
+                             for s in ("jpeg-q90", "webp-q75", "png")}
+    assert all(v > 0 for v in measured.values())
+    p = _planner(bundle)
+    p.wearable.models[bundle.identity] = ModelProfile(
+        candidates={"c000": {"encode_png_ms": 7.0}})
+    p.handheld.models[bundle.identity] = ModelProfile(
+        candidates={"c000": {"decode_png_ms": 0.5}})
+    rows = {r.id: r for r in p.costs(LinkEstimate(20_000, 20_000, 30))}
+    assert rows["c000~png"].head_ms == pytest.approx(7.0)
+    assert rows["c000~png"].tail_ms == pytest.approx(rows["c000"].tail_ms + 0.5)
 
 
 @pytest.mark.parametrize("objective,key", [("energy", "wearable_mj"), ("latency", "latency_ms")])
@@ -163,13 +183,14 @@ def test_a_session_sends_a_jpeg_frame_and_gets_the_model_output(bundle: Bundle) 
 
 def test_a_fixed_codec_the_handheld_lacks_is_refused_before_sending(
         bundle: Bundle, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coinf.errors import InputError
     from coinf.handheld import daemon
 
+    from coinf.errors import InputError
+
     monkeypatch.setattr(daemon, "decodable", lambda: sorted(LEGACY_DECODERS))
-    with Session(bundle.root, split="c000", packing="jpeg-q90") as sess:
-        with pytest.raises(InputError, match="cannot be sent: the handheld decodes only"):
-            sess.run(None, {"x": photos(1)})
+    with Session(bundle.root, split="c000", packing="jpeg-q90") as sess, \
+            pytest.raises(InputError, match="cannot be sent: the handheld decodes only"):
+        sess.run(None, {"x": photos(1)})
     with Session(bundle.root, split="c000", packing="q8") as sess:  # what it lists still goes
         assert sess.run(None, {"x": photos(1)})[0].shape == (1, 10)
 

@@ -27,10 +27,10 @@ def test_bench_plan_measures_the_reference_points_codecs_included(tmp_path: Path
     import numpy as np
     import pytest
     from coinf.ble_protocol import media
-    from coinf.cli.bench.plan import plan_one
     from coinf.convert import calibrate as cal
     from coinf.convert.feeds import load_dataset
 
+    from coinf.cli.bench.plan import plan_one
     from tests.test_codec_plan import photos
 
     if "png" not in media.available():

@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from coinf import Session
 from coinf.convert.metrics import boxes_loss, parse_metric
 from coinf.convert.split import split_model
 from onnx import TensorProto, helper
 
+from coinf import Session
 from coinf.errors import InputError
 from tests.planner_bundle import make_model
 

@@ -59,8 +59,9 @@ from coinf.wearable.options import (
     request_timeout,
 )
 from coinf.wearable.plan import Plan
+from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable
 from coinf.wearable.planner.costs import Decision
-from coinf.wearable.planner.planner import CODEC_SLOWDOWN, check_decodable, parse_config_spec
+from coinf.wearable.planner.planner import parse_config_spec
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError

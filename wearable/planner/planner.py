@@ -19,6 +19,12 @@ from coinf.wearable.planner.adapt import (
     LoadFactor,
     ReplanTrigger,
 )
+from coinf.wearable.planner.codec_costs import (
+    CODEC_SLOWDOWN,
+    codec_ms,
+    parse_config_spec,
+    undecodable,
+)
 from coinf.wearable.planner.costs import TIMEOUT_MARGIN, CandidateCost, Decision
 from coinf.wearable.planner.memory import MemoryModel, budget_of
 from coinf.wearable.planner.mincut import CutResult, min_cut
@@ -31,10 +37,7 @@ from coinf.errors import CoinfError
 _UNSET: Any = object()
 #: separates candidate id and packing in a configuration id (``c003~q4``)
 PACK_SEP = "~"
-#: a standard codec's encode time on the wearable over its time where it was calibrated (one
-#: x86-64 core): an estimate for libjpeg-turbo/libwebp/libFLAC on a 1 GHz Cortex-A53, used
-#: until a codec is profiled on the device (docs/PLANNER.md, "Codec packings")
-CODEC_SLOWDOWN = 10.0
+
 
 
 def split_config(config_id: str) -> tuple[str, str]:
@@ -42,15 +45,6 @@ def split_config(config_id: str) -> tuple[str, str]:
     ``"c003~g4+q8"`` (compressor g4's code, packed q8) -> ``("c003", "g4+q8")``."""
     cid, _, spec = config_id.partition(PACK_SEP)
     return cid, spec or "raw"
-
-
-def parse_config_spec(spec: str) -> tuple[int | None, str]:
-    """A configuration's spec -> (compressor gamma or None, packing): ``"q8"`` -> (None,
-    "q8"), ``"g4"`` -> (4, "raw"), ``"g4+q8"`` -> (4, "q8")."""
-    if spec.startswith("g") and spec[1:2].isdigit():
-        gamma, _, packing = spec[1:].partition("+")
-        return int(gamma), packing or "raw"
-    return None, spec
 
 
 def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
@@ -132,7 +126,7 @@ class Planner:
         #: the packing codecs the handheld decodes (HELLO_ACK ``decoders``); None = not known,
         #: so every calibrated packing is offered (``coinf plan`` without a peer)
         self.peer_decoders: frozenset[str] | None = None
-        self.codec_slowdown = CODEC_SLOWDOWN
+        self.codec_slowdown = CODEC_SLOWDOWN  # see codec_costs.codec_factor
         from coinf.ble_protocol.packing import PackSpec
 
         for spec in packings:
@@ -230,8 +224,8 @@ class Planner:
                 head, tail = h * sw, t * sh
                 gamma, packing = parse_config_spec(spec)
                 codec = self.codec_ms.get(f"{c.id}{PACK_SEP}{spec}")
-                if codec is not None:  # a standard codec: its calibrated encode/decode times
-                    head += codec[0] * self.codec_factor() * sw
+                if codec is not None:  # a standard codec: its encode/decode times here, there
+                    head += codec[0] * sw
                     tail += codec[1] * sh
                 elif packing != "raw":  # quantize + shuffle + LZ4 on the wearable
                     head += c.crossing_bytes / (self.pack_mb_s * 1e3) * sw * self.wearable.slowdown
@@ -269,33 +263,11 @@ class Planner:
             out += [str(r.get("spec")) for r in packing_rows(c)] if spec == "auto" else [spec]
         return list(dict.fromkeys(out))
 
-    def codec_factor(self) -> float:
-        """A codec's encode time on the wearable over its calibrated time: ``codec_slowdown``
-        for a device profile (absolute rates), at most the profile's own slowdown for an
-        emulated one (a K x slower copy of this machine stretches encoding the same way)."""
-        k = self.wearable.slowdown
-        return min(k, self.codec_slowdown) if k > 1 else self.codec_slowdown
-
     def reset_configs(self) -> None:
         """Forget the configurations (the peer's decoders or the calibration changed)."""
         self._wire_cfg.clear()
         self.codec_ms.clear()
         self.excluded_configs.clear()
-
-    def _undecodable(self, spec: str) -> str | None:
-        """Why configuration ``spec`` cannot be sent: this wearable cannot encode it (a codec
-        library missing) or the handheld cannot decode it; None when it can."""
-        from coinf.ble_protocol import media
-        from coinf.ble_protocol.packing import PackSpec
-
-        codec = PackSpec.parse(parse_config_spec(spec)[1]).codec
-        if codec in media.WIRE and codec not in media.available():
-            return f"this device cannot encode {codec}: {media.INSTALL}"
-        if self.peer_decoders is None:
-            return None
-        return None if codec in self.peer_decoders else (
-            f"the handheld cannot decode {codec} (it decodes "
-            f"{', '.join(sorted(self.peer_decoders))})")
 
     def _configs(self, c: Any) -> list[tuple[str, int, int, float]]:
         """(packing, request bytes, result bytes, accuracy drop) of each configuration of
@@ -325,7 +297,7 @@ class Planner:
                     continue  # not calibrated for this packing: not a configuration
                 tol = self.policy.accuracy_tolerance_pp
                 rid = f"{c.id}{PACK_SEP}{spec}"
-                missing = self._undecodable(spec)
+                missing = undecodable(spec, self.peer_decoders)
                 if missing:
                     self.excluded_configs[rid] = missing
                     continue
@@ -339,7 +311,7 @@ class Planner:
                         f"95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp")
                     continue
                 out.append((spec, round(packed) + header, res, drop))
-                ms = _codec_ms(c, spec)
+                ms = codec_ms(self, c, spec)
                 if ms is not None:
                     self.codec_ms[rid] = ms
             if "auto" in self.packings:
@@ -359,7 +331,7 @@ class Planner:
                 if packing not in comp.accuracy:
                     continue
                 spec = f"g{comp.gamma}" if packing == "raw" else f"g{comp.gamma}+{packing}"
-                if self._undecodable(spec):
+                if undecodable(spec, self.peer_decoders):
                     continue
                 drop = max(round((comp.base_accuracy - comp.accuracy[packing]) * 100.0, 6), 0.0)
                 tol = self.policy.accuracy_tolerance_pp
@@ -508,31 +480,6 @@ class Planner:
         if n_pack:
             ex += f"; {n_pack} packed configurations refused (accuracy)"
         return f"{obj}{ex} -> chose {d.winner}: {d.why}"
-
-
-def check_decodable(packing: Any, hello_ack: Mapping[str, Any] | None) -> None:
-    """Refuse, before anything is sent, a packing the handheld did not list in its HELLO_ACK
-    ``decoders`` (a packing fixed by the caller; the planner never picks one)."""
-    from coinf.ble_protocol.packing import LEGACY_DECODERS
-
-    got = (hello_ack or {}).get("decoders")
-    names = set(map(str, got)) if isinstance(got, list) else LEGACY_DECODERS
-    if packing.codec not in names:
-        from coinf.errors import InputError
-
-        raise InputError(f"packing {packing} cannot be sent: the handheld decodes only "
-                         f"{', '.join(sorted(names))} (install coinf[codecs] there, or choose "
-                         f"another packing)")
-
-
-def _codec_ms(cand: Any, spec: str) -> tuple[float, float] | None:
-    """(encode ms, decode ms) a standard codec's calibration row measured, else None."""
-    from coinf.convert.calibrate import packing_rows
-
-    for row in packing_rows(cand):
-        if row.get("spec") == spec and "encode_ms" in row:
-            return float(row["encode_ms"]), float(row.get("decode_ms", 0.0))
-    return None
 
 
 class AdaptivePlanner:

@@ -306,9 +306,12 @@ class Planner:
                         f"accuracy drop {drop:.2f} pp > tolerance {tol:g} pp")
                     continue
                 if bound > tol:  # too few samples to show the drop is within the tolerance
+                    from coinf.convert.calibrate import samples_needed
+
                     self.excluded_configs[rid] = (
                         f"accuracy drop {drop:.2f} pp measured on {samples} samples, but its "
-                        f"95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp")
+                        f"95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp (with no "
+                        f"change seen, {samples_needed(tol)} samples establish {tol:g} pp)")
                     continue
                 out.append((spec, round(packed) + header, res, drop))
                 ms = codec_ms(self, c, spec)

@@ -27,12 +27,12 @@ SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
 PARTS_FORMAT = "coinf-synthetic-parts-4"
 #: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
-#: docs/BENCHMARKS.md section 12, sixth round)
+#: git history of docs/BENCHMARKS.md, `bench predict`)
 PRIOR_WEIGHT = 0.3
 #: networks of the other families (:func:`~coinf.device.context_sweep.network`) trained on
 #: next to the mixed ones: without ``small`` LeNet and SENNA were predicted 21-47 % high, without
 #: ``gated`` and ``mobile`` WaveNet's and MobileNetV2's slices 6-10 % low (docs/BENCHMARKS.md
-#: section 12, sixth and seventh rounds)
+#: git history of docs/BENCHMARKS.md, `bench predict`)
 FAMILY_NETWORKS: Mapping[str, int] = {"small": 100, "gated": 60, "mobile": 30}
 Features = dict[str, tuple[NodeFeatures, str]]
 T = TypeVar("T")
@@ -92,7 +92,7 @@ class ModelTimings:
 #: round's time. The
 #: machine here is shared: a burst of contention slowed four successive LSTM slices by 12-16 %
 #: in one round of three, and its speed drifts by 3-40 % over tens of minutes, so models timed
-#: one after another saw different machines (docs/BENCHMARKS.md section 12, eleventh round).
+#: one after another saw different machines (git history of docs/BENCHMARKS.md, `bench predict`).
 SLICE_ROUNDS = 6
 
 
@@ -329,8 +329,8 @@ def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int =
                       family: str = "mixed") -> list[NodeSample]:
     """:func:`~coinf.device.context_sweep.run_context_sweep` of ``count`` synthetic networks
     of ``family``, cached in ``cache_dir`` so that runs on one cache train on the same labels
-    (profiling them again moves a held-out model's score by up to 0.7, docs/BENCHMARKS.md
-    section 12). The cache is keyed by the arguments and by the first networks' bytes (a
+    (profiling them again moves a held-out model's score by up to 0.7, git history of
+    docs/BENCHMARKS.md). The cache is keyed by the arguments and by the first networks' bytes (a
     change to the generators invalidates it); ``fresh`` profiles them again and replaces it."""
     from coinf.device.context_sweep import run_context_sweep
 
@@ -364,7 +364,7 @@ def _featured(rows: list[NodeSample], count: int, seed: int, family: str) -> lis
 #: passes over every synthetic family's parts (a part keeps its fastest) and runs per pass. A
 #: tiny part's speed here moves by tens of per cent over minutes; the fastest of 1, 2 and 4-5
 #: passes taken hours apart scored within_10pct 0.58-0.63, 0.67-0.68 and 0.73-0.78
-#: (docs/BENCHMARKS.md section 12, sixteenth round).
+#: (git history of docs/BENCHMARKS.md, `bench predict`).
 PART_PASSES, PART_REPEATS = 2, 25
 
 

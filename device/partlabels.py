@@ -1,15 +1,15 @@
 """Node labels decomposed from unprofiled timings of a network's parts.
 
 onnxruntime's profiler times kernels in whole microseconds and adds about one of its own to
-each; two profiles of one network agree within +-10 % on only 77-80 % of its nodes
-(docs/BENCHMARKS.md section 12). Wall times of the network's *parts*, run without the profiler,
-repeat far better (94 % within 5 % between passes). A part is a prefix or a suffix of the
-network cut where no fused group (Conv + BN + activation, Gemm + activation, MatMul + Add)
+each; two profiles of one network agree within +-10 % on only 77-80 % of its nodes (git history
+of docs/BENCHMARKS.md, `bench predict`). Wall times of the network's *parts*, run without the
+profiler, repeat far better (94 % within 5 % between passes). A part is a prefix or a suffix of
+the network cut where no fused group (Conv + BN + activation, Gemm + activation, MatMul + Add)
 straddles the cut, so it runs the same kernels as inside the whole network. :func:`decompose`
 turns part times into per-node times: least squares on every part's relative error, with the
-profiler's label (less its own cost per kernel) as a weak prior, per network a constant
-``c0 >= 0`` and costs per MB crossing the part's boundary, per layout reorder and per million
-elements reordered (per network, or shared by all networks).
+profiler's label (less its own cost per kernel) as a weak prior, per network a constant ``c0 >=
+0`` and costs per MB crossing the part's boundary, per layout reorder and per million elements
+reordered (per network, or shared by all networks).
 
 A zoo model's bundle slices (heads and tails) are parts already; synthetic networks get theirs
 from :func:`time_parts`.

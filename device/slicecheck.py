@@ -94,7 +94,7 @@ def additive_pairs(nodes: Sequence[NodeSample], slices: Sequence[SliceSample],
 
 #: a model whose slices free node times (fitted in-sample) explain less often than this within
 #: +-10 % was timed on a busy machine (0.91-1.00 for every model on three caches of quiet days,
-#: 0.22 for MobileNetV2 on a noisy one: docs/BENCHMARKS.md section 12, tenth round)
+#: 0.22 for MobileNetV2 on a noisy one: git history of docs/BENCHMARKS.md, `bench predict`)
 CONSISTENT_WITHIN_10PCT = 0.85
 
 

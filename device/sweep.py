@@ -212,7 +212,7 @@ def random_feeds(sess: object) -> dict[str, np.ndarray]:
 #: a timed slice or part runs for at least this long (thousands of runs of a 10 µs slice): a
 #: median over 25 runs spans a quarter of a millisecond there. In one run, timed both ways side
 #: by side, LeNet's slices repeated within 10 % between rounds for 0.75 of them with 25 runs and
-#: 0.94 with 1000 (docs/BENCHMARKS.md section 12, twelfth round). Training labels and the
+#: 0.94 with 1000 (git history of docs/BENCHMARKS.md, `bench predict`). Training labels and the
 #: slices they predict are timed the same way: a tiny slice runs faster in a long window.
 SLICE_MIN_S = 0.03
 
@@ -220,7 +220,7 @@ SLICE_MIN_S = 0.03
 #: tenant only ever adds time, in bursts of tens to hundreds of milliseconds; the median of a
 #: 30 ms window takes them in and did not repeat (slices timed twice in six interleaved rounds
 #: agreed within 10 % for a mean 0.43 of a zoo model's slices), the fastest run did (0.94), as
-#: ``timeit``'s documentation advises (docs/BENCHMARKS.md section 12, fifteenth round). On a
+#: ``timeit``'s documentation advises (git history of docs/BENCHMARKS.md, `bench predict`). On a
 #: device of its own (a wearable) the two are close.
 SLICE_STAT = "min"
 

@@ -66,7 +66,7 @@ def starting_profile(role: str, out: Path, writes: bool, force: bool) -> Any:
 
 #: passes over the synthetic networks' parts that --train times unless told: each takes about
 #: 15 minutes here, and a --context-cache is topped up by a later run with more
-#: (docs/BENCHMARKS.md section 12, sixteenth round)
+#: (git history of docs/BENCHMARKS.md, `bench predict`)
 PROFILE_PASSES = 1
 
 #: the other synthetic families' sizes under --quick

@@ -198,3 +198,21 @@ def test_a_fixed_codec_the_handheld_lacks_is_refused_before_sending(
 def test_a_non_float_tensor_under_a_codec_travels_exactly() -> None:
     x = np.arange(192, dtype=np.int32).reshape(1, 3, 8, 8)
     assert np.array_equal(unpack(pack(x, "png")), x)
+
+
+def test_coinf_run_takes_a_packing_per_configuration(bundle: Bundle, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from coinf.cli import main
+
+    np.save(tmp_path / "x.npy", photos(1))
+    assert main(["run", str(bundle.root), "--split", "c000~png,c003,c000~q8", "--repeat", "1",
+                 "--input", f"x={tmp_path / 'x.npy'}", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["candidate"], r["packing"], r["lossy"]) for r in rows] == [
+        ("c000", "png", True), ("c003", "raw", False), ("c000", "q8", True)]
+    assert rows[0]["bytes_up"] < photos(1).nbytes / 2 and rows[0]["top1_same"]
+    assert main(["run", str(bundle.root), "--split", "c000~jpeg-q0"]) == 2
+    err = capsys.readouterr().err
+    assert "--split c000~jpeg-q0" in err and err.strip().count("\n") == 0

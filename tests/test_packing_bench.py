@@ -30,3 +30,18 @@ def test_bench_pack_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert e2e["transfer_model"] == "formula" and e2e["preset"] == "pi-zero-2w"
     assert 19_000 < e2e["capacity_bytes_per_s"] < 22_000  # 1M PHY, 27 B LL, 7.5 ms: ~20.5 kB/s
     assert out["e2e_speedup_pi_zero"] >= 1.0  # packing is optional, so it never loses
+
+
+def test_bench_pack_names_the_reference_points(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = make_bundle(tmp_path / "b")
+    make_data(tmp_path / "val.npz", n=30)
+    assert main(["bench", "pack", "--json", "--bundle", str(bundle.root), "--data",
+                 str(tmp_path / "val.npz"), "--repeats", "2", "--throughput-mb", "0.05"]) == 0
+    e2e = json.loads(capsys.readouterr().out)["e2e"]
+    ref = e2e["reference"]
+    assert ref["wearable_only"]["config"] == "c002" and ref["handheld_raw"]["config"] == "c000"
+    assert ref["handheld_codec"] is None  # a [1, 16] input is no image and no waveform
+    assert ref["best_split"]["config"].startswith("c001")
+    every = {**e2e["latency_ms_without_packing"], **e2e["latency_ms_with_packing"]}
+    assert min(every.values()) <= min(r["latency_ms"] for r in ref.values() if r) + 0.01

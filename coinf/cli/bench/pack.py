@@ -220,6 +220,18 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
     def cut(cid: str) -> str:
         return f"{cid} {bundle.candidate(cid).label}"
 
+    first, last = bundle.candidates[0].id, bundle.candidates[-1].id
+    every = {k: v for k, v in lat_raw.items()} | {f"{c}~{s}": v for (c, s), v in lat_pack.items()}
+
+    def fastest(keep: Any) -> dict[str, Any] | None:
+        ids = [k for k in every if keep(k.partition("~")[0], k.partition("~")[2])]
+        best_id = min(ids, key=lambda k: every[k]) if ids else None
+        return None if best_id is None else {"config": best_id,
+                                             "latency_ms": round(every[best_id], 2)}
+
+    def is_media(spec: str) -> bool:
+        return bool(spec) and packing.PackSpec.parse(spec).is_media
+
     return {
         "model": model,
         "data": data.name,
@@ -257,6 +269,13 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
             "latency_ms_without_packing": {cut(k): round(v, 2) for k, v in lat_raw.items()},
             "latency_ms_with_packing": {f"{cut(k[0])} {k[1]}": round(v, 2)
                                         for k, v in lat_pack.items()},
+            # what a user would do instead (wearable/planner/references.py), in this model
+            "reference": {
+                "wearable_only": fastest(lambda c, s: c == last),
+                "handheld_raw": fastest(lambda c, s: c == first and not s),
+                "handheld_codec": fastest(lambda c, s: c == first and is_media(s)),
+                "best_split": fastest(lambda c, s: c not in (first, last)),
+            },
         },
         "targets": {"best_ratio_at_1pp": 30, "pack_mb_s": 300},
     }

@@ -36,12 +36,13 @@ def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: fl
         pts = _front(pts) if family == "split" else sorted(pts, key=lambda p: p["bytes"])
         ax.plot([p["bytes"] for p in pts], [p["quality_loss"] for p in pts], STYLE[family],
                 marker="o", ms=4, label=f"{NAMES[family]}: {method}")
-        if family == "split":
-            for p in pts:
+        if family == "split":  # label the front where it matters: near the tolerance
+            near = [p for p in pts if p["quality_loss"] <= 3 * max(tolerance, 0.5)]
+            for i, p in enumerate(near[:4]):
                 share = p.get("wearable_share")
-                where = f", {share:.0%} of FLOPs on the wearable" if share is not None else ""
+                where = f", {share:.1%} of FLOPs on the wearable" if share is not None else ""
                 ax.annotate(f"{p['cut']} {p['packing']}{where}", (p["bytes"], p["quality_loss"]),
-                            fontsize=6, xytext=(3, 3), textcoords="offset points")
+                            fontsize=6, xytext=(3, 4 + 7 * (i % 2)), textcoords="offset points")
     raw = [p for p in points if p["method"] == "raw" and p["family"] == "input"]
     for p in raw:
         ax.axvline(p["bytes"], color="grey", lw=0.8)

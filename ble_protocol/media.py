@@ -106,6 +106,7 @@ def _soundfile() -> Any:
     return soundfile
 
 
+@cache
 def available() -> frozenset[str]:
     """The codec packings this side can encode and decode (its libraries are installed)."""
     have = set(_pil_formats()) | {"pcm16"}

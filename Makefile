@@ -46,8 +46,8 @@ lint: $(STAMP)
 
 # mypy does not follow the editable install's folder -> coinf.* mapping: check an installed copy.
 typecheck: $(STAMP)
-	rm -rf build/typecheck
-	$(BIN)/python -m pip install --quiet --no-deps --no-compile --target build/typecheck . >/dev/null
+	rm -rf build/typecheck build/lib
+	$(BIN)/python -m pip install --quiet --no-deps --no-compile --no-build-isolation --target build/typecheck . >/dev/null
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../setup.cfg --cache-dir ../../.mypy_cache -p coinf
 
 check: lint typecheck test
@@ -65,6 +65,8 @@ wheel: $(BIN)/python
 	@ls dist/coinf-*.whl
 
 # The wearable core as a Cortex-A53 under qemu user mode (.ci/arm/; cached in ~/.cache/coinf-arm).
+# It needs the network (apt, the aarch64 wheels), so it also runs the tests `make test` skips
+# for reaching the package index or apt (marked `network`, tests/network.py).
 ARM_DIR := build/arm
 test-arm: $(STAMP) wheel
 	mkdir -p $(ARM_DIR)
@@ -73,6 +75,7 @@ test-arm: $(STAMP) wheel
 	&& . "$$env_file" && rm -rf $(ARM_DIR)/coinf \
 	&& $(BIN)/python -m pip install --quiet --no-deps --target $(ARM_DIR)/coinf dist/coinf-*.whl \
 	&& COINF_ARM_COINF=$(CURDIR)/$(ARM_DIR)/coinf $(BIN)/python -m pytest -q -p no:cacheprovider tests/arm
+	COINF_TEST_NETWORK=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m network tests
 
 # Rebuild the committed zoo files from their builders (needs the `models` extra: torch==2.13.0).
 models: $(STAMP)

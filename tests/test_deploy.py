@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from coinf.cli import build_parser
+from tests import network
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -22,9 +23,10 @@ SCRIPTS = sorted([*DEPLOY.rglob("*.sh"), *(ROOT / ".ci" / "arm").glob("*.sh")])
 
 
 def _shellcheck() -> str | None:
-    """shellcheck, installed from apt when missing and we may (root, apt-get present)."""
+    """shellcheck; when missing, installed from apt only if the network is allowed
+    (``COINF_TEST_NETWORK=1``) and we may (root, apt-get present)."""
     found = shutil.which("shellcheck")
-    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+    if found or not network.allowed() or os.geteuid() != 0 or not shutil.which("apt-get"):
         return found
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "install", "-y", "-qq", "shellcheck"], ["apt-get", "update", "-qq"],
@@ -38,9 +40,12 @@ def _shellcheck() -> str | None:
     return shutil.which("shellcheck")
 
 
+@pytest.mark.network  # runs offline when shellcheck is installed; installs it only on request
 def test_scripts_are_shellcheck_clean() -> None:
     sc = _shellcheck()
     if sc is None:
+        if not network.allowed():
+            pytest.skip(network.reason("shellcheck is not installed: installing it with apt-get"))
         pytest.skip("shellcheck is not installed and could not be installed with apt-get "
                     "(not root, or no package index)")
     assert len(SCRIPTS) >= 5

@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from coinf.models.zoo import (
 )
 
 from coinf.cli import main
+from tests import zoo_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(ZOO)
@@ -38,6 +40,7 @@ def _test_images(name: str) -> np.ndarray:
     from coinf.models.digits import digits_data as digits_at
 
     return digits_at(size=spec_for(name).inputs[0].shape[-1]).x_test
+Rebuilt = Callable[[str], Path]
 ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)"}
 
 # Python prelude that makes `import torch` fail, to prove a code path never needs torch.
@@ -208,12 +211,15 @@ def test_cli_errors(
 
 
 @pytest.fixture(scope="module")
-def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every model rebuilt once from its builder, through the CLI."""
+def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``rebuilt(NAME)``: the directory holding NAME rebuilt from its builder through the CLI,
+    once per change of the builders' inputs (tests/zoo_cache.py; the trained models take tens
+    of seconds, so a session starts them ahead in the background)."""
     pytest.importorskip("torch")
+    if zoo_cache.enabled():
+        return zoo_cache.build
     out = tmp_path_factory.mktemp("zoo")
-    assert main(["models", "build", "--all", "--out", str(out)]) == 0
-    return out
+    return lambda name: zoo_cache.build(name, out)
 
 
 # A rebuild is compared with the committed file by graph structure (exactly) and by numbers
@@ -324,18 +330,18 @@ def _diff_report(new: Path, old: Path) -> str:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rebuild_has_the_committed_graph_structure(name: str, rebuilt: Path) -> None:
+def test_rebuild_has_the_committed_graph_structure(name: str, rebuilt: Rebuilt) -> None:
     """Node op types and order, names, inputs/outputs, attributes, initializer names, shapes and
     dtypes, graph inputs/outputs, opset and metadata: all exactly as committed."""
-    new, old = rebuilt / f"{name}.onnx", committed_path(name)
+    new, old = rebuilt(name) / f"{name}.onnx", committed_path(name)
     pn, po = onnx.load(str(new)), onnx.load(str(old))
     assert _structure(pn) == _structure(po), _diff_report(new, old)
     assert _numbers(pn).keys() == _numbers(po).keys()
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rebuild_weights_match_within_tolerance(name: str, rebuilt: Path) -> None:
-    new, old = rebuilt / f"{name}.onnx", committed_path(name)
+def test_rebuild_weights_match_within_tolerance(name: str, rebuilt: Rebuilt) -> None:
+    new, old = rebuilt(name) / f"{name}.onnx", committed_path(name)
     wn, wo = _numbers(onnx.load(str(new))), _numbers(onnx.load(str(old)))
     assert wn.keys() == wo.keys(), _diff_report(new, old)
     trained = spec_for(name).trained
@@ -363,8 +369,8 @@ def _logits(path: Path, images: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rebuild_outputs_match_within_tolerance(name: str, rebuilt: Path) -> None:
-    new, old = rebuilt / f"{name}.onnx", committed_path(name)
+def test_rebuild_outputs_match_within_tolerance(name: str, rebuilt: Rebuilt) -> None:
+    new, old = rebuilt(name) / f"{name}.onnx", committed_path(name)
     if spec_for(name).trained:
         images = _test_images(name)
         got, want = _logits(new, images), _logits(old, images)
@@ -385,11 +391,13 @@ def test_rebuild_outputs_match_within_tolerance(name: str, rebuilt: Path) -> Non
 
 
 @pytest.mark.parametrize("name", TRAINED_NAMES)
-def test_rebuilt_digit_model_keeps_its_accuracy_and_metadata(name: str, rebuilt: Path) -> None:
+def test_rebuilt_digit_model_keeps_its_accuracy_and_metadata(name: str,
+                                                            rebuilt: Rebuilt) -> None:
     """The rebuilt JSON matches the committed one except for the accuracies (within
     ACCURACY_PP) and the hash, which names the rebuilt file."""
     assert TRAINED_NAMES == ["lenet_digits", "digitnet"]  # both digit models
-    new_meta = json.loads((rebuilt / f"{name}.json").read_text())
+    built = rebuilt(name)
+    new_meta = json.loads((built / f"{name}.json").read_text())
     old_meta = json.loads(metadata_path(name).read_text())
     assert new_meta.keys() == old_meta.keys()
     accuracies = {k for k in old_meta if k.endswith("_accuracy")}
@@ -399,11 +407,11 @@ def test_rebuilt_digit_model_keeps_its_accuracy_and_metadata(name: str, rebuilt:
     for key in sorted(accuracies):
         drift_pp = 100 * abs(new_meta[key] - old_meta[key])
         assert drift_pp <= ACCURACY_PP, (key, new_meta[key], old_meta[key])
-    onnx_bytes = (rebuilt / f"{name}.onnx").read_bytes()
+    onnx_bytes = (built / f"{name}.onnx").read_bytes()
     assert new_meta["onnx_sha256"] == hashlib.sha256(onnx_bytes).hexdigest()
     # the recorded accuracy is the rebuilt file's own, measured in onnxruntime
     data = digits_data()
-    preds = _logits(rebuilt / f"{name}.onnx", _test_images(name)).argmax(1)
+    preds = _logits(built / f"{name}.onnx", _test_images(name)).argmax(1)
     assert abs(float(np.mean(preds == data.y_test)) - new_meta["test_accuracy"]) <= 0.005
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -64,15 +62,19 @@ def test_unknown_output_and_split(bundle):
         sess.run(["nope"], {"x": np.ones((1, 16), np.float32)})
 
 
-def test_slowdown_stretches_compute_time():
+def test_slowdown_stretches_compute_time(monkeypatch):
+    from types import SimpleNamespace
+
+    from coinf.device import emulation
     from coinf.device.emulation import DeviceEmulation
 
-    t0 = time.perf_counter()
+    slept: list[float] = []
+    monkeypatch.setattr(emulation, "time", SimpleNamespace(sleep=slept.append))
     emulated = DeviceEmulation(slowdown=4.0).stretch(0.02)
-    waited = time.perf_counter() - t0
     assert emulated == pytest.approx(0.08)
-    assert waited >= 0.06  # it really waited (K-1) x the compute time
+    assert slept == [pytest.approx(0.06)]  # it really waits (K-1) x the compute time
     assert DeviceEmulation().stretch(0.02) == pytest.approx(0.02)
+    assert len(slept) == 1  # no slowdown: no wait
     with pytest.raises(ValueError, match="slowdown must be >= 1"):
         DeviceEmulation(slowdown=0.5)
 

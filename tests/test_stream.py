@@ -71,11 +71,11 @@ def test_failure_on_the_handheld_side_does_not_hang(bundle, tmp_path):
     # corrupt the tail file of c001 after loading the bundle: the handheld fails that request
     (bundle.root / "c001" / "tail.onnx").write_bytes(b"not onnx")
     with Session(bundle, split="c001", timeout=10, fallback=False) as sess:
-        t0 = time.perf_counter()
         results = list(sess.stream(frames(3)))
+    # every frame fails with the handheld's error reply, none by the 10 s timeout
     assert all(r.error is not None for r in results)
-    assert "tail_failed" in str(results[0].error)
-    assert time.perf_counter() - t0 < 10
+    assert all("tail_failed" in str(r.error) for r in results), [r.error for r in results]
+    assert not any("timeout" in str(r.error).lower() for r in results)
 
 
 def test_realtime_source_drops_and_counts():

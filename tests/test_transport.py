@@ -6,6 +6,8 @@ import asyncio
 import struct
 import time
 import zlib
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -223,18 +225,61 @@ def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
         asyncio.run(main())
 
 
-def test_shaped_link_delivers_in_order_no_faster_than_its_bandwidth():
+class _AirWatch:
+    """Stands in for ``asyncio`` in :mod:`coinf.ble_protocol.shaped`: records the airtime
+    sleeps (and how many overlap) and the latency each delivery is scheduled after."""
+
+    def __init__(self) -> None:
+        self.airtimes: list[float] = []
+        self.latencies: list[float] = []
+        self.on_air = self.most_on_air = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, seconds: float) -> None:
+        self.airtimes.append(seconds)
+        self.on_air += 1
+        self.most_on_air = max(self.most_on_air, self.on_air)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.on_air -= 1
+
+    def get_running_loop(self) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def call_later(delay: float, *args: Any) -> Any:
+            self.latencies.append(delay)
+            return loop.call_later(delay, *args)
+
+        return SimpleNamespace(call_later=call_later)
+
+
+def test_shaped_link_delivers_in_order_no_faster_than_its_bandwidth(monkeypatch):
+    from coinf.ble_protocol import shaped
     from coinf.ble_protocol.shaped import Channel, ShapedLink
+
+    watch = _AirWatch()
+    monkeypatch.setattr(shaped, "asyncio", watch)
 
     async def main():
         a, b = ShapedLink.pair(Channel(bandwidth_bps=100_000, latency_s=0.01, overhead_bytes=0))
-        t0 = asyncio.get_running_loop().time()
-        for i in range(5):
-            await a.send(Message(MsgType.REQUEST, i, bytes(2000)))
-        got = [await b.receive() for _ in range(5)]
-        elapsed = asyncio.get_running_loop().time() - t0
-        assert [m.request_id for m in got] == list(range(5))
-        assert elapsed >= 5 * 2000 / 100_000 + 0.01 - 1e-3  # airtime + latency, never less
+        async def send(link: ShapedLink) -> None:
+            for i in range(5):
+                await link.send(Message(MsgType.REQUEST, i, bytes(2000)))
+
+        # both ends send at once: they share the one medium
+        sending = asyncio.gather(send(a), send(b))
+        got_b = [await asyncio.wait_for(b.receive(), 10) for _ in range(5)]
+        got_a = [await asyncio.wait_for(a.receive(), 10) for _ in range(5)]
+        await sending
+        assert [m.request_id for m in got_b] == [m.request_id for m in got_a] == list(range(5))
+        # each message holds the air for its airtime, one at a time, then arrives after the
+        # latency: never faster than the bandwidth
+        assert watch.airtimes == [pytest.approx(2000 / 100_000)] * 10
+        assert watch.most_on_air == 1
+        assert watch.latencies == [pytest.approx(0.01)] * 10
         await a.close()
         with pytest.raises(LinkClosed):
             await b.receive()

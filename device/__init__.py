@@ -7,5 +7,8 @@ Shared by the wearable and the handheld (neither imports the other):
 * ``status``    -- CPU load, clock, battery (what the planner adapts to).
 * ``profile``   -- measured slice and layer latency of a device (``coinf profile``).
 * ``predict``, ``features``, ``sweep`` -- layer-latency predictors for never-profiled slices.
+* ``incontext``, ``slicepred``, ``boosted``, ``ortgraph`` -- in-context node times, and the
+  evaluation of the trained slice predictor a profile stores (training and scoring it is
+  ``coinf.research``, which nothing here imports).
 * ``config``    -- where the per-user policy file and saved profiles live.
 """

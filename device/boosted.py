@@ -1,11 +1,12 @@
 """Gradient-boosted regression trees that predict a kernel's time from its features, stored as
 plain arrays (JSON) and evaluated with numpy, so a wearable needs no scikit-learn to predict.
 
-Training uses scikit-learn's ``GradientBoostingRegressor`` (squared error in log space: the
-target is ``log(ms)``, so every size range counts alike) and copies each tree's arrays out of
-it. A kernel's time is not a power law of its size: onnxruntime's NCHWc convolutions run two to
-ten times faster per FLOP on some channel counts and map sizes than on others; trees split on
-those features instead of averaging over them.
+Training (``coinf.research.slicetrain.fit_boosted``) uses scikit-learn's
+``GradientBoostingRegressor`` (squared error in log space: the target is ``log(ms)``, so every
+size range counts alike) and copies each tree's arrays out of it. A kernel's time is not a
+power law of its size: onnxruntime's NCHWc convolutions run two to ten times faster per FLOP on
+some channel counts and map sizes than on others; trees split on those features instead of
+averaging over them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ FORMAT = "coinf-boosted-trees"
 
 
 @dataclass(frozen=True)
-class _Tree:
+class Tree:
+    """One regression tree in scikit-learn's array layout (a leaf has ``left < 0``)."""
+
     left: np.ndarray
     right: np.ndarray
     feature: np.ndarray
@@ -44,7 +47,7 @@ class _Tree:
                 self.threshold.tolist(), self.value.tolist()]
 
     @classmethod
-    def from_json(cls, obj: Any, features: int) -> _Tree:
+    def from_json(cls, obj: Any, features: int) -> Tree:
         if not isinstance(obj, list) or len(obj) != 5:
             raise ValueError("boosted tree: expected [left, right, feature, threshold, value]")
         left, right, feat = (np.asarray(obj[i], dtype=np.int64) for i in range(3))
@@ -71,29 +74,8 @@ class Boosted:
 
     base: float
     rate: float
-    trees: tuple[_Tree, ...]
+    trees: tuple[Tree, ...]
     features: int
-
-    @classmethod
-    def fit(cls, x: np.ndarray, log_ms: np.ndarray, trees: int = 300, depth: int = 4,
-            rate: float = 0.05, seed: int = 0) -> Boosted:
-        """Fit on ``x`` (rows of features) and ``log_ms``. Needs scikit-learn."""
-        from sklearn.ensemble import GradientBoostingRegressor
-
-        model = GradientBoostingRegressor(n_estimators=trees, max_depth=depth,
-                                          learning_rate=rate, subsample=0.8,
-                                          min_samples_leaf=3, random_state=seed)
-        model.fit(x, log_ms)
-        out = []
-        for est in model.estimators_[:, 0]:
-            t = est.tree_
-            out.append(_Tree(np.asarray(t.children_left, dtype=np.int64),
-                             np.asarray(t.children_right, dtype=np.int64),
-                             np.asarray(t.feature, dtype=np.int64),
-                             np.asarray(t.threshold, dtype=np.float64),
-                             np.asarray(t.value[:, 0, 0], dtype=np.float64)))
-        base = float(np.asarray(model.init_.predict(x[:1])).ravel()[0])
-        return cls(base, rate, tuple(out), int(x.shape[1]))
 
     def __call__(self, x: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
         """Predicted ``log(ms)`` per row."""
@@ -119,7 +101,7 @@ class Boosted:
         trees = obj.get("trees")
         if not isinstance(trees, list) or len(trees) > 5000:
             raise ValueError("boosted trees: 'trees' must be a list of at most 5000 trees")
-        return cls(base, rate, tuple(_Tree.from_json(t, features) for t in trees), features)
+        return cls(base, rate, tuple(Tree.from_json(t, features) for t in trees), features)
 
 
-__all__ = ["Boosted"]
+__all__ = ["Boosted", "Tree"]

@@ -11,6 +11,9 @@ per-run constant can absorb them.
 
 :func:`kernel_times` runs the profiler (``sess_options.enable_profiling``) at any optimisation
 level; ``basic`` keeps every node's name (no fusion), ``all`` is what a Session really runs.
+:func:`model_features` gives every anchor's features and kernel group, and
+:func:`incontext_node_times` evaluates a profile's trained slice predictor on them (what the
+planner uses; training it is ``coinf.research``'s).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from coinf.device.features import (
     NodeFeatures,
     node_features,
 )
-from coinf.device.slicepred import group_of
+from coinf.device.slicepred import SlicePredictor, group_of
 from onnx import helper, numpy_helper
 
 #: kernels onnxruntime adds for the NCHWc layout; they belong to no original node
@@ -307,3 +310,15 @@ def model_features(model: onnx.ModelProto, optimized: onnx.ModelProto | None = N
         out[f.name] = (replace(f, fused=False), group_of(f, followers.get(f.name, ())))
     return out
 
+
+
+def incontext_node_times(meta: Mapping[str, Any], model_path: str | Path,
+                         ) -> dict[str, float] | None:
+    """Per-node ms of ``model_path`` from the in-context predictor stored in a sweep
+    predictor's ``meta["slice_model"]`` (``coinf profile --train``), None if there is none."""
+    obj = meta.get("slice_model")
+    if not obj:
+        return None
+    model = onnx.load(str(model_path))
+    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
+    return SlicePredictor.from_json(obj).node_times(model_features(model), names)

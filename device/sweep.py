@@ -273,12 +273,6 @@ def time_slice(sess: object, feeds: dict[str, np.ndarray], warmup: int = 3,
     return time_session(sess, feeds, warmup, repeats, budget_s, SLICE_MIN_S, SLICE_STAT)
 
 
-def slice_time_of(times: Sequence[float]) -> float:
-    """One slice's time over several rounds or passes of :func:`time_slice`: their
-    :data:`SLICE_STAT`."""
-    return summarize(times, SLICE_STAT)
-
-
 def run_overhead_ms(threads: int = 1, repeats: int = 50) -> float:
     """The cost of an (almost) empty ``run`` call: an Identity model."""
     node = helper.make_node("Identity", ["x"], ["y"])

@@ -8,12 +8,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from coinf.device.boosted import Boosted
-from coinf.device.context_data import model_features
-from coinf.device.context_sweep import random_network, random_sequence_network
-from coinf.device.incontext import nchwc_folds_joins, trimmed_mean
-from coinf.device.ortgraph import kernels, optimized_graph
-from coinf.device.slicepred import NodeSample, SlicePredictor, node_vector
+from coinf.device.incontext import model_features, nchwc_folds_joins, trimmed_mean
+from coinf.device.ortgraph import optimized_graph
+from coinf.device.slicepred import SlicePredictor, node_vector
 from coinf.device.sweep import random_feeds
+from coinf.research.context_sweep import random_network, random_sequence_network
+from coinf.research.ortkernels import kernels
+from coinf.research.slicetrain import NodeSample, fit_boosted, train_slice_predictor
 
 from tests.test_incontext import conv_bn_relu_gemm
 
@@ -28,7 +29,7 @@ def _data(n: int = 400) -> tuple[np.ndarray, np.ndarray]:
 
 def test_boosted_trees_learn_a_step_and_survive_json() -> None:
     x, y = _data()
-    model = Boosted.fit(x, y, trees=150)
+    model = fit_boosted(x, y, trees=150)
     err = np.abs(model(x) - y)
     assert np.median(err) < 0.1  # within ~10 % in time
     again = Boosted.from_json(model.to_json())
@@ -45,7 +46,7 @@ def test_boosted_trees_learn_a_step_and_survive_json() -> None:
 ])
 def test_boosted_json_is_validated(field: int, value, match: str) -> None:
     x, y = _data()
-    obj = Boosted.fit(x, y, trees=3).to_json()
+    obj = fit_boosted(x, y, trees=3).to_json()
     tree = obj["trees"][0]
     tree[field] = value(tree)
     with pytest.raises(ValueError, match=match):
@@ -174,7 +175,7 @@ def test_synthetic_networks_cover_the_zoos_ops_and_run() -> None:
 
 
 def test_small_networks_run_and_cover_lenet_and_senna_like_layers() -> None:
-    from coinf.device.context_sweep import model_name, network
+    from coinf.research.context_sweep import model_name, network
 
     ops: set[str] = set()
     channels: set[int] = set()
@@ -201,7 +202,7 @@ def test_small_networks_run_and_cover_lenet_and_senna_like_layers() -> None:
 
 
 def test_gated_and_mobile_networks_run_and_have_their_models_layers() -> None:
-    from coinf.device.context_sweep import network
+    from coinf.research.context_sweep import network
     from onnx import helper
 
     def attr(node: onnx.NodeProto, name: str, default: object) -> object:
@@ -245,7 +246,7 @@ def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> Non
         feats.update(fm)
         nodes += [NodeSample(f"m{i}", f, g, 1e-3 * (1 + f.flops / 1e6)) for f, g in fm.values()]
     assert len(nodes) >= 50
-    pred = SlicePredictor.train(nodes, [], {})
+    pred = train_slice_predictor(nodes, [], {})
     assert pred.boosted is not None and "Conv" in pred.boosted_ops
     again = SlicePredictor.from_json(pred.to_json())
     for f, g in feats.values():
@@ -263,7 +264,7 @@ def test_predictor_with_trees_round_trips_and_falls_back_for_unseen_ops() -> Non
 
 
 def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:
-    from coinf.device.slicepred import SliceSample, profiler_inflation, profiler_surplus
+    from coinf.research.slicetrain import SliceSample, profiler_inflation, profiler_surplus
 
     fm = model_features(random_network(5))
     names = list(fm)
@@ -283,7 +284,7 @@ def test_the_profilers_share_of_each_kernel_is_measured_and_taken_off() -> None:
     long_run = SliceSample("long", "c000.tail", tuple(fl), 2, 0.0, 7.0)
     assert profiler_surplus(long_nodes, [long_run]) == {"long": pytest.approx(-1.0)}
     assert profiler_inflation(nodes + long_nodes, [whole, long_run]) == pytest.approx(0.001)
-    pred = SlicePredictor.train(nodes, [whole], {"m": fm})
+    pred = train_slice_predictor(nodes, [whole], {"m": fm})
     assert pred.profiler_ms == pytest.approx(0.001)
     obj = pred.to_json()
     assert SlicePredictor.from_json(obj).profiler_ms == pytest.approx(0.001)

@@ -49,7 +49,7 @@ def test_bench_predict_zoo_reports_the_families_it_trained_on(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    import coinf.device.context_data as cd
+    import coinf.research.context_data as cd
 
     seen: dict[str, object] = {}
 
@@ -71,13 +71,49 @@ def test_bench_predict_zoo_reports_the_families_it_trained_on(
     # the worst model per condition, over the conditions any model has
     assert out["max_plan_regret"] == {"x1@10kB/s": 0.2, "x10@break-even": 0.1}
     assert out["max_measurement_plan_regret"] is None
+    # the goal is plan regret; slice accuracy stands next to the measurement's repeatability
+    assert out["plan_regret_target"] == 0.02 and out["worst_plan_regret"] == 0.2
+    assert out["meets_plan_regret_target"] is False
+    assert out["measurement_repeatability_within_10pct"] == {"a": None, "b": None}
+
+
+def test_bench_predict_bundle_holds_plan_regret_against_its_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--bundle`` end to end on a tiny model, the zoo training replaced by a fixed
+    predictor: the JSON leads with plan regret and its target, and reports slice accuracy
+    next to how well the two measurement passes repeat."""
+    import json
+
+    import coinf.research.context_data as cd
+    import onnx
+    from coinf.convert.split import split_model
+    from coinf.device.predict import Linear
+    from coinf.device.slicepred import SlicePredictor
+
+    from tests.test_incontext import conv_bn_relu_gemm
+
+    onnx.save(conv_bn_relu_gemm(), str(tmp_path / "m.onnx"))
+    bundle = split_model(tmp_path / "m.onnx", tmp_path / "b")
+    fixed = SlicePredictor({"*": Linear([0.5, 0.0, 0.0, 0.0], -3.0, log=True)})
+    monkeypatch.setattr(cd, "train_on_zoo", lambda *a, **kw: (fixed, ["other"]))
+    monkeypatch.setattr(cd, "profiled_constants", lambda *a: (1.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+    assert main(["bench", "predict", "--bundle", str(bundle.root), "--scale", "0.01",
+                 "--repeats", "3", "--cache", str(tmp_path / "cache"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["leave_one_model_out"] is True and out["slices"] > 0
+    assert out["plan_regret_target"] == 0.02
+    assert out["worst_plan_regret"] == max(out["plan_regret"].values()) >= 0.0
+    assert out["meets_plan_regret_target"] == (out["worst_plan_regret"] <= 0.02)
+    assert 0.0 <= out["measurement_repeatability_within_10pct"] <= 1.0
+    assert set(out["within_10pct"]) == {"incontext", "coinf", "neurosurgeon"}
 
 
 def test_bench_predict_zoo_warns_of_slice_times_that_do_not_add_up(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    import coinf.device.context_data as cd
+    import coinf.research.context_data as cd
 
     rows = {"a": {"within_10pct": 0.2, "profiled_within_10pct": None,
                   "additive_within_10pct": 0.22},
@@ -100,7 +136,7 @@ def test_bench_predict_zoo_names_models_whose_measurement_does_not_repeat(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    import coinf.device.context_data as cd
+    import coinf.research.context_data as cd
 
     def row(score: float, repeat: float | None) -> dict[str, float | None]:
         return {"within_10pct": score, "profiled_within_10pct": None,

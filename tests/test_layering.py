@@ -15,12 +15,17 @@ rank  packages
 1     ``coinf.ble_protocol``, ``coinf.models``
 2     ``coinf.convert``
 3     ``coinf.device``
+3     ``coinf.research`` (latency-prediction research) -- may import ``coinf.device`` and
+      below; imported only by ``coinf.cli.bench`` and ``coinf.cli.commands.profile``
+      (``coinf profile --train``), never by the runtime packages
 4     ``coinf.wearable``, ``coinf.handheld`` -- never each other
 5     ``coinf.cli`` -- imported by nothing outside ``coinf.cli``
 ====  ================================================================
 
-The facade ``coinf/__init__.py`` and ``coinf/__main__.py`` are exempt as importers. On top of
-the ranks: no import cycle between top-level packages, and none between modules.
+``coinf.research`` ranks above ``coinf.device`` in practice: device may not import it
+(:data:`IMPORT_ONLY_FROM`), while it imports device. The facade ``coinf/__init__.py`` and
+``coinf/__main__.py`` are exempt as importers. On top of the ranks: no import cycle between
+top-level packages, and none between modules.
 """
 
 from __future__ import annotations
@@ -45,12 +50,17 @@ RANKS: dict[str, int] = {
     "coinf.models": 1,
     "coinf.convert": 2,
     "coinf.device": 3,
+    "coinf.research": 3,
     "coinf.wearable": 4,
     "coinf.handheld": 4,
     "coinf.cli": 5,
 }
 #: Same-rank packages that must not import each other.
 SIBLINGS_APART = [frozenset({"coinf.wearable", "coinf.handheld"})]
+#: Packages only these importers (packages or modules, with their submodules) may import.
+IMPORT_ONLY_FROM: dict[str, tuple[str, ...]] = {
+    "coinf.research": ("coinf.cli.bench", "coinf.cli.commands.profile"),
+}
 #: Modules whose imports are not checked (the public facade and ``python -m coinf``).
 EXEMPT_IMPORTERS = frozenset({"coinf", "coinf.__main__"})
 
@@ -196,6 +206,10 @@ def scan(root: Path = ROOT) -> tuple[dict[str, Path], list[Import]]:
 # --- rules -------------------------------------------------------------------------------------
 
 
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def top_package(module: str) -> str:
     """The ranked unit a module belongs to (``coinf.wearable.planner.x`` -> coinf.wearable)."""
     for name in sorted(RANKS, key=len, reverse=True):
@@ -221,6 +235,9 @@ def layering_violations(edges: Iterable[Import]) -> list[str]:
             continue
         elif dst == "coinf.cli":
             out.append(f"{what}: nothing outside coinf.cli may import it")
+        elif dst in IMPORT_ONLY_FROM and not any(
+                _within(imp.importer, p) for p in IMPORT_ONLY_FROM[dst]):
+            out.append(f"{what}: only {', '.join(IMPORT_ONLY_FROM[dst])} may import {dst}")
         elif RANKS[dst] > RANKS[src]:
             out.append(f"{what}: rank {RANKS[src]} ({src}) may not import rank {RANKS[dst]}")
         elif frozenset({src, dst}) in SIBLINGS_APART:
@@ -374,6 +391,7 @@ PKG_DIRS = {
     "coinf.device": "device",
     "coinf.handheld": "handheld",
     "coinf.models": "models",
+    "coinf.research": "research",
     "coinf.wearable": "wearable",
 }
 
@@ -396,6 +414,13 @@ def test_checker_reports_each_kind_of_violation(tmp_path: Path) -> None:
             "wearable/session.py": "from ..handheld import daemon\n",
             "wearable/stream.py": "",
             "handheld/daemon.py": "from coinf.wearable.stream import X\n",
+            "research/train.py": "from coinf.device.status import x\n",  # allowed
+            "research/late.py": "from coinf.wearable import stream\n",
+            "device/predict.py": "from coinf.research import train\n",
+            "wearable/plan.py": "def f():\n    from coinf.research.train import fit\n",
+            "coinf/cli/bench/predict.py": "from coinf.research.train import fit\n",  # allowed
+            "coinf/cli/commands/profile.py": "import coinf.research.train\n",  # allowed
+            "coinf/cli/commands/plan.py": "import coinf.research.train\n",
         },
     )
     modules, edges = scan(root)
@@ -408,11 +433,20 @@ def test_checker_reports_each_kind_of_violation(tmp_path: Path) -> None:
         "wearable/session.py:1: coinf.wearable.session imports coinf.handheld.daemon: "
         "coinf.wearable and coinf.handheld never import each other",
         "handheld/daemon.py:1: coinf.handheld.daemon imports coinf.wearable.stream:",
+        "research/late.py:1: coinf.research.late imports coinf.wearable.stream: rank 3",
+        "device/predict.py:1: coinf.device.predict imports coinf.research.train: only "
+        "coinf.cli.bench, coinf.cli.commands.profile may import coinf.research",
+        "wearable/plan.py:2: coinf.wearable.plan imports coinf.research.train: only ",
+        "coinf/cli/commands/plan.py:1: coinf.cli.commands.plan imports coinf.research.train: "
+        "only ",
     ]
     for line in expected:
         assert line in problems, f"{line!r} missing from\n{problems}"
     assert "coinf/__init__.py" not in problems and "ble_protocol/link.py" not in problems
     assert "coinf/cli/__init__.py" not in problems  # the top layer may import anything below
+    for allowed in ("research/train.py", "coinf/cli/bench/predict.py",
+                    "coinf/cli/commands/profile.py"):
+        assert allowed not in problems
 
     cycles = module_cycles(edges)
     assert ["coinf.ble_protocol.packing", "coinf.ble_protocol.tensors"] in cycles
@@ -420,7 +454,8 @@ def test_checker_reports_each_kind_of_violation(tmp_path: Path) -> None:
     assert "ble_protocol/tensors.py:2: coinf.ble_protocol.tensors imports " in text
     assert "ble_protocol/packing.py:1: coinf.ble_protocol.packing imports " in text
     pcycles = package_cycles(edges)
-    assert ["coinf.handheld", "coinf.wearable"] in pcycles
+    assert any({"coinf.handheld", "coinf.wearable"} <= set(c) for c in pcycles)
+    assert any({"coinf.device", "coinf.research"} <= set(c) for c in pcycles)
 
 
 def test_find_cycles_on_synthetic_graphs() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from coinf.device.context_data import PART_REPEATS
-from coinf.device.context_sweep import network
 from coinf.device.incontext import anchors, model_features
-from coinf.device.partlabels import cut_points, decompose, parts, relabel, time_parts
-from coinf.device.slicepred import NodeSample, SlicePredictor, SliceSample
+from coinf.research.context_data import PART_REPEATS
+from coinf.research.context_sweep import network
+from coinf.research.partlabels import cut_points, decompose, parts, relabel, time_parts
+from coinf.research.slicetrain import NodeSample, SliceSample, train_slice_predictor
 
 from tests.cachecheck import check_planted_fresh_corrupt
 
@@ -133,7 +133,7 @@ def test_shared_decomposition_pins_the_run_constant_on_short_parts() -> None:
 
 
 def test_relabel_takes_the_profilers_share_off_and_fits_the_parts() -> None:
-    from coinf.device.slicepred import profiler_inflation
+    from coinf.research.slicetrain import profiler_inflation
 
     truth, slices, _ = _world(models=3)
     feats = model_features(network(0))
@@ -160,14 +160,14 @@ def test_train_fits_the_trees_on_relabelled_times() -> None:
     def doubled(ns: list[NodeSample], _: list[SliceSample]) -> list[NodeSample]:
         return [replace(n, ms=2 * n.ms) for n in ns]
 
-    plain = SlicePredictor.train(nodes, [], {})
-    twice = SlicePredictor.train(nodes, [], {}, relabel=doubled)
+    plain = train_slice_predictor(nodes, [], {})
+    twice = train_slice_predictor(nodes, [], {}, relabel=doubled)
     f, g = next(iter(fm.values()))
     assert twice.node_ms(f, g) == pytest.approx(2 * plain.node_ms(f, g), rel=0.05)
 
 
 def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -> None:
-    from coinf.device.context_data import synthetic_labels, synthetic_parts
+    from coinf.research.context_data import synthetic_labels, synthetic_parts
 
     heard: list[str] = []
     first = synthetic_parts(tmp_path, 2, seed=1, repeats=2, passes=2, progress=heard.append)
@@ -195,7 +195,7 @@ def test_synthetic_parts_are_cached_and_timed_again_on_request(tmp_path: Path) -
 
 def test_every_family_is_timed_in_each_pass_before_the_next_pass(tmp_path: Path) -> None:
     """A part's passes lie minutes apart: pass 1 over every family, then pass 2."""
-    from coinf.device.context_data import synthetic_parts_of
+    from coinf.research.context_data import synthetic_parts_of
 
     heard: list[str] = []
     got = synthetic_parts_of(tmp_path, {"mixed": 1, "small": 1, "gated": 0}, seed=1, repeats=2,
@@ -217,7 +217,7 @@ def test_a_parts_cache_is_topped_up_with_the_missing_passes_only(tmp_path: Path)
     keeps the fastest of all its passes, the cached ones included."""
     import json
 
-    from coinf.device.context_data import synthetic_parts_of
+    from coinf.research.context_data import synthetic_parts_of
 
     def parts_of(passes: int, heard: list[str]) -> list[SliceSample]:
         return synthetic_parts_of(tmp_path, {"small": 2}, seed=1, repeats=2, passes=passes,
@@ -246,7 +246,7 @@ def test_a_parts_cache_is_topped_up_with_the_missing_passes_only(tmp_path: Path)
 
 
 def test_lomo_with_relabelling_never_reads_the_held_out_models_timings() -> None:
-    from coinf.device.slicepred import leave_one_model_out
+    from coinf.research.slicetrain import leave_one_model_out
 
     truth, slices, _ = _world(models=3, nodes=8)
     f0, grp = next(iter(model_features(network(0)).values()))

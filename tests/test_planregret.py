@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from coinf.device.planregret import (
+from coinf.research.planregret import (
     LINK_KB_S,
     SLOWDOWNS,
     Cut,

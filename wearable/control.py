@@ -10,7 +10,8 @@ carrying one JSON object per line each way, one request per connection:
 
 ``reload`` re-reads the bundle directory the service was started with (``coinf push`` has just
 swapped it in): a bundle that does not load leaves the old one serving and answers ``ok: false``
-with the reason. Requests are bounded (:data:`MAX_REQUEST_BYTES`) and must arrive within
+with the reason. Requests are bounded (:data:`MAX_REQUEST_BYTES`, nested at most
+``MAX_JSON_DEPTH`` deep: :func:`coinf.ble_protocol.messages.decode_json`) and must arrive within
 :data:`READ_TIMEOUT_S`; only the service's user and group can reach the socket.
 """
 
@@ -25,9 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coinf.errors import BundleError, UserError
+from coinf.ble_protocol.messages import MAX_JSON_DEPTH, decode_json
+
+from coinf.errors import BundleError, ProtocolError, UserError
 
 MAX_REQUEST_BYTES = 4096
+MAX_REPLY_BYTES = 65536
 READ_TIMEOUT_S = 5.0
 DEFAULT_CONTROL = "/run/coinf/control.sock"
 
@@ -90,12 +94,14 @@ async def _serve_one(holder: BundleHolder, reader: asyncio.StreamReader,
             line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
         except (TimeoutError, ValueError):  # too slow, or a line beyond the stream's limit
             line = b""
-        try:
-            request = json.loads(line) if 0 < len(line) <= MAX_REQUEST_BYTES else None
-        except ValueError:
+        try:  # bounded in size and nesting depth (a deep one raised RecursionError here)
+            request = (decode_json(line.rstrip(b"\r\n"), MAX_REQUEST_BYTES, "control request")
+                       if line.strip() else None)
+        except ProtocolError:
             request = None
         reply = holder.handle(request) if request is not None else {
-            "ok": False, "error": f"expected one JSON object per line (<= {MAX_REQUEST_BYTES} B)"}
+            "ok": False, "error": f"expected one JSON object per line (<= {MAX_REQUEST_BYTES} B, "
+                                  f"nested at most {MAX_JSON_DEPTH} deep)"}
         writer.write(json.dumps(reply).encode() + b"\n")
         await writer.drain()
     except (ConnectionError, OSError):
@@ -136,7 +142,7 @@ def control_request(path: str | Path, request: dict[str, Any],
             s.connect(str(path))
             s.sendall(json.dumps(request).encode() + b"\n")
             data = b""
-            while not data.endswith(b"\n") and len(data) < 65536:
+            while not data.endswith(b"\n") and len(data) <= MAX_REPLY_BYTES:
                 chunk = s.recv(4096)
                 if not chunk:
                     break
@@ -144,12 +150,10 @@ def control_request(path: str | Path, request: dict[str, Any],
         except OSError as exc:
             raise ControlError(f"control socket {path}: {exc}") from None
     try:
-        reply = json.loads(data)
-    except ValueError:
-        raise ControlError(f"control socket {path} answered {data[:80]!r}, not JSON") from None
-    if not isinstance(reply, dict):
-        raise ControlError(f"control socket {path} answered {reply!r}")
-    return reply
+        return decode_json(data, MAX_REPLY_BYTES, "reply")
+    except ProtocolError as exc:
+        raise ControlError(f"control socket {path} answered {data[:80]!r}: {exc.text}") \
+            from None
 
 
 __all__ = ["BundleHolder", "ControlError", "control_request",

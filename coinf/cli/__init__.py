@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from coinf import __version__
 from coinf.cli.commands import COMMANDS
@@ -18,9 +19,26 @@ from coinf.deps import EXTRA_OF, missing_message
 from coinf.errors import CoinfError, LinkError, MissingDependency, UserError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``coinf CMD: error: ...`` and exit 2, not the usage
+    block followed by the error (``coinf CMD --help`` prints the usage). Subparsers inherit it.
+
+    A value refused by its ``type=`` check (:mod:`coinf.cli.argtypes`) or its ``choices`` is
+    raised as :class:`argparse.ArgumentError` (``exit_on_error=False``), which :func:`main`
+    prints and returns as 2 like any other user error; a malformed command line (an unknown
+    option, a missing argument) exits here through argparse's ``SystemExit(2)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Build the parser; with ``only``, import just that subcommand's module."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="coinf",
         description="Cooperative inference between a wearable and its handheld over BLE.",
     )
@@ -40,6 +58,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue
         mod.register(sub.add_parser(name, help=help_text, description=help_text))
     return parser
+
+
+_ARGPARSE_OWN = ("invalid ", "expected ", "ignored ", "not allowed")
+
+
+def _usage(exc: argparse.ArgumentError) -> str:
+    """``--lru must be >= 1 (an integer), got 0`` or ``--profile p.json: no such file`` (the
+    checkers of :mod:`coinf.cli.argtypes`); argparse's own ``argument --x: invalid choice...``."""
+    message = " ".join(str(exc.message).split())
+    if exc.argument_name and not message.startswith(_ARGPARSE_OWN):
+        return f"{exc.argument_name.split('/')[-1]} {message}"
+    return " ".join(str(exc).split())
 
 
 def _optional(exc: ModuleNotFoundError) -> str:
@@ -76,13 +106,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {name for name, _, _ in COMMANDS}
     first = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(first if first in names else None)
-    args, extra = parser.parse_known_args(args_list)
+    try:
+        args, extra = parser.parse_known_args(args_list)
+    except argparse.ArgumentError as exc:  # a value its type= check or choices refused
+        print(f"{'coinf ' + first if first in names else 'coinf'}: error: {_usage(exc)}",
+              file=sys.stderr)
+        return EXIT_USER
     if extra:  # argparse leaves KEY=VALUE words that follow an option (`policy set --file F k=v`)
         if isinstance(getattr(args, "settings", None), list) and all(
                 "=" in e and not e.startswith("-") for e in extra):
             args.settings.extend(extra)
         else:
-            parser.error("unrecognized arguments: " + " ".join(extra))
+            parser.exit(EXIT_USER, f"coinf {args.command}: error: unrecognized arguments: "
+                                   f"{' '.join(extra)}\n")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0

@@ -8,6 +8,8 @@ The directories the output needs are created here, as the command would create t
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from coinf.errors import UserError
@@ -48,3 +50,15 @@ def writable_file(path: str | Path, flag: str, *, make_folder: bool = True) -> P
     elif not os.access(p.parent, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {p}: the folder {p.parent} is not writable")
     return p
+
+
+@contextmanager
+def naming(flag: str, path: str | Path | None) -> Iterator[None]:
+    """A :class:`UserError` raised while reading ``path`` (given by ``flag``) names both, so a
+    malformed file is not reported as just "device profile is not valid"."""
+    try:
+        yield
+    except UserError as exc:
+        if path is None or str(path) in str(exc):
+            raise
+        raise type(exc)(f"{flag} {path}: {exc}") from None

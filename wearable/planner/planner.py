@@ -158,7 +158,7 @@ class Planner:
             return profile.rates.node_map(self._node_features())
         style = self.predictor_style
         if style == "incontext":  # the in-context slice predictor, if the profile has one
-            from coinf.device.context_data import incontext_node_times
+            from coinf.device.incontext import incontext_node_times
 
             got = incontext_node_times(profile.predictor.meta, self.bundle.model_path)
             if got is not None:

@@ -17,7 +17,9 @@ from typing import Any
 BENCHES: list[tuple[str, str, str]] = [
     ("overhead", "overhead", "split head+tail in-process vs the whole model"),
     ("mincut", "mincut", "exact min-cut split search time on a ~1,700-node DAG"),
-    ("predict", "predict", "latency predictors vs measured candidate slices"),
+    ("predict", "predict",
+     "plan regret of the latency predictors (goal: at most 0.02); slice accuracy next to "
+     "measurement repeatability"),
     ("plan", "plan", "the planner's choice vs every candidate measured end to end"),
     ("plan-sweep", "plan_sweep", "bench plan over bundles x bandwidths x slowdowns"),
     ("split", "split", "coinf split of a big model: time and peak RSS vs onnx.load"),

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
 
 PACKINGS = ("raw", "q8", "q4", "q2")
@@ -50,10 +51,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--freeze-backbone", action="store_true",
                         help="digitnet: train the compressors only (the backbone stays the "
                         "zoo model)")
-    parser.add_argument("--fps", type=float, default=30.0,
+    parser.add_argument("--fps", type=argtypes.number(0, 1e6, lo_open=True), default=30.0,
                         help="pipeline compute bound and input rate for the bandwidth "
                         "thresholds (frames/s, default %(default)s)")
-    parser.add_argument("--epochs", type=int, default=0,
+    parser.add_argument("--epochs", type=argtypes.count, default=0,
                         help="fine-tuning epochs (default: models.compressors' default)")
     parser.set_defaults(func=run)
 
@@ -112,8 +113,10 @@ def _run_set(args: argparse.Namespace) -> int:
         raise InputError("--epochs must be >= 0")
     if not args.fps > 0:
         raise InputError("--fps must be > 0")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise InputError(f"--out {args.out} exists and is not a directory")
+    if args.out is not None:
+        from coinf.cli.paths import writable_dir
+
+        writable_dir(args.out, "--out")  # refused now, not after the fine-tuning
     require_torch()
     from coinf.models.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
 
 
@@ -208,13 +209,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory (coinf split)")
     parser.add_argument("--split", default="c006", help="candidate to offload (default c006)")
     parser.add_argument("--preset", default="ble5-2m", help="radio preset")
-    parser.add_argument("--inferences", type=int, default=1000)
-    parser.add_argument("--timeout", type=float, default=1.5, help="per-inference timeout (s)")
-    parser.add_argument("--fault-s", type=float, default=10.0,
+    parser.add_argument("--inferences", type=argtypes.positive_int, default=1000)
+    parser.add_argument("--timeout", type=argtypes.seconds, default=1.5,
+                        help="per-inference timeout (s)")
+    parser.add_argument("--fault-s", type=argtypes.seconds, default=10.0,
                         help="each fault lasts at least this long (s)")
-    parser.add_argument("--chunk-fault-rate", type=float, default=0.02,
+    parser.add_argument("--chunk-fault-rate", type=argtypes.number(0, 1, hi_open=True),
+                        default=0.02,
                         help="chunk_faults phase: probability of each fault per data chunk")
-    parser.add_argument("--hang-s", type=float, default=10.0, help="an inference longer than "
+    parser.add_argument("--hang-s", type=argtypes.seconds, default=10.0,
+                        help="an inference longer than "
                         "this counts as a hang")
     parser.add_argument("--json", action="store_true", help="(always JSON)")
     parser.set_defaults(func=run)

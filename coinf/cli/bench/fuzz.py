@@ -53,6 +53,7 @@ from coinf.ble_protocol.messages import (
     encode_result,
 )
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
 from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import DeviceStatus, decode_status_reply
@@ -627,10 +628,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--inputs", type=int, default=100_000, help="inputs per decoder")
-    parser.add_argument("--codec-inputs", type=int, default=CODEC_INPUTS,
+    parser.add_argument("--inputs", type=argtypes.positive_int, default=100_000,
+                        help="inputs per decoder")
+    parser.add_argument("--codec-inputs", type=argtypes.count, default=CODEC_INPUTS,
                         help="inputs per standard-codec decoder (codec_*), at most --inputs")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=argtypes.seed, default=1)
     parser.add_argument("--decoders", nargs="*", help="only these decoders")
     parser.add_argument("--json", action="store_true", help="(always JSON)")
     parser.set_defaults(func=run)

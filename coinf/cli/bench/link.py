@@ -15,13 +15,16 @@ import os
 import secrets
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default pi-zero-2w)")
-    parser.add_argument("--bytes", type=int, default=100_000, help="message size in bytes")
-    parser.add_argument("--messages", type=int, default=3, help="messages per direction")
+    parser.add_argument("--bytes", type=argtypes.integer(1, 1 << 30), default=100_000,
+                        help="message size in bytes")
+    parser.add_argument("--messages", type=argtypes.positive_int, default=3,
+                        help="messages per direction")
     parser.add_argument(
         "--direction",
         choices=["up", "down", "both"],
@@ -30,7 +33,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-scale",
-        type=float,
+        type=argtypes.number(0, 100, lo_open=True),
         default=1.0,
         help="real seconds per emulated second (>1 = slow motion when the CPU cannot keep up)",
     )

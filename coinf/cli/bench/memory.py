@@ -11,13 +11,16 @@ import argparse
 import statistics
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="split bundle whose heads to measure")
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
-    parser.add_argument("--runs", type=int, default=2, help="inferences per head process")
+    parser.add_argument("--threads", type=argtypes.threads, default=1,
+                        help="onnxruntime intra-op threads")
+    parser.add_argument("--runs", type=argtypes.positive_int, default=2,
+                        help="inferences per head process")
     parser.add_argument("--only", help="comma-separated candidate ids (default: every head)")
     parser.set_defaults(func=run)
 

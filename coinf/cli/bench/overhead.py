@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress
 
 
@@ -18,9 +19,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model file")
     parser.add_argument("--split", help="candidate id (default: the middle candidate)")
     parser.add_argument("--bundle", help="reuse this bundle of MODEL instead of splitting anew")
-    parser.add_argument("--runs", type=int, default=200, help="interleaved pairs (median)")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
+    parser.add_argument("--runs", type=argtypes.positive_int, default=200,
+                        help="interleaved pairs (median)")
+    parser.add_argument("--warmup", type=argtypes.count, default=10)
+    parser.add_argument("--threads", type=argtypes.threads, default=1,
+                        help="onnxruntime threads per side")
     parser.add_argument("--session", action="store_true",
                         help="also time Session.run over the in-process link")
     parser.add_argument("--json", action="store_true", help="(always JSON; accepted for symmetry)")
@@ -37,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UserError("--runs must be >= 1")
     model = Path(args.model)
+    if not model.is_file():  # before the "splitting" line: the error alone
+        raise UserError(f"MODEL {model}: no such file (expected an .onnx file)")
     tmp = None
     if args.bundle:
         bundle = Bundle.load(args.bundle)

@@ -23,6 +23,7 @@ import numpy as np
 
 from coinf.ble_protocol import bitplanes, packing
 from coinf.ble_protocol.tensors import encode_tensors
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress
 from coinf.errors import InputError
 
@@ -33,18 +34,21 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="bundle to measure (default: the zoo's trained lenet_digits)")
     parser.add_argument("--data", default="digits",
                         help="with --bundle: 'digits' or an .npz (see coinf calibrate)")
-    parser.add_argument("--limit", type=int, default=None, help="first N validation inputs")
+    parser.add_argument("--limit", type=argtypes.positive_int, default=None,
+                        help="first N validation inputs")
     parser.add_argument("--labels", default=None, metavar="KEY",
                         help="with --data FILE.npz: the array of integer labels")
     parser.add_argument("--metric", default=None,
                         help="accuracy metric (see coinf calibrate --metric; default top1)")
     parser.add_argument("--metric-output", action="append", default=[], metavar="NAME",
                         help="output(s) the metric reads (default: the first)")
-    parser.add_argument("--repeats", type=int, default=15, help="timing repeats (median)")
-    parser.add_argument("--tolerance", type=float, default=1.0, help="accuracy drop allowed, pp")
-    parser.add_argument("--pi-slowdown", type=float, default=10.0,
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=15,
+                        help="timing repeats (median)")
+    parser.add_argument("--tolerance", type=argtypes.percent, default=1.0,
+                        help="accuracy drop allowed, pp")
+    parser.add_argument("--pi-slowdown", type=argtypes.slowdown, default=10.0,
                         help="assumed Pi Zero 2 W / this-machine compute time ratio")
-    parser.add_argument("--throughput-mb", type=float, default=4.0,
+    parser.add_argument("--throughput-mb", type=argtypes.number(0, 1e4, lo_open=True), default=4.0,
                         help="size of the tensor the codec speed is measured on (MB of float32)")
     parser.set_defaults(func=run)
 

@@ -38,31 +38,37 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress, realtime, stop_processes
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--devices", type=int, default=3, help="devices in the pipeline, the "
+    parser.add_argument("--devices", type=argtypes.integer(2, 64), default=3,
+                        help="devices in the pipeline, the "
                         "wearable included (default %(default)s)")
     parser.add_argument("--bundle", help="bundle directory (default: the zoo's vgg, split now)")
-    parser.add_argument("--slowdown", type=float, default=100.0,
+    parser.add_argument("--slowdown", type=argtypes.slowdown, default=100.0,
                         help="every device plays a K x slower machine (default %(default)s)")
-    parser.add_argument("--bandwidth-kbps", type=float, default=4000.0,
+    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, default=4000.0,
                         help="every link's bandwidth, kB/s (default %(default)s)")
-    parser.add_argument("--latency-ms", type=float, default=2.0, help="every link's latency")
-    parser.add_argument("--frames", type=int, default=40, help="frames per batch")
-    parser.add_argument("--repeats", type=int, default=3, help="batches of each kind (median)")
-    parser.add_argument("--warmup", type=int, default=20, help="frames to settle the split")
-    parser.add_argument("--depth", type=int, default=0,
+    parser.add_argument("--latency-ms", type=argtypes.number(0, 1e5), default=2.0,
+                        help="every link's latency")
+    parser.add_argument("--frames", type=argtypes.positive_int, default=40, help="frames per batch")
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=3,
+                        help="batches of each kind (median)")
+    parser.add_argument("--warmup", type=argtypes.count, default=20,
+                        help="frames to settle the split")
+    parser.add_argument("--depth", type=argtypes.count, default=0,
                         help="frames in flight (default 4 x devices)")
-    parser.add_argument("--rate", type=float, default=0.0, metavar="HZ",
+    parser.add_argument("--rate", type=argtypes.number(0, 1e6, hi_open=True), default=0.0,
+                        metavar="HZ",
                         help="also feed both pipelines from a real-time source at HZ frames/s "
                         "(2 x --frames frames; one arriving with a frame in every stage is "
                         "dropped) and report effective accuracy = delivered x accuracy / "
                         "generated")
-    parser.add_argument("--accuracy", type=float, default=1.0,
+    parser.add_argument("--accuracy", type=argtypes.fraction, default=1.0,
                         help="the model's accuracy for effective accuracy (default 1)")
-    parser.add_argument("--compressors", metavar="DIR",
+    parser.add_argument("--compressors", metavar="DIR", type=argtypes.existing_dir,
                         help="a compressor set (index.json): with --bandwidth-kbps-schedule, "
                         "measure run-time selection of gamma and packing instead "
                         "(coinf/cli/bench/pipeline_switch.py)")

@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
 from coinf.errors import CoinfError, UserError
 
@@ -85,7 +86,10 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
     hand = DeviceProfile.laptop()
     hand.threads = threads
     if predictor_profile:
-        pred = DeviceProfile.load(predictor_profile).predictor
+        from coinf.cli.paths import naming
+
+        with naming("--predicted", predictor_profile):
+            pred = DeviceProfile.load(predictor_profile).predictor
         if pred is None:
             raise UserError(f"{predictor_profile} has no predictor; run `coinf profile --train`")
         wear.predictor = hand.predictor = pred
@@ -252,10 +256,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", default="latency",
                         help="planner objective: latency (default; the oracle measures "
                         "latency), auto or throughput")
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per candidate (median)")
-    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per slice")
-    parser.add_argument("--predicted", metavar="PROFILE",
+    parser.add_argument("--threads", type=argtypes.threads, default=1,
+                        help="onnxruntime threads per side")
+    parser.add_argument("--runs", type=argtypes.positive_int, default=3,
+                        help="timed runs per candidate (median)")
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=5,
+                        help="profiling repeats per slice")
+    parser.add_argument("--predicted", metavar="PROFILE", type=argtypes.existing_file,
                         help="plan from this profile's layer predictors instead of profiling "
                              "the bundle (a model never profiled)")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")
@@ -263,10 +270,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True)
-    parser.add_argument("--wearable-slowdown", type=float, default=10.0)
-    parser.add_argument("--bandwidth-kbps", type=float, default=None,
+    parser.add_argument("--wearable-slowdown", type=argtypes.slowdown, default=10.0)
+    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, default=None,
                         help="link bandwidth (default: the preset's ATT capacity)")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        type=argtypes.name_equals_file,
                         help="a real input instead of random values (a codec's bytes depend "
                              "on the picture)")
     _common(parser)
@@ -274,12 +282,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def register_sweep(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundles", help="directory of bundles (one per model; default: the "
+    parser.add_argument("--bundles", type=argtypes.existing_dir,
+                        help="directory of bundles (one per model; default: the "
                         "zoo, split into --cache)")
     parser.add_argument("--cache", default="out/bench/bundles", help="where zoo bundles go")
-    parser.add_argument("--max-candidates", type=int, default=12,
+    parser.add_argument("--max-candidates", type=argtypes.integer(2), default=12,
                         help="candidates per zoo bundle (default %(default)s)")
-    parser.add_argument("--bandwidths-kbps", type=float, nargs="+", default=[10.0, 20.0, 36.0])
-    parser.add_argument("--slowdowns", type=float, nargs="+", default=[5.0, 20.0])
+    parser.add_argument("--bandwidths-kbps", type=argtypes.kbps, nargs="+", default=[10.0, 20.0,
+                        36.0])
+    parser.add_argument("--slowdowns", type=argtypes.slowdown, nargs="+", default=[5.0, 20.0])
     _common(parser)
     parser.set_defaults(func=run_sweep)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress
 from coinf.cli.paths import writable_dir
 from coinf.errors import InputError, UserError
@@ -30,13 +31,15 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a coinf LeNet ONNX file (default: the zoo's trained lenet_digits)")
     parser.add_argument("--strengths", default="3e-4,1e-3,3e-3",
                         help="group lasso strengths to try, comma-separated")
-    parser.add_argument("--threshold", type=float, default=0.05,
+    parser.add_argument("--threshold", type=argtypes.number(0, 1, hi_open=True), default=0.05,
                         help="relative unit contribution below which a unit is removed")
-    parser.add_argument("--epochs", type=int, default=30, help="sparsifying epochs")
-    parser.add_argument("--finetune-epochs", type=int, default=20, help="fine-tuning epochs")
-    parser.add_argument("--tolerance", type=float, default=1.0,
+    parser.add_argument("--epochs", type=argtypes.count, default=30, help="sparsifying epochs")
+    parser.add_argument("--finetune-epochs", type=argtypes.count, default=20,
+                        help="fine-tuning epochs")
+    parser.add_argument("--tolerance", type=argtypes.percent, default=1.0,
                         help="validation accuracy drop allowed for the headline row, pp")
-    parser.add_argument("--repeats", type=int, default=200, help="latency runs per model (median)")
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=200,
+                        help="latency runs per model (median)")
     parser.add_argument("--out", type=Path, default=None,
                         help="keep the pruned models here (default: a temporary directory)")
     parser.set_defaults(func=run)

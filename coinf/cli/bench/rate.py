@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
 from coinf.errors import InputError
 
@@ -34,19 +35,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", default=None, help="any bundle (with --data)")
     parser.add_argument("--data", default=None, help="with --bundle: an .npz of feeds "
                                                      "(see coinf calibrate)")
-    parser.add_argument("--limit", type=int, default=None, help="first N inputs")
-    parser.add_argument("--samples", type=int, default=300,
+    parser.add_argument("--limit", type=argtypes.positive_int, default=None, help="first N inputs")
+    parser.add_argument("--samples", type=argtypes.positive_int, default=300,
                         help="with --model: real inputs to make (default %(default)s)")
     parser.add_argument("--metric", default=None,
                         help="quality metric (see coinf calibrate --metric; --model: the "
                              "model's task metric)")
     parser.add_argument("--metric-output", action="append", default=[], metavar="NAME")
-    parser.add_argument("--cuts", type=int, default=4,
+    parser.add_argument("--cuts", type=argtypes.positive_int, default=4,
                         help="split cuts measured: the N with the fewest crossing bytes "
                              "(default %(default)s)")
     parser.add_argument("--candidates", default=None,
                         help="comma-separated candidate ids instead of --cuts")
-    parser.add_argument("--tolerance", type=float, default=1.0,
+    parser.add_argument("--tolerance", type=argtypes.percent, default=1.0,
                         help="quality loss of the summary, pp (default %(default)s)")
     parser.add_argument("--png", default=None, metavar="FILE", help="write the plot here")
     parser.add_argument("--work", default=None, metavar="DIR",
@@ -70,6 +71,10 @@ def _check(args: argparse.Namespace) -> None:
         from coinf.cli.paths import writable_file
 
         writable_file(args.png, "--png", make_folder=False)
+    if args.work:
+        from coinf.cli.paths import writable_dir
+
+        writable_dir(args.work, "--work")
 
 
 def _prepare_model(args: argparse.Namespace, work: Path) -> tuple[Any, str, str | None, dict]:

@@ -26,24 +26,28 @@ from typing import Any
 
 import numpy as np
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress, stop_processes
 from coinf.errors import InputError, UserError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
-    parser.add_argument("--devices", type=int, default=4, help="devices, this one included")
+    parser.add_argument("--devices", type=argtypes.integer(2, 8), default=4,
+                        help="devices, this one included")
     parser.add_argument("--model", default="vgg16-64",
                         help="an ONNX file, 'vgg' (the committed zoo model, widths 16-64) or "
                              "'vgg16-64' (default: the zoo's VGG at VGG-16 widths, 64x64 input, "
                              "built here with torch)")
-    parser.add_argument("--slowdown", type=float, default=20.0,
+    parser.add_argument("--slowdown", type=argtypes.slowdown, default=20.0,
                         help="every device is this many times slower than this machine")
-    parser.add_argument("--mbps", type=float, default=50.0,
+    parser.add_argument("--mbps", type=argtypes.number(0, 1e6, lo_open=True), default=50.0,
                         help="shared link bandwidth, Mbit/s of payload (Wi-Fi class: 50)")
-    parser.add_argument("--latency-ms", type=float, default=2.0, help="one-way link latency")
+    parser.add_argument("--latency-ms", type=argtypes.number(0, 1e5), default=2.0,
+                        help="one-way link latency")
     parser.add_argument("--strategy", default="fused", choices=["fused", "per-layer", "whole"])
-    parser.add_argument("--frames", type=int, default=15, help="measured frames (median)")
+    parser.add_argument("--frames", type=argtypes.positive_int, default=15,
+                        help="measured frames (median)")
     parser.add_argument("--sweep", default="",
                         help="also measure at these Mbit/s (comma-separated) for break-even")
     parser.set_defaults(func=run)

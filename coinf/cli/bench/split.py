@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress
 from coinf.errors import InputError
 
@@ -134,8 +135,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="an .onnx file, or vgg19 / alexnet (ImageNet size, built with torch)")
     parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
-    parser.add_argument("--repeats", type=int, default=3, help="load and split runs (median)")
-    parser.add_argument("--models-dir", default=None,
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=3,
+                        help="load and split runs (median)")
+    parser.add_argument("--models-dir", default=None, type=argtypes.existing_dir,
                         help="where vgg19/alexnet are built or found (default: TMPDIR/coinf-large)")
-    parser.add_argument("--tmp", default=None, help="folder for the bundles (default: TMPDIR)")
+    parser.add_argument("--tmp", default=None, type=argtypes.existing_dir,
+                        help="folder for the bundles (default: TMPDIR)")
     parser.set_defaults(func=run)

@@ -10,6 +10,7 @@ import argparse
 import time
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress
 
 STAGES = ("head", "pack", "transfer", "tail", "return")
@@ -18,17 +19,21 @@ STAGES = ("head", "pack", "transfer", "tail", "return")
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory")
     parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default %(default)s)")
-    parser.add_argument("--bandwidth-kbps", type=float, help="override the capacity (kB/s)")
-    parser.add_argument("--wearable-slowdown", type=float, default=1.0, dest="slowdown")
+    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, help="override the capacity (kB/s)")
+    parser.add_argument("--wearable-slowdown", type=argtypes.slowdown, default=1.0, dest="slowdown")
     parser.add_argument("--split", help="candidate id (default: the planner's throughput choice)")
-    parser.add_argument("--frames", type=int, default=30, help="frames per batch")
-    parser.add_argument("--repeats", type=int, default=3, help="batches of each kind (median)")
-    parser.add_argument("--depth", type=int, default=3, help="frames in flight when pipelined")
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per side")
-    parser.add_argument("--rate", type=float, default=0.0, metavar="HZ",
+    parser.add_argument("--frames", type=argtypes.integer(2), default=30, help="frames per batch")
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=3,
+                        help="batches of each kind (median)")
+    parser.add_argument("--depth", type=argtypes.integer(2), default=3,
+                        help="frames in flight when pipelined")
+    parser.add_argument("--threads", type=argtypes.threads, default=1,
+                        help="onnxruntime threads per side")
+    parser.add_argument("--rate", type=argtypes.number(0, 1e6, hi_open=True), default=0.0,
+                        metavar="HZ",
                         help="also run a real-time source at HZ frames/s: frames the pipeline "
                         "cannot take are dropped; reports effective accuracy")
-    parser.add_argument("--accuracy", type=float, default=None,
+    parser.add_argument("--accuracy", type=argtypes.fraction, default=None,
                         help="model accuracy for effective accuracy, a fraction in [0, 1] "
                         "(default: the zoo's recorded test accuracy, else 1)")
     parser.add_argument("--json", action="store_true", help="(always JSON)")

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.errors import InputError
 
 
@@ -29,7 +30,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="pack this crossing tensor with SPEC in every row (repeatable)")
     parser.add_argument("--pack-state", action="store_true",
                         help="pack state-like tensors like the others (default: lossless)")
-    parser.add_argument("--sequence-length", type=int, default=None, metavar="L",
+    parser.add_argument("--sequence-length", type=argtypes.positive_int, default=None, metavar="L",
                         help="stateful models: feeds form sequences of L steps (default: "
                              "all feeds, one sequence)")
     parser.add_argument("--bits", default=None,
@@ -37,7 +38,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default: 2..8,10,12,16,f16,f32)")
     parser.add_argument("--candidates", default=None,
                         help="comma-separated candidate ids (default: all that send something)")
-    parser.add_argument("--limit", type=int, default=None, help="use the first N samples only")
+    parser.add_argument("--limit", type=argtypes.positive_int, default=None,
+                        help="use the first N samples only")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the tables as JSON but do not write the manifest")
     parser.set_defaults(func=run)

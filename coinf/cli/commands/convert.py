@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.errors import UserError
 
 
@@ -27,7 +28,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                           "and its dependencies into this environment")
     tfl.add_argument("--python", metavar="PY",
                      help="run the converter with this interpreter (one that has onnx2tf)")
-    tfl.add_argument("--timeout", type=float, default=600.0, metavar="S",
+    tfl.add_argument("--timeout", type=argtypes.seconds, default=600.0, metavar="S",
                      help="seconds one slice may take to convert (default %(default)s)")
     tfl.set_defaults(func=run)
     comp = sub.add_parser("compressors", help="attach a compressor set (autoencoders) to a bundle",

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.bench import progress
 
 
@@ -50,18 +51,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", default="ble", choices=["ble", "socket"],
                         help="ble: through the emulated radio (default); socket: local socket")
     parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per configuration (median)")
-    parser.add_argument("--slowdown", type=float, default=None,
+    parser.add_argument("--repeat", type=argtypes.positive_int, default=2,
+                        help="runs per configuration (median)")
+    parser.add_argument("--slowdown", type=argtypes.slowdown, default=None,
                         help="wearable is K x slower than this machine (default: from the "
                         "built-in Pi Zero 2 W profile against this machine)")
-    parser.add_argument("--budget-ms", type=float, default=1000.0,
+    parser.add_argument("--budget-ms", type=argtypes.milliseconds, default=1000.0,
                         help="the app's latency budget per frame (default %(default)s)")
-    parser.add_argument("--dropped", type=float, default=5.0, metavar="KB_S",
+    parser.add_argument("--dropped", type=argtypes.kbps, default=5.0, metavar="KB_S",
                         help="bandwidth of the second condition in kB/s (default %(default)s)")
-    parser.add_argument("--samples", type=int, default=300,
+    parser.add_argument("--samples", type=argtypes.positive_int, default=300,
                         help="real inputs the packings are calibrated on (default %(default)s; "
                              "299 establish a 1 pp bound)")
-    parser.add_argument("--max-run-s", type=float, default=15.0,
+    parser.add_argument("--max-run-s", type=argtypes.seconds, default=15.0,
                         help="reference points predicted to take longer per run are reported "
                              "as predicted, not run (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="only the JSON summary on stdout")
@@ -147,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
                         "--budget-ms >= 0")
     if args.slowdown is not None and args.slowdown < 1:
         raise UserError(f"--slowdown must be >= 1, got {args.slowdown}")
+    from coinf.cli.paths import writable_dir
+
+    writable_dir(args.out, "--out")  # refused now, not after the model is built
     t_start = time.perf_counter()
     out = sys.stderr if args.json else sys.stdout
     prep = prepare(args.model, Path(args.out), args.samples)
@@ -224,16 +229,30 @@ def run(args: argparse.Namespace) -> int:
         "choice_changes": conditions[0]["chosen"]["candidate"]
         != conditions[1]["chosen"]["candidate"],
         "chosen": chosen, "reference": reference,
-        "chosen_vs_best_reference": {
-            key: {"chosen": chosen[key],
-                  "best": min((e[key] for e in done), default=None),
-                  "best_is": min(done, key=lambda e: e[key])["id"] if done else None}
-            for key in ("latency_ms", "wearable_mj")},
+        "chosen_vs_best_reference": objective_comparison(chosen, done, args.budget_ms),
         "all_match": not bad, "seconds": round(time.perf_counter() - t_start, 1)}
     if bad:
         print(f"\nMISMATCH against the whole model at: {', '.join(bad)}", file=out)
     print(json.dumps(summary))
     return 1 if bad else 0
+
+
+def objective_comparison(chosen: dict[str, Any], refs: list[dict[str, Any]],
+                         budget_ms: float) -> dict[str, Any]:
+    """The choice against the best measured reference point in the demo's objective: least
+    wearable energy among the runs within the latency budget (the fastest when none is)."""
+    within = [e for e in refs if e["latency_ms"] <= budget_ms]
+    key = "wearable_mj" if within else "latency_ms"
+    best = min(within or refs, key=lambda e: e[key]) if refs else None
+    out: dict[str, Any] = {
+        "objective": f"least wearable energy within {budget_ms:g} ms" if within
+        else "lowest latency (no reference point met the budget)",
+        "chosen_within_budget": chosen["latency_ms"] <= budget_ms}
+    if best is not None:
+        out.update({"metric": key, "chosen": chosen[key], "best": best[key],
+                    "best_is": best["id"], "ratio": round(chosen[key] / best[key], 4)
+                    if best[key] else None})
+    return out
 
 
 def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],

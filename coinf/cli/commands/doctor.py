@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.errors import AdapterError, CoinfError, UserError
 
 DEFAULT_BUNDLE = "/var/lib/coinf/bundle"
@@ -217,16 +218,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hci", help="read the controller on this bumble HCI transport "
+    parser.add_argument("--hci", type=argtypes.connect_address,
+                        help="read the controller on this bumble HCI transport "
                                       "(hci-socket:0, usb:0, tcp-client:HOST:PORT); default: "
                                       "the kernel's first controller")
-    parser.add_argument("--hci-dump", metavar="FILE",
+    parser.add_argument("--hci-dump", metavar="FILE", type=argtypes.existing_file,
                         help="decode recorded HCI Command Complete events (hex, one per line) "
                              "instead of reading a controller")
     parser.add_argument("--bundle", help=f"bundle to identify (default {DEFAULT_BUNDLE})")
     parser.add_argument("--role", choices=("wearable", "handheld"), default=None,
                         help="default: detected (a Raspberry Pi is the wearable)")
-    parser.add_argument("--timeout", type=float, default=5.0,
+    parser.add_argument("--timeout", type=argtypes.seconds, default=5.0,
                         help="seconds to wait for the controller per command (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.set_defaults(func=run)

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.convert.bundle import Bundle
 
 DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
@@ -24,7 +25,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         description="Pair with a wearable: LE Secure Connections, passkey entry."))
     parser.add_argument("--bundle", help="bundle directory (from `coinf split`); required")
     parser.add_argument(
-        "--listen",
+        "--listen", type=argtypes.listen_address,
         help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
         "ble (connect to the wearable over this machine's Bluetooth) or ble:HCI (over a bumble "
         "host on that HCI transport, e.g. ble:tcp-client:HOST:PORT of coinf radio); "
@@ -34,25 +35,31 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="older spelling: ble = --listen ble (or ble:HCI with --hci)")
     parser.add_argument("--wearable", default="coinf-wearable",
                         help="BLE: name or address of the wearable (default %(default)s)")
-    parser.add_argument("--hci", help="BLE: use a bumble host on this HCI transport "
+    parser.add_argument("--hci", type=argtypes.connect_address,
+                        help="BLE: use a bumble host on this HCI transport "
                         "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
     parser.add_argument("--keystore", help="BLE with --hci: JSON file keeping bonds "
                         "(from `coinf handheld pair`)")
-    parser.add_argument("--passkey", type=int, metavar="N", help="BLE with --hci: the "
+    parser.add_argument("--passkey", type=argtypes.passkey, metavar="N", help="BLE with --hci: the "
                         "wearable's passkey, typed when pairing (emulated radio, scripts)")
-    parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0 = auto)")
-    parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower device")
-    parser.add_argument("--lru", type=int, default=4, help="tail sessions kept loaded")
+    parser.add_argument("--threads", type=argtypes.threads_or_auto, default=0,
+                        help="onnxruntime threads (0 = auto)")
+    parser.add_argument("--slowdown", type=argtypes.slowdown, default=1.0,
+                        help="emulate a K x slower device")
+    parser.add_argument("--lru", type=argtypes.positive_int, default=4,
+                        help="tail sessions kept loaded")
     parser.add_argument("--runtime", choices=("onnxruntime", "litert", "auto"),
                         default="onnxruntime",
                         help="run tails with onnxruntime, LiteRT (the bundle's TFLite slices) or "
                              "auto (the faster per slice in --profile); default %(default)s")
-    parser.add_argument("--max-pending", type=int, default=None,
+    parser.add_argument("--max-pending", type=argtypes.positive_int, default=None,
                         help="requests admitted at once per link; more get BUSY (default 4; "
                         "16 with --pipeline, whose streams keep more frames in flight)")
-    parser.add_argument("--profile", help="device profile sent to wearables "
+    parser.add_argument("--profile", type=argtypes.existing_file,
+                        help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
-    parser.add_argument("--pipeline", metavar="CONFIG", help="pipeline config (JSON, "
+    parser.add_argument("--pipeline", metavar="CONFIG",
+                        help="pipeline config (JSON, "
                         "docs/PIPELINE.md): serve as one helper of a pipeline over n devices, "
                         "forwarding to the next helper; needs --name")
     parser.add_argument("--name", help="with --pipeline: this helper's name in the config; "
@@ -121,9 +128,11 @@ def run(args: argparse.Namespace) -> int:
     # a pipeline helper also listens on its config address, where its peers reach it
     peers = (open_listener(own_address) if forward is not None and spec != own_address
              else None)
+    from coinf.cli.paths import naming
     from coinf.device.profile import load_or_default
 
-    profile = load_or_default("handheld", args.profile)
+    with naming("--profile", args.profile):
+        profile = load_or_default("handheld", args.profile)
     if forward is not None:
         forward = forward(bundle, emulation)
     daemon = HandheldDaemon(bundle, emulation, lru=args.lru, profile=profile, runtime=args.runtime,

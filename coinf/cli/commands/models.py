@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from coinf.cli import argtypes
+from coinf.cli.paths import writable_dir, writable_file
 from coinf.errors import UserError
 
 
@@ -34,19 +36,22 @@ def register(parser: argparse.ArgumentParser) -> None:
                                     "`coinf calibrate --data`)")
     d.add_argument("name", metavar="NAME", help="pretrained model name (see `coinf models list`)")
     d.add_argument("--out", required=True, type=Path, metavar="FILE.npz", help="file to write")
-    d.add_argument("-n", type=int, default=300, help="number of feeds (default %(default)s)")
-    d.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    d.add_argument("-n", type=argtypes.positive_int, default=300,
+                   help="number of feeds (default %(default)s)")
+    d.add_argument("--seed", type=argtypes.seed, default=0,
+                   help="random seed (default %(default)s)")
     d.set_defaults(func=_data)
     p = sub.add_parser("prune", help="SMCD: group-lasso pruning of a LeNet into a smaller dense "
                                      "model (needs torch; docs/PRUNING.md)")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a coinf LeNet ONNX file (default: the zoo's trained lenet_digits)")
     p.add_argument("--out", required=True, type=Path, metavar="FILE", help="pruned .onnx to write")
-    p.add_argument("--strength", type=float, default=3e-4, help="group lasso strength (lambda_g)")
-    p.add_argument("--threshold", type=float, default=0.05,
+    p.add_argument("--strength", type=argtypes.number(0, 10, lo_open=True, hi_open=True),
+                   default=3e-4, help="group lasso strength (lambda_g)")
+    p.add_argument("--threshold", type=argtypes.number(0, 1, hi_open=True), default=0.05,
                    help="relative unit contribution below which a unit is removed")
-    p.add_argument("--epochs", type=int, default=30, help="sparsifying epochs")
-    p.add_argument("--finetune-epochs", type=int, default=20, help="fine-tuning epochs")
+    p.add_argument("--epochs", type=argtypes.count, default=30, help="sparsifying epochs")
+    p.add_argument("--finetune-epochs", type=argtypes.count, default=20, help="fine-tuning epochs")
     p.set_defaults(func=_prune)
     c = sub.add_parser("compressors", help="a compressor set: Table-I autoencoders at the cuts of "
                                            "the digit CNN, fine-tuned jointly with one backbone "
@@ -59,7 +64,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--gammas", default="2,4,8", help="compression ratios (default %(default)s)")
     c.add_argument("--packings", default=None,
                    help="packings whose accuracy is measured (default: raw,q8,q4,q2,qz4,qz2)")
-    c.add_argument("--epochs", type=int, default=None, help="joint fine-tuning epochs (default 15)")
+    c.add_argument("--epochs", type=int, default=None,
+                   help="joint fine-tuning epochs (default 15)")
     c.add_argument("--freeze-backbone", action="store_true",
                    help="train the compressors only (the backbone stays the zoo model)")
     c.set_defaults(func=_compressors)
@@ -133,8 +139,7 @@ def _build(args: argparse.Namespace) -> int:
         raise UserError(f"unknown model {args.name!r}; expected one of: {', '.join(ZOO)}, or a "
                         f"pretrained one: {', '.join(PRETRAINED)}")
     names = list(ZOO) if args.all else [spec_for(args.name).name]
-    if args.out.exists() and not args.out.is_dir():
-        raise UserError(f"--out {args.out} exists and is not a directory")
+    writable_dir(args.out, "--out")  # refused now, not after the build
     require_torch()
     for i, name in enumerate(names, 1):
         print(
@@ -152,8 +157,7 @@ def _build_pretrained(args: argparse.Namespace) -> int:
 
     if args.large:
         raise UserError(f"--large: {args.name!r} is a pretrained model; it has one size")
-    if args.out.exists() and not args.out.is_dir():
-        raise UserError(f"--out {args.out} exists and is not a directory")
+    writable_dir(args.out, "--out")  # refused now, not after the build
     spec = spec_for(args.name)
     require_package(spec)  # MissingDependency naming pkg==version, before any work
     print(f"building {spec.name} from {spec.requirement} ({spec.licence})", file=sys.stderr)
@@ -170,6 +174,7 @@ def _data(args: argparse.Namespace) -> int:
         raise UserError(f"-n {args.n}: expected at least 1 feed")
     if args.out.suffix != ".npz" or args.out.is_dir():
         raise UserError(f"--out {args.out}: expected a file name ending in .npz")
+    writable_file(args.out, "--out")
     source = write_npz(spec.name, args.out, args.n, args.seed)
     print(f"{args.out}: {args.n} feeds of {' '.join(s.describe() for s in spec.inputs)} "
           f"from {source}")
@@ -216,8 +221,7 @@ def _compressors(args: argparse.Namespace) -> int:
     cuts, gammas, packings = parse_set_args(args.cuts, args.gammas, args.packings)
     if args.epochs is not None and args.epochs < 0:
         raise UserError(f"--epochs {args.epochs}: expected a count >= 0")
-    if args.out.exists() and not args.out.is_dir():
-        raise UserError(f"--out {args.out} exists and is not a directory")
+    writable_dir(args.out, "--out")  # refused now, not after the build
     require_torch()
     from coinf.models.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
 
@@ -238,6 +242,14 @@ def _prune(args: argparse.Namespace) -> int:
         raise UserError(f"MODEL {src}: no such file")
     if args.out.suffix != ".onnx" or args.out.is_dir():
         raise UserError(f"--out {args.out}: expected a file name ending in .onnx")
+    writable_file(args.out, "--out")
+    import onnx
+
+    try:  # a damaged file is the user's, not a protobuf traceback after torch loads
+        onnx.load(str(src), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError, ...; as convert.graph does
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"MODEL {src} is not a readable ONNX model: {msg}") from None
     require_torch()
     from coinf.models.pruning import PruneConfig, prune_lenet_file
 

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.errors import LinkError, UserError
 
 DEFAULT_WINDOW_S = 120.0
@@ -35,7 +36,7 @@ def default_bond_store(role: str) -> str:
     return str(Path(config_path()).parent / "bonds" / f"{role}.json")
 
 
-def passkey_arg(text: str) -> int:
+def passkey_arg(text: str) -> int:  # kept for callers; the CLI uses argtypes.passkey
     try:
         value = int(text, 10)
     except ValueError:
@@ -49,13 +50,13 @@ def passkey_arg(text: str) -> int:
 
 
 def register_wearable(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hci", required=True,
+    parser.add_argument("--hci", required=True, type=argtypes.connect_address,
                         help="bumble HCI transport: hci-socket:0 (Pi, bluetoothd stopped), "
                         "usb:0 (dongle), tcp-client:HOST:PORT (coinf radio)")
     parser.add_argument("--name", default="coinf-wearable", help="advertised name")
     parser.add_argument("--keystore", default=None,
                         help="bond store (default <config dir>/coinf/bonds/wearable.json)")
-    parser.add_argument("--window-s", type=float, default=DEFAULT_WINDOW_S,
+    parser.add_argument("--window-s", type=argtypes.seconds, default=DEFAULT_WINDOW_S,
                         help="how long new bonds are accepted (default %(default)g s)")
     parser.add_argument("--passkey", type=passkey_arg, metavar="N",
                         help="fixed passkey instead of a fresh random one (scripts, emulated "
@@ -107,13 +108,14 @@ def run_wearable(args: argparse.Namespace) -> int:
 def register_handheld(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wearable", default="coinf-wearable",
                         help="name or address of the wearable (default %(default)s)")
-    parser.add_argument("--hci", help="pair through a bumble host on this HCI transport "
+    parser.add_argument("--hci", type=argtypes.connect_address,
+                        help="pair through a bumble host on this HCI transport "
                         "(usb:0, tcp-client:HOST:PORT of coinf radio) instead of the OS stack")
     parser.add_argument("--keystore", default=None, help="with --hci: bond store (default "
                         "<config dir>/coinf/bonds/handheld.json)")
     parser.add_argument("--passkey", type=passkey_arg, metavar="N",
                         help="with --hci: the passkey the wearable shows (default: ask)")
-    parser.add_argument("--timeout", type=float, default=60.0,
+    parser.add_argument("--timeout", type=argtypes.seconds, default=60.0,
                         help="seconds to find the wearable and pair (default %(default)g)")
     parser.set_defaults(func=run_handheld)
 

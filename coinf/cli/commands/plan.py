@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from coinf.cli.paths import writable_file
+from coinf.cli import argtypes
+from coinf.cli.paths import naming, writable_file
 from coinf.errors import UserError
 
 if TYPE_CHECKING:
@@ -26,6 +28,8 @@ def parse_bandwidth(text: str) -> float:
         raise UserError(f"--bandwidth {text!r}: expected a rate such as 20kB/s, 160kbit/s or "
                         "1MB/s")
     value, unit = float(m.group(1)), m.group(2)
+    if not math.isfinite(value):
+        raise UserError(f"--bandwidth {text!r}: expected a finite rate")
     if unit.lower() in ("kbps", "mbps", "bps"):
         raise UserError(f"--bandwidth {text!r}: {unit} is ambiguous (bits or bytes?); write "
                         f"kB/s (bytes) or kbit/s (bits)")
@@ -101,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--timeout must be > 0 s")
     bundle = Bundle.load(args.bundle)
     policy = load_policy(args.policy)[0]
-    wear = load_or_default("wearable", args.wearable_profile)
-    hand = load_or_default("handheld", args.handheld_profile)
+    with naming("--wearable-profile", args.wearable_profile):
+        wear = load_or_default("wearable", args.wearable_profile)
+    with naming("--handheld-profile", args.handheld_profile):
+        hand = load_or_default("handheld", args.handheld_profile)
     if args.wearable_slowdown is not None:
         if args.wearable_slowdown <= 0:
             raise UserError("--wearable-slowdown must be > 0")
@@ -187,30 +193,35 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", help="auto, latency, energy, throughput, "
                                             "neurosurgeon-latency, neurosurgeon-energy, dyno "
                                             "(default: the policy's; balanced = auto)")
-    parser.add_argument("--budget-ms", type=float,
+    parser.add_argument("--budget-ms", type=argtypes.milliseconds,
                         help="latency budget in ms (default: the policy's; none = least energy)")
     parser.add_argument("--bandwidth", metavar="RATE",
                         help="link bandwidth, both ways: 20kB/s, 160kbit/s, 1MB/s; a bare number "
                              "is kB/s (default 20 kB/s, a BLE 4.2 estimate)")
-    parser.add_argument("--bandwidth-kbps", type=float, metavar="KB_PER_S",
+    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, metavar="KB_PER_S",
                         help="the same in kilobytes (1000 B) per second, e.g. 20")
-    parser.add_argument("--rtt-ms", type=float, help="round-trip time in ms (default 30)")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    parser.add_argument("--rtt-ms", type=argtypes.milliseconds,
+                        help="round-trip time in ms (default 30)")
+    parser.add_argument("--timeout", type=argtypes.seconds, default=30.0, metavar="S",
                         help="the Session's per-inference timeout in seconds (default 30): "
                              "plans whose predicted exchange x2 exceeds it are infeasible")
-    parser.add_argument("--wearable-profile", help="default <config dir>/wearable-profile.json")
-    parser.add_argument("--handheld-profile", help="default <config dir>/handheld-profile.json")
-    parser.add_argument("--wearable-slowdown", type=float, help="override the profile's slowdown")
-    parser.add_argument("--wearable-battery", type=float, metavar="PCT")
-    parser.add_argument("--handheld-battery", type=float, metavar="PCT")
+    parser.add_argument("--wearable-profile", type=argtypes.existing_file,
+                        help="default <config dir>/wearable-profile.json")
+    parser.add_argument("--handheld-profile", type=argtypes.existing_file,
+                        help="default <config dir>/handheld-profile.json")
+    parser.add_argument("--wearable-slowdown", type=argtypes.number(0, 1e4, lo_open=True),
+                        help="override the profile's slowdown")
+    parser.add_argument("--wearable-battery", type=argtypes.percent, metavar="PCT")
+    parser.add_argument("--handheld-battery", type=argtypes.percent, metavar="PCT")
     parser.add_argument("--handheld-charging", action="store_true")
-    parser.add_argument("--policy", help="policy file (default $COINF_CONFIG or "
+    parser.add_argument("--policy", type=argtypes.existing_file,
+                        help="policy file (default $COINF_CONFIG or "
                                          "~/.config/coinf/policy.json)")
     parser.add_argument("--predictor", choices=("incontext", "coinf", "neurosurgeon"),
                         default="incontext",
                         help="layer predictor of an unprofiled model (default incontext: the "
                         "in-context slice predictor when the profile has one, else coinf)")
-    parser.add_argument("--memory-budget", type=float, metavar="MB",
+    parser.add_argument("--memory-budget", type=argtypes.megabytes, metavar="MB",
                         help="the wearable's memory budget for a head (default: the wearable "
                              "profile's, else 300 MB for a Pi Zero 2 W)")
     parser.add_argument("--packings", default="auto",

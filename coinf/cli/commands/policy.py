@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from pathlib import Path
 
+from coinf.cli.paths import writable_file
 from coinf.errors import UserError
+
+
+def _not_finite(text: str) -> bool:
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -15,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         for name, p in PROFILES.items():
             print(f"{name:<14} {p.notes}")
         return 0
+    if args.file is not None and Path(args.file).is_dir():
+        raise UserError(f"--file {args.file}: is a folder; give the name of a policy file")
     if args.action == "set":
         if not args.settings:
             raise UserError("policy set needs KEY=VALUE pairs, e.g. `coinf policy set "
@@ -25,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
             if not sep or not key:
                 raise UserError(f"bad setting {item!r}; expected KEY=VALUE")
             settings[key.strip()] = value.strip()
+            if _not_finite(value):
+                raise UserError(f"bad setting {item!r}: expected a finite number")
+        if args.file is not None:
+            writable_file(args.file, "--file")
         policy, path = set_policy(settings, args.file)
         print(f"wrote {path}")
     else:

@@ -3,7 +3,8 @@
 * ``--bundle B``: per-node latency (onnxruntime profiler) and directly measured head/tail slice
   latency of every candidate, stored under the bundle's identity;
 * ``--train``: run the synthetic single-layer sweep and store the layer predictors (prints the
-  held-out R² per layer kind);
+  held-out R² per layer kind), then, unless ``--no-context``, train the in-context slice
+  predictor (``coinf.research.context_data.train_on_zoo``) and store it beside them;
 * neither: print the profile.
 
 The role is detected (a Raspberry Pi is the wearable, a PC the handheld) or given with
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.paths import writable_dir, writable_file
 from coinf.errors import UserError
 
@@ -78,7 +80,7 @@ def train_context(predictor: Any, args: argparse.Namespace) -> list[str]:
     4) and store it in the sweep predictor; returns the models it was trained on."""
     import tempfile
 
-    from coinf.device.context_data import FAMILY_NETWORKS, train_on_zoo
+    from coinf.research.context_data import FAMILY_NETWORKS, train_on_zoo
 
     def note(message: str) -> None:
         print(message, file=sys.stderr)
@@ -201,14 +203,14 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="keep the zoo bundles and timings and the synthetic networks' "
                         "profiles and part timings of --train here, to be read back by the "
                         "next --train on this device (default: a temporary folder)")
-    parser.add_argument("--passes", type=int, default=PROFILE_PASSES,
+    parser.add_argument("--passes", type=argtypes.positive_int, default=PROFILE_PASSES,
                         help="with --train: passes over the synthetic networks' parts, each "
                         f"part keeping its fastest (default {PROFILE_PASSES}, about 15 min "
                         "each here); run again on the same --context-cache with more to add "
                         "the missing passes only")
-    parser.add_argument("--scale", type=float, default=1.0,
+    parser.add_argument("--scale", type=argtypes.number(0, 100, lo_open=True), default=1.0,
                         help="sweep size multiplier (default 1: ~640 layers)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=argtypes.seed, default=0)
     parser.add_argument("--role", choices=("wearable", "handheld"), default=None,
                         help="which device this machine is (default: detected; a Raspberry Pi "
                         "is the wearable, a PC the handheld)")
@@ -217,16 +219,18 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "role")
     parser.add_argument("--name", help="device name stored in the profile")
     parser.add_argument("--out", help="profile file (default: <config dir>/<role>-profile.json)")
-    parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads")
-    parser.add_argument("--slowdown", type=float,
+    parser.add_argument("--threads", type=argtypes.threads, help="onnxruntime intra-op threads")
+    parser.add_argument("--slowdown", type=argtypes.number(0, 1e4, lo_open=True, hi_open=True),
                         help="multiply every time (emulate a slower device)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=5,
+                        help="timed runs (median)")
+    parser.add_argument("--warmup", type=argtypes.count, default=2, help="untimed runs first")
     parser.add_argument("--no-slices", action="store_true",
                         help="per-node times only; skip measuring each candidate's slices")
     parser.add_argument("--no-memory", action="store_true",
                         help="skip measuring each head's peak RSS (wearable role only)")
-    parser.add_argument("--memory-budget", type=float, metavar="MB",
+    parser.add_argument("--memory-budget", type=argtypes.number(0, 1e7, lo_open=True,
+                        hi_open=True), metavar="MB",
                         help="the wearable's memory budget for a head, a hard planner "
                              "constraint (see `coinf doctor` for free memory)")
     parser.set_defaults(func=run)

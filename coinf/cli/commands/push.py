@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -31,17 +32,49 @@ DEFAULT_DEST = "/var/lib/coinf/bundle"
 DEFAULT_REMOTE_COINF = "/opt/coinf/venv/bin/coinf"
 DEFAULT_CONTROL = "/run/coinf/control.sock"
 STEP_TIMEOUT_S = 600.0
+MAX_DEPTH = 32  # folders below the bundle's top
 
 
 class PushError(CoinfError):
     """The copy, the verification or the reload on the wearable failed."""
 
 
-def local_digests(root: Path) -> dict[str, str]:
+def bundle_files(root: Path) -> list[Path]:
+    """Every file under ``root``, sorted, following the symbolic links that stay inside it (the
+    copy dereferences them, so the wearable gets the files, not the links).
+
+    A symbolic link to a file or a folder that resolves outside the bundle, or to nothing, or
+    into a loop, is refused with :class:`~coinf.errors.UserError` naming the link: the push would
+    otherwise send whatever it names on this machine."""
+    top = root.resolve()
+    files: list[Path] = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        here = Path(folder)
+        if len(here.relative_to(root).parts) > MAX_DEPTH:
+            raise UserError(f"{here}: nested over {MAX_DEPTH} folders deep (a symbolic link "
+                            f"loop?); coinf push refuses it")
+        for name in (*dirs, *names):
+            path = here / name
+            if not path.is_symlink():
+                continue
+            target = path.resolve()
+            if not target.is_relative_to(top):
+                raise UserError(f"{path}: a symbolic link to {target}, outside the bundle "
+                                f"{root}; coinf push refuses it (copy the file into the bundle)")
+            if not target.exists():
+                raise UserError(f"{path}: a symbolic link to {target}, which does not exist")
+            if target.is_dir() and here.resolve().is_relative_to(target):
+                raise UserError(f"{path}: a symbolic link to {target}, a folder that holds it "
+                                f"(a loop); coinf push refuses it")
+        files.extend(here / n for n in names if (here / n).is_file())
+    return sorted(files)
+
+
+def local_digests(root: Path, files: list[Path] | None = None) -> dict[str, str]:
     """``{"./c001/head.onnx": sha256 hex, ...}`` for every file under ``root`` (the names the
     remote ``find . -type f`` prints)."""
     out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in bundle_files(root) if files is None else files:
         h = hashlib.sha256()
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -113,7 +146,7 @@ def copy(remote: Remote, src: Path, incoming: str, method: str) -> str:
     if method == "auto":
         method = "rsync" if shutil.which("rsync") else "tar"
     if method == "rsync":
-        argv = ["rsync", "-a", "--delete", "-e", shlex.join(remote.ssh), f"{src}/",
+        argv = ["rsync", "-a", "--copy-links", "--delete", "-e", shlex.join(remote.ssh), f"{src}/",
                 f"{remote.host}:{incoming}/"]
         remote.log.append(shlex.join(argv))
         if not remote.dry_run:
@@ -126,17 +159,18 @@ def copy(remote: Remote, src: Path, incoming: str, method: str) -> str:
     q = shlex.quote(incoming)
     command = f"rm -rf {q} && mkdir -p {q} && tar -C {q} -xf -"
     if remote.dry_run:
-        remote.log.append(f"tar -C {shlex.quote(str(src))} -cf - . | "
+        remote.log.append(f"tar -C {shlex.quote(str(src))} -h -cf - . | "
                           + shlex.join([*remote.ssh, remote.host, command]))
         return method
-    tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
+    tar = subprocess.Popen(["tar", "-C", str(src), "-h", "-cf", "-", "."],
+                           stdout=subprocess.PIPE)
     try:
         remote.run(command, stdin=tar.stdout, what="copying (tar)")
     finally:
         if tar.stdout:
             tar.stdout.close()
         tar.wait()
-    remote.log[-1] = f"tar -C {shlex.quote(str(src))} -cf - . | {remote.log[-1]}"
+    remote.log[-1] = f"tar -C {shlex.quote(str(src))} -h -cf - . | {remote.log[-1]}"
     return method
 
 
@@ -151,12 +185,12 @@ def run(args: argparse.Namespace) -> int:
     if not dest.startswith("/"):
         raise UserError(f"--dest {args.dest!r}: expected an absolute path on the wearable")
     incoming, old = f"{dest}.incoming", f"{dest}.old"
-    digests = local_digests(src)
+    files = bundle_files(src)  # a symbolic link out of the bundle is refused here, before ssh
+    digests = local_digests(src, files)
     remote = Remote(args.ssh, args.host, args.dry_run)
     report: dict[str, Any] = {"host": args.host, "dest": dest, "identity": bundle.identity,
                               "sha256": tree_digest(digests), "files": len(digests),
-                              "bytes": sum(p.stat().st_size for p in src.rglob("*")
-                                           if p.is_file())}
+                              "bytes": sum(p.stat().st_size for p in files)}
     report["copied_with"] = copy(remote, src, incoming, args.copy)
     listing = remote.run(f"cd {shlex.quote(incoming)} && find . -type f -print0 | LC_ALL=C "
                          f"sort -z | xargs -0 sha256sum", what="verifying the copy")

@@ -12,6 +12,8 @@ import json
 import signal
 import sys
 
+from coinf.cli import argtypes
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     from coinf.ble_protocol.radio import PRESETS
@@ -20,6 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen",
         default="127.0.0.1:0",
+        type=argtypes.host_port_pair,
         help="HOST:PORT for the wearable's controller; the handheld's is PORT+1 "
         "(PORT 0 = pick free ports). Default 127.0.0.1:0",
     )

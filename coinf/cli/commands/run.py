@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from coinf.cli import argtypes
+
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -22,32 +24,39 @@ def register(parser: argparse.ArgumentParser) -> None:
                        "comma-separated, run one after the other); ID~PACKING packs that "
                        "one so (c000~jpeg-q90)")
     which.add_argument("--all", action="store_true", help="run every candidate (or --max of them)")
-    parser.add_argument("--max", type=int, default=0, help="with --all: at most N, evenly spread")
+    parser.add_argument("--max", type=argtypes.positive_int, default=None,
+                        help="with --all: at most N, evenly spread")
     parser.add_argument("--transport", default="inprocess", choices=["inprocess", "socket", "ble"])
-    parser.add_argument("--handheld", help="daemon address for --transport socket")
-    parser.add_argument("--hci", help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
+    parser.add_argument("--handheld", type=argtypes.connect_address,
+                        help="daemon address for --transport socket")
+    parser.add_argument("--hci", type=argtypes.connect_address,
+                        help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
                         "tcp-client:HOST:PORT (coinf radio)")
     parser.add_argument("--packing", default="raw",
                         help="raw, f32, f16, q1..q16, qz1..qz16, jpeg-qNN, webp-qNN, png, pcm16 "
                              "or flac (docs/PACKING.md)")
-    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
-    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per candidate (median)")
-    parser.add_argument("--slowdown", type=float, default=1.0, help="emulate a K x slower wearable")
-    parser.add_argument("--threads", type=int, default=0, help="wearable onnxruntime threads")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        type=argtypes.name_equals_file)
+    parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed of random inputs")
+    parser.add_argument("--repeat", type=argtypes.positive_int, default=3,
+                        help="runs per candidate (median)")
+    parser.add_argument("--slowdown", type=argtypes.slowdown, default=1.0,
+                        help="emulate a K x slower wearable")
+    parser.add_argument("--threads", type=argtypes.threads_or_auto, default=0,
+                        help="wearable onnxruntime threads")
     for flag, who in (("--runtime", "the wearable's slices"),
                       ("--handheld-runtime", "an in-process handheld's tails")):
         parser.add_argument(flag, choices=("onnxruntime", "litert", "auto"),
                             default="onnxruntime", help=f"runtime of {who} (default %(default)s)")
-    parser.add_argument("--stream", type=int, default=0, metavar="N",
+    parser.add_argument("--stream", type=argtypes.count, default=0, metavar="N",
                         help="also stream N frames, sequential then pipelined, and report fps "
                         "(with --all: at the most balanced offloading cut measured)")
-    parser.add_argument("--plan", type=int, default=0, metavar="N",
+    parser.add_argument("--plan", type=argtypes.count, default=0, metavar="N",
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
     parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds "
                         "(from `coinf wearable pair`)")
-    parser.add_argument("--passkey", type=int, metavar="N",
+    parser.add_argument("--passkey", type=argtypes.passkey, metavar="N",
                         help="--transport ble, emulated radio/scripts only: accept pairing "
                         "during this run with this fixed 6-digit passkey (the handheld gives "
                         "the same --passkey); without it only bonded handhelds are served")
@@ -76,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeat < 1 or args.plan < 0:
         raise UserError("--repeat must be >= 1 and --plan >= 0")
+    if args.max is not None and not args.all:
+        raise UserError(f"--max {args.max}: only with --all (at most N of every candidate)")
+    if args.stream == 1:
+        raise UserError("--stream 1: a stream needs at least 2 frames (0 = no stream)")
     logging.getLogger("bumble").setLevel(logging.CRITICAL)  # teardown noise, see handheld
     if args.transport == "socket" and not args.handheld:
         raise UserError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
@@ -88,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     reference = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds),
                          strict=True))
     if args.all:
-        ids = [bundle.candidates[i].id for i in spread(len(bundle.candidates), args.max)]
+        ids = [bundle.candidates[i].id for i in spread(len(bundle.candidates), args.max or 0)]
     else:
         ids = [_config(bundle, c, args.packing) for c in args.split.split(",")] \
             if args.split else [""]

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+from coinf.cli import argtypes
 from coinf.cli.progress import Bar as _Bar
 from coinf.errors import ModelError, UserError
 
@@ -35,7 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="post-processing appended before splitting, so only what the app "
                              "needs comes back: topk:K, argmax, boxes:K (a YOLO-style detector)"
                              " or FILE.onnx (docs/BUNDLE.md)")
-    parser.add_argument("--max-candidates", type=int, default=None, metavar="K",
+    parser.add_argument("--max-candidates", type=argtypes.integer(2), default=None, metavar="K",
                         help="keep at most K candidate cuts including the extremes (default 64)")
     parser.add_argument("--shared-weights", choices=("auto", "yes", "no"), default="auto",
                         help="store weights once in BUNDLE/weights.bin instead of in every "
@@ -101,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.model or not args.output:
         raise UserError("usage: coinf split MODEL.onnx -o BUNDLE [--verify] [--dim N=V] "
                          "[--max-candidates K]  (or coinf split --list BUNDLE)")
+    if not Path(args.model).is_file():  # the error alone, before the first progress line
+        raise UserError(f"{args.model}: no such model file (expected an .onnx file)")
     from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES
     from coinf.convert.freeze import parse_freeze
     from coinf.convert.split import split_model

@@ -20,6 +20,8 @@ import asyncio
 import json
 import time
 
+from coinf.cli import argtypes
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     from coinf.cli.commands import pair
@@ -42,18 +44,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="split bundle directory (its identity is checked in the handshake); required",
     )
     parser.add_argument(
-        "--hci",
+        "--hci", type=argtypes.connect_address,
         help="bumble HCI transport: hci-socket:0 (Pi, bluetoothd stopped), "
         "usb:0 (dongle), tcp-client:HOST:PORT (coinf radio)",
     )
     parser.add_argument("--name", default="coinf-wearable", help="advertised name")
     parser.add_argument("--keystore", default=None, help="bond store from `coinf wearable pair` "
                         "(default <config dir>/coinf/bonds/wearable.json)")
-    parser.add_argument("--handshake-timeout", type=float, default=5.0,
+    parser.add_argument("--handshake-timeout", type=argtypes.seconds, default=5.0,
                         help="drop a central that has not sent its HELLO within this many "
                         "seconds (default %(default)g)")
-    parser.add_argument("--probe-bytes", type=int, default=10_000)
-    parser.add_argument("--probes", type=int, default=5)
+    parser.add_argument("--probe-bytes", type=argtypes.integer(1, 1 << 24), default=10_000)
+    parser.add_argument("--probes", type=argtypes.positive_int, default=5)
     parser.add_argument("--once", action="store_true", help="exit after the first handheld")
     parser.add_argument("--control", default=None, metavar="SOCKET",
                         help="listen for reload/status requests on this unix socket (the "
@@ -94,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("coinf wearable needs --bundle and --hci (or: coinf wearable pair --hci)")
     if not args.handshake_timeout > 0:
         raise UserError("--handshake-timeout must be > 0")
+    if args.control:  # refused now, not after the radio is up
+        from coinf.cli.paths import writable_file
+
+        writable_file(args.control, "--control")
     from coinf.wearable.control import BundleHolder, start_control
 
     holder = BundleHolder(args.bundle)

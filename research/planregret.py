@@ -1,10 +1,14 @@
-"""What a slice predictor's error costs the planner: *plan regret*.
+"""What a slice predictor's error costs the planner: *plan regret*, the goal of latency
+prediction.
 
-``within_10pct`` scores every slice alike, a 5 µs one as much as the slice that decides the
-plan. The planner only ranks candidate cuts, so the question that matters to a user is: when
-it picks the cut with the lowest *predicted* latency, how much slower is that cut (in measured
-times) than the cut with the lowest *measured* latency? That fraction is the regret; 0 when
-the prediction picks the best cut or one as fast.
+The planner only ranks candidate cuts, so the figure a user feels is: when it picks the cut with
+the lowest *predicted* latency, how much slower is that cut (in measured times) than the cut
+with the lowest *measured* latency? That fraction is the regret; 0 when the prediction picks the
+best cut or one as fast. The goal is a regret of at most :data:`REGRET_TARGET` (2 %).
+``within_10pct`` (the fraction of slices predicted within +-10 %) scores every slice alike, a
+5 µs one as much as the slice that decides the plan; it is reported next to
+``measurement_repeatability_within_10pct`` (how often the machine repeats its own measurement
+of the slices within +-10 %), which bounds it, and is no target by itself.
 
 Latency is the planner's sequential one (:meth:`coinf.wearable.planner.costs.CandidateCost.
 latency_ms`): ``slowdown x head + uplink / rate + tail + downlink / rate``. The slice times
@@ -26,6 +30,10 @@ SLOWDOWNS = (1.0, 10.0)
 #: link rates (kB/s): BLE 4.2 without DLE (low and high end), Wi-Fi-class, and a link so fast
 #: that only compute counts (where a predictor's error shows most)
 LINK_KB_S = (10.0, 36.0, 1_000.0, 100_000.0)
+
+#: the goal (issue 43): the plan chosen from predicted times is at most 2 % slower, measured,
+#: than the best plan, under every condition of :func:`regret_table`
+REGRET_TARGET = 0.02
 
 Times = Mapping[str, tuple[float, float]]  # slice "<cid>.head|tail" -> (predicted, measured) ms
 
@@ -103,3 +111,10 @@ def regret_table(rows: Iterable[tuple[str, float, float]], cuts: Mapping[str, Cu
         if even is not None:
             out[f"x{s:g}@break-even"] = plan_regret(times, cuts, s, even)
     return out
+
+
+def worst_regret(tables: Iterable[Mapping[str, float] | None]) -> float | None:
+    """The largest regret in any of the :func:`regret_table` results ``tables`` (None if there
+    is none): what is held against :data:`REGRET_TARGET`."""
+    values = [v for t in tables if t for v in t.values()]
+    return max(values) if values else None

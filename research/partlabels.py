@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 from coinf.device.incontext import anchors, model_features
-from coinf.device.slicepred import NodeSample, SliceSample, profiler_inflation
+from coinf.research.slicetrain import NodeSample, SliceSample, profiler_inflation
 from onnx import helper
 
 #: the lowest a node's time may go, as a fraction of its prior (keeps every node positive)
@@ -116,8 +116,8 @@ def time_parts(name: str, model: onnx.ModelProto, threads: int = 1, repeats: int
     ``budget_s`` each),
     with the kernels onnxruntime really runs for it."""
     import onnxruntime as ort
-    from coinf.device.ortgraph import count_kernels
     from coinf.device.sweep import random_feeds, session_options, time_slice
+    from coinf.research.ortkernels import count_kernels
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -231,7 +231,7 @@ def _joint_terms(blocks: Mapping[str, tuple[list[str], np.ndarray, np.ndarray]],
 def relabel(nodes: Sequence[NodeSample], slices: Sequence[SliceSample], weight: float,
             shared: bool = False) -> list[NodeSample]:
     """``nodes`` with labels solved (:func:`decompose`) from their models' ``slices``, priors the
-    profiler's labels less :func:`~coinf.device.slicepred.profiler_inflation`; a node whose
+    profiler's labels less :func:`~coinf.research.slicetrain.profiler_inflation`; a node whose
     model has no slice keeps its prior. Every label returned is an unprofiled kernel time."""
     inflation = profiler_inflation(nodes, slices)
     priors: dict[str, dict[str, float]] = {}

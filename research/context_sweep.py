@@ -1,11 +1,11 @@
 """Synthetic *multi-layer* CNN/MLP models timed in context: the in-context counterpart of the
-single-layer sweep (:mod:`.sweep`).
+single-layer sweep (:mod:`coinf.device.sweep`).
 
 Each model chains random blocks as real networks do -- Conv + BatchNormalization + ReLU/ReLU6,
 depthwise and pointwise convolutions, residual Adds, pooling, then global pooling and Gemm
 (+ReLU) layers -- so onnxruntime fuses and re-lays them out (NCHWc) exactly as it does inside
 zoo models. :func:`run_context_sweep` profiles every model at ``ORT_ENABLE_ALL`` and attributes
-kernel times to anchor nodes (:mod:`.incontext`); the samples cover kernel groups that a
+kernel times to anchor nodes (:mod:`coinf.device.incontext`); the samples cover kernel groups that a
 leave-one-model-out split of a small zoo would otherwise leave to one model alone.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 from coinf.device.incontext import model_features, profile_in_context
-from coinf.device.slicepred import NodeSample
+from coinf.research.slicetrain import NodeSample
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17

@@ -1,5 +1,7 @@
-"""Training data for :mod:`.slicepred` from real models: each model's in-context node times
-(:mod:`.incontext`) and its bundle's measured slice times, cached as JSON per model.
+"""Training data for the in-context slice predictor (:mod:`.slicetrain`) from real models: each
+model's in-context node times (:mod:`coinf.device.incontext`) and its bundle's measured slice
+times, cached as JSON per model; the synthetic networks' labels; and the leave-one-model-out
+score of the zoo with the measurement's own repeatability (:func:`repeatability`) beside it.
 
 Everything here runs at ``ORT_ENABLE_ALL`` with one intra-op thread -- what a Session runs.
 """
@@ -15,7 +17,9 @@ from typing import Any, TypeVar
 import onnx
 from coinf.device.features import LINEAR_FEATURES, TREE_FEATURES, NodeFeatures
 from coinf.device.incontext import model_features, profile_in_context
-from coinf.device.slicepred import NodeSample, Relabel, SlicePredictor, SliceSample, group_of
+from coinf.device.slicepred import group_of
+from coinf.device.sweep import SLICE_STAT, summarize
+from coinf.research.slicetrain import NodeSample, Relabel, SliceSample, train_slice_predictor
 
 CACHE_FORMAT = "coinf-context-timings"
 #: 2: trimmed-mean node times, optimized-graph kernels per slice; 3: rounds; 4: each round
@@ -25,17 +29,23 @@ CACHE_VERSION = 5
 SYNTHETIC_FORMAT = "coinf-synthetic-timings-1"
 #: 2: each part timed for SLICE_MIN_S; 3: its fastest run (SLICE_STAT); 4: the passes it holds
 PARTS_FORMAT = "coinf-synthetic-parts-4"
-#: the prior weight of :func:`~coinf.device.partlabels.decompose`, for the zoo's slices and
+#: the prior weight of :func:`~coinf.research.partlabels.decompose`, for the zoo's slices and
 #: the synthetic networks' parts alike (0.03 and 0.1 for the parts scored lower:
 #: git history of docs/BENCHMARKS.md, `bench predict`)
 PRIOR_WEIGHT = 0.3
-#: networks of the other families (:func:`~coinf.device.context_sweep.network`) trained on
+#: networks of the other families (:func:`~coinf.research.context_sweep.network`) trained on
 #: next to the mixed ones: without ``small`` LeNet and SENNA were predicted 21-47 % high, without
 #: ``gated`` and ``mobile`` WaveNet's and MobileNetV2's slices 6-10 % low (docs/BENCHMARKS.md
 #: git history of docs/BENCHMARKS.md, `bench predict`)
 FAMILY_NETWORKS: Mapping[str, int] = {"small": 100, "gated": 60, "mobile": 30}
 Features = dict[str, tuple[NodeFeatures, str]]
 T = TypeVar("T")
+
+
+def slice_time_of(times: Sequence[float]) -> float:
+    """One slice's time over several rounds or passes of
+    :func:`~coinf.device.sweep.time_slice`: their :data:`~coinf.device.sweep.SLICE_STAT`."""
+    return summarize(times, SLICE_STAT)
 
 
 def _slice_from_json(model: str, d: Mapping[str, Any]) -> SliceSample:
@@ -98,7 +108,7 @@ SLICE_ROUNDS = 6
 
 def _slice_specs(bundle: Any, threads: int) -> list[dict[str, Any]]:
     """Every head and tail slice of ``bundle`` with its optimized-graph counts and file."""
-    from coinf.device.ortgraph import kernels
+    from coinf.research.ortkernels import kernels
 
     specs = []
     for cand in bundle.candidates:
@@ -135,7 +145,7 @@ def measure_models(bundles: Mapping[str, Any], repeats: int = 25, threads: int =
     ``repeats`` runs filling :data:`~coinf.device.sweep.SLICE_MIN_S`; ``rounds`` rounds in the
     order of :func:`interleaved`). A slice keeps the same statistic over its rounds (``ms``)
     and each round's time (``rounds_ms``, what :func:`repeatability` reads)."""
-    from coinf.device.sweep import make_session, random_feeds, slice_time_of, time_slice
+    from coinf.device.sweep import make_session, random_feeds, time_slice
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -175,8 +185,6 @@ def half_rounds(t: ModelTimings) -> list[tuple[str, float, float]] | None:
     """Per slice: its even rounds and its odd rounds, each summarized as a slice's rounds are
     (:data:`~coinf.device.sweep.SLICE_STAT`): two independent measurements of it; None for a
     cache without two rounds per slice."""
-    from coinf.device.sweep import slice_time_of
-
     out = []
     for s in t.slices:
         got = [float(v) for v in s.get("rounds_ms") or []]
@@ -266,7 +274,7 @@ def _node_from_json(model: str, d: Mapping[str, Any]) -> NodeSample:
 
 def sweep_samples(cache_dir: Path, scale: float = 0.2, seed: int = 0, threads: int = 1,
                   progress: Callable[[str], None] | None = None) -> list[NodeSample]:
-    """The single-layer sweep (:mod:`.sweep`) as out-of-context node samples, cached."""
+    """The single-layer sweep (:mod:`coinf.device.sweep`) as out-of-context node samples, cached."""
     from coinf.device.sweep import run_sweep
 
     cache = cache_dir / f"sweep-{scale:g}-{seed}-{threads}.json"
@@ -313,7 +321,7 @@ def _networks_digest(count: int, seed: int, family: str = "mixed") -> str:
     """sha256 of the first synthetic networks' bytes: a change to the generators shows."""
     import hashlib
 
-    from coinf.device.context_sweep import network
+    from coinf.research.context_sweep import network
 
     return hashlib.sha256(b"".join(network(i, seed, family).SerializeToString()
                                    for i in range(min(count, 4)))).hexdigest()
@@ -327,12 +335,12 @@ def synthetic_samples(cache_dir: Path, count: int, seed: int = 0, threads: int =
                       repeats: int = 10, fresh: bool = False,
                       progress: Callable[[str], None] | None = None,
                       family: str = "mixed") -> list[NodeSample]:
-    """:func:`~coinf.device.context_sweep.run_context_sweep` of ``count`` synthetic networks
+    """:func:`~coinf.research.context_sweep.run_context_sweep` of ``count`` synthetic networks
     of ``family``, cached in ``cache_dir`` so that runs on one cache train on the same labels
     (profiling them again moves a held-out model's score by up to 0.7, git history of
     docs/BENCHMARKS.md). The cache is keyed by the arguments and by the first networks' bytes (a
     change to the generators invalidates it); ``fresh`` profiles them again and replaces it."""
-    from coinf.device.context_sweep import run_context_sweep
+    from coinf.research.context_sweep import run_context_sweep
 
     if count <= 0:
         return []
@@ -353,7 +361,7 @@ def _featured(rows: list[NodeSample], count: int, seed: int, family: str) -> lis
     networks (the cache keeps measurements; features follow the code that reads them, e.g. a
     residual Add now known to run inside its convolution). A row whose node is no longer an
     anchor is dropped."""
-    from coinf.device.context_sweep import model_name, network
+    from coinf.research.context_sweep import model_name, network
 
     feats = {model_name(i, family): model_features(network(i, seed, family))
              for i in range(count)}
@@ -386,16 +394,15 @@ def synthetic_parts_of(cache_dir: Path, wanted: Mapping[str, int], seed: int = 0
                        progress: Callable[[str], None] | None = None,
                        ) -> dict[str, list[SliceSample]]:
     """Every part of the synthetic networks of each family in ``wanted`` (family -> count;
-    :func:`~coinf.device.partlabels.time_parts`) in at least ``passes`` passes, each family
+    :func:`~coinf.research.partlabels.time_parts`) in at least ``passes`` passes, each family
     cached in ``cache_dir`` with the passes it holds (``fresh``: none). Only the missing passes
     are timed, pass by pass: one over every family, then the next, so a part's passes lie
     minutes apart; a part keeps the :data:`~coinf.device.sweep.SLICE_STAT` of its passes,
     cached ones included. Progress says how long is left."""
     import time
 
-    from coinf.device.context_sweep import FAMILIES, model_name, network
-    from coinf.device.partlabels import time_parts
-    from coinf.device.sweep import slice_time_of
+    from coinf.research.context_sweep import FAMILIES, model_name, network
+    from coinf.research.partlabels import time_parts
 
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
@@ -456,9 +463,9 @@ def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = P
     ``mixed`` family and as many of each other family as ``families`` says (none by default),
     labelled with unprofiled kernel times decomposed from their parts
     (:func:`synthetic_parts_of`, all families' parts timed pass by pass;
-    :func:`~coinf.device.partlabels.relabel` with one set of term costs per family: the small
+    :func:`~coinf.research.partlabels.relabel` with one set of term costs per family: the small
     networks' tiny parts would otherwise pull the mixed family's costs)."""
-    from coinf.device.partlabels import relabel
+    from coinf.research.partlabels import relabel
 
     wanted = {"mixed": count, **(families or {})}
     parts = synthetic_parts_of(cache_dir, wanted, seed, repeats=repeats, passes=passes,
@@ -472,10 +479,10 @@ def synthetic_labels(cache_dir: Path, count: int, seed: int = 0, passes: int = P
 
 
 def zoo_relabel(synthetic: Sequence[NodeSample]) -> Relabel:
-    """The ``relabel`` for :meth:`~coinf.device.slicepred.SlicePredictor.train` on zoo
+    """The ``relabel`` for :func:`~coinf.research.slicetrain.train_slice_predictor` on zoo
     models: each training model's labels decomposed from its own slices, plus ``synthetic``
     (already unprofiled, :func:`synthetic_labels`)."""
-    from coinf.device.partlabels import relabel
+    from coinf.research.partlabels import relabel
 
     def run(nodes: list[NodeSample], slices: list[SliceSample]) -> list[NodeSample]:
         return relabel(nodes, slices, PRIOR_WEIGHT) + list(synthetic)
@@ -515,25 +522,14 @@ def train_on_zoo(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     syn = synthetic_labels(cache_dir, synthetic, passes=passes, fresh=fresh_synthetic,
                            progress=progress, families=families)
     extra = sweep_samples(cache_dir, 0.2, progress=progress)
-    return (SlicePredictor.train(nodes, slices, feats, extra, relabel=zoo_relabel(syn)),
+    return (train_slice_predictor(nodes, slices, feats, extra, relabel=zoo_relabel(syn)),
             sorted(names))
 
 
-def incontext_node_times(meta: Mapping[str, Any], model_path: Any) -> dict[str, float] | None:
-    """Per-node ms of ``model_path`` from the in-context predictor stored in a sweep
-    predictor's ``meta["slice_model"]`` (``coinf profile --train``), None if there is none."""
-    obj = meta.get("slice_model")
-    if not obj:
-        return None
-    model = onnx.load(str(model_path))
-    names = [n.name or f"{n.op_type}_{k}" for k, n in enumerate(model.graph.node)]
-    return SlicePredictor.from_json(obj).node_times(model_features(model), names)
-
-
 def profiled_constants(cache_dir: Path, models: list[str]) -> tuple[float, ...]:
-    """:func:`~coinf.device.slicecheck.profiled_constants` of the cached timings of ``models``:
+    """:func:`~coinf.research.slicecheck.profiled_constants` of the cached timings of ``models``:
     the slice constants for a predictor that reproduced the profiler exactly."""
-    from coinf.device.slicecheck import profiled_constants as fit
+    from coinf.research.slicecheck import profiled_constants as fit
 
     timings = [ModelTimings.from_json(json.loads((cache_dir / f"{m}.timings.json").read_text()))
                for m in models]
@@ -560,10 +556,10 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     import statistics
 
     from coinf.convert.bundle import Bundle
-    from coinf.device.planregret import SLOWDOWNS, break_even_kb_s, bundle_cuts, regret_table
-    from coinf.device.slicecheck import additive_pairs, profiled_pairs
-    from coinf.device.slicepred import leave_one_model_out, profiler_surplus, within
     from coinf.models import zoo
+    from coinf.research.planregret import SLOWDOWNS, break_even_kb_s, bundle_cuts, regret_table
+    from coinf.research.slicecheck import additive_pairs, profiled_pairs
+    from coinf.research.slicetrain import leave_one_model_out, profiler_surplus, within
 
     names = names or tuple(zoo.ZOO)
     timings = load_or_measure(list(names), cache_dir, repeats, progress)

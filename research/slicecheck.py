@@ -1,6 +1,6 @@
-"""Two reference scores for the slice model of :mod:`.slicepred`, from cached timings alone.
-They separate the error of predicting node times from the error of the labels it learns from
-and of the slice model's form:
+"""Two reference scores for the slice model of :mod:`coinf.device.slicepred`, from cached
+timings alone. They separate the error of predicting node times from the error of the labels
+it learns from and of the slice model's form:
 
 * :func:`profiled_pairs` -- each model's slices predicted from its *own* profiled node times,
   with the slice constants fitted on every *other* model's slices and profiled node times
@@ -25,14 +25,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from coinf.device.slicepred import NodeSample, SliceSample, fit_slice_constants
+from coinf.research.slicetrain import NodeSample, SliceSample, fit_slice_constants
 
 Pairs = list[tuple[float, float]]  # (predicted ms, measured ms) per slice
 
 
 def profiled_constants(labels: Mapping[str, Mapping[str, float]],
                        slices: Sequence[SliceSample]) -> tuple[float, ...]:
-    """The slice constants (:func:`~coinf.device.slicepred.fit_slice_constants`) fitted on
+    """The slice constants (:func:`~coinf.research.slicetrain.fit_slice_constants`) fitted on
     the slices of the models in ``labels`` (model -> anchor -> profiled ms) with their summed
     profiled node times in place of predicted ones."""
     use = [s for s in slices if s.model in labels and s.ms > 0]
@@ -106,9 +106,11 @@ def inconsistent_models(per: Mapping[str, Mapping[str, Any]]) -> dict[str, float
             and r["additive_within_10pct"] < CONSISTENT_WITHIN_10PCT}
 
 
-#: the target itself: a model whose cached slice times repeat within +-10 % (the halves of
-#: their rounds, ``measurement_repeatability_within_10pct``) less often than this cannot show
-#: a within-10 % score of 0.90 against them, whatever predicts them
+#: a model whose cached slice times repeat within +-10 % (the halves of their rounds,
+#: ``measurement_repeatability_within_10pct``) less often than this is scored against noise: no
+#: predictor can put 0.90 of its slices within +-10 % of them. Slice accuracy is reported next
+#: to that repeatability and is no target by itself; the goal is plan regret
+#: (``planregret.REGRET_TARGET``)
 REPEATABLE_WITHIN_10PCT = 0.90
 
 

@@ -61,8 +61,10 @@ class Part:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Part:
-        return cls(obj.get("file"), int(obj["flops"]), int(obj["param_bytes"]),
-                   tuple(obj["nodes"]))
+        file = obj.get("file")
+        if file is not None and not isinstance(file, str):
+            raise TypeError(f"a part's file must be a path string or null, got {file!r}")
+        return cls(file, int(obj["flops"]), int(obj["param_bytes"]), tuple(obj["nodes"]))
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "flops": self.flops, "param_bytes": self.param_bytes,
@@ -302,7 +304,7 @@ class Bundle:
             meta["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
             bundle = cls(
                 root=root,
-                model_file=str(model["file"]),
+                model_file=_path_field(model["file"]),
                 model_sha256=str(model["sha256"]),
                 inputs=tuple(TensorSpec.from_json(t) for t in model["inputs"]),
                 outputs=tuple(TensorSpec.from_json(t) for t in model["outputs"]),
@@ -333,6 +335,13 @@ class Bundle:
                 if not inside(root, file).is_file():
                     raise BundleError(f"{path}: compressor {comp.wire_id} needs missing {file}")
         return bundle
+
+
+def _path_field(value: Any) -> str:
+    """A manifest's file name: a string (a number or a list is a malformed manifest)."""
+    if not isinstance(value, str):
+        raise TypeError(f"a file must be a path string, got {value!r}")
+    return value
 
 
 def inside(root: Path, relative: str) -> Path:

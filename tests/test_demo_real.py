@@ -74,3 +74,16 @@ def test_an_unknown_model_is_one_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="pretrained: mobilenetv2_imagenet"):
         demo_prep.prepare("nosuchmodel", tmp_path, 10)
+
+
+def test_the_choice_is_judged_in_the_demo_objective() -> None:
+    from coinf.cli.commands.demo import objective_comparison
+
+    local = {"id": "c063", "latency_ms": 450.0, "wearable_mj": 620.0}
+    raw = {"id": "c000", "latency_ms": 3300.0, "wearable_mj": 500.0}  # cheaper, over budget
+    split = {"id": "c062~qz8", "latency_ms": 500.0, "wearable_mj": 600.0}
+    got = objective_comparison(local, [local, raw, split], 1000.0)
+    assert got["best_is"] == "c062~qz8" and got["ratio"] == pytest.approx(620 / 600, abs=1e-4)
+    assert objective_comparison(local, [local, raw], 1000.0)["ratio"] == 1.0
+    slow = objective_comparison(raw, [raw], 1000.0)  # nothing meets the budget: latency
+    assert slow["metric"] == "latency_ms" and not slow["chosen_within_budget"]

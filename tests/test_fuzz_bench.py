@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from coinf.ble_protocol import media
 
-from coinf.cli.bench import fuzz
-from coinf.cli.bench.fuzz import BUDGET, TENSOR_DECODERS, fuzz_one, seeds
+from coinf.cli.bench import fuzz, fuzz_codecs, fuzz_engine
+from coinf.cli.bench.fuzz import BUDGET, TENSOR_DECODERS, seeds
+from coinf.cli.bench.fuzz_engine import fuzz_one
 
 TABLE = seeds(np.random.default_rng(5))
 
@@ -37,10 +38,10 @@ def test_the_checker_counts_foreign_exceptions():
 
 # --- standard codecs (ble_protocol/media.py) -------------------------------------------------
 
-CODECS, SKIPPED = fuzz.codec_seeds(np.random.default_rng(5))
+CODECS, SKIPPED = fuzz_codecs.codec_seeds(np.random.default_rng(5))
 
 
-@pytest.mark.parametrize("codec", sorted(fuzz.CODEC_SPECS))
+@pytest.mark.parametrize("codec", sorted(fuzz_codecs.CODEC_SPECS))
 def test_codec_decoder_refuses_hostile_bodies(codec):
     """Valid bodies, the crafted ones (other sizes spliced under a header, decompression bombs)
     and their mutants: only ProtocolErrors, or exactly the declared shape and dtype."""
@@ -49,7 +50,7 @@ def test_codec_decoder_refuses_hostile_bodies(codec):
         assert name not in CODECS and codec in SKIPPED
         pytest.skip(f"{codec}: {SKIPPED[codec]}")
     case = CODECS[name]
-    stats = fuzz.fuzz_codec(name, case, 300, random.Random(name))
+    stats = fuzz_codecs.fuzz_codec(name, case, 300, random.Random(name))
     assert stats["other_exceptions"] == 0 and stats["wrong_results"] == 0, stats.get("examples")
     assert stats["inputs"] == 300 and stats["protocol_errors"] + stats["decoded"] == 300
     # the codec itself was exercised: its valid seeds decode, mutants reach it and are refused
@@ -65,7 +66,7 @@ def test_codec_decoder_refuses_hostile_bodies(codec):
 
 
 def _fresh_pcm16() -> dict:
-    return fuzz.codec_seeds(np.random.default_rng(6))[0]["codec_pcm16"]
+    return fuzz_codecs.codec_seeds(np.random.default_rng(6))[0]["codec_pcm16"]
 
 
 def test_the_codec_checker_counts_failures(monkeypatch):
@@ -77,36 +78,37 @@ def test_the_codec_checker_counts_failures(monkeypatch):
         raise ValueError("boom")
 
     monkeypatch.setattr(media, "decode", raising)
-    stats = fuzz.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
+    stats = fuzz_codecs.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
     assert stats["other_exceptions"] > 0 and "ValueError: boom" in stats["examples"][0]
 
     def off_by_one(wire, params, payload, shape, dtype):
         return real(wire, params, payload, shape, dtype)[..., :-1]
 
     monkeypatch.setattr(media, "decode", off_by_one)
-    stats = fuzz.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
+    stats = fuzz_codecs.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
     assert stats["wrong_results"] > 0 and "the header declares" in stats["examples"][0]
 
     def float64(wire, params, payload, shape, dtype):
         return real(wire, params, payload, shape, dtype).astype(np.float64)
 
     monkeypatch.setattr(media, "decode", float64)
-    stats = fuzz.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
+    stats = fuzz_codecs.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
     assert stats["wrong_results"] > 0
 
     def trusting(wire, params, payload, shape, dtype):
         return np.zeros(shape, dtype)  # no size check at all
 
     monkeypatch.setattr(media, "decode", trusting)
-    stats = fuzz.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
+    stats = fuzz_codecs.fuzz_codec("codec_pcm16", _fresh_pcm16(), 60, random.Random(0))
     assert "ACCEPTED" in stats["crafted"].values() and stats["wrong_results"] > 0
 
 
 def test_the_bench_json_counts_codecs_and_lists_the_skipped(monkeypatch, capsys):
     have = media.available()
     monkeypatch.setattr(media, "available", lambda: have - {"flac"})
-    monkeypatch.setattr(fuzz, "_rss_resettable", lambda: False)  # keep pytest's VmHWM intact
-    fuzz.run(argparse.Namespace(inputs=40, codec_inputs=fuzz.CODEC_INPUTS, seed=3,
+    for module in (fuzz, fuzz_engine):  # keep pytest's VmHWM intact
+        monkeypatch.setattr(module, "rss_resettable", lambda: False)
+    fuzz.run(argparse.Namespace(inputs=40, codec_inputs=fuzz_codecs.CODEC_INPUTS, seed=3,
                                 decoders=None))
     out = json.loads(capsys.readouterr().out)
     assert out["failures"] == 0 and out["inputs_per_codec_decoder"] == 40

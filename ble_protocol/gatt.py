@@ -33,13 +33,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from enum import IntEnum
 from typing import Any
 
-from coinf.ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
-from coinf.ble_protocol.frames import (
+from coinf.ble_protocol.chunks import (
     HEADER_BYTES,
     Reassembler,
     chunk_size_for_mtu,
     encode_chunks,
 )
+from coinf.ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,

@@ -7,7 +7,7 @@ import asyncio
 import struct
 
 import pytest
-from coinf.ble_protocol.frames import CHUNK_HEADER, encode_chunks
+from coinf.ble_protocol.chunks import CHUNK_HEADER, encode_chunks
 from coinf.ble_protocol.gatt import (
     Ctrl,
     GattLink,

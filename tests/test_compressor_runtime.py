@@ -23,7 +23,7 @@ from coinf.convert.compressors import attach, load_set
 from coinf.convert.split import split_model
 from coinf.handheld.daemon import HandheldDaemon
 from coinf.handheld.pipeline_host import local_helpers
-from coinf.wearable.pipeline import OVERHEAD_BYTES, Helper, PipelineSession, link_options
+from coinf.wearable.pipeline import OVERHEAD_BYTES, HelperConfig, PipelineSession, link_options
 from coinf.wearable.planner.compress_select import lookup, thresholds
 
 from coinf.errors import InputError, ProtocolError
@@ -275,7 +275,7 @@ async def test_a_pipeline_switches_gamma_when_a_links_bandwidth_drops(bundle: Bu
     feeds = frames(bundle, 6)
     speed = float(bundle.candidates[-1].head.flops) * 1000
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
-        helpers = [Helper(h.name, h.address, 1e9, speed_flops=speed) for h in hosts]
+        helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=speed) for h in hosts]
         cuts = [c.candidate for c in bundle.compressors()[::3]]  # pool1's, relu2's
         async with PipelineSession(bundle, helpers, packing="auto", timeout=10.0,
                                    wearable_speed_flops=speed, input_fps=100.0,
@@ -487,7 +487,7 @@ def test_the_two_device_planner_compresses_when_the_bandwidth_drops(bundle: Bund
 
 
 def test_a_fixed_split_is_checked(bundle: Bundle) -> None:
-    helpers = [Helper(n, "tcp:127.0.0.1:9", 1e6) for n in ("h1", "h2")]
+    helpers = [HelperConfig(n, "tcp:127.0.0.1:9", 1e6) for n in ("h1", "h2")]
     ids = [c.id for c in bundle.candidates]
     with pytest.raises(InputError, match="strictly before"):
         PipelineSession(bundle, helpers, cuts=[ids[3], ids[2]])
@@ -502,8 +502,8 @@ def test_the_pipeline_dp_puts_a_slow_links_cut_where_a_compressor_shrinks_it(
     whole = float(bundle.candidates[-1].head.flops) * 100
     # a slow first link: with packing="auto" the DP charges each cut its cheapest encoding
     # within 1 % accuracy, so the cut moves to a compressor's cut; raw pricing does not
-    slow = [Helper("h1", "tcp:127.0.0.1:9", 500.0, speed_flops=whole),
-            Helper("h2", "tcp:127.0.0.1:9", 1e9, speed_flops=whole)]
+    slow = [HelperConfig("h1", "tcp:127.0.0.1:9", 500.0, speed_flops=whole),
+            HelperConfig("h2", "tcp:127.0.0.1:9", 1e9, speed_flops=whole)]
     auto = PipelineSession(bundle, slow, packing="auto", wearable_speed_flops=whole)
     auto.all_devices = True
     auto.dp_tolerance = 0.02  # the fixture's gamma-2 code keeps 0.97 / 0.98 of the accuracy
@@ -552,7 +552,7 @@ def test_an_overdue_message_lowers_the_links_bandwidth_at_once(bundle: Bundle) -
     not yet overdue, leaves the estimate alone."""
     import time
 
-    helpers = [Helper("h1", "tcp:127.0.0.1:9", 1e6), Helper("h2", "tcp:127.0.0.1:9", 1e6)]
+    helpers = [HelperConfig(n, "tcp:127.0.0.1:9", 1e6) for n in ("h1", "h2")]
     sess = PipelineSession(bundle, helpers, packing="auto")
     assert sess.link_bandwidth("h1") == pytest.approx(1e6)
     # times 100 s apart and messages that take 2 s at the estimate: the few ms this test takes
@@ -580,7 +580,7 @@ def test_an_overdue_message_lowers_the_links_bandwidth_at_once(bundle: Bundle) -
 
 
 def test_slices_are_weighed_by_their_measured_time(bundle: Bundle) -> None:
-    helpers = [Helper("h1", "tcp:127.0.0.1:9", 1e9), Helper("h2", "tcp:127.0.0.1:9", 1e9)]
+    helpers = [HelperConfig(n, "tcp:127.0.0.1:9", 1e9) for n in ("h1", "h2")]
     timed = PipelineSession(bundle, helpers)
     assert timed.plan() is not None  # measures (and profiles) this machine as the wearable
     flops = PipelineSession(bundle, helpers)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from coinf.ble_protocol.frames import Reassembler, encode_chunks
+from coinf.ble_protocol.chunks import Reassembler, encode_chunks
 from coinf.ble_protocol.messages import Message, MsgType
 from coinf.convert import calibrate as cal
 from coinf.convert.bundle import Bundle

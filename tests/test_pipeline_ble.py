@@ -211,7 +211,7 @@ def test_max_devices_limits_a_session_and_frozen_splits_are_kept_per_device_set(
     """The bench's BLE mode runs its 2-device batches on the K-device session (one GATT link):
     ``max_devices`` limits the plan, and with ``adaptive`` off each device set keeps its split."""
     from coinf.handheld.pipeline_host import local_helpers
-    from coinf.wearable.pipeline import Helper
+    from coinf.wearable.pipeline import HelperConfig
 
     whole = float(bundle.candidates[-1].head.flops) * 1000
     feeds = frames(bundle, 4)
@@ -219,7 +219,7 @@ def test_max_devices_limits_a_session_and_frozen_splits_are_kept_per_device_set(
 
     async def main() -> None:
         async with local_helpers(bundle, ["h1", "h2"]) as hosts:
-            helpers = [Helper(h.name, h.address, 1e9, speed_flops=whole) for h in hosts]
+            helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=whole) for h in hosts]
             async with PipelineSession(bundle, helpers, wearable_speed_flops=whole) as sess:
                 full = sess.plan()
                 assert full is not None and full.devices == ("wearable", "h1", "h2")

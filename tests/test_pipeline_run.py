@@ -23,7 +23,7 @@ from coinf.ble_protocol.route import (
 from coinf.ble_protocol.tensors import encode_tensors
 from coinf.convert.split import split_model
 from coinf.handheld.pipeline_host import local_helpers
-from coinf.wearable.pipeline import Helper, PipelineSession, load_helpers
+from coinf.wearable.pipeline import HelperConfig, PipelineSession, load_helpers
 
 from coinf.errors import ErrorCode, InputError, ProtocolError
 from tests.test_pipeline_slices import LENET
@@ -64,7 +64,7 @@ async def test_three_devices_equal_the_whole_model_and_survive_a_dying_helper(bu
     feeds = frames(bundle, 24)
     ref = reference(bundle, feeds)
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
-        helpers = [Helper(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+        helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
                    for h in hosts]
         async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
                                    timeout=5.0) as sess:
@@ -137,7 +137,7 @@ async def test_a_timeout_cancels_the_whole_chain(bundle) -> None:
     frame is not lost (re-planned, finally on the wearable alone)."""
     feed = frames(bundle, 1)[0]
     async with local_helpers(bundle, ["h1", "h2"], slowdowns={"h2": 1e6}) as hosts:
-        helpers = [Helper(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+        helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
                    for h in hosts]
         async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
                                    timeout=0.5) as sess:
@@ -212,7 +212,7 @@ def test_helper_processes_from_a_config_file(bundle, tmp_path) -> None:
     ref = reference(bundle, feeds)
     wearable_side = f"unix:{tmp_path / 'h1.sock'}"
     helpers = load_helpers(config)
-    helpers[1] = Helper("h1", wearable_side, helpers[1].bandwidth_bps, shape=True)
+    helpers[1] = HelperConfig("h1", wearable_side, helpers[1].bandwidth_bps, shape=True)
 
     async def stream(kill) -> list[np.ndarray]:
         got = []
@@ -264,7 +264,7 @@ def test_auto_packing_follows_the_first_links_bandwidth(tmp_path) -> None:
 
     bundle = split_model(LENET, tmp_path / "b")
     speed = even_speeds(bundle)
-    helpers = [Helper(n, "tcp:127.0.0.1:9", 1e9, speed_flops=speed) for n in ("h1", "h2")]
+    helpers = [HelperConfig(n, "tcp:127.0.0.1:9", 1e9, speed_flops=speed) for n in ("h1", "h2")]
     plan = PipelineSession(bundle, helpers, wearable_speed_flops=speed).plan()
     assert plan is not None  # the first cut the session below will use: calibrate only it
     data = cal.load_dataset("digits", bundle, limit=30)
@@ -278,7 +278,7 @@ async def _auto_packing(bundle) -> None:
     feeds = frames(bundle, 3)
     ref = reference(bundle, feeds)
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
-        helpers = [Helper(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+        helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
                    for h in hosts]
         async with PipelineSession(bundle, helpers, packing="auto", timeout=5.0,
                                    wearable_speed_flops=even_speeds(bundle)) as sess:
@@ -317,7 +317,7 @@ async def test_a_busy_helper_costs_no_frame(bundle) -> None:
     ref = reference(bundle, feeds)
     async with local_helpers(bundle, ["h1", "h2"], slowdowns={"h1": 200.0},
                              max_pending=1) as hosts:
-        helpers = [Helper(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+        helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
                    for h in hosts]
         async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
                                    timeout=5.0) as sess:

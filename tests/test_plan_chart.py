@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from coinf.wearable.planner.chart import MAX_BARS, build_figure, chart_rows, plot_decision
 from coinf.wearable.planner.costs import CandidateCost
-from coinf.wearable.planner.schedulers import coinf
+from coinf.wearable.planner.schedulers import coinf_schedule
 
 
 def rows64() -> list[CandidateCost]:
@@ -30,7 +30,7 @@ def rows64() -> list[CandidateCost]:
 def test_chart_of_64_candidates_stays_within_bounds(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    d = coinf(rows64(), None)
+    d = coinf_schedule(rows64(), None)
     d.excluded = {"c000": "infeasible: test"}
     shown = chart_rows(d)
     ids = [r.id for r in shown]
@@ -71,7 +71,7 @@ def test_chart_of_64_candidates_stays_within_bounds(tmp_path: Path) -> None:
 
 def test_small_decision_shows_every_candidate() -> None:
     rows = [*rows64()[:5], rows64()[-1]]
-    d = coinf(rows, 0)
+    d = coinf_schedule(rows, 0)
     assert [r.id for r in chart_rows(d)] == [r.id for r in rows]
 
 

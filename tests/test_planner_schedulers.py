@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from coinf.wearable.planner import CandidateCost, Constraint, Target, coinf, dyno, neurosurgeon
+from coinf.wearable.planner import (
+    CandidateCost,
+    Constraint,
+    Target,
+    coinf_schedule,
+    dyno,
+    neurosurgeon,
+)
 
 
 def row(cid: str, head: float, xfer: float, tail: float, ew: float, eh: float,
@@ -24,7 +31,7 @@ TABLE = [
 
 
 def test_coinf_latency_sensitive_budget_zero_picks_fastest() -> None:
-    d = coinf(TABLE, 0)
+    d = coinf_schedule(TABLE, 0)
     assert d.winner == "c1"  # 115 ms vs 125 ms for c2
     assert "latency-sensitive" in d.why
 
@@ -32,25 +39,25 @@ def test_coinf_latency_sensitive_budget_zero_picks_fastest() -> None:
 def test_coinf_tie_on_latency_broken_by_energy() -> None:
     # c1 and c2 both take 125 ms; c1 weighted energy 200, c2 150 -> c2
     t = [row("a", 50, 60, 15, 120, 80), row("b", 110, 10, 5, 130, 20)]
-    assert coinf(t, 0).winner == "b"
+    assert coinf_schedule(t, 0).winner == "b"
 
 
 def test_coinf_no_budget_minimises_weighted_energy() -> None:
-    assert coinf(TABLE, None).winner == "c2"  # 150 mJ
-    assert coinf(TABLE, math.inf).winner == "c2"
+    assert coinf_schedule(TABLE, None).winner == "c2"  # 150 mJ
+    assert coinf_schedule(TABLE, math.inf).winner == "c2"
     # Only the wearable's battery matters: handheld-only has... c1 at 120 is least
-    assert coinf(TABLE, None, w_wearable=1, w_handheld=0).winner == "c1"
+    assert coinf_schedule(TABLE, None, w_wearable=1, w_handheld=0).winner == "c1"
     # Only the handheld's battery matters: wearable-only costs the handheld nothing
-    assert coinf(TABLE, None, w_wearable=0, w_handheld=1).winner == "wearable-only"
+    assert coinf_schedule(TABLE, None, w_wearable=0, w_handheld=1).winner == "wearable-only"
 
 
 def test_coinf_budget_picks_most_efficient_meeting_it() -> None:
     t = [row("fast", 10, 10, 10, 500, 500), row("mid", 40, 10, 10, 100, 100),
          row("slow", 200, 0, 0, 50, 0)]
-    assert coinf(t, 35).winner == "fast"
-    assert coinf(t, 60).winner == "mid"
-    assert coinf(t, 200).winner == "slow"
-    d = coinf(t, 5)  # nobody meets 5 ms: fall back to the fastest
+    assert coinf_schedule(t, 35).winner == "fast"
+    assert coinf_schedule(t, 60).winner == "mid"
+    assert coinf_schedule(t, 200).winner == "slow"
+    d = coinf_schedule(t, 5)  # nobody meets 5 ms: fall back to the fastest
     assert d.winner == "fast" and d.best_effort
 
 
@@ -58,8 +65,8 @@ def test_coinf_streaming_uses_max_of_stages() -> None:
     # balanced: head, link, tail 40 each -> period 40 (sum 120); link-bound: 10 + 70 + 10 -> 70
     # (sum 90). The tail overlaps the link, so "head vs everything else" (80) would be wrong.
     t = [row("balanced", 40, 40, 40, 1, 1), row("link-bound", 10, 70, 10, 1, 1)]
-    assert coinf(t, 0).winner == "link-bound"
-    d = coinf(t, 0, streaming=True)
+    assert coinf_schedule(t, 0).winner == "link-bound"
+    d = coinf_schedule(t, 0, streaming=True)
     assert d.winner == "balanced"
     assert d.scores["balanced"]["latency_ms"] == 40
     assert d.scores["link-bound"]["latency_ms"] == 70
@@ -67,11 +74,11 @@ def test_coinf_streaming_uses_max_of_stages() -> None:
 
 def test_coinf_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="budget"):
-        coinf(TABLE, -1)
+        coinf_schedule(TABLE, -1)
     with pytest.raises(ValueError, match="weights"):
-        coinf(TABLE, None, w_wearable=-1)
+        coinf_schedule(TABLE, None, w_wearable=-1)
     with pytest.raises(ValueError, match="empty"):
-        coinf([], 0)
+        coinf_schedule([], 0)
     with pytest.raises(ValueError, match="head_ms"):
         row("x", -1, 0, 0, 0, 0)
 
@@ -113,7 +120,7 @@ def test_dyno_best_effort_keeps_closest_and_stops() -> None:
 
 
 def test_decision_explain_marks_winner() -> None:
-    d = coinf(TABLE, None)
+    d = coinf_schedule(TABLE, None)
     text = d.explain()
     lines = [ln for ln in text.splitlines() if ln.startswith("*")]
     assert len(lines) == 1 and "c2" in lines[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from coinf.ble_protocol.frames import CHUNK_HEADER
+from coinf.ble_protocol.chunks import CHUNK_HEADER
 from coinf.ble_protocol.radio.model import ChunkFaults
 from coinf.ble_protocol.radio.params import RadioError, preset
 

@@ -223,9 +223,9 @@ class Killable:
 
 
 def _helpers(bundle, n: int):  # type: ignore[no-untyped-def]
-    from coinf.wearable.spatial import Helper
+    from coinf.wearable.spatial import TileHelper
 
-    return [Helper(Worker(f"h{i}", 1e9, 6.25e6, 0.002), Killable(bundle))  # type: ignore[arg-type]
+    return [TileHelper(Worker(f"h{i}", 1e9, 6.25e6, 0.002), Killable(bundle))  # type: ignore[arg-type]
             for i in range(n)]
 
 
@@ -283,7 +283,7 @@ def test_helper_refuses_hostile_tile_requests(vgg_bundle) -> None:  # type: igno
 def test_a_slow_link_keeps_everything_here(vgg_bundle) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from coinf.wearable.spatial import Helper, SpatialSession
+    from coinf.wearable.spatial import SpatialSession, TileHelper
 
     x = np.random.default_rng(3).random((1, 3, 64, 64), dtype=np.float32)
     ref = ort.InferenceSession(str(vgg_bundle.model_path),
@@ -291,7 +291,7 @@ def test_a_slow_link_keeps_everything_here(vgg_bundle) -> None:  # type: ignore[
 
     async def main() -> None:
         slow = Killable(vgg_bundle)
-        helper = Helper(Worker("far", 1e9, 1000.0, 0.05), slow)  # type: ignore[arg-type]
+        helper = TileHelper(Worker("far", 1e9, 1000.0, 0.05), slow)  # type: ignore[arg-type]
         async with SpatialSession(vgg_bundle, Worker("me", 1e9), [helper]) as s:
             assert s.plan().local_only  # 1 kB/s: no tile is worth sending
             out, stats = await s.run({"image": x})

@@ -49,11 +49,11 @@ from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
-from coinf.wearable.pipeline_config import Helper, load_helpers
+from coinf.wearable.pipeline_config import HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Stage
 from coinf.wearable.planner.compress_select import (
-    Option,
+    LinkOption,
     cheapest_bytes,
     link_options,
     lookup,
@@ -115,7 +115,7 @@ class _ShapedConnector(Connector):
 class PipelineSession:
     """Runs ``bundle`` as a pipeline over this wearable and ``helpers`` (module docstring)."""
 
-    def __init__(self, bundle: str | Path | Bundle, helpers: Sequence[Helper], *,
+    def __init__(self, bundle: str | Path | Bundle, helpers: Sequence[HelperConfig], *,
                  slowdown: float = 1.0, threads: int = 0, timeout: float = 10.0,
                  connect_timeout: float = 5.0, packing: str = "raw",
                  replan_threshold: float = 0.2, dead_retry_s: float = 30.0,
@@ -138,7 +138,7 @@ class PipelineSession:
             self.emulation = DeviceEmulation(slowdown, threads)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        self._tables: dict[tuple[str, float], list[tuple[float, Option]]] = {}
+        self._tables: dict[tuple[str, float], list[tuple[float, LinkOption]]] = {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         #: options of this wearable's GATT server for helpers with a ``ble:`` wearable_link
@@ -375,8 +375,8 @@ class PipelineSession:
             if self._flops[first.id] >= self._min_flops and own_s > 0:
                 self._speed[WEARABLE].add(self._flops[first.id] / own_s)
         choices = (self.link_choices(plan) if self.auto_packing
-                   else [Option(1, str(self.packing), 1.0, 1.0)]
-                   + [Option(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))
+                   else [LinkOption(1, str(self.packing), 1.0, 1.0)]
+                   + [LinkOption(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))
         specs = [PackSpec.parse(o.packing) for o in choices]
         comps = [self.bundle.compressor(cut, o.gamma) if o.gamma > 1 else None
                  for cut, o in zip(plan.cuts, choices, strict=True)]
@@ -446,7 +446,7 @@ class PipelineSession:
         """Every link's packing (:meth:`link_choices`)."""
         return [PackSpec.parse(o.packing) for o in self.link_choices(plan)]
 
-    def link_choices(self, plan: PipelinePlan) -> list[Option]:
+    def link_choices(self, plan: PipelinePlan) -> list[LinkOption]:
         """Every link's option at its current bandwidth estimate: the one with the best
         effective accuracy (throughput x accuracy / input rate) among raw, the bundle's
         calibrated packings of that link's cut and its attached compressors with each packing
@@ -573,5 +573,5 @@ def _link_failure(exc: LinkError) -> bool:
                                                            ErrorCode.TIMEOUT)
 
 
-__all__ = ["Helper", "PipelinePlan", "PipelineSession", "PipelineStats", "link_options",
+__all__ = ["HelperConfig", "PipelinePlan", "PipelineSession", "PipelineStats", "link_options",
            "load_helpers", "option_label", "service_time"]

@@ -20,7 +20,7 @@ from coinf.errors import InputError
 
 
 @dataclass(frozen=True)
-class Helper:
+class HelperConfig:
     """A helper device: its name, how to reach it, and priors for the planner. ``bandwidth_bps``
     and ``latency_s`` are also the emulated shape of links into it (``shape=True``)."""
 
@@ -51,7 +51,7 @@ class Helper:
         return self.wearable_spec.partition(":")[0] == "ble"
 
 
-def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
+def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
     """Helpers from a pipeline config (a JSON file or its object)::
 
         {"helpers": [{"name": "h1", "address": "tcp:192.168.1.5:7878",
@@ -77,7 +77,7 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
     entries = obj.get("helpers") if isinstance(obj, Mapping) else None
     if not isinstance(entries, list) or not entries:
         raise InputError(f"{where}: expected {{\"helpers\": [{{\"name\", \"address\"}}, ...]}}")
-    helpers: list[Helper] = []
+    helpers: list[HelperConfig] = []
     for i, e in enumerate(entries):
         if not isinstance(e, Mapping):
             raise InputError(f"{where}: helpers[{i}] must be an object")
@@ -95,7 +95,7 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[Helper]:
                                   or not v >= 0 or (key != "latency_ms" and v == 0)):
                 raise InputError(f"{where}: helpers[{i}].{key} must be a number > 0, got {v!r}")
             nums[key] = v
-        helpers.append(Helper(
+        helpers.append(HelperConfig(
             name, address,
             bandwidth_bps=nums["bandwidth_kbps"] * 1000 if nums["bandwidth_kbps"] else None,
             latency_s=(nums["latency_ms"] or 0) / 1000,
@@ -137,4 +137,4 @@ def _wearable_link(value: Any, where: str) -> str | None:
     return value
 
 
-__all__ = ["WEARABLE_LINK_SCHEMES", "Helper", "load_helpers"]
+__all__ = ["WEARABLE_LINK_SCHEMES", "HelperConfig", "load_helpers"]

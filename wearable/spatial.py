@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Helper:
+class TileHelper:
     """A device that computes tiles for this one, reached through ``connector``."""
 
     worker: Worker
@@ -77,7 +77,7 @@ class SpatialSession:
     grouping (``fused``, ``per-layer`` or ``whole``; see :mod:`coinf.convert.gtdp`).
     """
 
-    def __init__(self, bundle: Bundle, me: Worker, helpers: Sequence[Helper], *,
+    def __init__(self, bundle: Bundle, me: Worker, helpers: Sequence[TileHelper], *,
                  strategy: str = "fused", emulation: DeviceEmulation | None = None,
                  timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
         if timeout <= 0:

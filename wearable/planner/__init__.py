@@ -5,6 +5,7 @@ Pure functions live in :mod:`.costs`, :mod:`.schedulers` and :mod:`.mincut`; :cl
 """
 
 from coinf.wearable.planner.costs import CandidateCost, Decision
-from coinf.wearable.planner.schedulers import Constraint, Target, coinf, dyno, neurosurgeon
+from coinf.wearable.planner.schedulers import Constraint, Target, coinf_schedule, dyno, neurosurgeon
 
-__all__ = ["CandidateCost", "Constraint", "Decision", "Target", "coinf", "dyno", "neurosurgeon"]
+__all__ = ["CandidateCost", "Constraint", "Decision", "Target", "coinf_schedule", "dyno",
+           "neurosurgeon"]

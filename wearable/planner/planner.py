@@ -29,7 +29,7 @@ from coinf.wearable.planner.costs import TIMEOUT_MARGIN, CandidateCost, Decision
 from coinf.wearable.planner.memory import MemoryModel, budget_of
 from coinf.wearable.planner.mincut import CutResult, min_cut
 from coinf.wearable.planner.onnx_dag import dag_from_onnx
-from coinf.wearable.planner.schedulers import coinf, dyno, neurosurgeon
+from coinf.wearable.planner.schedulers import coinf_schedule, dyno, neurosurgeon
 from coinf.wearable.policy import OBJECTIVES, Policy
 
 from coinf.errors import CoinfError
@@ -401,11 +401,11 @@ class Planner:
         ww, wh, why_w = pol.weights(wearable_status, handheld_status)
         streaming = pol.streaming or objective == "throughput"
         if objective == "auto":
-            d = coinf(rows, budget, w_wearable=ww, w_handheld=wh, streaming=streaming)
+            d = coinf_schedule(rows, budget, w_wearable=ww, w_handheld=wh, streaming=streaming)
         elif objective in ("latency", "throughput"):
-            d = coinf(rows, 0, w_wearable=ww, w_handheld=wh, streaming=streaming)
+            d = coinf_schedule(rows, 0, w_wearable=ww, w_handheld=wh, streaming=streaming)
         elif objective == "energy":
-            d = coinf(rows, None, w_wearable=ww, w_handheld=wh, streaming=streaming)
+            d = coinf_schedule(rows, None, w_wearable=ww, w_handheld=wh, streaming=streaming)
         elif objective.startswith("neurosurgeon"):
             k = handheld_load if handheld_load is not None else (
                 handheld_status.speed_factor() if handheld_status else 1.0)

@@ -39,7 +39,7 @@ def _argmin(rows: Sequence[CandidateCost], key: Callable[[CandidateCost], float]
 
 
 # -- CoINF ---------------------------------------------------------------------------------------
-def coinf(rows: Sequence[CandidateCost], latency_budget_ms: float | None = None, *,
+def coinf_schedule(rows: Sequence[CandidateCost], latency_budget_ms: float | None = None, *,
           w_wearable: float = 1.0, w_handheld: float = 1.0,
           streaming: bool = False) -> Decision:
     """CoINF Algorithm III.1.

@@ -29,7 +29,7 @@ OBJECTIVES = ("latency", "throughput")
 
 
 @dataclass
-class Option:
+class StrategyOption:
     """One way to run the model: predicted seconds per frame and frames per second."""
 
     name: str
@@ -52,13 +52,13 @@ def _fps(seconds: float) -> float:
 
 def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[float],
             bandwidths: Sequence[float], latencies: Sequence[float], result_bytes: float,
-            model_path: str | Path | None = None) -> list[Option]:
+            model_path: str | Path | None = None) -> list[StrategyOption]:
     """Every strategy that applies. ``names``/``speeds`` (FLOP/s) list the wearable first;
     ``bandwidths``/``latencies`` are each helper's link (B/s, s), in the same order."""
     if not (len(names) == len(speeds) == len(bandwidths) + 1 == len(latencies) + 1):
         raise InputError("compare: one speed per device and one link per helper")
     total = points[-1].flops
-    out = [Option("local", [names[0]], total / speeds[0], _fps(total / speeds[0]),
+    out = [StrategyOption("local", [names[0]], total / speeds[0], _fps(total / speeds[0]),
                   f"{total / 1e6:.1f} MFLOP on the wearable")]
     for n, name in ((2, "depth split"), (len(names), "pipeline")):
         if n < 2 or (name == "pipeline" and n < 3):
@@ -66,11 +66,11 @@ def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[f
         try:
             split = split_dp(points, speeds[:n], bandwidths[:n - 1], result_bytes)
         except InputError as exc:
-            out.append(Option(name, list(names[:n]), math.inf, 0.0, "not possible",
+            out.append(StrategyOption(name, list(names[:n]), math.inf, 0.0, "not possible",
                               [str(exc)]))
             continue
         lat = sum(split.stage_s) + sum(2 * t for t in latencies[:n - 1])
-        out.append(Option(name, list(names[:n]), lat, split.bound_fps,
+        out.append(StrategyOption(name, list(names[:n]), lat, split.bound_fps,
                           f"cuts {', '.join(split.cuts)}; bottleneck "
                           f"{split.bottleneck_s * 1e3:.2f} ms"))
     if model_path is not None and len(names) >= 2:
@@ -79,13 +79,13 @@ def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[f
 
 
 def _spatial(model_path: str | Path, names: Sequence[str], speeds: Sequence[float],
-             bandwidths: Sequence[float], latencies: Sequence[float]) -> Option:
+             bandwidths: Sequence[float], latencies: Sequence[float]) -> StrategyOption:
     from coinf.device.spatial import SpatialModel
 
     try:
         sm = SpatialModel(model_path)
     except ModelError as exc:
-        return Option("spatial", list(names), math.inf, 0.0, "not possible", [str(exc)])
+        return StrategyOption("spatial", list(names), math.inf, 0.0, "not possible", [str(exc)])
     workers = [Worker(names[0], speeds[0])] + [
         Worker(n, s, b, t) for n, s, b, t in zip(names[1:], speeds[1:], bandwidths, latencies,
                                                  strict=True)]
@@ -95,11 +95,12 @@ def _spatial(model_path: str | Path, names: Sequence[str], speeds: Sequence[floa
                    if not t.out.empty()} | {workers[plan.rest_worker].name})
     detail = ("no tile is worth sending: everything stays on the wearable" if plan.local_only
               else f"{len(plan.groups)} layer groups over {len(used)} devices")
-    return Option("spatial", used, lat, _fps(lat), detail,
+    return StrategyOption("spatial", used, lat, _fps(lat), detail,
                   ["each helper's configured link is taken as its link to the wearable"])
 
 
-def choose(options: Sequence[Option], objective: str = "latency") -> tuple[Option, str]:
+def choose(options: Sequence[StrategyOption],
+           objective: str = "latency") -> tuple[StrategyOption, str]:
     """The best option for ``objective`` and a sentence saying why."""
     if objective not in OBJECTIVES:
         raise InputError(f"objective must be one of {OBJECTIVES}, got {objective!r}")

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from coinf.ble_protocol import gatt, packing
-from coinf.ble_protocol.frames import Reassembler, encode_chunks
+from coinf.ble_protocol.chunks import Reassembler, encode_chunks
 from coinf.ble_protocol.messages import (
     Message,
     MsgType,

@@ -144,7 +144,7 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
 
     from coinf.ble_protocol.shaped import Channel
     from coinf.handheld.pipeline_host import local_helpers
-    from coinf.wearable.pipeline import Helper, PipelineSession
+    from coinf.wearable.pipeline import HelperConfig, PipelineSession
 
     with tempfile.TemporaryDirectory() as tmpdir:
         bundle = _bundle(args, Path(tmpdir))
@@ -163,7 +163,7 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
         else:
             hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2, ble)
         async with hosting as hosts:
-            helpers = [Helper(h.name, h.address, bps, channel.latency_s, shape=True,
+            helpers = [HelperConfig(h.name, h.address, bps, channel.latency_s, shape=True,
                               wearable_link=getattr(h, "wearable_link", None)) for h in hosts]
             if ble is not None:  # the prior of the BLE link: the radio's capacity
                 helpers[0] = dataclasses.replace(helpers[0], bandwidth_bps=ble.capacity_bps,

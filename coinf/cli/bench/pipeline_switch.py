@@ -92,7 +92,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from coinf.ble_protocol.shaped import Channel
     from coinf.handheld.pipeline_host import local_helpers
-    from coinf.wearable.pipeline import OVERHEAD_BYTES, Helper, PipelineSession
+    from coinf.wearable.pipeline import OVERHEAD_BYTES, HelperConfig, PipelineSession
     from coinf.wearable.planner.compress_select import link_options, option_label, thresholds
 
     kbps = schedule(args.bandwidth_kbps_schedule)
@@ -110,7 +110,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         async with local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
                                  dict.fromkeys(names[1:], other), max_pending=depth + 2) as hosts:
             def helpers() -> list[Any]:
-                return [Helper(h.name, h.address, kbps[0] * 1000 if i == 0
+                return [HelperConfig(h.name, h.address, kbps[0] * 1000 if i == 0
                                else other.bandwidth_bps, other.latency_s, shape=i == 0)
                         for i, h in enumerate(hosts)]
 

@@ -91,7 +91,7 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
     from coinf.ble_protocol.transport import FactoryConnector, open_connector
     from coinf.convert.gtdp import Worker
     from coinf.device.emulation import DeviceEmulation
-    from coinf.wearable.spatial import Helper, SpatialSession
+    from coinf.wearable.spatial import SpatialSession, TileHelper
 
     emu = DeviceEmulation(args.slowdown, threads=1)
     local = ort.InferenceSession(str(bundle.model_path), emu.session_options(),
@@ -124,7 +124,7 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
 
         return FactoryConnector(factory)
 
-    helpers = [Helper(Worker(f"helper{i + 1}", speed, mbps * 1e6 / 8, args.latency_ms / 1e3,
+    helpers = [TileHelper(Worker(f"helper{i + 1}", speed, mbps * 1e6 / 8, args.latency_ms / 1e3,
                              overhead), connector(s)) for i, s in enumerate(sockets)]
     local_ms: list[float] = []
     dist: list[Any] = []

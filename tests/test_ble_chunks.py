@@ -7,8 +7,7 @@ import random
 import struct
 
 import pytest
-from coinf.ble_protocol.flow import CreditGate, CreditLedger
-from coinf.ble_protocol.frames import (
+from coinf.ble_protocol.chunks import (
     CHUNK_HEADER,
     HEADER_BYTES,
     Reassembler,
@@ -16,6 +15,7 @@ from coinf.ble_protocol.frames import (
     chunk_size_for_mtu,
     encode_chunks,
 )
+from coinf.ble_protocol.flow import CreditGate, CreditLedger
 from coinf.ble_protocol.link import LinkClosed
 from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
 from hypothesis import given, settings

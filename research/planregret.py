@@ -38,7 +38,7 @@ REGRET_TARGET = 0.02
 Times = Mapping[str, tuple[float, float]]  # slice "<cid>.head|tail" -> (predicted, measured) ms
 
 
-class Cut(NamedTuple):
+class CutBytes(NamedTuple):
     """One candidate cut: bytes sent up (wearable -> handheld) and back, and which sides run
     something (``wearable-only`` has no tail, ``handheld-only`` no head)."""
 
@@ -48,16 +48,17 @@ class Cut(NamedTuple):
     tail: bool
 
 
-def bundle_cuts(bundle: Any) -> dict[str, Cut]:
+def bundle_cuts(bundle: Any) -> dict[str, CutBytes]:
     """Every candidate of ``bundle``. A ``wearable-only`` cut sends nothing; every other cut
     sends its crossing tensors and gets the graph outputs back."""
     out_bytes = sum(t.nbytes for t in bundle.outputs)
-    return {c.id: Cut(c.crossing_bytes if c.tail.nodes else 0, out_bytes if c.tail.nodes else 0,
-                      bool(c.head.nodes), bool(c.tail.nodes))
+    return {c.id: CutBytes(c.crossing_bytes if c.tail.nodes else 0,
+                           out_bytes if c.tail.nodes else 0, bool(c.head.nodes),
+                           bool(c.tail.nodes))
             for c in bundle.candidates}
 
 
-def _latencies(times: Times, cuts: Mapping[str, Cut], which: int, slowdown: float,
+def _latencies(times: Times, cuts: Mapping[str, CutBytes], which: int, slowdown: float,
                kb_s: float) -> dict[str, float]:
     """Latency (ms) of every cut whose sides all have times; ``which`` 0 from the predicted
     times, 1 from the measured ones."""
@@ -72,7 +73,7 @@ def _latencies(times: Times, cuts: Mapping[str, Cut], which: int, slowdown: floa
     return out
 
 
-def plan_regret(times: Times, cuts: Mapping[str, Cut], slowdown: float, kb_s: float) -> float:
+def plan_regret(times: Times, cuts: Mapping[str, CutBytes], slowdown: float, kb_s: float) -> float:
     """Measured latency of the cut the predicted times pick, over the best measured one, - 1."""
     pred = _latencies(times, cuts, 0, slowdown, kb_s)
     meas = _latencies(times, cuts, 1, slowdown, kb_s)
@@ -83,7 +84,7 @@ def plan_regret(times: Times, cuts: Mapping[str, Cut], slowdown: float, kb_s: fl
     return chosen / best - 1.0 if best > 0 else 0.0
 
 
-def break_even_kb_s(times: Times, cuts: Mapping[str, Cut], slowdown: float) -> float | None:
+def break_even_kb_s(times: Times, cuts: Mapping[str, CutBytes], slowdown: float) -> float | None:
     """The link rate (kB/s) at which the all-wearable cut and the all-handheld one take the
     same measured time; None if either is untimed, or at ``slowdown`` <= 1 (both run the whole
     model on the same CPU: only noise would part them)."""
@@ -96,7 +97,7 @@ def break_even_kb_s(times: Times, cuts: Mapping[str, Cut], slowdown: float) -> f
     return remote[0][1] / (slowdown * local[0] - remote[0][0])  # bytes / ms = kB/s
 
 
-def regret_table(rows: Iterable[tuple[str, float, float]], cuts: Mapping[str, Cut],
+def regret_table(rows: Iterable[tuple[str, float, float]], cuts: Mapping[str, CutBytes],
                  slowdowns: Iterable[float] = SLOWDOWNS,
                  rates: Iterable[float] = LINK_KB_S) -> dict[str, float]:
     """:func:`plan_regret` under every (slowdown, link rate), keyed ``"x10@36kB/s"``, and at

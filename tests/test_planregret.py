@@ -6,15 +6,15 @@ import pytest
 from coinf.research.planregret import (
     LINK_KB_S,
     SLOWDOWNS,
-    Cut,
+    CutBytes,
     break_even_kb_s,
     plan_regret,
     regret_table,
 )
 
 # three cuts of one model: all on the handheld, a split, all on the wearable
-CUTS = {"c0": Cut(1000, 10, False, True), "c1": Cut(100, 10, True, True),
-        "c2": Cut(0, 0, True, False)}
+CUTS = {"c0": CutBytes(1000, 10, False, True), "c1": CutBytes(100, 10, True, True),
+        "c2": CutBytes(0, 0, True, False)}
 
 
 def rows(head1: float, tail1: float, whole: float, error: float = 1.0,

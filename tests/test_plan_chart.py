@@ -96,3 +96,15 @@ def test_plan_command_units_source_and_headline(tmp_path: Path, monkeypatch: pyt
     assert "ambiguous" in capsys.readouterr().err
     assert main(["plan", str(b.root), "--png", str(tmp_path / "missing" / "p.png")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_reference_points_are_always_drawn() -> None:
+    from coinf.wearable.planner.chart import chart_rows
+    from coinf.wearable.planner.costs import CandidateCost, Decision
+
+    rows = [CandidateCost(f"c{i:03d}", 10.0 + i, 1.0, 5.0, 1.0, 50.0 + i, 5.0, 100)
+            for i in range(40)]
+    rows.insert(1, CandidateCost("c000~png", 500.0, 1.0, 900.0, 1.0, 900.0, 5.0, 100))
+    d = Decision("c001", "test", rows, "t")
+    assert "c000~png" not in {r.id for r in chart_rows(d, limit=8)}  # dominated: not drawn
+    assert "c000~png" in {r.id for r in chart_rows(d, limit=8, keep=("c000~png",))}

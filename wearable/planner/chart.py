@@ -26,10 +26,12 @@ def _weighted(d: Decision, r: CandidateCost) -> float:
     return float(s.get("weighted_energy_mj", r.wearable_energy_mj + r.handheld_energy_mj))
 
 
-def chart_rows(d: Decision, limit: int = MAX_BARS) -> list[CandidateCost]:
+def chart_rows(d: Decision, limit: int = MAX_BARS,
+               keep: tuple[str, ...] = ()) -> list[CandidateCost]:
     """The rows worth drawing, in the bundle's order: the chosen one, handheld-only and
     wearable-only, the fastest and the least-energy feasible rows, then the Pareto front of
-    (latency, energy) -- spread evenly when it is longer than ``limit``."""
+    (latency, energy) -- spread evenly when it is longer than ``limit``. ``keep``: rows always
+    drawn (the reference points of ``coinf plan``)."""
     rows = d.rows
     if len(rows) <= limit:
         return list(rows)
@@ -38,8 +40,9 @@ def chart_rows(d: Decision, limit: int = MAX_BARS) -> list[CandidateCost]:
     def lat(r: CandidateCost) -> float:
         return r.latency_ms(d.streaming)
 
-    must = [d.winner, rows[0].id, rows[-1].id, min(feasible, key=lat).id,
-            min(feasible, key=lambda r: _weighted(d, r)).id]
+    known = {r.id for r in rows}
+    must = [d.winner, rows[0].id, rows[-1].id, *(k for k in keep if k in known),
+            min(feasible, key=lat).id, min(feasible, key=lambda r: _weighted(d, r)).id]
     front: list[CandidateCost] = []
     best_e = math.inf
     for r in sorted(feasible, key=lambda r: (lat(r), _weighted(d, r))):
@@ -72,7 +75,8 @@ def _mj(v: float) -> str:
     return f"{v / 1e3:.1f} J" if v >= 1000 else f"{v:.0f} mJ" if v >= 10 else f"{v:.1f} mJ"
 
 
-def build_figure(d: Decision, title: str = "", context: str = "") -> Any:
+def build_figure(d: Decision, title: str = "", context: str = "",
+                 keep: tuple[str, ...] = ()) -> Any:
     """The matplotlib Figure of the chart (``plot_decision`` saves it)."""
     import matplotlib
 
@@ -80,7 +84,7 @@ def build_figure(d: Decision, title: str = "", context: str = "") -> Any:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    rows = chart_rows(d)
+    rows = chart_rows(d, keep=keep)
     n = len(rows)
     height = min(MAX_HEIGHT_IN, 3.4 + 0.36 * n)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(WIDTH_IN, height), sharey=True,
@@ -137,13 +141,15 @@ def build_figure(d: Decision, title: str = "", context: str = "") -> Any:
         ax.set_ylim(-0.6, n - 0.4)
     objective = d.headline.split(" -> ", 1)[0] if d.headline else d.scheduler
     head = f"{title}: " if title else ""
-    fig.suptitle(f"{head}chose {d.winner}" + (f" ({d.row.label})" if d.row.label else "")
-                 + f" -- {objective}", fontsize=12, fontweight="bold", x=0.01, ha="left")
+    suptitle = (f"{head}chose {d.winner}" + (f" ({d.row.label})" if d.row.label else "")
+                + f" -- {objective}")
+    fig.suptitle(textwrap.shorten(suptitle, 130, placeholder=" ..."), fontsize=12,
+                 fontweight="bold", x=0.01, ha="left")
     if context:
         fig.text(0.01, 1 - 0.5 / height, context, fontsize=9, ha="left", va="top")
     why = ("best effort: " if d.best_effort else "why: ") + d.why
-    shown = (f"{n} of {len(d.rows)} candidates shown: the chosen one, the extremes, the Pareto "
-             f"front of latency and energy, then the runners-up" if n < len(d.rows)
+    shown = (f"{n} of {len(d.rows)} candidates shown: the chosen one, the reference points, the "
+             f"Pareto front of latency and energy, then the runners-up" if n < len(d.rows)
              else f"all {n} candidates shown")
     n_ex = sum(1 for r in d.rows if r.id in d.excluded)
     if n_ex:
@@ -157,12 +163,12 @@ def build_figure(d: Decision, title: str = "", context: str = "") -> Any:
 
 
 def plot_decision(decision: Decision, path: str | Path, title: str = "",
-                  context: str = "") -> Path:
+                  context: str = "", keep: tuple[str, ...] = ()) -> Path:
     """Write the PNG of ``decision`` (see the module docstring); returns the path.
     ``context`` is a line under the title (link, devices, timeout)."""
     import matplotlib.pyplot as plt
 
-    fig = build_figure(decision, title, context)
+    fig = build_figure(decision, title, context, keep)
     out = Path(path)
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         context = (f"link {link.up_bps / 1e3:g} kB/s each way, RTT {link.rtt_ms:g} ms "
                    f"({link.source})  |  wearable {wear.name}{slow}, handheld {hand.name}  |  "
                    f"per-inference timeout {args.timeout:g} s")
-        plot_decision(d, args.png, bundle.root.name, context)
+        refs = tuple(e["id"] for e in out["reference"].values() if e)
+        plot_decision(d, args.png, bundle.root.name, context, keep=refs)
     if args.json:
         print(json.dumps(out, indent=1))
     else:

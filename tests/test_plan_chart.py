@@ -107,4 +107,4 @@ def test_the_reference_points_are_always_drawn() -> None:
     rows.insert(1, CandidateCost("c000~png", 500.0, 1.0, 900.0, 1.0, 900.0, 5.0, 100))
     d = Decision("c001", "test", rows, "t")
     assert "c000~png" not in {r.id for r in chart_rows(d, limit=8)}  # dominated: not drawn
-    assert "c000~png" in {r.id for r in chart_rows(d, limit=8, keep=("c000~png",))}
+    assert "c000~png" in {r.id for r in chart_rows(d, limit=8, always=("c000~png",))}

@@ -27,10 +27,10 @@ def _weighted(d: Decision, r: CandidateCost) -> float:
 
 
 def chart_rows(d: Decision, limit: int = MAX_BARS,
-               keep: tuple[str, ...] = ()) -> list[CandidateCost]:
+               always: tuple[str, ...] = ()) -> list[CandidateCost]:
     """The rows worth drawing, in the bundle's order: the chosen one, handheld-only and
     wearable-only, the fastest and the least-energy feasible rows, then the Pareto front of
-    (latency, energy) -- spread evenly when it is longer than ``limit``. ``keep``: rows always
+    (latency, energy) -- spread evenly when it is longer than ``limit``. ``always``: rows always
     drawn (the reference points of ``coinf plan``)."""
     rows = d.rows
     if len(rows) <= limit:
@@ -41,7 +41,7 @@ def chart_rows(d: Decision, limit: int = MAX_BARS,
         return r.latency_ms(d.streaming)
 
     known = {r.id for r in rows}
-    must = [d.winner, rows[0].id, rows[-1].id, *(k for k in keep if k in known),
+    must = [d.winner, rows[0].id, rows[-1].id, *(k for k in always if k in known),
             min(feasible, key=lat).id, min(feasible, key=lambda r: _weighted(d, r)).id]
     front: list[CandidateCost] = []
     best_e = math.inf
@@ -84,7 +84,7 @@ def build_figure(d: Decision, title: str = "", context: str = "",
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    rows = chart_rows(d, keep=keep)
+    rows = chart_rows(d, always=keep)
     n = len(rows)
     height = min(MAX_HEIGHT_IN, 3.4 + 0.36 * n)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(WIDTH_IN, height), sharey=True,

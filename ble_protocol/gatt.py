@@ -29,11 +29,13 @@ import json
 import logging
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from enum import IntEnum
 from typing import Any
 
 from coinf.ble_protocol.chunks import (
+    CHUNK_HEADER,
     HEADER_BYTES,
     Reassembler,
     chunk_size_for_mtu,
@@ -192,6 +194,10 @@ def check_hello(
 # --- the link ------------------------------------------------------------------------------------
 
 Writer = Callable[[bytes], Awaitable[None]]
+#: (message type, request id) -> the largest payload this receiver accepts for that message
+IncomingLimit = Callable[[int, int], int]
+#: told of a message refused by its declared size: (request id, type, declared, limit)
+Refused = Callable[[int, int, int, int], None]
 
 
 class GattLink(Link):
@@ -258,6 +264,17 @@ class GattLink(Link):
         self._pings = 0
         if heartbeat:  # the peer answers PING: watch that it stays alive
             self._workers.append(self._spawn(self._watch_peer()))
+        self._incoming_limit: IncomingLimit | None = None
+        self._on_refused: Refused | None = None
+        self._refused: OrderedDict[tuple[int, int], None] = OrderedDict()
+
+    def limit_incoming(self, limit: IncomingLimit, refused: Refused) -> None:
+        """Bound each incoming message by ``limit(type, request_id)`` bytes (the receiver's
+        expectation, e.g. an RPC client's per-request reply bound), on top of
+        ``max_message_bytes``. It is checked on every chunk's header before reassembly holds
+        any of its data: a message over its bound is dropped, its later chunks too, and
+        ``refused(request_id, type, declared, limit)`` is told (the link stays up)."""
+        self._incoming_limit, self._on_refused = limit, refused
 
     @property
     def description(self) -> str:
@@ -354,6 +371,9 @@ class GattLink(Link):
         self._last_heard = time.monotonic()
         try:
             self._ledger.on_chunk()
+            if self._over_limit(value):
+                self._maybe_grant()
+                return
             msg = self._reasm.feed(value)
         except ProtocolError as exc:
             rid = exc.request_id
@@ -367,6 +387,30 @@ class GattLink(Link):
             self._inbox_bytes += len(msg.payload)
             self._inbox.put_nowait(msg)
         self._maybe_grant()
+
+    def _over_limit(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` belongs to a message over its :meth:`limit_incoming` bound (then
+        dropped here, before the reassembler sees it)."""
+        if self._incoming_limit is None or len(chunk) < HEADER_BYTES:
+            return False
+        version, mtype, rid, total, _ = CHUNK_HEADER.unpack_from(chunk)
+        if version != self._reasm.version:
+            return False  # the reassembler reports it (fatal)
+        key = (mtype, rid)
+        if key in self._refused:
+            return True
+        limit = self._incoming_limit(mtype, rid)
+        if total <= limit:
+            return False
+        self._refused[key] = None
+        while len(self._refused) > 64:
+            self._refused.popitem(last=False)
+        self._reasm.cancel(rid)  # a message its bound shrank under (its request was settled)
+        log.warning("%s: refused message %d (type %d): it declares %d B, at most %d B expected",
+                    self._name, rid, mtype, total, limit)
+        if self._on_refused is not None:
+            self._on_refused(rid, mtype, total, limit)
+        return True
 
     def _message_failed(self, rid: int, exc: ProtocolError) -> None:
         """A single message was bad: fail the local waiter (wearable) or tell the peer."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -16,14 +17,20 @@ from coinf.errors import ErrorCode, ProtocolError
 
 # ErrorCode and ProtocolError live in coinf.errors (the one exception hierarchy); re-exported.
 __all__ = [
-    "MAX_CONTROL_BYTES", "PROTOCOL_VERSION", "ErrorCode", "Message", "MsgType", "ProtocolError",
-    "decode_error", "decode_json", "decode_request", "decode_result", "encode_error",
-    "encode_json", "encode_request", "encode_result", "parse_type",
+    "MAX_CONTROL_BYTES", "MAX_ERROR_BYTES", "MAX_PROFILE_BYTES", "PROTOCOL_VERSION", "ErrorCode",
+    "Message", "MsgType", "ProtocolError", "decode_error", "decode_json", "decode_request",
+    "decode_result", "encode_error", "encode_json", "encode_request", "encode_result",
+    "parse_type", "reply_bound", "reply_type", "result_bound",
 ]
 
 PROTOCOL_VERSION = 1
 MAX_CONTROL_BYTES = 4096
 MAX_ID_BYTES = 256
+MAX_ERROR_TEXT = 1024
+#: An ERROR payload: u16 code + at most 1024 B of UTF-8 text.
+MAX_ERROR_BYTES = 2 + MAX_ERROR_TEXT
+#: A PROFILE reply (the same cap as ``coinf.device.profile.MAX_PROFILE_BYTES``).
+MAX_PROFILE_BYTES = 8 * 1024 * 1024
 
 
 class MsgType(IntEnum):
@@ -110,7 +117,7 @@ def decode_json(payload: bytes | memoryview, max_bytes: int = MAX_CONTROL_BYTES,
 
 
 def encode_error(code: ErrorCode, text: str) -> bytes:
-    return struct.pack("<H", int(code)) + text.encode("utf-8")[:1024]
+    return struct.pack("<H", int(code)) + text.encode("utf-8")[:MAX_ERROR_TEXT]
 
 
 def decode_error(payload: bytes) -> ProtocolError:
@@ -121,7 +128,7 @@ def decode_error(payload: bytes) -> ProtocolError:
         code = ErrorCode(raw)
     except ValueError:
         code = ErrorCode.MALFORMED
-    return ProtocolError(code, payload[2:1026].decode("utf-8", errors="replace"))
+    return ProtocolError(code, payload[2:MAX_ERROR_BYTES].decode("utf-8", errors="replace"))
 
 
 def encode_request(candidate_id: str, tensors_blob: bytes) -> bytes:
@@ -155,3 +162,40 @@ def decode_result(payload: bytes) -> tuple[int, memoryview]:
         raise ProtocolError(ErrorCode.TRUNCATED, "RESULT payload shorter than 4 bytes")
     (us,) = struct.unpack_from("<I", payload)
     return us, memoryview(payload)[4:]
+
+
+# --- the receiver's bound (docs/PROTOCOL.md §6.12) ------------------------------------------------
+
+#: request type -> the type of its reply (an ERROR may answer any of them)
+_REPLY_TYPE = {MsgType.HELLO: MsgType.HELLO_ACK, MsgType.REQUEST: MsgType.RESULT,
+               MsgType.STATUS: MsgType.STATUS, MsgType.PROBE: MsgType.PROBE,
+               MsgType.PROFILE: MsgType.PROFILE}
+
+
+def reply_type(mtype: MsgType) -> MsgType | None:
+    """The type of the reply a request of type ``mtype`` gets (None: not a request)."""
+    return _REPLY_TYPE.get(mtype)
+
+
+def reply_bound(mtype: MsgType, request_bytes: int) -> int | None:
+    """The largest reply payload a request of type ``mtype`` (payload ``request_bytes``) can get:
+    HELLO_ACK and STATUS :data:`MAX_CONTROL_BYTES`, PROFILE :data:`MAX_PROFILE_BYTES`, PROBE its
+    own size (an echo). None for a REQUEST: its RESULT's bound comes from the model's outputs
+    (:func:`result_bound`), which only the caller knows."""
+    if mtype in (MsgType.HELLO, MsgType.STATUS):
+        return MAX_CONTROL_BYTES
+    if mtype == MsgType.PROFILE:
+        return MAX_PROFILE_BYTES
+    if mtype == MsgType.PROBE:
+        return request_bytes
+    return None
+
+
+def result_bound(tensors: Iterable[tuple[str, int, int]]) -> int:
+    """The largest RESULT payload that can carry exactly ``tensors`` (name, ndim, data bytes):
+    u32 tail time + the tensor map (§6.1) with every tensor RAW. A PACKED output is sent only
+    when its body is smaller than the raw data (§6.1), so no valid RESULT is larger."""
+    total = 4 + 2
+    for name, ndim, nbytes in tensors:
+        total += 2 + len(name.encode("utf-8")) + 5 + 2 + 4 * ndim + nbytes
+    return total

@@ -1,7 +1,9 @@
 """Request/response over a :class:`~ble_protocol.link.Link`.
 
 The wearable side (:class:`RpcClient`) numbers requests, matches replies by ``request_id``,
-enforces per-request timeouts and sends CANCEL for abandoned requests. The handheld side
+enforces per-request timeouts, sends CANCEL for abandoned requests and bounds what it accepts:
+each request's reply by the largest valid answer to it (docs/PROTOCOL.md §6.12), checked on the
+declared size before the link reassembles or allocates anything. The handheld side
 (:func:`serve`) answers HELLO, PROBE and REQUEST messages with a user handler, admitting a
 bounded number of requests at a time (the rest get ERROR BUSY).
 """
@@ -14,20 +16,24 @@ import functools
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
+    MAX_CONTROL_BYTES,
     ErrorCode,
     Message,
     MsgType,
     ProtocolError,
     decode_error,
     encode_error,
+    reply_bound,
+    reply_type,
 )
 
-from coinf.errors import CoinfError
+from coinf.errors import CoinfError, PeerResultError
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +41,81 @@ Handler = Callable[[Message], Awaitable[Message | None]]
 
 
 class RpcClient:
-    """Send requests over a link and await their replies. One reader task per client."""
+    """Send requests over a link and await their replies. One reader task per client.
 
-    def __init__(self, link: Link) -> None:
+    Memory is bounded by what is expected: every request registers the largest reply payload
+    it can validly get (``max_reply``, else :func:`~ble_protocol.messages.reply_bound` of its
+    type), and a message that declares more is refused from its header, before the link holds
+    its payload: a link with per-message limits (``limit_incoming``, the BLE link) refuses just
+    that message; any other link is capped at the largest reply still expected
+    (``link.max_message_bytes``; a socket link then drops the connection). Messages nobody
+    expects (unsolicited, or an ERROR) are accepted up to ``unsolicited_bytes``. A reply over
+    its bound fails its request with :class:`~coinf.errors.PeerResultError` (transient).
+    """
+
+    #: replies of abandoned (timed-out, cancelled) requests stay accepted for this many requests
+    ABANDONED_KEPT = 64
+
+    def __init__(self, link: Link, *, unsolicited_bytes: int = MAX_CONTROL_BYTES) -> None:
         self.link = link
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.on_unsolicited: Callable[[Message], None] | None = None
+        #: the link's own limit; no bound is ever raised above it
+        self.ceiling = link.max_message_bytes
+        self.unsolicited_bytes = min(unsolicited_bytes, self.ceiling)
+        #: request id -> (the reply type expected or None for any, its largest payload)
+        self._expect: dict[int, tuple[MsgType | None, int]] = {}
+        self._abandoned: deque[int] = deque()
+        hook = getattr(link, "limit_incoming", None)  # a link that checks each message
+        self._per_message = False
+        if callable(hook):
+            hook(self.incoming_limit, self._refused)
+            self._per_message = True
+        self._apply_limit()
+
+    # -- the receiver's bound -------------------------------------------------------------------
+    def incoming_limit(self, mtype: int, request_id: int) -> int:
+        """The largest payload accepted for a message of ``mtype`` with ``request_id``."""
+        expected = self._expect.get(request_id)
+        if expected is not None and expected[0] in (None, mtype):
+            return max(expected[1], 0)
+        return self.unsolicited_bytes
+
+    @property
+    def expected_bytes(self) -> int:
+        """The largest message this client accepts right now (every request's bound)."""
+        return max((b for _, b in self._expect.values()), default=0)
+
+    def _apply_limit(self) -> None:
+        """A link without per-message limits is capped at the largest reply still expected."""
+        if not self._per_message:
+            self.link.max_message_bytes = max(self.unsolicited_bytes, self.expected_bytes)
+
+    def _expect_reply(self, rid: int, mtype: MsgType, payload: bytes,
+                      max_reply: int | None) -> None:
+        bound = max_reply if max_reply is not None else reply_bound(mtype, len(payload))
+        limit = self.ceiling if bound is None else min(max(bound, 0), self.ceiling)
+        self._expect[rid] = (reply_type(mtype), limit)
+        self._apply_limit()
+
+    def _settled(self, rid: int) -> None:
+        if self._expect.pop(rid, None) is not None:
+            self._apply_limit()
+
+    def _abandon(self, rid: int) -> None:
+        """Its reply may still come (it may be on its way): keep accepting it, for a while."""
+        self._abandoned.append(rid)
+        while len(self._abandoned) > self.ABANDONED_KEPT:
+            self._settled(self._abandoned.popleft())
+
+    def _refused(self, rid: int, mtype: int, declared: int, limit: int) -> None:
+        """The link refused message ``rid`` (``declared`` bytes over ``limit``) from its header."""
+        self._settled(rid)
+        fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(_too_large(rid, declared, limit))
 
     def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -53,13 +126,25 @@ class RpcClient:
         try:
             while True:
                 msg = await self.link.receive()
+                limit = self.incoming_limit(msg.type, msg.request_id)
+                self._settled(msg.request_id)
                 fut = self._pending.pop(msg.request_id, None)
-                if fut is not None and not fut.done():
+                if len(msg.payload) > limit:  # a link that holds whole messages (in-process)
+                    exc = _too_large(msg.request_id, len(msg.payload), limit)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(exc)
+                    else:
+                        log.warning("dropped %s: %s", msg.type.name, exc)
+                elif fut is not None and not fut.done():
                     fut.set_result(msg)
                 elif self.on_unsolicited is not None:
                     self.on_unsolicited(msg)
         except ProtocolError as exc:
             error = exc
+            if exc.code == ErrorCode.TOO_LARGE and not self._per_message:
+                # the link refused a frame over the cap this client set: the peer's fault
+                error = PeerResultError(f"the peer sent more than this client accepts now "
+                                        f"({self.link.max_message_bytes} B): {exc.text}")
         except asyncio.CancelledError:
             error = LinkClosed("client closed")
             raise
@@ -68,6 +153,9 @@ class RpcClient:
                 if not fut.done():
                     fut.set_exception(error)
             self._pending.clear()
+            self._expect.clear()
+            self._abandoned.clear()
+            self._apply_limit()
 
     async def request(
         self,
@@ -75,10 +163,15 @@ class RpcClient:
         payload: bytes,
         timeout: float | None,
         marks: dict[str, float] | None = None,
+        *,
+        max_reply: int | None = None,
     ) -> Message:
         """Send one message and wait for its reply. ERROR replies raise :class:`ProtocolError`.
         ``timeout`` bounds the whole exchange (sending and the reply); on expiry CANCEL is sent
-        and :class:`ProtocolError` (TIMEOUT) raised.
+        and :class:`ProtocolError` (TIMEOUT) raised. ``max_reply`` is the largest reply payload
+        that can be valid (a REQUEST's: its RESULT bound); without it the bound of the type
+        (:func:`~ble_protocol.messages.reply_bound`; a REQUEST: the link's own limit). A reply
+        declaring more raises :class:`~coinf.errors.PeerResultError` without being received.
 
         ``marks``, if given, receives ``perf_counter`` times: ``sent`` (the link took the whole
         message), ``delivered`` (it left this device, :meth:`Link.delivered`; a BLE link takes
@@ -90,6 +183,7 @@ class RpcClient:
         rid = next(self._ids) & 0xFFFFFFFF
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
+        self._expect_reply(rid, mtype, payload, max_reply)
         try:
             async with asyncio.timeout(timeout):  # one deadline for sending and the reply
                 await self.link.send(Message(mtype, rid, payload))
@@ -104,17 +198,21 @@ class RpcClient:
             if marks is not None:
                 marks["replied"] = time.perf_counter()
         except ProtocolError:
-            self._pending.pop(rid, None)  # the send failed: nobody will resolve this future
+            # the send failed (nobody will resolve this future), or the reply was refused
+            if self._pending.pop(rid, None) is not None:
+                self._abandon(rid)  # part of it may have left: its reply may still come
             _discard(fut)
             raise
         except TimeoutError:
-            self._pending.pop(rid, None)
+            if self._pending.pop(rid, None) is not None:
+                self._abandon(rid)
             _discard(fut)
             with contextlib.suppress(ProtocolError, TimeoutError):
                 await asyncio.wait_for(self.link.send(Message(MsgType.CANCEL, rid)), 1.0)
             raise ProtocolError(ErrorCode.TIMEOUT, f"no reply within {timeout:.1f} s") from None
         except asyncio.CancelledError:
-            self._pending.pop(rid, None)
+            if self._pending.pop(rid, None) is not None:
+                self._abandon(rid)
             # Interrupted (Ctrl-C closes the session): the reader may already have failed this
             # future with LinkClosed; nobody awaits it now, so retrieve it here, or asyncio logs
             # "Future exception was never retrieved" at exit.
@@ -132,6 +230,11 @@ class RpcClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         await self.link.close()
+
+
+def _too_large(rid: int, declared: int, limit: int) -> PeerResultError:
+    return PeerResultError(f"reply to request {rid} declares {declared} B; no valid reply to it "
+                           f"exceeds {limit} B")
 
 
 def _cancel(out: asyncio.Future[None], _done: asyncio.Future[Message]) -> None:

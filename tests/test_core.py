@@ -181,7 +181,8 @@ def test_closing_a_stream_cancels_the_frames_in_flight(bundle):
         (b"\x00" * 21, "does not decode"),  # garbage
         (encode_tensors({}, packed={"y": pack(np.zeros((4096, 4096), np.float32), "q8")}),
          "does not decode"),  # a 30-byte CONST body declaring 64 MiB: refused, not allocated
-        ({"y": np.zeros((1, 4), np.float32), "z": np.zeros(0, np.float32)}, "unexpected"),
+        # 14 B over the largest valid RESULT: refused from its declared size, never received
+        ({"y": np.zeros((1, 4), np.float32), "z": np.zeros(0, np.float32)}, "no valid reply"),
     ],
 )
 def test_a_bad_result_never_reaches_the_caller(bundle, outputs, problem):

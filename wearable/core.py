@@ -47,6 +47,8 @@ from coinf.wearable.frame import (
     RunStats,
     check_feed,
     check_output_names,
+    nbytes_of,
+    result_bound,
     validate_result,
 )
 from coinf.wearable.options import (
@@ -157,6 +159,7 @@ class AsyncSession:
         self._meta: ModelMetadata | None = None
         self._head_ms: dict[str, float] = {}  # last measured head time per candidate
         self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
+        self._reply_bytes = result_bound(self.bundle)  # the largest valid RESULT (receiver bound)
         self.last_run: RunStats | None = None
         self._closed = False
 
@@ -343,7 +346,7 @@ class AsyncSession:
                 await self.autoplan.maintain(rpc, timeout)
             sent = crossing if plan.compressor is None else await self._on(
                 self._head_pool, _encode, self._codecs, self.emulation, plan, crossing, stats)
-            payload = await self._codec(_pack, _nbytes(sent), plan, sent, stats,
+            payload = await self._codec(_pack, nbytes_of(sent), plan, sent, stats,
                                         self._codec_emulation)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
             bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
@@ -368,7 +371,8 @@ class AsyncSession:
         """Send a packed request, await its result; fills transfer/tail/return times."""
         marks: dict[str, float] = {}
         t0 = time.perf_counter()
-        reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks)
+        reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks,
+                                  max_reply=self._reply_bytes)  # larger: refused unread
         tail_us, _ = decode_result(reply.payload)
         stats.tail_ms = tail_us / 1e3
         stats.bytes_down = len(reply.payload)
@@ -558,10 +562,6 @@ def _encode(codecs: CodecRunner, emulation: DeviceEmulation, plan: Plan,
     stats.head_ms += elapsed * 1e3
     stats.gamma = plan.compressor.gamma
     return code
-
-
-def _nbytes(tensors: Mapping[str, np.ndarray]) -> int:
-    return sum(int(a.nbytes) for a in tensors.values())
 
 
 def _puller(feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]]

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from coinf.ble_protocol.messages import result_bound as _result_bound
 from coinf.convert.bundle import Bundle, TensorSpec
 from coinf.convert.freeze import META_KEY as FROZEN
 from coinf.convert.freeze import without_frozen
@@ -146,3 +147,13 @@ def validate_result(bundle: Bundle, outputs: Mapping[str, np.ndarray]) -> dict[s
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise PeerResultError(f"result {name!r} has NaN or infinite values")
     return dict(outputs)
+
+
+def result_bound(bundle: Bundle) -> int:
+    """The largest RESULT payload that can be valid for ``bundle``: its outputs, RAW, with the
+    headers (docs/PROTOCOL.md §6.12). The wearable accepts no larger reply to a REQUEST."""
+    return _result_bound((t.name, len(t.shape), t.nbytes) for t in bundle.outputs)
+
+
+def nbytes_of(tensors: Mapping[str, np.ndarray]) -> int:
+    return sum(int(a.nbytes) for a in tensors.values())

@@ -9,9 +9,15 @@ All tiles of a group run at once. The outputs are checked and stitched, and the 
 starts. The layers after the spatial chain run on the device the plan says finishes them
 first (the fastest, unless sending it the map costs more than it saves).
 
-Every request is bounded by ``timeout``; a timeout or a failed helper cancels the group's other
-requests. A helper that fails is dropped and the frame is computed again without it, so nothing
-is lost while one device remains.
+Every request is bounded by ``timeout``, and every reply by the largest valid answer to it
+(a tile's or the outputs' RESULT bound). Every helper's reply is checked like a split's result
+(:func:`~coinf.wearable.frame.validate_result`): a tile must be exactly ``{"tile": float32 of
+the tile's shape}`` and finite, the outputs of ``sp:rest`` exactly the model's, finite. A helper
+that dies, times out, answers ERROR or answers anything else is a transient fault of that
+helper: the group's other requests are cancelled, the helper is dropped and (with ``fallback``,
+the default) the frame is computed again without it, down to this device alone; nothing it
+sent reaches the caller. Only configuration faults (protocol version, bundle mismatch, missing
+encryption) raise, as in a split. Without ``fallback`` the helper's error is raised.
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
+from coinf.ble_protocol.messages import MsgType, decode_result, encode_request, result_bound
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector
 from coinf.convert.bundle import Bundle
@@ -33,11 +39,16 @@ from coinf.convert.gtdp import Worker
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.spatial import REST_KEY, SpatialModel, SpatialPlan
 from coinf.wearable.connection import Connection
-from coinf.wearable.frame import check_feed
+from coinf.wearable.frame import check_feed, validate_result
+from coinf.wearable.frame import result_bound as outputs_bound
 
-from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
+from coinf.errors import ErrorCode, InputError, LinkError, PeerResultError, ProtocolError
 
 log = logging.getLogger(__name__)
+#: a helper's errors that are configuration faults (raised, as in a split), not its failure
+CONFIG_CODES = frozenset({ErrorCode.BAD_VERSION, ErrorCode.BUNDLE_MISMATCH,
+                          ErrorCode.INSUFFICIENT_ENCRYPTION})
+Check = Callable[[dict[str, np.ndarray]], Any]
 
 
 @dataclass
@@ -60,6 +71,8 @@ class SpatialStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     workers: list[str] = field(default_factory=list)
+    #: why the outputs were computed here after all (helpers' tiles gave a non-finite result)
+    fallback: str | None = None
     #: per group: (wall ms, each tile's compute ms in plan order)
     per_group: list[tuple[float, list[float]]] = field(default_factory=list)
 
@@ -75,11 +88,13 @@ class SpatialSession:
 
     ``me`` describes this device (its speed; its link is infinite). ``strategy`` is GTDP's
     grouping (``fused``, ``per-layer`` or ``whole``; see :mod:`coinf.convert.gtdp`).
+    ``fallback``: a failing helper is dropped and the frame computed without it (else raised).
     """
 
     def __init__(self, bundle: Bundle, me: Worker, helpers: Sequence[TileHelper], *,
                  strategy: str = "fused", emulation: DeviceEmulation | None = None,
-                 timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
+                 timeout: float = 10.0, connect_timeout: float = 5.0,
+                 fallback: bool = True) -> None:
         if timeout <= 0:
             raise InputError(f"timeout must be > 0 s, got {timeout}")
         self.bundle = bundle
@@ -90,6 +105,8 @@ class SpatialSession:
         self.strategy = strategy
         self.emulation = emulation or DeviceEmulation()
         self.timeout = timeout
+        self.fallback = fallback
+        self._outputs_bound = outputs_bound(bundle)
         self._conns = [Connection(h.connector, bundle.identity, connect_timeout=connect_timeout,
                                   reconnect_timeout=connect_timeout, request_timeout=timeout,
                                   max_backoff_s=5.0) for h in self.helpers]
@@ -136,6 +153,8 @@ class SpatialSession:
                 stats.replans = replans
                 return outputs, stats
             except _HelperFailed as exc:
+                if not self.fallback:
+                    raise exc.cause from None
                 log.warning("helper %s failed (%s); re-planning without it",
                             self.helpers[exc.helper].worker.name, exc.cause)
                 self._alive[exc.helper] = False
@@ -169,10 +188,12 @@ class SpatialSession:
         if owner[fastest] < 0:
             outputs, rest_s = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.emulation.timed, lambda: self.model.run_rest(x))
+            if stats.bytes_received:  # helpers' tiles went into it: the split's result check
+                outputs = await self._checked_final(feed, outputs, stats)
         else:
             outputs, rest_s = await self._remote(owner[fastest], REST_KEY, "map", x, stats,
-                                                 self.bundle_outputs_bytes())
-            outputs = self._check_outputs(outputs)
+                                                 self.bundle_outputs_bytes(), self._outputs_bound,
+                                                 self._check_outputs)
         stats.compute_ms += rest_s * 1e3
         stats.total_ms = (time.perf_counter() - t_start) * 1e3
         stats.comm_ms = max(stats.total_ms - stats.compute_ms, 0.0)
@@ -182,18 +203,20 @@ class SpatialSession:
                      stats: SpatialStats) -> list[float]:
         loop = asyncio.get_running_loop()
 
-        async def one(worker: int, key: str, part: np.ndarray) -> tuple[np.ndarray, float]:
+        async def one(worker: int, key: str, part: np.ndarray,
+                      rect: Any) -> tuple[np.ndarray, float]:
             if owner[worker] < 0:
                 out, s = await loop.run_in_executor(
                     self._pool, self.emulation.timed, lambda: self.model.run_tile(key, part))
                 return out, s
-            budget = y.shape[0] * y.shape[1] * y.shape[2] * y.shape[3] * 4
-            res, s = await self._remote(owner[worker], key, "region", part, stats, budget)
-            if set(res) != {"tile"}:
-                raise PeerResultError(f"tile {key}: result holds {sorted(res)}, expected 'tile'")
-            return res["tile"], s
+            want = (y.shape[0], y.shape[1], rect.h, rect.w)
+            budget = int(np.prod(want)) * 4
+            res, s = await self._remote(owner[worker], key, "region", part, stats, budget,
+                                        result_bound([("tile", 4, budget)]),
+                                        lambda r: _check_tile(key, want, r))
+            return res, s
 
-        tasks = [asyncio.ensure_future(one(w, key, part)) for w, key, part, _ in jobs]
+        tasks = [asyncio.ensure_future(one(w, key, part, rect)) for w, key, part, rect in jobs]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
@@ -206,22 +229,25 @@ class SpatialSession:
         return [s for _, s in results]
 
     async def _remote(self, helper: int, key: str, name: str, arr: np.ndarray,
-                      stats: SpatialStats, max_bytes: int) -> tuple[dict[str, np.ndarray], float]:
-        """One REQUEST to a helper: (decoded result tensors, the helper's compute seconds)."""
+                      stats: SpatialStats, max_bytes: int, max_reply: int,
+                      check: Check) -> tuple[Any, float]:
+        """One REQUEST to a helper: (its checked result, the helper's compute seconds). Any
+        fault of the helper's is :class:`_HelperFailed`; a configuration fault is raised."""
         try:
             rpc = await self._conns[helper].client()
             payload = _encode(key, name, arr)
             stats.bytes_sent += len(payload)
-            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout)
+            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout,
+                                      max_reply=max_reply)
             stats.bytes_received += len(reply.payload)
             compute_us, blob = decode_result(reply.payload)
             try:
                 res = decode_tensors(blob, max_bytes=max_bytes)
             except ProtocolError as exc:
-                raise PeerResultError(f"tile {key}: result does not decode: {exc}") from None
-            return res, compute_us / 1e6
+                raise PeerResultError(f"{key}: result does not decode: {exc}") from None
+            return check(res), compute_us / 1e6
         except LinkError as exc:
-            if not exc.transient:
+            if isinstance(exc, ProtocolError) and exc.code in CONFIG_CODES:
                 raise
             raise _HelperFailed(helper, exc) from exc
 
@@ -229,15 +255,43 @@ class SpatialSession:
         return sum(self.model.g.ttype(o).nbytes for o in self.model.g.outputs)
 
     def _check_outputs(self, res: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {}
-        for name in self.model.g.outputs:
-            spec = self.model.g.ttype(name)
-            arr = res.get(name)
-            if arr is None or arr.shape != spec.shape or arr.dtype != spec.dtype:
-                raise PeerResultError(f"sp:rest: output {name!r} missing or not "
-                                      f"{spec.dtype}{list(spec.shape)}")
-            out[name] = arr
-        return out
+        """A helper's outputs (``sp:rest``): exactly the model's, finite (a split's check)."""
+        try:
+            return validate_result(self.bundle, res)
+        except PeerResultError as exc:
+            raise PeerResultError(f"{REST_KEY}: {exc.text}") from None
+
+    async def _checked_final(self, feed: Mapping[str, np.ndarray],
+                             outputs: dict[str, np.ndarray],
+                             stats: SpatialStats) -> dict[str, np.ndarray]:
+        """Outputs computed here from helpers' (checked) tiles must still pass the split's
+        check; if they do not, no single helper is to blame: the frame is computed here whole
+        (with ``fallback``; else :class:`PeerResultError`)."""
+        try:
+            return validate_result(self.bundle, outputs)
+        except PeerResultError as exc:
+            if not self.fallback:
+                raise
+            log.warning("outputs from helpers' tiles rejected (%s); computing the frame here",
+                        exc.text)
+            stats.fallback = f"outputs from helpers' tiles rejected: {exc.text}"
+            whole, s = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.emulation.timed, lambda: self.model.run_whole(feed))
+            stats.compute_ms += s * 1e3
+            return dict(whole)
+
+
+def _check_tile(key: str, want: tuple[int, ...], res: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A helper's tile: exactly one tensor ``tile``, float32 of the tile's shape, finite."""
+    if set(res) != {"tile"}:
+        raise PeerResultError(f"tile {key}: result holds {sorted(res)}, expected ['tile']")
+    out = res["tile"]
+    if out.dtype != np.float32 or out.shape != want:
+        raise PeerResultError(f"tile {key} is {out.dtype}{list(out.shape)}, expected "
+                              f"float32{list(want)}")
+    if not np.isfinite(out).all():
+        raise PeerResultError(f"tile {key} has NaN or infinite values")
+    return out
 
 
 class _HelperFailed(Exception):

@@ -48,7 +48,7 @@ from coinf.convert.stage_slices import slice_name
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection
-from coinf.wearable.frame import check_feed, validate_result
+from coinf.wearable.frame import check_feed, result_bound, validate_result
 from coinf.wearable.pipeline_config import HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Stage
@@ -405,7 +405,9 @@ class PipelineSession:
         entry = (t_send, len(payload), marks)
         pending.append(entry)
         try:
-            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks)
+            # the pipeline RESULT: u8 hop count and 12 B per hop before the outputs (§6.10)
+            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks,
+                                      max_reply=result_bound(self.bundle) + 1 + 12 * len(hops))
         finally:
             pending.remove(entry)
         if "delivered" in marks:

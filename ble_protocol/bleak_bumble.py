@@ -83,7 +83,12 @@ class BumbleHost:
     emulated radio, ``usb:0``, ``hci-socket:0``...). An async context manager: entering opens the
     transport and powers the device on; leaving disconnects its connections, powers it off and
     closes the transport. ``keystore``: a JSON file to keep bonds in (default: memory; kept 0600
-    in a 0700 directory). ``passkey``: what to type when pairing (see the module doc)."""
+    in a 0700 directory). ``passkey``: what to type when pairing (see the module doc).
+    ``timeout`` (10 s) bounds every wait on the transport and the controller outside a
+    connection: opening the transport, the controller's answers to the reset and power-on, and
+    starting or stopping a scan; on expiry the operation fails with a :class:`BleakError` that
+    says so (a :class:`~coinf.ble_protocol.central.Central` reports it as
+    :class:`~coinf.errors.AdapterError`)."""
 
     def __init__(
         self,
@@ -93,7 +98,10 @@ class BumbleHost:
         name: str = "coinf-handheld",
         keystore: str | None = None,
         passkey: Passkey = None,
+        timeout: float = 10.0,
     ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 s, got {timeout!r}")
         if passkey is not None and not callable(passkey) and (
             isinstance(passkey, bool) or not isinstance(passkey, int)
             or not 0 <= passkey <= 999_999
@@ -104,6 +112,7 @@ class BumbleHost:
         self.name = name
         self.keystore = keystore
         self.passkey = passkey
+        self.timeout = timeout
         self._device: Device | None = None
         self._transport: Any = None
         self._closed = False
@@ -132,7 +141,11 @@ class BumbleHost:
         if self._closed:
             raise BleakError(f"bumble host on {self.spec!r} was closed; open a new one")
         try:
-            transport = await open_transport(self.spec)
+            async with asyncio.timeout(self.timeout):
+                transport = await open_transport(self.spec)
+        except TimeoutError:
+            raise BleakError(f"cannot open HCI transport {self.spec!r}: no answer within "
+                             f"{self.timeout:g} s") from None
         except Exception as exc:
             raise BleakError(f"cannot open HCI transport {self.spec!r}: {exc}") from None
         try:
@@ -150,10 +163,16 @@ class BumbleHost:
                 identity_address_type=PairingConfig.AddressType.RANDOM,
                 delegate=_KeyboardDelegate(self.passkey),
             )
-            await device.power_on()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await device.power_on()  # HCI reset, then the controller's features
+            except TimeoutError:
+                raise BleakError(
+                    f"the controller on {self.spec!r} did not answer its reset / power-on within "
+                    f"{self.timeout:g} s (is it attached, powered and not used by another "
+                    f"host?)") from None
         except BaseException:
-            with contextlib.suppress(Exception):
-                await transport.close()
+            await _close_transport(transport)
             raise
         self._device, self._transport = device, transport
         return self
@@ -176,14 +195,20 @@ class BumbleHost:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(device.power_off(), 2.0)
         if transport is not None:
-            with contextlib.suppress(Exception):
-                await transport.close()
+            await _close_transport(transport)
 
     async def __aenter__(self) -> BumbleHost:
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _close_transport(transport: Any) -> None:
+    """Close an HCI transport, at most 2 s (a transport whose peer stopped reading could keep
+    its close waiting)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(transport.close(), 2.0)
 
 
 def _host(kwargs: dict[str, Any]) -> BumbleHost:
@@ -447,13 +472,19 @@ class BumbleBleakScanner(BaseBleakScanner):
         self.seen_devices = {}
         self._device = self._host.device
         self._device.on("advertisement", self._on_advertisement)
-        await self._device.start_scanning(active=True, filter_duplicates=False)
+        try:
+            async with asyncio.timeout(self._host.timeout):
+                await self._device.start_scanning(active=True, filter_duplicates=False)
+        except TimeoutError:
+            self._device.remove_listener("advertisement", self._on_advertisement)
+            raise BleakError(f"the controller on {self._host.spec!r} did not start scanning "
+                             f"within {self._host.timeout:g} s") from None
 
     async def stop(self) -> None:
         if self._device is not None:
             self._device.remove_listener("advertisement", self._on_advertisement)
             with contextlib.suppress(Exception):
-                await self._device.stop_scanning()
+                await asyncio.wait_for(self._device.stop_scanning(), self._host.timeout)
 
     def _on_advertisement(self, adv: Any) -> None:
         data: AdvertisingData = adv.data

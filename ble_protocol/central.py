@@ -217,7 +217,7 @@ class Central:
                 from coinf.ble_protocol.bleak_bumble import BumbleHost
 
                 assert self.hci is not None
-                host = BumbleHost(self.hci, **self._host_options)
+                host = BumbleHost(self.hci, timeout=self.timeout, **self._host_options)
                 try:
                     await host.open()
                 except BleakError as exc:  # the transport (adapter, radio) does not open at all
@@ -228,7 +228,7 @@ class Central:
     async def aclose(self) -> None:
         """Cancel this central's tasks, close the links it made and the host it opened."""
         self._closed = True
-        await self._tasks.cancel_all()
+        await self._tasks.cancel_all(timeout=10.0)  # a connection attempt unwinds within 5 s
         for link in list(self._links):
             with contextlib.suppress(Exception):
                 await link.close()
@@ -301,7 +301,10 @@ class Central:
                     disconnected_callback=_on_disconnect(link_box),
                     **kwargs,
                 )
-                await client.connect()
+                # the backend bounds connect, pairing and discovery by ``timeout`` each; this
+                # bounds them together, whatever the backend
+                async with asyncio.timeout(3 * self.timeout):
+                    await client.connect()
                 break
             except asyncio.CancelledError:
                 if client is not None:
@@ -434,7 +437,7 @@ async def _handshake(
     acquire = getattr(backend, "_acquire_mtu", None)  # BlueZ: MTU is 23 until acquired
     if acquire is not None:
         with contextlib.suppress(Exception):
-            await acquire()
+            await asyncio.wait_for(acquire(), timeout)
     negotiated = min(mtu, int(client.mtu_size))
     services = client.services
     data_up = services.get_characteristic(gatt.DATA_UP_UUID)
@@ -467,14 +470,19 @@ async def _handshake(
 
     bluez = {"use_start_notify": False}
     try:
-        await client.start_notify(control, on_control, bluez=bluez)
-        await client.start_notify(data_up, on_data, bluez=bluez)
-        hello = make_hello(
-            bundle_identity, negotiated, window, max_message_bytes, protocol_version, "handheld"
-        )
-        await client.write_gatt_char(control, ctrl_json(Ctrl.HELLO, hello), response=True)
+        async with asyncio.timeout(timeout):
+            await client.start_notify(control, on_control, bluez=bluez)
+            await client.start_notify(data_up, on_data, bluez=bluez)
+            hello = make_hello(
+                bundle_identity, negotiated, window, max_message_bytes, protocol_version,
+                "handheld",
+            )
+            await client.write_gatt_char(control, ctrl_json(Ctrl.HELLO, hello), response=True)
     except BleakError as exc:
         raise ProtocolError(classify_bleak_error(exc), f"handshake write failed: {exc}") from None
+    except TimeoutError:
+        raise ProtocolError(ErrorCode.TIMEOUT, f"subscribing and writing the handshake took "
+                            f"over {timeout} s") from None
     try:
         kind, body = await asyncio.wait_for(reply, timeout)
     except TimeoutError:

@@ -20,7 +20,11 @@ Specs (the implementation is imported only when its scheme is used):
 Options go to the implementation, which refuses the ones it does not know: the BLE listener
 needs ``bundle_identity`` and takes ``name`` (the wearable's name or address, default
 ``coinf-wearable``) and the options of :class:`~coinf.ble_protocol.central.Central`; the socket
-listeners take ``max_links`` (connections served at once, default 16).
+listeners take the bounds of :class:`SocketListener`: ``max_links`` (16 connections at once),
+``max_links_per_peer`` (4 per source address), ``handshake_timeout`` (5 s to complete the
+HELLO), ``idle_timeout`` (120 s of silence), ``frame_timeout`` and ``min_rate_bps`` (a frame
+must move 16 kB/s over every 10 s: slowloris), ``max_message_bytes`` (64 MiB) and
+``handshake_max_bytes`` (64 KiB per frame before the HELLO_ACK).
 
 The consumer owns each link it receives and closes it when done (a link that failed is released
 too); the listener then takes the next connection (BLE: reconnects). Leaving the listener
@@ -35,15 +39,20 @@ import importlib
 import logging
 import os
 import stat
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.link import Link
-from coinf.ble_protocol.messages import Message
+from coinf.ble_protocol.messages import Message, MsgType
 from coinf.ble_protocol.tasks import TaskSet
 
 from coinf.errors import InputError, LinkClosed, ProtocolError
+
+if TYPE_CHECKING:
+    from coinf.ble_protocol.loopback import SocketLink
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +83,13 @@ def open_listener(spec: str, **options: Any) -> Listener:
 class HeldLink(Link):
     """A link a listener handed out. Closing it, or its failing, releases it: the listener's
     connection handler (socket) returns, or the BLE listener reconnects. Other attributes of
-    the underlying link (``bleak_client``, ``chunk_size``...) read through."""
+    the underlying link (``bleak_client``, ``chunk_size``...) read through.
+
+    It also keeps what a listener's deadlines look at: ``handshaken`` (a HELLO_ACK went out on
+    it), ``last_sent`` and the requests of the peer still waiting for their reply."""
+
+    #: the most in-flight request ids remembered (the consumer bounds them far lower: BUSY)
+    MAX_TRACKED = 1024
 
     def __init__(self, inner: Link) -> None:
         super().__init__()
@@ -82,6 +97,15 @@ class HeldLink(Link):
         self.stats = inner.stats
         self.max_message_bytes = inner.max_message_bytes
         self.released = asyncio.Event()
+        self.handshaken = False
+        self.last_sent = time.monotonic()
+        self._inflight: set[int] = set()
+        self._on_handshake: Callable[[], None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Requests received on this link whose reply has not been sent yet."""
+        return len(self._inflight)
 
     def _check(self) -> None:
         if not self.inner.is_open:
@@ -93,13 +117,24 @@ class HeldLink(Link):
         except ProtocolError:
             self._check()
             raise
+        self.last_sent = time.monotonic()
+        self._inflight.discard(message.request_id)
+        if message.type == MsgType.HELLO_ACK and not self.handshaken:
+            self.handshaken = True
+            if self._on_handshake is not None:
+                self._on_handshake()
 
     async def receive(self) -> Message:
         try:
-            return await self.inner.receive()
+            msg = await self.inner.receive()
         except ProtocolError:
             self._check()
             raise
+        if msg.type == MsgType.CANCEL:
+            self._inflight.discard(msg.request_id)
+        elif msg.type != MsgType.PROBE and len(self._inflight) < self.MAX_TRACKED:
+            self._inflight.add(msg.request_id)
+        return msg
 
     async def close(self) -> None:
         try:
@@ -182,11 +217,13 @@ class Listener(ABC):
         """The next incoming link. Raises :class:`~coinf.errors.LinkClosed` once the listener is
         closed, or the fault that stopped it (e.g. BUNDLE_MISMATCH from the wearable)."""
         await self.start()
-        item = await self._incoming.get()
-        if isinstance(item, BaseException):
-            self._incoming.put_nowait(item)  # every later accept fails the same way
-            raise item
-        return item
+        while True:
+            item = await self._incoming.get()
+            if isinstance(item, BaseException):
+                self._incoming.put_nowait(item)  # every later accept fails the same way
+                raise item
+            if not item.released.is_set():  # else: closed (timed out, evicted) while queued
+                return item
 
     def __aiter__(self) -> Listener:
         return self
@@ -220,23 +257,103 @@ class Listener(ABC):
         await self.aclose()
 
 
+#: SocketListener defaults (docs/PROTOCOL.md §13): connections at once, per source address
+MAX_LINKS, MAX_LINKS_PER_PEER = 16, 4
+#: seconds to complete the HELLO; seconds of silence before an idle link is closed
+HANDSHAKE_TIMEOUT, IDLE_TIMEOUT = 5.0, 120.0
+#: every frame under way moves >= MIN_RATE_BPS * FRAME_TIMEOUT bytes per FRAME_TIMEOUT seconds
+FRAME_TIMEOUT, MIN_RATE_BPS = 10.0, 16_000.0
+#: the largest frame before the handshake (a HELLO is <= 4096 B)
+HANDSHAKE_MAX_BYTES = 64 * 1024
+
+_SOCKET_OPTIONS = ("max_links", "max_links_per_peer", "handshake_timeout", "idle_timeout",
+                   "frame_timeout", "min_rate_bps", "max_message_bytes", "handshake_max_bytes")
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One connection a socket listener holds."""
+
+    link: SocketLink
+    held: HeldLink
+    peer: str | None
+    opened: float = field(default_factory=time.monotonic)
+
+
 class SocketListener(Listener):
     """``tcp:HOST:PORT`` or ``unix:/path``: an asyncio server (:func:`serve_socket`); each
-    connection is one link. At most ``max_links`` links are out at once: a connection beyond
-    that is closed at once. A stale unix socket file is replaced, and removed on close."""
+    connection is one link. A stale unix socket file is replaced, and removed on close.
 
-    def __init__(self, spec: str, *, max_links: int = 16, **options: Any) -> None:
+    Slots and deadlines (every bound is an option; a timeout of None turns it off):
+
+    * ``max_links`` (16) connections at once, at most ``max_links_per_peer`` (4) from one
+      source address (TCP; a unix socket has one peer: only ``max_links`` applies). A
+      connection beyond either takes the place of the oldest one that has not completed its
+      handshake (from that address, resp. from any), else it is closed at once;
+    * ``handshake_timeout`` (5 s): a connection whose HELLO was not answered with a HELLO_ACK
+      by then is closed; until then a frame may declare at most ``handshake_max_bytes``
+      (64 KiB; a HELLO is at most 4 KiB);
+    * ``idle_timeout`` (120 s): a connection on which no byte came in and no message went out
+      for that long, with none of its requests waiting for a reply, is closed (a wearable
+      simply reconnects);
+    * ``frame_timeout`` (10 s) and ``min_rate_bps`` (16 kB/s): a frame under way, either way,
+      must move ``min_rate_bps * frame_timeout`` bytes (or its rest) in every ``frame_timeout``
+      seconds, else the link is closed (slowloris; a peer that does not read);
+    * ``max_message_bytes`` (64 MiB): the largest frame; a frame's buffer grows only as its
+      bytes arrive.
+
+    Counters: ``refused`` (no slot), ``refused_peer`` (the address had all its slots),
+    ``evicted``, ``handshake_timeouts``, ``idle_timeouts``, ``slow_frames``; ``open_links``
+    and ``buffered`` (bytes held of incoming frames under way) are live figures.
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        *,
+        max_links: int = MAX_LINKS,
+        max_links_per_peer: int = MAX_LINKS_PER_PEER,
+        handshake_timeout: float | None = HANDSHAKE_TIMEOUT,
+        idle_timeout: float | None = IDLE_TIMEOUT,
+        frame_timeout: float | None = FRAME_TIMEOUT,
+        min_rate_bps: float = MIN_RATE_BPS,
+        max_message_bytes: int = Link.max_message_bytes,
+        handshake_max_bytes: int = HANDSHAKE_MAX_BYTES,
+        **options: Any,
+    ) -> None:
         from coinf.ble_protocol.loopback import parse_address
 
         super().__init__()
         if options:
             raise InputError(
-                f"unknown option {sorted(options)[0]!r} for listener {spec!r}: it takes max_links"
+                f"unknown option {sorted(options)[0]!r} for listener {spec!r}: it takes "
+                f"{', '.join(_SOCKET_OPTIONS)}"
             )
-        if max_links < 1:
-            raise InputError(f"max_links must be >= 1, got {max_links}")
+        for name, value in (("max_links", max_links), ("max_links_per_peer", max_links_per_peer),
+                            ("max_message_bytes", max_message_bytes),
+                            ("handshake_max_bytes", handshake_max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+        for name, limit in (("handshake_timeout", handshake_timeout),
+                            ("idle_timeout", idle_timeout), ("frame_timeout", frame_timeout)):
+            if limit is not None and not (isinstance(limit, int | float) and limit > 0):
+                raise InputError(f"{name} must be > 0 s (or None: no limit), got {limit!r}")
+        if not (isinstance(min_rate_bps, int | float) and min_rate_bps >= 0):
+            raise InputError(f"min_rate_bps must be >= 0, got {min_rate_bps!r}")
         self.max_links = max_links
+        self.max_links_per_peer = max_links_per_peer
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.frame_timeout = frame_timeout
+        self.min_rate_bps = float(min_rate_bps)
+        self.max_message_bytes = max_message_bytes
+        self.handshake_max_bytes = handshake_max_bytes
         self.refused = 0
+        self.refused_peer = 0
+        self.evicted = 0
+        self.handshake_timeouts = 0
+        self.idle_timeouts = 0
+        self.slow_frames = 0
         try:
             self._kind, self._target = parse_address(spec)
         except ValueError as exc:
@@ -244,6 +361,7 @@ class SocketListener(Listener):
         self.spec = spec
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._live: dict[int, _Conn] = {}  # by id(link); insertion order: oldest first
         self._made_path: str | None = None
 
     @property
@@ -259,6 +377,16 @@ class SocketListener(Listener):
     def description(self) -> str:
         return self.address
 
+    @property
+    def open_links(self) -> int:
+        """Connections held now (handed out or waiting to be)."""
+        return len(self._live)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held now of incoming frames under way, over every connection."""
+        return sum(conn.link.buffered for conn in self._live.values())
+
     async def _open(self) -> None:
         from coinf.ble_protocol.loopback import serve_socket
 
@@ -268,30 +396,104 @@ class SocketListener(Listener):
                 if stat.S_ISSOCK(os.stat(path).st_mode):
                     os.unlink(path)  # left by a daemon that did not exit cleanly
         try:
-            self._server = await serve_socket(self.spec, self._on_link)
+            self._server = await serve_socket(
+                self.spec, self._on_link, max_message_bytes=self.max_message_bytes,
+                frame_timeout=self.frame_timeout, min_rate_bps=self.min_rate_bps)
         except OSError as exc:
             raise InputError(f"cannot listen on {self.spec}: {exc.strerror or exc}") from None
         if self._kind == "unix":
             self._made_path = str(self._target)
 
-    async def _on_link(self, link: Link) -> None:
-        """Runs in the server's task for one connection: hand the link out, wait until the
-        consumer released it (serve_socket then closes it)."""
-        if len(self._connections) >= self.max_links:
+    def _make_room(self, peer: str | None) -> bool:
+        """Whether a new connection from ``peer`` may be held, after closing the oldest one not
+        handshaken if that makes room (counted in ``evicted``)."""
+        if peer is not None:
+            mine = [c for c in self._live.values() if c.peer == peer]
+            if len(mine) >= self.max_links_per_peer and not self._evict(mine):
+                self.refused_peer += 1
+                log.warning("%s: refused a connection from %s, it has %d (max_links_per_peer)",
+                            self.description, peer, len(mine))
+                return False
+        if len(self._live) >= self.max_links and not self._evict(list(self._live.values())):
             self.refused += 1
             log.warning("%s: refused a connection, %d links are out (max_links)",
-                        self.description, len(self._connections))
+                        self.description, len(self._live))
+            return False
+        return True
+
+    def _evict(self, conns: list[_Conn]) -> bool:
+        for conn in conns:  # oldest first
+            if not conn.held.handshaken:
+                self._live.pop(id(conn.link), None)
+                self.evicted += 1
+                log.info("%s: closed a connection from %s that had not completed its handshake "
+                         "to make room", self.description, conn.peer or "a local peer")
+                self._spawn(conn.held.close())
+                return True
+        return False
+
+    async def _on_link(self, link: SocketLink) -> None:
+        """Runs in the server's task for one connection: hand the link out, watch its
+        deadlines until the consumer released it (serve_socket then closes it)."""
+        peer = link.peer
+        if not self._make_room(peer):
             return  # serve_socket closes it
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
+        if self.handshake_timeout is not None:
+            link.frame_limit = self.handshake_max_bytes
         held = self._offer(link)
+
+        def handshaken() -> None:
+            link.frame_limit = None
+
+        held._on_handshake = handshaken
+        conn = _Conn(link, held, peer)
+        self._live[id(link)] = conn
         try:
-            await held.released.wait()
+            await self._watch(conn)
         finally:
+            if self._live.get(id(link)) is conn:
+                del self._live[id(link)]
+            if link.timed_out:
+                self.slow_frames += 1
             self._forget(held)
             if task is not None:
                 self._connections.discard(task)
+
+    async def _watch(self, conn: _Conn) -> None:
+        """Until the link is released: close it when its handshake or idle deadline passes."""
+        held, link = conn.held, conn.link
+        while not held.released.is_set():
+            now = time.monotonic()
+            wake = float("inf")
+            if self.handshake_timeout is not None and not held.handshaken:
+                due = conn.opened + self.handshake_timeout
+                if now >= due:
+                    self.handshake_timeouts += 1
+                    log.info("%s: closed a connection from %s: no handshake within %g s",
+                             self.description, conn.peer or "a local peer",
+                             self.handshake_timeout)
+                    await held.close()
+                    return
+                wake = due
+            if self.idle_timeout is not None:
+                due = max(link.last_rx, held.last_sent, conn.opened) + self.idle_timeout
+                if held.waiting or link.buffered:  # the peer waits for us, or a frame is under
+                    due = now + self.idle_timeout  # way (the frame floor bounds that)
+                elif now >= due:
+                    self.idle_timeouts += 1
+                    log.info("%s: closed a connection from %s, idle for %g s",
+                             self.description, conn.peer or "a local peer", self.idle_timeout)
+                    await held.close()
+                    return
+                wake = min(wake, due)
+            try:
+                async with asyncio.timeout(None if wake == float("inf") else wake - now):
+                    await held.released.wait()
+            except TimeoutError:
+                pass
 
     async def _release(self) -> None:
         server, self._server = self._server, None

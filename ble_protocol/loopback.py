@@ -5,7 +5,8 @@ Socket frame (all little-endian)::
     b"CF" | u8 version | u8 type | u32 request_id | u32 payload_len | payload | u32 crc32
 
 ``crc32`` covers everything before it. ``payload_len`` is checked against the receiver's
-``max_message_bytes`` before the payload is read.
+``max_message_bytes`` before the payload is read, and the payload is read into a buffer that
+grows as its bytes arrive.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 import zlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
@@ -86,7 +89,16 @@ class InProcessLink(Link):
 
 
 class SocketLink(Link):
-    """A link over an asyncio stream (unix socket or TCP)."""
+    """A link over an asyncio stream (unix socket or TCP).
+
+    A frame's payload is read in pieces into a buffer that grows as bytes arrive (a declared
+    length is checked against the limit, never allocated up front). With ``frame_timeout``
+    (a listener's links; None: no bound) every frame under way, in and out, must move at
+    least ``max(1, min_rate_bps * frame_timeout)`` bytes (or what is left of it) in every
+    ``frame_timeout`` seconds: an incoming frame that trickles in slower is dropped with TIMEOUT
+    and the link closed (slowloris), and so is a send the peer does not read. The wait for a
+    frame's first byte is not bounded here (a listener's idle timeout is).
+    """
 
     def __init__(
         self,
@@ -94,6 +106,9 @@ class SocketLink(Link):
         writer: asyncio.StreamWriter,
         name: str = "socket",
         max_message_bytes: int | None = None,
+        *,
+        frame_timeout: float | None = None,
+        min_rate_bps: float = 0.0,
     ) -> None:
         super().__init__()
         self._reader, self._writer = reader, writer
@@ -102,10 +117,28 @@ class SocketLink(Link):
         self._send_lock = asyncio.Lock()
         if max_message_bytes is not None:
             self.max_message_bytes = max_message_bytes
+        self.frame_timeout = frame_timeout
+        self.min_rate_bps = min_rate_bps
+        #: a lower cap on incoming frames for now (a listener's, until the handshake), or None
+        self.frame_limit: int | None = None
+        #: ``time.monotonic()`` of the last bytes received / of the last message sent
+        self.last_rx = self.last_tx = time.monotonic()
+        #: bytes held of an incoming frame under way (0 between frames)
+        self.buffered = 0
+        #: a frame was dropped because its bytes moved slower than the floor (either way)
+        self.timed_out = False
 
     @property
     def description(self) -> str:
         return self._name
+
+    @property
+    def peer(self) -> str | None:
+        """The peer's host (TCP), None on a unix socket."""
+        name = self._writer.get_extra_info("peername")
+        if isinstance(name, tuple) and name:
+            return str(name[0])
+        return None
 
     async def send(self, message: Message) -> None:
         if not self._open:
@@ -119,17 +152,48 @@ class SocketLink(Link):
                 self._writer.write(header)
                 self._writer.write(message.payload)
                 self._writer.write(struct.pack("<I", crc))
-                await self._writer.drain()
+                if self.frame_timeout is None:
+                    await self._writer.drain()
+                else:
+                    await self._drain_bounded(len(message.payload) + _HEADER.size + 4)
             except (ConnectionError, OSError) as exc:
                 self._open = False
                 raise LinkClosed(f"{self._name}: {exc}") from None
+            except ProtocolError:
+                await self.close()
+                raise
+        self.last_tx = time.monotonic()
         self.stats.count_sent(len(message.payload))
+
+    async def _drain_bounded(self, size: int) -> None:
+        """``drain`` while the peer reads at least the floor (a peer that stops reading makes a
+        plain drain wait forever)."""
+        assert self.frame_timeout is not None
+        transport = self._writer.transport
+        floor = _Floor(self.frame_timeout, self.min_rate_bps, size)
+        while True:
+            try:
+                async with asyncio.timeout(floor.left()):
+                    await self._writer.drain()
+                return
+            except TimeoutError:
+                pending = transport.get_write_buffer_size()
+                if not floor.moved(size - pending):
+                    self.timed_out = True
+                    raise ProtocolError(
+                        ErrorCode.TIMEOUT, f"{self._name}: the peer read {floor.window_bytes} B "
+                        f"of a {size} B frame in {self.frame_timeout:g} s (floor "
+                        f"{self.min_rate_bps:g} B/s)") from None
 
     async def receive(self) -> Message:
         if not self._open:
             raise LinkClosed(f"{self._name} closed")
         try:
-            header = await self._reader.readexactly(_HEADER.size)
+            first = await self._reader.readexactly(1)  # unbounded: idleness is the listener's
+            self.last_rx = time.monotonic()
+            floor = (None if self.frame_timeout is None
+                     else _Floor(self.frame_timeout, self.min_rate_bps, _HEADER.size))
+            header = first + bytes(await self._read(_HEADER.size - 1, floor))
             magic, version, mtype, rid, length = _HEADER.unpack(header)
             if magic != _MAGIC:
                 raise ProtocolError(ErrorCode.MALFORMED, f"bad frame magic {magic!r}")
@@ -138,36 +202,123 @@ class SocketLink(Link):
                     ErrorCode.BAD_VERSION,
                     f"peer speaks protocol {version}, this side speaks {PROTOCOL_VERSION}",
                 )
-            if length > self.max_message_bytes:
+            limit = self.max_message_bytes
+            if self.frame_limit is not None and self.frame_limit < limit:
+                limit = self.frame_limit
+            if length > limit:
+                before = " before the handshake" if limit != self.max_message_bytes else ""
                 raise ProtocolError(
-                    ErrorCode.TOO_LARGE,
-                    f"frame declares {length} B, limit is {self.max_message_bytes} B",
+                    ErrorCode.TOO_LARGE, f"frame declares {length} B, limit is {limit} B{before}"
                 )
-            payload = await self._reader.readexactly(length)
-            (crc,) = struct.unpack("<I", await self._reader.readexactly(4))
+            if floor is not None:
+                floor.restart(length + 4)
+            crc = zlib.crc32(header)
+            body = await self._read(length + 4, floor)
+            payload = bytes(memoryview(body)[:length])
+            (want,) = struct.unpack("<I", memoryview(body)[length:])
+            del body
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self._open = False
+            self.buffered = 0
             raise LinkClosed(f"{self._name}: peer disconnected ({type(exc).__name__})") from None
         except ProtocolError:
+            self.buffered = 0
             await self.close()
             raise
-        if zlib.crc32(payload, zlib.crc32(header)) != crc:
+        self.buffered = 0
+        if zlib.crc32(payload, crc) != want:
             await self.close()
             raise ProtocolError(ErrorCode.BAD_CRC, "frame CRC32 mismatch")
         self.stats.count_received(length)
         return Message(parse_type(mtype), rid, payload)
 
+    async def _read(self, n: int, floor: _Floor | None) -> bytearray:
+        """``n`` bytes, in pieces as they arrive (the buffer holds only what came), each piece
+        within the floor's deadline. On any failure the buffer is emptied at once (a traceback
+        that keeps this frame alive must not keep the bytes)."""
+        buf = bytearray()
+        try:
+            while len(buf) < n:
+                want = min(n - len(buf), _PIECE)
+                if floor is None:
+                    piece = await self._reader.read(want)
+                else:
+                    try:
+                        async with asyncio.timeout(floor.left()):
+                            piece = await self._reader.read(want)
+                    except TimeoutError:
+                        if floor.moved(len(buf)):  # this window got its share: a new one
+                            continue
+                        self.timed_out = True
+                        raise ProtocolError(
+                            ErrorCode.TIMEOUT, f"{self._name}: frame dropped, "
+                            f"{floor.window_bytes} B of it came in {self.frame_timeout:g} s "
+                            f"(floor {self.min_rate_bps:g} B/s), {len(buf)} of {n} B received"
+                        ) from None
+                if not piece:
+                    raise asyncio.IncompleteReadError(b"", n)
+                buf += piece
+                self.buffered = len(buf)
+                self.last_rx = time.monotonic()
+                if floor is not None:
+                    floor.moved(len(buf))
+        except BaseException:
+            buf.clear()
+            self.buffered = 0
+            raise
+        return buf
+
     async def close(self) -> None:
         if not self._open and self._writer.is_closing():
             return
         self._open = False
-        self._writer.close()
+        self._writer.close()  # flushes what is queued first: a peer that does not read ...
         with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+            try:
+                async with asyncio.timeout(2.0):
+                    await self._writer.wait_closed()
+            except TimeoutError:  # ... would keep it open forever
+                self._writer.transport.abort()
 
     @property
     def is_open(self) -> bool:
         return self._open and not self._writer.is_closing()
+
+
+#: the most read from a stream at once into a frame buffer
+_PIECE = 256 * 1024
+
+
+class _Floor:
+    """The rate floor of one frame: every ``window`` seconds at least ``need`` bytes must move
+    (``max(1, rate * window)``, or the rest of the frame when that is less)."""
+
+    def __init__(self, window: float, rate: float, total: int) -> None:
+        self.window = window
+        self.rate = rate
+        self.restart(total)
+
+    def restart(self, total: int) -> None:
+        self.total = total
+        self._open_window(0)
+
+    def _open_window(self, done: int) -> None:
+        self.start = time.monotonic()
+        self.done_at_start = done
+        self.need = min(max(1, int(self.rate * self.window)), self.total - done)
+        self.window_bytes = 0
+
+    def left(self) -> float:
+        return max(0.0, self.start + self.window - time.monotonic())
+
+    def moved(self, done: int) -> bool:
+        """``done`` bytes of the frame have moved: True (and a new window) once this window got
+        its share."""
+        self.window_bytes = done - self.done_at_start
+        if self.window_bytes >= self.need:
+            self._open_window(done)
+            return True
+        return False
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
@@ -199,13 +350,15 @@ async def connect_socket(address: str, timeout: float = 10.0) -> SocketLink:
 
 
 async def serve_socket(
-    address: str, on_link: Callable[[SocketLink], Awaitable[None]]
+    address: str, on_link: Callable[[SocketLink], Awaitable[None]], **link_options: Any
 ) -> asyncio.AbstractServer:
-    """Listen on ``address``; call ``on_link`` for each connection (one task per connection)."""
+    """Listen on ``address``; call ``on_link`` for each connection (one task per connection).
+    ``link_options`` go to each :class:`SocketLink` (``max_message_bytes``, ``frame_timeout``,
+    ``min_rate_bps``)."""
     kind, target = parse_address(address)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link = SocketLink(reader, writer, name=address)
+        link = SocketLink(reader, writer, name=address, **link_options)
         try:
             await on_link(link)
         finally:

@@ -131,6 +131,11 @@ def test_socket_listener_bounds_the_links_it_hands_out(tmp_path) -> None:
             address = listener.address  # type: ignore[attr-defined]
             first = await connect_socket(address)
             served = await asyncio.wait_for(listener.accept(), 10)
+            # handshaken (a link that is not yet would give its slot to the next connection)
+            await first.send(Message(MsgType.HELLO, 1, b"{}"))
+            await served.send(Message(MsgType.HELLO_ACK, (await served.receive()).request_id,
+                                      b"{}"))
+            assert (await asyncio.wait_for(first.receive(), 10)).type == MsgType.HELLO_ACK
             second = await connect_socket(address)
             with pytest.raises(LinkClosed):  # closed by the listener: one link is out
                 await asyncio.wait_for(second.receive(), 10)

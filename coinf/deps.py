@@ -26,6 +26,37 @@ def missing_message(package: str, what: str, extra: str | None = None) -> str:
     return f"{what} needs {package!r}, which is not installed ({hint})"
 
 
+#: What the Pi wheel (``make wheel-pi``, setup.py) leaves out: module -> (what it is, the extra a
+#: full install (``make wheel``) needs to run it). Keep in step with setup.py's PI_DROP_*.
+PI_LEFT_OUT: dict[str, tuple[str, str]] = {
+    "coinf.cli.bench": ("benchmarks are", "demo"),
+    "coinf.research": ("in-context predictor training (`coinf profile --train` without "
+                       "--no-context) is", "train"),
+    **{f"coinf.models.{m}": ("the zoo's model builders are", "models") for m in (
+        "architectures", "compressor_set", "compressors", "digitnet", "export", "large",
+        "pruning", "sequence", "training")},
+}
+
+
+def left_out(module: str | None) -> str | None:
+    """The one-line error for a module (or a submodule of one) the Pi wheel leaves out, else
+    None: ``benchmarks are not part of the Pi install; run them from a full install (...)``."""
+    for name, (what, extra) in PI_LEFT_OUT.items():
+        if module is not None and (module == name or module.startswith(name + ".")):
+            them = "them" if what.endswith(" are") else "it"
+            return (f"{what} not part of the Pi install; run {them} from a full install (the "
+                    f"wheel of `make wheel`: pip install 'COINF_WHEEL.whl[{extra}]')")
+    return None
+
+
+def require_full(module: str) -> None:
+    """Raise :class:`MissingDependency` (:func:`left_out`'s line) when this is the Pi wheel and
+    ``module`` is one of what it leaves out."""
+    message = left_out(module)
+    if message is not None and importlib.util.find_spec(module) is None:
+        raise MissingDependency(message)
+
+
 def require(package: str, extra: str | None = None, what: str = "this feature") -> None:
     """Raise :class:`MissingDependency` naming the extra when ``package`` cannot be imported."""
     if importlib.util.find_spec(package) is None:

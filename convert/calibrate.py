@@ -28,10 +28,10 @@ import numpy as np
 from coinf.ble_protocol import codecs, media
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import packcal
-from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.feeds import Dataset, load_dataset  # noqa: F401 - re-exported
 from coinf.convert.packcal import Options
 
+from coinf.bundle import Bundle, Candidate
 from coinf.errors import BundleError, InputError
 
 #: quantized levels + zstd (ble_protocol/codecs.py), calibrated when zstandard is installed

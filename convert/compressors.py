@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.ble_protocol.packing import PackSpec, packed_size
-from coinf.convert.bundle import (
+
+from coinf.bundle import (
     COMPRESSORS_DIR,
     Bundle,
     Candidate,
@@ -41,7 +42,6 @@ from coinf.convert.bundle import (
     open_slice,
     sha256_file,
 )
-
 from coinf.errors import BundleError, InputError
 
 INDEX = "index.json"

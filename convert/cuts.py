@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coinf.convert import pareto
-from coinf.convert.bundle import HANDHELD_ONLY, WEARABLE_ONLY
 from coinf.convert.cost import NodeCost
 from coinf.convert.graph import Graph
 
+from coinf.bundle import HANDHELD_ONLY, WEARABLE_ONLY
 from coinf.errors import ModelError
 
 DEFAULT_MAX_CANDIDATES = 64

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from coinf.convert.bundle import Bundle, TensorSpec
 from coinf.convert.state import pairs_of
 
+from coinf.bundle import Bundle, TensorSpec
 from coinf.errors import InputError
 
 LABELS = "labels"

@@ -29,10 +29,10 @@ import numpy as np
 from coinf.ble_protocol import media, packing
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import state as st
-from coinf.convert.bundle import Bundle, Candidate, open_slice
 from coinf.convert.feeds import Dataset
 from coinf.convert.metrics import Metric, upper_bound_pp
 
+from coinf.bundle import Bundle, Candidate, open_slice
 from coinf.errors import BundleError, InputError
 
 LOSSLESS = "f32"

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 from coinf.convert import freeze as fz
 from coinf.convert import state as st
-from coinf.convert.bundle import Candidate
 from coinf.convert.feeds import read_npz
 from coinf.convert.graph import Graph, load_graph
 from onnx import ModelProto
 
+from coinf.bundle import Candidate
 from coinf.errors import InputError
 
 MAX_VERIFY_FEEDS = 4

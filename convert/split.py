@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from coinf.convert.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
 from coinf.convert.cost import NodeCost, all_costs
 from coinf.convert.cuts import DEFAULT_MAX_CANDIDATES, Cut, enumerate_cuts
 from coinf.convert.graph import Graph
@@ -21,6 +20,7 @@ from coinf.convert.weights import MIN_BYTES, WEIGHTS_FILE, internalize, shared_t
 from onnx import ModelProto
 
 from coinf import __version__
+from coinf.bundle import MANIFEST, Bundle, Candidate, Part, TensorSpec, sha256_file
 from coinf.errors import BundleError
 
 Progress = Callable[[str, int, int], None]

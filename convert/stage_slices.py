@@ -20,12 +20,12 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.graph import Graph, load_graph, ort_session, random_feed
 from coinf.convert.slicer import build_slice
 from coinf.convert.verify import mismatch
 from onnx import ModelProto
 
+from coinf.bundle import Bundle, Candidate
 from coinf.errors import BundleError
 from coinf.files import write_atomically
 

@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.graph import ort_session
 from coinf.convert.litert import LiteRTSlice
 from coinf.convert.verify import reference
 from onnx import ModelProto, helper, numpy_helper
 
+from coinf.bundle import Bundle, Candidate
 from coinf.deps import litert_package
 from coinf.errors import BundleError, MissingDependency
 

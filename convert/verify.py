@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-from coinf.convert.bundle import Bundle, Candidate, TensorSpec
 from coinf.convert.graph import TensorType, ort_session, sample_feed
-from coinf.convert.weights import check_locations
 from onnx import ModelProto, helper
 
+from coinf.bundle import Bundle, Candidate, TensorSpec, check_locations
 from coinf.errors import ModelError
 
 RTOL = 1e-5

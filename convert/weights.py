@@ -10,7 +10,8 @@ name, so a bundle stays relocatable). Files of another shape take the parsing pa
 writes every initializer of >= :data:`MIN_BYTES` into ``weights.bin``, 64-byte aligned, in
 file order, and returns the light model. Slices built from the light model share the file
 without any weight byte being copied again. :func:`internalize` is the way back for small
-models whose slices stay self-contained; :func:`check_locations` guards what slices point at.
+models whose slices stay self-contained; :func:`coinf.bundle.check_locations` guards what
+slices point at.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, TensorProto, numpy_helper
+from onnx import ModelProto, TensorProto, numpy_helper
 
-from coinf.errors import BundleError
+from coinf.bundle import all_tensors, is_external
 
 WEIGHTS_FILE = "weights.bin"
 MIN_BYTES = 1024  # smaller initializers (shape constants, biases of tiny layers) stay inline
@@ -43,30 +44,9 @@ def read_model(path: Path) -> tuple[ModelProto, str]:
     digest = hashlib.sha256(data).hexdigest()
     model = onnx.load_model_from_string(data)
     del data
-    if any(_is_external(t) for t in all_tensors(model.graph)):
+    if any(is_external(t) for t in all_tensors(model.graph)):
         onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
     return model, digest
-
-
-def _is_external(t: TensorProto) -> bool:
-    return t.HasField("data_location") and t.data_location == TensorProto.EXTERNAL
-
-
-def all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
-    """Every TensorProto of a graph: initializers, sparse ones, node attributes, sub-graphs."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from all_tensors(attr.g)
-            for sub in attr.graphs:
-                yield from all_tensors(sub)
 
 
 def _payload(t: TensorProto) -> bytes:
@@ -90,7 +70,7 @@ def externalize(model: ModelProto, weights: Path) -> tuple[ModelProto, str]:
     offset = 0
     with open(weights, "wb") as f:
         for t in model.graph.initializer:
-            if t.data_type == TensorProto.STRING or t.name in table or _is_external(t):
+            if t.data_type == TensorProto.STRING or t.name in table or is_external(t):
                 continue
             n = int(np.prod(t.dims, dtype=np.int64)) * _itemsize(t.data_type)
             if n < MIN_BYTES:
@@ -138,27 +118,9 @@ def internalize(model: ModelProto, base_dir: Path) -> None:
     onnx.external_data_helper.load_external_data_for_model(model, str(base_dir))
 
 
-def check_locations(model: ModelProto, path: Path) -> None:
-    """Refuse a slice whose external data lies outside its own folder.
-
-    A manifest's paths are checked by :func:`convert.bundle.inside`; an ONNX file can name its
-    own weight files too, so a hostile bundle could make onnxruntime read ``/etc/...`` or
-    ``../other``. Only bare or nested relative names inside the slice's folder pass.
-    """
-    root = path.parent.resolve()
-    for t in all_tensors(model.graph):
-        if not _is_external(t):
-            continue
-        loc = next((e.value for e in t.external_data if e.key == "location"), "")
-        rel = Path(loc)
-        if not loc or rel.is_absolute() or not (root / rel).resolve().is_relative_to(root):
-            raise BundleError(f"bundle file {path}: tensor {t.name!r} names external data "
-                              f"{loc!r} outside the bundle's folder")
-
-
 def shared_tensors(model: ModelProto) -> int:
     """How many initializers of ``model`` live in an external file."""
-    return sum(1 for t in model.graph.initializer if _is_external(t))
+    return sum(1 for t in model.graph.initializer if is_external(t))
 
 
 # --- fast path: find the weights in the file's protobuf wire format, never parse them ---------

@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from coinf.convert.bundle import Bundle, Candidate
-
+from coinf.bundle import Bundle, Candidate
 from coinf.deps import litert_interpreter, litert_package
 from coinf.errors import BundleError, InputError
 

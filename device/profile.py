@@ -267,8 +267,9 @@ def profile_nodes(model_path: str | Path, threads: int = 1, warmup: int = 2,
     profiler. ``basic`` keeps every node's name (no fusion); ``all`` is how slices really run:
     fused kernels are attributed to the node they were folded into
     (:func:`coinf.device.incontext.attribute`), so fused followers are absent (cost 0)."""
-    from coinf.convert.bundle import open_slice
     from coinf.device.incontext import attribute, kernel_times
+
+    from coinf.bundle import open_slice
 
     open_slice(model_path)  # a damaged file: BundleError naming it
     kern, ops, _ = kernel_times(model_path, level, threads, warmup, repeats)

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
-from coinf.convert.bundle import Bundle, Candidate, open_slice
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import LITERT, ONNXRUNTIME, check_runtime, open_litert, resolve
+
+from coinf.bundle import Bundle, Candidate, open_slice
 
 
 class SliceRunner:

@@ -42,7 +42,6 @@ from coinf.ble_protocol.packing import LOSSLESS_SPEC, decodable, pack
 from coinf.ble_protocol.route import is_route
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
-from coinf.convert.bundle import GAMMA_SEP, Bundle, split_compressed
 from coinf.convert.compressors import CodecRunner, check_code
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
@@ -51,6 +50,7 @@ from coinf.device.runtime import TailRunner
 from coinf.device.spatial import TILE_PREFIX, TileRunner
 from coinf.device.status import read_status
 
+from coinf.bundle import GAMMA_SEP, Bundle, split_compressed
 from coinf.errors import BundleError
 
 log = logging.getLogger(__name__)

@@ -52,13 +52,13 @@ from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import connect_within, open_connector
-from coinf.convert.bundle import Bundle, Candidate, Compressor, open_slice, split_compressed
 from coinf.convert.compressors import CodecRunner, check_code
 from coinf.convert.stage_slices import StageSlices, slice_name
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.handheld.daemon import encode_results
 
+from coinf.bundle import Bundle, Candidate, Compressor, open_slice, split_compressed
 from coinf.errors import BundleError, CoinfError
 
 log = logging.getLogger(__name__)

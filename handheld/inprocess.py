@@ -11,11 +11,11 @@ from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.loopback import InProcessLink
 from coinf.ble_protocol.shaped import Channel, ShapedLink
 from coinf.ble_protocol.transport import Connector
-from coinf.convert.bundle import Bundle
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.profile import DeviceProfile
 from coinf.handheld.daemon import HandheldDaemon
 
+from coinf.bundle import Bundle
 from coinf.errors import InputError
 
 

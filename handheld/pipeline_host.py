@@ -16,10 +16,11 @@ from typing import Any
 
 from coinf.ble_protocol.listen import Listener, open_listener
 from coinf.ble_protocol.shaped import Channel
-from coinf.convert.bundle import Bundle
 from coinf.device.emulation import DeviceEmulation
 from coinf.handheld.daemon import HandheldDaemon
 from coinf.handheld.forward import Forwarder, Peer
+
+from coinf.bundle import Bundle
 
 
 @dataclass

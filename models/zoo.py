@@ -20,6 +20,7 @@ from coinf.models.digits import DigitsSplit
 from coinf.models.digits import digits_data as _digits_data
 from coinf.models.inputs import InputSpec
 
+from coinf.deps import require_full
 from coinf.errors import UserError
 
 if TYPE_CHECKING:
@@ -218,7 +219,9 @@ def _progress(message: str) -> None:
 
 
 def require_torch() -> Any:
-    """The torch module, or a CoinfError telling how to install it."""
+    """The torch module, or a CoinfError telling how to install it (or, on the Pi wheel, that the
+    builders are not part of it)."""
+    require_full("coinf.models.architectures")
     try:
         import torch
     except ImportError:

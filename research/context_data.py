@@ -222,9 +222,10 @@ def load_or_measure(names: Iterable[str], cache_dir: Path, repeats: int = 25,
     """Timings of the zoo models ``names``: each read from ``cache_dir`` if it matches the
     model's file; the others split (into ``cache_dir/<name>``) and measured together
     (:func:`measure_models`: their slices interleaved round by round)."""
-    from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
     from coinf.convert.split import split_model
     from coinf.models import zoo
+
+    from coinf.bundle import MANIFEST, Bundle, sha256_file
 
     out: dict[str, ModelTimings] = {}
     todo: dict[str, Any] = {}
@@ -555,11 +556,12 @@ def zoo_leave_one_out(cache_dir: Path, repeats: int = 25, synthetic: int = 300,
     measured again (``coinf bench predict --bundle`` measures every slice anew)."""
     import statistics
 
-    from coinf.convert.bundle import Bundle
     from coinf.models import zoo
     from coinf.research.planregret import SLOWDOWNS, break_even_kb_s, bundle_cuts, regret_table
     from coinf.research.slicecheck import additive_pairs, profiled_pairs
     from coinf.research.slicetrain import leave_one_model_out, profiler_surplus, within
+
+    from coinf.bundle import Bundle
 
     names = names or tuple(zoo.ZOO)
     timings = load_or_measure(list(names), cache_dir, repeats, progress)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from coinf.convert.bundle import Bundle, Candidate, Part, TensorSpec, sha256_file
 from onnx import TensorProto, helper, numpy_helper
+
+from coinf.bundle import Bundle, Candidate, Part, TensorSpec, sha256_file
 
 IN = TensorSpec("x", (1, 16), "float32", 64)
 MID = TensorSpec("h", (1, 8), "float32", 32)

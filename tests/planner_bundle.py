@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from coinf.convert.bundle import Bundle, Candidate, Part, TensorSpec, sha256_file
 from onnx import TensorProto, helper, numpy_helper, utils
+
+from coinf.bundle import Bundle, Candidate, Part, TensorSpec, sha256_file
 
 
 def _w(*shape: int) -> np.ndarray:

@@ -9,9 +9,9 @@ import onnx
 import pytest
 from coinf.ble_protocol import packing
 from coinf.convert import calibrate as cal
-from coinf.convert.bundle import Bundle, Candidate, Part, TensorSpec
 from onnx import TensorProto, helper, numpy_helper
 
+from coinf.bundle import Bundle, Candidate, Part, TensorSpec
 from coinf.cli import main
 from coinf.errors import BundleError
 

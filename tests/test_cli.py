@@ -172,6 +172,27 @@ def test_missing_optional_dependency_is_a_one_line_error(
     assert "coinf[train]" in err and "scipy" in err
 
 
+def test_the_pi_wheel_names_a_full_install_for_what_it_leaves_out(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    """The lean wheel (`make wheel-pi`, setup.py) has no benchmarks and no zoo builders:
+    `coinf bench` and `coinf models build` print one line naming a full install, exit 2."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "coinf.cli.commands.bench", raising=False)
+    monkeypatch.setitem(sys.modules, "coinf.cli.bench", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "coinf.models.architectures", None)
+    assert main(["bench", "rate", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert ("benchmarks are not part of the Pi install; run them from a full install" in err
+            and "[demo]" in err)
+    assert main(["models", "build", "lenet_digits", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model builders are not part of the Pi install" in err
+    assert "[models]" in err
+
+
 def test_run_every_candidate_then_let_the_planner_choose(
         tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     """`coinf run --all --plan N` (what the demo's wearable process does), in-process."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from coinf.convert.bundle import Bundle
 from coinf.convert.split import split_model
 from coinf.models.zoo import committed_path
 
+from coinf.bundle import Bundle
 from coinf.cli import main
 
 

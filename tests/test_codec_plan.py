@@ -10,7 +10,6 @@ import pytest
 from coinf.ble_protocol import media
 from coinf.ble_protocol.packing import LEGACY_DECODERS, decodable, pack, unpack
 from coinf.convert import calibrate as cal
-from coinf.convert.bundle import Bundle
 from coinf.convert.feeds import load_dataset
 from coinf.convert.packcal import tensor_specs
 from coinf.wearable.planner.adapt import LinkEstimate
@@ -20,6 +19,7 @@ from coinf.wearable.planner.references import KINDS, plan_json
 from coinf.wearable.policy import Policy
 
 from coinf import Session
+from coinf.bundle import Bundle
 from tests.planner_bundle import make_bundle
 
 pytest.importorskip("PIL")

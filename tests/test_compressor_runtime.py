@@ -18,7 +18,6 @@ import pytest
 from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, encode_json, encode_request
 from coinf.ble_protocol.packing import pack_tensors
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
-from coinf.convert.bundle import Bundle
 from coinf.convert.compressors import attach, load_set
 from coinf.convert.split import split_model
 from coinf.handheld.daemon import HandheldDaemon
@@ -26,6 +25,7 @@ from coinf.handheld.pipeline_host import local_helpers
 from coinf.wearable.pipeline import OVERHEAD_BYTES, HelperConfig, PipelineSession, link_options
 from coinf.wearable.planner.compress_select import lookup, thresholds
 
+from coinf.bundle import Bundle
 from coinf.errors import InputError, ProtocolError
 
 pytest.importorskip("torch")

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from coinf.convert.bundle import Bundle
 from coinf.convert.graph import load_graph
 from coinf.convert.split import split_model
 from coinf.convert.verify import VerifyError, verify_bundle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coinf.bundle import Bundle
 from tests import convert_graphs as cg
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-from coinf.convert.bundle import Bundle
 from coinf.convert.split import split_model
 from coinf.device.defaults import LAPTOP_RATES, PI_ZERO_2W_RATES, OpRates
 from coinf.device.emulation import profile_slowdown
@@ -17,6 +16,7 @@ from coinf.device.profile import DeviceProfile, ModelProfile
 from coinf.models.zoo import committed_path
 from coinf.wearable.planner.planner import Planner
 
+from coinf.bundle import Bundle
 from coinf.cli import main
 from coinf.cli.commands.demo import plan_condition
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from coinf.convert import calibrate as cal
-from coinf.convert.bundle import Bundle
 from coinf.models import pretrained
 
+from coinf.bundle import Bundle
 from coinf.cli.commands import demo_prep
 from coinf.cli.commands.demo import KINDS, plan_condition
 

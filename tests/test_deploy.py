@@ -168,3 +168,21 @@ def test_handheld_installer_dry_run(system: str, expect: str, tmp_path: Path) ->
     assert f"{tmp_path}/data/coinf/venv/bin/python -m pip install --quiet --upgrade " \
            f"coinf.whl[handheld]" in proc.stdout
     assert not (tmp_path / "data").exists()  # a dry run creates nothing
+
+
+def test_the_pi_wheel_drops_what_the_cli_says_it_drops() -> None:
+    """setup.py's PI_DROP_* (``make wheel-pi``) and :data:`coinf.deps.PI_LEFT_OUT` (the one-line
+    "not part of the Pi install" errors) name the same modules, none of them on the runtime's
+    path (checked on the wheel itself by tests/arm)."""
+    import ast
+
+    from coinf.deps import PI_LEFT_OUT
+
+    consts = {t.id: ast.literal_eval(node.value.args[0] if isinstance(node.value, ast.Call)
+                                     else node.value)
+              for node in ast.parse((ROOT / "setup.py").read_text()).body
+              if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("PI_DROP")}
+    assert set(consts["PI_DROP_PACKAGES"]) | set(consts["PI_DROP_MODULES"]) == set(PI_LEFT_OUT)
+    assert not any(m.startswith(("coinf.wearable", "coinf.ble_protocol", "coinf.device"))
+                   for m in PI_LEFT_OUT)

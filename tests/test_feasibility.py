@@ -14,13 +14,13 @@ import pytest
 from coinf.ble_protocol.chunks import Reassembler, encode_chunks
 from coinf.ble_protocol.messages import Message, MsgType
 from coinf.convert import calibrate as cal
-from coinf.convert.bundle import Bundle
 from coinf.device.profile import DeviceProfile, ModelProfile
 from coinf.wearable.options import request_timeout
 from coinf.wearable.planner.adapt import LinkEstimate
 from coinf.wearable.planner.planner import Planner
 from coinf.wearable.policy import Policy
 
+from coinf.bundle import Bundle
 from tests.planner_bundle import make_bundle
 
 LINK_20 = LinkEstimate(20_000, 20_000, 30, "test")

@@ -67,8 +67,7 @@ def test_float64_extremes_pack_into_bodies_the_decoder_accepts(spec):
 def test_manifest_paths_stay_inside_the_bundle(tmp_path, bad):
     import json
 
-    from coinf.convert.bundle import Bundle
-
+    from coinf.bundle import Bundle
     from coinf.errors import BundleError
     from tests.bundles import make_tiny_bundle
 

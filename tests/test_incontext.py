@@ -229,9 +229,10 @@ def test_additive_fit_explains_consistent_slices_and_not_a_busy_machines() -> No
 
 def test_zoo_leave_one_out_scores_every_model_from_the_cache(tmp_path: Path) -> None:
     """Three real zoo models, measured once into the cache, each predicted by the others."""
-    from coinf.convert.bundle import Bundle
     from coinf.research.context_data import zoo_leave_one_out
     from coinf.research.planregret import LINK_KB_S, SLOWDOWNS, bundle_cuts
+
+    from coinf.bundle import Bundle
 
     names = ("lenet_digits", "senna_mlp", "digitnet")
     per = zoo_leave_one_out(tmp_path, repeats=3, synthetic=0, names=names, sweep_scale=0,

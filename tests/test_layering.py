@@ -11,7 +11,8 @@ other):
 ====  ================================================================
 rank  packages
 ====  ================================================================
-0     ``coinf.errors``, ``coinf.deps``, ``coinf.files`` (and the bare ``coinf`` namespace:
+0     ``coinf.errors``, ``coinf.deps``, ``coinf.files``, ``coinf.bundle`` (the bundle format,
+      shared by the runtime and ``coinf.convert``) (and the bare ``coinf`` namespace:
       ``__version__``)
 1     ``coinf.ble_protocol``
 2     ``coinf.models`` (the compressor sets measure packed accuracy with ble_protocol)
@@ -47,6 +48,7 @@ RANKS: dict[str, int] = {
     "coinf.errors": 0,
     "coinf.deps": 0,
     "coinf.files": 0,
+    "coinf.bundle": 0,
     "coinf.ble_protocol": 1,
     "coinf.models": 2,
     "coinf.convert": 3,

@@ -140,7 +140,7 @@ PEER = textwrap.dedent('''
     from coinf.ble_protocol.loopback import serve_socket
     from coinf.ble_protocol.messages import encode_result
     from coinf.ble_protocol.tensors import encode_tensors
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.handheld.daemon import HandheldDaemon, Reply
 
     mib = int(sys.argv[3])

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from coinf.convert.bundle import Bundle
 from coinf.convert.split import split_model
 from coinf.device.memprofile import runtime_baseline_mb, slice_peak_rss_mb
 from coinf.device.profile import DeviceProfile, ModelProfile, ProfileError
@@ -19,6 +18,7 @@ from coinf.wearable.planner.memory import MemoryModel, head_activation_bytes
 from coinf.wearable.planner.planner import Planner, split_config
 from onnx import TensorProto, helper, numpy_helper
 
+from coinf.bundle import Bundle
 from tests.bundles import make_tiny_bundle
 
 SLOW_LINK = LinkEstimate(500.0, 500.0, 30.0, "test")  # 0.5 kB/s: deep cuts send least

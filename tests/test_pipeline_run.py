@@ -260,7 +260,8 @@ def test_plan_command_shows_every_stage(bundle, tmp_path, capsys) -> None:
 def test_auto_packing_follows_the_first_links_bandwidth(tmp_path) -> None:
     """S3 on the first link: a slow link gets a calibrated lossy packing, a fast one raw."""
     from coinf.convert import calibrate as cal
-    from coinf.convert.bundle import Bundle
+
+    from coinf.bundle import Bundle
 
     bundle = split_model(LENET, tmp_path / "b")
     speed = even_speeds(bundle)
@@ -273,7 +274,7 @@ def test_auto_packing_follows_the_first_links_bandwidth(tmp_path) -> None:
 
 
 async def _auto_packing(bundle) -> None:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     feeds = frames(bundle, 3)
     ref = reference(bundle, feeds)

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from coinf.convert.bundle import Bundle
 from coinf.device.profile import DeviceProfile, ModelProfile, ProfileError, profile_bundle
 from coinf.device.status import DeviceStatus
 from coinf.wearable.planner.adapt import LinkEstimate, LinkEstimator, LoadFactor, ReplanTrigger
 from coinf.wearable.planner.planner import Planner
 from coinf.wearable.policy import Policy
 
+from coinf.bundle import Bundle
 from tests.planner_bundle import make_bundle
 
 

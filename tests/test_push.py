@@ -106,7 +106,7 @@ def test_corrupted_copy_is_refused_and_nothing_swapped(fake_ssh: Path, service: 
 
 
 def _identity(path: Path) -> str:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     return str(Bundle.load(path).identity)
 

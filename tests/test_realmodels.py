@@ -16,13 +16,13 @@ import onnxruntime as ort
 import pytest
 from coinf.ble_protocol import bitplanes, packing
 from coinf.convert import calibrate as cal
-from coinf.convert.bundle import Bundle
 from coinf.convert.metrics import parse_metric
 from coinf.convert.packcal import Options, tensor_specs
 from coinf.convert.split import split_model
 from coinf.wearable.plan import Plan
 
 from coinf import Session
+from coinf.bundle import Bundle
 from coinf.cli import main
 from coinf.errors import InputError, ModelError
 from tests import realmodels as rm

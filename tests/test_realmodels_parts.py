@@ -9,7 +9,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from coinf.convert import pareto
-from coinf.convert.bundle import TensorSpec
 from coinf.convert.cost import all_costs
 from coinf.convert.cuts import enumerate_cuts
 from coinf.convert.feeds import dataset_from_arrays
@@ -21,6 +20,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from coinf.bundle import TensorSpec
 from coinf.errors import InputError
 from tests import realmodels as rm
 

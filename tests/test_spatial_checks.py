@@ -23,11 +23,11 @@ import pytest
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.transport import open_connector
-from coinf.convert.bundle import Bundle
 from coinf.convert.gtdp import Worker
 from coinf.device.spatial import REST_KEY
 from coinf.wearable.spatial import SpatialSession, TileHelper
 
+from coinf.bundle import Bundle
 from coinf.errors import LinkError, PeerResultError
 
 TIMEOUT_S = 1.0

@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import pytest
 from coinf.convert import split as split_mod
-from coinf.convert.bundle import Bundle, open_slice
 from coinf.convert.split import split_model
 from coinf.convert.verify import verify_bundle
-from coinf.convert.weights import WEIGHTS_FILE, check_locations
+from coinf.convert.weights import WEIGHTS_FILE
 from onnx import TensorProto, helper, numpy_helper
 
+from coinf.bundle import Bundle, check_locations, open_slice
 from coinf.errors import BundleError
 
 WIDTHS = (256, 1024, 512, 10)  # three dense layers: ~3.1 MB of float32 weights

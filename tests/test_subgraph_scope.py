@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.graph import Graph, captures, load_graph, node_inputs, ort_session, subgraphs
 from coinf.convert.split import split_model
 from coinf.convert.verify import verify_bundle
 from onnx import GraphProto, ModelProto, TensorProto, helper, numpy_helper
+
+from coinf.bundle import Bundle, Candidate
 
 F = TensorProto.FLOAT
 IR = 8

@@ -19,7 +19,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from coinf.convert.bundle import Bundle, Candidate
 from coinf.convert.split import split_model
 from coinf.convert.tflite import RTOL, convert_bundle, rel_err
 from coinf.device.litert import LITERT, ONNXRUNTIME, tflite_entry
@@ -27,6 +26,7 @@ from coinf.device.runtime import SliceRunner
 from onnx import TensorProto, helper
 
 import coinf
+from coinf.bundle import Bundle, Candidate
 from coinf.errors import BundleError, InputError
 
 ZOO = Path(__file__).resolve().parents[1] / "models" / "onnx"

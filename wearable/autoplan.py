@@ -26,8 +26,9 @@ from coinf.wearable.policy import Policy
 
 if TYPE_CHECKING:
     from coinf.ble_protocol.rpc import RpcClient
-    from coinf.convert.bundle import Bundle
     from coinf.wearable.frame import RunStats
+
+    from coinf.bundle import Bundle
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ class BundleHolder:
     a successful reload (e.g. to set ``WearableServer.bundle_identity``)."""
 
     def __init__(self, path: str | Path, on_change: Callable[[str], None] | None = None) -> None:
-        from coinf.convert.bundle import Bundle
+        from coinf.bundle import Bundle
 
         self.path = Path(path)
         self.bundle = Bundle.load(self.path)
@@ -61,7 +61,7 @@ class BundleHolder:
         return str(self.bundle.identity)
 
     def reload(self) -> dict[str, Any]:
-        from coinf.convert.bundle import Bundle
+        from coinf.bundle import Bundle
 
         previous = self.identity
         try:

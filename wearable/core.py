@@ -33,7 +33,6 @@ from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import open_connector
-from coinf.convert.bundle import Bundle, Candidate, Compressor
 from coinf.convert.compressors import CodecRunner
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import check_runtime, resolve
@@ -66,6 +65,7 @@ from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
+from coinf.bundle import Bundle, Candidate, Compressor
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 from coinf.ble_protocol.messages import result_bound as _result_bound
-from coinf.convert.bundle import Bundle, TensorSpec
 from coinf.convert.freeze import META_KEY as FROZEN
 from coinf.convert.freeze import without_frozen
 
+from coinf.bundle import Bundle, TensorSpec
 from coinf.errors import InputError, PeerResultError
 
 _ORT_TYPES = {

@@ -42,7 +42,6 @@ from coinf.ble_protocol.route import (
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector, open_connector
-from coinf.convert.bundle import Bundle
 from coinf.convert.compressors import CodecRunner
 from coinf.convert.stage_slices import slice_name
 from coinf.device.emulation import DeviceEmulation
@@ -69,6 +68,7 @@ from coinf.wearable.planner.pipeline_dp import (
     split_prefix,
 )
 
+from coinf.bundle import Bundle
 from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
 
 log = logging.getLogger(__name__)

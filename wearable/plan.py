@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coinf.ble_protocol.packing import PackSpec
-from coinf.convert.bundle import Candidate
 from coinf.convert.packcal import tensor_specs
+
+from coinf.bundle import Candidate
 
 WEARABLE = "wearable"
 HANDHELD = "handheld"
@@ -42,7 +43,7 @@ class Plan:
     stages: tuple[Stage, ...]
     tensor_packing: Mapping[str, PackSpec] = field(default_factory=dict, compare=False,
                                                    hash=False)
-    #: an attached compressor (convert.bundle.Compressor): the wearable sends its code,
+    #: an attached compressor (coinf.bundle.Compressor): the wearable sends its code,
     #: packed with ``packing``, as ``CUT~gN``; the handheld decodes it before the tail
     compressor: Any = field(default=None, compare=False, hash=False)
 

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.packing import PackSpec
-from coinf.convert.bundle import Bundle, Candidate
 from coinf.wearable.autoplan import AutoPlan
 from coinf.wearable.core import AsyncSession, ModelMetadata
 from coinf.wearable.frame import FrameResult, NodeArg, RunStats
@@ -28,6 +27,7 @@ from coinf.wearable.loop import LoopThread
 from coinf.wearable.options import RunOptions, SessionOptions
 from coinf.wearable.planner.costs import Decision
 
+from coinf.bundle import Bundle, Candidate
 from coinf.errors import CoinfError
 
 

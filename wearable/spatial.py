@@ -34,7 +34,6 @@ import numpy as np
 from coinf.ble_protocol.messages import MsgType, decode_result, encode_request, result_bound
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector
-from coinf.convert.bundle import Bundle
 from coinf.convert.gtdp import Worker
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.spatial import REST_KEY, SpatialModel, SpatialPlan
@@ -42,6 +41,7 @@ from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
 from coinf.wearable.frame import result_bound as outputs_bound
 
+from coinf.bundle import Bundle
 from coinf.errors import ErrorCode, InputError, LinkError, PeerResultError, ProtocolError
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from coinf import __version__
 from coinf.cli.commands import COMMANDS
-from coinf.deps import EXTRA_OF, missing_message
+from coinf.deps import EXTRA_OF, left_out, missing_message
 from coinf.errors import CoinfError, LinkError, MissingDependency, UserError
 
 
@@ -51,10 +51,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(f"coinf.cli.commands.{module}")
         except ModuleNotFoundError as exc:
-            top = _optional(exc)
+            lean = left_out(exc.name)  # the Pi wheel has no benchmarks (coinf.deps.PI_LEFT_OUT)
+            top = "a full install" if lean else _optional(exc)
             stub = sub.add_parser(name, help=f"{help_text} (needs {top})", add_help=False)
             stub.add_argument("rest", nargs=argparse.REMAINDER)
-            stub.set_defaults(func=_missing(missing_message(top, f"coinf {name}")))
+            stub.set_defaults(func=_missing(lean or missing_message(top, f"coinf {name}")))
             continue
         mod.register(sub.add_parser(name, help=help_text, description=help_text))
     return parser
@@ -128,9 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"coinf {args.command}: error: {exc}", file=sys.stderr)
         return exit_code(exc)
     except ModuleNotFoundError as exc:  # an optional dependency this install does not have
-        top = _optional(exc)
-        print(f"coinf {args.command}: error: {missing_message(top, 'this command')}",
-              file=sys.stderr)
+        lean = left_out(exc.name)  # or a module the Pi wheel leaves out
+        message = lean or missing_message(_optional(exc), "this command")
+        print(f"coinf {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER
     except OSError as exc:
         if exc.filename is None:  # not about a path: a bug or the system, keep its traceback

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from coinf.convert.bundle import Bundle, TensorSpec
+from coinf.bundle import Bundle, TensorSpec
 from coinf.errors import InputError
 
 

@@ -2,6 +2,7 @@
 # Turn a fresh 64-bit Raspberry Pi OS (bookworm, Python 3.11) into a coinf wearable.
 #
 #   sudo ./provision.sh --wheel coinf-0.2.0-py3-none-any.whl [--bundle DIR] [--admin pi]
+#     (the Pi's lean wheel: `make wheel-pi` on the laptop -> dist/pi/coinf-0.2.0-py3-none-any.whl)
 #   sudo ./provision.sh --uninstall [--purge]
 #   ./provision.sh --dry-run ...          print every change, make none (no root needed)
 #
@@ -110,7 +111,7 @@ if [ "$uninstall" = 1 ]; then
     exit 0
 fi
 
-[ -n "$wheel" ] || die "--wheel FILE is required (build it with \`make wheel\` on the laptop)"
+[ -n "$wheel" ] || die "--wheel FILE is required (build it with \`make wheel-pi\` on the laptop: dist/pi/*.whl)"
 if [ "$dry_run" = 0 ] && [ ! -f "$wheel" ]; then die "--wheel $wheel: no such file"; fi
 case "$wheel" in *.whl) ;; *) die "--wheel $wheel: expected a .whl file" ;; esac
 if [ -n "$bundle" ] && [ "$dry_run" = 0 ] && [ ! -f "$bundle/manifest.json" ]; then

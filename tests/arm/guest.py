@@ -21,8 +21,9 @@ import numpy as np
 
 
 def heads(bundle_dir: str, feeds_file: str, out_file: str, *cids: str) -> None:
-    from coinf.convert.bundle import Bundle
     from coinf.device.runtime import SliceRunner
+
+    from coinf.bundle import Bundle
 
     bundle = Bundle.load(bundle_dir)
     feeds = dict(np.load(feeds_file))

@@ -18,9 +18,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coinf.convert.bundle import Candidate, Compressor
 from coinf.convert.calibrate import packing_rows, row_bound
 
+from coinf.bundle import Candidate, Compressor
 from coinf.errors import InputError
 
 

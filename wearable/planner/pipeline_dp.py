@@ -27,9 +27,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coinf.convert.bundle import Bundle
 from coinf.wearable.planner.adapt import ReplanTrigger
 
+from coinf.bundle import Bundle
 from coinf.errors import InputError
 
 

@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
     from coinf import RunOptions, Session
+    from coinf.bundle import Bundle
     from coinf.cli.sample import bundle_feeds
-    from coinf.convert.bundle import Bundle
 
     bundle = Bundle.load(args.bundle)
     feeds = [bundle_feeds(bundle, seed) for seed in range(16)]

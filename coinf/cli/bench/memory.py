@@ -26,7 +26,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.device.memprofile import runtime_baseline_mb, slice_peak_rss_mb
     from coinf.errors import UserError
     from coinf.wearable.planner.memory import MemoryModel

@@ -33,8 +33,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
+    from coinf.bundle import Bundle
     from coinf.cli.sample import bundle_feeds
-    from coinf.convert.bundle import Bundle
     from coinf.errors import UserError
 
     if args.runs < 1:

@@ -119,8 +119,8 @@ def _unpack_all(bodies: dict[str, bytes]) -> list[np.ndarray]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
     from coinf.convert import calibrate as cal
-    from coinf.convert.bundle import Bundle
 
     if args.repeats < 1 or (args.limit is not None and args.limit < 1):
         raise InputError("--repeats and --limit must be >= 1")

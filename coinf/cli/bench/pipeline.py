@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.convert.split import split_model
     from coinf.models.zoo import ONNX_DIR
 

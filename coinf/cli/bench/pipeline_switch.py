@@ -39,7 +39,7 @@ def schedule(text: str) -> list[float]:
 
 
 def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.convert.compressors import attach
     from coinf.convert.split import split_model
 

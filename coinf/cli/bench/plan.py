@@ -67,9 +67,9 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
     references.py) are always measured; ``chosen_vs_best_reference`` compares the choice
     with the best of them."""
     from coinf.ble_protocol.shaped import Channel
+    from coinf.bundle import Bundle
     from coinf.cli.bench.stream import channel_for
     from coinf.cli.sample import bundle_feeds, load_feeds
-    from coinf.convert.bundle import Bundle
     from coinf.device.profile import DeviceProfile, profile_bundle
     from coinf.wearable.planner.adapt import LinkEstimate
     from coinf.wearable.planner.planner import Planner
@@ -227,7 +227,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def zoo_bundles(cache: Path, max_candidates: int) -> list[Path]:
     """Bundles of every committed zoo model, split into ``cache`` unless already there."""
-    from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
+    from coinf.bundle import MANIFEST, Bundle, sha256_file
     from coinf.convert.split import split_model
     from coinf.models.zoo import ZOO, committed_path
 

@@ -69,7 +69,7 @@ STYLES = ("incontext", "coinf", "neurosurgeon")
 
 def zoo_source(bundle: Any) -> str | None:
     """The zoo model ``bundle`` was split from (by the source file's hash), if any."""
-    from coinf.convert.bundle import sha256_file
+    from coinf.bundle import sha256_file
     from coinf.models import zoo
 
     sha = (bundle.meta.get("source") or {}).get("sha256")
@@ -100,7 +100,7 @@ def parse_families(specs: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.device.features import node_features
     from coinf.device.incontext import model_features, profile_in_context
     from coinf.device.predict import Predictor

@@ -80,7 +80,7 @@ def _check(args: argparse.Namespace) -> None:
 def _prepare_model(args: argparse.Namespace, work: Path) -> tuple[Any, str, str | None, dict]:
     """Build the pretrained model, split it, write its real inputs: (bundle, data, metric,
     model info)."""
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.models import pretrained, realdata
 
     spec = pretrained.spec_for(args.model)
@@ -112,8 +112,8 @@ def _cands(bundle: Any, args: argparse.Namespace) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from coinf.ble_protocol.packing import PackSpec
+    from coinf.bundle import Bundle
     from coinf.convert import calibrate as cal
-    from coinf.convert.bundle import Bundle
     from coinf.convert.metrics import parse_metric
     from coinf.convert.packcal import Options
 

@@ -45,7 +45,7 @@ def _time_pair(a: Any, b: Any, feeds: dict[str, Any], warmup: int, repeats: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.convert.tflite import rel_err
     from coinf.convert.verify import reference
     from coinf.deps import litert_interpreter, litert_package

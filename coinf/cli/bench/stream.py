@@ -102,8 +102,8 @@ def realtime_run(sess: Any, frames: list[Any], rate_hz: float, depth: int,
 
 
 def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
     from coinf.cli.sample import bundle_feeds
-    from coinf.convert.bundle import Bundle
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 

@@ -46,8 +46,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
     from coinf.convert import calibrate as cal
-    from coinf.convert.bundle import Bundle
 
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")

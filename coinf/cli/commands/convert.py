@@ -65,8 +65,8 @@ def print_summary(summary: Any, out: Any = sys.stdout) -> None:
 def convert_tflite(bundle_dir: str, candidates: str | None = None, python: str | None = None,
                    install: bool = False, timeout: float = 600.0) -> Any:
     """Shared by ``coinf convert tflite`` and ``coinf split --tflite``."""
+    from coinf.bundle import Bundle
     from coinf.cli.progress import Bar
-    from coinf.convert.bundle import Bundle
     from coinf.convert.tflite import convert_bundle, install_converter
 
     bundle = Bundle.load(bundle_dir)

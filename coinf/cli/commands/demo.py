@@ -136,9 +136,9 @@ def format_condition(c: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
     from coinf.cli.commands.demo_prep import describe, prepare
     from coinf.cli.commands.run import format_table
-    from coinf.convert.bundle import Bundle
     from coinf.device.emulation import profile_slowdown
     from coinf.device.profile import DeviceProfile
     from coinf.errors import UserError
@@ -319,6 +319,6 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
 
 
 def _input_name(bundle_dir: Path) -> str:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     return Bundle.load(bundle_dir).inputs[0].name

@@ -35,7 +35,7 @@ class Prepared:
 def ensure_bundle(model: Path, out: Path, post: str | None = None) -> Path:
     """Split ``model`` into ``out`` (verified; ``post``: convert/post.py) unless a bundle of
     this very file and post-processing is there."""
-    from coinf.convert.bundle import MANIFEST, Bundle, sha256_file
+    from coinf.bundle import MANIFEST, Bundle, sha256_file
     from coinf.convert.split import split_model
 
     if (out / MANIFEST).is_file():
@@ -91,8 +91,8 @@ def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name:
               outputs: list[str]) -> None:
     """Calibrate the input and the ``CUTS`` cheapest cuts on ``samples`` real inputs, unless
     the bundle already holds this very calibration."""
+    from coinf.bundle import Bundle
     from coinf.convert import calibrate as cal
-    from coinf.convert.bundle import Bundle
     from coinf.convert.metrics import parse_metric
     from coinf.convert.packcal import Options
     from coinf.models import realdata

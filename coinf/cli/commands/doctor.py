@@ -175,7 +175,7 @@ def bonds_check() -> dict[str, Any]:
 
 
 def bundle_check(path: str | None) -> dict[str, Any]:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     given = path is not None
     path = path or DEFAULT_BUNDLE

@@ -10,8 +10,8 @@ import signal
 import sys
 from typing import Any
 
+from coinf.bundle import Bundle
 from coinf.cli import argtypes
-from coinf.convert.bundle import Bundle
 
 DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
 

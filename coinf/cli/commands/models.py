@@ -19,6 +19,7 @@ from typing import TextIO
 
 from coinf.cli import argtypes
 from coinf.cli.paths import writable_dir, writable_file
+from coinf.deps import require_full
 from coinf.errors import UserError
 
 
@@ -237,6 +238,7 @@ def _compressors(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     from coinf.models.zoo import committed_path, require_torch
 
+    require_full("coinf.models.pruning")  # the Pi wheel has neither the builders nor the zoo
     src = Path(args.model) if args.model else committed_path("lenet_digits")
     if not src.is_file():
         raise UserError(f"MODEL {src}: no such file")

@@ -12,7 +12,7 @@ from coinf.errors import UserError
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.wearable.pipeline import DEFAULT_BANDWIDTH_BPS, PipelineSession, load_helpers
 
     helpers = load_helpers(args.pipeline)

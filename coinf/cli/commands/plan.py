@@ -83,7 +83,7 @@ def profiles_note(wear: Any, hand: Any, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
     from coinf.device.profile import load_or_default
     from coinf.device.status import DeviceStatus
     from coinf.wearable.planner.planner import Planner

@@ -22,6 +22,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.paths import writable_dir, writable_file
+from coinf.deps import require_full
 from coinf.errors import UserError
 
 
@@ -135,13 +136,15 @@ def run(args: argparse.Namespace) -> int:
                                  "role_from": "--role" if args.role else "detected"}
     bundle = None
     if args.bundle:  # loaded (and checked) before the sweep
-        from coinf.convert.bundle import Bundle
+        from coinf.bundle import Bundle
 
         bundle = Bundle.load(args.bundle)
     if args.train:
         from coinf.device.predict import Predictor, require_training_deps
 
         require_training_deps()  # before the sweep, not after it
+        if not args.no_context:
+            require_full("coinf.research")  # the Pi wheel has no in-context training
         from coinf.device.sweep import run_sweep
 
         scale = 0.1 if args.quick else args.scale

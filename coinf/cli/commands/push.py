@@ -175,7 +175,7 @@ def copy(remote: Remote, src: Path, incoming: str, method: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     src = Path(args.bundle)
     bundle = Bundle.load(src)  # a broken bundle fails here, before anything is sent

@@ -78,8 +78,8 @@ def spread(n_items: int, k: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle, open_slice
     from coinf.cli.sample import bundle_feeds, load_feeds
-    from coinf.convert.bundle import Bundle, open_slice
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 

@@ -89,7 +89,7 @@ def table(bundle: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     if args.list:
         bundle = Bundle.load(args.list)

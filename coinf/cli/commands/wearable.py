@@ -79,7 +79,7 @@ def control(args: argparse.Namespace) -> int:
 
 
 def bundle_identity(path: str) -> str:
-    from coinf.convert.bundle import Bundle
+    from coinf.bundle import Bundle
 
     return Bundle.load(path).identity
 

@@ -1,7 +1,10 @@
 """The split bundle: a directory holding a model, its head/tail slices and ``manifest.json``.
 
-This module only reads and writes the format (docs/BUNDLE.md); :mod:`convert.split` makes
-bundles. The wearable and handheld load bundles with :meth:`Bundle.load`.
+This module only reads and writes the format (docs/BUNDLE.md); :mod:`coinf.convert.split` makes
+bundles. The wearable and handheld load bundles with :meth:`Bundle.load` and open their slices
+with :func:`open_slice`. It sits at rank 0 (tests/test_layering.py): the standard library and
+:mod:`coinf.errors` only, onnx/onnxruntime imported when a slice is opened, so the Pi wheel
+(``make wheel-pi``) and the offline ``coinf.convert`` share one reader.
 
 Layout::
 
@@ -17,11 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coinf.errors import BundleError
+
+if TYPE_CHECKING:
+    from onnx import GraphProto, ModelProto, TensorProto
 
 FORMAT = "coinf-bundle"
 FORMAT_VERSION = 1
@@ -362,6 +369,49 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def is_external(t: TensorProto) -> bool:
+    """Whether the tensor's data lives in an external file (``data_location == EXTERNAL``)."""
+    return t.HasField("data_location") and t.data_location == _EXTERNAL
+
+
+_EXTERNAL = 1  # onnx.TensorProto.EXTERNAL (onnx is not imported until a slice is opened)
+
+
+def all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto of a graph: initializers, sparse ones, node attributes, sub-graphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from all_tensors(sub)
+
+
+def check_locations(model: ModelProto, path: Path) -> None:
+    """Refuse a slice whose external data lies outside its own folder.
+
+    A manifest's paths are checked by :func:`inside`; an ONNX file can name its own weight
+    files too, so a hostile bundle could make onnxruntime read ``/etc/...`` or ``../other``.
+    Only bare or nested relative names inside the slice's folder pass.
+    """
+    root = path.parent.resolve()
+    for t in all_tensors(model.graph):
+        if not is_external(t):
+            continue
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        rel = Path(loc)
+        if not loc or rel.is_absolute() or not (root / rel).resolve().is_relative_to(root):
+            raise BundleError(f"bundle file {path}: tensor {t.name!r} names external data "
+                              f"{loc!r} outside the bundle's folder")
+
+
 def open_slice(path: str | Path, sess_options: Any = None,
                providers: list[str] | tuple[str, ...] = ("CPUExecutionProvider",)) -> Any:
     """``onnxruntime.InferenceSession`` of a bundle file; a file onnxruntime cannot load (truncated,
@@ -369,7 +419,6 @@ def open_slice(path: str | Path, sess_options: Any = None,
     A file whose external data lies outside its folder is refused (:func:`check_locations`)."""
     import onnx
     import onnxruntime as ort
-    from coinf.convert.weights import check_locations
 
     try:
         check_locations(onnx.load(str(path), load_external_data=False), Path(path))

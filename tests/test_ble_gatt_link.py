@@ -21,8 +21,10 @@ from coinf.ble_protocol.link import LinkClosed
 from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError, decode_error
 
 
-def wired(window: int = 4, mtu: int = 60) -> tuple[GattLink, GattLink, list[bytes]]:
-    """(wearable, handheld, log of data chunks the wearable sent)."""
+def wired(window: int = 4, mtu: int = 60,
+          max_message_bytes: int = 10_000) -> tuple[GattLink, GattLink, list[bytes]]:
+    """(wearable, handheld, log of data chunks the wearable sent): two GattLinks wired to
+    each other in memory."""
     ends: dict[str, GattLink] = {}
     sent: list[bytes] = []
 
@@ -44,12 +46,12 @@ def wired(window: int = 4, mtu: int = 60) -> tuple[GattLink, GattLink, list[byte
             role=role,
             mtu=mtu,
             peer_window=window,
-            peer_max_message_bytes=10_000,
+            peer_max_message_bytes=max_message_bytes,
             write_data=write_data,
             write_control=write_control,
             disconnect=disconnect,
             window=window,
-            max_message_bytes=10_000,
+            max_message_bytes=max_message_bytes,
         )
 
     ends["wearable"] = make("wearable", "handheld")

@@ -37,6 +37,7 @@ from coinf.wearable.frame import result_bound as bundle_result_bound
 
 from coinf.errors import PeerResultError
 from tests.bundles import make_tiny_bundle
+from tests.test_ble_gatt_link import wired
 
 MIB = 1 << 20
 
@@ -190,27 +191,8 @@ def test_a_60_mib_result_costs_the_wearable_almost_nothing(tmp_path: Path) -> No
 
 # -- the BLE link: refused from the first chunk's header, the link stays up ----------------------
 def _wired(mtu: int = 517, window: int = 128) -> tuple[GattLink, GattLink]:
-    ends: dict[str, GattLink] = {}
-
-    def make(role: str, peer: str) -> GattLink:
-        async def write_data(chunk: bytes) -> None:
-            await asyncio.sleep(0)
-            ends[peer].feed_data(chunk)
-
-        async def write_control(frame: bytes) -> None:
-            await asyncio.sleep(0)
-            ends[peer].feed_control(frame)
-
-        async def disconnect() -> None:
-            ends[peer].connection_lost("peer disconnected")
-
-        return GattLink(role=role, mtu=mtu, peer_window=window, peer_max_message_bytes=64 * MIB,
-                        write_data=write_data, write_control=write_control,
-                        disconnect=disconnect, window=window, max_message_bytes=64 * MIB)
-
-    ends["wearable"] = make("wearable", "handheld")
-    ends["handheld"] = make("handheld", "wearable")
-    return ends["wearable"], ends["handheld"]
+    w, h, _ = wired(window, mtu, max_message_bytes=64 * MIB)
+    return w, h
 
 
 def test_the_ble_link_refuses_an_oversized_reply_from_its_first_chunk() -> None:

@@ -93,7 +93,9 @@ def ctrl_credit(n: int) -> bytes:
 
 
 def ctrl_error(code: ErrorCode, text: str) -> bytes:
-    return bytes([Ctrl.ERROR]) + encode_error(code, text)[:500]
+    """A fatal control ERROR: ``u16 code | UTF-8 text``, at most 500 B (no hop byte: the
+    message-level ERROR of ``messages.encode_error`` has one)."""
+    return (bytes([Ctrl.ERROR]) + struct.pack("<H", int(code)) + text.encode("utf-8"))[:500]
 
 
 def ctrl_ping(nonce: int, pong: bool = False) -> bytes:
@@ -415,7 +417,7 @@ class GattLink(Link):
     def _message_failed(self, rid: int, exc: ProtocolError) -> None:
         """A single message was bad: fail the local waiter (wearable) or tell the peer."""
         log.warning("%s: dropped message %d: %s", self._name, rid, exc)
-        err = Message(MsgType.ERROR, rid, encode_error(exc.code, exc.text))
+        err = Message(MsgType.ERROR, rid, encode_error(exc.code, exc.text, exc.hop))
         if self.role == "wearable":
             self._inbox.put_nowait(err)
         else:

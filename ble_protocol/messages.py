@@ -13,22 +13,20 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from coinf.errors import ErrorCode, ProtocolError
+from coinf.errors import ErrorCode, ProtocolError, RemoteError
 
 # ErrorCode and ProtocolError live in coinf.errors (the one exception hierarchy); re-exported.
 __all__ = [
     "MAX_CONTROL_BYTES", "MAX_ERROR_BYTES", "MAX_PROFILE_BYTES", "PROTOCOL_VERSION", "ErrorCode",
-    "Message", "MsgType", "ProtocolError", "decode_error", "decode_json", "decode_request",
-    "decode_result", "encode_error", "encode_json", "encode_request", "encode_result",
-    "parse_type", "reply_bound", "reply_type", "result_bound",
+    "Message", "MsgType", "ProtocolError", "decode_error", "decode_json", "encode_error",
+    "encode_json", "parse_type", "reply_bound", "reply_type", "result_bound",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_CONTROL_BYTES = 4096
-MAX_ID_BYTES = 256
 MAX_ERROR_TEXT = 1024
-#: An ERROR payload: u16 code + at most 1024 B of UTF-8 text.
-MAX_ERROR_BYTES = 2 + MAX_ERROR_TEXT
+#: An ERROR payload: u16 code + u8 hop + at most 1024 B of UTF-8 text.
+MAX_ERROR_BYTES = 3 + MAX_ERROR_TEXT
 #: A PROFILE reply (the same cap as ``coinf.device.profile.MAX_PROFILE_BYTES``).
 MAX_PROFILE_BYTES = 8 * 1024 * 1024
 
@@ -116,55 +114,27 @@ def decode_json(payload: bytes | memoryview, max_bytes: int = MAX_CONTROL_BYTES,
     return obj
 
 
-def encode_error(code: ErrorCode, text: str) -> bytes:
-    return struct.pack("<H", int(code)) + text.encode("utf-8")[:MAX_ERROR_TEXT]
+def encode_error(code: ErrorCode, text: str, hop: int | None = None) -> bytes:
+    """An ERROR payload: ``u16 code, u8 hop, UTF-8 text``; ``hop`` is the index, in the
+    request's route, of the hop at fault (255: not about one hop)."""
+    at = 0xFF if hop is None or not 0 <= hop < 0xFF else hop
+    return struct.pack("<HB", int(code), at) + text.encode("utf-8")[:MAX_ERROR_TEXT]
 
 
-def decode_error(payload: bytes) -> ProtocolError:
-    if len(payload) < 2:
-        return ProtocolError(ErrorCode.MALFORMED, "ERROR payload shorter than 2 bytes")
-    (raw,) = struct.unpack_from("<H", payload)
+def decode_error(payload: bytes) -> RemoteError:
+    """The peer's ERROR as an exception (a payload too short is reported as MALFORMED)."""
+    if len(payload) < 3:
+        return RemoteError(ErrorCode.MALFORMED, "ERROR payload shorter than 3 bytes")
+    raw, at = struct.unpack_from("<HB", payload)
     try:
         code = ErrorCode(raw)
     except ValueError:
         code = ErrorCode.MALFORMED
-    return ProtocolError(code, payload[2:MAX_ERROR_BYTES].decode("utf-8", errors="replace"))
+    text = payload[3:MAX_ERROR_BYTES].decode("utf-8", errors="replace")
+    return RemoteError(code, text, hop=None if at == 0xFF else at)
 
 
-def encode_request(candidate_id: str, tensors_blob: bytes) -> bytes:
-    cid = candidate_id.encode("utf-8")
-    if len(cid) > MAX_ID_BYTES:
-        raise ValueError(f"candidate id longer than {MAX_ID_BYTES} bytes")
-    return struct.pack("<H", len(cid)) + cid + tensors_blob
-
-
-def decode_request(payload: bytes) -> tuple[str, memoryview]:
-    """Split a REQUEST payload into (candidate id, tensor blob)."""
-    if len(payload) < 2:
-        raise ProtocolError(ErrorCode.TRUNCATED, "REQUEST payload shorter than 2 bytes")
-    (n,) = struct.unpack_from("<H", payload)
-    if n > MAX_ID_BYTES or 2 + n > len(payload):
-        raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST candidate id length {n} is invalid")
-    try:
-        cid = bytes(payload[2 : 2 + n]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError(ErrorCode.MALFORMED, "REQUEST candidate id is not UTF-8") from None
-    return cid, memoryview(payload)[2 + n :]
-
-
-def encode_result(tail_us: int, tensors_blob: bytes) -> bytes:
-    return struct.pack("<I", min(max(tail_us, 0), 0xFFFFFFFF)) + tensors_blob
-
-
-def decode_result(payload: bytes) -> tuple[int, memoryview]:
-    """Split a RESULT payload into (tail compute time in µs, tensor blob)."""
-    if len(payload) < 4:
-        raise ProtocolError(ErrorCode.TRUNCATED, "RESULT payload shorter than 4 bytes")
-    (us,) = struct.unpack_from("<I", payload)
-    return us, memoryview(payload)[4:]
-
-
-# --- the receiver's bound (docs/PROTOCOL.md §6.12) ------------------------------------------------
+# --- the receiver's bound (docs/PROTOCOL.md §6.13) ------------------------------------------------
 
 #: request type -> the type of its reply (an ERROR may answer any of them)
 _REPLY_TYPE = {MsgType.HELLO: MsgType.HELLO_ACK, MsgType.REQUEST: MsgType.RESULT,
@@ -191,11 +161,12 @@ def reply_bound(mtype: MsgType, request_bytes: int) -> int | None:
     return None
 
 
-def result_bound(tensors: Iterable[tuple[str, int, int]]) -> int:
-    """The largest RESULT payload that can carry exactly ``tensors`` (name, ndim, data bytes):
-    u32 tail time + the tensor map (§6.1) with every tensor RAW. A PACKED output is sent only
-    when its body is smaller than the raw data (§6.1), so no valid RESULT is larger."""
-    total = 4 + 2
+def result_bound(tensors: Iterable[tuple[str, int, int]], hops: int = 1) -> int:
+    """The largest RESULT payload that can carry exactly ``tensors`` (name, ndim, data bytes)
+    for a request of ``hops`` hops: the hop records (``ble_protocol.request``) + the tensor map
+    (§6.1) with every tensor RAW. A PACKED output is sent only when its body is smaller than
+    the raw data (§6.1), so no valid RESULT is larger."""
+    total = 1 + 12 * hops + 2
     for name, ndim, nbytes in tensors:
         total += 2 + len(name.encode("utf-8")) + 5 + 2 + 4 * ndim + nbytes
     return total

@@ -2,7 +2,7 @@
 
 The wearable side (:class:`RpcClient`) numbers requests, matches replies by ``request_id``,
 enforces per-request timeouts, sends CANCEL for abandoned requests and bounds what it accepts:
-each request's reply by the largest valid answer to it (docs/PROTOCOL.md §6.12), checked on the
+each request's reply by the largest valid answer to it (docs/PROTOCOL.md §6.13), checked on the
 declared size before the link reassembles or allocates anything. The handheld side
 (:func:`serve`) answers HELLO, PROBE and REQUEST messages with a user handler, admitting a
 bounded number of requests at a time (the rest get ERROR BUSY).
@@ -306,7 +306,8 @@ async def serve(
                 reply = await handler(msg)
         except ProtocolError as exc:
             counts.failed += 1
-            reply = Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text))
+            reply = Message(MsgType.ERROR, msg.request_id,
+                            encode_error(exc.code, exc.text, exc.hop))
         except Exception as exc:  # a bug or a tail failure: report it, keep serving
             counts.failed += 1
             if isinstance(exc, CoinfError):  # a known cause (e.g. a damaged bundle file): one line
@@ -390,7 +391,7 @@ async def _send_reply(link: Link, reply: Message) -> bool:
         log.warning("could not send reply to request %d: %s", reply.request_id, exc)
         with contextlib.suppress(ProtocolError):
             await link.send(
-                Message(MsgType.ERROR, reply.request_id, encode_error(exc.code, exc.text))
+                Message(MsgType.ERROR, reply.request_id, encode_error(exc.code, exc.text, exc.hop))
             )
             return True
         return False

@@ -129,20 +129,7 @@ class Candidate:
         }
 
 
-#: a compressed candidate id on the wire: ``c004~g4`` (compressor gamma 4's code at ``c004``)
-GAMMA_SEP = "~g"
 COMPRESSORS_DIR = "compressors"
-
-
-def split_compressed(cid: str) -> tuple[str, int | None]:
-    """``"c004~g4"`` -> ``("c004", 4)``; a plain id -> ``(id, None)``. A malformed gamma
-    (``c004~gx``, ``c004~g0``) raises :class:`BundleError`."""
-    base, sep, gamma = cid.partition(GAMMA_SEP)
-    if not sep:
-        return cid, None
-    if not (gamma.isdigit() and 1 <= len(gamma) <= 3 and int(gamma) >= 2):
-        raise BundleError(f"bad compressor in {cid[:80]!r}: expected CUT~gN with N >= 2")
-    return base, int(gamma)
 
 
 @dataclass(frozen=True)
@@ -164,8 +151,9 @@ class Compressor:
     sha256: str
 
     @property
-    def wire_id(self) -> str:
-        return f"{self.candidate}{GAMMA_SEP}{self.gamma}"
+    def label(self) -> str:
+        """``g4 at c002``: how messages name it (a request carries cut and gamma as fields)."""
+        return f"g{self.gamma} at {self.candidate}"
 
     def relative_accuracy(self, packing: str) -> float:
         """Accuracy with this packing relative to the uncompressed model's (<= 1)."""
@@ -256,7 +244,7 @@ class Bundle:
         for comp in found:
             if comp.gamma == gamma:
                 return comp
-        have = ", ".join(c.wire_id for c in found) or "none"
+        have = ", ".join(f"g{c.gamma}" for c in found) or "none"
         raise BundleError(f"no compressor g{gamma} at cut {cid} (this bundle has {have} there)")
 
     # -- I/O ------------------------------------------------------------------------------------
@@ -337,10 +325,10 @@ class Bundle:
         ids = {c.id for c in bundle.candidates}
         for comp in comps:
             if comp.candidate not in ids:
-                raise BundleError(f"{path}: compressor {comp.wire_id} names no candidate")
+                raise BundleError(f"{path}: compressor {comp.label} names no candidate")
             for file in (comp.encoder, comp.decoder):
                 if not inside(root, file).is_file():
-                    raise BundleError(f"{path}: compressor {comp.wire_id} needs missing {file}")
+                    raise BundleError(f"{path}: compressor {comp.label} needs missing {file}")
         return bundle
 
 

@@ -69,6 +69,7 @@ class ErrorCode(IntEnum):
     CANCELLED = 12
     DISCONNECTED = 13
     INSUFFICIENT_ENCRYPTION = 14
+    UNSUPPORTED = 15
 
 
 #: Codes after which the peer may well succeed later: finish locally now, retry after a backoff.
@@ -99,18 +100,27 @@ class LinkError(CoinfError):
 class ProtocolError(LinkError):
     """A peer sent something that breaks the protocol, or a request failed remotely.
 
-    ``code`` is the wire :class:`ErrorCode`; ``request_id`` the request it concerns, if any.
+    ``code`` is the wire :class:`ErrorCode`; ``request_id`` the request it concerns, if any;
+    ``hop`` the index, in that request's route, of the device at fault (None: the receiver, or
+    not about one hop).
     """
 
-    def __init__(self, code: ErrorCode, text: str, request_id: int | None = None) -> None:
+    def __init__(self, code: ErrorCode, text: str, request_id: int | None = None,
+                 hop: int | None = None) -> None:
         super().__init__(f"{code.name.lower()}: {text}")
         self.code = code
         self.text = text
         self.request_id = request_id
+        self.hop = hop
 
     @property
     def transient(self) -> bool:
         return self.code in TRANSIENT_CODES
+
+
+class RemoteError(ProtocolError):
+    """The peer answered a request with ERROR: ``code``, ``text`` and ``hop`` are its own
+    (an error raised on this side of the link is a plain :class:`ProtocolError`)."""
 
 
 class LinkClosed(ProtocolError):
@@ -145,5 +155,6 @@ __all__ = [
     "ModelError",
     "PeerResultError",
     "ProtocolError",
+    "RemoteError",
     "UserError",
 ]

@@ -307,11 +307,11 @@ def _verify(bundle: Bundle, cand: Candidate, e: SetEntry, feeds: dict[str, np.nd
 def check_code(comp: Compressor, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
     """Tensors from the wire must be exactly ``comp``'s code (name, dtype, shape)."""
     if set(feeds) != {CODE}:
-        raise ProtocolError(ErrorCode.MALFORMED, f"{comp.wire_id}: expected exactly one tensor "
-                            f"{CODE!r}, got {sorted(feeds)[:8]}")
+        raise ProtocolError(ErrorCode.MALFORMED, f"compressor {comp.label}: expected exactly "
+                            f"one tensor {CODE!r}, got {sorted(feeds)[:8]}")
     arr = feeds[CODE]
     if tuple(arr.shape) != comp.code.shape or arr.dtype != np.dtype(comp.code.dtype):
-        raise ProtocolError(ErrorCode.MALFORMED, f"{comp.wire_id}: code is "
+        raise ProtocolError(ErrorCode.MALFORMED, f"compressor {comp.label}: code is "
                             f"{arr.dtype}{list(arr.shape)}, expected "
                             f"{comp.code.dtype}{list(comp.code.shape)}")
     return arr

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
+from coinf.ble_protocol.request import Tile
 from coinf.convert.graph import Graph, load_graph
 from coinf.convert.gtdp import Group, Worker, plan_groups
 from coinf.convert.slicer import build_slice
@@ -28,30 +29,21 @@ from coinf.device.emulation import DeviceEmulation
 
 from coinf.errors import ModelError
 
-TILE_PREFIX = "sp:"
-REST_KEY = "sp:rest"
-"""The layers after the spatial chain, run on one (the fastest) device."""
-TileFn = Callable[[int, str, np.ndarray], np.ndarray]
-"""(worker index, tile key, input region) -> output tile."""
+TileFn = Callable[[int, Tile, np.ndarray], np.ndarray]
+"""(worker index, tile, input region) -> output tile."""
 
 
-def tile_key(i0: int, i1: int, r: Rect) -> str:
-    """The wire name of a tile: ``sp:I0-I1:R0-R1:C0-C1`` (layers, output rows, columns)."""
-    return f"sp:{i0}-{i1}:{r.r0}-{r.r1}:{r.c0}-{r.c1}"
+def tile_of(i0: int, i1: int, r: Rect) -> Tile:
+    """The tile of layers [i0, i1) whose output is rectangle ``r`` (its wire form)."""
+    return Tile(i0, i1, r.r0, r.r1, r.c0, r.c1)
 
 
-def parse_tile_key(key: str, chain_len: int) -> tuple[int, int, Rect]:
-    """Inverse of :func:`tile_key`; raise :class:`ModelError` for anything malformed."""
-    parts = key.split(":")
-    try:
-        if len(parts) != 4 or parts[0] != "sp":
-            raise ValueError
-        (i0, i1), (r0, r1), (c0, c1) = (tuple(int(v) for v in p.split("-", 1)) for p in parts[1:])
-    except ValueError:
-        raise ModelError(f"bad tile name {key[:60]!r}; expected sp:I0-I1:R0-R1:C0-C1") from None
-    if not 0 <= i0 < i1 <= chain_len:
-        raise ModelError(f"tile {key[:60]!r}: layers outside the chain of {chain_len}")
-    return i0, i1, Rect(r0, r1, c0, c1)
+def check_tile(tile: Tile, chain_len: int) -> tuple[int, int, Rect]:
+    """(i0, i1, output rect) of ``tile``; raise :class:`ModelError` unless it lies in a chain
+    of ``chain_len`` layers and is not empty."""
+    if not (0 <= tile.i0 < tile.i1 <= chain_len and tile.r0 < tile.r1 and tile.c0 < tile.c1):
+        raise ModelError(f"{tile}: outside the chain of {chain_len} layers, or empty")
+    return tile.i0, tile.i1, Rect(tile.r0, tile.r1, tile.c0, tile.c1)
 
 
 def _session(model: bytes, threads: int) -> ort.InferenceSession:
@@ -105,7 +97,7 @@ class SpatialModel:
                              f"4-D input read by Conv/Pool layers)")
         self.threads = threads
         self.max_tiles = max_tiles
-        self._tiles: dict[str, ort.InferenceSession] = {}
+        self._tiles: dict[Tile, ort.InferenceSession] = {}
         self._whole: ort.InferenceSession | None = None
         self.input = self.g.nodes[self.chain[0].node].inputs[0]
         self.chain_out = self.g.nodes[self.chain[-1].node].outputs[0]
@@ -130,41 +122,42 @@ class SpatialModel:
         best = min(range(len(workers)), key=lambda i: (times[i], i))
         return SpatialPlan(strategy, list(workers), groups, best, times[best])
 
-    def tile_session(self, key: str) -> ort.InferenceSession:
+    def tile_session(self, key: Tile) -> ort.InferenceSession:
         """The session of tile ``key`` (validated against the chain; LRU-bounded cache)."""
         sess = self._tiles.get(key)
         if sess is None:
-            i0, i1, rect = parse_tile_key(key, len(self.chain))
-            proto = tile_model(self.g, self.chain, i0, i1, rect, name=key.replace(":", "_"))
+            i0, i1, rect = check_tile(key, len(self.chain))
+            name = f"tile_{i0}_{i1}_{rect.r0}_{rect.r1}_{rect.c0}_{rect.c1}"
+            proto = tile_model(self.g, self.chain, i0, i1, rect, name=name)
             sess = _session(proto.SerializeToString(), self.threads)
             if len(self._tiles) >= self.max_tiles:
                 self._tiles.pop(next(iter(self._tiles)))
             self._tiles[key] = sess
         return sess
 
-    def region_shape(self, key: str, batch: int) -> tuple[int, int, int, int]:
-        i0, i1, rect = parse_tile_key(key, len(self.chain))
+    def region_shape(self, key: Tile, batch: int) -> tuple[int, int, int, int]:
+        i0, i1, rect = check_tile(key, len(self.chain))
         region, _, _ = input_region(self.chain, i0, i1, rect)
         return batch, self.chain[i0].in_shape[0], region.h, region.w
 
-    def run_tile(self, key: str, region: np.ndarray) -> np.ndarray:
+    def run_tile(self, key: Tile, region: np.ndarray) -> np.ndarray:
         """Compute one tile from its input region, checking the region's shape first."""
         want = self.region_shape(key, region.shape[0] if region.ndim == 4 else -1)
         if region.shape != want or region.dtype != np.float32:
-            raise ModelError(f"tile {key}: input region {region.shape} {region.dtype}, expected "
+            raise ModelError(f"{key}: input region {region.shape} {region.dtype}, expected "
                              f"{want} float32")
         sess = self.tile_session(key)
         return np.asarray(sess.run(None, {sess.get_inputs()[0].name: region})[0])
 
-    def jobs(self, x: np.ndarray, group: Group) -> list[tuple[int, str, np.ndarray, Rect]]:
-        """(worker, tile name, input region, output rect) for every non-empty tile of a group."""
+    def jobs(self, x: np.ndarray, group: Group) -> list[tuple[int, Tile, np.ndarray, Rect]]:
+        """(worker, tile, input region, output rect) for every non-empty tile of a group."""
         out = []
         for t in group.tiles:
             if t.out.empty():
                 continue
             region, _, _ = input_region(self.chain, group.i0, group.i1, t.out)
             part = np.ascontiguousarray(x[:, :, region.r0:region.r1, region.c0:region.c1])
-            out.append((t.worker, tile_key(group.i0, group.i1, t.out), part, t.out))
+            out.append((t.worker, tile_of(group.i0, group.i1, t.out), part, t.out))
         return out
 
     def new_map(self, x: np.ndarray, group: Group) -> np.ndarray:
@@ -172,11 +165,11 @@ class SpatialModel:
         return np.empty((x.shape[0], c, h, w), dtype=np.float32)
 
     @staticmethod
-    def place(y: np.ndarray, key: str, rect: Rect, out: np.ndarray) -> None:
+    def place(y: np.ndarray, key: Tile, rect: Rect, out: np.ndarray) -> None:
         """Put one tile's output into the map, refusing a tile of the wrong shape."""
         want = (y.shape[0], y.shape[1], rect.h, rect.w)
         if out.shape != want or out.dtype != np.float32:
-            raise ModelError(f"tile {key} returned {out.dtype}{list(out.shape)}, expected "
+            raise ModelError(f"{key} returned {out.dtype}{list(out.shape)}, expected "
                              f"float32{list(want)}")
         y[:, :, rect.r0:rect.r1, rect.c0:rect.c1] = out
 
@@ -209,9 +202,10 @@ class SpatialModel:
 
 
 class TileRunner:
-    """The helper's side: tiles of the bundle's model by wire name (``sp:...``), their input
-    checked against the tile's exact region shape before anything runs (the wire is untrusted).
-    The :class:`SpatialModel` is built on the first tile request."""
+    """The helper's side: tiles of the bundle's model (TILE requests) and the layers after
+    them (REST, ``tile=None``), their input checked against the tile's exact region shape
+    before anything runs (the wire is untrusted). The :class:`SpatialModel` is built on the
+    first request."""
 
     def __init__(self, model_path: str | Path, emulation: DeviceEmulation | None = None) -> None:
         self.model_path = Path(model_path)
@@ -230,15 +224,16 @@ class TileRunner:
                                         f"this model has no tiles: {exc}") from None
             return self._model
 
-    def _parse(self, key: str) -> tuple[int, int, Rect]:
+    def _parse(self, key: Tile) -> tuple[int, int, Rect]:
         try:
-            return parse_tile_key(key, len(self.model.chain))
+            return check_tile(key, len(self.model.chain))
         except ModelError as exc:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
 
-    def budget(self, key: str) -> int:
-        """Bytes the tile's input region takes: the most a request for it may allocate."""
-        if key == REST_KEY:
+    def budget(self, key: Tile | None) -> int:
+        """Bytes the tile's input region (``None``: the chain's output map) takes: the most a
+        request for it may allocate."""
+        if key is None:
             return self.model.g.ttype(self.model.chain_out).nbytes
         i0, i1, rect = self._parse(key)
         try:
@@ -248,15 +243,15 @@ class TileRunner:
         batch = self.model.g.ttype(self.model.input).shape[0]
         return batch * self.model.chain[i0].in_shape[0] * region.area * 4
 
-    def run(self, key: str, feeds: Mapping[str, np.ndarray], cancel: CancelToken | None = None
-            ) -> tuple[dict[str, np.ndarray], float]:
-        """(``{"tile": output}``, emulated seconds) for one tile request; for ``sp:rest`` the
+    def run(self, key: Tile | None, feeds: Mapping[str, np.ndarray],
+            cancel: CancelToken | None = None) -> tuple[dict[str, np.ndarray], float]:
+        """(``{"tile": output}``, emulated seconds) for one tile; for ``None`` (REST) the
         model's outputs from the stitched map (``{"map": ...}``)."""
-        if key == REST_KEY:
+        if key is None:
             return self._run_rest(feeds, cancel)
         if set(feeds) != {"region"}:
             raise ProtocolError(ErrorCode.MALFORMED,
-                                f"tile {key}: expected one tensor 'region', got {sorted(feeds)}")
+                                f"{key}: expected one tensor 'region', got {sorted(feeds)}")
         region = feeds["region"]
         try:
             batch = self.model.g.ttype(self.model.input).shape[0]
@@ -264,7 +259,7 @@ class TileRunner:
         except ModelError as exc:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
         if region.shape != want or region.dtype != np.float32:
-            raise ProtocolError(ErrorCode.MALFORMED, f"tile {key}: region is {region.dtype}"
+            raise ProtocolError(ErrorCode.MALFORMED, f"{key}: region is {region.dtype}"
                                 f"{list(region.shape)}, expected float32{list(want)}")
         out, elapsed = self.emulation.timed(lambda: self.model.run_tile(key, region), cancel)
         return {"tile": out}, elapsed
@@ -276,6 +271,6 @@ class TileRunner:
         if set(feeds) != {"map"} or arr is None or arr.shape != spec.shape \
                 or arr.dtype != np.float32:
             got = {k: f"{v.dtype}{list(v.shape)}" for k, v in feeds.items()}
-            raise ProtocolError(ErrorCode.MALFORMED, f"sp:rest: expected one tensor 'map' "
+            raise ProtocolError(ErrorCode.MALFORMED, f"REST: expected one tensor 'map' "
                                 f"float32{list(spec.shape)}, got {got}")
         return self.emulation.timed(lambda: self.model.run_rest(arr), cancel)

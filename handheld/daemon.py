@@ -34,12 +34,16 @@ from coinf.ble_protocol.messages import (
     MsgType,
     ProtocolError,
     decode_json,
-    decode_request,
     encode_json,
-    encode_result,
 )
 from coinf.ble_protocol.packing import LOSSLESS_SPEC, decodable, pack
-from coinf.ble_protocol.route import is_route
+from coinf.ble_protocol.request import (
+    HopStats,
+    Kind,
+    Request,
+    decode_request,
+    encode_result,
+)
 from coinf.ble_protocol.tasks import TaskSet
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.compressors import CodecRunner, check_code
@@ -47,15 +51,16 @@ from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.profile import DeviceProfile
 from coinf.device.runtime import TailRunner
-from coinf.device.spatial import TILE_PREFIX, TileRunner
+from coinf.device.spatial import TileRunner
 from coinf.device.status import read_status
 
-from coinf.bundle import GAMMA_SEP, Bundle, split_compressed
+from coinf.bundle import Bundle
 from coinf.errors import BundleError
 
 log = logging.getLogger(__name__)
 
-CAPABILITIES = ["raw", "packed"]
+#: what this daemon serves: tensors raw and packed, the request kinds (§6.9-6.11)
+CAPABILITIES = ["raw", "packed", "stages", "tile"]
 
 
 def encode_results(outputs: Mapping[str, np.ndarray]) -> bytes:
@@ -74,10 +79,10 @@ class RequestCancelled(Exception):
 
 class Reply(NamedTuple):
     """What :meth:`HandheldDaemon.run_request` produced: the RESULT payload and, for the log,
-    the candidate and the (emulated) tail seconds."""
+    what ran and the (emulated) compute seconds."""
 
     payload: bytes
-    candidate: str
+    what: str
     tail_s: float
 
 
@@ -109,8 +114,8 @@ class HandheldDaemon:
         self.profile = profile
         # tails run with onnxruntime, LiteRT, or ``auto``: the faster one in ``profile``
         self.tails = TailRunner(bundle, emulation, capacity=lru, runtime=runtime, profile=profile)
-        self.tiles = TileRunner(bundle.model_path, emulation)  # spatial partition (sp:...)
-        # compressors' decoders (a REQUEST for ``c004~g4`` carries compressor g4's code)
+        self.tiles = TileRunner(bundle.model_path, emulation)  # spatial partition (TILE, REST)
+        # compressors' decoders (a hop with gamma N carries compressor gN's code)
         self.codecs = CodecRunner(bundle, (emulation or DeviceEmulation()).session_options())
         self.max_request_bytes = max_request_bytes
         self.max_pending = max_pending
@@ -246,9 +251,6 @@ class HandheldDaemon:
             payload = json.dumps(self.profile.to_json(), separators=(",", ":")).encode()
             return Message(MsgType.PROFILE, msg.request_id, payload)
         if msg.type == MsgType.REQUEST:
-            if self.forward is not None and is_route(decode_request(msg.payload)[0]):
-                reply: Message = await self.forward.handle(msg)
-                return reply
             return await self._request(msg)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"handheld does not accept {msg.type.name}")
 
@@ -257,10 +259,17 @@ class HandheldDaemon:
         if size > self.max_request_bytes:
             log.info("request %d refused: %d B exceeds %d B", rid, size, self.max_request_bytes)
             raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
+        request, blob = decode_request(msg.payload)  # the one place a header is decoded
+        if request.kind == Kind.STAGES and len(request.hops) > 1:
+            if self.forward is None:
+                raise ProtocolError(ErrorCode.UNSUPPORTED, "this handheld runs no pipeline "
+                                    "stages (coinf handheld --pipeline CONFIG --name NAME)")
+            payload: bytes = await self.forward.handle(request, blob)
+            return Message(MsgType.RESULT, rid, payload)
         cancel = CancelToken()
         t0 = time.perf_counter()
         job = asyncio.get_running_loop().run_in_executor(
-            self._pool(), self.run_request, msg.payload, cancel
+            self._pool(), self.run, request, blob, cancel
         )
         try:
             reply = await job
@@ -277,7 +286,7 @@ class HandheldDaemon:
         log.info(
             "request %d %s: %d B in, %d B out, tail %.1f ms, %.1f ms in the daemon",
             rid,
-            reply.candidate,
+            reply.what,
             size,
             len(reply.payload),
             reply.tail_s * 1e3,
@@ -287,61 +296,69 @@ class HandheldDaemon:
 
     # --- the executor job --------------------------------------------------------------------
     def run_request(self, payload: bytes, cancel: threading.Event | None = None) -> Reply:
-        """REQUEST payload -> RESULT payload (decode, tail, encode). Runs in an executor thread;
-        it stops with :class:`RequestCancelled` once ``cancel`` is set: between steps, and (for
-        a :class:`~coinf.device.cancel.CancelToken`) inside the tail's onnxruntime run."""
-        cid, feeds = self.decode(payload)
+        """REQUEST payload -> RESULT payload: :meth:`run` on its decoded header."""
+        request, blob = decode_request(payload)
+        return self.run(request, blob, cancel)
+
+    def run(self, request: Request, blob: memoryview, cancel: threading.Event | None = None
+            ) -> Reply:
+        """One decoded request (a tail, a tile or the rest after the tiles) -> RESULT payload:
+        decode the tensors, compute, encode. Runs in an executor thread; it stops with
+        :class:`RequestCancelled` once ``cancel`` is set: between steps, and (for a
+        :class:`~coinf.device.cancel.CancelToken`) inside the onnxruntime run."""
+        what = str(request)
+        feeds = self.decode(request, blob)
         if cancel is not None and cancel.is_set():
-            raise RequestCancelled(cid)
+            raise RequestCancelled(what)
         token = cancel if isinstance(cancel, CancelToken) else None
         try:
-            if cid.startswith(TILE_PREFIX):
-                outputs, elapsed = self.tiles.run(cid, feeds, token)
-            elif GAMMA_SEP in cid:  # decode compressor gN's code first (checked in decode)
-                base, gamma = split_compressed(cid)
-                comp = self.bundle.compressor(base, gamma or 0)
-                restored, dec_s = self.tails.emulation.timed(
-                    lambda: self.codecs.decode(comp, feeds), token)
-                outputs, elapsed = self.tails.run(base, restored, token)
+            if request.kind == Kind.STAGES:
+                hop = request.hops[0]
+                if hop.gamma:  # decode compressor gN's code first (checked in decode)
+                    comp = self.bundle.compressor(hop.start, hop.gamma)
+                    feeds, dec_s = self.tails.emulation.timed(
+                        lambda: self.codecs.decode(comp, feeds), token)
+                else:
+                    dec_s = 0.0
+                outputs, elapsed = self.tails.run(hop.start, feeds, token)
                 elapsed += dec_s
             else:
-                outputs, elapsed = self.tails.run(cid, feeds, token)
+                outputs, elapsed = self.tiles.run(request.tile, feeds, token)
         except Cancelled:
-            raise RequestCancelled(cid) from None
+            raise RequestCancelled(what) from None
         if cancel is not None and cancel.is_set():
-            raise RequestCancelled(cid)
-        if cid.startswith(TILE_PREFIX):  # feature-map tiles go back raw (docs/SPATIAL.md)
-            raw = encode_result(int(elapsed * 1e6), encode_tensors(outputs))
-            return Reply(raw, cid, elapsed)
-        return Reply(self.encode(outputs, elapsed), cid, elapsed)
+            raise RequestCancelled(what)
+        if request.kind == Kind.TILE:  # feature-map tiles go back raw (docs/SPATIAL.md)
+            stats = [HopStats(int(elapsed * 1e6))]
+            return Reply(encode_result(stats, encode_tensors(outputs)), what, elapsed)
+        return Reply(self.encode(outputs, elapsed), what, elapsed)
 
-    def decode(self, payload: bytes) -> tuple[str, dict[str, np.ndarray]]:
-        """REQUEST payload -> (candidate id, crossing tensors). Everything in it is untrusted."""
-        cid, blob = decode_request(payload)
-        # never allocate more than the candidate's crossing tensors (or its compressor's code)
-        # take, whatever is declared
+    def decode(self, request: Request, blob: memoryview) -> dict[str, np.ndarray]:
+        """The request's tensors, checked against what it names. Everything is untrusted: never
+        allocate more than the cut's crossing tensors (or its compressor's code, or the tile's
+        region) take, whatever is declared."""
         comp = None
-        if cid.startswith(TILE_PREFIX):
-            need = self.tiles.budget(cid)
-        elif GAMMA_SEP in cid:
+        if request.kind != Kind.STAGES:
+            need = self.tiles.budget(request.tile)
+        else:
+            hop = request.hops[0]
+            if hop.end != self.bundle.candidates[-1].id:
+                raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: the last hop must end at "
+                                    f"the last cut {self.bundle.candidates[-1].id}")
             try:
-                base, gamma = split_compressed(cid)
-                self.tails.candidate(base)
-                comp = self.bundle.compressor(base, gamma or 0)
+                cand = self.tails.candidate(hop.start)
+                comp = self.bundle.compressor(hop.start, hop.gamma) if hop.gamma else None
             except BundleError as exc:
                 raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
-            need = comp.code.nbytes
-        else:
-            need = self.tails.candidate(cid).crossing_bytes
-        budget = min(need, self.max_request_bytes)
-        feeds = decode_tensors(blob, max_bytes=budget)
+            need = comp.code.nbytes if comp is not None else cand.crossing_bytes
+        feeds = decode_tensors(blob, max_bytes=min(need, self.max_request_bytes))
         if comp is not None:
             check_code(comp, feeds)
-        return cid, feeds
+        return feeds
 
     def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float) -> bytes:
-        """Tail outputs -> RESULT payload."""
-        return encode_result(int(elapsed * 1e6), encode_results(outputs))
+        """Tail outputs -> RESULT payload (one hop)."""
+        return encode_result([HopStats(int(elapsed * 1e6))], encode_results(outputs))
 
 
 def _ms(t0: float) -> float:

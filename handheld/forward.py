@@ -1,17 +1,19 @@
 """The helper's "forward" role in a pipeline over n devices (docs/PIPELINE.md).
 
-A pipeline REQUEST (:mod:`ble_protocol.route`) names the hops still to run. This helper must be
-the first hop: it checks the tensors against cut FROM's crossing set (the wire is untrusted),
-runs the slice FROM..TO (its own compute thread, one slice at a time, with the device's
-emulated slowdown), then either returns the model's outputs (the last hop) or sends cut TO's
-crossing tensors to the next hop over a helper-to-helper link and relays that hop's RESULT
-back. The next hop's address comes from this helper's own peer list, never from the wire.
+A STAGES request of several hops (:mod:`ble_protocol.request`) names the hops still to run.
+This helper must be the first hop: it checks the tensors against cut FROM's crossing set (the
+wire is untrusted), runs the slice FROM..TO (its own compute thread, one slice at a time, with
+the device's emulated slowdown), then sends cut TO's crossing tensors to the next hop over a
+helper-to-helper link and relays that hop's RESULT back. (The last hop gets a one-hop
+request: the daemon runs it as a tail.) The next hop's address comes from this helper's own
+peer list, never from the wire.
 
 Cancellation runs down the chain: when this request is cancelled (the sender's CANCEL, its
 timeout, its link dropping), the pending request to the next hop is cancelled too, which sends
 CANCEL there. A next hop that cannot be reached fails the request with ERROR DISCONNECTED
-``hop NAME unreachable`` so the wearable can re-plan without it; its link is dropped, never
-reused.
+whose ``hop`` field is that hop's index in the route this helper received (1), so the wearable
+can re-plan without it; its link is dropped, never reused. An error from further down is passed
+up with its hop index shifted by one.
 """
 
 from __future__ import annotations
@@ -31,22 +33,18 @@ from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
     ErrorCode,
-    Message,
     MsgType,
     ProtocolError,
-    decode_request,
     encode_json,
-    encode_request,
 )
 from coinf.ble_protocol.packing import PackSpec, pack_tensors
-from coinf.ble_protocol.route import (
+from coinf.ble_protocol.request import (
     Hop,
     HopStats,
-    decode_route,
-    decode_stage_result,
-    encode_route,
-    encode_stage_result,
-    hop_failed,
+    Request,
+    decode_result,
+    encode_request,
+    encode_result,
 )
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
@@ -56,10 +54,9 @@ from coinf.convert.compressors import CodecRunner, check_code
 from coinf.convert.stage_slices import StageSlices, slice_name
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
-from coinf.handheld.daemon import encode_results
 
-from coinf.bundle import Bundle, Candidate, Compressor, open_slice, split_compressed
-from coinf.errors import BundleError, CoinfError
+from coinf.bundle import Bundle, Candidate, Compressor, open_slice
+from coinf.errors import BundleError, CoinfError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +117,8 @@ class _PeerLink:
 
 class Forwarder:
     """Runs pipeline stages for a :class:`~coinf.handheld.daemon.HandheldDaemon` (its
-    ``forward``): ``await handle(msg)`` answers one pipeline REQUEST."""
+    ``forward``): ``await handle(request, blob)`` answers one request of several hops with
+    its RESULT payload (the daemon decoded the header)."""
 
     def __init__(self, bundle: Bundle, name: str, peers: Mapping[str, Peer] | None = None, *,
                  emulation: DeviceEmulation | None = None, request_timeout: float = 30.0,
@@ -148,42 +146,34 @@ class Forwarder:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- one request ----------------------------------------------------------------------
-    async def handle(self, msg: Message) -> Message:
-        if len(msg.payload) > self.max_request_bytes:
-            raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
-        cid, blob = decode_request(msg.payload)
-        hops = decode_route(cid)
-        hop, rest = hops[0], hops[1:]
-        if hop.device != self.name:
+    async def handle(self, request: Request, blob: memoryview) -> bytes:
+        hop, rest = request.hops[0], request.hops[1:]
+        if not rest:
+            raise ProtocolError(ErrorCode.MALFORMED, "a one-hop request is a tail, not a stage")
+        if hop.device and hop.device != self.name:
             raise ProtocolError(ErrorCode.MALFORMED, f"route starts at {hop.device!r}, this "
                                 f"helper is {self.name!r}")
         try:
-            base, gamma = split_compressed(hop.start)
-            start, end = self.slices.pair(base, hop.end)
-            comp_in = self.bundle.compressor(base, gamma) if gamma else None
+            start, end = self.slices.pair(hop.start, hop.end)
+            comp_in = self.bundle.compressor(hop.start, hop.gamma) if hop.gamma else None
         except BundleError as exc:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
-        if (end is self.bundle.candidates[-1]) != (not rest):
+        if end is self.bundle.candidates[-1]:
             raise ProtocolError(ErrorCode.MALFORMED, "only the last hop may end at the last cut")
-        if not rest and hop.packing != "raw":
-            raise ProtocolError(ErrorCode.MALFORMED, "the last hop sends no tensors to pack")
         try:
             spec = PackSpec.parse(hop.packing)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: {exc}") from None
-        comp_out = None
-        if rest:
-            try:
-                nbase, ngamma = split_compressed(rest[0].start)
-                if nbase != end.id:
-                    raise ProtocolError(ErrorCode.MALFORMED, f"hop {rest[0]} does not start "
-                                        f"at cut {end.id}")
-                comp_out = self.bundle.compressor(end.id, ngamma) if ngamma else None
-            except BundleError as exc:
-                raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
-            if rest[0].device not in self.peers:
-                raise ProtocolError(ErrorCode.MALFORMED, f"{self.name} has no peer "
-                                    f"{rest[0].device!r} in its pipeline configuration")
+        nxt = rest[0]
+        if nxt.start != end.id:
+            raise ProtocolError(ErrorCode.MALFORMED, f"hop {nxt} does not start at cut {end.id}")
+        try:
+            comp_out = self.bundle.compressor(end.id, nxt.gamma) if nxt.gamma else None
+        except BundleError as exc:
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+        if nxt.device not in self.peers:
+            raise ProtocolError(ErrorCode.MALFORMED, f"{self.name} has no peer "
+                                f"{nxt.device!r} in its pipeline configuration")
         # never allocate more than FROM's crossing set (or its compressor's code) takes
         need = comp_in.code.nbytes if comp_in is not None else start.crossing_bytes
         feeds = decode_tensors(blob, max_bytes=min(need, self.max_request_bytes))
@@ -195,8 +185,7 @@ class Forwarder:
         loop = asyncio.get_running_loop()
         try:
             outputs, elapsed = await loop.run_in_executor(
-                self._pool, self._run, start, end, feeds, cancel, comp_in, comp_out,
-                bool(rest))
+                self._pool, self._run, start, end, feeds, cancel, comp_in, comp_out)
         except asyncio.CancelledError:
             cancel.set()
             raise
@@ -205,22 +194,17 @@ class Forwarder:
         except CoinfError as exc:
             raise ProtocolError(ErrorCode.TAIL_FAILED, f"{self.name}: {exc}") from None
         own = int(elapsed * 1e6)
-        if not rest:
-            self.stages += 1
-            payload = encode_stage_result([HopStats(own, 0, 0)], encode_results(outputs))
-            return Message(MsgType.RESULT, msg.request_id, payload)
         reply, send_s, nbytes = await self._forward(rest, outputs, spec)
-        stats, tail_blob = decode_stage_result(reply, len(rest))
+        stats, tail_blob = decode_result(reply, len(rest))
         self.stages += 1
-        payload = encode_stage_result([HopStats(own, int(send_s * 1e6), nbytes), *stats],
-                                      bytes(tail_blob))
-        return Message(MsgType.RESULT, msg.request_id, payload)
+        return encode_result([HopStats(own, int(send_s * 1e6), nbytes), *stats],
+                             bytes(tail_blob))
 
     def _run(self, start: Candidate, end: Candidate, feeds: dict[str, np.ndarray],
-             cancel: CancelToken, comp_in: Compressor | None, comp_out: Compressor | None,
-             forward: bool) -> tuple[dict[str, np.ndarray], float]:
-        """Decode (``comp_in``), run slice start..end, and (``forward``) collect cut ``end``'s
-        crossing tensors, encoded with ``comp_out``: (tensors, emulated seconds)."""
+             cancel: CancelToken, comp_in: Compressor | None, comp_out: Compressor | None
+             ) -> tuple[dict[str, np.ndarray], float]:
+        """Decode (``comp_in``), run slice start..end, and collect cut ``end``'s crossing
+        tensors, encoded with ``comp_out``: (tensors, emulated seconds)."""
         sess = self._session(start.id, end.id)
         wanted = [i.name for i in sess.get_inputs()]
         names = [o.name for o in sess.get_outputs()]
@@ -228,8 +212,6 @@ class Forwarder:
         def work(ro: Any) -> dict[str, np.ndarray]:
             x = self.codecs.decode(comp_in, feeds) if comp_in is not None else feeds
             out = dict(zip(names, sess.run(names, {k: x[k] for k in wanted}, ro), strict=True))
-            if not forward:
-                return out
             sent = {t.name: out[t.name] if t.name in out else x[t.name] for t in end.crossing}
             return self.codecs.encode(comp_out, sent) if comp_out is not None else sent
 
@@ -266,19 +248,21 @@ class Forwarder:
                                                  self.connect_timeout)
         blob = (encode_tensors(tensors) if spec.codec == "raw"
                 else encode_tensors({}, packed=pack_tensors(tensors, spec)))
-        payload = encode_request(encode_route(rest), blob)
+        payload = encode_request(Request.route(rest), blob)
         marks: dict[str, float] = {}
         try:
             rpc = await link.client()
             t0 = time.perf_counter()
             reply = await rpc.request(MsgType.REQUEST, payload, self.request_timeout, marks)
-        except ProtocolError as exc:
-            if exc.code in (ErrorCode.DISCONNECTED, ErrorCode.TIMEOUT) and \
-                    not exc.text.startswith("hop "):
+        except RemoteError as exc:  # its ERROR (about itself, or a hop further down)
+            raise ProtocolError(exc.code, exc.text, hop=1 + (exc.hop or 0)) from None
+        except ProtocolError as exc:  # our link to it failed, or its reply was refused here
+            code = exc.code
+            if code in (ErrorCode.DISCONNECTED, ErrorCode.TIMEOUT):
                 await link.drop()
                 log.warning("%s: next hop %s failed: %s", self.name, name, exc)
-                raise hop_failed(name, exc) from None
-            raise  # the next hop's own answer (its error, or a hop further down): pass it up
+                code = ErrorCode.DISCONNECTED
+            raise ProtocolError(code, f"next hop {name}: {exc}"[:1000], hop=1) from None
         sent = marks.get("sent", t0)  # links are FIFO: waiting behind earlier frames is
         start = max(t0, self._sent_end.get(name, 0.0))  # queueing, not transfer
         self._sent_end[name] = max(sent, self._sent_end.get(name, 0.0))

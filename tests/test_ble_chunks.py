@@ -17,7 +17,13 @@ from coinf.ble_protocol.chunks import (
 )
 from coinf.ble_protocol.flow import CreditGate, CreditLedger
 from coinf.ble_protocol.link import LinkClosed
-from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,7 +83,7 @@ def test_garbage_never_crashes_and_memory_is_bounded(garbage):
     assert r.buffered_bytes <= 20_000
 
 
-def _chunk(version=1, mtype=3, rid=1, total=10, offset=0, data=b"x") -> bytes:
+def _chunk(version=PROTOCOL_VERSION, mtype=3, rid=1, total=10, offset=0, data=b"x") -> bytes:
     return CHUNK_HEADER.pack(version, mtype, rid, total, offset) + data
 
 

@@ -18,7 +18,14 @@ from coinf.ble_protocol.gatt import (
     parse_ctrl,
 )
 from coinf.ble_protocol.link import LinkClosed
-from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError, decode_error
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+    decode_error,
+)
 
 
 def wired(window: int = 4, mtu: int = 60,
@@ -90,7 +97,7 @@ def test_bad_message_is_reported_per_request_and_link_survives() -> None:
         await w.send(Message(MsgType.REQUEST, 8, b"fine"))
         assert (await h.receive()).payload == b"fine"
         # too large for the receiver: rejected from the first chunk's header
-        h.feed_data(CHUNK_HEADER.pack(1, int(MsgType.REQUEST), 9, 10**9, 0) + b"z")
+        h.feed_data(CHUNK_HEADER.pack(PROTOCOL_VERSION, int(MsgType.REQUEST), 9, 10**9, 0) + b"z")
         err = await asyncio.wait_for(w.receive(), 2)
         assert decode_error(err.payload).code == ErrorCode.TOO_LARGE
         # ABORT drops a partial message

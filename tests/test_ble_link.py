@@ -16,7 +16,13 @@ from coinf.ble_protocol import gatt
 from coinf.ble_protocol.bleak_bumble import BumbleATTError, BumbleBleakClient, BumbleHost
 from coinf.ble_protocol.central import Central, classify_bleak_error
 from coinf.ble_protocol.link import Link, LinkClosed
-from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+)
 from coinf.ble_protocol.peripheral import WearableServer
 from coinf.ble_protocol.radio import EmulatedRadio
 from coinf.ble_protocol.rpc import RpcClient, serve
@@ -174,9 +180,9 @@ def test_bleak_errors_are_classified_by_typed_fields_not_text() -> None:
 def test_handshake_mismatch_fails_on_both_sides(w_opts, h_opts, code) -> None:
     async def main() -> None:
         async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio, endpoints(
-            radio, {"bundle": w_opts.get("bundle", "b")}, {"bundle": h_opts.get("bundle", "b"),
-                                                           "protocol_version":
-                                                           h_opts.get("protocol_version", 1)}
+            radio, {"bundle": w_opts.get("bundle", "b")},
+            {"bundle": h_opts.get("bundle", "b"),
+             "protocol_version": h_opts.get("protocol_version", PROTOCOL_VERSION)}
         ) as (server, central):
             accept = asyncio.ensure_future(server.accept(30))
             try:

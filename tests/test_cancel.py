@@ -6,7 +6,6 @@ import threading
 
 import numpy as np
 import pytest
-from coinf.ble_protocol.messages import encode_request
 from coinf.ble_protocol.tensors import encode_tensors
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
@@ -14,6 +13,7 @@ from coinf.device.runtime import SliceRunner
 from coinf.handheld.daemon import HandheldDaemon, RequestCancelled
 
 from tests.bundles import make_tiny_bundle
+from tests.wire import tail_request
 
 X = np.ones((1, 16), np.float32)
 
@@ -67,7 +67,7 @@ def test_cancel_wakes_an_emulated_slow_device(bundle):
 def test_the_daemon_stops_a_cancelled_tail_mid_run(bundle):
     cand = bundle.candidate("c001")
     (crossing,) = cand.crossing
-    payload = encode_request(cand.id, encode_tensors(
+    payload = tail_request(bundle, cand.id, encode_tensors(
         {crossing.name: np.ones(crossing.shape, np.dtype(crossing.dtype))}))
     daemon = HandheldDaemon(bundle, DeviceEmulation(slowdown=1e9))
     token = CancelToken()

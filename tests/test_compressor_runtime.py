@@ -1,5 +1,6 @@
 """Compressor sets at run time (issue 13, S3): attaching a set to a bundle (validation,
-identity), ``CUT~gN`` requests on the handheld and in pipeline routes (hostile ones refused
+identity), requests carrying a compressor's code on the handheld and in pipeline routes (hostile
+ones refused
 before anything runs), and a 3-device pipeline whose links switch gamma with bandwidth, its
 outputs equal to head -> encoder -> decoder -> tail computed locally."""
 
@@ -15,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, encode_json, encode_request
+from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, encode_json
 from coinf.ble_protocol.packing import pack_tensors
+from coinf.ble_protocol.request import Hop, Request, encode_request
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.compressors import attach, load_set
 from coinf.convert.split import split_model
@@ -27,6 +29,7 @@ from coinf.wearable.planner.compress_select import lookup, thresholds
 
 from coinf.bundle import Bundle
 from coinf.errors import InputError, ProtocolError
+from tests.wire import result_blob
 
 pytest.importorskip("torch")
 
@@ -111,7 +114,7 @@ def test_attach_records_compressors_and_changes_the_identity(cset: Path, bundle:
     comps = bundle.compressors(pool1.id)
     assert [c.gamma for c in comps] == [2, 4, 8]
     for c in comps:
-        assert c.wire_id == f"{pool1.id}~g{c.gamma}"
+        assert c.label == f"g{c.gamma} at {pool1.id}"
         assert c.code.nbytes * c.gamma == pool1.crossing_bytes  # 1/gamma of the activation
         assert c.code_bytes["raw"] == c.code.nbytes and c.code_bytes["q8"] < c.code.nbytes
         assert bundle.path(c.encoder).is_file() and bundle.path(c.decoder).is_file()
@@ -178,7 +181,7 @@ def test_the_cli_attaches_and_refuses_with_exit_2(cset: Path, tmp_path: Path,
     root = tmp_path / "b"
     split_model(cset / "backbone.onnx", root)
     assert main(["convert", "compressors", str(root), str(cset)]) == 0
-    assert "~g4" in capsys.readouterr().out and Bundle.load(root).compressors()
+    assert "g4 at c" in capsys.readouterr().out and Bundle.load(root).compressors()
     assert main(["convert", "compressors", str(root), str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no index.json" in err and "Traceback" not in err
@@ -192,29 +195,32 @@ def test_the_handheld_decodes_a_code_and_refuses_hostile_ones(bundle: Bundle) ->
     feed = frames(bundle, 1)[0]
     head = ort_run(bundle.path(bundle.candidate(cut).head.file or ""), feed)
     code = ort_run(bundle.path(comp.encoder), head)
-    reply = daemon.run_request(encode_request(comp.wire_id, encode_tensors(code)))
-    got = decode_tensors(reply.payload[4:])[bundle.outputs[0].name]
+    last = bundle.candidates[-1].id
+
+    def req(cut: str, gamma: int, blob: bytes) -> bytes:
+        return encode_request(Request.split(cut, last, gamma), blob)
+
+    reply = daemon.run_request(req(cut, 4, encode_tensors(code)))
+    got = decode_tensors(result_blob(reply.payload))[bundle.outputs[0].name]
     np.testing.assert_allclose(got, compressed_reference(bundle, feed, {cut: 4}),
                                rtol=1e-4, atol=1e-5)
     # packed code (q8) decodes too
     packed = encode_tensors({}, packed=pack_tensors(code, "q8"))
-    daemon.run_request(encode_request(comp.wire_id, packed))
+    daemon.run_request(req(cut, 4, packed))
 
-    def refused(cid: str, tensors: dict[str, np.ndarray]) -> ProtocolError:
+    def refused(cid: str, gamma: int, tensors: dict[str, np.ndarray]) -> ProtocolError:
         with pytest.raises(ProtocolError) as info:
-            daemon.run_request(encode_request(cid, encode_tensors(tensors)))
+            daemon.run_request(req(cid, gamma, encode_tensors(tensors)))
         return info.value
 
-    err = refused(f"{cut}~g99", code)
+    err = refused(cut, 99, code)
     assert err.code == ErrorCode.UNKNOWN_CANDIDATE and "g99" in err.text
-    last = bundle.candidates[-2].id
-    assert "no compressor" in refused(f"{last}~g4", code).text
-    assert refused(f"{cut}~gx", code).code == ErrorCode.UNKNOWN_CANDIDATE
+    assert "no compressor" in refused(bundle.candidates[-2].id, 4, code).text
     wrong = {"code": np.zeros((1, 6, 3, 3), np.float32)}  # smaller than g4's code
-    assert refused(comp.wire_id, wrong).code == ErrorCode.MALFORMED
+    assert refused(cut, 4, wrong).code == ErrorCode.MALFORMED
     big = {"code": np.zeros((1, 6, 60, 60), np.float32)}  # more than the code's bytes
-    assert refused(comp.wire_id, big).code == ErrorCode.TOO_LARGE
-    assert refused(comp.wire_id, head).code in (ErrorCode.TOO_LARGE, ErrorCode.MALFORMED)
+    assert refused(cut, 4, big).code == ErrorCode.TOO_LARGE
+    assert refused(cut, 4, head).code in (ErrorCode.TOO_LARGE, ErrorCode.MALFORMED)
     assert daemon.tails.loaded == [cut]  # only the one good request ran a tail
 
 
@@ -231,29 +237,27 @@ async def test_hostile_compressed_pipeline_routes_are_refused(bundle: Bundle) ->
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
         rpc = RpcClient(await connect_socket(hosts[0].address))
 
-        async def ask(route: str, tensors: dict) -> ProtocolError:
+        async def ask(g1: int, g2: int, tensors: dict, packing: str = "raw") -> ProtocolError:
             with pytest.raises(ProtocolError) as info:
-                await rpc.request(MsgType.REQUEST,
-                                  encode_request(route, encode_tensors(tensors)), 5.0)
+                await rpc.request(MsgType.REQUEST, route(g1, g2, tensors, packing), 5.0)
             return info.value
 
-        err = await ask(f"pipe:h1={a}~g99..{b};h2={b}..{last}", code)
+        def route(g1: int, g2: int, tensors: dict, packing: str = "raw") -> bytes:
+            hops = [Hop(a, b, "h1", g1, packing), Hop(b, last, "h2", g2)]
+            return encode_request(Request.route(hops), encode_tensors(tensors))
+
+        err = await ask(99, 0, code)
         assert err.code == ErrorCode.UNKNOWN_CANDIDATE and "g99" in err.text
-        err = await ask(f"pipe:h1={a}~g4..{b};h2={b}~g16..{last}", code)
+        err = await ask(4, 16, code)
         assert err.code == ErrorCode.UNKNOWN_CANDIDATE and "g16" in err.text
-        assert (await ask(f"pipe:h1={a}~g4..{b};h2={b}..{last}", head)).code in (
-            ErrorCode.TOO_LARGE, ErrorCode.MALFORMED)
+        assert (await ask(4, 0, head)).code in (ErrorCode.TOO_LARGE, ErrorCode.MALFORMED)
         wrong = {"code": np.zeros((1, 6, 3, 3), np.float32)}
-        assert (await ask(f"pipe:h1={a}~g4..{b};h2={b}..{last}", wrong)).code \
-            == ErrorCode.MALFORMED
-        assert (await ask(f"pipe:h1={a}..{b}~g4;h2={b}..{last}", head)).code \
-            == ErrorCode.MALFORMED  # a TO never carries a compressor
+        assert (await ask(4, 0, wrong)).code == ErrorCode.MALFORMED
         assert hosts[0].daemon.forward.stages == 0 and hosts[1].daemon.forward.stages == 0
         # a good one: h1 decodes g4, runs a..b, encodes with g2 for h2, which decodes
-        route = f"pipe:h1={a}~g4..{b}+q8;h2={b}~g2..{last}"
-        reply = await rpc.request(MsgType.REQUEST, encode_request(route, encode_tensors(code)),
-                                  5.0)
-        assert reply.type == MsgType.RESULT and hosts[1].daemon.forward.stages == 1
+        reply = await rpc.request(MsgType.REQUEST, route(4, 2, code, "q8"), 5.0)
+        assert reply.type == MsgType.RESULT and hosts[0].daemon.forward.stages == 1
+        assert hosts[1].daemon.requests == 1  # the last hop ran as a tail
         await rpc.close()
 
 
@@ -434,7 +438,7 @@ def test_coinf_plan_lists_compressor_configurations(bundle: Bundle, tmp_path: Pa
     text = capsys.readouterr().out
     cut = bundle.compressors()[0].candidate
     for comp in bundle.compressors(cut):
-        assert f"{comp.wire_id}+q8" in text
+        assert f"{cut}~g{comp.gamma}+q8" in text  # a compressor's code is a packing of the cut
     assert f"-> chose {cut}~g" in text and f"stages: {cut}~g" in text
     assert main(["plan", str(bundle.root), "--bandwidth-kbps", "2", "--objective", "latency",
                  "--wearable-slowdown", "3000"]) == 0  # default 1 pp: g2 (1 pp) only

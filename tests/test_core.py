@@ -18,7 +18,6 @@ from coinf.ble_protocol.messages import (
     Message,
     MsgType,
     encode_json,
-    encode_result,
 )
 from coinf.ble_protocol.packing import pack
 from coinf.ble_protocol.tensors import encode_tensors
@@ -26,6 +25,7 @@ from coinf.ble_protocol.tensors import encode_tensors
 from coinf import AsyncSession, RunOptions, Session, SessionOptions
 from coinf.errors import InputError, PeerResultError, ProtocolError
 from tests.bundles import make_tiny_bundle, reference
+from tests.wire import result_payload
 
 X = np.random.default_rng(7).standard_normal((1, 16)).astype(np.float32)
 Handler = Callable[[Message], Awaitable[Message | None]]
@@ -59,7 +59,7 @@ def peer(bundle, on_request: Handler, concurrent: int = 1
 
 
 def result(request_id: int, outputs: dict[str, np.ndarray]) -> Message:
-    return Message(MsgType.RESULT, request_id, encode_result(10, encode_tensors(outputs)))
+    return Message(MsgType.RESULT, request_id, result_payload(10, encode_tensors(outputs)))
 
 
 def test_stream_on_a_fresh_session_opens_exactly_one_link(bundle):
@@ -188,7 +188,7 @@ def test_closing_a_stream_cancels_the_frames_in_flight(bundle):
 def test_a_bad_result_never_reaches_the_caller(bundle, outputs, problem):
     async def lie(msg: Message) -> Message | None:
         if isinstance(outputs, bytes):  # a tensor map as raw bytes
-            return Message(MsgType.RESULT, msg.request_id, encode_result(10, outputs))
+            return Message(MsgType.RESULT, msg.request_id, result_payload(10, outputs))
         return result(msg.request_id, outputs)
 
     factory, _ = peer(bundle, lie)

@@ -18,26 +18,24 @@ from coinf.ble_protocol.messages import (
     MsgType,
     ProtocolError,
     decode_json,
-    decode_result,
     encode_json,
-    encode_request,
 )
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.handheld.daemon import HandheldDaemon, RequestCancelled
 
 from tests.bundles import make_tiny_bundle, reference
+from tests.wire import result_blob, tail_request
 
 
-def request_payload(x: np.ndarray) -> bytes:
+def request_payload(bundle: Any, x: np.ndarray) -> bytes:
     """A REQUEST for the handheld-only candidate: the model input crosses as is."""
-    return encode_request("c000", encode_tensors({"x": x}))
+    return tail_request(bundle, "c000", encode_tensors({"x": x}))
 
 
 def result_of(reply: Message) -> np.ndarray:
     assert reply.type == MsgType.RESULT
-    _us, blob = decode_result(reply.payload)
-    return decode_tensors(blob)["y"]
+    return decode_tensors(result_blob(reply.payload))["y"]
 
 
 class Recording(HandheldDaemon):
@@ -47,9 +45,9 @@ class Recording(HandheldDaemon):
         super().__init__(*args, **kwargs)
         self.threads: dict[str, int] = {}
 
-    def decode(self, payload: bytes) -> Any:
+    def decode(self, request: Any, blob: Any) -> Any:
         self.threads["decode"] = threading.get_ident()
-        return super().decode(payload)
+        return super().decode(request, blob)
 
     def encode(self, outputs: Any, elapsed: float) -> bytes:
         self.threads["encode"] = threading.get_ident()
@@ -65,15 +63,15 @@ class Gated(HandheldDaemon):
         self.entered = threading.Event()
         self.stopped: list[str] = []
 
-    def decode(self, payload: bytes) -> Any:
+    def decode(self, request: Any, blob: Any) -> Any:
         self.entered.set()
         if not self.gate.wait(30):
             raise RuntimeError("gate never opened")
-        return super().decode(payload)
+        return super().decode(request, blob)
 
-    def run_request(self, payload: bytes, cancel: threading.Event | None = None) -> Any:
+    def run(self, request: Any, blob: Any, cancel: threading.Event | None = None) -> Any:
         try:
-            return super().run_request(payload, cancel)
+            return super().run(request, blob, cancel)
         except RequestCancelled as exc:
             self.stopped.append(str(exc))
             raise
@@ -106,7 +104,7 @@ def test_request_codec_and_tail_run_off_the_loop_in_one_job(tmp_path, caplog) ->
             hello = {"protocol": PROTOCOL_VERSION, "bundle": bundle.identity}
             ack = await client.request(MsgType.HELLO, encode_json(hello), 10)
             assert decode_json(ack.payload)["bundle"] == bundle.identity
-            reply = await client.request(MsgType.REQUEST, request_payload(x), 30)
+            reply = await client.request(MsgType.REQUEST, request_payload(bundle, x), 30)
             np.testing.assert_allclose(result_of(reply), reference(bundle, x), rtol=1e-5)
             assert daemon.requests == 1
             await client.close()
@@ -120,7 +118,7 @@ def test_request_codec_and_tail_run_off_the_loop_in_one_job(tmp_path, caplog) ->
     assert daemon.threads["decode"] == daemon.threads["encode"]  # one executor job
     lines = [r.getMessage() for r in caplog.records if r.name == "coinf.handheld.daemon"]
     assert any(line.startswith("wearable connected") for line in lines)
-    assert any(line.startswith("request 2 c000: ") and " B in, " in line for line in lines)
+    assert any(line.startswith("request 2 c000..c002: ") and " B in, " in line for line in lines)
     assert any("went away" in line for line in lines)
 
 
@@ -135,7 +133,8 @@ def test_timed_out_request_is_cancelled_in_the_daemon_and_its_tail_never_runs(tm
             client = RpcClient(wearable)
             late: list[Message] = []
             client.on_unsolicited = late.append
-            call = asyncio.create_task(client.request(MsgType.REQUEST, request_payload(x), 1.0))
+            call = asyncio.create_task(
+                client.request(MsgType.REQUEST, request_payload(bundle, x), 1.0))
             await wait_thread_event(daemon.entered)  # the job is in the executor
             with pytest.raises(ProtocolError) as info:
                 await call
@@ -145,13 +144,13 @@ def test_timed_out_request_is_cancelled_in_the_daemon_and_its_tail_never_runs(tm
             assert daemon.cancelled == 1
             daemon.gate.set()  # let the job go on: it stops before the tail
             await until(lambda: daemon.stopped)
-            assert daemon.stopped == ["c000"]
+            assert len(daemon.stopped) == 1 and "c000.." in daemon.stopped[0]
             assert daemon.tails.loaded == []  # no tail session was even loaded
             assert daemon.requests == 0
             await client.request(MsgType.PROBE, b"sync", 10)
             assert late == []  # nothing was sent back for the cancelled request
             # the daemon still serves
-            reply = await client.request(MsgType.REQUEST, request_payload(x), 30)
+            reply = await client.request(MsgType.REQUEST, request_payload(bundle, x), 30)
             np.testing.assert_allclose(result_of(reply), reference(bundle, x), rtol=1e-5)
             await client.close()
 
@@ -168,7 +167,7 @@ def test_a_flood_of_requests_is_refused_busy(tmp_path) -> None:
             daemon.start(handheld)
             client = RpcClient(wearable)
             calls = [
-                asyncio.create_task(client.request(MsgType.REQUEST, request_payload(x), 60))
+                asyncio.create_task(client.request(MsgType.REQUEST, request_payload(bundle, x), 60))
                 for _ in range(6)
             ]
             await wait_thread_event(daemon.entered)
@@ -216,10 +215,12 @@ def test_hostile_requests_get_errors_not_crashes(tmp_path) -> None:
             client = RpcClient(wearable)
             cases = [
                 (b"\x01", ErrorCode.TRUNCATED),
-                (b"\xff\xff" + b"c000", ErrorCode.MALFORMED),
-                (encode_request("c000", b"\x01\x00"), ErrorCode.TRUNCATED),
+                (b"\x09" + b"c000", ErrorCode.MALFORMED),  # no such request kind
+                (b"\x01\x02\x00\x04c000\x04c003\x00\x00", ErrorCode.TRUNCATED),  # 1 of 2 hops
+                (b"\x01\x01\x00\x04c0:0\x04c003\x00\x00", ErrorCode.MALFORMED),  # not a name
+                (tail_request(bundle, "c000", b"\x01\x00"), ErrorCode.TRUNCATED),
                 (b"\x00" * 5000, ErrorCode.TOO_LARGE),
-                (encode_request("c9", encode_tensors({})), ErrorCode.UNKNOWN_CANDIDATE),
+                (tail_request(bundle, "c9", encode_tensors({})), ErrorCode.UNKNOWN_CANDIDATE),
             ]
             for payload, code in cases:
                 with pytest.raises(ProtocolError) as info:

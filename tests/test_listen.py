@@ -24,9 +24,7 @@ from coinf.ble_protocol.messages import (
     Message,
     MsgType,
     ProtocolError,
-    decode_result,
     encode_json,
-    encode_request,
 )
 from coinf.ble_protocol.peripheral import WearableServer
 from coinf.ble_protocol.radio import EmulatedRadio
@@ -38,6 +36,7 @@ from coinf.handheld.daemon import HandheldDaemon
 from coinf.errors import InputError
 from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
 from tests.bundles import make_tiny_bundle, reference
+from tests.wire import result_blob, tail_request
 
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
 
@@ -47,10 +46,9 @@ async def infer(client: RpcClient, bundle, x: np.ndarray) -> np.ndarray:
     hello = {"protocol": PROTOCOL_VERSION, "bundle": bundle.identity}
     await client.request(MsgType.HELLO, encode_json(hello), 30)
     reply = await client.request(
-        MsgType.REQUEST, encode_request("c000", encode_tensors({"x": x})), 60
+        MsgType.REQUEST, tail_request(bundle, "c000", encode_tensors({"x": x})), 60
     )
-    _us, blob = decode_result(reply.payload)
-    return decode_tensors(blob)["y"]
+    return decode_tensors(result_blob(reply.payload))["y"]
 
 
 def test_unknown_specs_and_options_are_input_errors() -> None:

@@ -19,7 +19,13 @@ import pytest
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import SocketListener, open_listener
 from coinf.ble_protocol.loopback import connect_socket
-from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+)
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.rpc import serve as rpc_serve
 from coinf.handheld.daemon import HandheldDaemon
@@ -36,7 +42,7 @@ def frame(mtype: MsgType, rid: int, payload: bytes = b"", declared: int | None =
     """One socket frame (docs/PROTOCOL.md §6); ``declared`` lies about the payload length (the
     header alone is returned then)."""
     length = len(payload) if declared is None else declared
-    header = struct.pack("<2sBBII", b"CF", 1, int(mtype), rid, length)
+    header = struct.pack("<2sBBII", b"CF", PROTOCOL_VERSION, int(mtype), rid, length)
     if declared is not None:
         return header
     return header + payload + struct.pack("<I", zlib.crc32(payload, zlib.crc32(header)))

@@ -1,4 +1,4 @@
-"""The wearable's memory is bounded by what it expects (issue 41, part 4; docs/PROTOCOL.md §6.12).
+"""The wearable's memory is bounded by what it expects (issue 41, part 4; docs/PROTOCOL.md §6.13).
 
 Every request registers the largest reply that can be valid for it; a reply declaring more is
 refused from its header (socket frame header, BLE chunk header) before anything is reassembled
@@ -27,7 +27,6 @@ from coinf.ble_protocol.messages import (
     Message,
     MsgType,
     ProtocolError,
-    encode_result,
     reply_bound,
     result_bound,
 )
@@ -38,6 +37,7 @@ from coinf.wearable.frame import result_bound as bundle_result_bound
 from coinf.errors import PeerResultError
 from tests.bundles import make_tiny_bundle
 from tests.test_ble_gatt_link import wired
+from tests.wire import result_payload
 
 MIB = 1 << 20
 
@@ -46,11 +46,11 @@ MIB = 1 << 20
 def test_the_result_bound_is_the_largest_valid_result(tmp_path: Path) -> None:
     bundle = make_tiny_bundle(tmp_path / "tiny")
     outputs = {t.name: np.ones(t.shape, np.dtype(t.dtype)) for t in bundle.outputs}
-    largest = encode_result(0xFFFFFFFF, encode_tensors(outputs))  # every output RAW
-    assert bundle_result_bound(bundle) == len(largest) == 40
+    largest = result_payload(0xFFFFFFFF, encode_tensors(outputs))  # every output RAW
+    assert bundle_result_bound(bundle) == len(largest) == 49  # 13 B of hop record
     two = {"a": np.zeros((2, 3), np.float32), "bé": np.zeros(5, np.int64)}
     assert result_bound((n, a.ndim, a.nbytes) for n, a in two.items()) == len(
-        encode_result(1, encode_tensors(two)))
+        result_payload(1, encode_tensors(two)))
 
 
 def test_reply_bounds_per_request_kind() -> None:
@@ -139,16 +139,17 @@ PEER = textwrap.dedent('''
     import asyncio, sys
     import numpy as np
     from coinf.ble_protocol.loopback import serve_socket
-    from coinf.ble_protocol.messages import encode_result
+    from coinf.ble_protocol.request import HopStats, encode_result
     from coinf.ble_protocol.tensors import encode_tensors
     from coinf.bundle import Bundle
     from coinf.handheld.daemon import HandheldDaemon, Reply
 
     mib = int(sys.argv[3])
-    huge = encode_result(1000, encode_tensors({"y": np.zeros(mib * 2**20 // 4, np.float32)}))
+    huge = encode_result([HopStats(1000)],
+                         encode_tensors({"y": np.zeros(mib * 2**20 // 4, np.float32)}))
 
     class Hostile(HandheldDaemon):  # the real daemon, but every RESULT is `mib` MiB
-        def run_request(self, payload, cancel=None):
+        def run(self, request, blob, cancel=None):
             return Reply(huge, "c001", 0.001)
 
     async def main():
@@ -196,7 +197,7 @@ def _wired(mtu: int = 517, window: int = 128) -> tuple[GattLink, GattLink]:
 
 
 def test_the_ble_link_refuses_an_oversized_reply_from_its_first_chunk() -> None:
-    huge = encode_result(1, encode_tensors({"y": np.zeros(4 * MIB // 4, np.float32)}))
+    huge = result_payload(1, encode_tensors({"y": np.zeros(4 * MIB // 4, np.float32)}))
 
     async def main() -> None:
         w, h = _wired()

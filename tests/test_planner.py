@@ -72,13 +72,14 @@ def test_policy_objectives_and_budget(bundle: Bundle) -> None:
     assert rows["c000"].head_ms == 0
     # what travels is the exact raw REQUEST payload: 128 bytes of tensor plus headers
     import numpy as np
-    from coinf.ble_protocol.messages import encode_request, encode_result
     from coinf.ble_protocol.tensors import encode_tensors
 
+    from tests.wire import result_payload, tail_request
+
     c2 = bundle.candidate("c002")
-    req = len(encode_request("c002", encode_tensors(
+    req = len(tail_request(bundle, "c002", encode_tensors(
         {t.name: np.zeros(t.shape, np.float32) for t in c2.crossing})))
-    res = len(encode_result(0, encode_tensors(
+    res = len(result_payload(0, encode_tensors(
         {t.name: np.zeros(t.shape, np.float32) for t in bundle.outputs})))
     assert rows["c002"].crossing_bytes == req > 128
     assert rows["c002"].transfer_ms == pytest.approx(1000 * req / 20_000)

@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from coinf.ble_protocol.request import Tile
 from coinf.convert.gtdp import Worker, gtdp, plan_groups
 from coinf.convert.spatial import Rect, input_region
-from coinf.device.spatial import SpatialModel, parse_tile_key, tile_key
+from coinf.device.spatial import SpatialModel, check_tile, tile_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -154,12 +155,13 @@ def test_input_region_pads_only_at_the_border() -> None:
         input_region([conv], 0, 1, Rect(0, 9, 0, 8))
 
 
-def test_tile_names_are_validated() -> None:
-    key = tile_key(0, 3, Rect(1, 5, 0, 7))
-    assert parse_tile_key(key, 3) == (0, 3, Rect(1, 5, 0, 7))
-    for bad in ("sp:0-9:0-1:0-1", "xx:0-1:0-1:0-1", "sp:a-b:0-1:0-1", "sp:0-1:0-1"):
+def test_tiles_are_validated() -> None:
+    key = tile_of(0, 3, Rect(1, 5, 0, 7))
+    assert key == Tile(0, 3, 1, 5, 0, 7)
+    assert check_tile(key, 3) == (0, 3, Rect(1, 5, 0, 7))
+    for bad in (Tile(0, 9, 0, 1, 0, 1), Tile(2, 2, 0, 1, 0, 1), Tile(0, 1, 3, 3, 0, 1)):
         with pytest.raises(ModelError):
-            parse_tile_key(bad, 3)
+            check_tile(bad, 3)
 
 
 def test_zoo_vgg_tiles_and_hostile_regions() -> None:
@@ -176,7 +178,7 @@ def test_zoo_vgg_tiles_and_hostile_regions() -> None:
         assert all(not t.out.empty() for t in plan.groups[0].tiles)
         np.testing.assert_allclose(sm.run({"image": x}, plan)["logits"], ref, rtol=1e-5,
                                    atol=1e-5)
-    key = tile_key(0, 2, Rect(0, 32, 0, 32))
+    key = tile_of(0, 2, Rect(0, 32, 0, 32))
     with pytest.raises(ModelError, match="expected"):
         sm.run_tile(key, np.zeros((1, 3, 7, 7), dtype=np.float32))
     with pytest.raises(ModelError, match="no spatial layers"):
@@ -264,18 +266,18 @@ def test_helper_refuses_hostile_tile_requests(vgg_bundle) -> None:  # type: igno
     from coinf.device.spatial import TileRunner
 
     tiles = TileRunner(vgg_bundle.model_path)
-    key = tile_key(0, 2, Rect(0, 32, 0, 32))
+    key = tile_of(0, 2, Rect(0, 32, 0, 32))
     assert tiles.budget(key) == 3 * 33 * 33 * 4  # the halo'd region, never what a peer declares
     bad = [(key, {"region": np.zeros((1, 3, 32, 32), np.float32)}),
            (key, {"region": np.zeros((1, 3, 33, 33), np.float64)}),
            (key, {"other": np.zeros((1, 3, 33, 33), np.float32)}),
-           ("sp:0-99:0-1:0-1", {"region": np.zeros((1, 3, 1, 1), np.float32)}),
-           ("sp:rest", {"map": np.zeros((1, 2), np.float32)})]
+           (Tile(0, 99, 0, 1, 0, 1), {"region": np.zeros((1, 3, 1, 1), np.float32)}),
+           (None, {"map": np.zeros((1, 2), np.float32)})]  # REST with a wrong map
     for k, feeds in bad:
         with pytest.raises(ProtocolError):
             tiles.run(k, feeds)
     with pytest.raises(ProtocolError):
-        tiles.budget("sp:0-2:0-99:0-1")
+        tiles.budget(Tile(0, 2, 0, 99, 0, 1))
     out, _ = tiles.run(key, {"region": np.ones((1, 3, 33, 33), np.float32)})
     assert out["tile"].shape[2:] == (32, 32)
 

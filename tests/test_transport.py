@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from coinf.ble_protocol.link import LinkClosed
 from coinf.ble_protocol.loopback import InProcessLink, SocketLink, connect_socket, parse_address
-from coinf.ble_protocol.messages import ErrorCode, Message, MsgType, ProtocolError
+from coinf.ble_protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Message,
+    MsgType,
+    ProtocolError,
+)
 from coinf.ble_protocol.rpc import RpcClient, serve
 from coinf.ble_protocol.tensors import ONNX_TO_NUMPY, decode_tensors, encode_raw, encode_tensors
 from hypothesis import given, settings
@@ -106,7 +112,7 @@ def test_socket_frames_round_trip_and_reject_corruption():
         got = await srv.receive()
         assert (got.type, got.request_id, got.payload) == (MsgType.REQUEST, 7, payload)
         # corrupt the CRC by writing a raw frame
-        header = struct.pack("<2sBBII", b"CF", 1, 3, 9, 4)
+        header = struct.pack("<2sBBII", b"CF", PROTOCOL_VERSION, 3, 9, 4)
         client._writer.write(header + b"abcd" + struct.pack("<I", zlib.crc32(b"x")))
         await client._writer.drain()
         with pytest.raises(ProtocolError) as info:
@@ -122,9 +128,9 @@ def test_socket_frames_round_trip_and_reject_corruption():
 def test_socket_rejects_oversized_and_bad_version():
     async def main():
         for header, code in [
-            (struct.pack("<2sBBII", b"CF", 1, 3, 1, 2**31), ErrorCode.TOO_LARGE),
+            (struct.pack("<2sBBII", b"CF", PROTOCOL_VERSION, 3, 1, 2**31), ErrorCode.TOO_LARGE),
             (struct.pack("<2sBBII", b"CF", 9, 3, 1, 0), ErrorCode.BAD_VERSION),
-            (struct.pack("<2sBBII", b"XX", 1, 3, 1, 0), ErrorCode.MALFORMED),
+            (struct.pack("<2sBBII", b"XX", PROTOCOL_VERSION, 3, 1, 0), ErrorCode.MALFORMED),
         ]:
             server, client, srv, done = await _socket_pair()
             client._writer.write(header)
@@ -194,7 +200,9 @@ def test_bundle_mismatch_is_refused(tmp_path):
 
 
 def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
-    from coinf.ble_protocol.messages import encode_json, encode_request
+    from coinf.ble_protocol.messages import PROTOCOL_VERSION, encode_json
+
+    from tests.wire import tail_request
 
     bundle = make_tiny_bundle(tmp_path / "t")
     sock = tmp_path / "hh.sock"
@@ -202,18 +210,18 @@ def test_daemon_rejects_wrong_crossing_tensors(tmp_path):
     async def main():
         link = await connect_socket(f"unix:{sock}")
         client = RpcClient(link)
-        hello = {"protocol": 1, "bundle": bundle.identity}
+        hello = {"protocol": PROTOCOL_VERSION, "bundle": bundle.identity}
         await client.request(MsgType.HELLO, encode_json(hello), 5)
-        bad = encode_request("c001", encode_tensors({"h": np.ones((1, 7), np.float32)}))
+        bad = tail_request(bundle, "c001", encode_tensors({"h": np.ones((1, 7), np.float32)}))
         with pytest.raises(ProtocolError, match=r"expects float32\[1, 8\]") as info:
             await client.request(MsgType.REQUEST, bad, 5)
         assert info.value.code == ErrorCode.MALFORMED
         # more bytes than the candidate's crossing tensors take: refused before allocation
-        big = encode_request("c001", encode_tensors({"h": np.ones((1, 9), np.float32)}))
+        big = tail_request(bundle, "c001", encode_tensors({"h": np.ones((1, 9), np.float32)}))
         with pytest.raises(ProtocolError) as info:
             await client.request(MsgType.REQUEST, big, 5)
         assert info.value.code == ErrorCode.TOO_LARGE
-        unknown = encode_request("c777", encode_tensors({}))
+        unknown = tail_request(bundle, "c777", encode_tensors({}))
         with pytest.raises(ProtocolError) as info:
             await client.request(MsgType.REQUEST, unknown, 5)
         assert info.value.code == ErrorCode.UNKNOWN_CANDIDATE

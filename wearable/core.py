@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from coinf.ble_protocol.messages import MsgType, decode_result, encode_request
+from coinf.ble_protocol.messages import MsgType
 from coinf.ble_protocol.packing import PackSpec, pack
+from coinf.ble_protocol.request import Request, decode_result, encode_request
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -64,13 +65,13 @@ from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
+from coinf.wearable.stream import END, puller
 
 from coinf.bundle import Bundle, Candidate, Compressor
 from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_END = object()
 INLINE_CODEC_BYTES = 64 * 1024  # at or below this, packing/unpacking runs on the loop (µs)
 #: A lone run whose head last took less than this runs it on the loop: a thread hop costs
 #: ~0.1 ms, and blocking the loop this briefly delays no link noticeably. Streams always use the
@@ -160,6 +161,7 @@ class AsyncSession:
         self._head_ms: dict[str, float] = {}  # last measured head time per candidate
         self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
         self._reply_bytes = result_bound(self.bundle)  # the largest valid RESULT (receiver bound)
+        self._last_cut = self.bundle.candidates[-1].id  # a tail runs up to it
         self.last_run: RunStats | None = None
         self._closed = False
 
@@ -225,7 +227,7 @@ class AsyncSession:
         if not pipelined:
             depth = 1
         names = check_output_names(self.bundle, output_names)
-        pull = _puller(feeds)
+        pull = puller(feeds)
         inflight: deque[tuple[int, asyncio.Task[tuple[dict[str, np.ndarray], RunStats]]]] = deque()
         loop = asyncio.get_running_loop()
         index, exhausted = 0, False
@@ -235,7 +237,7 @@ class AsyncSession:
             while True:
                 while not exhausted and len(inflight) < depth:
                     feed = await pull()
-                    if feed is _END:
+                    if feed is END:
                         exhausted = True
                         break
                     inflight.append((index, loop.create_task(self._checked_frame(feed))))
@@ -346,8 +348,8 @@ class AsyncSession:
                 await self.autoplan.maintain(rpc, timeout)
             sent = crossing if plan.compressor is None else await self._on(
                 self._head_pool, _encode, self._codecs, self.emulation, plan, crossing, stats)
-            payload = await self._codec(_pack, nbytes_of(sent), plan, sent, stats,
-                                        self._codec_emulation)
+            payload = await self._codec(_pack, nbytes_of(sent), plan, self._last_cut, sent,
+                                        stats, self._codec_emulation)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
             bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
             timeout = request_timeout(timeout, len(payload), bps, rtt,
@@ -373,8 +375,8 @@ class AsyncSession:
         t0 = time.perf_counter()
         reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks,
                                   max_reply=self._reply_bytes)  # larger: refused unread
-        tail_us, _ = decode_result(reply.payload)
-        stats.tail_ms = tail_us / 1e3
+        (hop,), _ = decode_result(reply.payload, 1)
+        stats.tail_ms = hop.compute_us / 1e3
         stats.bytes_down = len(reply.payload)
         # A link may take a message before it is on the air (BLE queues a window of chunks),
         # so "send returned" is not "delivered". What is exact: round trip minus tail compute.
@@ -388,7 +390,7 @@ class AsyncSession:
 
     def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
-        _, blob = decode_result(reply)
+        _, blob = decode_result(reply, 1)
         # never allocate more than the model's outputs take, whatever the peer declares
         try:
             decoded = decode_tensors(blob, max_bytes=self._result_bytes)
@@ -535,18 +537,20 @@ class AsyncSession:
         await self.close()
 
 
-def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
+def _pack(plan: Plan, last: str, crossing: dict[str, np.ndarray], stats: RunStats,
           codec_emulation: DeviceEmulation) -> bytes:
-    """The REQUEST payload. A standard codec's encoding is stretched as the planner prices it
-    on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at most the head's)."""
+    """The REQUEST payload: the tail of the plan's cut up to the ``last`` cut, with the
+    compressor's code if it has one. A standard codec's encoding is stretched as the planner
+    prices it on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at most the
+    head's)."""
     t0 = time.perf_counter()
     if plan.packing.codec == "raw":
         blob = encode_tensors(crossing)
     else:
         blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
                                           for n, a in crossing.items()})
-    cid = plan.candidate.id if plan.compressor is None else plan.compressor.wire_id
-    payload = encode_request(cid, blob)
+    gamma = 0 if plan.compressor is None else plan.compressor.gamma
+    payload = encode_request(Request.split(plan.candidate.id, last, gamma), blob)
     elapsed = time.perf_counter() - t0
     if plan.packing.is_media:
         elapsed = codec_emulation.stretch(elapsed)
@@ -562,29 +566,6 @@ def _encode(codecs: CodecRunner, emulation: DeviceEmulation, plan: Plan,
     stats.head_ms += elapsed * 1e3
     stats.gamma = plan.compressor.gamma
     return code
-
-
-def _puller(feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]]
-            ) -> Callable[[], Any]:
-    """An awaitable 'next feed or _END' over an async or a (possibly blocking) sync iterable."""
-    if isinstance(feeds, AsyncIterable):
-        agen = aiter(feeds)
-
-        async def next_async() -> Any:
-            try:
-                return await anext(agen)
-            except StopAsyncIteration:
-                return _END
-
-        return next_async
-    it = iter(feeds)
-
-    async def next_sync() -> Any:
-        if isinstance(feeds, list | tuple):  # in memory: no thread needed
-            return next(it, _END)
-        return await asyncio.to_thread(next, it, _END)
-
-    return next_sync
 
 
 __all__ = ["AsyncSession", "FrameResult", "ModelMetadata", "NodeArg", "RunStats"]

@@ -149,10 +149,11 @@ def validate_result(bundle: Bundle, outputs: Mapping[str, np.ndarray]) -> dict[s
     return dict(outputs)
 
 
-def result_bound(bundle: Bundle) -> int:
-    """The largest RESULT payload that can be valid for ``bundle``: its outputs, RAW, with the
-    headers (docs/PROTOCOL.md §6.12). The wearable accepts no larger reply to a REQUEST."""
-    return _result_bound((t.name, len(t.shape), t.nbytes) for t in bundle.outputs)
+def result_bound(bundle: Bundle, hops: int = 1) -> int:
+    """The largest RESULT payload that can be valid for ``bundle``'s request of ``hops`` hops:
+    its outputs, RAW, with the headers (docs/PROTOCOL.md §6.13). The wearable accepts no
+    larger reply to a REQUEST."""
+    return _result_bound(((t.name, len(t.shape), t.nbytes) for t in bundle.outputs), hops)
 
 
 def nbytes_of(tensors: Mapping[str, np.ndarray]) -> int:

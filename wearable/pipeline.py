@@ -32,13 +32,9 @@ from typing import Any
 
 import numpy as np
 from coinf.ble_protocol.link import Link
-from coinf.ble_protocol.messages import MsgType, encode_request
+from coinf.ble_protocol.messages import MsgType
 from coinf.ble_protocol.packing import PackSpec, pack_tensors
-from coinf.ble_protocol.route import (
-    decode_stage_result,
-    encode_route,
-    failed_hop,
-)
+from coinf.ble_protocol.request import Request, decode_result, encode_request
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector, open_connector
@@ -69,7 +65,7 @@ from coinf.wearable.planner.pipeline_dp import (
 )
 
 from coinf.bundle import Bundle
-from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError
+from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
 DEFAULT_BANDWIDTH_BPS = 1e6  # prior for a link nothing is known about (B/s)
@@ -338,9 +334,7 @@ class PipelineSession:
             except LinkError as exc:
                 if not exc.transient:  # configuration faults (bundle, version) always raise
                     raise
-                dead = failed_hop(exc)
-                if dead is None and _link_failure(exc):
-                    dead = plan.devices[1]  # the first helper itself failed
+                dead = _dead_device(exc, plan)
                 if dead is None or retries > len(self.helpers):
                     # busy, a failed slice, ...: this frame finishes here, the helpers stay
                     log.info("pipeline frame finished on the wearable: %s", exc)
@@ -380,10 +374,9 @@ class PipelineSession:
         specs = [PackSpec.parse(o.packing) for o in choices]
         comps = [self.bundle.compressor(cut, o.gamma) if o.gamma > 1 else None
                  for cut, o in zip(plan.cuts, choices, strict=True)]
-        # hop i receives link i: its FROM names the compressor's code (``c004~g4``) and it
-        # packs what it sends on as link i+1's option says
-        hops = [dataclasses.replace(h, start=h.start if c is None else c.wire_id,
-                                    packing=str(p))
+        # hop i receives link i: it gets the compressor's code (its gamma) and packs what it
+        # sends on as link i+1's option says
+        hops = [dataclasses.replace(h, gamma=0 if c is None else c.gamma, packing=str(p))
                 for h, c, p in zip(plan.hops, comps, [*specs[1:], "raw"], strict=True)]
         spec = specs[0]
         if comps[0] is not None:  # the encoder: this device's compute, emulated speed
@@ -396,7 +389,7 @@ class PipelineSession:
             blob = encode_tensors(crossing)
         else:
             blob = encode_tensors({}, packed=pack_tensors(crossing, spec))
-        payload = encode_request(encode_route(hops), blob)
+        payload = encode_request(Request.route(hops), blob)
         conn = self._connection(plan.devices[1])
         rpc = await conn.client()
         marks: dict[str, float] = {}
@@ -405,9 +398,8 @@ class PipelineSession:
         entry = (t_send, len(payload), marks)
         pending.append(entry)
         try:
-            # the pipeline RESULT: u8 hop count and 12 B per hop before the outputs (§6.10)
             reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks,
-                                      max_reply=result_bound(self.bundle) + 1 + 12 * len(hops))
+                                      max_reply=result_bound(self.bundle, len(hops)))
         finally:
             pending.remove(entry)
         if "delivered" in marks:
@@ -418,7 +410,7 @@ class PipelineSession:
             nbytes += self._untimed.pop(plan.devices[1], 0)
             if send_s <= MIN_SEND_S:
                 self._untimed[plan.devices[1]], nbytes = nbytes, 0
-        hop_stats, result_blob = decode_stage_result(reply.payload, len(plan.hops))
+        hop_stats, result_blob = decode_result(reply.payload, len(plan.hops))
         try:
             decoded = decode_tensors(result_blob, max_bytes=self._result_bytes)
         except ProtocolError as exc:
@@ -569,10 +561,18 @@ def service_time(last_end: dict[str, float], key: str, t0: float,
     return max(sent - start, 0.0)
 
 
-def _link_failure(exc: LinkError) -> bool:
-    """The wearable's own link to the first helper failed (not an answer from the chain)."""
-    return isinstance(exc, ProtocolError) and exc.code in (ErrorCode.DISCONNECTED,
-                                                           ErrorCode.TIMEOUT)
+def _dead_device(exc: LinkError, plan: PipelinePlan) -> str | None:
+    """The device a failed frame shows to be gone: the hop a DISCONNECTED ERROR names (its
+    ``hop``: an index into the route the first helper received), or the first helper when the
+    wearable's own link to it failed. None: an answer that leaves every device in place."""
+    if isinstance(exc, RemoteError):
+        if exc.code == ErrorCode.DISCONNECTED and exc.hop is not None \
+                and 0 < exc.hop < len(plan.hops):
+            return plan.hops[exc.hop].device
+        return None
+    if isinstance(exc, ProtocolError) and exc.code in (ErrorCode.DISCONNECTED, ErrorCode.TIMEOUT):
+        return plan.devices[1]
+    return None
 
 
 __all__ = ["HelperConfig", "PipelinePlan", "PipelineSession", "PipelineStats", "link_options",

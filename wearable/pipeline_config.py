@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coinf.ble_protocol.route import valid_name
+from coinf.ble_protocol.request import valid_name
 from coinf.ble_protocol.shaped import Channel
 from coinf.wearable.plan import WEARABLE
 

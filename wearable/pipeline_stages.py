@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coinf.ble_protocol.route import Hop
+from coinf.ble_protocol.request import Hop
 from coinf.wearable.plan import Stage
 from coinf.wearable.planner.compress_select import LinkOption, option_label
 from coinf.wearable.planner.pipeline_dp import PipelineSplit
@@ -28,7 +28,11 @@ class PipelinePlan:
     @property
     def hops(self) -> tuple[Hop, ...]:
         """The route the first helper receives (every stage after the wearable's)."""
-        return tuple(Hop(s.device, *s.slice.split("..")) for s in self.stages[1:])
+        hops = []
+        for s in self.stages[1:]:
+            start, end = s.slice.split("..")
+            hops.append(Hop(start, end, s.device))
+        return tuple(hops)
 
     def rows(self, options: Sequence[LinkOption | str] | str = "raw") -> list[dict[str, Any]]:
         """One row per stage, for ``coinf plan``: device, slice, compute, link to the next and

@@ -43,8 +43,8 @@ class Plan:
     stages: tuple[Stage, ...]
     tensor_packing: Mapping[str, PackSpec] = field(default_factory=dict, compare=False,
                                                    hash=False)
-    #: an attached compressor (coinf.bundle.Compressor): the wearable sends its code,
-    #: packed with ``packing``, as ``CUT~gN``; the handheld decodes it before the tail
+    #: an attached compressor (coinf.bundle.Compressor): the wearable sends its code, packed
+    #: with ``packing``, in a request whose hop names its gamma; the handheld decodes it first
     compressor: Any = field(default=None, compare=False, hash=False)
 
     def spec_of(self, tensor: str) -> PackSpec:
@@ -74,5 +74,6 @@ class Plan:
         return self.stages[1:]
 
     def __str__(self) -> str:
-        cid = self.candidate.id if self.compressor is None else self.compressor.wire_id
-        return f"{cid}[{self.packing}]: " + " -> ".join(map(str, self.stages))
+        # the planner's configuration id: CUT, or CUT~SPEC where a compressor's code is a spec
+        code = "" if self.compressor is None else f"~g{self.compressor.gamma}"
+        return f"{self.candidate.id}{code}[{self.packing}]: " + " -> ".join(map(str, self.stages))

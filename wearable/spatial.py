@@ -2,9 +2,10 @@
 
 The wearable holds the feature map between layer groups, like MeDNN's group owner. For each
 group it cuts every worker's input region, halo included, out of the map. Its own tiles run
-here, on a worker thread. A helper's tile goes out as a REQUEST named ``sp:I0-I1:R0-R1:C0-C1``
-over that helper's link. Every helper runs the ordinary handheld daemon, which builds the tile's
-sub-graph from its own copy of the bundle's model and checks the region's shape before running.
+here, on a worker thread. A helper's tile goes out as a TILE request (layers, rows, columns;
+docs/PROTOCOL.md §6.10) over that helper's link. Every helper runs the ordinary handheld
+daemon, which builds the tile's sub-graph from its own copy of the bundle's model and checks
+the region's shape before running.
 All tiles of a group run at once. The outputs are checked and stitched, and the next group
 starts. The layers after the spatial chain run on the device the plan says finishes them
 first (the fastest, unless sending it the map costs more than it saves).
@@ -12,8 +13,8 @@ first (the fastest, unless sending it the map costs more than it saves).
 Every request is bounded by ``timeout``, and every reply by the largest valid answer to it
 (a tile's or the outputs' RESULT bound). Every helper's reply is checked like a split's result
 (:func:`~coinf.wearable.frame.validate_result`): a tile must be exactly ``{"tile": float32 of
-the tile's shape}`` and finite, the outputs of ``sp:rest`` exactly the model's, finite. A helper
-that dies, times out, answers ERROR or answers anything else is a transient fault of that
+the tile's shape}`` and finite, the outputs of the REST request exactly the model's, finite.
+A helper that dies, times out, answers ERROR or answers anything else is a transient fault of that
 helper: the group's other requests are cancelled, the helper is dropped and (with ``fallback``,
 the default) the frame is computed again without it, down to this device alone; nothing it
 sent reaches the caller. Only configuration faults (protocol version, bundle mismatch, missing
@@ -31,12 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol.messages import MsgType, decode_result, encode_request, result_bound
+from coinf.ble_protocol.messages import MsgType, result_bound
+from coinf.ble_protocol.request import REST, Request, Tile, decode_result, encode_request
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector
 from coinf.convert.gtdp import Worker
 from coinf.device.emulation import DeviceEmulation
-from coinf.device.spatial import REST_KEY, SpatialModel, SpatialPlan
+from coinf.device.spatial import SpatialModel, SpatialPlan
 from coinf.wearable.connection import Connection
 from coinf.wearable.frame import check_feed, validate_result
 from coinf.wearable.frame import result_bound as outputs_bound
@@ -77,10 +79,12 @@ class SpatialStats:
     per_group: list[tuple[float, list[float]]] = field(default_factory=list)
 
 
-def _encode(key: str, name: str, arr: np.ndarray) -> bytes:
-    """Tiles travel raw: float feature maps barely compress losslessly, and on a Wi-Fi-class
-    link the codec would cost more time than the bytes it saves."""
-    return encode_request(key, encode_tensors({name: arr}))
+def _encode(key: Tile | None, name: str, arr: np.ndarray) -> bytes:
+    """A TILE request (``key``) or the REST request (``None``). Tiles travel raw: float
+    feature maps barely compress losslessly, and on a Wi-Fi-class link the codec would cost
+    more time than the bytes it saves."""
+    request = REST if key is None else Request.for_tile(key)
+    return encode_request(request, encode_tensors({name: arr}))
 
 
 class SpatialSession:
@@ -191,7 +195,7 @@ class SpatialSession:
             if stats.bytes_received:  # helpers' tiles went into it: the split's result check
                 outputs = await self._checked_final(feed, outputs, stats)
         else:
-            outputs, rest_s = await self._remote(owner[fastest], REST_KEY, "map", x, stats,
+            outputs, rest_s = await self._remote(owner[fastest], None, "map", x, stats,
                                                  self.bundle_outputs_bytes(), self._outputs_bound,
                                                  self._check_outputs)
         stats.compute_ms += rest_s * 1e3
@@ -203,7 +207,7 @@ class SpatialSession:
                      stats: SpatialStats) -> list[float]:
         loop = asyncio.get_running_loop()
 
-        async def one(worker: int, key: str, part: np.ndarray,
+        async def one(worker: int, key: Tile, part: np.ndarray,
                       rect: Any) -> tuple[np.ndarray, float]:
             if owner[worker] < 0:
                 out, s = await loop.run_in_executor(
@@ -228,7 +232,7 @@ class SpatialSession:
             self.model.place(y, key, rect, out)
         return [s for _, s in results]
 
-    async def _remote(self, helper: int, key: str, name: str, arr: np.ndarray,
+    async def _remote(self, helper: int, key: Tile | None, name: str, arr: np.ndarray,
                       stats: SpatialStats, max_bytes: int, max_reply: int,
                       check: Check) -> tuple[Any, float]:
         """One REQUEST to a helper: (its checked result, the helper's compute seconds). Any
@@ -240,12 +244,13 @@ class SpatialSession:
             reply = await rpc.request(MsgType.REQUEST, payload, self.timeout,
                                       max_reply=max_reply)
             stats.bytes_received += len(reply.payload)
-            compute_us, blob = decode_result(reply.payload)
+            (hop,), blob = decode_result(reply.payload, 1)
             try:
                 res = decode_tensors(blob, max_bytes=max_bytes)
             except ProtocolError as exc:
-                raise PeerResultError(f"{key}: result does not decode: {exc}") from None
-            return check(res), compute_us / 1e6
+                raise PeerResultError(f"{key or 'REST'}: result does not decode: {exc}") \
+                    from None
+            return check(res), hop.compute_us / 1e6
         except LinkError as exc:
             if isinstance(exc, ProtocolError) and exc.code in CONFIG_CODES:
                 raise
@@ -255,11 +260,11 @@ class SpatialSession:
         return sum(self.model.g.ttype(o).nbytes for o in self.model.g.outputs)
 
     def _check_outputs(self, res: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """A helper's outputs (``sp:rest``): exactly the model's, finite (a split's check)."""
+        """A helper's outputs (REST): exactly the model's, finite (a split's check)."""
         try:
             return validate_result(self.bundle, res)
         except PeerResultError as exc:
-            raise PeerResultError(f"{REST_KEY}: {exc.text}") from None
+            raise PeerResultError(f"REST: {exc.text}") from None
 
     async def _checked_final(self, feed: Mapping[str, np.ndarray],
                              outputs: dict[str, np.ndarray],
@@ -281,16 +286,16 @@ class SpatialSession:
             return dict(whole)
 
 
-def _check_tile(key: str, want: tuple[int, ...], res: Mapping[str, np.ndarray]) -> np.ndarray:
+def _check_tile(key: Tile, want: tuple[int, ...], res: Mapping[str, np.ndarray]) -> np.ndarray:
     """A helper's tile: exactly one tensor ``tile``, float32 of the tile's shape, finite."""
     if set(res) != {"tile"}:
-        raise PeerResultError(f"tile {key}: result holds {sorted(res)}, expected ['tile']")
+        raise PeerResultError(f"{key}: result holds {sorted(res)}, expected ['tile']")
     out = res["tile"]
     if out.dtype != np.float32 or out.shape != want:
-        raise PeerResultError(f"tile {key} is {out.dtype}{list(out.shape)}, expected "
+        raise PeerResultError(f"{key} is {out.dtype}{list(out.shape)}, expected "
                               f"float32{list(want)}")
     if not np.isfinite(out).all():
-        raise PeerResultError(f"tile {key} has NaN or infinite values")
+        raise PeerResultError(f"{key} has NaN or infinite values")
     return out
 
 

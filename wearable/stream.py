@@ -5,10 +5,14 @@ The pipeline itself is :meth:`coinf.wearable.core.AsyncSession.astream`.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+#: what :func:`puller`'s awaitable returns when the feeds are exhausted
+END = object()
 
 
 @dataclass
@@ -72,3 +76,26 @@ class RealtimeSource:
 def effective_accuracy(throughput_fps: float, accuracy: float, input_rate_hz: float) -> float:
     """Streaming paper §III: throughput x accuracy / input rate (capped by accuracy)."""
     return min(throughput_fps / input_rate_hz, 1.0) * accuracy
+
+
+def puller(feeds: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]]
+            ) -> Callable[[], Any]:
+    """An awaitable 'next feed or END' over an async or a (possibly blocking) sync iterable."""
+    if isinstance(feeds, AsyncIterable):
+        agen = aiter(feeds)
+
+        async def next_async() -> Any:
+            try:
+                return await anext(agen)
+            except StopAsyncIteration:
+                return END
+
+        return next_async
+    it = iter(feeds)
+
+    async def next_sync() -> Any:
+        if isinstance(feeds, list | tuple):  # in memory: no thread needed
+            return next(it, END)
+        return await asyncio.to_thread(next, it, END)
+
+    return next_sync

@@ -56,7 +56,7 @@ def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
     out_bytes = sum(t.nbytes for t in out)
     try:
         import numpy as np
-        from coinf.ble_protocol.messages import encode_request, encode_result
+        from coinf.ble_protocol.request import HopStats, Request, encode_request, encode_result
         from coinf.ble_protocol.tensors import encode_tensors
     except ImportError:
         return nbytes, out_bytes
@@ -66,8 +66,8 @@ def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
                  for t in specs}
         return len(encode_tensors(empty)) - sum(a.nbytes for a in empty.values())
 
-    req = len(encode_request(cand.id, b"")) + header(cand.crossing)
-    res = len(encode_result(0, b"")) + header(out)
+    req = len(encode_request(Request.split(cand.id, "c999"), b"")) + header(cand.crossing)
+    res = len(encode_result([HopStats(0)], b"")) + header(out)
     return nbytes + req, out_bytes + res
 
 

@@ -40,10 +40,17 @@ from coinf.ble_protocol.messages import (
     MsgType,
     decode_error,
     decode_json,
-    decode_request,
-    decode_result,
     encode_error,
     encode_json,
+)
+from coinf.ble_protocol.request import (
+    REST,
+    Hop,
+    HopStats,
+    Request,
+    Tile,
+    decode_request,
+    decode_result,
     encode_request,
     encode_result,
 )
@@ -83,7 +90,12 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
     blob_raw = encode_tensors(t)
     blob_packed = encode_tensors({}, packed=packed)
     hello = gatt.make_hello("model-1234", 247, role="handheld")
-    message = Message(MsgType.REQUEST, 7, encode_request("c001", blob_raw))
+    split = encode_request(Request.split("c001", "c003"), blob_raw)
+    message = Message(MsgType.REQUEST, 7, split)
+    requests = [split, encode_request(Request.route([
+        Hop("c001", "c002", "phone", packing="q8"), Hop("c002", "c003", "laptop", gamma=4)]),
+        blob_packed), encode_request(Request.for_tile(Tile(0, 2, 0, 8, 4, 12)), blob_raw),
+        encode_request(REST, blob_raw)]
     chunks = list(encode_chunks(message, 244))[:40] + list(encode_chunks(message, 244))[-2:]
     status = encode_json({"device": DeviceStatus(cpu_load=0.3, battery_pct=80.0).to_json(),
                           "role": "handheld", "requests": 3})
@@ -124,10 +136,11 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         "json_hello": ([encode_json(hello)], decode_json),
         "status_reply": ([status], decode_status_reply),
         "profile_reply": ([encode_json(DeviceProfile.default("handheld").to_json())], profile),
-        "request": ([encode_request("c001", blob_raw)], lambda d: decode_tensors(
-            decode_request(d)[1], max_bytes=budget)),
-        "result": ([encode_result(1234, blob_packed)], lambda d: decode_tensors(
-            decode_result(d)[1], max_bytes=budget)),
+        "request": (requests, lambda d: decode_tensors(decode_request(d)[1], max_bytes=budget)),
+        "result": ([encode_result([HopStats(1234)], blob_packed)],
+                   lambda d: decode_tensors(decode_result(d, 1)[1], max_bytes=budget)),
+        "route_result": ([encode_result([HopStats(1, 2, 3), HopStats(4)], blob_raw)],
+                         lambda d: decode_tensors(decode_result(d, 2)[1], max_bytes=budget)),
         "error": ([encode_error(ErrorCode.TAIL_FAILED, "tail failed")], decode_err),
     }
 

@@ -102,7 +102,7 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
     ref = local.run(None, feed)
     # device speed from a measured local run of the whole model (all devices are alike here)
     from coinf.convert.spatial import Rect
-    from coinf.device.spatial import SpatialModel, tile_key
+    from coinf.device.spatial import SpatialModel, tile_of
 
     sm = SpatialModel(bundle.model_path, threads=1)
     flops = sum(layer.flops for layer in sm.chain)
@@ -110,7 +110,7 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
     speed = flops / max(local_s, 1e-9)
     # a tile's fixed cost: the smallest tile (1x1 output of the last layer) run here
     last = len(sm.chain)
-    key = tile_key(last - 1, last, Rect(0, 1, 0, 1))
+    key = tile_of(last - 1, last, Rect(0, 1, 0, 1))
     tiny = np.zeros(sm.region_shape(key, x.shape[0]), dtype=np.float32)
     overhead = median([emu.timed(lambda: sm.run_tile(key, tiny))[1] for _ in range(15)])
     channel = Channel(mbps * 1e6 / 8, latency_s=args.latency_ms / 1e3)

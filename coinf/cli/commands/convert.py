@@ -100,7 +100,7 @@ def run_compressors(args: argparse.Namespace) -> int:
     for comp in bundle.compressors():
         sizes = ", ".join(f"{k} {v} B" for k, v in sorted(comp.code_bytes.items()))
         accs = ", ".join(f"{k} {v:.4f}" for k, v in sorted(comp.accuracy.items()))
-        print(f"{comp.wire_id:10s} code {list(comp.code.shape)} ({sizes}); accuracy {accs}")
+        print(f"{comp.label:14s} code {list(comp.code.shape)} ({sizes}); accuracy {accs}")
     print(f"\nbundle {bundle.root}: {len(bundle.compressors())} compressor(s) attached, "
           f"identity {bundle.identity}")
     return 0

@@ -1,0 +1,278 @@
+"""The typed REQUEST header and the RESULT layout (docs/PROTOCOL.md §6.9-6.11).
+
+Every REQUEST payload starts with a header that says what to run, decoded once by the
+receiver, then the tensor map (:mod:`ble_protocol.tensors`)::
+
+    u8 kind                      1 STAGES, 2 TILE, 3 REST
+    STAGES:  u8 count (1..16), count x hop:
+                 u8 len, device name   (0..32 B of [A-Za-z0-9_-]; empty: whoever receives it)
+                 u8 len, FROM cut id   (1..32 B; the tensors arriving are FROM's crossing set)
+                 u8 len, TO cut id     (1..32 B; the hop runs FROM..TO; the last cut = outputs)
+                 u8 gamma              (0: plain tensors; N >= 2: compressor gN's code at FROM)
+                 u8 len, packing spec  (0..16 B ASCII; how this hop packs what it sends on;
+                                        empty = raw; the last hop's must be empty)
+    TILE:    6 x u16  I0, I1, R0, R1, C0, C1   (layers [I0, I1) of the spatial chain,
+                                                output rows [R0, R1), columns [C0, C1))
+    REST:    nothing                           (the layers after the spatial chain)
+
+A split is STAGES with one hop ``FROM = its cut, TO = the last cut``; a pipeline has one hop
+per device, the receiver first. Every RESULT payload is ``u8 count`` (the request's hops; 1
+for TILE and REST), ``count x (u32 compute_us, u32 send_us, u32 bytes)`` in hop order, then
+the tensor map. No meaning travels in strings but names and cut ids.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from coinf.ble_protocol.messages import ErrorCode, ProtocolError
+
+MAX_HOPS = 16
+MAX_NAME = 32
+MAX_SPEC = 16
+#: ERROR's ``hop`` byte when the error is not about one hop of the request's route
+NO_HOP = 0xFF
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_TILE = struct.Struct("<6H")
+_STAT = struct.Struct("<III")
+_U32 = 0xFFFFFFFF
+
+
+class Kind(IntEnum):
+    STAGES = 1
+    TILE = 2
+    REST = 3
+
+
+def valid_name(name: str) -> bool:
+    """A device name or cut id: 1-32 of ``[A-Za-z0-9_-]``."""
+    return _NAME.fullmatch(name) is not None
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One device's part of a route: run slice ``start..end`` (cut ids) on ``device``."""
+
+    start: str
+    end: str
+    device: str = ""
+    #: the tensors arriving are compressor ``gamma``'s code at ``start`` (0: plain tensors)
+    gamma: int = 0
+    #: how this hop packs the tensors it sends on to the next hop ("raw": as they are)
+    packing: str = "raw"
+
+    def __post_init__(self) -> None:
+        for what, text in (("FROM", self.start), ("TO", self.end)):
+            if not valid_name(text):
+                raise ValueError(f"hop {what} {text[:40]!r}: 1-32 of [A-Za-z0-9_-]")
+        if self.device and not valid_name(self.device):
+            raise ValueError(f"device name {self.device[:40]!r}: 1-32 of [A-Za-z0-9_-]")
+        if not (self.gamma == 0 or 2 <= self.gamma <= 255):
+            raise ValueError(f"gamma must be 0 or 2..255, got {self.gamma}")
+        if not (0 < len(self.packing) <= MAX_SPEC and self.packing.isascii()):
+            raise ValueError(f"packing spec {self.packing[:40]!r}: 1-{MAX_SPEC} ASCII chars")
+
+    def __str__(self) -> str:
+        code = f"+g{self.gamma}" if self.gamma else ""
+        tail = "" if self.packing == "raw" else f" packed {self.packing}"
+        who = f"{self.device}: " if self.device else ""
+        return f"{who}{self.start}{code}..{self.end}{tail}"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A rectangle of the spatial chain's output: layers [i0, i1), rows [r0, r1), columns
+    [c0, c1) of layer ``i1 - 1``'s output map."""
+
+    i0: int
+    i1: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+    def __post_init__(self) -> None:
+        vals = (self.i0, self.i1, self.r0, self.r1, self.c0, self.c1)
+        if not all(0 <= v <= 0xFFFF for v in vals):
+            raise ValueError(f"tile {vals}: every field is a u16")
+
+    def __str__(self) -> str:
+        return f"tile {self.i0}-{self.i1} rows {self.r0}-{self.r1} cols {self.c0}-{self.c1}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a REQUEST asks for. Build with :meth:`split`, :meth:`route`, :meth:`for_tile` or
+    :data:`REST`."""
+
+    kind: Kind
+    hops: tuple[Hop, ...] = ()
+    tile: Tile | None = field(default=None)
+
+    @classmethod
+    def split(cls, cut: str, last: str, gamma: int = 0) -> Request:
+        """The tail of ``cut`` (up to the model's ``last`` cut) on the receiver."""
+        return cls(Kind.STAGES, (Hop(cut, last, gamma=gamma),))
+
+    @classmethod
+    def route(cls, hops: Sequence[Hop]) -> Request:
+        if not 1 <= len(hops) <= MAX_HOPS:
+            raise ValueError(f"a route has 1..{MAX_HOPS} hops, got {len(hops)}")
+        return cls(Kind.STAGES, tuple(hops))
+
+    @classmethod
+    def for_tile(cls, tile: Tile) -> Request:
+        return cls(Kind.TILE, tile=tile)
+
+    @property
+    def stats_count(self) -> int:
+        """How many hop records its RESULT carries."""
+        return len(self.hops) if self.kind == Kind.STAGES else 1
+
+    def __str__(self) -> str:
+        if self.kind == Kind.STAGES:
+            return "; ".join(map(str, self.hops))
+        return str(self.tile) if self.kind == Kind.TILE else "rest of the spatial chain"
+
+
+REST = Request(Kind.REST)
+
+
+def _put(text: str, limit: int) -> bytes:
+    raw = text.encode("ascii")
+    if len(raw) > limit:
+        raise ValueError(f"{text[:40]!r} is longer than {limit} bytes")
+    return bytes([len(raw)]) + raw
+
+
+def encode_request(request: Request, tensors_blob: bytes) -> bytes:
+    """A REQUEST payload: the header, then the tensor map."""
+    head = bytes([request.kind])
+    if request.kind == Kind.STAGES:
+        if not 1 <= len(request.hops) <= MAX_HOPS:
+            raise ValueError(f"a route has 1..{MAX_HOPS} hops, got {len(request.hops)}")
+        head += bytes([len(request.hops)])
+        for hop in request.hops:
+            spec = "" if hop.packing == "raw" else hop.packing
+            head += (_put(hop.device, MAX_NAME) + _put(hop.start, MAX_NAME)
+                     + _put(hop.end, MAX_NAME) + bytes([hop.gamma]) + _put(spec, MAX_SPEC))
+    elif request.kind == Kind.TILE:
+        t = request.tile
+        if t is None:
+            raise ValueError("a TILE request needs its tile")
+        head += _TILE.pack(t.i0, t.i1, t.r0, t.r1, t.c0, t.c1)
+    return head + tensors_blob
+
+
+class _Reader:
+    def __init__(self, data: memoryview) -> None:
+        self.data, self.pos = data, 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        if self.pos + n > len(self.data):
+            raise ProtocolError(ErrorCode.TRUNCATED, f"REQUEST header ends inside {what}")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def byte(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def text(self, what: str, limit: int, allow_empty: bool = False) -> str:
+        n = self.byte(what)
+        if n > limit or (n == 0 and not allow_empty):
+            raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST {what} length {n} is invalid")
+        raw = bytes(self.take(n, what))
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST {what} is not ASCII") from None
+        if text and what != "packing spec" and not valid_name(text):
+            raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST {what} {text!r} is not a name")
+        return text
+
+
+def decode_request(payload: bytes | memoryview) -> tuple[Request, memoryview]:
+    """(header, tensor blob) of a REQUEST from the wire; anything malformed is a
+    :class:`ProtocolError` (TRUNCATED, MALFORMED), never another exception."""
+    rd = _Reader(memoryview(payload))
+    raw_kind = rd.byte("kind")
+    try:
+        kind = Kind(raw_kind)
+    except ValueError:
+        raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST kind {raw_kind} is unknown") from None
+    if kind == Kind.TILE:
+        vals = _TILE.unpack(rd.take(_TILE.size, "tile"))
+        i0, i1, r0, r1, c0, c1 = vals
+        if not (i0 < i1 and r0 < r1 and c0 < c1):
+            raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST tile {vals} is empty")
+        request = Request.for_tile(Tile(*vals))
+    elif kind == Kind.REST:
+        request = REST
+    else:
+        count = rd.byte("hop count")
+        if not 1 <= count <= MAX_HOPS:
+            raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST has {count} hops, 1..{MAX_HOPS}")
+        hops = []
+        for _ in range(count):
+            device = rd.text("device name", MAX_NAME, allow_empty=True)
+            start = rd.text("FROM cut", MAX_NAME)
+            end = rd.text("TO cut", MAX_NAME)
+            gamma = rd.byte("gamma")
+            spec = rd.text("packing spec", MAX_SPEC, allow_empty=True) or "raw"
+            if gamma == 1:
+                raise ProtocolError(ErrorCode.MALFORMED, "REQUEST gamma 1 is invalid (0 or >= 2)")
+            hops.append(Hop(start, end, device, gamma, spec))
+        if hops[-1].packing != "raw":
+            raise ProtocolError(ErrorCode.MALFORMED, "the last hop sends no tensors to pack")
+        request = Request(Kind.STAGES, tuple(hops))
+    return request, rd.data[rd.pos:]
+
+
+# --- RESULT ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HopStats:
+    """One hop's record in a RESULT: its compute, its hand-off to the next hop, bytes sent."""
+
+    compute_us: int
+    send_us: int = 0
+    nbytes: int = 0
+
+
+def result_overhead(count: int) -> int:
+    """Bytes of a RESULT before its tensor map."""
+    return 1 + _STAT.size * count
+
+
+def encode_result(stats: Sequence[HopStats], tensors_blob: bytes) -> bytes:
+    if not 1 <= len(stats) <= MAX_HOPS:
+        raise ValueError(f"a RESULT has 1..{MAX_HOPS} hop records, got {len(stats)}")
+    body = b"".join(_STAT.pack(*(min(max(int(v), 0), _U32)
+                                 for v in (s.compute_us, s.send_us, s.nbytes))) for s in stats)
+    return bytes([len(stats)]) + body + tensors_blob
+
+
+def decode_result(payload: bytes | memoryview, count: int) -> tuple[list[HopStats], memoryview]:
+    """(hop records, tensor blob) of a RESULT; it must carry exactly ``count`` records."""
+    view = memoryview(payload)
+    if len(view) < 1:
+        raise ProtocolError(ErrorCode.TRUNCATED, "RESULT is empty")
+    if view[0] != count:
+        raise ProtocolError(ErrorCode.MALFORMED, f"RESULT has {view[0]} hop records, "
+                            f"expected {count}")
+    end = result_overhead(count)
+    if len(view) < end:
+        raise ProtocolError(ErrorCode.TRUNCATED, "RESULT hop records are truncated")
+    stats = [HopStats(*_STAT.unpack_from(view, 1 + i * _STAT.size)) for i in range(count)]
+    return stats, view[end:]
+
+
+__all__ = ["MAX_HOPS", "NO_HOP", "REST", "Hop", "HopStats", "Kind", "Request", "Tile",
+           "decode_request", "decode_result", "encode_request", "encode_result",
+           "result_overhead", "valid_name"]

@@ -112,7 +112,8 @@ class PlacementOptions(_Options):
         ``coinf profile`` measured it in ``PlannerOptions.wearable_profile``).
     handheld_runtime: the same for an in-process handheld's tails (a remote handheld chooses
         with ``coinf handheld --runtime``). docs/BUNDLE.md, "TFLite slices".
-    head_cache: how many of this wearable's slices stay loaded.
+    head_cache: heads kept loaded when the split changes (the slice cache holds this many
+        plus 2, for tails finished here).
     """
 
     split: str | None = None
@@ -207,9 +208,9 @@ class PlannerOptions(_Options):
     latency_budget_ms: a bound on the predicted latency (default: the policy's; None: none).
     policy: a :class:`~coinf.wearable.policy.Policy` or the path of one (default: the
         configured policy, ``coinf policy``).
-    wearable_profile, handheld_profile: :class:`~coinf.device.profile.DeviceProfile` s or
-        their paths (default: the profiles ``coinf profile`` stored; a handheld's own otherwise
-        comes with its handshake).
+    wearable_profile: a :class:`~coinf.device.profile.DeviceProfile` or the path of one
+        (default: the one ``coinf profile`` stored here, else the built-in default).
+    handheld_profile: the same for the handheld (default: the one it sends when it connects).
     """
 
     objective: str | None = None
@@ -311,7 +312,7 @@ class RunOptions:
     """Per-call settings of ``Session.run`` (onnxruntime has ``RunOptions`` too; this one is
     coinf's and is the only kind accepted).
 
-    timeout: seconds for this inference's offloaded part (default: the session's ``timeout``).
+    timeout: seconds for this inference's offloaded part (default: ``LinkOptions.timeout``).
     tag: a label copied into ``last_run.tag`` (like onnxruntime's ``run_tag``).
     local_only: run this inference entirely on the wearable (no link use).
     """

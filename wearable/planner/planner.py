@@ -106,7 +106,7 @@ class Planner:
         ``coinf bench pack`` measures it), added to the head. Use :func:`split_config` on the
         winner.
 
-        ``timeout_s`` is the Session's per-inference timeout (``SessionOptions.timeout``):
+        ``timeout_s`` is the Session's per-inference timeout (``LinkOptions.timeout``):
         a configuration whose predicted exchange (transfer + tail + return) times
         ``TIMEOUT_MARGIN`` (2) exceeds it is infeasible and never chosen (``Decision.excluded``
         says so); ``wearable-only`` always is feasible.

@@ -3,6 +3,7 @@
 The public surface is small on purpose::
 
     from coinf import Session, SessionOptions      # shaped like onnxruntime.InferenceSession
+    from coinf import PlacementOptions, LinkOptions, PlannerOptions, EmulationOptions  # its groups
     from coinf import AsyncSession                 # the same, for asyncio programs
 
 The packages follow the data path: ``coinf.convert`` (offline) -> ``coinf.wearable`` (API,
@@ -20,6 +21,10 @@ __version__ = "0.2.0"
 _LAZY = {
     "Session": "coinf.wearable.session",
     "SessionOptions": "coinf.wearable.options",
+    "PlacementOptions": "coinf.wearable.options",
+    "LinkOptions": "coinf.wearable.options",
+    "PlannerOptions": "coinf.wearable.options",
+    "EmulationOptions": "coinf.wearable.options",
     "RunOptions": "coinf.wearable.options",
     "AsyncSession": "coinf.wearable.core",
     "RunStats": "coinf.wearable.frame",
@@ -29,7 +34,14 @@ _LAZY = {
 if TYPE_CHECKING:
     from coinf.wearable.core import AsyncSession
     from coinf.wearable.frame import FrameResult, RunStats
-    from coinf.wearable.options import RunOptions, SessionOptions
+    from coinf.wearable.options import (
+        EmulationOptions,
+        LinkOptions,
+        PlacementOptions,
+        PlannerOptions,
+        RunOptions,
+        SessionOptions,
+    )
     from coinf.wearable.session import Session
 
 
@@ -42,4 +54,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AsyncSession", "FrameResult", "RunOptions", "RunStats", "Session", "SessionOptions"]
+__all__ = ["AsyncSession", "EmulationOptions", "FrameResult", "LinkOptions", "PlacementOptions",
+           "PlannerOptions", "RunOptions", "RunStats", "Session", "SessionOptions"]

@@ -1,7 +1,7 @@
 """Which runtime runs a slice: onnxruntime, or LiteRT on the bundle's ``.tflite`` twin.
 
-A runtime is asked for per device (``SessionOptions.runtime`` for the wearable's stages,
-``coinf handheld --runtime`` / ``SessionOptions.handheld_runtime`` for a handheld's tails) as
+A runtime is asked for per device (``PlacementOptions.runtime`` for the wearable's stages,
+``coinf handheld --runtime`` / ``PlacementOptions.handheld_runtime`` for a handheld's tails) as
 ``onnxruntime``, ``litert`` or ``auto``, and resolved per slice:
 
 - ``onnxruntime``: always.

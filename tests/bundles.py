@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from coinf import PlacementOptions, SessionOptions
 from coinf.bundle import Bundle, Candidate, Part, TensorSpec, sha256_file
 
 IN = TensorSpec("x", (1, 16), "float32", 64)
@@ -67,3 +69,9 @@ def reference(bundle: Bundle, x: np.ndarray) -> np.ndarray:
 
     sess = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]
+
+
+def fixed(split: str, packing: str = "raw", **groups: Any) -> SessionOptions:
+    """Session options with the split (and packing) fixed, and any other groups as given
+    (``link=LinkOptions(...)``, ``emulation=EmulationOptions(...)``)."""
+    return SessionOptions(placement=PlacementOptions(split=split, packing=packing), **groups)

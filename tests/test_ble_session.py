@@ -11,9 +11,9 @@ from coinf.ble_protocol.central import Central
 from coinf.ble_protocol.radio import spawn
 from coinf.handheld.daemon import HandheldDaemon
 
-from coinf import Session
+from coinf import LinkOptions, Session
 from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
-from tests.bundles import make_tiny_bundle, reference
+from tests.bundles import fixed, make_tiny_bundle, reference
 
 
 def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
@@ -41,14 +41,9 @@ def test_session_over_ble_matches_the_whole_model(tmp_path) -> None:
     thread.start()
     try:
         x = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
-        with Session(
-            bundle,
-            split="c001",
-            fallback=False,
-            timeout=60,
-            transport=f"ble:{wspec}",
-            transport_options=WEARABLE_PAIRING,
-        ) as sess:
+        link = LinkOptions(transport=f"ble:{wspec}", transport_options=WEARABLE_PAIRING,
+                           timeout=60, fallback=False)
+        with Session(bundle, fixed("c001", link=link)) as sess:
             (y,) = sess.run(None, {"x": x})
             stats = sess.last_run
             assert sess.core.connection.links_opened == 1

@@ -20,6 +20,7 @@ from coinf.wearable.policy import Policy
 
 from coinf import Session
 from coinf.bundle import Bundle
+from tests.bundles import fixed
 from tests.planner_bundle import make_bundle
 
 pytest.importorskip("PIL")
@@ -167,16 +168,16 @@ def test_both_sides_announce_their_decoders() -> None:
 
 def test_a_session_sends_a_jpeg_frame_and_gets_the_model_output(bundle: Bundle) -> None:
     x = photos(3)
-    with Session(bundle.root, split="c000", packing="jpeg-q95") as sess:
+    with Session(bundle.root, fixed("c000", "jpeg-q95")) as sess:
         for frame in x:
             feed = {"x": frame[None]}
             got = sess.run(None, feed)[0]
             assert sess.last_run.packing == "jpeg-q95" and not sess.last_run.local
             assert sess.last_run.bytes_up < frame.nbytes / 4
-            with Session(bundle.root, split="c003") as local:
+            with Session(bundle.root, fixed("c003")) as local:
                 want = local.run(None, feed)[0]
             assert np.allclose(got, want, atol=0.05)
-    with Session(bundle.root, split="c000", packing="png") as sess:
+    with Session(bundle.root, fixed("c000", "png")) as sess:
         assert sess.run(None, {"x": x[0][None]})[0].shape == (1, 10)
     assert Path(bundle.root).exists()
 
@@ -188,10 +189,10 @@ def test_a_fixed_codec_the_handheld_lacks_is_refused_before_sending(
     from coinf.errors import InputError
 
     monkeypatch.setattr(daemon, "decodable", lambda: sorted(LEGACY_DECODERS))
-    with Session(bundle.root, split="c000", packing="jpeg-q90") as sess, \
+    with Session(bundle.root, fixed("c000", "jpeg-q90")) as sess, \
             pytest.raises(InputError, match="cannot be sent: the handheld decodes only"):
         sess.run(None, {"x": photos(1)})
-    with Session(bundle.root, split="c000", packing="q8") as sess:  # what it lists still goes
+    with Session(bundle.root, fixed("c000", "q8")) as sess:  # what it lists still goes
         assert sess.run(None, {"x": photos(1)})[0].shape == (1, 10)
 
 

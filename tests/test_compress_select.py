@@ -7,7 +7,7 @@ import math
 
 import pytest
 from coinf.wearable.planner.compress_select import (
-    LinkOption,
+    CompressionOption,
     effective_accuracy,
     lookup,
     select,
@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from coinf.errors import InputError
 
 options_st = st.lists(
-    st.builds(LinkOption, st.sampled_from([1, 2, 4, 8]), st.sampled_from(["raw", "q8", "q4"]),
-              st.floats(10, 1e5), st.floats(0.05, 1.0)), min_size=1, max_size=6)
+    st.builds(CompressionOption, st.sampled_from([1, 2, 4, 8]),
+              st.sampled_from(["raw", "q8", "q4"]), st.floats(10, 1e5), st.floats(0.05, 1.0)),
+    min_size=1, max_size=6)
 
 
 @settings(max_examples=200, deadline=None)
@@ -37,8 +38,8 @@ def test_threshold_table_agrees_with_direct_choice(options, compute, gen, bandwi
 
 
 def test_low_bandwidth_picks_more_compression() -> None:
-    opts = [LinkOption(1, "raw", 3456, 0.978), LinkOption(4, "q8", 250, 0.975),
-            LinkOption(8, "q4", 70, 0.95)]
+    opts = [CompressionOption(1, "raw", 3456, 0.978), CompressionOption(4, "q8", 250, 0.975),
+            CompressionOption(8, "q4", 70, 0.95)]
     assert select(opts, 1e6, 30, 30).gamma == 1  # the link carries raw tensors at 30 fps
     assert select(opts, 2e4, 30, 30).gamma == 4
     assert select(opts, 2e3, 30, 30).gamma == 8
@@ -52,6 +53,6 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(InputError):
         select([], 1.0, 1.0, 1.0)
     with pytest.raises(InputError):
-        select([LinkOption(2, "raw", 0, 0.9)], 1.0, 1.0, 1.0)
+        select([CompressionOption(2, "raw", 0, 0.9)], 1.0, 1.0, 1.0)
     with pytest.raises(InputError):
-        thresholds([LinkOption(2, "raw", 10, 0.9)], 0, 1.0)
+        thresholds([CompressionOption(2, "raw", 10, 0.9)], 0, 1.0)

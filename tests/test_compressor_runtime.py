@@ -325,15 +325,15 @@ def _session(bundle: Bundle, bandwidth: float, tolerance_pp: float):
     from coinf.device.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
     from coinf.wearable.policy import Policy
 
-    from coinf import Session
+    from coinf import LinkOptions, PlannerOptions, Session, SessionOptions
 
-    return Session(bundle, transport=Channel(bandwidth, latency_s=0.0005),
-                   wearable_profile=DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER,
-                                                  gflops=0.002),
-                   handheld_profile=DeviceProfile("fast", "handheld", LAPTOP_POWER,
-                                                  gflops=50.0),
-                   policy=Policy(battery_aware=False, accuracy_tolerance_pp=tolerance_pp),
-                   objective="latency")
+    planner = PlannerOptions(
+        wearable_profile=DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER, gflops=0.002),
+        handheld_profile=DeviceProfile("fast", "handheld", LAPTOP_POWER, gflops=50.0),
+        policy=Policy(battery_aware=False, accuracy_tolerance_pp=tolerance_pp),
+        objective="latency")
+    return Session(bundle, SessionOptions(
+        link=LinkOptions(transport=Channel(bandwidth, latency_s=0.0005)), planner=planner))
 
 
 def test_a_session_sends_a_code_on_a_slow_link_within_its_accuracy_budget(

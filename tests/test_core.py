@@ -22,9 +22,9 @@ from coinf.ble_protocol.messages import (
 from coinf.ble_protocol.packing import pack
 from coinf.ble_protocol.tensors import encode_tensors
 
-from coinf import AsyncSession, RunOptions, Session, SessionOptions
+from coinf import AsyncSession, LinkOptions, PlacementOptions, RunOptions, Session, SessionOptions
 from coinf.errors import InputError, PeerResultError, ProtocolError
-from tests.bundles import make_tiny_bundle, reference
+from tests.bundles import fixed, make_tiny_bundle, reference
 from tests.wire import result_payload
 
 X = np.random.default_rng(7).standard_normal((1, 16)).astype(np.float32)
@@ -64,7 +64,7 @@ def result(request_id: int, outputs: dict[str, np.ndarray]) -> Message:
 
 def test_stream_on_a_fresh_session_opens_exactly_one_link(bundle):
     frames = [{"x": X + i} for i in range(12)]
-    with Session(bundle, split="c001", stream_depth=4) as sess:
+    with Session(bundle, fixed("c001", link=LinkOptions(stream_depth=4))) as sess:
         got = [r.value()[0] for r in sess.stream(frames)]
         assert sess.core.connection.links_opened == 1
         assert sess.core.connection.connector.links == 1  # the in-process connector's count
@@ -83,7 +83,8 @@ def test_a_hung_link_factory_is_cancelled_and_leaves_no_task(bundle):
         raise AssertionError("unreachable")
 
     async def main() -> None:
-        async with AsyncSession(bundle, split="c001", transport=hung, timeout=0.3) as sess:
+        opts = fixed("c001", link=LinkOptions(transport=hung, timeout=0.3))
+        async with AsyncSession(bundle, opts) as sess:
             (y,) = await asyncio.wait_for(sess.run(None, {"x": X}), 30)  # hang guard only
             assert sess.last_run is not None and sess.last_run.local
             assert "no link within" in (sess.last_run.fallback or "")
@@ -100,7 +101,8 @@ def test_a_hung_factory_without_fallback_raises_a_transient_link_error(bundle):
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    with Session(bundle, split="c001", transport=hung, timeout=0.3, fallback=False) as sess, \
+    opts = fixed("c001", link=LinkOptions(transport=hung, timeout=0.3, fallback=False))
+    with Session(bundle, opts) as sess, \
             pytest.raises(ProtocolError) as info:
         sess.run(None, {"x": X})
     assert info.value.transient and "no link within" in str(info.value)
@@ -121,7 +123,7 @@ def test_a_timed_out_request_is_cancelled_on_both_sides(bundle):
     factory, tasks = peer(bundle, stall)
 
     async def main() -> None:
-        async with AsyncSession(bundle, split="c001", transport=factory) as sess:
+        async with AsyncSession(bundle, fixed("c001", link=LinkOptions(transport=factory))) as sess:
             (y,) = await sess.run(None, {"x": X}, RunOptions(timeout=0.3, tag="t1"))
             stats = sess.last_run
             assert stats is not None and stats.local and stats.tag == "t1"
@@ -150,7 +152,8 @@ def test_closing_a_stream_cancels_the_frames_in_flight(bundle):
     factory, _ = peer(bundle, stall, concurrent=3)
 
     async def main() -> None:
-        async with AsyncSession(bundle, split="c001", transport=factory, timeout=60) as sess:
+        opts = fixed("c001", link=LinkOptions(transport=factory, timeout=60))
+        async with AsyncSession(bundle, opts) as sess:
             stream = sess.astream([{"x": X}] * 5, depth=3)
             first = asyncio.ensure_future(anext(stream))
             for _ in range(1000):  # hang guard: all three frames reach the peer
@@ -192,20 +195,21 @@ def test_a_bad_result_never_reaches_the_caller(bundle, outputs, problem):
         return result(msg.request_id, outputs)
 
     factory, _ = peer(bundle, lie)
-    with Session(bundle, split="c001", transport=factory) as sess:
+    with Session(bundle, fixed("c001", link=LinkOptions(transport=factory))) as sess:
         (y,) = sess.run(None, {"x": X})
         assert sess.last_run is not None and sess.last_run.local
         assert problem in (sess.last_run.fallback or "")
     np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5, atol=1e-6)
     factory, _ = peer(bundle, lie)
-    with Session(bundle, split="c001", transport=factory, fallback=False) as sess, \
+    opts = fixed("c001", link=LinkOptions(transport=factory, fallback=False))
+    with Session(bundle, opts) as sess, \
             pytest.raises(PeerResultError, match=problem.replace("[", r"\[").replace("]", r"\]")):
         sess.run(None, {"x": X})
 
 
 def test_run_matches_onnxruntime_semantics(bundle):
     ref = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
-    with Session(bundle, split="c001") as sess:
+    with Session(bundle, fixed("c001")) as sess:
         for names in (None, [], ["y"]):
             ours = sess.run(names, {"x": X})
             theirs = ref.run(names, {"x": X})
@@ -218,27 +222,27 @@ def test_run_matches_onnxruntime_semantics(bundle):
         assert sess.get_providers() == ["CPUExecutionProvider"]
         meta = sess.get_modelmeta()
         assert meta.graph_name == ref.get_modelmeta().graph_name
-        assert sess.get_session_options().split == "c001"
+        assert sess.get_session_options().placement.split == "c001"
 
 
 def test_local_only_run_opens_no_link(bundle):
-    with Session(bundle, split="c001") as sess:
+    with Session(bundle, fixed("c001")) as sess:
         (y,) = sess.run(None, {"x": X}, RunOptions(local_only=True))
         assert sess.last_run is not None and sess.last_run.local
         assert sess.core.connection.links_opened == 0
     np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5, atol=1e-6)
 
 
-def test_options_object_and_keywords(bundle):
-    opts = SessionOptions(split="c000", timeout=5.0)
-    with Session(bundle, opts, timeout=7.0) as sess:
-        assert sess.options.split == "c000" and sess.options.timeout == 7.0
-    assert opts.timeout == 5.0  # the caller's object is not changed
+def test_the_session_keeps_the_options_object(bundle):
+    opts = SessionOptions(placement=PlacementOptions(split="c000"), link=LinkOptions(timeout=5.0))
+    with Session(bundle, opts) as sess:
+        assert sess.options is opts and sess.get_session_options() is opts
+        assert sess.options.placement.split == "c000" and sess.options.link.timeout == 5.0
     with pytest.raises(InputError, match="unknown Session option 'splitt'"):
         Session(bundle, splitt="c000")
     with pytest.raises(InputError, match="timeout must be"):
-        Session(bundle, timeout=0)
+        Session(bundle, SessionOptions(link=LinkOptions(timeout=0)))
     with pytest.raises(InputError, match="unknown transport 'carrier-pigeon:1'"):
-        Session(bundle, transport="carrier-pigeon:1")
+        Session(bundle, SessionOptions(link=LinkOptions(transport="carrier-pigeon:1")))
     with pytest.raises(InputError, match="not available"):
         Session(bundle, providers=["NoSuchExecutionProvider"])

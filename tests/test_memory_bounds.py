@@ -35,7 +35,7 @@ from coinf.ble_protocol.tensors import encode_tensors
 from coinf.wearable.frame import result_bound as bundle_result_bound
 
 from coinf.errors import PeerResultError
-from tests.bundles import make_tiny_bundle
+from tests.bundles import fixed, make_tiny_bundle
 from tests.test_ble_gatt_link import wired
 from tests.wire import result_payload
 
@@ -162,7 +162,7 @@ PEER = textwrap.dedent('''
 
 
 def test_a_60_mib_result_costs_the_wearable_almost_nothing(tmp_path: Path) -> None:
-    from coinf import Session
+    from coinf import LinkOptions, Session
 
     bundle = make_tiny_bundle(tmp_path / "tiny")
     sock = tmp_path / "h.sock"
@@ -171,7 +171,8 @@ def test_a_60_mib_result_costs_the_wearable_almost_nothing(tmp_path: Path) -> No
     try:
         assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
         x = np.ones((1, 16), np.float32)
-        with Session(bundle.root, transport=f"unix:{sock}", split="c001", timeout=30) as s:
+        opts = fixed("c001", link=LinkOptions(transport=f"unix:{sock}", timeout=30))
+        with Session(bundle.root, opts) as s:
             s.connect()
             tracemalloc.start()
             try:
@@ -182,7 +183,7 @@ def test_a_60_mib_result_costs_the_wearable_almost_nothing(tmp_path: Path) -> No
             assert s.last_run is not None and s.last_run.local
             assert "no valid reply" in (s.last_run.fallback or "") or \
                 "more than this client accepts" in (s.last_run.fallback or "")
-        with Session(bundle.root, transport="inprocess", split="wearable-only") as ref:
+        with Session(bundle.root, fixed("wearable-only")) as ref:  # in-process
             np.testing.assert_array_equal(y, ref.run(None, {"x": x})[0])
         assert peak < 1 * MIB, f"peak {peak / MIB:.1f} MiB"  # was ~186 MiB before the bound
     finally:

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from coinf import Session
 from coinf.errors import InputError
+from tests.bundles import fixed
 from tests.planner_bundle import make_model
 
 RNG = np.random.default_rng(7)
@@ -43,7 +44,7 @@ def test_topk_returns_the_best_classes_and_every_cut_verifies(classifier: Path,
     assert list(idx[0]) == list(np.argsort(-logits[0])[:3])
     assert np.allclose(values[0], np.sort(logits[0])[::-1][:3], atol=1e-6)
     assert all(o.nbytes <= 24 for o in b.outputs)  # 60 B back instead of 40
-    with Session(b.root, split=b.candidates[1].id) as sess:  # a split returns the ids too
+    with Session(b.root, fixed(b.candidates[1].id)) as sess:  # a split returns the ids too
         got = sess.run(None, {"x": x})
         assert got[1].dtype == np.int64 and list(got[1][0]) == list(idx[0])
 

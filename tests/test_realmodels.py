@@ -26,6 +26,7 @@ from coinf.bundle import Bundle
 from coinf.cli import main
 from coinf.errors import InputError, ModelError
 from tests import realmodels as rm
+from tests.bundles import fixed
 
 N = 24
 RNG = np.random.default_rng(5)
@@ -76,7 +77,7 @@ def _split_calibrate(tmp: Path, model: onnx.ModelProto, name: str, data: dict[st
 
 def _run(bundle: Bundle, feed: dict[str, np.ndarray], split: str, packing_spec: str = "q8"
          ) -> list[np.ndarray]:
-    with Session(bundle, split=split, packing=packing_spec) as sess:
+    with Session(bundle, fixed(split, packing_spec)) as sess:
         out = sess.run(None, feed)
         assert sess.last_run is not None and not sess.last_run.local
     return out
@@ -103,7 +104,7 @@ def test_if_on_an_int64_scalar_is_frozen_and_inlined(tmp_path: Path,
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     same = _run(bundle, {**feed, "sr": np.array(16000, np.int64)}, inside[0].id, "f32")
     np.testing.assert_allclose(same[0], want[0], rtol=1e-5, atol=1e-5)
-    with Session(bundle, split=inside[0].id) as sess, \
+    with Session(bundle, fixed(inside[0].id)) as sess, \
             pytest.raises(InputError, match=r"'sr' was frozen to 16000 .* passes 8000"):
         sess.run(None, {**feed, "sr": np.array(8000, np.int64)})
 
@@ -235,7 +236,7 @@ def test_recurrent_state_travels_lossless_and_drift_is_measured(
     # a Session streams the sequence feeding the state back; the result tracks the model
     state = np.zeros((1, 8), np.float32)
     ref_state = state
-    with Session(bundle, split=fr.id, packing="q8") as sess:
+    with Session(bundle, fixed(fr.id, "q8")) as sess:
         for t in range(8):
             prob, state = sess.run(None, {"x": x[t], "state": state})
             want_prob, ref_state = _reference(tmp_path / "rnn.onnx",

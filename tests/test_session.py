@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coinf import Session
+from coinf import EmulationOptions, Session
 from coinf.errors import BundleError, InputError
-from tests.bundles import make_tiny_bundle, reference
+from tests.bundles import fixed, make_tiny_bundle, reference
 
 
 @pytest.fixture()
@@ -18,7 +18,7 @@ def bundle(tmp_path):
 @pytest.mark.parametrize("split", ["c000", "c001", "c002", "handheld-only", "wearable-only"])
 def test_inprocess_every_split_matches_whole_model(bundle, split):
     x = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
-    with Session(bundle, split=split) as sess:
+    with Session(bundle, fixed(split)) as sess:
         (y,) = sess.run(None, {"x": x})
         stats = sess.last_run
     np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
@@ -29,7 +29,7 @@ def test_inprocess_every_split_matches_whole_model(bundle, split):
 
 
 def test_ort_like_surface(bundle):
-    with Session(bundle, split="c001") as sess:
+    with Session(bundle, fixed("c001")) as sess:
         (inp,) = sess.get_inputs()
         (out,) = sess.get_outputs()
         assert (inp.name, inp.shape, inp.type) == ("x", [1, 16], "tensor(float)")
@@ -48,7 +48,7 @@ def test_ort_like_surface(bundle):
     ],
 )
 def test_bad_feeds_raise_value_error_before_sending(bundle, feed, message):
-    sess = Session(bundle, split="c001")
+    sess = Session(bundle, fixed("c001"))
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         sess.run(None, feed)
     assert sess.core.connection.links_opened == 0  # nothing was connected, let alone sent
@@ -57,8 +57,9 @@ def test_bad_feeds_raise_value_error_before_sending(bundle, feed, message):
 
 def test_unknown_output_and_split(bundle):
     with pytest.raises(BundleError, match="unknown candidate id 'c999'"):
-        Session(bundle, split="c999")
-    with Session(bundle, split="c001") as sess, pytest.raises(InputError, match="unknown output"):
+        Session(bundle, fixed("c999"))
+    with Session(bundle, fixed("c001")) as sess, \
+            pytest.raises(InputError, match="unknown output"):
         sess.run(["nope"], {"x": np.ones((1, 16), np.float32)})
 
 
@@ -81,7 +82,7 @@ def test_slowdown_stretches_compute_time(monkeypatch):
 
 def test_session_applies_slowdown_to_head(bundle):
     x = np.ones((1, 16), np.float32)
-    with Session(bundle, split="c002", slowdown=1000.0) as sess:
+    with Session(bundle, fixed("c002", emulation=EmulationOptions(slowdown=1000.0))) as sess:
         sess.run(None, {"x": x})
         assert sess.last_run is not None
         # 1000x the real compute of a 16x8 MatMul is still > 1 ms
@@ -91,7 +92,7 @@ def test_session_applies_slowdown_to_head(bundle):
 @pytest.mark.parametrize("packing", ["f32", "f16", "q8", "q3"])
 def test_packed_crossing_tensors(bundle, packing):
     x = np.random.default_rng(5).standard_normal((1, 16)).astype(np.float32)
-    with Session(bundle, split="c001", packing=packing) as raw_sess:
+    with Session(bundle, fixed("c001", packing)) as raw_sess:
         (y,) = raw_sess.run(None, {"x": x})
     ref = reference(bundle, x)
     if packing == "f32":
@@ -103,7 +104,7 @@ def test_packed_crossing_tensors(bundle, packing):
 
 def test_bad_packing_is_rejected(bundle):
     with pytest.raises(InputError, match=r"bits in 1\.\.16, got 99"):
-        Session(bundle, split="c001", packing="q99")
+        Session(bundle, fixed("c001", "q99"))
 
 
 def test_large_results_travel_packed(tmp_path):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from coinf.wearable.stream import RealtimeSource, effective_accuracy
 
-from coinf import Session
-from tests.bundles import make_tiny_bundle
+from coinf import EmulationOptions, LinkOptions, Session
+from tests.bundles import fixed, make_tiny_bundle
 
 
 @pytest.fixture()
@@ -26,7 +26,7 @@ def frames(n, seed=0):
 @pytest.mark.parametrize("split", ["c000", "c001", "c002"])
 def test_stream_in_order_and_equal_to_per_frame_runs(bundle, split):
     data = frames(20)
-    with Session(bundle, split=split) as sess:
+    with Session(bundle, fixed(split)) as sess:
         expected = [sess.run(None, f)[0] for f in data]
         results = list(sess.stream(data, depth=4))
     assert [r.index for r in results] == list(range(20))
@@ -46,7 +46,7 @@ def test_producer_is_held_back(bundle):
             yield f
 
     depth = 3
-    with Session(bundle, split="c001", handheld_slowdown=200) as sess:
+    with Session(bundle, fixed("c001", emulation=EmulationOptions(handheld_slowdown=200))) as sess:
         stream = sess.stream(producer(), depth=depth)
         for k, _ in enumerate(stream):
             # never more than `depth` frames pulled ahead of what was consumed
@@ -60,7 +60,7 @@ def test_producer_is_held_back(bundle):
 def test_a_failing_frame_is_that_frames_error(bundle):
     data = frames(6)
     data[2] = {"x": np.ones((1, 3), np.float32)}  # wrong shape
-    with Session(bundle, split="c001") as sess:
+    with Session(bundle, fixed("c001")) as sess:
         results = list(sess.stream(data))
     assert [r.error is None for r in results] == [True, True, False, True, True, True]
     with pytest.raises(ValueError, match="shape"):
@@ -70,7 +70,7 @@ def test_a_failing_frame_is_that_frames_error(bundle):
 def test_failure_on_the_handheld_side_does_not_hang(bundle, tmp_path):
     # corrupt the tail file of c001 after loading the bundle: the handheld fails that request
     (bundle.root / "c001" / "tail.onnx").write_bytes(b"not onnx")
-    with Session(bundle, split="c001", timeout=10, fallback=False) as sess:
+    with Session(bundle, fixed("c001", link=LinkOptions(timeout=10, fallback=False))) as sess:
         results = list(sess.stream(frames(3)))
     # every frame fails with the handheld's error reply, none by the 10 s timeout
     assert all(r.error is not None for r in results)
@@ -121,7 +121,7 @@ def test_astream_with_an_async_source(bundle):
         t.cancel()
         return out, ticks
 
-    with Session(bundle, split="c001", handheld_slowdown=100) as sess:
+    with Session(bundle, fixed("c001", emulation=EmulationOptions(handheld_slowdown=100))) as sess:
         expected = [sess.run(None, f)[0] for f in data]
         results, ticks = asyncio.run(main(sess))
     assert [r.index for r in results] == list(range(12))
@@ -141,7 +141,7 @@ def test_astream_stops_early_without_hanging(bundle):
                 break
         return got
 
-    with Session(bundle, split="c001") as sess:
+    with Session(bundle, fixed("c001")) as sess:
         assert len(asyncio.run(main(sess))) == 3
 
 

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -87,6 +88,15 @@ def _close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         assert rel_err(g, w) <= 1e-4, rel_err(g, w)
+
+
+def _opts(split: str, runtime: str, handheld_runtime: str = ONNXRUNTIME,
+          **link: Any) -> coinf.SessionOptions:
+    """The split fixed at ``split``, run by these runtimes, with these link options."""
+    return coinf.SessionOptions(
+        placement=coinf.PlacementOptions(split=split, runtime=runtime,
+                                         handheld_runtime=handheld_runtime),
+        link=coinf.LinkOptions(**link))
 
 
 # -- conversion ---------------------------------------------------------------------------------
@@ -165,8 +175,7 @@ def test_raw_input_passed_through_a_head(tmp_path_factory):
     head, tail = tflite_entry(cand, "head"), tflite_entry(cand, "tail")
     assert head is not None and tail is not None and head["passthrough"]
     feed, want = _whole(bundle, seed=2)
-    with coinf.Session(bundle.root, split=cand.id, runtime=LITERT, handheld_runtime=LITERT,
-                       fallback=False) as sess:
+    with coinf.Session(bundle.root, _opts(cand.id, LITERT, LITERT, fallback=False)) as sess:
         _close(sess.run(None, feed), want)
     sent, _ = SliceRunner(bundle).run_slice(cand, "head", feed)
     out, _ = SliceRunner(bundle, runtime=LITERT).run_slice(cand, "tail", sent)
@@ -179,8 +188,8 @@ def test_raw_input_passed_through_a_head(tmp_path_factory):
 def test_session_inprocess_mixed_runtimes(lenet, runtime, handheld_runtime):
     feed, want = _whole(lenet)
     cand = lenet.candidates[1]
-    with coinf.Session(lenet.root, split=cand.id, runtime=runtime,
-                       handheld_runtime=handheld_runtime, fallback=False) as sess:
+    opts = _opts(cand.id, runtime, handheld_runtime, fallback=False)
+    with coinf.Session(lenet.root, opts) as sess:
         _close(sess.run(None, feed), want)
         assert sess.last_run is not None and not sess.last_run.local
         assert sess.last_run.runtimes == (runtime, handheld_runtime)
@@ -204,8 +213,8 @@ def test_session_socket_litert_head_onnx_tail(lenet, tmp_path):
 
             server = asyncio.create_task(accept())
             try:
-                async with coinf.AsyncSession(lenet.root, split="c001", transport=f"unix:{sock}",
-                                              runtime=wearable_rt, fallback=False) as sess:
+                opts = _opts("c001", wearable_rt, transport=f"unix:{sock}", fallback=False)
+                async with coinf.AsyncSession(lenet.root, opts) as sess:
                     out = await sess.run(None, feed)
                     assert sess.last_run is not None and not sess.last_run.local
                     assert sess.last_run.runtimes[0] == wearable_rt
@@ -220,10 +229,10 @@ def test_session_socket_litert_head_onnx_tail(lenet, tmp_path):
 
 def test_runtime_option_errors(lenet, tmp_path):
     with pytest.raises(InputError, match="runtime must be"):
-        coinf.Session(lenet.root, split="c001", runtime="tensorflow")
+        _opts("c001", "tensorflow")
     plain = split_model(ZOO / "lenet_digits.onnx", tmp_path / "plain", max_candidates=3)
     with pytest.raises(BundleError, match="coinf convert tflite"):
-        coinf.Session(plain.root, split="c001", runtime=LITERT)
+        coinf.Session(plain.root, _opts("c001", LITERT))
 
 
 def test_auto_picks_the_faster_measured_runtime(lenet):
@@ -296,8 +305,7 @@ def test_unconvertible_slice_is_reported_not_shipped(tmp_path):
     # runtime="litert" still runs: a left-out slice stays on onnxruntime
     feed, want = _whole(bundle)
     bad = next(c for c in bundle.candidates if tflite_entry(c, "head") is None and c.head.file)
-    with coinf.Session(bundle.root, split=bad.id, runtime=LITERT,
-                       handheld_runtime=LITERT) as sess:
+    with coinf.Session(bundle.root, _opts(bad.id, LITERT, LITERT)) as sess:
         _close(sess.run(None, feed), want)
     assert SliceRunner(bundle, runtime=LITERT).runtime_of(bad, "head") == ONNXRUNTIME
 

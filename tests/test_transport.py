@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from coinf import Session
-from tests.bundles import make_tiny_bundle, reference
+from coinf import LinkOptions, Session
+from tests.bundles import fixed, make_tiny_bundle, reference
 from tests.procs import handheld_daemon
 
 DTYPES = list(ONNX_TO_NUMPY.values())
@@ -175,9 +175,8 @@ def test_cross_process_session_and_daemon(tmp_path):
     bundle = make_tiny_bundle(tmp_path / "tiny")
     sock = tmp_path / "hh.sock"
     x = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
-    with handheld_daemon(bundle.root, f"unix:{sock}"), Session(
-        bundle.root, split="c001", transport="socket", handheld=f"unix:{sock}"
-    ) as sess:
+    opts = fixed("c001", link=LinkOptions(transport=f"unix:{sock}"))
+    with handheld_daemon(bundle.root, f"unix:{sock}"), Session(bundle.root, opts) as sess:
         info = sess.connect()
         assert info["bundle"] == bundle.identity
         for split in ("c000", "c001"):
@@ -192,7 +191,7 @@ def test_bundle_mismatch_is_refused(tmp_path):
     theirs = make_tiny_bundle(tmp_path / "b", seed=1)
     sock = tmp_path / "hh.sock"
     with handheld_daemon(theirs.root, f"unix:{sock}"):
-        sess = Session(ours.root, split="c001", transport="socket", handheld=f"unix:{sock}")
+        sess = Session(ours.root, fixed("c001", link=LinkOptions(transport=f"unix:{sock}")))
         with pytest.raises(ProtocolError) as info:
             sess.run(None, {"x": np.ones((1, 16), np.float32)})
         assert info.value.code == ErrorCode.BUNDLE_MISMATCH
@@ -300,7 +299,8 @@ def test_session_over_shaped_channel(tmp_path):
 
     bundle = make_tiny_bundle(tmp_path / "t")
     x = np.ones((1, 16), np.float32)
-    with Session(bundle, split="c000", transport=Channel(50_000, 0.005)) as sess:
+    opts = fixed("c000", link=LinkOptions(transport=Channel(50_000, 0.005)))
+    with Session(bundle, opts) as sess:
         (y,) = sess.run(None, {"x": x})
         np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
         assert sess.last_run is not None
@@ -313,8 +313,8 @@ def test_nothing_is_lost_when_the_handheld_goes_away(tmp_path):
     address = f"unix:{tmp_path / 'hh.sock'}"
     x = np.random.default_rng(9).standard_normal((1, 16)).astype(np.float32)
     ref = reference(bundle, x)
-    sess = Session(bundle.root, split="c001", transport="socket", handheld=address,
-                   timeout=5, max_backoff_s=0.5)
+    sess = Session(bundle.root, fixed("c001", link=LinkOptions(transport=address, timeout=5,
+                                                               max_backoff_s=0.5)))
     with handheld_daemon(bundle.root, address):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-5, atol=1e-6)
         assert sess.last_run is not None and not sess.last_run.local

@@ -9,8 +9,16 @@ links), ``frame`` (feed/result checks, timings), ``options``, ``autoplan`` + ``p
 
 from coinf.wearable.core import AsyncSession
 from coinf.wearable.frame import FrameResult, NodeArg, RunStats
-from coinf.wearable.options import RunOptions, SessionOptions
+from coinf.wearable.options import (
+    EmulationOptions,
+    LinkOptions,
+    PlacementOptions,
+    PlannerOptions,
+    RunOptions,
+    SessionOptions,
+)
 from coinf.wearable.session import Session
 
-__all__ = ["AsyncSession", "FrameResult", "NodeArg", "RunOptions", "RunStats", "Session",
+__all__ = ["AsyncSession", "EmulationOptions", "FrameResult", "LinkOptions", "NodeArg",
+           "PlacementOptions", "PlannerOptions", "RunOptions", "RunStats", "Session",
            "SessionOptions"]

@@ -1,6 +1,7 @@
 """``AsyncSession``: the execution core. One inference is one call of :meth:`AsyncSession._frame`.
 
-    async with AsyncSession("bundles/lenet", transport="ble:hci-socket:0") as sess:
+    opts = SessionOptions(link=LinkOptions(transport="ble:hci-socket:0"))
+    async with AsyncSession("bundles/lenet", opts) as sess:
         (logits,) = await sess.run(None, {"x": x})
         async for frame in sess.astream(frames):
             ...
@@ -24,7 +25,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Never, TypeVar
 
 import numpy as np
 from coinf.ble_protocol.messages import MsgType
@@ -59,6 +60,7 @@ from coinf.wearable.options import (
     check_run_options,
     parse_packing,
     request_timeout,
+    session_options,
 )
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable
@@ -95,9 +97,10 @@ class ModelMetadata:
 class AsyncSession:
     """Runs ``bundle`` split between this wearable and the devices around it, from asyncio.
 
-    ``sess_options`` (a :class:`SessionOptions`) and keyword overrides of its fields configure
-    it; ``providers`` are the onnxruntime execution providers of this wearable's slices.
-    Constructing does no I/O on the link: it connects on first use (or :meth:`connect`).
+    ``sess_options`` (a frozen :class:`SessionOptions`) configures it; ``providers`` are the
+    onnxruntime execution providers of this wearable's slices. Any other keyword is refused,
+    naming the options group it belongs to. Constructing does no I/O on the link: it connects on
+    first use (or :meth:`connect`).
     """
 
     def __init__(
@@ -105,54 +108,50 @@ class AsyncSession:
         bundle: str | Path | Bundle,
         sess_options: SessionOptions | None = None,
         providers: Sequence[str] | None = None,
-        **options: Any,
+        **misplaced: Never,
     ) -> None:
-        base = sess_options if sess_options is not None else SessionOptions()
-        if not isinstance(base, SessionOptions):
-            raise InputError(f"sess_options must be coinf.SessionOptions, got "
-                             f"{type(base).__name__}")
-        opts = base.replace(**options).validate()
-        self.options = opts
+        self.options = opts = session_options(sess_options, misplaced)
+        place, link, planner, emu = opts.placement, opts.link, opts.planner, opts.emulation
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self._providers = check_providers(providers)
-        self.emulation = DeviceEmulation(opts.slowdown, opts.threads)
-        self._codec_emulation = DeviceEmulation(min(opts.slowdown, CODEC_SLOWDOWN))
+        self.emulation = DeviceEmulation(emu.slowdown, emu.threads)
+        self._codec_emulation = DeviceEmulation(min(emu.slowdown, CODEC_SLOWDOWN))
         self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
-            ("wearable", opts.runtime, opts.wearable_profile),
-            ("handheld", opts.handheld_runtime, opts.handheld_profile))}
-        self._slices = SliceRunner(self.bundle, self.emulation, capacity=opts.head_cache + 2,
-                                   providers=self._providers, runtime=opts.runtime,
+            ("wearable", place.runtime, planner.wearable_profile),
+            ("handheld", place.handheld_runtime, planner.handheld_profile))}
+        self._slices = SliceRunner(self.bundle, self.emulation, capacity=place.head_cache + 2,
+                                   providers=self._providers, runtime=place.runtime,
                                    profile=self._profiles["wearable"])
-        self._packing = parse_packing(opts.packing)
+        self._packing = parse_packing(place.packing)
         self._codecs = CodecRunner(self.bundle, self.emulation.session_options())
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
-        split = opts.split
+        split = place.split
         if split is None:
-            self.autoplan = self._make_autoplan(opts.objective, opts.latency_budget_ms,
-                                                opts.policy, opts.wearable_profile,
-                                                opts.handheld_profile, opts.packings)
+            self.autoplan = self._make_autoplan(planner.objective, planner.latency_budget_ms,
+                                                planner.policy, planner.wearable_profile,
+                                                planner.handheld_profile, place.packings)
             split = self.autoplan.choose(None)[0]
         self._candidate = self.bundle.candidate(split)
-        transport, transport_options = opts.transport, dict(opts.transport_options)
+        transport, transport_options = link.transport, dict(link.transport_options)
         if isinstance(transport, Channel):
             transport, transport_options["channel"] = "inprocess", transport
         if transport == "inprocess":
-            transport_options.setdefault("slowdown", opts.handheld_slowdown)
-            transport_options.setdefault("threads", opts.handheld_threads)
+            transport_options.setdefault("slowdown", emu.handheld_slowdown)
+            transport_options.setdefault("threads", emu.handheld_threads)
             # the in-process handheld runs here: its LiteRT must be installed here too
-            check_runtime(opts.handheld_runtime, self.bundle, "handheld_runtime")
-            transport_options.setdefault("runtime", opts.handheld_runtime)
+            check_runtime(place.handheld_runtime, self.bundle, "handheld_runtime")
+            transport_options.setdefault("runtime", place.handheld_runtime)
             transport_options.setdefault("profile", self._profiles["handheld"])
         self._handheld_here = transport == "inprocess"
         self.connection = Connection(
             open_connector(transport, bundle=self.bundle, **transport_options),
             self.bundle.identity,
-            connect_timeout=opts.effective_connect_timeout,
-            reconnect_timeout=opts.reconnect_timeout,
-            request_timeout=opts.timeout,
-            max_backoff_s=opts.max_backoff_s,
+            connect_timeout=link.effective_connect_timeout,
+            reconnect_timeout=link.reconnect_timeout,
+            request_timeout=link.timeout,
+            max_backoff_s=link.max_backoff_s,
             on_connect=self._on_connect,
         )
         self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-head")
@@ -176,7 +175,7 @@ class AsyncSession:
         return list(self._providers)
 
     def get_session_options(self) -> SessionOptions:
-        return dataclasses.replace(self.options)
+        return self.options
 
     def get_modelmeta(self) -> ModelMetadata:
         if self._meta is None:
@@ -221,7 +220,7 @@ class AsyncSession:
         yields a result whose ``error`` is set; later frames go on. Closing the iterator
         cancels the frames in flight (and their requests, on both sides).
         """
-        depth = depth if depth is not None else self.options.stream_depth
+        depth = depth if depth is not None else self.options.link.stream_depth
         if depth < 1:
             raise InputError(f"depth must be >= 1, got {depth}")
         if not pipelined:
@@ -310,7 +309,7 @@ class AsyncSession:
     def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:
         """The runtimes of ``cand``'s head (here) and tail (on the handheld, as configured)."""
         return (self._slices.runtime_of(cand, "head"),
-                resolve(self.options.handheld_runtime, self.bundle, cand, "tail",
+                resolve(self.options.placement.handheld_runtime, self.bundle, cand, "tail",
                         self._profiles["handheld"],
                         have_litert=None if self._handheld_here else True))
 
@@ -320,7 +319,7 @@ class AsyncSession:
         try:
             await self.connection.client()
         except LinkError as exc:
-            if not (self.options.fallback and exc.transient):
+            if not (self.options.link.fallback and exc.transient):
                 raise
             await self.connection.went_offline(exc)
 
@@ -340,7 +339,7 @@ class AsyncSession:
         offline = self.connection.offline
         if offline is not None:
             return await self._finish_here(plan.candidate, crossing, stats, offline)
-        timeout = ro.timeout if ro.timeout is not None else self.options.timeout
+        timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
         try:
             rpc = await self.connection.client()
             check_decodable(plan.packing, self.connection.info)
@@ -362,7 +361,7 @@ class AsyncSession:
         else:
             self.connection.succeeded()
             return outputs
-        if not (self.options.fallback and exc.transient):
+        if not (self.options.link.fallback and exc.transient):
             raise exc
         await self.connection.went_offline(exc)
         return await self._finish_here(plan.candidate, crossing, stats, self.connection.offline
@@ -492,9 +491,9 @@ class AsyncSession:
                  if handheld_profile is not None else None)
         return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
                         objective=objective, latency_budget_ms=latency_budget_ms,
-                        packings=packings, timeout_s=self.options.timeout,
-                        runtimes={"wearable": self.options.runtime,
-                                  "handheld": self.options.handheld_runtime})
+                        packings=packings, timeout_s=self.options.link.timeout,
+                        runtimes={"wearable": self.options.placement.runtime,
+                                  "handheld": self.options.placement.handheld_runtime})
 
     async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
         if self.autoplan is not None:
@@ -513,7 +512,7 @@ class AsyncSession:
         try:
             await self.connection.client()
         except LinkError as exc:
-            if self.options.fallback and exc.transient:
+            if self.options.link.fallback and exc.transient:
                 await self.connection.went_offline(exc)
             raise
         assert self.connection.info is not None

@@ -1,132 +1,310 @@
 """Settings of a :class:`~coinf.wearable.session.Session`, grouped like onnxruntime's options.
 
 ``SessionOptions`` is to ``coinf.Session`` what ``onnxruntime.SessionOptions`` is to
-``InferenceSession``: every knob in one validated object. ``RunOptions`` bounds one ``run``.
+``InferenceSession``: every knob in one object, in four frozen groups -- where the model runs
+(:class:`PlacementOptions`), how the handheld is reached (:class:`LinkOptions`), how the split is
+chosen (:class:`PlannerOptions`) and what devices are emulated (:class:`EmulationOptions`)::
+
+    SessionOptions(placement=PlacementOptions(split="c007", packing="q8"),
+                   link=LinkOptions(transport="tcp:127.0.0.1:7878", timeout=5.0))
+
+Each group checks its values when it is built; nothing changes afterwards (``replace`` makes a
+copy). An option given in the wrong place raises an :class:`~coinf.errors.InputError` naming the
+group it belongs to. ``RunOptions`` bounds one ``run``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import onnxruntime as ort
 from coinf.ble_protocol.packing import PackSpec
+from coinf.device.profile import DeviceProfile
 from coinf.wearable.planner.planner import _UNSET
+from coinf.wearable.policy import OBJECTIVES, Policy
 
 from coinf.errors import InputError
 
 UNSET: Any = _UNSET  # "take the policy's value" (a budget of None means "no budget")
+RUNTIMES = ("onnxruntime", "litert", "auto")
+
+#: options that no longer exist -> what replaces them
+_GONE = {
+    "handheld": 'LinkOptions(transport="unix:/path" | "tcp:HOST:PORT")',
+    "hci": 'LinkOptions(transport="ble:hci-socket:0")',
+    "ble_options": "LinkOptions(transport_options=...)",
+}
+_GONE_TRANSPORTS = {"socket": _GONE["handheld"], "ble": _GONE["hci"]}
 
 
-@dataclass
-class SessionOptions:
-    """Where to split, how to reach the handheld, how to plan, how long to wait.
+class _Options:
+    """What the groups and :class:`SessionOptions` share: a keyword given to the wrong class
+    (or that no longer exists) is an :class:`InputError` naming where it lives now."""
 
-    Placement:
-        split: candidate id (``c007``, ``handheld-only``, ``wearable-only``) to fix the split;
-            ``None`` lets the planner choose before every run (docs/PLANNER.md).
-        packing: how crossing tensors travel when the split is fixed: ``raw``, ``f32``, ``f16``,
-            ``q1``..``q16`` (docs/PACKING.md).
-        packings: what the planner may choose from (``("auto",)``: every calibrated packing).
-    Link:
-        transport: a link spec (``inprocess``, ``tcp:HOST:PORT``, ``unix:/path``,
-            ``ble:hci-socket:0``, ``ble:tcp-client:HOST:PORT`` of ``coinf radio``), a
-            :class:`~coinf.ble_protocol.shaped.Channel` (in-process handheld behind a shaped
-            link), a :class:`~coinf.ble_protocol.link.Link`, or an async factory returning one.
-            The older ``transport="socket", handheld=ADDR`` and ``transport="ble", hci=SPEC``
-            forms are accepted too.
-        transport_options: options of the transport (BLE: ``name``, ``keystore``, ``mtu``...).
-        timeout: seconds one offloaded inference may take before it is cancelled (on both
-            sides) and, with ``fallback``, finished on the wearable. The planner never picks a
-            configuration predicted to need more than half of it; a request larger than the
-            link can carry in it gets ``request_timeout``'s stretched deadline (docs/PLANNER.md,
-            "Timeouts and feasibility").
-        connect_timeout: seconds to open a link and handshake (default: ``timeout``); after the
-            first connection a lost handheld is awaited at most ``reconnect_timeout``.
-        fallback: finish an inference locally when the handheld is unreachable, slow or failing
-            (transient :class:`~coinf.errors.LinkError`), then retry after a backoff (0.5 s
-            doubling to ``max_backoff_s``). Configuration errors always raise.
-    Planning: objective, latency_budget_ms, policy, wearable_profile, handheld_profile.
-    Emulation: slowdown, threads (this wearable), handheld_slowdown, handheld_threads
-        (an in-process handheld).
-    Runtime (per stage): runtime runs this wearable's slices (heads, and tails it finishes
-        itself) with ``onnxruntime``, ``litert`` (the bundle's verified TFLite slices; a slice
-        left out of the TFLite set stays on onnxruntime) or ``auto`` (the faster of the two for
-        each slice, as ``coinf profile`` measured it in ``wearable_profile``);
-        handheld_runtime the same for an in-process handheld's tails (a remote handheld
-        chooses with ``coinf handheld --runtime``). docs/BUNDLE.md, "TFLite slices".
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        own = _fields(cls)
+        for name in kwargs:
+            if name not in own:
+                raise InputError(misplaced(name))
+        return super().__new__(cls)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (checked like the constructor's keywords)."""
+        return dataclasses.replace(cast(Any, self), **changes)
+
+    if not TYPE_CHECKING:  # keeps mypy checking attribute names
+        def __getattr__(self, name: str) -> Any:
+            group = _GROUP_OF.get(name)
+            if group is None or name.startswith("__"):
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raise AttributeError(f"{name} is a {group} option: read options.{group}.{name} (set "
+                                 f"by SessionOptions({group}={_GROUPS[group].__name__}"
+                                 f"({name}=...)))")
+
+
+def _fields(cls: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _fail(obj: object, name: str, expected: str) -> InputError:
+    return InputError(f"{type(obj).__name__}.{name} must be {expected}, got "
+                      f"{getattr(obj, name)!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_packing(obj: object, name: str, spec: object, allow_auto: bool = False) -> None:
+    if allow_auto and spec == "auto":
+        return
+    if isinstance(spec, PackSpec):
+        return
+    try:
+        PackSpec.parse(spec)  # type: ignore[arg-type]
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InputError(f"{type(obj).__name__}.{name}: {exc}"
+                         + (", or auto (every calibrated packing)" if allow_auto else "")
+                         ) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementOptions(_Options):
+    """Where the model runs.
+
+    split: candidate id (``c007``, ``handheld-only``, ``wearable-only``) to fix the split;
+        ``None`` lets the planner choose before every run (docs/PLANNER.md).
+    packing: how crossing tensors travel when the split is fixed: ``raw``, ``f32``, ``f16``,
+        ``q1``..``q16`` (docs/PACKING.md).
+    packings: what the planner may choose from (``("auto",)``: every calibrated packing).
+    runtime: what runs this wearable's slices (heads, and tails it finishes itself):
+        ``onnxruntime``, ``litert`` (the bundle's verified TFLite slices; a slice left out of the
+        TFLite set stays on onnxruntime) or ``auto`` (the faster of the two for each slice, as
+        ``coinf profile`` measured it in ``PlannerOptions.wearable_profile``).
+    handheld_runtime: the same for an in-process handheld's tails (a remote handheld chooses
+        with ``coinf handheld --runtime``). docs/BUNDLE.md, "TFLite slices".
+    head_cache: heads kept loaded when the split changes (the slice cache holds this many
+        plus 2, for tails finished here).
     """
 
     split: str | None = None
     packing: str = "raw"
     packings: Sequence[str] = ("auto",)
+    runtime: str = "onnxruntime"
+    handheld_runtime: str = "onnxruntime"
+    head_cache: int = 4
+
+    def __post_init__(self) -> None:
+        if self.split is not None and not (isinstance(self.split, str) and self.split):
+            raise _fail(self, "split", "a candidate id (c007, handheld-only, wearable-only) "
+                        "or None (the planner chooses)")
+        _check_packing(self, "packing", self.packing)
+        if isinstance(self.packings, str) or not isinstance(self.packings, Sequence) \
+                or not self.packings:
+            raise _fail(self, "packings", 'a non-empty sequence of packings (("auto",), '
+                        '("raw", "q8"))')
+        for spec in self.packings:
+            _check_packing(self, "packings", spec, allow_auto=True)
+        object.__setattr__(self, "packings", tuple(self.packings))
+        for name in ("runtime", "handheld_runtime"):
+            if getattr(self, name) not in RUNTIMES:
+                raise _fail(self, name, "'onnxruntime', 'litert' or 'auto'")
+        if not (_is_int(self.head_cache) and self.head_cache >= 1):
+            raise _fail(self, "head_cache", "an int >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkOptions(_Options):
+    """How the handheld is reached, and how long it is waited for.
+
+    transport: a link spec (``inprocess``, ``tcp:HOST:PORT``, ``unix:/path``,
+        ``ble:hci-socket:0``, ``ble:tcp-client:HOST:PORT`` of ``coinf radio``), a
+        :class:`~coinf.ble_protocol.shaped.Channel` (in-process handheld behind a shaped link),
+        a :class:`~coinf.ble_protocol.link.Link`, or an async factory returning one. The
+        scheme is checked when the Session opens its connector.
+    transport_options: options of the transport (BLE: ``name``, ``keystore``, ``mtu``...).
+    timeout: seconds one offloaded inference may take before it is cancelled (on both sides)
+        and, with ``fallback``, finished on the wearable. The planner never picks a
+        configuration predicted to need more than half of it; a request larger than the link
+        can carry in it gets ``request_timeout``'s stretched deadline (docs/PLANNER.md,
+        "Timeouts and feasibility").
+    connect_timeout: seconds to open a link and handshake (default: ``timeout``); after the
+        first connection a lost handheld is awaited at most ``reconnect_timeout``.
+    fallback: finish an inference locally when the handheld is unreachable, slow or failing
+        (transient :class:`~coinf.errors.LinkError`), then retry after a backoff (0.5 s
+        doubling to ``max_backoff_s``). Configuration errors always raise.
+    stream_depth: frames in flight at once in ``Session.stream`` (default of its ``depth``).
+    """
+
     transport: Any = "inprocess"
     transport_options: Mapping[str, Any] = field(default_factory=dict)
-    handheld: str | None = None  # legacy: transport="socket", handheld="tcp:..."
-    hci: str | None = None  # legacy: transport="ble", hci="hci-socket:0"
-    ble_options: Mapping[str, Any] | None = None  # legacy name of transport_options for BLE
     timeout: float = 30.0
     connect_timeout: float | None = None
     reconnect_timeout: float = 3.0
     fallback: bool = True
     max_backoff_s: float = 30.0
+    stream_depth: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.transport, str) and self.transport in _GONE_TRANSPORTS:
+            raise InputError(f"transport={self.transport!r} is gone; use "
+                             f"{_GONE_TRANSPORTS[self.transport]}")
+        if self.transport == "" or self.transport is None:
+            raise _fail(self, "transport", "a link spec (inprocess, tcp:HOST:PORT, unix:/path, "
+                        "ble:hci-socket:0), a Channel, a Link or an async link factory")
+        if not isinstance(self.transport_options, Mapping):
+            raise _fail(self, "transport_options", "a mapping of the transport's options")
+        object.__setattr__(self, "transport_options", dict(self.transport_options))
+        for name in ("timeout", "reconnect_timeout", "max_backoff_s"):
+            if not (_is_number(getattr(self, name)) and getattr(self, name) > 0):
+                raise _fail(self, name, "a number of seconds > 0")
+        if self.connect_timeout is not None and not (_is_number(self.connect_timeout)
+                                                     and self.connect_timeout > 0):
+            raise _fail(self, "connect_timeout", "a number of seconds > 0 or None (= timeout)")
+        if not isinstance(self.fallback, bool):
+            raise _fail(self, "fallback", "True or False")
+        if not (_is_int(self.stream_depth) and self.stream_depth >= 1):
+            raise _fail(self, "stream_depth", "an int >= 1")
+
+    @property
+    def effective_connect_timeout(self) -> float:
+        return self.connect_timeout if self.connect_timeout is not None else self.timeout
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerOptions(_Options):
+    """How the split is chosen when ``PlacementOptions.split`` is None (docs/PLANNER.md).
+
+    objective: one of :data:`~coinf.wearable.policy.OBJECTIVES` (default: the policy's).
+    latency_budget_ms: a bound on the predicted latency (default: the policy's; None: none).
+    policy: a :class:`~coinf.wearable.policy.Policy` or the path of one (default: the
+        configured policy, ``coinf policy``).
+    wearable_profile: a :class:`~coinf.device.profile.DeviceProfile` or the path of one
+        (default: the one ``coinf profile`` stored here, else the built-in default).
+    handheld_profile: the same for the handheld (default: the one it sends when it connects).
+    """
+
     objective: str | None = None
     latency_budget_ms: Any = UNSET
     policy: Any = None
     wearable_profile: Any = None
     handheld_profile: Any = None
+
+    def __post_init__(self) -> None:
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise _fail(self, "objective", f"one of {', '.join(OBJECTIVES)} or None")
+        budget = self.latency_budget_ms
+        if budget is not UNSET and budget is not None and not (_is_number(budget)
+                                                               and budget > 0):
+            raise _fail(self, "latency_budget_ms", "a number of ms > 0, or None (no budget)")
+        if not isinstance(self.policy, Policy | str | Path | None):
+            raise _fail(self, "policy", "a Policy, the path of one, or None")
+        for name in ("wearable_profile", "handheld_profile"):
+            if not isinstance(getattr(self, name), DeviceProfile | str | Path | None):
+                raise _fail(self, name, "a DeviceProfile, the path of one, or None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulationOptions(_Options):
+    """Devices played by this machine: ``slowdown`` (>= 1: a K x slower wearable) and
+    ``threads`` (onnxruntime threads, 0 = its default) of this wearable; ``handheld_slowdown``
+    and ``handheld_threads`` of an in-process handheld."""
+
     slowdown: float = 1.0
     threads: int = 0
     handheld_slowdown: float = 1.0
     handheld_threads: int = 0
-    head_cache: int = 4
-    runtime: str = "onnxruntime"
-    handheld_runtime: str = "onnxruntime"
-    stream_depth: int = 3
 
-    def replace(self, **changes: Any) -> SessionOptions:
-        """A copy with ``changes``; unknown names raise :class:`InputError`."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise InputError(
-                f"unknown Session option {unknown[0]!r}; the options are {sorted(known)}"
-            )
-        return dataclasses.replace(self, **changes)
+    def __post_init__(self) -> None:
+        for name in ("slowdown", "handheld_slowdown"):
+            if not (_is_number(getattr(self, name)) and getattr(self, name) >= 1):
+                raise _fail(self, name, "a number >= 1 (1 = this machine's speed)")
+        for name in ("threads", "handheld_threads"):
+            if not (_is_int(getattr(self, name)) and getattr(self, name) >= 0):
+                raise _fail(self, name, "an int >= 0 (0 = onnxruntime's default)")
 
-    def validate(self) -> SessionOptions:
-        """Check ranges and normalise the legacy transport forms; returns self."""
-        for name in ("timeout", "reconnect_timeout", "max_backoff_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0):
-                raise InputError(f"{name} must be a number of seconds > 0, got {value!r}")
-        if self.connect_timeout is not None and not self.connect_timeout > 0:
-            raise InputError(f"connect_timeout must be > 0 s, got {self.connect_timeout!r}")
-        for name in ("runtime", "handheld_runtime"):
-            if getattr(self, name) not in ("onnxruntime", "litert", "auto"):
-                raise InputError(f"{name} must be 'onnxruntime', 'litert' or 'auto', got "
-                                 f"{getattr(self, name)!r}")
-        if self.head_cache < 1 or self.stream_depth < 1:
-            raise InputError("head_cache and stream_depth must be >= 1")
-        if self.transport == "socket":
-            if not self.handheld:
-                raise InputError("transport='socket' needs handheld='unix:/path' or "
-                                 "'tcp:HOST:PORT'")
-            self.transport = self.handheld
-        elif self.transport == "ble":
-            if not self.hci:
-                raise InputError("transport='ble' needs hci='hci-socket:0', 'usb:0' or "
-                                 "'tcp-client:HOST:PORT' (coinf radio); or transport='ble:SPEC'")
-            self.transport = f"ble:{self.hci}"
-        if self.ble_options:
-            self.transport_options = {**self.ble_options, **self.transport_options}
-        return self
 
-    @property
-    def effective_connect_timeout(self) -> float:
-        return self.connect_timeout if self.connect_timeout is not None else self.timeout
+@dataclass(frozen=True, kw_only=True)
+class SessionOptions(_Options):
+    """Every setting of a Session, in four groups (module docstring)."""
+
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
+    link: LinkOptions = field(default_factory=LinkOptions)
+    planner: PlannerOptions = field(default_factory=PlannerOptions)
+    emulation: EmulationOptions = field(default_factory=EmulationOptions)
+
+    def __post_init__(self) -> None:
+        for name, cls in _GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise InputError(f"SessionOptions.{name} must be a {cls.__name__}, got "
+                                 f"{type(getattr(self, name)).__name__}")
+
+
+_GROUPS: dict[str, type[_Options]] = {"placement": PlacementOptions, "link": LinkOptions,
+                                      "planner": PlannerOptions, "emulation": EmulationOptions}
+#: every option -> the name of its group
+_GROUP_OF = {name: group for group, cls in _GROUPS.items() for name in _fields(cls)}
+
+
+def misplaced(name: str) -> str:
+    """The one-line message for an option ``name`` given where it does not belong."""
+    if name in _GONE:
+        return f"{name}= is gone; use {_GONE[name]}"
+    group = _GROUP_OF.get(name)
+    if group is not None:
+        return (f"{name} is a {group} option: "
+                f"SessionOptions({group}={_GROUPS[group].__name__}({name}=...))")
+    if name in _GROUPS:
+        return (f"{name} is a SessionOptions group: Session(bundle, "
+                f"SessionOptions({name}={_GROUPS[name].__name__}(...)))")
+    close = difflib.get_close_matches(name, list(_GROUP_OF), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    listing = "; ".join(f"{g}: {', '.join(_fields(c))}" for g, c in _GROUPS.items())
+    return f"unknown Session option {name!r}{hint}; the options are {listing}"
+
+
+def session_options(sess_options: object, misplaced_options: Mapping[str, Any]) -> SessionOptions:
+    """The options of ``Session(bundle, sess_options, providers, **misplaced_options)``: only
+    a :class:`SessionOptions` (or None); any other keyword is refused, naming its group."""
+    if misplaced_options:
+        raise InputError(misplaced(next(iter(misplaced_options))))
+    if sess_options is None:
+        return SessionOptions()
+    if isinstance(sess_options, SessionOptions):
+        return sess_options
+    wrap = next((f"; wrap it: SessionOptions({g}={c.__name__}(...))"
+                 for g, c in _GROUPS.items() if isinstance(sess_options, c)), "")
+    raise InputError(f"sess_options must be coinf.SessionOptions, got "
+                     f"{type(sess_options).__module__}.{type(sess_options).__name__}{wrap}")
 
 
 @dataclass(frozen=True)
@@ -134,7 +312,7 @@ class RunOptions:
     """Per-call settings of ``Session.run`` (onnxruntime has ``RunOptions`` too; this one is
     coinf's and is the only kind accepted).
 
-    timeout: seconds for this inference's offloaded part (default: the session's ``timeout``).
+    timeout: seconds for this inference's offloaded part (default: ``LinkOptions.timeout``).
     tag: a label copied into ``last_run.tag`` (like onnxruntime's ``run_tag``).
     local_only: run this inference entirely on the wearable (no link use).
     """

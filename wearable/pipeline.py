@@ -48,7 +48,7 @@ from coinf.wearable.pipeline_config import HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Stage
 from coinf.wearable.planner.compress_select import (
-    LinkOption,
+    CompressionOption,
     cheapest_bytes,
     link_options,
     lookup,
@@ -134,7 +134,7 @@ class PipelineSession:
             self.emulation = DeviceEmulation(slowdown, threads)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-        self._tables: dict[tuple[str, float], list[tuple[float, LinkOption]]] = {}
+        self._tables: dict[tuple[str, float], list[tuple[float, CompressionOption]]] = {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         #: options of this wearable's GATT server for helpers with a ``ble:`` wearable_link
@@ -369,8 +369,8 @@ class PipelineSession:
             if self._flops[first.id] >= self._min_flops and own_s > 0:
                 self._speed[WEARABLE].add(self._flops[first.id] / own_s)
         choices = (self.link_choices(plan) if self.auto_packing
-                   else [LinkOption(1, str(self.packing), 1.0, 1.0)]
-                   + [LinkOption(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))
+                   else [CompressionOption(1, str(self.packing), 1.0, 1.0)]
+                   + [CompressionOption(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))
         specs = [PackSpec.parse(o.packing) for o in choices]
         comps = [self.bundle.compressor(cut, o.gamma) if o.gamma > 1 else None
                  for cut, o in zip(plan.cuts, choices, strict=True)]
@@ -440,7 +440,7 @@ class PipelineSession:
         """Every link's packing (:meth:`link_choices`)."""
         return [PackSpec.parse(o.packing) for o in self.link_choices(plan)]
 
-    def link_choices(self, plan: PipelinePlan) -> list[LinkOption]:
+    def link_choices(self, plan: PipelinePlan) -> list[CompressionOption]:
         """Every link's option at its current bandwidth estimate: the one with the best
         effective accuracy (throughput x accuracy / input rate) among raw, the bundle's
         calibrated packings of that link's cut and its attached compressors with each packing

@@ -9,7 +9,7 @@ from typing import Any
 
 from coinf.ble_protocol.request import Hop
 from coinf.wearable.plan import Stage
-from coinf.wearable.planner.compress_select import LinkOption, option_label
+from coinf.wearable.planner.compress_select import CompressionOption, option_label
 from coinf.wearable.planner.pipeline_dp import PipelineSplit
 
 
@@ -34,7 +34,8 @@ class PipelinePlan:
             hops.append(Hop(start, end, s.device))
         return tuple(hops)
 
-    def rows(self, options: Sequence[LinkOption | str] | str = "raw") -> list[dict[str, Any]]:
+    def rows(self, options: Sequence[CompressionOption | str] | str = "raw"
+             ) -> list[dict[str, Any]]:
         """One row per stage, for ``coinf plan``: device, slice, compute, link to the next and
         what that link carries (``options``: one per link, e.g. :meth:`PipelineSession.
         link_choices`; a string: the first link's packing, the others raw)."""
@@ -48,7 +49,8 @@ class PipelinePlan:
                         "compute_ms": round(self.split.compute_s[i] * 1e3, 3),
                         "link_ms": None if link is None else round(link, 3),
                         "compressor": option_label(opt) if opt is not None else None,
-                        "link_bytes": int(opt.nbytes) if isinstance(opt, LinkOption) else None})
+                        "link_bytes": int(opt.nbytes)
+                        if isinstance(opt, CompressionOption) else None})
         return out
 
     def __str__(self) -> str:
@@ -74,7 +76,7 @@ class PipelineStats:
     @property
     def options(self) -> list[str]:
         """Per link, what it carried: ``raw``, ``q8``, ``g4``, ``g4+q8``."""
-        return [option_label(LinkOption(g, p, 1.0, 1.0))
+        return [option_label(CompressionOption(g, p, 1.0, 1.0))
                 for g, p in zip(self.gamma or [1] * len(self.packing), self.packing,
                                 strict=True)]
 

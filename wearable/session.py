@@ -1,6 +1,7 @@
 """``Session``: run a split model like ``onnxruntime.InferenceSession``, offloading the rest.
 
->>> sess = Session("bundles/mobilenetv2", split="c012")
+>>> opts = SessionOptions(placement=PlacementOptions(split="c012"))
+>>> sess = Session("bundles/mobilenetv2", opts)
 >>> probs, = sess.run(None, {"input": x})
 >>> sess.last_run.transfer_ms
 
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Never
 
 import numpy as np
 from coinf.ble_protocol.link import Link
@@ -24,7 +25,14 @@ from coinf.wearable.autoplan import AutoPlan
 from coinf.wearable.core import AsyncSession, ModelMetadata
 from coinf.wearable.frame import FrameResult, NodeArg, RunStats
 from coinf.wearable.loop import LoopThread
-from coinf.wearable.options import RunOptions, SessionOptions
+from coinf.wearable.options import (
+    EmulationOptions,
+    LinkOptions,
+    PlacementOptions,
+    PlannerOptions,
+    RunOptions,
+    SessionOptions,
+)
 from coinf.wearable.planner.costs import Decision
 
 from coinf.bundle import Bundle, Candidate
@@ -35,8 +43,9 @@ class Session:
     """Runs ``bundle`` split between this wearable and a handheld (docs/ARCHITECTURE.md).
 
     Like ``onnxruntime.InferenceSession(path, sess_options, providers)``: ``sess_options`` is a
-    :class:`SessionOptions`, and any of its fields may also be given as a keyword
-    (``Session(b, split="c007", transport="tcp:127.0.0.1:7878")``).
+    frozen :class:`SessionOptions` (``SessionOptions(placement=PlacementOptions(split="c007"),
+    link=LinkOptions(transport="tcp:127.0.0.1:7878"))``). An option given as a keyword
+    (``Session(b, split="c007")``) is an :class:`~coinf.errors.InputError` naming its group.
     """
 
     def __init__(
@@ -44,9 +53,9 @@ class Session:
         bundle: str | Path | Bundle,
         sess_options: SessionOptions | None = None,
         providers: Sequence[str] | None = None,
-        **options: Any,
+        **misplaced: Never,
     ) -> None:
-        self._core = AsyncSession(bundle, sess_options, providers, **options)
+        self._core = AsyncSession(bundle, sess_options, providers, **misplaced)
         self._loop: LoopThread | None = None
 
     # -- onnxruntime's surface ------------------------------------------------------------------
@@ -228,5 +237,6 @@ async def _anext_or_none(agen: Any) -> Any:
         return None
 
 
-__all__ = ["CoinfError", "FrameResult", "NodeArg", "RunOptions", "RunStats", "Session",
+__all__ = ["CoinfError", "EmulationOptions", "FrameResult", "LinkOptions", "NodeArg",
+           "PlacementOptions", "PlannerOptions", "RunOptions", "RunStats", "Session",
            "SessionOptions"]

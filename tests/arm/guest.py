@@ -50,13 +50,14 @@ def pack(arrays_file: str, folder: str, *specs: str) -> None:
 
 
 def session(bundle_dir: str, address: str, feeds_file: str, out_file: str, *cids: str) -> None:
-    from coinf import Session
+    from coinf import LinkOptions, PlacementOptions, Session, SessionOptions
 
     feeds = dict(np.load(feeds_file))
     out, stats = {}, {}
+    link = LinkOptions(transport=address, fallback=False, connect_timeout=60.0, timeout=120.0)
     for cid in cids:
-        with Session(bundle_dir, split=cid, transport=address, fallback=False,
-                     connect_timeout=60.0, timeout=120.0) as sess:
+        opts = SessionOptions(placement=PlacementOptions(split=cid), link=link)
+        with Session(bundle_dir, opts) as sess:
             names = [o.name for o in sess.get_outputs()]
             values = sess.run(None, feeds)
             out.update({f"{cid}/{n}": v for n, v in zip(names, values, strict=True)})

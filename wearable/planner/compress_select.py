@@ -25,7 +25,7 @@ from coinf.errors import InputError
 
 
 @dataclass(frozen=True)
-class LinkOption:
+class CompressionOption:
     """One way to send a cut's tensors: the compressor, the packing, bytes/frame, accuracy."""
 
     gamma: int
@@ -37,18 +37,18 @@ class LinkOption:
         return f"gamma{self.gamma}+{self.packing}"
 
 
-def throughput(option: LinkOption, bandwidth_bps: float, compute_fps: float,
+def throughput(option: CompressionOption, bandwidth_bps: float, compute_fps: float,
                input_fps: float) -> float:
     return min(compute_fps, input_fps, bandwidth_bps / option.nbytes)
 
 
-def effective_accuracy(option: LinkOption, bandwidth_bps: float, compute_fps: float,
+def effective_accuracy(option: CompressionOption, bandwidth_bps: float, compute_fps: float,
                        input_fps: float) -> float:
     """Correct results per generated frame: throughput x accuracy / input rate."""
     return throughput(option, bandwidth_bps, compute_fps, input_fps) * option.accuracy / input_fps
 
 
-def _check(options: Sequence[LinkOption], compute_fps: float, input_fps: float) -> None:
+def _check(options: Sequence[CompressionOption], compute_fps: float, input_fps: float) -> None:
     if not options:
         raise InputError("no compression option to choose from")
     if not (compute_fps > 0 and input_fps > 0):
@@ -58,8 +58,8 @@ def _check(options: Sequence[LinkOption], compute_fps: float, input_fps: float) 
         raise InputError(f"option {bad[0]}: bytes must be > 0 and accuracy in [0, 1]")
 
 
-def select(options: Sequence[LinkOption], bandwidth_bps: float, compute_fps: float,
-           input_fps: float) -> LinkOption:
+def select(options: Sequence[CompressionOption], bandwidth_bps: float, compute_fps: float,
+           input_fps: float) -> CompressionOption:
     """The option with the highest effective accuracy at this bandwidth."""
     _check(options, compute_fps, input_fps)
     return max(options, key=lambda o: (
@@ -67,8 +67,8 @@ def select(options: Sequence[LinkOption], bandwidth_bps: float, compute_fps: flo
         -o.nbytes))
 
 
-def thresholds(options: Sequence[LinkOption], compute_fps: float,
-               input_fps: float) -> list[tuple[float, LinkOption]]:
+def thresholds(options: Sequence[CompressionOption], compute_fps: float,
+               input_fps: float) -> list[tuple[float, CompressionOption]]:
     """``[(theta, option), ...]`` by increasing ``theta``: from bandwidth ``theta`` (B/s) up to
     the next threshold, ``option`` is the best (the first entry starts at 0)."""
     _check(options, compute_fps, input_fps)
@@ -82,7 +82,7 @@ def thresholds(options: Sequence[LinkOption], compute_fps: float,
             if b.accuracy > 0:
                 points.add(rate * a.accuracy * b.nbytes / b.accuracy)
     cuts = sorted(points)
-    regions: list[tuple[float, LinkOption]] = []
+    regions: list[tuple[float, CompressionOption]] = []
     for i, lo in enumerate(cuts):
         hi = cuts[i + 1] if i + 1 < len(cuts) else lo * 2 + 1
         best = select(options, (lo + hi) / 2, compute_fps, input_fps)  # inside the region
@@ -92,13 +92,13 @@ def thresholds(options: Sequence[LinkOption], compute_fps: float,
 
 
 def link_options(cand: Candidate, compressors: Sequence[Compressor] = (),
-                 overhead_bytes: float = 0.0) -> list[LinkOption]:
+                 overhead_bytes: float = 0.0) -> list[CompressionOption]:
     """Raw and every calibrated lossy packing of a cut, with its bytes and relative accuracy
     (1 - the calibrated drop's upper bound; the model's own accuracy cancels out), and every
     (compressor, packing of its code) with the code's bytes and the set's accuracy relative to
     the model's own. ``overhead_bytes`` (a message's headers) is added to every option: it
     dominates a small code's cost."""
-    options = [LinkOption(1, "raw", float(cand.crossing_bytes), 1.0)]
+    options = [CompressionOption(1, "raw", float(cand.crossing_bytes), 1.0)]
     for row in packing_rows(cand):
         spec, size = row.get("spec"), row.get("mean_bytes")
         if not isinstance(spec, str) or spec in ("f32", "raw") or not isinstance(
@@ -107,19 +107,19 @@ def link_options(cand: Candidate, compressors: Sequence[Compressor] = (),
         # the calibration's one-sided 95 % upper bound on the drop: a drop of 0 measured on a
         # few inputs is not worth giving up lossless tensors for
         drop = max(row_bound(row)[0], 0.0)
-        options.append(LinkOption(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
+        options.append(CompressionOption(1, spec, float(size), max(1.0 - drop / 100.0, 0.0)))
     for comp in compressors:
         for spec, size in sorted(comp.code_bytes.items()):
             if spec in comp.accuracy and size > 0:
-                options.append(LinkOption(comp.gamma, spec, float(size),
-                                      comp.relative_accuracy(spec)))
+                options.append(CompressionOption(comp.gamma, spec, float(size),
+                                                 comp.relative_accuracy(spec)))
     if overhead_bytes:
-        options = [LinkOption(o.gamma, o.packing, o.nbytes + overhead_bytes, o.accuracy)
+        options = [CompressionOption(o.gamma, o.packing, o.nbytes + overhead_bytes, o.accuracy)
                    for o in options]
     return options
 
 
-def cheapest_bytes(options: Sequence[LinkOption], tolerance: float = 0.01) -> float:
+def cheapest_bytes(options: Sequence[CompressionOption], tolerance: float = 0.01) -> float:
     """Bytes of the smallest option within ``tolerance`` (relative accuracy) of the most
     accurate one: what the pipeline DP charges a cut whose link choice is made per frame, so
     that a slow link draws the cut to where a compressor can shrink it."""
@@ -129,7 +129,7 @@ def cheapest_bytes(options: Sequence[LinkOption], tolerance: float = 0.01) -> fl
     return min(o.nbytes for o in options if o.accuracy >= best - tolerance)
 
 
-def option_label(option: LinkOption | str) -> str:
+def option_label(option: CompressionOption | str) -> str:
     """``raw``, ``q8``, ``g4`` (compressor gamma 4, raw code), ``g4+q8``."""
     if isinstance(option, str):
         return option
@@ -138,7 +138,7 @@ def option_label(option: LinkOption | str) -> str:
     return f"g{option.gamma}" if option.packing == "raw" else f"g{option.gamma}+{option.packing}"
 
 
-def lookup(table: list[tuple[float, LinkOption]], bandwidth_bps: float) -> LinkOption:
+def lookup(table: list[tuple[float, CompressionOption]], bandwidth_bps: float) -> CompressionOption:
     """The option a threshold table gives for a measured bandwidth."""
     if not table:
         raise InputError("empty threshold table")
@@ -146,5 +146,5 @@ def lookup(table: list[tuple[float, LinkOption]], bandwidth_bps: float) -> LinkO
     return table[max(i, 0)][1]
 
 
-__all__ = ["LinkOption", "cheapest_bytes", "effective_accuracy", "link_options", "lookup",
+__all__ = ["CompressionOption", "cheapest_bytes", "effective_accuracy", "link_options", "lookup",
            "option_label", "select", "thresholds", "throughput"]

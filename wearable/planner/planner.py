@@ -34,7 +34,19 @@ from coinf.wearable.policy import OBJECTIVES, Policy
 
 from coinf.errors import CoinfError
 
-_UNSET: Any = object()
+
+class _Unset:
+    """The value of an argument not given: take the policy's (a budget of None means "no
+    budget"). One object, kept by copy and pickle (options holding it equal their copies)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __reduce__(self) -> str:
+        return "_UNSET"
+
+
+_UNSET: Any = _Unset()
 #: separates candidate id and packing in a configuration id (``c003~q4``)
 PACK_SEP = "~"
 
@@ -94,7 +106,7 @@ class Planner:
         ``coinf bench pack`` measures it), added to the head. Use :func:`split_config` on the
         winner.
 
-        ``timeout_s`` is the Session's per-inference timeout (``SessionOptions.timeout``):
+        ``timeout_s`` is the Session's per-inference timeout (``LinkOptions.timeout``):
         a configuration whose predicted exchange (transfer + tail + return) times
         ``TIMEOUT_MARGIN`` (2) exceeds it is infeasible and never chosen (``Decision.excluded``
         says so); ``wearable-only`` always is feasible.

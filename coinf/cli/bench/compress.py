@@ -284,7 +284,7 @@ def threshold_table(result: dict[str, Any], fps: float) -> dict[str, Any]:
     """Per cut, the bandwidth regions (S3, Eq. 3) and the option that wins in each, with the
     effective accuracy there, for a pipeline bounded at ``fps`` and fed at ``fps``."""
     from coinf.wearable.planner.compress_select import (
-        LinkOption,
+        CompressionOption,
         effective_accuracy,
         thresholds,
     )
@@ -292,8 +292,8 @@ def threshold_table(result: dict[str, Any], fps: float) -> dict[str, Any]:
     base = result["base_accuracy"]
     out: dict[str, Any] = {"fps": fps, "cuts": {}}
     for cut in dict.fromkeys(r["cut"] for r in result["rows"]):
-        options = [LinkOption(r["gamma"], r["packing"], r["bytes"],
-                          min(max(base - r["accuracy_drop_pp"] / 100, 0.0), 1.0))
+        options = [CompressionOption(r["gamma"], r["packing"], r["bytes"],
+                                     min(max(base - r["accuracy_drop_pp"] / 100, 0.0), 1.0))
                    for r in result["rows"] if r["cut"] == cut]
         regions = []
         for theta, opt in thresholds(options, fps, fps):

@@ -94,7 +94,7 @@ class Procs:
 def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
-    from coinf import RunOptions, Session
+    from coinf import LinkOptions, PlacementOptions, RunOptions, Session, SessionOptions
     from coinf.bundle import Bundle
     from coinf.cli.sample import bundle_feeds
 
@@ -113,9 +113,10 @@ def run(args: argparse.Namespace) -> int:
     procs.start_handheld()
     try:
         pairing = {"passkey": procs.passkey, "pairing_window_s": math.inf}
-        with Session(bundle, split=args.split, transport=f"ble:{procs.wearable_hci}",
-                     transport_options=pairing, timeout=args.timeout, max_backoff_s=1.0,
-                     fallback=True) as sess:
+        link = LinkOptions(transport=f"ble:{procs.wearable_hci}", transport_options=pairing,
+                           timeout=args.timeout, max_backoff_s=1.0, fallback=True)
+        with Session(bundle, SessionOptions(placement=PlacementOptions(split=args.split),
+                                            link=link)) as sess:
             sess.connect()
             for phase in phases:
                 progress(f"phase {phase}: {per_phase} inferences")

@@ -81,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     sess = None
     if args.session:
+        from coinf.wearable.options import EmulationOptions, PlacementOptions, SessionOptions
         from coinf.wearable.session import Session
 
-        sess = Session(bundle, split=cand.id, threads=args.threads,
-                       handheld_threads=args.threads)
+        sess = Session(bundle, SessionOptions(
+            placement=PlacementOptions(split=cand.id),
+            emulation=EmulationOptions(threads=args.threads, handheld_threads=args.threads)))
 
     for _ in range(args.warmup):
         run_whole()

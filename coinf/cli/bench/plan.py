@@ -1,8 +1,8 @@
 """``coinf bench plan``: the planner's choice against a measured oracle, over the emulated setup.
 
-This machine plays both sides: the wearable is emulated by ``Session(slowdown=K, threads=T)``,
-the link by a shaped in-process channel at ``--bandwidth-kbps``. The planner gets what
-``coinf profile`` would measure on the devices -- this machine's slice times, the wearable's
+This machine plays both sides: the wearable is emulated (``EmulationOptions(slowdown=K,
+threads=T)``), the link by a shaped in-process channel at ``--bandwidth-kbps``. The planner gets
+what ``coinf profile`` would measure on the devices -- this machine's slice times, the wearable's
 multiplied by K -- and the link's nominal bandwidth and latency, then picks a candidate (the
 latency objective: the oracle is end-to-end latency). Every candidate is then run end to end
 through a Session: the two baselines and the chosen one fully, the others cheapest prediction
@@ -34,14 +34,22 @@ def _measure(bundle: Any, config: str, bandwidth_bps: float, slowdown: float, th
     ``stop_above_ms``), and the median of each RunStats time."""
     from coinf.ble_protocol.shaped import Channel
     from coinf.cli.sample import bundle_feeds
+    from coinf.wearable.options import (
+        EmulationOptions,
+        LinkOptions,
+        PlacementOptions,
+        SessionOptions,
+    )
     from coinf.wearable.session import Session
 
     feeds = feeds or bundle_feeds(bundle)
     cid, _, packing = config.partition("~")
     stats = []
-    with Session(bundle, split=cid, packing=packing or "raw",
-                 transport=Channel(bandwidth_bps, latency_s),
-                 slowdown=slowdown, threads=threads, handheld_threads=threads) as sess:
+    opts = SessionOptions(placement=PlacementOptions(split=cid, packing=packing or "raw"),
+                          link=LinkOptions(transport=Channel(bandwidth_bps, latency_s)),
+                          emulation=EmulationOptions(slowdown=slowdown, threads=threads,
+                                                     handheld_threads=threads))
+    with Session(bundle, opts) as sess:
         sess.run(None, feeds)  # warm-up: connect, load the slices
         for _ in range(runs):
             sess.run(None, feeds)

@@ -105,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
     from coinf.cli.sample import bundle_feeds
     from coinf.errors import UserError
+    from coinf.wearable.options import (
+        EmulationOptions,
+        LinkOptions,
+        PlacementOptions,
+        SessionOptions,
+    )
     from coinf.wearable.session import Session
 
     if args.frames < 2 or args.repeats < 1 or args.depth < 2:
@@ -121,8 +127,11 @@ def run(args: argparse.Namespace) -> int:
     seq_fps: list[float] = []
     pipe_fps: list[float] = []
     stage_samples: dict[str, list[float]] = {s: [] for s in STAGES}
-    with Session(bundle, split=split, transport=channel, slowdown=args.slowdown,
-                 threads=args.threads, handheld_threads=args.threads) as sess:
+    opts = SessionOptions(placement=PlacementOptions(split=split),
+                          link=LinkOptions(transport=channel),
+                          emulation=EmulationOptions(slowdown=args.slowdown, threads=args.threads,
+                                                     handheld_threads=args.threads))
+    with Session(bundle, opts) as sess:
         cand = sess.split
         progress(f"{bundle.root.name}: {cand.id} ({cand.label}), {bps / 1000:.1f} kB/s, "
                  f"wearable x{args.slowdown}")

@@ -8,11 +8,14 @@ import logging
 import math
 import statistics
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coinf.cli import argtypes
+
+if TYPE_CHECKING:
+    from coinf.wearable.options import SessionOptions
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -107,23 +110,15 @@ def run(args: argparse.Namespace) -> int:
             if args.split else [""]
     rows: list[dict[str, Any]] = []
 
-    def open_session(split: str | None, **extra: Any) -> Session:
+    base = session_options(args)
+
+    def open_session(split: str | None, packing: str = "raw",
+                     objective: str | None = None) -> Session:
+        opts = base.replace(
+            placement=base.placement.replace(split=split, packing=packing),
+            planner=base.planner.replace(objective=objective))
         try:
-            return Session(
-                bundle,
-                split=split,
-                transport=args.transport,
-                handheld=args.handheld,
-                hci=args.hci,
-                ble_options=ble_options(args),
-                slowdown=args.slowdown,
-                threads=args.threads,
-                runtime=args.runtime,
-                handheld_runtime=args.handheld_runtime,
-                timeout=120.0,
-                fallback=not args.no_fallback,
-                **extra,
-            )
+            return Session(bundle, opts)
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
@@ -352,7 +347,7 @@ def format_stream(s: dict[str, Any]) -> str:
 def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
                  rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Run ``runs`` inferences with the planner choosing; its choice vs the table's fastest."""
-    connect_or_fall_back(session, not session.options.fallback)
+    connect_or_fall_back(session, not session.options.link.fallback)
     chosen, totals = [], []
     for _ in range(runs):
         session.run(None, feeds)
@@ -387,6 +382,30 @@ def format_plan(p: dict[str, Any]) -> str:
     if p["fastest_in_table"]:
         line += f"; fastest in the table: {p['fastest_in_table']} at {p['fastest_ms']:.2f} ms"
     return line
+
+
+def session_options(args: argparse.Namespace) -> SessionOptions:
+    """The SessionOptions of ``coinf run``'s flags (``--transport socket --handheld ADDR`` is
+    ``transport=ADDR``, ``--transport ble --hci SPEC`` is ``transport="ble:SPEC"``)."""
+    from coinf.errors import UserError
+    from coinf.wearable.options import (
+        EmulationOptions,
+        LinkOptions,
+        PlacementOptions,
+        SessionOptions,
+    )
+
+    transport = {"socket": args.handheld, "ble": f"ble:{args.hci}"}.get(args.transport,
+                                                                       args.transport)
+    try:
+        return SessionOptions(
+            placement=PlacementOptions(packing=args.packing, runtime=args.runtime,
+                                       handheld_runtime=args.handheld_runtime),
+            link=LinkOptions(transport=transport, transport_options=ble_options(args) or {},
+                             timeout=120.0, fallback=not args.no_fallback),
+            emulation=EmulationOptions(slowdown=args.slowdown, threads=args.threads))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def ble_options(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -148,7 +148,7 @@ def test_control_frames_and_handshake_checks() -> None:
     hello = make_hello("bundle-1", 247, window=32)
     assert check_hello(hello, "bundle-1") == (247, 32, 64 * 1024 * 1024)
     for changed, code in [
-        ({"protocol": 2}, ErrorCode.BAD_VERSION),
+        ({"protocol": PROTOCOL_VERSION + 1}, ErrorCode.BAD_VERSION),
         ({"bundle": "other"}, ErrorCode.BUNDLE_MISMATCH),
         ({"mtu": 5}, ErrorCode.MALFORMED),
         ({"capabilities": {"window": 0, "max_message_bytes": 1}}, ErrorCode.MALFORMED),

@@ -201,7 +201,7 @@ def test_run_every_candidate_then_let_the_planner_choose(
     from tests.bundles import make_tiny_bundle
 
     bundle = make_tiny_bundle(tmp_path / "b")
-    assert main(["run", str(bundle.root), "--all", "--repeat", "1", "--plan", "2",
+    assert main(["run", str(bundle.root), "--all", "--repeat", "1", "--planner-runs", "2",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     ids = {c.id for c in bundle.candidates}

@@ -28,7 +28,8 @@ from tests.bundles import make_tiny_bundle, reference
 GROUPS = {"placement": PlacementOptions, "link": LinkOptions, "planner": PlannerOptions,
           "emulation": EmulationOptions}
 FIELDS = {
-    "placement": ["split", "packing", "packings", "runtime", "handheld_runtime", "head_cache"],
+    "placement": ["split", "packing", "packings", "runtime", "handheld_runtime", "head_cache",
+                  "plan", "helpers"],
     "link": ["transport", "transport_options", "timeout", "connect_timeout", "reconnect_timeout",
              "fallback", "max_backoff_s", "stream_depth"],
     "planner": ["objective", "latency_budget_ms", "policy", "wearable_profile",
@@ -51,7 +52,8 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
     opts = SessionOptions()
     assert opts.placement == PlacementOptions(split=None, packing="raw", packings=("auto",),
                                               runtime="onnxruntime",
-                                              handheld_runtime="onnxruntime", head_cache=4)
+                                              handheld_runtime="onnxruntime", head_cache=4,
+                                              plan=None, helpers=())
     assert opts.link == LinkOptions(transport="inprocess", transport_options={}, timeout=30.0,
                                     connect_timeout=None, reconnect_timeout=3.0, fallback=True,
                                     max_backoff_s=30.0, stream_depth=3)
@@ -75,6 +77,8 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
     (PlacementOptions, "handheld_runtime", "tvm"),
     (PlacementOptions, "head_cache", 0),
     (PlacementOptions, "head_cache", 2.5),
+    (PlacementOptions, "plan", 3),
+    (PlacementOptions, "helpers", ["tcp:127.0.0.1:7878"]),  # HelperConfigs, not addresses
     (LinkOptions, "transport", ""),
     (LinkOptions, "transport_options", ["mtu", 247]),
     (LinkOptions, "timeout", 0),

@@ -217,7 +217,7 @@ def test_recurrent_state_travels_lossless_and_drift_is_measured(
     assert rows["q3"]["tensors"] == {"fr": "q3", "hh": "f32"}
     assert rows["q3"]["steps"] == N and rows["q3"]["metric"] == "decision@0.5"
     # the wearable packs what calibration chose: the state lossless, the features quantized
-    plan = Plan.for_candidate(fr, packing.PackSpec.parse("q3"))
+    plan = Plan.for_candidate(bundle, fr, packing.PackSpec.parse("q3"))
     assert str(plan.spec_of("hh")) == "f32" and str(plan.spec_of("fr")) == "q3"
     assert tensor_specs(fr, "raw") == {}
     # quantizing the state too makes it drift further over the same sequence

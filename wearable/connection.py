@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, decode_json, encode_json
@@ -146,3 +146,40 @@ class Connection:
             with contextlib.suppress(Exception):
                 await rpc.close()
         await self.connector.aclose()
+
+
+class ShapedConnector(Connector):
+    """The inner connector's links, with their sending side shaped (emulation)."""
+
+    def __init__(self, inner: Connector, channel: Any) -> None:
+        self.inner, self.channel = inner, channel
+        self.spec, self.hint = inner.spec, inner.hint
+
+    async def connect(self, timeout: float) -> Any:
+        from coinf.ble_protocol.throttle import ThrottledLink
+
+        return ThrottledLink(await self.inner.connect(timeout), self.channel)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def helper_connection(helper: Any, bundle: Any, *, connect_timeout: float,
+                      request_timeout: float, max_backoff_s: float,
+                      ble_options: Mapping[str, Any] | None = None) -> Connection:
+    """A connection to ``helper`` (a :class:`~coinf.wearable.pipeline_config.HelperConfig`)
+    as this wearable reaches it: over BLE (this wearable's GATT server, ``ble_options``; the
+    radio shapes the link) or at its address, shaped as configured (emulation)."""
+    from coinf.ble_protocol.transport import open_connector
+
+    spec = helper.wearable_spec
+    if helper.over_ble:
+        connector = open_connector(spec, bundle=bundle, **dict(ble_options or {}))
+    else:
+        connector = (open_connector(spec, bundle=bundle) if spec.startswith("inprocess")
+                     else open_connector(spec))
+        if helper.channel is not None:
+            connector = ShapedConnector(connector, helper.channel)
+    return Connection(connector, bundle.identity, connect_timeout=connect_timeout,
+                      reconnect_timeout=connect_timeout, request_timeout=request_timeout,
+                      max_backoff_s=max_backoff_s)

@@ -6,11 +6,13 @@
         async for frame in sess.astream(frames):
             ...
 
-Per frame: choose a :class:`~coinf.wearable.plan.Plan` (the planner, or the fixed split) ->
-run the first stage here (head thread) -> pack the crossing tensors (codec thread) -> exchange
-them with the next stage's device over its :class:`~coinf.wearable.connection.Connection` ->
-unpack and validate the result against the model's outputs (codec thread). A transient link
-error, a timeout or a bad result finishes that frame on the wearable instead. Streaming runs the
+Per frame: choose a :class:`~coinf.wearable.plan.Plan` (the planner, the fixed split, or a
+fixed plan of any number of stages) and hand it to the one
+:class:`~coinf.wearable.executor.Executor`: the first stage here (head thread), the crossing
+tensors packed (codec thread) and sent as one request naming every later stage to the next
+stage's device over its :class:`~coinf.wearable.connection.Connection`, the result checked
+against the model's outputs. A transient link error, a timeout or a bad result finishes that
+frame on the wearable instead. Streaming runs the
 same function for up to ``depth`` frames at once: the single head thread computes frame n+2
 while frame n+1 is packed and frame n crosses the link, and results come back in order.
 """
@@ -22,18 +24,14 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Never, TypeVar
+from typing import Any, Never
 
 import numpy as np
-from coinf.ble_protocol.messages import MsgType
-from coinf.ble_protocol.packing import PackSpec, pack
-from coinf.ble_protocol.request import Request, decode_result, encode_request
+from coinf.ble_protocol.packing import PackSpec
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
-from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import open_connector
 from coinf.convert.compressors import CodecRunner
 from coinf.device.emulation import DeviceEmulation
@@ -41,16 +39,14 @@ from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.autoplan import AutoPlan
-from coinf.wearable.connection import Connection
+from coinf.wearable.connection import Connection, helper_connection
+from coinf.wearable.executor import Executor
 from coinf.wearable.frame import (
     FrameResult,
     NodeArg,
     RunStats,
     check_feed,
     check_output_names,
-    nbytes_of,
-    result_bound,
-    validate_result,
 )
 from coinf.wearable.options import (
     UNSET,
@@ -62,7 +58,7 @@ from coinf.wearable.options import (
     request_timeout,
     session_options,
 )
-from coinf.wearable.plan import Plan
+from coinf.wearable.plan import HANDHELD, Plan
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
@@ -70,15 +66,9 @@ from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 from coinf.wearable.stream import END, puller
 
 from coinf.bundle import Bundle, Candidate, Compressor
-from coinf.errors import InputError, LinkError, PeerResultError, ProtocolError
+from coinf.errors import InputError, LinkError, RemoteError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-INLINE_CODEC_BYTES = 64 * 1024  # at or below this, packing/unpacking runs on the loop (µs)
-#: A lone run whose head last took less than this runs it on the loop: a thread hop costs
-#: ~0.1 ms, and blocking the loop this briefly delays no link noticeably. Streams always use the
-#: head thread (the loop must keep the link busy while the next head computes).
-INLINE_HEAD_MS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +105,6 @@ class AsyncSession:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self._providers = check_providers(providers)
         self.emulation = DeviceEmulation(emu.slowdown, emu.threads)
-        self._codec_emulation = DeviceEmulation(min(emu.slowdown, CODEC_SLOWDOWN))
         self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
             ("wearable", place.runtime, planner.wearable_profile),
             ("handheld", place.handheld_runtime, planner.handheld_profile))}
@@ -123,11 +112,16 @@ class AsyncSession:
                                    providers=self._providers, runtime=place.runtime,
                                    profile=self._profiles["wearable"])
         self._packing = parse_packing(place.packing)
-        self._codecs = CodecRunner(self.bundle, self.emulation.session_options())
+        self.executor = Executor(self.bundle, self._slices,
+                                 CodecRunner(self.bundle, self.emulation.session_options()),
+                                 self.emulation, DeviceEmulation(min(emu.slowdown,
+                                                                     CODEC_SLOWDOWN)))
+        #: a fixed plan of any number of stages (PlacementOptions.plan), else None
+        self._fixed_plan = place.fixed_plan(self.bundle)
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
-        split = place.split
+        split = place.split if self._fixed_plan is None else self._fixed_plan.candidate.id
         if split is None:
             self.autoplan = self._make_autoplan(planner.objective, planner.latency_budget_ms,
                                                 planner.policy, planner.wearable_profile,
@@ -154,13 +148,10 @@ class AsyncSession:
             max_backoff_s=link.max_backoff_s,
             on_connect=self._on_connect,
         )
-        self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-head")
-        self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-codec")
+        #: the helpers a plan may name (PlacementOptions.helpers), each reached on first use
+        self._helpers = {h.name: h for h in place.helper_configs()}
+        self._helper_conns: dict[str, Connection] = {}
         self._meta: ModelMetadata | None = None
-        self._head_ms: dict[str, float] = {}  # last measured head time per candidate
-        self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
-        self._reply_bytes = result_bound(self.bundle)  # the largest valid RESULT (receiver bound)
-        self._last_cut = self.bundle.candidates[-1].id  # a tail runs up to it
         self.last_run: RunStats | None = None
         self._closed = False
 
@@ -270,14 +261,9 @@ class AsyncSession:
             raise InputError("this session is closed")
         plan = await self._next_plan(ro)
         stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag,
-                         runtimes=tuple(s.runtime for s in plan.stages))
+                         runtimes=tuple(s.runtime for s in plan.stages), strategy=plan.strategy)
         t_start = time.perf_counter()
-        if alone and self._head_ms.get(plan.candidate.id, INLINE_HEAD_MS) < INLINE_HEAD_MS:
-            crossing = self._run_head(plan.candidate, feeds, stats)  # cheaper than a thread hop
-        else:
-            crossing = await self._on(self._head_pool, self._run_head, plan.candidate, feeds,
-                                      stats)
-        self._head_ms[plan.candidate.id] = stats.head_ms
+        crossing = await self.executor.first_stage(plan, feeds, stats, alone)
         if plan.local:
             outputs = crossing
             stats.local = True
@@ -301,10 +287,31 @@ class AsyncSession:
                 self._packing = PackSpec.parse(spec)
             self._compressor = self.bundle.compressor(cid, gamma) if gamma else None
         cand = self.bundle.candidate("wearable-only") if ro.local_only else self._candidate
-        plan = Plan.for_candidate(cand, self._packing, runtimes=self.stage_runtimes(cand))
-        if self._compressor is not None and not plan.local and cand is self._candidate:
-            plan = dataclasses.replace(plan, compressor=self._compressor)
-        return plan
+        if self._fixed_plan is not None and cand is self._fixed_plan.candidate:
+            return self._fixed_plan
+        gamma = self._compressor.gamma if self._compressor is not None and \
+            cand is self._candidate else 0
+        return Plan.for_candidate(self.bundle, cand, self._packing,
+                                  runtimes=self.stage_runtimes(cand), gamma=gamma)
+
+    def connection_for(self, plan: Plan) -> Connection:
+        """The connection to the device of the plan's second stage (the handheld, or a
+        helper of ``PlacementOptions.helpers``, reached on first use)."""
+        device = plan.stages[1].device
+        if device == HANDHELD:
+            return self.connection
+        conn = self._helper_conns.get(device)
+        if conn is None:
+            helper = self._helpers.get(device)
+            if helper is None:
+                raise InputError(f"the plan sends to {device!r}, which is neither 'handheld' "
+                                 f"nor a helper of PlacementOptions.helpers "
+                                 f"({', '.join(self._helpers) or 'none given'})")
+            link = self.options.link
+            conn = self._helper_conns[device] = helper_connection(
+                helper, self.bundle, connect_timeout=link.effective_connect_timeout,
+                request_timeout=link.timeout, max_backoff_s=link.max_backoff_s)
+        return conn
 
     def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:
         """The runtimes of ``cand``'s head (here) and tail (on the handheld, as configured)."""
@@ -323,108 +330,40 @@ class AsyncSession:
                 raise
             await self.connection.went_offline(exc)
 
-    def _run_head(self, cand: Candidate, feeds: dict[str, np.ndarray],
-                  stats: RunStats) -> dict[str, np.ndarray]:
-        """Run the first stage; the crossing tensors (graph inputs the tail needs pass through)."""
-        wanted = [t.name for t in cand.crossing]
-        if cand.is_handheld_only:
-            return {n: feeds[n] for n in wanted}
-        produced, elapsed = self._slices.run_slice(cand, "head", feeds)
-        stats.head_ms = elapsed * 1e3
-        return {n: produced[n] if n in produced else feeds[n] for n in wanted}
-
     async def _offload_or_finish(
         self, plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats, ro: RunOptions
     ) -> dict[str, np.ndarray]:
-        offline = self.connection.offline
-        if offline is not None:
-            return await self._finish_here(plan.candidate, crossing, stats, offline)
+        conn = self.connection_for(plan)
+        if conn.offline is not None:
+            return await self.executor.finish_here(plan.candidate, crossing, stats, conn.offline)
         timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
         try:
-            rpc = await self.connection.client()
-            check_decodable(plan.packing, self.connection.info)
+            rpc = await conn.client()
+            check_decodable(plan.packing, conn.info)
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
-            sent = crossing if plan.compressor is None else await self._on(
-                self._head_pool, _encode, self._codecs, self.emulation, plan, crossing, stats)
-            payload = await self._codec(_pack, nbytes_of(sent), plan, self._last_cut, sent,
-                                        stats, self._codec_emulation)
+            payload = await self.executor.encode(plan, crossing, stats)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
             bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
             timeout = request_timeout(timeout, len(payload), bps, rtt,
                                       explicit=ro.timeout is not None)
             # the request's timeout cancels it here and, by CANCEL, on the peer
-            reply = await self._exchange(rpc, payload, stats, timeout)
-            outputs = await self._codec(self._unpack, len(reply), reply, stats)
+            outputs = await self.executor.exchange(plan, rpc, payload, stats, timeout,
+                                                   conn.rtt_ms)
         except LinkError as caught:
             exc: LinkError = caught
         else:
-            self.connection.succeeded()
+            conn.succeeded()
             return outputs
         if not (self.options.link.fallback and exc.transient):
             raise exc
-        await self.connection.went_offline(exc)
-        return await self._finish_here(plan.candidate, crossing, stats, self.connection.offline
-                                       or str(exc))
-
-    async def _exchange(self, rpc: RpcClient, payload: bytes, stats: RunStats,
-                        timeout: float) -> bytes:
-        """Send a packed request, await its result; fills transfer/tail/return times."""
-        marks: dict[str, float] = {}
-        t0 = time.perf_counter()
-        reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks,
-                                  max_reply=self._reply_bytes)  # larger: refused unread
-        (hop,), _ = decode_result(reply.payload, 1)
-        stats.tail_ms = hop.compute_us / 1e3
-        stats.bytes_down = len(reply.payload)
-        # A link may take a message before it is on the air (BLE queues a window of chunks),
-        # so "send returned" is not "delivered". What is exact: round trip minus tail compute.
-        # Split that network time: half the idle round trip each way, the rest by bytes.
-        net = max((marks["replied"] - t0) * 1e3 - stats.tail_ms, 0.0)
-        rtt = min(self.connection.rtt_ms, net)
-        share = stats.bytes_up / max(stats.bytes_up + stats.bytes_down, 1)
-        stats.transfer_ms = rtt / 2 + (net - rtt) * share
-        stats.return_ms = rtt / 2 + (net - rtt) * (1 - share)
-        return reply.payload
-
-    def _unpack(self, reply: bytes, stats: RunStats) -> dict[str, np.ndarray]:
-        t0 = time.perf_counter()
-        _, blob = decode_result(reply, 1)
-        # never allocate more than the model's outputs take, whatever the peer declares
-        try:
-            decoded = decode_tensors(blob, max_bytes=self._result_bytes)
-        except ProtocolError as exc:
-            raise PeerResultError(f"result does not decode: {exc}") from None
-        outputs = validate_result(self.bundle, decoded)
-        stats.return_ms += (time.perf_counter() - t0) * 1e3
-        return outputs
-
-    async def _finish_here(self, cand: Candidate, crossing: dict[str, np.ndarray],
-                           stats: RunStats, why: str) -> dict[str, np.ndarray]:
-        """Run ``cand``'s tail on the wearable (the bundle carries it) instead of the helper."""
-
-        def tail() -> dict[str, np.ndarray]:
-            outputs, elapsed = self._slices.run_slice(cand, "tail", crossing)
-            stats.tail_ms = elapsed * 1e3
-            return outputs
-
-        outputs = await self._on(self._head_pool, tail)
-        stats.runtimes = (*stats.runtimes[:1], self._slices.runtime_of(cand, "tail"))
-        stats.local = True
-        stats.gamma = 1  # the tail ran here on the plain crossing tensors
-        stats.fallback = why
-        return outputs
-
-    async def _codec(self, fn: Callable[..., T], nbytes: int, *args: Any) -> T:
-        """Codec work: small bodies inline (a thread hop costs more than encoding a few KB),
-        larger ones on the codec thread so the event loop only moves bytes."""
-        if nbytes <= INLINE_CODEC_BYTES:
-            return fn(*args)
-        return await self._on(self._codec_pool, fn, *args)
-
-    @staticmethod
-    async def _on(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        at = exc.hop if isinstance(exc, RemoteError) and exc.hop is not None else 0
+        if at == 0:  # the next device itself failed (a device further on: only this frame)
+            await conn.went_offline(exc)
+        why = conn.offline or str(exc)
+        if len(plan.remote) > 1:
+            why = f"{plan.remote[min(at, len(plan.remote) - 1)].device}: {why}"
+        return await self.executor.finish_here(plan.candidate, crossing, stats, why)
 
     # -- planning ---------------------------------------------------------------------------
     @property
@@ -524,47 +463,16 @@ class AsyncSession:
             return
         self._closed = True
         try:
-            await self.connection.close()
+            for conn in (self.connection, *self._helper_conns.values()):
+                await conn.close()
         finally:
-            self._head_pool.shutdown(wait=False, cancel_futures=True)
-            self._codec_pool.shutdown(wait=False, cancel_futures=True)
+            self.executor.close()
 
     async def __aenter__(self) -> AsyncSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _pack(plan: Plan, last: str, crossing: dict[str, np.ndarray], stats: RunStats,
-          codec_emulation: DeviceEmulation) -> bytes:
-    """The REQUEST payload: the tail of the plan's cut up to the ``last`` cut, with the
-    compressor's code if it has one. A standard codec's encoding is stretched as the planner
-    prices it on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at most the
-    head's)."""
-    t0 = time.perf_counter()
-    if plan.packing.codec == "raw":
-        blob = encode_tensors(crossing)
-    else:
-        blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
-                                          for n, a in crossing.items()})
-    gamma = 0 if plan.compressor is None else plan.compressor.gamma
-    payload = encode_request(Request.split(plan.candidate.id, last, gamma), blob)
-    elapsed = time.perf_counter() - t0
-    if plan.packing.is_media:
-        elapsed = codec_emulation.stretch(elapsed)
-    stats.pack_ms = elapsed * 1e3
-    stats.bytes_up = len(payload)
-    return payload
-
-
-def _encode(codecs: CodecRunner, emulation: DeviceEmulation, plan: Plan,
-            crossing: dict[str, np.ndarray], stats: RunStats) -> dict[str, np.ndarray]:
-    """The compressor's encoder on the crossing tensors (wearable compute: counted as head)."""
-    code, elapsed = emulation.timed(lambda: codecs.encode(plan.compressor, crossing))
-    stats.head_ms += elapsed * 1e3
-    stats.gamma = plan.compressor.gamma
-    return code
 
 
 __all__ = ["AsyncSession", "FrameResult", "ModelMetadata", "NodeArg", "RunStats"]

@@ -6,7 +6,7 @@ Everything here is pure (no I/O): the per-frame function in :mod:`coinf.wearable
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,11 @@ class RunStats:
     runtimes: tuple[str, ...] = ()
     #: the compressor whose code was sent (1: none; docs/PIPELINE.md, run-time selection)
     gamma: int = 1
+    #: the plan's strategy: local, split or pipeline
+    strategy: str = "split"
+    #: per remote stage, in order: ``device``, ``compute_ms`` (its decoder included),
+    #: ``send_ms`` (handing its tensors to the next device) and ``bytes`` (their size)
+    hops: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

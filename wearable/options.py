@@ -114,6 +114,12 @@ class PlacementOptions(_Options):
         with ``coinf handheld --runtime``). docs/BUNDLE.md, "TFLite slices".
     head_cache: heads kept loaded when the split changes (the slice cache holds this many
         plus 2, for tails finished here).
+    plan: a fixed plan of any number of stages, instead of ``split``: a
+        :class:`~coinf.wearable.plan.Plan`, its JSON object, or a JSON file (``coinf plan
+        --json`` prints one under ``plan``). Stages name their devices: ``handheld`` is reached
+        by ``LinkOptions.transport``, any other by ``helpers``.
+    helpers: the helper devices a plan may name: :class:`~coinf.wearable.pipeline_config.
+        HelperConfig` objects or a pipeline config file (docs/PIPELINE.md).
     """
 
     split: str | None = None
@@ -122,6 +128,35 @@ class PlacementOptions(_Options):
     runtime: str = "onnxruntime"
     handheld_runtime: str = "onnxruntime"
     head_cache: int = 4
+    plan: Any = None
+    helpers: Any = ()
+
+    def fixed_plan(self, bundle: Any) -> Any:
+        """The fixed plan over ``bundle`` (checked against it), or None."""
+        from coinf.wearable.plan import Plan
+
+        if self.plan is None or isinstance(self.plan, Plan):
+            return self.plan
+        obj = self.plan
+        if isinstance(obj, str | Path):
+            import json
+
+            try:
+                obj = json.loads(Path(obj).read_text())
+            except (OSError, ValueError) as exc:
+                raise InputError(f"PlacementOptions.plan {str(self.plan)!r}: cannot read a "
+                                 f"JSON plan: {exc}") from None
+            if isinstance(obj, dict) and isinstance(obj.get("plan"), dict):
+                obj = obj["plan"]  # the output of `coinf plan --json`
+        return Plan.from_json(obj, bundle)
+
+    def helper_configs(self) -> list[Any]:
+        """The helpers as :class:`~coinf.wearable.pipeline_config.HelperConfig` objects."""
+        from coinf.wearable.pipeline_config import HelperConfig, load_helpers
+
+        if isinstance(self.helpers, str | Path):
+            return load_helpers(self.helpers)
+        return [h for h in self.helpers if isinstance(h, HelperConfig)]
 
     def __post_init__(self) -> None:
         if self.split is not None and not (isinstance(self.split, str) and self.split):
@@ -140,6 +175,18 @@ class PlacementOptions(_Options):
                 raise _fail(self, name, "'onnxruntime', 'litert' or 'auto'")
         if not (_is_int(self.head_cache) and self.head_cache >= 1):
             raise _fail(self, "head_cache", "an int >= 1")
+        if self.plan is not None and self.split is not None:
+            raise InputError("PlacementOptions: give split or plan, not both")
+        if not isinstance(self.plan, str | Path | Mapping | type(None)) and \
+                type(self.plan).__name__ != "Plan":
+            raise _fail(self, "plan", "a Plan, its JSON object or a JSON file")
+        if not isinstance(self.helpers, str | Path):
+            from coinf.wearable.pipeline_config import HelperConfig
+
+            if not isinstance(self.helpers, Sequence) or \
+                    not all(isinstance(h, HelperConfig) for h in self.helpers):
+                raise _fail(self, "helpers", "HelperConfig objects or a pipeline config file")
+            object.__setattr__(self, "helpers", tuple(self.helpers))
 
 
 @dataclass(frozen=True, kw_only=True)

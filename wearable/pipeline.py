@@ -26,27 +26,21 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol.link import Link
-from coinf.ble_protocol.messages import MsgType
-from coinf.ble_protocol.packing import PackSpec, pack_tensors
-from coinf.ble_protocol.request import Request, decode_result, encode_request
-from coinf.ble_protocol.shaped import Channel
-from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
-from coinf.ble_protocol.transport import Connector, open_connector
+from coinf.ble_protocol.packing import PackSpec
 from coinf.convert.compressors import CodecRunner
-from coinf.convert.stage_slices import slice_name
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
-from coinf.wearable.connection import Connection
-from coinf.wearable.frame import check_feed, result_bound, validate_result
+from coinf.wearable.connection import Connection, ShapedConnector, helper_connection
+from coinf.wearable.executor import Executor
+from coinf.wearable.frame import RunStats, check_feed
 from coinf.wearable.pipeline_config import HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
-from coinf.wearable.plan import WEARABLE, Stage
+from coinf.wearable.plan import WEARABLE, Plan, Stage
+from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN
 from coinf.wearable.planner.compress_select import (
     CompressionOption,
     cheapest_bytes,
@@ -92,22 +86,6 @@ class _Ewma:
         self.value = x if self.value is None else (1 - EWMA) * self.value + EWMA * x
 
 
-class _ShapedConnector(Connector):
-    """The inner connector's links, with their sending side shaped (emulation)."""
-
-    def __init__(self, inner: Connector, channel: Channel) -> None:
-        self.inner, self.channel = inner, channel
-        self.spec, self.hint = inner.spec, inner.hint
-
-    async def connect(self, timeout: float) -> Link:
-        from coinf.ble_protocol.throttle import ThrottledLink
-
-        return ThrottledLink(await self.inner.connect(timeout), self.channel)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 class PipelineSession:
     """Runs ``bundle`` as a pipeline over this wearable and ``helpers`` (module docstring)."""
 
@@ -147,8 +125,10 @@ class PipelineSession:
         self.dp_tolerance = DP_TOLERANCE
         self._flops: dict[str, float] = {c.id: float(c.head.flops) for c in self.bundle.candidates}
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=8)
-        self._head_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-pipe-head")
         self.codecs = CodecRunner(self.bundle, self.emulation.session_options())
+        #: the one executor (the same as a Session's): runs each frame's plan
+        self.executor = Executor(self.bundle, self._slices, self.codecs, self.emulation,
+                                 DeviceEmulation(min(self.emulation.slowdown, CODEC_SLOWDOWN)))
         self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
         self._speed: dict[str, _Ewma] = {WEARABLE: _Ewma(wearable_speed_flops)}
         self._speed.update({h.name: _Ewma(h.speed_flops) for h in helpers})
@@ -275,7 +255,7 @@ class PipelineSession:
         n = len(split.compute_s)
         devices = devices[:n]
         ids = [self.points[0].id, *split.cuts, self.points[-1].id]
-        stages = tuple(Stage(d, slice_name(a, b)) for d, a, b
+        stages = tuple(Stage(d, a, b) for d, a, b
                        in zip(devices, ids, ids[1:], strict=False))
         self._plan = self._frozen[key] = PipelinePlan(tuple(devices), split, stages)
         self._trigger.planned(speeds, bws)
@@ -351,45 +331,30 @@ class PipelineSession:
                      ) -> tuple[dict[str, np.ndarray], PipelineStats]:
         cand = self.bundle.candidates[-1]
         loop = asyncio.get_running_loop()
-        out, elapsed = await loop.run_in_executor(self._head_pool, self._slices.run_slice,
+        out, elapsed = await loop.run_in_executor(self.executor.head_pool,
+                                                  self._slices.run_slice,
                                                   cand, "head", feeds)
         return out, PipelineStats((WEARABLE,), (), [elapsed * 1e3], [], local=True)
 
     async def _attempt(self, plan: PipelinePlan, feeds: dict[str, np.ndarray]
                        ) -> tuple[dict[str, np.ndarray], PipelineStats]:
-        first = self.bundle.candidate(plan.cuts[0])
-        loop = asyncio.get_running_loop()
-        if first is self.bundle.candidates[0]:
-            crossing, own_s = {t.name: feeds[t.name] for t in first.crossing}, 0.0
-        else:
-            produced, own_s = await loop.run_in_executor(
-                self._head_pool, self._slices.run_slice, first, "head", feeds)
-            crossing = {t.name: produced[t.name] if t.name in produced else feeds[t.name]
-                        for t in first.crossing}
-            if self._flops[first.id] >= self._min_flops and own_s > 0:
-                self._speed[WEARABLE].add(self._flops[first.id] / own_s)
+        """One frame through ``plan`` by the one executor (:mod:`coinf.wearable.executor`),
+        then every measurement it gives: each device's speed, each link's bandwidth."""
         choices = (self.link_choices(plan) if self.auto_packing
                    else [CompressionOption(1, str(self.packing), 1.0, 1.0)]
                    + [CompressionOption(1, "raw", 1.0, 1.0)] * (len(plan.hops) - 1))
-        specs = [PackSpec.parse(o.packing) for o in choices]
-        comps = [self.bundle.compressor(cut, o.gamma) if o.gamma > 1 else None
-                 for cut, o in zip(plan.cuts, choices, strict=True)]
-        # hop i receives link i: it gets the compressor's code (its gamma) and packs what it
-        # sends on as link i+1's option says
-        hops = [dataclasses.replace(h, gamma=0 if c is None else c.gamma, packing=str(p))
-                for h, c, p in zip(plan.hops, comps, [*specs[1:], "raw"], strict=True)]
-        spec = specs[0]
-        if comps[0] is not None:  # the encoder: this device's compute, emulated speed
-            comp = comps[0]
-            crossing, enc_s = await loop.run_in_executor(
-                self._head_pool, self.emulation.timed,
-                lambda: self.codecs.encode(comp, crossing))
-            own_s += enc_s
-        if spec.codec == "raw":
-            blob = encode_tensors(crossing)
-        else:
-            blob = encode_tensors({}, packed=pack_tensors(crossing, spec))
-        payload = encode_request(Request.route(hops), blob)
+        labels = [option_label(o) for o in choices]
+        run = Plan.build(self.bundle, [dataclasses.replace(st, packing=lab) for st, lab
+                                       in zip(plan.stages, [*labels, "raw"], strict=True)])
+        stats = RunStats(candidate=run.candidate.id, packing=labels[0],
+                         strategy=run.strategy)
+        crossing = await self.executor.first_stage(run, feeds, stats)
+        first = run.candidate
+        own_s = stats.head_ms / 1e3
+        if not first.is_handheld_only and self._flops[first.id] >= self._min_flops \
+                and own_s > 0:
+            self._speed[WEARABLE].add(self._flops[first.id] / own_s)
+        payload = await self.executor.encode(run, crossing, stats)  # + the encoder's time
         conn = self._connection(plan.devices[1])
         rpc = await conn.client()
         marks: dict[str, float] = {}
@@ -398,8 +363,8 @@ class PipelineSession:
         entry = (t_send, len(payload), marks)
         pending.append(entry)
         try:
-            reply = await rpc.request(MsgType.REQUEST, payload, self.timeout, marks,
-                                      max_reply=result_bound(self.bundle, len(hops)))
+            outputs = await self.executor.exchange(run, rpc, payload, stats, self.timeout,
+                                                   conn.rtt_ms, marks)
         finally:
             pending.remove(entry)
         if "delivered" in marks:
@@ -410,25 +375,19 @@ class PipelineSession:
             nbytes += self._untimed.pop(plan.devices[1], 0)
             if send_s <= MIN_SEND_S:
                 self._untimed[plan.devices[1]], nbytes = nbytes, 0
-        hop_stats, result_blob = decode_result(reply.payload, len(plan.hops))
-        try:
-            decoded = decode_tensors(result_blob, max_bytes=self._result_bytes)
-        except ProtocolError as exc:
-            raise ProtocolError(ErrorCode.MALFORMED, f"pipeline result: {exc}") from None
-        outputs = validate_result(self.bundle, decoded)
         conn.succeeded()
         # measurements: every device's speed, every link's bandwidth
-        compute = [own_s * 1e3] + [h.compute_us / 1e3 for h in hop_stats]
-        links = [send_s * 1e3] + [h.send_us / 1e3 for h in hop_stats[:-1]]
+        compute = [stats.head_ms] + [h["compute_ms"] for h in stats.hops]
+        links = [send_s * 1e3] + [h["send_ms"] for h in stats.hops[:-1]]
         self._observe_link(plan.devices[1], nbytes, send_s)
-        for hop, st in zip(plan.hops, hop_stats, strict=True):
-            flops = self._flops[hop.end] - self._flops[hop.start]
-            if flops >= self._min_flops and st.compute_us > 0:
-                self._speed[hop.device].add(flops / (st.compute_us / 1e6))
-        for nxt, st in zip(plan.devices[2:], hop_stats, strict=False):
-            self._observe_link(nxt, st.nbytes, st.send_us / 1e6)
+        for st, hop in zip(run.remote, stats.hops, strict=True):
+            flops = self._flops[st.end] - self._flops[st.start]
+            if flops >= self._min_flops and hop["compute_ms"] > 0:
+                self._speed[st.device].add(flops / (hop["compute_ms"] / 1e3))
+        for nxt, hop in zip(plan.devices[2:], stats.hops, strict=False):
+            self._observe_link(nxt, hop["bytes"], hop["send_ms"] / 1e3)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
-                                      packing=[str(p) for p in specs],
+                                      packing=[o.packing for o in choices],
                                       gamma=[o.gamma for o in choices],
                                       first_link=conn.connector.spec)
 
@@ -493,19 +452,10 @@ class PipelineSession:
     def _connection(self, name: str) -> Connection:
         conn = self._conns.get(name)
         if conn is None:
-            helper = self.helpers[name]
-            spec = helper.wearable_spec
-            if helper.over_ble:  # this wearable's GATT server; the radio shapes the link
-                connector = open_connector(spec, bundle=self.bundle, **self.ble_options)
-            else:
-                connector = open_connector(spec, bundle=self.bundle) \
-                    if spec.startswith("inprocess") else open_connector(spec)
-                if helper.channel is not None:
-                    connector = _ShapedConnector(connector, helper.channel)
-            conn = self._conns[name] = Connection(
-                connector, self.bundle.identity, connect_timeout=self.connect_timeout,
-                reconnect_timeout=self.connect_timeout, request_timeout=self.timeout,
-                max_backoff_s=self.dead_retry_s)
+            conn = self._conns[name] = helper_connection(
+                self.helpers[name], self.bundle, connect_timeout=self.connect_timeout,
+                request_timeout=self.timeout, max_backoff_s=self.dead_retry_s,
+                ble_options=self.ble_options)
         return conn
 
     def retune(self, name: str, bandwidth_bps: float) -> None:
@@ -518,7 +468,7 @@ class PipelineSession:
         conn, channel = self._conns.get(name), helper.channel
         if conn is None or channel is None:
             return
-        if isinstance(conn.connector, _ShapedConnector):
+        if isinstance(conn.connector, ShapedConnector):
             conn.connector.channel = channel
         rpc = conn.rpc_client
         if rpc is not None and isinstance(rpc.link, ThrottledLink):
@@ -541,7 +491,7 @@ class PipelineSession:
         for conn in list(self._conns.values()):
             await conn.close()
         self._conns.clear()
-        self._head_pool.shutdown(wait=False, cancel_futures=True)
+        self.executor.close()
 
     async def __aenter__(self) -> PipelineSession:
         return self

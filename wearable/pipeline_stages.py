@@ -28,11 +28,7 @@ class PipelinePlan:
     @property
     def hops(self) -> tuple[Hop, ...]:
         """The route the first helper receives (every stage after the wearable's)."""
-        hops = []
-        for s in self.stages[1:]:
-            start, end = s.slice.split("..")
-            hops.append(Hop(start, end, s.device))
-        return tuple(hops)
+        return tuple(Hop(s.start, s.end, s.device) for s in self.stages[1:])
 
     def rows(self, options: Sequence[CompressionOption | str] | str = "raw"
              ) -> list[dict[str, Any]]:

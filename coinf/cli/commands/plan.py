@@ -136,7 +136,10 @@ def run(args: argparse.Namespace) -> int:
     out = d.to_json()
     out.update(plan_json(planner, d, link_estimate=link, wearable_status=wst,
                          handheld_status=hst, objective=args.objective, latency_budget_ms=budget))
-    out["stages"] = _stages(bundle, planner, d.winner)
+    plan = chosen_plan(bundle, planner, d)
+    out["strategy"] = plan.strategy
+    out["plan"] = plan.to_json()  # what `coinf run --plan` and PlacementOptions(plan=) run
+    out["stages"] = str(plan)
     mem = planner.memory
     out["memory"] = {"budget_mb": mem.budget_mb, "overhead_mb": round(mem.overhead_mb, 2),
                      "heads": [h.to_json() for h in mem.heads().values()]
@@ -248,19 +251,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _stages(bundle: Any, planner: Any, winner: str) -> str:
-    """The chosen plan's stages, each with its device and runtime."""
+def chosen_plan(bundle: Any, planner: Any, decision: Any) -> Any:
+    """The decision's winner as the :class:`~coinf.wearable.plan.Plan` a Session runs, with
+    its predicted latency and wearable energy."""
     import dataclasses
 
-    from coinf.ble_protocol.packing import PackSpec
     from coinf.wearable.plan import Plan
     from coinf.wearable.planner.planner import parse_config_spec, split_config
 
-    cid, spec = split_config(winner)
+    cid, spec = split_config(decision.winner)
     gamma, packing = parse_config_spec(spec)  # c002~g4+q8: compressor g4's code, q8
     cand = bundle.candidate(cid)
     runtimes = planner.stage_runtimes.get(cand.id, ("onnxruntime", "onnxruntime"))
-    plan = Plan.for_candidate(cand, PackSpec.parse(packing), runtimes=runtimes)
-    if gamma:
-        plan = dataclasses.replace(plan, compressor=bundle.compressor(cid, gamma))
-    return str(plan)
+    plan = Plan.for_candidate(bundle, cand, packing, runtimes=runtimes, gamma=gamma or 0)
+    row = next(r for r in decision.rows if r.id == decision.winner)
+    return dataclasses.replace(plan, predicted={
+        "latency_ms": row.latency_ms(decision.streaming),
+        "wearable_mj": row.wearable_energy_mj})

@@ -54,7 +54,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", type=argtypes.count, default=0, metavar="N",
                         help="also stream N frames, sequential then pipelined, and report fps "
                         "(with --all: at the most balanced offloading cut measured)")
-    parser.add_argument("--plan", type=argtypes.count, default=0, metavar="N",
+    which.add_argument("--plan", metavar="FILE", type=_plan_file,
+                       help="run this plan (JSON: `coinf plan --json` prints one under 'plan'; "
+                       "any number of stages, docs/ARCHITECTURE.md)")
+    parser.add_argument("--helpers", type=argtypes.existing_file, metavar="CONFIG",
+                        help="the helper devices a --plan names (a pipeline config, "
+                        "docs/PIPELINE.md)")
+    parser.add_argument("--planner-runs", type=argtypes.count, default=0, metavar="N",
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
     parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds "
@@ -69,6 +75,14 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "Session does, and mark the row)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     parser.set_defaults(func=run)
+
+
+def _plan_file(text: str) -> str:
+    """A plan file; a number is the old ``--plan N``, now ``--planner-runs N``."""
+    if text.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"{text}: --plan now takes a plan file (coinf plan "
+                                         f"--json); the planner's runs are --planner-runs N")
+    return argtypes.existing_file(text)
 
 
 def spread(n_items: int, k: int) -> list[int]:
@@ -86,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 
-    if args.repeat < 1 or args.plan < 0:
-        raise UserError("--repeat must be >= 1 and --plan >= 0")
+    if args.helpers and not args.plan:
+        raise UserError("--helpers: only with --plan FILE (the devices its stages name)")
+    if args.repeat < 1:
+        raise UserError("--repeat must be >= 1")
     if args.max is not None and not args.all:
         raise UserError(f"--max {args.max}: only with --all (at most N of every candidate)")
     if args.stream == 1:
@@ -114,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
     def open_session(split: str | None, packing: str = "raw",
                      objective: str | None = None) -> Session:
+        fixed = {"plan": args.plan, "helpers": args.helpers or ()} if args.plan else {}
         opts = base.replace(
-            placement=base.placement.replace(split=split, packing=packing),
+            placement=base.placement.replace(split=split, packing=packing, **fixed),
             planner=base.planner.replace(objective=objective))
         try:
             return Session(bundle, opts)
@@ -155,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
                 return round(statistics.median(getattr(s, field) for s in _stats), 3)
 
             rows.append({
+                "strategy": stats[-1].strategy,
                 "candidate": cand.id,
                 "packing": str(session.packing),
                 "label": cand.label,
@@ -180,13 +198,13 @@ def run(args: argparse.Namespace) -> int:
                 session.set_split(balanced(rows))
             stream = measure_stream(session, bundle, args.stream)
     planned = None
-    if args.plan:
+    if args.planner_runs:
         if args.all:
-            print(f"planner: {args.plan} run(s) with the planner choosing the cut",
+            print(f"planner: {args.planner_runs} run(s) with the planner choosing the cut",
                   file=sys.stderr, flush=True)
         with open_session(None, objective="latency") as planner_session, \
                 TransferProgress(planner_session):
-            planned = measure_plan(planner_session, feeds, args.plan, rows)
+            planned = measure_plan(planner_session, feeds, args.planner_runs, rows)
     if args.json:
         json.dump({"bundle": str(args.bundle), "rows": rows, "stream": stream,
                    "plan": planned}, sys.stdout, indent=1)

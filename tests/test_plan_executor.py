@@ -165,3 +165,48 @@ def test_coinf_run_runs_a_pipeline_plan_file(bundle, tmp_path: Path,
         assert stop is not None
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
+
+
+def _profile_speed(bundle) -> float:  # type: ignore[no-untyped-def]
+    from coinf.device.profile import load_or_default
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.planner.strategy import profile_speeds
+    from coinf.wearable.policy import Policy
+
+    planner = Planner(bundle, load_or_default("wearable", None),
+                      load_or_default("handheld", None), Policy())
+    return profile_speeds(planner)[0]
+
+
+@sync
+async def test_a_session_given_helpers_chooses_the_strategy_and_runs_it(bundle) -> None:
+    from coinf import PlannerOptions
+
+    feeds = frames(bundle, 2)
+    ref = reference(bundle, feeds)
+    wear = _profile_speed(bundle)
+    async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+        # helpers as fast as this wearable on fast links: a stream gets 3 devices' worth
+        even = [HelperConfig(h.name, h.address, bandwidth_bps=1e9, speed_flops=wear)
+                for h in hosts]
+        opts = SessionOptions(placement=PlacementOptions(helpers=even),
+                              planner=PlannerOptions(objective="throughput"))
+        async with AsyncSession(bundle, opts) as sess:
+            assert sess.strategies is not None and sess.strategies["chosen"] == "pipeline"
+            assert sess.strategies["plan"]["strategy"] == "pipeline"
+            names = {o["strategy"] for o in sess.strategies["options"]}
+            assert names >= {"local", "depth split", "pipeline"}
+            for feed, want in zip(feeds, ref, strict=True):
+                (out,) = await sess.run(None, feed)
+                np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+                assert sess.last_run is not None and sess.last_run.strategy == "pipeline"
+                assert not sess.last_run.local
+        # the same helpers behind a link of 1 byte/s: nothing is worth sending
+        slow = [HelperConfig(h.name, h.address, bandwidth_bps=1.0, speed_flops=wear * 100)
+                for h in hosts]
+        opts = SessionOptions(placement=PlacementOptions(helpers=slow))
+        async with AsyncSession(bundle, opts) as sess:
+            assert sess.strategies is not None and sess.strategies["chosen"] == "local"
+            (out,) = await sess.run(None, feeds[0])
+            np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-5)
+            assert sess.last_run is not None and sess.last_run.strategy == "local"

@@ -59,7 +59,13 @@ def test_plan_command_explains_the_choice(vgg, tmp_path, capsys) -> None:  # typ
     out = json.loads(capsys.readouterr().out)
     names = [s["strategy"] for s in out["strategies"]]
     assert names == ["local", "depth split", "pipeline", "spatial"]
-    assert out["chosen"] in names and out["chosen"] in out["why"]
+    assert out["chosen"] in names and out["chosen"] in out["why_measured_here"]
     assert out["objective"] == "latency"
+    # what a Session given these helpers runs: a plan the executor takes as it is
+    assert out["strategy"] == out["plan"]["strategy"] in ("local", "split", "pipeline")
+    assert out["plan"]["stages"][0]["device"] == "wearable"
+    best = min((a for a in out["alternatives"] if a["strategy"] != "spatial"),
+               key=lambda a: a["latency_ms"])
+    assert out["plan"]["latency_ms"] == pytest.approx(best["latency_ms"], rel=1e-3)
     chosen = next(s for s in out["strategies"] if s["strategy"] == out["chosen"])
     assert chosen["latency_ms"] == min(s["latency_ms"] for s in out["strategies"])

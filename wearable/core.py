@@ -58,10 +58,12 @@ from coinf.wearable.options import (
     request_timeout,
     session_options,
 )
+from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS
 from coinf.wearable.plan import HANDHELD, Plan
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
+from coinf.wearable.planner.strategy import choose_strategy, to_plan
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 from coinf.wearable.stream import END, puller
 
@@ -118,6 +120,11 @@ class AsyncSession:
                                                                      CODEC_SLOWDOWN)))
         #: a fixed plan of any number of stages (PlacementOptions.plan), else None
         self._fixed_plan = place.fixed_plan(self.bundle)
+        #: the helpers a plan may name (PlacementOptions.helpers), each reached on first use
+        self._helpers = {h.name: h for h in place.helper_configs()}
+        self._helper_conns: dict[str, Connection] = {}
+        #: with helpers and no fixed split or plan: every strategy, the chosen one and why
+        self.strategies: dict[str, Any] | None = None
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
@@ -127,6 +134,10 @@ class AsyncSession:
                                                 planner.policy, planner.wearable_profile,
                                                 planner.handheld_profile, place.packings)
             split = self.autoplan.choose(None)[0]
+            if self._helpers:  # the devices at hand: local, a split or a pipeline
+                self._fixed_plan = self._choose_strategy(self.autoplan)
+                if self._fixed_plan is not None:
+                    self.autoplan, split = None, self._fixed_plan.candidate.id
         self._candidate = self.bundle.candidate(split)
         transport, transport_options = link.transport, dict(link.transport_options)
         if isinstance(transport, Channel):
@@ -148,9 +159,6 @@ class AsyncSession:
             max_backoff_s=link.max_backoff_s,
             on_connect=self._on_connect,
         )
-        #: the helpers a plan may name (PlacementOptions.helpers), each reached on first use
-        self._helpers = {h.name: h for h in place.helper_configs()}
-        self._helper_conns: dict[str, Connection] = {}
         self._meta: ModelMetadata | None = None
         self.last_run: RunStats | None = None
         self._closed = False
@@ -293,6 +301,21 @@ class AsyncSession:
             cand is self._candidate else 0
         return Plan.for_candidate(self.bundle, cand, self._packing,
                                   runtimes=self.stage_runtimes(cand), gamma=gamma)
+
+    def _choose_strategy(self, auto: AutoPlan) -> Plan | None:
+        """Local, a split or a pipeline over this wearable and the helpers, compared on the
+        planner's device profiles (``planner/strategy.py``; ``coinf plan --helpers`` prints the
+        same): the plan to run, or None to leave the choice to the 2-device planner."""
+        objective = "throughput" if auto.adaptive.objective == "throughput" else "latency"
+        options, best, why = choose_strategy(self.bundle, auto.adaptive.planner,
+                                             list(self._helpers.values()), objective,
+                                             DEFAULT_BANDWIDTH_BPS)
+        plan = to_plan(best, self.bundle)
+        self.strategies = {"objective": objective, "chosen": best.name, "why": why,
+                           "options": [o.to_json() for o in options],
+                           "plan": None if plan is None else plan.to_json()}
+        log.info("strategy: %s", why)
+        return plan
 
     def connection_for(self, plan: Plan) -> Connection:
         """The connection to the device of the plan's second stage (the handheld, or a

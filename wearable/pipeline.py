@@ -37,7 +37,7 @@ from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection, ShapedConnector, helper_connection
 from coinf.wearable.executor import Executor
 from coinf.wearable.frame import RunStats, check_feed
-from coinf.wearable.pipeline_config import HelperConfig, load_helpers
+from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS, HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Plan, Stage
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN
@@ -62,7 +62,6 @@ from coinf.bundle import Bundle
 from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
-DEFAULT_BANDWIDTH_BPS = 1e6  # prior for a link nothing is known about (B/s)
 MAX_BANDWIDTH_BPS = 1e10
 #: a slice's time says little about a device's speed when fixed costs dominate it: only slices
 #: with at least this share of the model's FLOPs update the device's speed

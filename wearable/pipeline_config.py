@@ -18,6 +18,8 @@ from coinf.wearable.plan import WEARABLE
 
 from coinf.errors import InputError
 
+DEFAULT_BANDWIDTH_BPS = 1e6  # prior for a link to a helper nothing is known about (B/s)
+
 
 @dataclass(frozen=True)
 class HelperConfig:

@@ -109,8 +109,9 @@ class Plan:
             if i > 1 and st.start != stages[i - 2].end:
                 raise InputError(f"{where} starts at {st.start}, the stage before ends at "
                                  f"{stages[i - 2].end}")
-            if not (order[st.start] < order[st.end] or (i == 1 and st.start == st.end)):
-                raise InputError(f"{where}: its end must come after its start")
+            if not (_nested(bundle, st.start, st.end) or (i == 1 and st.start == st.end)):
+                raise InputError(f"{where}: its end must come after its start (the head of "
+                                 f"{st.start} a strict part of the head of {st.end})")
             if i > 1 and not valid_name(st.device):
                 raise InputError(f"{where}: device names are 1-32 of [A-Za-z0-9_-]")
             if st.runtime not in RUNTIMES:
@@ -213,3 +214,10 @@ class Plan:
     def __str__(self) -> str:
         return f"{self.strategy}: " + " -> ".join(
             f"{s}[{s.packing}]" if s.packing != "raw" else str(s) for s in self.stages)
+
+
+def _nested(bundle: Bundle, start: str, end: str) -> bool:
+    """The head of cut ``start`` is a strict part of the head of cut ``end``: the slice
+    start..end runs something and needs nothing after it."""
+    a, b = bundle.candidate(start), bundle.candidate(end)
+    return set(a.head.nodes) < set(b.head.nodes)

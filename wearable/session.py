@@ -176,6 +176,12 @@ class Session:
         return self._core.offline
 
     @property
+    def strategies(self) -> dict[str, Any] | None:
+        """With helpers and no fixed split or plan: every strategy compared, the chosen one
+        (``chosen``, ``why``) and its ``plan``."""
+        return self._core.strategies
+
+    @property
     def handheld_info(self) -> dict[str, Any] | None:
         return self._core.handheld_info
 

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from coinf.convert.gtdp import Worker
 from coinf.wearable.planner.pipeline_dp import CutPoint, split_dp
@@ -38,12 +39,44 @@ class StrategyOption:
     throughput_fps: float
     detail: str
     notes: list[str] = field(default_factory=list)
+    #: the cuts between consecutive devices (a depth split: one; a pipeline: one per link)
+    cuts: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {"strategy": self.name, "devices": self.devices,
                 "latency_ms": round(self.latency_s * 1e3, 3),
                 "throughput_fps": round(self.throughput_fps, 3), "detail": self.detail,
-                "notes": self.notes}
+                "notes": self.notes, "cuts": list(self.cuts)}
+
+    @property
+    def runnable(self) -> bool:
+        """A plan the one executor runs (spatial partition runs only in ``bench spatial``)."""
+        return self.name in ("local", "depth split", "pipeline") and math.isfinite(
+            self.latency_s)
+
+
+def to_plan(option: StrategyOption, bundle: Any) -> Any:
+    """The :class:`~coinf.wearable.plan.Plan` that runs ``option`` (None for spatial), with
+    its predicted latency."""
+    from coinf.wearable.plan import Plan, Stage
+
+    if not option.runnable:
+        return None
+    ids = [bundle.candidates[0].id, *option.cuts, bundle.candidates[-1].id]
+    if option.name == "local":
+        ids = [ids[0], ids[-1]]
+    stages = [Stage(d, a, b) for d, a, b in zip(option.devices, ids, ids[1:], strict=False)]
+    return Plan.build(bundle, stages, {"latency_ms": option.latency_s * 1e3,
+                                       "throughput_fps": option.throughput_fps})
+
+
+def profile_speeds(planner: Any) -> tuple[float, float]:
+    """(wearable, handheld) FLOP/s as the planner's device profiles predict the whole model:
+    the one cost model the 2-device planner uses, in the units the DP splits by."""
+    base = planner.base_times()
+    flops = float(planner.bundle.candidates[-1].head.flops)
+    wear_ms, hand_ms = base[-1][0], base[0][1]
+    return flops / max(wear_ms / 1e3, 1e-9), flops / max(hand_ms / 1e3, 1e-9)
 
 
 def _fps(seconds: float) -> float:
@@ -70,9 +103,10 @@ def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[f
                               [str(exc)]))
             continue
         lat = sum(split.stage_s) + sum(2 * t for t in latencies[:n - 1])
-        out.append(StrategyOption(name, list(names[:n]), lat, split.bound_fps,
-                          f"cuts {', '.join(split.cuts)}; bottleneck "
-                          f"{split.bottleneck_s * 1e3:.2f} ms"))
+        used = len(split.cuts) + 1  # the DP may leave a device out
+        out.append(StrategyOption(name, list(names[:used]), lat, split.bound_fps,
+                                  f"cuts {', '.join(split.cuts)}; bottleneck "
+                                  f"{split.bottleneck_s * 1e3:.2f} ms", cuts=tuple(split.cuts)))
     if model_path is not None and len(names) >= 2:
         out.append(_spatial(model_path, names, speeds, bandwidths, latencies))
     return out
@@ -124,3 +158,24 @@ def choose(options: Sequence[StrategyOption],
         why = (f"{best.name}: {best.throughput_fps:.1f} frames/s, the highest predicted "
                f"throughput{vs}")
     return best, why
+
+
+def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any], objective: str,
+                    default_bandwidth_bps: float) -> tuple[list[StrategyOption], StrategyOption,
+                                                           str]:
+    """Local, a depth split or a pipeline over this wearable and ``helpers`` (HelperConfig),
+    compared on the planner's device profiles (:func:`profile_speeds`; a helper's configured
+    speed, else the handheld profile's) and the helpers' configured links: every option, the
+    best one the executor runs, and why. What a Session given helpers runs and what ``coinf
+    plan --helpers`` prints."""
+    from coinf.wearable.planner.pipeline_dp import cut_points
+
+    wear, hand = profile_speeds(planner)
+    names = ["wearable", *(h.name for h in helpers)]
+    speeds = [wear, *(h.speed_flops or hand for h in helpers)]
+    bws = [h.bandwidth_bps or default_bandwidth_bps for h in helpers]
+    lats = [h.latency_s for h in helpers]
+    result = float(sum(t.nbytes for t in bundle.outputs))
+    options = compare(cut_points(bundle), names, speeds, bws, lats, result)
+    best, why = choose([o for o in options if o.runnable], objective)
+    return options, best, why

@@ -1,6 +1,8 @@
-"""``coinf plan BUNDLE --pipeline CONFIG``: the DP split over the wearable and the configured
-helpers, one row per stage (device, slice, compute, link to the next device, compressor), and
-the choice among local, depth split, pipeline and spatial partition with its reason."""
+"""``coinf plan BUNDLE --helpers CONFIG`` (or ``--pipeline CONFIG``): the strategy a Session
+given these helpers runs (local, depth split or pipeline, compared on the device profiles: the
+plan itself under ``plan``), every strategy with spatial partition beside them, and the DP split
+over every device measured here, one row per stage (device, slice, compute, link to the next
+device, compressor)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ from coinf.errors import UserError
 
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
+    from coinf.device.profile import load_or_default
     from coinf.wearable.pipeline import DEFAULT_BANDWIDTH_BPS, PipelineSession, load_helpers
+    from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS as PRIOR_BPS
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.planner.strategy import choose_strategy, to_plan
+    from coinf.wearable.policy import load_policy
 
     helpers = load_helpers(args.pipeline)
     slowdown = args.wearable_slowdown if args.wearable_slowdown is not None else 1.0
@@ -45,12 +52,21 @@ def run(args: argparse.Namespace) -> int:
                       sess._result_bytes, bundle.model_path)
     objective = "throughput" if args.objective == "throughput" else "latency"
     best, why = choose(options, objective)
+    # what a Session given these helpers runs: the same comparison on the device profiles
+    planner = Planner(bundle, load_or_default("wearable", args.wearable_profile),
+                      load_or_default("handheld", args.handheld_profile),
+                      load_policy(args.policy)[0])
+    run_options, run_best, run_why = choose_strategy(bundle, planner, helpers, objective,
+                                                     PRIOR_BPS)
+    plan_obj = to_plan(run_best, bundle)
     out: dict[str, Any] = {
+        "strategy": plan_obj.strategy, "plan": plan_obj.to_json(), "why": run_why,
+        "alternatives": [o.to_json() for o in run_options],
         "devices": list(plan.devices), "cuts": list(plan.cuts), "stages": rows,
         "bottleneck_ms": round(plan.split.bottleneck_s * 1e3, 3),
         "bound_fps": round(plan.split.bound_fps, 2), "notes": notes,
         "objective": objective, "strategies": [o.to_json() for o in options],
-        "chosen": best.name, "why": why,
+        "chosen": best.name, "why_measured_here": why,
     }
     if args.png:
         from coinf.wearable.planner.pipeline_chart import plot_pipeline
@@ -79,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         lat = f"{o.latency_s * 1e3:.2f}" if o.latency_s != float("inf") else "-"
         print(f"{o.name:<12} {lat:>11} {o.throughput_fps:>9.2f}  {', '.join(o.devices)}: "
               f"{o.detail}" + "".join(f" ({n})" for n in o.notes))
-    print(f"chosen for {objective}: {why}")
+    print(f"chosen for {objective} (measured here): {why}")
+    print(f"a Session given these helpers runs (device profiles): {plan_obj}\n  {run_why}")
     if args.png:
         print(f"chart: {args.png}")
     return 0

@@ -242,11 +242,13 @@ def register(parser: argparse.ArgumentParser) -> None:
                             default="onnxruntime",
                             help=f"runtime of {who}: auto = the faster per slice as the "
                                  "profile measured it (default %(default)s)")
-    parser.add_argument("--pipeline", metavar="CONFIG",
-                        help="plan a pipeline over the wearable and the helpers of this config "
-                             "(docs/PIPELINE.md): one row per stage, then local vs depth split "
-                             "vs pipeline vs spatial partition (docs/SPATIAL.md), chosen for "
-                             "--objective throughput (a stream) or else latency")
+    parser.add_argument("--helpers", "--pipeline", dest="pipeline", metavar="CONFIG",
+                        type=argtypes.existing_file,
+                        help="the helpers of this config (docs/PIPELINE.md) too: the strategy "
+                             "a Session given them runs (local, depth split or pipeline; "
+                             "--objective throughput for a stream, else latency) and its plan, "
+                             "spatial partition beside them (docs/SPATIAL.md), and the DP's "
+                             "stages measured here")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 

@@ -58,8 +58,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="run this plan (JSON: `coinf plan --json` prints one under 'plan'; "
                        "any number of stages, docs/ARCHITECTURE.md)")
     parser.add_argument("--helpers", type=argtypes.existing_file, metavar="CONFIG",
-                        help="the helper devices a --plan names (a pipeline config, "
-                        "docs/PIPELINE.md)")
+                        help="helper devices (a pipeline config, docs/PIPELINE.md): the ones "
+                        "a --plan names, or, alone, the devices the Session chooses a "
+                        "strategy over (local, split or pipeline)")
     parser.add_argument("--planner-runs", type=argtypes.count, default=0, metavar="N",
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
@@ -100,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 
-    if args.helpers and not args.plan:
-        raise UserError("--helpers: only with --plan FILE (the devices its stages name)")
+    if args.helpers and (args.split or args.all):
+        raise UserError("--helpers: with --plan FILE (the devices its stages name) or alone "
+                        "(the Session chooses local, a split or a pipeline), not with "
+                        "--split/--all")
     if args.repeat < 1:
         raise UserError("--repeat must be >= 1")
     if args.max is not None and not args.all:
@@ -130,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
 
     def open_session(split: str | None, packing: str = "raw",
                      objective: str | None = None) -> Session:
-        fixed = {"plan": args.plan, "helpers": args.helpers or ()} if args.plan else {}
+        fixed = {"plan": args.plan, "helpers": args.helpers or ()} if args.plan else \
+            {"helpers": args.helpers} if args.helpers and split is None else {}
         opts = base.replace(
             placement=base.placement.replace(split=split, packing=packing, **fixed),
             planner=base.planner.replace(objective=objective))

@@ -123,6 +123,7 @@ class AsyncSession:
         #: the helpers a plan may name (PlacementOptions.helpers), each reached on first use
         self._helpers = {h.name: h for h in place.helper_configs()}
         self._helper_conns: dict[str, Connection] = {}
+        self._plans: dict[tuple[Any, ...], Plan] = {}
         #: with helpers and no fixed split or plan: every strategy, the chosen one and why
         self.strategies: dict[str, Any] | None = None
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
@@ -299,8 +300,15 @@ class AsyncSession:
             return self._fixed_plan
         gamma = self._compressor.gamma if self._compressor is not None and \
             cand is self._candidate else 0
-        return Plan.for_candidate(self.bundle, cand, self._packing,
-                                  runtimes=self.stage_runtimes(cand), gamma=gamma)
+        runtimes = self.stage_runtimes(cand)
+        key = (cand.id, str(self._packing), gamma, runtimes)
+        plan = self._plans.get(key)
+        if plan is None:  # built (and checked) once per configuration, not per frame
+            if len(self._plans) >= 256:
+                self._plans.clear()
+            plan = self._plans[key] = Plan.for_candidate(self.bundle, cand, self._packing,
+                                                         runtimes=runtimes, gamma=gamma)
+        return plan
 
     def _choose_strategy(self, auto: AutoPlan) -> Plan | None:
         """Local, a split or a pipeline over this wearable and the helpers, compared on the

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 from coinf.ble_protocol.messages import MsgType
 from coinf.ble_protocol.packing import pack
-from coinf.ble_protocol.request import Request, decode_result, encode_request
+from coinf.ble_protocol.request import decode_result
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.compressors import CodecRunner
@@ -60,6 +60,7 @@ class Executor:
         self.codec_pool = ThreadPoolExecutor(1, thread_name_prefix="coinf-codec")
         self.head_ms: dict[str, float] = {}  # last measured head time per cut
         self._result_bytes = sum(t.nbytes for t in bundle.outputs)
+        self._bounds: dict[int, int] = {}  # hops -> the largest valid RESULT (receiver bound)
 
     def close(self) -> None:
         self.head_pool.shutdown(wait=False, cancel_futures=True)
@@ -108,8 +109,10 @@ class Executor:
         marks = {} if marks is None else marks
         count = len(plan.remote)
         t0 = time.perf_counter()
-        reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks,
-                                  max_reply=result_bound(self.bundle, count))
+        bound = self._bounds.get(count)
+        if bound is None:
+            bound = self._bounds[count] = result_bound(self.bundle, count)
+        reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks, max_reply=bound)
         records, _ = decode_result(reply.payload, count)
         stats.hops = [{"device": st.device, "compute_ms": r.compute_us / 1e3,
                        "send_ms": r.send_us / 1e3, "bytes": r.nbytes}
@@ -180,7 +183,7 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
     else:
         blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
                                           for n, a in crossing.items()})
-    payload = encode_request(Request.route(plan.hops()), blob)
+    payload = plan.request_header + blob
     elapsed = time.perf_counter() - t0
     if plan.packing.is_media:
         elapsed = codec_emulation.stretch(elapsed)

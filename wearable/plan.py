@@ -10,13 +10,14 @@ serialises to JSON (``coinf plan --json`` prints the one a Session would run; ``
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coinf.ble_protocol.packing import PackSpec
-from coinf.ble_protocol.request import MAX_HOPS, Hop, valid_name
+from coinf.ble_protocol.request import MAX_HOPS, Hop, Request, encode_request, valid_name
 from coinf.convert.packcal import tensor_specs
 from coinf.wearable.planner.codec_costs import parse_config_spec
 
@@ -179,6 +180,11 @@ class Plan:
             name = st.device if len(self.stages) > 2 else ""
             hops.append(Hop(st.start, st.end, name, prev.gamma, st.wire_packing))
         return tuple(hops)
+
+    @functools.cached_property
+    def request_header(self) -> bytes:
+        """The REQUEST header of :meth:`hops` (the tensor map follows it), encoded once."""
+        return encode_request(Request.route(self.hops()), b"")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"strategy": self.strategy,

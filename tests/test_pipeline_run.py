@@ -178,3 +178,27 @@ def test_request_header_and_result_codecs() -> None:
     err = decode_error(encode_error(ErrorCode.DISCONNECTED, "gone", hop=2))
     assert err.code == ErrorCode.DISCONNECTED and err.hop == 2 and err.text == "gone"
     assert decode_error(encode_error(ErrorCode.TIMEOUT, "x")).hop is None
+
+
+@sync
+async def test_a_blocking_feed_is_pulled_off_the_event_loop(bundle) -> None:
+    """The feed blocks until the loop itself releases it: pulled on the loop, it would wait
+    out its guard and fail; pulled on a worker thread (as a Session's stream), it flows."""
+    import threading
+
+    gate = threading.Event()
+    feed = frames(bundle, 1)[0]
+
+    def feeds():  # type: ignore[no-untyped-def]
+        yield feed
+        assert gate.wait(5), "the event loop was blocked by the feed"
+        yield feed
+
+    async with local_helpers(bundle, ["h1"]) as hosts:
+        helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
+                   for h in hosts]
+        async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
+                                   timeout=10.0) as sess:
+            asyncio.get_running_loop().call_soon(gate.set)
+            outs = [out async for out, _ in sess.astream(feeds(), depth=2)]
+    assert len(outs) == 2 and gate.is_set()

@@ -57,6 +57,7 @@ from coinf.wearable.planner.pipeline_dp import (
     evaluate,
     split_prefix,
 )
+from coinf.wearable.stream import END, puller
 
 from coinf.bundle import Bundle
 from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError, RemoteError
@@ -271,19 +272,19 @@ class PipelineSession:
     async def astream(self, feeds: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
                       depth: int = 4) -> AsyncGenerator[tuple[dict[str, np.ndarray],
                                                               PipelineStats], None]:
-        """(outputs, stats) per input, in order, at most ``depth`` frames in flight."""
+        """(outputs, stats) per input, in order, at most ``depth`` frames in flight; ``feeds``
+        is pulled only when there is room, a blocking iterator on a worker thread (as a
+        Session's stream: :func:`~coinf.wearable.stream.puller`)."""
         if depth < 1:
             raise InputError(f"depth must be >= 1, got {depth}")
-        it: Any = aiter(feeds) if isinstance(feeds, AsyncIterable) else iter(feeds)
+        pull = puller(feeds)
         inflight: deque[asyncio.Task[tuple[dict[str, np.ndarray], PipelineStats]]] = deque()
         done = False
         try:
             while True:
                 while not done and len(inflight) < depth:
-                    try:
-                        feed = (await anext(it) if isinstance(feeds, AsyncIterable)
-                                else next(it))
-                    except (StopIteration, StopAsyncIteration):
+                    feed = await pull()
+                    if feed is END:
                         done = True
                         break
                     inflight.append(asyncio.ensure_future(

@@ -1,0 +1,309 @@
+"""Calibrated entropy priors of the ``ansN`` packing: per tensor, layout, bundle files, lookup.
+
+``ansN`` (docs/PACKING.md) quantizes a float tensor exactly as ``qN``/``qzN`` do (same levels,
+same decoded values) and codes the levels with :mod:`ble_protocol.entropy` under per-channel
+priors calibrated offline for that cut, tensor and bit width (:mod:`convert.entropy_cal`).
+
+**Channels.** A tensor's levels become ``(C, N)`` along :func:`channel_axis`: axis 1 of a 2-D
+``[B, F]`` or 4-D+ ``[B, C, ...]`` tensor (ONNX is channels-first), the last axis of a 3-D
+``[B, T, D]`` one, one channel for 0-D/1-D tensors or when the axis has more than
+:data:`MAX_CHANNELS` entries. The symbols of a channel are its levels ``0 .. 2**N - 1``
+(offset 0), so an ``ansN`` table never escapes; the escape still costs one
+``2**-precision`` of probability (:func:`precision_for`).
+
+**Bundle files** (written by ``coinf calibrate``, read on both sides)::
+
+    priors.json   {"format": "coinf-entropy-priors", "version": 1, "data": "priors.bin",
+                   "tables": [{"key", "cut", "tensor", "bits", "axis", "channels",
+                               "symbols", "precision", "at"}, ...]}
+    priors.bin    per table at byte "at": freqs (C x (K + 1) little-endian u16), then
+                  offsets (C x little-endian i64); 8-byte aligned
+
+No pickle: JSON and raw little-endian arrays. A table's ``key`` is its
+:attr:`ChannelPriors.key`, over its content and its name ``CUT/TENSOR/ansN/axisA``, and is
+checked on reading. The manifest's ``entropy_priors`` entry says the bundle has them; a bundle
+the process loads with :meth:`Bundle.load` is remembered (``coinf.bundle.PRIOR_ROOTS``), and
+:func:`lookup` reads a table from there the first time a packed body or a calibration row names
+its key. Calibration data is not part of the bundle identity: two sides that calibrated apart
+have other keys, and a body naming a key the receiver lacks is a ProtocolError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from coinf.ble_protocol import entropy
+
+from coinf import bundle as bundle_mod
+from coinf.errors import BundleError, ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+INDEX = "priors.json"
+DATA = "priors.bin"
+FORMAT = "coinf-entropy-priors"
+VERSION = 1
+MAX_BITS = 8
+MAX_CHANNELS = 4096
+#: bound on one table (C x (K + 1) frequencies) read from a bundle
+MAX_TABLE = 1 << 24
+
+Book = Mapping[str, "TensorPriors"]
+
+
+def precision_for(bits: int) -> int:
+    """Frequency precision of an ``ansN`` table: ``N + 8`` bits (at most 16), so the floor of 1
+    on each of the ``2**N + 1`` entries takes at most 1/256 of the probability."""
+    return min(entropy.MAX_PRECISION, bits + 8)
+
+
+def channel_axis(shape: tuple[int, ...]) -> int | None:
+    """The axis whose entries get their own pmf (module docstring), None for one channel."""
+    nd = len(shape)
+    axis = None if nd < 2 else 2 if nd == 3 else 1
+    return None if axis is None or shape[axis] > MAX_CHANNELS else axis
+
+
+def channels_of(shape: tuple[int, ...], axis: int | None) -> int:
+    return 1 if axis is None else int(shape[axis])
+
+
+def to_channels(levels: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
+    """Flat C-order levels of a tensor of ``shape`` -> ``(C, N)``."""
+    if axis is None:
+        return levels.reshape(1, -1)
+    moved = np.moveaxis(levels.reshape(shape), axis, 0)
+    return np.ascontiguousarray(moved).reshape(shape[axis], -1)
+
+
+def from_channels(sym: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
+    """Inverse of :func:`to_channels`: flat C-order values of the tensor."""
+    if axis is None:
+        return sym.reshape(-1)
+    rest = tuple(d for i, d in enumerate(shape) if i != axis)
+    back = np.moveaxis(sym.reshape((shape[axis], *rest)), 0, axis)
+    return np.ascontiguousarray(back).reshape(-1)
+
+
+def table_name(cut: str, tensor: str, bits: int, axis: int | None) -> str:
+    return f"{cut}/{tensor}/ans{bits}/axis{'-' if axis is None else axis}"
+
+
+@dataclass(frozen=True, eq=False)
+class TensorPriors:
+    """The priors of one crossing tensor at one bit width (``ansN``)."""
+
+    priors: entropy.ChannelPriors
+    cut: str
+    tensor: str
+    bits: int
+    axis: int | None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bits <= MAX_BITS or self.priors.symbols != 1 << self.bits:
+            raise ValueError(f"ans{self.bits} priors need 2**bits symbols per channel, got "
+                             f"{self.priors.symbols}")
+        if self.priors.name != table_name(self.cut, self.tensor, self.bits, self.axis):
+            raise ValueError(f"priors named {self.priors.name!r} do not name this table")
+
+    @property
+    def key(self) -> str:
+        return self.priors.key
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray, cut: str, tensor: str, bits: int,
+                    axis: int | None, pooled_weight: float = 1.0) -> TensorPriors:
+        """From per-channel level counts ``(C, 2**bits)`` (``ChannelPriors.from_counts``)."""
+        name = table_name(cut, tensor, bits, axis)
+        cp = entropy.ChannelPriors.from_counts(counts, precision_for(bits), name=name,
+                                               pooled_weight=pooled_weight)
+        return cls(cp, cut, tensor, bits, axis)
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        """Whether a tensor of ``shape`` has this table's channels."""
+        ok = self.axis is None or (self.axis < len(shape) and channel_axis(shape) == self.axis)
+        return ok and channels_of(shape, self.axis) == self.priors.channels
+
+
+# --- the process's tables ------------------------------------------------------------------
+
+_BOOK: dict[str, TensorPriors] = {}
+_INDEXES: dict[Path, tuple[tuple[int, int], dict[str, dict[str, Any]]]] = {}
+_LOCK = threading.Lock()
+
+
+def register(tables: TensorPriors | Iterable[TensorPriors]) -> None:
+    """Make tables known to :func:`lookup` in this process (calibration does, for new ones)."""
+    for tp in [tables] if isinstance(tables, TensorPriors) else tables:
+        _BOOK[tp.key] = tp
+
+
+def available() -> bool:
+    """Whether this side can decode ``ansN`` at all: some loaded bundle, or this process, has
+    priors (the ``decoders`` of HELLO list ``ans`` only then)."""
+    return bool(_BOOK) or bool(bundle_mod.PRIOR_ROOTS)
+
+
+def lookup(key: str, book: Book | None = None) -> TensorPriors | None:
+    """The table of ``key``: from ``book`` when given, else this process's, else the priors
+    files of the bundles it loaded (read once; again when they change)."""
+    if book is not None:
+        return book.get(key)
+    got = _BOOK.get(key)
+    if got is not None:
+        return got
+    with _LOCK:
+        for root in list(bundle_mod.PRIOR_ROOTS):
+            entry = _index(root).get(key)
+            if entry is None:
+                continue
+            try:
+                tp = _read_table(root, entry)
+            except (OSError, ValueError, BundleError) as exc:
+                log.warning("entropy priors %s in %s cannot be read: %s", key, root, exc)
+                continue
+            _BOOK[key] = tp
+            return tp
+    return None
+
+
+def resolve(ref: TensorPriors | str | None, book: Book | None = None) -> TensorPriors | None:
+    """A packing spec's priors (a table, or its key) as a table; :class:`BundleError` for a key
+    no loaded bundle has (the calibration rows name tables its priors files lack)."""
+    if ref is None or isinstance(ref, TensorPriors):
+        return ref
+    got = lookup(str(ref), book)
+    if got is None:
+        raise BundleError(f"entropy priors {ref} are not in any loaded bundle's {INDEX}: "
+                          f"re-run `coinf calibrate` on this bundle")
+    return got
+
+
+def _index(root: Path) -> dict[str, dict[str, Any]]:
+    path = root / INDEX
+    try:
+        st = path.stat()
+        sig = (st.st_mtime_ns, st.st_size)
+        cached = _INDEXES.get(root)
+        if cached is not None and cached[0] == sig:
+            return cached[1]
+        entries = {str(e["key"]): e for e in read_index(root)["tables"]}
+    except (OSError, ValueError, KeyError, TypeError, BundleError) as exc:
+        log.warning("entropy priors index %s cannot be read: %s", path, exc)
+        return {}
+    _INDEXES[root] = (sig, entries)
+    return entries
+
+
+# --- bundle files ----------------------------------------------------------------------------
+
+
+def read_index(root: Path) -> dict[str, Any]:
+    """``priors.json`` of a bundle folder, format-checked; BundleError otherwise."""
+    path = bundle_mod.inside(root, INDEX)
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: cannot read the entropy priors index: {exc}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("version") != VERSION \
+            or obj.get("data") != DATA or not isinstance(obj.get("tables"), list):
+        raise BundleError(f"{path} is not a version-{VERSION} {FORMAT} index")
+    return obj
+
+
+def read_tables(root: Path) -> list[TensorPriors]:
+    """Every table of a bundle folder (none when it has no ``priors.json``)."""
+    if not (root / INDEX).is_file():
+        return []
+    return [_read_table(root, e) for e in read_index(root)["tables"]]
+
+
+def _read_table(root: Path, e: Mapping[str, Any]) -> TensorPriors:
+    c, k, at = int(e["channels"]), int(e["symbols"]), int(e["at"])
+    axis = None if e.get("axis") is None else int(e["axis"])
+    if not (c >= 1 and k >= 1 and c * (k + 1) <= MAX_TABLE and at >= 0):
+        raise BundleError(f"{INDEX}: table {e.get('key')} has a bad size")
+    size = c * (k + 1) * 2 + c * 8
+    path = bundle_mod.inside(root, DATA)
+    with open(path, "rb") as f:
+        f.seek(at)
+        raw = f.read(size)
+    if len(raw) != size:
+        raise BundleError(f"{path}: table {e.get('key')} runs past the end of the file")
+    freqs = np.frombuffer(raw, "<u2", c * (k + 1)).reshape(c, k + 1)
+    offsets = np.frombuffer(raw, "<i8", c, c * (k + 1) * 2)
+    cut, tensor, bits = str(e["cut"]), str(e["tensor"]), int(e["bits"])
+    cp = entropy.ChannelPriors(freqs, offsets, int(e["precision"]),
+                               table_name(cut, tensor, bits, axis))
+    if cp.key != e["key"]:
+        raise BundleError(f"{path}: table {e['key']} ({cp.name}) does not match its key")
+    return TensorPriors(cp, cut, tensor, bits, axis)
+
+
+def write(root: Path, tables: Iterable[TensorPriors]) -> dict[str, Any]:
+    """Write ``priors.json`` and ``priors.bin`` into a bundle folder (replacing them); the
+    manifest entry (``Bundle.meta["entropy_priors"]``) to record."""
+    entries, blobs, at = [], [], 0
+    for tp in sorted({t.key: t for t in tables}.values(), key=lambda t: t.priors.name):
+        cp = tp.priors
+        if int(cp.freqs.max()) > 0xFFFF:
+            raise ValueError(f"{cp.name}: a frequency does not fit u16")
+        blob = cp.freqs.astype("<u2").tobytes() + cp.offsets.astype("<i8").tobytes()
+        blob += bytes(-len(blob) % 8)
+        entries.append({"key": tp.key, "cut": tp.cut, "tensor": tp.tensor, "bits": tp.bits,
+                        "axis": tp.axis, "channels": cp.channels, "symbols": cp.symbols,
+                        "precision": cp.precision, "at": at})
+        blobs.append(blob)
+        at += len(blob)
+    data = b"".join(blobs)
+    (root / DATA).write_bytes(data)
+    index = {"format": FORMAT, "version": VERSION, "data": DATA,
+             "data_sha256": hashlib.sha256(data).hexdigest(), "tables": entries}
+    text = json.dumps(index, indent=1, sort_keys=True) + "\n"
+    (root / INDEX).write_text(text)
+    _INDEXES.pop(root, None)
+    return {"index": INDEX, "data": DATA, "tables": len(entries),
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+# --- the packing's payload -----------------------------------------------------------------
+
+
+def encode_levels(levels: np.ndarray, shape: tuple[int, ...], bits: int,
+                  ref: TensorPriors | str | None, book: Book | None = None) -> bytes | None:
+    """The entropy stream of a tensor's ``bits``-bit levels (flat, C order) under its priors;
+    None when there are none or they do not fit (the caller packs ``qzN`` instead)."""
+    tp = resolve(ref, book)
+    if tp is None or tp.bits != bits or not tp.fits(shape):
+        return None
+    return entropy.encode(to_channels(levels, shape, tp.axis), tp.priors)
+
+
+def decode_levels(payload: bytes | memoryview, shape: tuple[int, ...], bits: int,
+                  book: Book | None = None) -> np.ndarray:
+    """The flat uint8 levels of an ``ansN`` payload; ProtocolError for unknown priors, priors
+    of another tensor or width, or a stream that does not decode."""
+    key = entropy.stream_key(payload)
+    tp = lookup(key, book)
+    if tp is None:
+        raise ProtocolError(ErrorCode.MALFORMED, f"packed tensor names entropy priors {key}, "
+                            "which this side does not have (its bundle was calibrated apart "
+                            "from the sender's: copy one calibrated bundle to both sides)")
+    if tp.bits != bits or not tp.fits(shape):
+        raise ProtocolError(ErrorCode.MALFORMED, f"packed tensor {list(shape)} at {bits} bits "
+                            f"names entropy priors {key} of {tp.priors.name} "
+                            f"({tp.priors.channels} channels)")
+    c = channels_of(shape, tp.axis)
+    sym = entropy.decode(payload, tp.priors, c, math.prod(shape) // c)
+    if sym.size and (int(sym.min()) < 0 or int(sym.max()) >= 1 << bits):
+        raise ProtocolError(ErrorCode.MALFORMED, f"packed tensor: a level exceeds {bits} bits")
+    return from_channels(sym.astype(np.uint8), shape, tp.axis)

@@ -7,26 +7,34 @@ calls it the same way)::
     data = encode(symbols, priors)               # symbols: (C, N) integers -> bytes
     symbols = decode(data, priors, C, N)         # -> (C, N) int64; ProtocolError otherwise
 
-**Priors.** :class:`ChannelPriors` holds, per channel ``c``, an integer pmf over ``K`` symbols
-``offsets[c] .. offsets[c] + K - 1`` plus one *escape*: ``freqs`` is ``(C, K + 1)``, every
-entry >= 1 (no symbol is ever uncodable), each row summing to ``2**precision``
-(``precision`` <= 16). ``key`` is a 4-byte content hash (name, precision, offsets, freqs):
-every stream starts with it, and decoding with other priors is a ProtocolError.
+**Priors.** :class:`ChannelPriors` holds, per channel ``c`` (and per context, below), an
+integer pmf over ``K`` symbols ``offsets[c] .. offsets[c] + K - 1`` plus one *escape*:
+``freqs`` is ``(C, K + 1)`` or ``(C, X, K + 1)``, every entry >= 1 (no symbol is ever
+uncodable), each row summing to ``2**precision`` (``precision`` <= 16). ``key`` is a 4-byte
+content hash (name, precision, contexts, offsets, freqs): every stream starts with it, and
+decoding with other priors is a ProtocolError.
 
 **Out-of-range symbols are escaped, never clipped**: a symbol outside its channel's window is
 coded as the escape (``freqs[c, K]``, cost ``precision - log2 freqs[c, K]`` bits) and its value
 travels after the lane states as a zigzag LEB128 varint, in C order of the symbols. Encoding
 is exact for every int64 symbol.
 
+**Contexts** (``X = 16``; ``X = 1``: none). Symbol ``n`` of a channel is coded with the pmf of
+context ``4 * b(left) + b(above)``: ``left`` is symbol ``n - 1`` of the channel, ``above``
+symbol ``n - width`` (``width``: the row length, e.g. ``W`` of an ``H x W`` map; 0 = none),
+each only when it lies in the same lane at an earlier step (else bucket 0), and ``b`` buckets
+the in-range index ``k = symbol - offset`` (the escape is ``K``): 0 for 0, 1 for 1, 2 for
+2..3, 3 for 4 and more (:func:`contexts`). A ReLU map's zeros come in patches: on real
+activations this halves the bits of 2- to 4-bit levels against one pmf per channel.
+
 **Coder.** rANS with 32-bit states in ``[2**16, 2**32)`` and 16-bit renormalisation (at most one
 word per symbol; ryg's ``rans_word``). The ``S = C * N`` symbols, in C order, are cut into ``L``
 lanes of ``T = ceil(S / L)`` consecutive symbols (the last lane shorter); each numpy step codes
 one symbol of every lane, so Python runs ``T`` steps, not ``S``. A lane costs its final state
-(4 B, of which ~2 B are data): :func:`lanes_for` picks ``L ~ sqrt(S) / 2``, and at least
+(4 B, of which ~2 B are data): :func:`lanes_for` picks ``L ~ sqrt(S) / 2``, at least
 ``S / MAX_STEPS``. Positions past ``S`` code with frequency ``2**precision`` (the identity).
 The encoder starts every lane at ``2**16``; the decoder must end every lane there having read
-every word, which rejects a corrupt stream or other priors with probability ~``1 - 2**-16``
-per lane (on top of the key).
+every word, which rejects a corrupt stream or other priors (on top of the key).
 
 **Stream** (all little-endian)::
 
@@ -38,9 +46,9 @@ per lane (on top of the key).
     words    rest    u16 renormalisation words, in the order the decoder reads them
 
 **Hostile bytes.** :func:`decode` raises only :class:`ProtocolError` (TRUNCATED or MALFORMED).
-It checks every length before allocating; it allocates O(C * N) (a few 8-byte arrays of
-``T * L < S + L`` entries and the output) and never more, whatever the stream declares; it
-loops ``T <= MAX_STEPS`` times over arrays of ``L <= S`` lanes, so it cannot hang.
+It checks every length before allocating; it allocates O(C * N) (a few arrays of
+``T * L < S + L`` entries, at most 8 B each, and the output) and never more, whatever the stream
+declares; it loops ``T <= MAX_STEPS`` times over arrays of ``L <= S`` lanes: it cannot hang.
 """
 
 from __future__ import annotations
@@ -60,9 +68,12 @@ STATE_LOW = 1 << STATE_BITS
 WORD_BITS = 16
 #: most numpy steps a stream may take (``ceil(S / L)``); the decoder refuses more
 MAX_STEPS = 4096
-#: lanes per sqrt(symbol): each lane costs ~2 B of stream and saves ``S / L**2`` steps
+#: lanes per sqrt(symbol): a lane costs ~4 B on the radio (~0.2 ms at 20 kB/s) and its first
+#: symbols lose their context; it saves ``S / L**2`` steps of ~0.1 ms on a Pi Zero 2 W
 LANE_FACTOR = 0.5
 KEY_SIZE = 4
+#: contexts of a context-modelled table (4 buckets of the left x 4 of the above symbol)
+CONTEXTS = 16
 _U64 = np.uint64
 
 
@@ -78,9 +89,9 @@ def lanes_for(count: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class ChannelPriors:
-    """Per-channel integer pmfs (module docstring): ``freqs`` ``(C, K + 1)``, last column the
-    escape, rows summing to ``2**precision``; ``offsets`` ``(C,)``, the symbol of column 0;
-    ``name`` labels the table (it is hashed into :attr:`key`)."""
+    """Per-channel integer pmfs (module docstring): ``freqs`` ``(C, K + 1)``, or ``(C, 16,
+    K + 1)`` per context, last column the escape, rows summing to ``2**precision``; ``offsets``
+    ``(C,)``, the symbol of column 0; ``name`` labels the table (hashed into :attr:`key`)."""
 
     freqs: np.ndarray
     offsets: np.ndarray
@@ -90,11 +101,15 @@ class ChannelPriors:
 
     def __post_init__(self) -> None:
         f = np.asarray(self.freqs)
-        if f.ndim != 2 or f.shape[0] < 1 or f.shape[1] < 1 or f.dtype.kind not in "iu":
-            raise ValueError(f"freqs must be a (C, K + 1) integer array, got {f.shape} {f.dtype}")
+        if f.ndim == 2:
+            f = f[:, None, :]
+        if f.ndim != 3 or f.shape[1] not in (1, CONTEXTS) or min(f.shape) < 1 \
+                or f.dtype.kind not in "iu":
+            raise ValueError(f"freqs must be a (C, K + 1) or (C, {CONTEXTS}, K + 1) integer "
+                             f"array, got {f.shape} {f.dtype}")
         if not isinstance(self.precision, int) or not 1 <= self.precision <= MAX_PRECISION:
             raise ValueError(f"precision must be 1..{MAX_PRECISION}, got {self.precision}")
-        if f.min() < 1 or np.any(f.sum(axis=1, dtype=np.int64) != 1 << self.precision):
+        if f.min() < 1 or np.any(f.sum(axis=2, dtype=np.int64) != 1 << self.precision):
             raise ValueError(f"every frequency must be >= 1 and every row sum to "
                              f"2**{self.precision}")
         off = np.zeros(f.shape[0], np.int64) if self.offsets is None else np.asarray(
@@ -113,15 +128,21 @@ class ChannelPriors:
         return int(self.freqs.shape[0])
 
     @property
+    def contexts(self) -> int:
+        """X: 1, or :data:`CONTEXTS` for a context-modelled table."""
+        return int(self.freqs.shape[1])
+
+    @property
     def symbols(self) -> int:
         """K: in-range symbols per channel (the escape not counted)."""
-        return int(self.freqs.shape[1]) - 1
+        return int(self.freqs.shape[2]) - 1
 
     @cached_property
     def key_bytes(self) -> bytes:
         h = hashlib.blake2b(digest_size=KEY_SIZE, person=b"coinf-priors")
         h.update(self.name.encode("utf-8") + b"\0")
-        h.update(np.array([self.precision, self.channels, self.symbols], "<u4").tobytes())
+        h.update(np.array([self.precision, self.channels, self.contexts, self.symbols],
+                          "<u4").tobytes())
         h.update(self.offsets.astype("<i8").tobytes())
         h.update(self.freqs.astype("<u4").tobytes())
         return h.digest()
@@ -134,31 +155,37 @@ class ChannelPriors:
     @classmethod
     def from_counts(cls, counts: np.ndarray, precision: int, offsets: np.ndarray | None = None,
                     name: str = "", pooled_weight: float = 1.0) -> ChannelPriors:
-        """Priors from observed counts ``(C, K)`` (symbol ``offsets[c] + k``): each channel's
-        counts plus ``pooled_weight * K`` pseudo-counts spread as all channels together (a
-        channel seen rarely leans on the tensor's pmf), normalised to ``2**precision - K - 1``
-        and floored at 1 per symbol, the escape 1; rounding goes to the largest remainders."""
+        """Priors from observed counts ``(C, K)`` or ``(C, 16, K)`` per context (symbol
+        ``offsets[c] + k``): each row's counts plus ``pooled_weight * K`` pseudo-counts spread
+        as all channels together in that context (a row seen rarely leans on the tensor's pmf),
+        normalised to ``2**precision - K - 1`` and floored at 1 per symbol, the escape 1;
+        rounding goes to the largest remainders."""
         counts = np.asarray(counts, dtype=np.float64)
-        if counts.ndim != 2 or counts.shape[0] < 1 or counts.shape[1] < 1 or counts.min() < 0:
-            raise ValueError(f"counts must be a non-negative (C, K) array, got {counts.shape}")
-        c, k = counts.shape
+        shape = counts.shape
+        if counts.ndim == 2:
+            counts = counts[:, None, :]
+        if counts.ndim != 3 or min(counts.shape) < 1 or counts.min() < 0:
+            raise ValueError(f"counts must be a non-negative (C, K) or (C, X, K) array, got "
+                             f"{shape}")
+        c, x, k = counts.shape
         free = (1 << precision) - (k + 1)  # after the floor of 1 per symbol and the escape
         if free < 0:
             need = math.ceil(math.log2(k + 1))
             raise ValueError(f"{k} symbols + escape need precision >= {need}")
-        pooled = counts.sum(axis=0) + 0.5
-        pooled /= pooled.sum()
-        p = counts + pooled_weight * k * pooled
+        pooled = counts.sum(axis=0, keepdims=True) + 0.5
+        pooled /= pooled.sum(axis=2, keepdims=True)
+        p = (counts + pooled_weight * k * pooled).reshape(c * x, k)
         p /= p.sum(axis=1, keepdims=True)
         share = p * free
         base = np.floor(share).astype(np.int64)
         short = free - base.sum(axis=1)  # 0 <= short < k
         order = np.argsort(-(share - base), axis=1, kind="stable")
         rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(k)[None, :].repeat(c, 0), axis=1)
+        np.put_along_axis(rank, order, np.arange(k)[None, :].repeat(c * x, 0), axis=1)
         base += rank < short[:, None]
-        freqs = np.concatenate([base + 1, np.ones((c, 1), np.int64)], axis=1)
-        return cls(freqs, np.zeros(c, np.int64) if offsets is None else offsets, precision, name)
+        freqs = np.concatenate([base + 1, np.ones((c * x, 1), np.int64)], axis=1)
+        return cls(freqs.reshape(c, x, k + 1) if len(shape) == 3 else freqs,
+                   np.zeros(c, np.int64) if offsets is None else offsets, precision, name)
 
     # -- tables, built once per priors ------------------------------------------------------
     def _table(self, name: str) -> np.ndarray:
@@ -169,23 +196,60 @@ class ChannelPriors:
         return got
 
     def _build(self, name: str) -> np.ndarray:
-        m = 1 << self.precision
-        f = self.freqs.astype(np.int64)
+        """Flat tables over entries ``(row * (K + 1) + k)``, row ``c * X + context``, plus one
+        sentinel entry for padding positions (frequency ``2**P``, start 0: the identity)."""
+        m, k1 = 1 << self.precision, self.symbols + 1
+        f = self.freqs.reshape(-1, k1).astype(np.int64)
         start = np.cumsum(f, axis=1) - f  # exclusive cumulative frequency
-        if name == "freq":  # flat, plus the identity entry of padding positions
+        if name == "freq":
             return np.append(f.reshape(-1), m).astype(_U64)
         if name == "start":
             return np.append(start.reshape(-1), 0).astype(_U64)
-        # "global": the decoder's sorted starts, c * 2**precision + start (padding: C * 2**P)
-        base = (np.arange(self.channels, dtype=np.int64) << self.precision)[:, None]
-        return np.append((start + base).reshape(-1), self.channels << self.precision).astype(_U64)
+        if name == "symbol":  # entry -> in-range index k (the escape: K)
+            return np.append(np.tile(np.arange(k1), len(f)), 0)
+        if name == "bucket":
+            return _bucket(self._table("symbol")).astype(np.uint8)
+        # "global": the decoder's sorted starts, row * 2**precision + start
+        base = (np.arange(len(f), dtype=np.int64) << self.precision)[:, None]
+        return np.append((start + base).reshape(-1), len(f) << self.precision).astype(_U64)
 
-    def cost_bits(self, symbols: np.ndarray) -> float:
-        """Ideal code length of ``symbols`` (C, N) under these priors, in bits (no lane states,
-        no escape values): what :func:`encode` approaches."""
-        idx = _indices(np.asarray(symbols), self)[0]
-        f = self._table("freq")[idx].astype(np.float64)
+    def cost_bits(self, symbols: np.ndarray, width: int = 0) -> float:
+        """Ideal code length of ``symbols`` (C, N) under these priors, in bits (one lane, no
+        states, no escape values): what :func:`encode` approaches."""
+        idx, _, _ = _indices(np.asarray(symbols), self)
+        entries = self._entries(idx, width, max(idx.size, 1))
+        f = self._table("freq")[entries].astype(np.float64)
         return float(np.sum(self.precision - np.log2(f)))
+
+    def _entries(self, idx: np.ndarray, width: int, steps: int) -> np.ndarray:
+        """Flat table entries of in-range indices ``idx`` (C, N), lanes of ``steps``."""
+        k1, x = self.symbols + 1, self.contexts
+        rows = (np.arange(self.channels, dtype=np.int64) * x)[:, None]
+        if x > 1:
+            rows = rows + contexts(idx, width, steps)
+        return (rows * k1 + idx).reshape(-1)
+
+
+def _bucket(k: np.ndarray) -> np.ndarray:
+    return (k >= 1).astype(np.int64) + (k >= 2) + (k >= 4)
+
+
+def contexts(idx: np.ndarray, width: int = 0, steps: int | None = None) -> np.ndarray:
+    """Context ``4 * b(left) + b(above)`` of every in-range index ``idx`` (C, N) (module
+    docstring), for lanes of ``steps`` consecutive symbols (None: one lane)."""
+    c, n = idx.shape
+    b = _bucket(idx)
+    at = np.arange(c * n, dtype=np.int64).reshape(c, n)
+    step = at if steps is None else at % steps  # a neighbour counts only in the same lane
+    col = np.arange(n)[None, :]
+    out = np.zeros((c, n), np.int64)
+    out[:, 1:] = 4 * b[:, :-1]
+    out *= (col >= 1) & (step >= 1)
+    if 0 < width < n:
+        above = np.zeros((c, n), np.int64)
+        above[:, width:] = b[:, :-width]
+        out += above * ((col >= width) & (step >= width))
+    return out
 
 
 def _indices(symbols: np.ndarray, priors: ChannelPriors) -> tuple[np.ndarray, np.ndarray,
@@ -200,15 +264,16 @@ def _indices(symbols: np.ndarray, priors: ChannelPriors) -> tuple[np.ndarray, np
     k = priors.symbols
     rel = s - priors.offsets[:, None]
     esc = (rel < 0) | (rel >= k)
-    rows = (np.arange(priors.channels, dtype=np.int64) * (k + 1))[:, None]
-    return (np.where(esc, k, rel) + rows).reshape(-1), esc.reshape(-1), s.reshape(-1)
+    return np.where(esc, k, rel), esc.reshape(-1), s.reshape(-1)
 
 
 # --- encoding ---------------------------------------------------------------------------------
 
 
-def encode(symbols: np.ndarray, priors: ChannelPriors, lanes: int | None = None) -> bytes:
-    """The stream of ``symbols`` (C, N) under ``priors`` (module docstring). ``lanes``
+def encode(symbols: np.ndarray, priors: ChannelPriors, lanes: int | None = None,
+           width: int = 0) -> bytes:
+    """The stream of ``symbols`` (C, N) under ``priors`` (module docstring); ``width``: the
+    row length of the above-context (the decoder must be given the same). ``lanes``
     overrides :func:`lanes_for` (trimmed the same way, at least ``S / MAX_STEPS``)."""
     idx, esc, flat = _indices(np.asarray(symbols), priors)
     count = idx.size
@@ -225,8 +290,8 @@ def encode(symbols: np.ndarray, priors: ChannelPriors, lanes: int | None = None)
         return head + values
     steps = -(-count // lanes)
     pad = steps * lanes - count
-    # padding positions take the extra identity entry (frequency 2**P, start 0)
-    padded = np.concatenate([idx, np.full(pad, priors.channels * (priors.symbols + 1))])
+    entries = priors._entries(idx, width, steps)
+    padded = np.concatenate([entries, np.full(pad, len(priors._table("freq")) - 1)])
     order = padded.reshape(lanes, steps).T  # row t: symbol t of every lane
     freq = np.ascontiguousarray(priors._table("freq")[order])
     start = np.ascontiguousarray(priors._table("start")[order])
@@ -310,10 +375,11 @@ def _read_varint(mv: memoryview, pos: int, what: str) -> tuple[int, int]:
     raise _bad(f"{what} varint longer than 5 bytes")
 
 
-def decode(data: bytes | memoryview, priors: ChannelPriors, channels: int,
-           count: int) -> np.ndarray:
-    """The ``(channels, count)`` int64 symbols of a stream coded with ``priors``;
-    :class:`ProtocolError` for anything else (other priors, corrupt or cut bytes)."""
+def decode(data: bytes | memoryview, priors: ChannelPriors, channels: int, count: int,
+           width: int = 0) -> np.ndarray:
+    """The ``(channels, count)`` int64 symbols of a stream coded with ``priors`` (and
+    ``width``, as encoded); :class:`ProtocolError` for anything else (other priors, corrupt
+    or cut bytes)."""
     mv = memoryview(data).cast("B")
     if stream_key(mv) != priors.key:
         raise _bad(f"coded with priors {stream_key(mv)}, not {priors.key} ({priors.name})")
@@ -343,10 +409,9 @@ def decode(data: bytes | memoryview, priors: ChannelPriors, channels: int,
     if (len(mv) - pos) % 2:
         raise _bad("odd number of word bytes")
     words = np.frombuffer(mv, "<u2", (len(mv) - pos) // 2, pos).astype(_U64)
-    table = _run(x, words, priors, count, total, lanes, steps)
+    table = _run(x, words, priors, count, lanes, steps, width)
     k = priors.symbols
-    idx = table.T.reshape(-1)[:total]
-    sym = idx % (k + 1)  # per channel: 0..K-1 in range, K the escape
+    sym = table.T.reshape(-1)[:total]  # per channel: 0..K-1 in range, K the escape
     esc = sym == k
     out = (sym + np.repeat(priors.offsets, count)).astype(np.int64)
     n_esc = int(np.count_nonzero(esc))
@@ -359,26 +424,39 @@ def decode(data: bytes | memoryview, priors: ChannelPriors, channels: int,
     return out.reshape(channels, count)
 
 
-def _run(x: np.ndarray, words: np.ndarray, priors: ChannelPriors, count: int, total: int,
-         lanes: int, steps: int) -> np.ndarray:
-    """The decoding loop: (steps, lanes) global table indices; the lane states must end at
-    2**16 with every word read."""
-    prec = priors.precision
+def _run(x: np.ndarray, words: np.ndarray, priors: ChannelPriors, count: int, lanes: int,
+         steps: int, width: int) -> np.ndarray:
+    """The decoding loop: (steps, lanes) in-range indices; the lane states must end at 2**16
+    with every word read."""
+    prec, ctx_on = priors.precision, priors.contexts > 1
     starts = priors._table("global")
-    # indexed by searchsorted's answer j = i + 1: no subtraction per step
+    # indexed by searchsorted's answer j = entry + 1: no subtraction per step
     freqs = np.concatenate([np.zeros(1, _U64), priors._table("freq")])
     firsts = np.concatenate([np.zeros(1, _U64), starts])
+    symbol = np.concatenate([np.zeros(1, np.int64), priors._table("symbol")])
+    bucket = np.concatenate([np.zeros(1, np.uint8), priors._table("bucket")])
     where = np.arange(steps * lanes, dtype=np.int64).reshape(lanes, steps).T
-    base = np.minimum(where // count, priors.channels).astype(_U64) << _U64(prec)  # padding:
-    del where  # the sentinel channel C, frequency 2**P: the identity
+    chan = np.minimum(where // count, priors.channels)  # padding: the sentinel row
+    base = (chan * priors.contexts).astype(_U64) << _U64(prec)
+    col = np.where(chan < priors.channels, where % count, 0)  # padding: no context
+    del where, chan
     table = np.empty((steps, lanes), np.int64)
+    seen = np.zeros((steps, lanes), np.uint8)  # decoded buckets (contexts of later steps)
     shift, scale, low = _U64(WORD_BITS), _U64(1 << prec), _U64(STATE_LOW)
     used, nwords = 0, words.size
+    above = 0 < width < count
     for t in range(steps):
         high, slot = np.divmod(x, scale)
         key = base[t] + slot
+        if ctx_on and t:
+            ctx = (seen[t - 1] << 2) * (col[t] >= 1)
+            if above and t >= width:
+                ctx += seen[t - width] * (col[t] >= width)
+            key += ctx.astype(_U64) << _U64(prec)
         j = np.searchsorted(starts, key, side="right")
-        table[t] = j
+        table[t] = symbol[j]
+        if ctx_on:
+            seen[t] = bucket[j]
         x = freqs[j] * high + (key - firsts[j])
         need = x < low
         n = int(np.count_nonzero(need))
@@ -391,7 +469,6 @@ def _run(x: np.ndarray, words: np.ndarray, priors: ChannelPriors, count: int, to
         raise _bad(f"{nwords - used} words left over (corrupt, or coded with other priors)")
     if np.any(x != low):
         raise _bad("lanes do not end in their initial state (corrupt, or other priors)")
-    table -= 1
     return table
 
 

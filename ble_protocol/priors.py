@@ -9,7 +9,10 @@ priors calibrated offline for that cut, tensor and bit width (:mod:`convert.entr
 ``[B, T, D]`` one, one channel for 0-D/1-D tensors or when the axis has more than
 :data:`MAX_CHANNELS` entries. The symbols of a channel are its levels ``0 .. 2**N - 1``
 (offset 0), so an ``ansN`` table never escapes; the escape still costs one
-``2**-precision`` of probability (:func:`precision_for`).
+``2**-precision`` of probability (:func:`precision_for`). Where a channel holds a sequence
+(``N >= 2``) and the table stays under :data:`MAX_ENTRIES`, each channel has 16 context pmfs
+(left and above neighbour, :func:`ble_protocol.entropy.contexts`; the row length
+:func:`width_of` is ``W`` of a ``[B, C, H, W]`` map).
 
 **Bundle files** (written by ``coinf calibrate``, read on both sides)::
 
@@ -54,7 +57,9 @@ FORMAT = "coinf-entropy-priors"
 VERSION = 1
 MAX_BITS = 8
 MAX_CHANNELS = 4096
-#: bound on one table (C x (K + 1) frequencies) read from a bundle
+#: most frequencies of a fitted table: beyond, one pmf per channel instead of 16 (2 MiB as u16)
+MAX_ENTRIES = 1 << 20
+#: bound on one table (C x X x (K + 1) frequencies) read from a bundle
 MAX_TABLE = 1 << 24
 
 Book = Mapping[str, "TensorPriors"]
@@ -75,6 +80,21 @@ def channel_axis(shape: tuple[int, ...]) -> int | None:
 
 def channels_of(shape: tuple[int, ...], axis: int | None) -> int:
     return 1 if axis is None else int(shape[axis])
+
+
+def width_of(shape: tuple[int, ...], axis: int | None) -> int:
+    """Row length of a channel's sequence (its above-context): the last of the other axes when
+    there are two or more of them, else 0 (no above)."""
+    rest = shape if axis is None else tuple(d for i, d in enumerate(shape) if i != axis)
+    return int(rest[-1]) if len(rest) >= 2 else 0
+
+
+def contexts_for(shape: tuple[int, ...], axis: int | None, bits: int) -> int:
+    """1, or :data:`entropy.CONTEXTS` where a channel holds a sequence and the table fits."""
+    c = channels_of(shape, axis)
+    n = math.prod(shape) // max(c, 1)
+    fits = c * entropy.CONTEXTS * ((1 << bits) + 1) <= MAX_ENTRIES
+    return entropy.CONTEXTS if n >= 2 and fits else 1
 
 
 def to_channels(levels: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
@@ -122,7 +142,8 @@ class TensorPriors:
     @classmethod
     def from_counts(cls, counts: np.ndarray, cut: str, tensor: str, bits: int,
                     axis: int | None, pooled_weight: float = 1.0) -> TensorPriors:
-        """From per-channel level counts ``(C, 2**bits)`` (``ChannelPriors.from_counts``)."""
+        """From level counts ``(C, 2**bits)`` or ``(C, 16, 2**bits)`` per context
+        (``ChannelPriors.from_counts``)."""
         name = table_name(cut, tensor, bits, axis)
         cp = entropy.ChannelPriors.from_counts(counts, precision_for(bits), name=name,
                                                pooled_weight=pooled_weight)
@@ -132,6 +153,17 @@ class TensorPriors:
         """Whether a tensor of ``shape`` has this table's channels."""
         ok = self.axis is None or (self.axis < len(shape) and channel_axis(shape) == self.axis)
         return ok and channels_of(shape, self.axis) == self.priors.channels
+
+
+def count_levels(ch: np.ndarray, bits: int, contexts: int, width: int) -> np.ndarray:
+    """``(C, contexts, 2**bits)`` counts of the levels ``ch`` (C, N) in their contexts (one
+    lane), as :func:`entropy.contexts` assigns them."""
+    c, k = ch.shape[0], 1 << bits
+    row = np.arange(c, dtype=np.int64)[:, None] * contexts
+    if contexts > 1:
+        row = row + entropy.contexts(ch, width)
+    got = np.bincount((row * k + ch).reshape(-1), minlength=c * contexts * k)
+    return got.reshape(c, contexts, k)
 
 
 # --- the process's tables ------------------------------------------------------------------
@@ -228,19 +260,19 @@ def read_tables(root: Path) -> list[TensorPriors]:
 
 
 def _read_table(root: Path, e: Mapping[str, Any]) -> TensorPriors:
-    c, k, at = int(e["channels"]), int(e["symbols"]), int(e["at"])
+    c, x, k, at = int(e["channels"]), int(e["contexts"]), int(e["symbols"]), int(e["at"])
     axis = None if e.get("axis") is None else int(e["axis"])
-    if not (c >= 1 and k >= 1 and c * (k + 1) <= MAX_TABLE and at >= 0):
+    n = c * x * (k + 1)
+    if not (c >= 1 and x in (1, entropy.CONTEXTS) and k >= 1 and n <= MAX_TABLE and at >= 0):
         raise BundleError(f"{INDEX}: table {e.get('key')} has a bad size")
-    size = c * (k + 1) * 2 + c * 8
     path = bundle_mod.inside(root, DATA)
     with open(path, "rb") as f:
         f.seek(at)
-        raw = f.read(size)
-    if len(raw) != size:
+        raw = f.read(2 * n + 8 * c)
+    if len(raw) != 2 * n + 8 * c:
         raise BundleError(f"{path}: table {e.get('key')} runs past the end of the file")
-    freqs = np.frombuffer(raw, "<u2", c * (k + 1)).reshape(c, k + 1)
-    offsets = np.frombuffer(raw, "<i8", c, c * (k + 1) * 2)
+    freqs = np.frombuffer(raw, "<u2", n).reshape(c, x, k + 1)
+    offsets = np.frombuffer(raw, "<i8", c, 2 * n)
     cut, tensor, bits = str(e["cut"]), str(e["tensor"]), int(e["bits"])
     cp = entropy.ChannelPriors(freqs, offsets, int(e["precision"]),
                                table_name(cut, tensor, bits, axis))
@@ -260,8 +292,8 @@ def write(root: Path, tables: Iterable[TensorPriors]) -> dict[str, Any]:
         blob = cp.freqs.astype("<u2").tobytes() + cp.offsets.astype("<i8").tobytes()
         blob += bytes(-len(blob) % 8)
         entries.append({"key": tp.key, "cut": tp.cut, "tensor": tp.tensor, "bits": tp.bits,
-                        "axis": tp.axis, "channels": cp.channels, "symbols": cp.symbols,
-                        "precision": cp.precision, "at": at})
+                        "axis": tp.axis, "channels": cp.channels, "contexts": cp.contexts,
+                        "symbols": cp.symbols, "precision": cp.precision, "at": at})
         blobs.append(blob)
         at += len(blob)
     data = b"".join(blobs)
@@ -285,7 +317,8 @@ def encode_levels(levels: np.ndarray, shape: tuple[int, ...], bits: int,
     tp = resolve(ref, book)
     if tp is None or tp.bits != bits or not tp.fits(shape):
         return None
-    return entropy.encode(to_channels(levels, shape, tp.axis), tp.priors)
+    return entropy.encode(to_channels(levels, shape, tp.axis), tp.priors,
+                          width=width_of(shape, tp.axis))
 
 
 def decode_levels(payload: bytes | memoryview, shape: tuple[int, ...], bits: int,
@@ -303,7 +336,7 @@ def decode_levels(payload: bytes | memoryview, shape: tuple[int, ...], bits: int
                             f"names entropy priors {key} of {tp.priors.name} "
                             f"({tp.priors.channels} channels)")
     c = channels_of(shape, tp.axis)
-    sym = entropy.decode(payload, tp.priors, c, math.prod(shape) // c)
+    sym = entropy.decode(payload, tp.priors, c, math.prod(shape) // c, width_of(shape, tp.axis))
     if sym.size and (int(sym.min()) < 0 or int(sym.max()) >= 1 << bits):
         raise ProtocolError(ErrorCode.MALFORMED, f"packed tensor: a level exceeds {bits} bits")
     return from_channels(sym.astype(np.uint8), shape, tp.axis)

@@ -42,13 +42,13 @@ class PriorFit:
         self.bits = list(bits)
         self.shapes = {t.name: tuple(t.shape) for t in cand.crossing
                        if np.dtype(t.dtype).kind == "f" and int(np.prod(t.shape)) > 0}
-        self.counts: dict[tuple[str, int], np.ndarray] = {}  # (tensor, bits) -> (folds, C, K)
+        self.counts: dict[tuple[str, int], np.ndarray] = {}  # -> (folds, C, X, K)
         self.inputs = 0
         self.tables: dict[tuple[str, int], list[priors.TensorPriors]] = {}
 
     def add(self, i: int, crossing: Mapping[str, np.ndarray]) -> None:
-        """Count the levels of input ``i``'s crossing tensors (NaN/inf or constant: skipped,
-        as ``qN`` would not quantize them)."""
+        """Count the levels of input ``i``'s crossing tensors in their contexts (NaN/inf or
+        constant: skipped, as ``qN`` would not quantize them)."""
         self.inputs = max(self.inputs, i + 1)
         for name, shape in self.shapes.items():
             a = crossing.get(name)
@@ -59,14 +59,12 @@ class PriorFit:
             if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
                 continue
             axis = priors.channel_axis(shape)
-            c = priors.channels_of(shape, axis)
+            width = priors.width_of(shape, axis)
             for b in self.bits:
-                k = 1 << b
                 q = packing._quantize(flat, b, lo, hi - lo)  # the very levels qN sends
                 ch = priors.to_channels(q, shape, axis).astype(np.int64)
-                ch += (np.arange(c, dtype=np.int64) * k)[:, None]
-                got = np.bincount(ch.reshape(-1), minlength=c * k).reshape(c, k)
-                acc = self.counts.setdefault((name, b), np.zeros((FOLDS, c, k), np.int64))
+                got = priors.count_levels(ch, b, priors.contexts_for(shape, axis, b), width)
+                acc = self.counts.setdefault((name, b), np.zeros((FOLDS, *got.shape), np.int64))
                 acc[i % FOLDS] += got
 
     def fit(self) -> None:

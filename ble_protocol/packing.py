@@ -308,7 +308,8 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
                     and math.isfinite(lo + scale * levels)):
                 return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
             q = _quantize(flat, bits, lo, span)
-            ans = priors.encode_levels(q, shape, bits, spec.priors) if codec == "ans" else None
+            ans = priors.encode_levels(q, shape, bits, spec.priors, scale, lo) \
+                if codec == "ans" else None
             if ans is not None:
                 return _header(ANS, 0, bits, code, shape, scale, lo) + ans
             if codec in ("qz", "ans") and codecs.AVAILABLE:
@@ -536,7 +537,7 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES,
         except ValueError as exc:
             raise _bad(str(exc)) from None
     elif h.codec == ANS:
-        buf = priors.decode_levels(payload, h.shape, h.bits, book).tobytes()
+        buf = priors.decode_levels(payload, h.shape, h.bits, h.scale, h.offset, book).tobytes()
     elif h.flags & FLAG_LZ4:
         try:
             buf = lz4.block.decompress(payload, uncompressed_size=h.raw_size)

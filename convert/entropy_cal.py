@@ -7,7 +7,9 @@ alternate inputs (even, odd) and one on all of them. A row's bytes and times are
 **cross-fitted**: input ``i`` is packed with the table fitted on the other half, so
 ``mean_bytes`` is what unseen inputs cost, not the calibration set's own entropy (with a
 single input, the table fitted on it). The row names, per tensor, the key of the table fitted on
-all inputs (``row["priors"]``), which :func:`store` writes into the bundle.
+all inputs (``row["priors"]``), which :func:`store` writes into the bundle. Both a plain and a
+centred table (ble_protocol/priors.py) are counted; each tensor and width keeps the one whose
+cross-fitted code length (one fold's counts under the other fold's table) is smaller.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 from coinf.ble_protocol import packing, priors
 from coinf.ble_protocol.packing import PackSpec
 
-from coinf.bundle import ENTROPY_PRIORS, PRIOR_ROOTS, Bundle, Candidate
+from coinf import bundle as bundle_mod
+from coinf.bundle import ENTROPY_PRIORS, Bundle, Candidate
 from coinf.errors import BundleError
 
 FOLDS = 2
@@ -42,7 +45,7 @@ class PriorFit:
         self.bits = list(bits)
         self.shapes = {t.name: tuple(t.shape) for t in cand.crossing
                        if np.dtype(t.dtype).kind == "f" and int(np.prod(t.shape)) > 0}
-        self.counts: dict[tuple[str, int], np.ndarray] = {}  # -> (folds, C, X, K)
+        self.counts: dict[tuple[str, int, bool], np.ndarray] = {}  # -> (folds, C, X, K)
         self.inputs = 0
         self.tables: dict[tuple[str, int], list[priors.TensorPriors]] = {}
 
@@ -63,21 +66,35 @@ class PriorFit:
             for b in self.bits:
                 q = packing._quantize(flat, b, lo, hi - lo)  # the very levels qN sends
                 ch = priors.to_channels(q, shape, axis).astype(np.int64)
-                got = priors.count_levels(ch, b, priors.contexts_for(shape, axis, b), width)
-                acc = self.counts.setdefault((name, b), np.zeros((FOLDS, *got.shape), np.int64))
-                acc[i % FOLDS] += got
+                zero = priors.zero_level((hi - lo) / ((1 << b) - 1), lo, b)
+                for centered, sym in ((False, ch), (True, priors.fold(ch - zero))):
+                    wide = b + centered
+                    got = priors.count_levels(sym, wide, priors.contexts_for(shape, axis, wide),
+                                              width)
+                    acc = self.counts.setdefault((name, b, centered),
+                                                 np.zeros((FOLDS, *got.shape), np.int64))
+                    acc[i % FOLDS] += got
 
     def fit(self) -> None:
         """Fit the fold tables and the all-input table of every (tensor, width) counted."""
-        for (name, b), acc in self.counts.items():
-            every = self._table(name, b, acc.sum(axis=0))
-            folds = [self._table(name, b, acc[f]) if acc[f].any() and self.inputs >= FOLDS
-                     else every for f in range(FOLDS)]
-            self.tables[(name, b)] = [*folds, every]
+        best: dict[tuple[str, int], tuple[float, list[priors.TensorPriors]]] = {}
+        for (name, b, centered), acc in self.counts.items():
+            every = self._table(name, b, centered, acc.sum(axis=0))
+            crossed = acc[0].any() and acc[1].any() and self.inputs >= FOLDS
+            folds = [self._table(name, b, centered, acc[f]) if crossed else every
+                     for f in range(FOLDS)]
+            cost = sum(_bits(folds[f], acc[1 - f]) for f in range(FOLDS)) if crossed \
+                else _bits(every, acc.sum(axis=0))
+            if (name, b) not in best or cost < best[(name, b)][0]:
+                best[(name, b)] = (cost, [*folds, every])
+        self.tables = {k: v for k, (_, v) in best.items()}
+        self.counts.clear()
 
-    def _table(self, name: str, bits: int, counts: np.ndarray) -> priors.TensorPriors:
+    def _table(self, name: str, bits: int, centered: bool,
+               counts: np.ndarray) -> priors.TensorPriors:
         axis = priors.channel_axis(self.shapes[name])
-        return priors.TensorPriors.from_counts(counts, self.cid, name, bits, axis, POOLED_WEIGHT)
+        return priors.TensorPriors.from_counts(counts, self.cid, name, bits, axis, POOLED_WEIGHT,
+                                               centered)
 
     @property
     def book(self) -> dict[str, priors.TensorPriors]:
@@ -119,6 +136,13 @@ def missing_priors(cand: Candidate, packing: str) -> str | None:
     return f"not in any loaded bundle: {', '.join(lost)}" if lost else None
 
 
+def _bits(tp: priors.TensorPriors, counts: np.ndarray) -> float:
+    """Code length of symbol ``counts`` (C, X, K) under a table (no escapes, no lane states)."""
+    cp = tp.priors
+    f = cp.freqs[:, :, :-1].astype(np.float64)
+    return float(np.sum(counts * (cp.precision - np.log2(f))))
+
+
 def keys_of(bundle: Bundle) -> set[str]:
     """The table keys the calibration rows of every candidate name."""
     keys: set[str] = set()
@@ -150,6 +174,6 @@ def store(bundle: Bundle) -> dict[str, Any] | None:
         tables.append(tp)
     entry = priors.write(bundle.root, tables)
     bundle.meta[ENTROPY_PRIORS] = entry
-    if bundle.root.resolve() not in PRIOR_ROOTS:
-        PRIOR_ROOTS.append(bundle.root.resolve())
+    if bundle.root.resolve() not in bundle_mod.PRIOR_ROOTS:
+        bundle_mod.PRIOR_ROOTS.append(bundle.root.resolve())
     return entry

@@ -67,7 +67,7 @@ STATE_BITS = 16  # lane states live in [2**16, 2**32)
 STATE_LOW = 1 << STATE_BITS
 WORD_BITS = 16
 #: most numpy steps a stream may take (``ceil(S / L)``); the decoder refuses more
-MAX_STEPS = 4096
+MAX_STEPS = 1024
 #: lanes per sqrt(symbol): a lane costs ~4 B on the radio (~0.2 ms at 20 kB/s) and its first
 #: symbols lose their context; it saves ``S / L**2`` steps of ~0.1 ms on a Pi Zero 2 W
 LANE_FACTOR = 0.5
@@ -206,9 +206,12 @@ class ChannelPriors:
         if name == "start":
             return np.append(start.reshape(-1), 0).astype(_U64)
         if name == "symbol":  # entry -> in-range index k (the escape: K)
-            return np.append(np.tile(np.arange(k1), len(f)), 0)
+            return np.append(np.tile(np.arange(k1, dtype=np.int32), len(f)), 0)
         if name == "bucket":
             return _bucket(self._table("symbol")).astype(np.uint8)
+        if name.endswith("+1"):  # indexed by searchsorted's answer, entry + 1
+            first = self._table(name[:-2])
+            return np.concatenate([np.zeros(1, first.dtype), first])
         # "global": the decoder's sorted starts, row * 2**precision + start
         base = (np.arange(len(f), dtype=np.int64) << self.precision)[:, None]
         return np.append((start + base).reshape(-1), len(f) << self.precision).astype(_U64)
@@ -411,17 +414,18 @@ def decode(data: bytes | memoryview, priors: ChannelPriors, channels: int, count
     words = np.frombuffer(mv, "<u2", (len(mv) - pos) // 2, pos).astype(_U64)
     table = _run(x, words, priors, count, lanes, steps, width)
     k = priors.symbols
-    sym = table.T.reshape(-1)[:total]  # per channel: 0..K-1 in range, K the escape
+    sym = table.T.reshape(-1)[:total].reshape(channels, count)  # 0..K-1, K the escape
+    del table
+    out = sym + priors.offsets[:, None]  # int64
     esc = sym == k
-    out = (sym + np.repeat(priors.offsets, count)).astype(np.int64)
     n_esc = int(np.count_nonzero(esc))
     if n_esc or nvalues:
         got = _unzigzag(_parse_varints(values, n_esc))
-        rel = got - np.repeat(priors.offsets, count)[esc]
+        rel = got - np.broadcast_to(priors.offsets[:, None], esc.shape)[esc]
         if np.any((rel >= 0) & (rel < k)):
             raise _bad("an escaped value lies in its channel's range")
         out[esc] = got
-    return out.reshape(channels, count)
+    return out
 
 
 def _run(x: np.ndarray, words: np.ndarray, priors: ChannelPriors, count: int, lanes: int,
@@ -430,17 +434,17 @@ def _run(x: np.ndarray, words: np.ndarray, priors: ChannelPriors, count: int, la
     with every word read."""
     prec, ctx_on = priors.precision, priors.contexts > 1
     starts = priors._table("global")
-    # indexed by searchsorted's answer j = entry + 1: no subtraction per step
-    freqs = np.concatenate([np.zeros(1, _U64), priors._table("freq")])
-    firsts = np.concatenate([np.zeros(1, _U64), starts])
-    symbol = np.concatenate([np.zeros(1, np.int64), priors._table("symbol")])
-    bucket = np.concatenate([np.zeros(1, np.uint8), priors._table("bucket")])
-    where = np.arange(steps * lanes, dtype=np.int64).reshape(lanes, steps).T
-    chan = np.minimum(where // count, priors.channels)  # padding: the sentinel row
+    # indexed by searchsorted's answer j = entry + 1: no subtraction per step (cached)
+    freqs, firsts = priors._table("freq+1"), priors._table("global+1")
+    symbol, bucket = priors._table("symbol+1"), priors._table("bucket+1")
+    at = np.arange(steps * lanes, dtype=np.int32 if steps * lanes < 2**31 else np.int64)
+    chan, col = np.divmod(at.reshape(lanes, steps).T, count)
+    del at
+    chan = np.minimum(chan, priors.channels, out=chan)  # padding: the sentinel row
+    col[chan == priors.channels] = 0  # padding: no context
     base = (chan * priors.contexts).astype(_U64) << _U64(prec)
-    col = np.where(chan < priors.channels, where % count, 0)  # padding: no context
-    del where, chan
-    table = np.empty((steps, lanes), np.int64)
+    del chan
+    table = np.empty((steps, lanes), np.int32)
     seen = np.zeros((steps, lanes), np.uint8)  # decoded buckets (contexts of later steps)
     shift, scale, low = _U64(WORD_BITS), _U64(1 << prec), _U64(STATE_LOW)
     used, nwords = 0, words.size

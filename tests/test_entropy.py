@@ -437,3 +437,29 @@ def test_a_session_runs_an_ans_split(tmp_path: Path) -> None:
     with Session(bundle.root, split="c001", packing="q4") as sess:
         want = sess.run(None, {"x": x})[0]
     assert np.array_equal(got, want)
+
+
+def test_the_planner_prices_ans_by_its_times_and_offers_it_only_with_tables(
+        tmp_path: Path) -> None:
+    from coinf.wearable.planner.adapt import LinkEstimate
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.policy import Policy
+
+    bundle, results = _calibrated(tmp_path, ("q4", "ans4"))
+    row = next(r for r in results["c001"] if r["spec"] == "ans4")
+    planner = Planner(bundle, policy=Policy(accuracy_tolerance_pp=100.0))
+    link = LinkEstimate(20_000, 20_000, 30)
+    rows = {r.id: r for r in planner.costs(link)}
+    assert planner.codec_ms["c001~ans4"] == pytest.approx(
+        (row["encode_ms"] * planner.codec_slowdown, row["decode_ms"]), rel=1e-6)
+    assert rows["c001~ans4"].crossing_bytes > 0 and "c001~q4" in rows
+    planner.peer_decoders = frozenset({"q", "f32", "f16", "raw", "qz"})  # no ans there
+    planner.reset_configs()
+    assert "c001~ans4" not in {r.id for r in planner.costs(link)}
+    assert "cannot decode ans" in planner.excluded_configs["c001~ans4"]
+    planner.peer_decoders = frozenset({"q", "f32", "f16", "raw", "ans"})
+    priors._BOOK.clear()
+    (bundle.root / priors.INDEX).unlink()  # this wearable lost its tables
+    planner.reset_configs()
+    assert "c001~ans4" not in {r.id for r in planner.costs(link)}
+    assert "lacks the entropy priors" in planner.excluded_configs["c001~ans4"]

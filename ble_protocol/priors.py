@@ -25,10 +25,12 @@ centred is ~12% shorter at 4 bits; on ReLU maps ``z`` is 0 and plain wins).
 **Bundle files** (written by ``coinf calibrate``, read on both sides)::
 
     priors.json   {"format": "coinf-entropy-priors", "version": 1, "data": "priors.bin",
-                   "tables": [{"key", "cut", "tensor", "bits", "axis", "channels",
-                               "symbols", "precision", "at"}, ...]}
-    priors.bin    per table at byte "at": freqs (C x (K + 1) little-endian u16), then
-                  offsets (C x little-endian i64); 8-byte aligned
+                   "tables": [{"key", "cut", "tensor", "bits", "axis", "centered",
+                               "channels", "contexts", "symbols", "precision", "at",
+                               "size", "zstd"}, ...]}
+    priors.bin    per table, "size" bytes at byte "at": freqs (C x X x (K + 1)
+                  little-endian u16), then offsets (C x little-endian i64), as one zstd
+                  frame when "zstd" (~5x smaller: most entries are the floor of 1)
 
 No pickle: JSON and raw little-endian arrays. A table's ``key`` is its
 :attr:`ChannelPriors.key`, over its content and its name ``CUT/TENSOR/ansN/axisA``, and is
@@ -52,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from coinf.ble_protocol import entropy
+from coinf.ble_protocol import codecs, entropy
 
 from coinf import bundle as bundle_mod
 from coinf.errors import BundleError, ErrorCode, ProtocolError
@@ -65,8 +67,10 @@ FORMAT = "coinf-entropy-priors"
 VERSION = 1
 MAX_BITS = 8
 MAX_CHANNELS = 4096
-#: most frequencies of a fitted table: beyond, one pmf per channel instead of 16 (2 MiB as u16)
-MAX_ENTRIES = 1 << 20
+#: most frequencies of a fitted table: beyond, one pmf per channel instead of 16 (1 MiB as u16,
+#: ~200 kB in the bundle)
+MAX_ENTRIES = 1 << 19
+ZSTD_LEVEL = 12
 #: bound on one table (C x X x (K + 1) frequencies) read from a bundle
 MAX_TABLE = 1 << 24
 
@@ -304,14 +308,20 @@ def _read_table(root: Path, e: Mapping[str, Any]) -> TensorPriors:
     c, x, k, at = int(e["channels"]), int(e["contexts"]), int(e["symbols"]), int(e["at"])
     axis = None if e.get("axis") is None else int(e["axis"])
     n = c * x * (k + 1)
-    if not (c >= 1 and x in (1, entropy.CONTEXTS) and k >= 1 and n <= MAX_TABLE and at >= 0):
+    want, size = 2 * n + 8 * c, int(e.get("size", 2 * n + 8 * c))
+    if not (c >= 1 and x in (1, entropy.CONTEXTS) and k >= 1 and n <= MAX_TABLE and at >= 0
+            and 0 < size <= want + 1024):
         raise BundleError(f"{INDEX}: table {e.get('key')} has a bad size")
     path = bundle_mod.inside(root, DATA)
     with open(path, "rb") as f:
         f.seek(at)
-        raw = f.read(2 * n + 8 * c)
-    if len(raw) != 2 * n + 8 * c:
+        raw = f.read(size)
+    if len(raw) != size:
         raise BundleError(f"{path}: table {e.get('key')} runs past the end of the file")
+    if e.get("zstd"):
+        raw = _unzstd(raw, want)
+    if len(raw) != want:
+        raise BundleError(f"{path}: table {e.get('key')} holds {len(raw)} B, not {want} B")
     freqs = np.frombuffer(raw, "<u2", n).reshape(c, x, k + 1)
     offsets = np.frombuffer(raw, "<i8", c, 2 * n)
     cut, tensor, bits, centered = str(e["cut"]), str(e["tensor"]), int(e["bits"]), bool(
@@ -326,6 +336,17 @@ def _read_table(root: Path, e: Mapping[str, Any]) -> TensorPriors:
     return TensorPriors(cp, cut, tensor, bits, axis, centered)
 
 
+def _unzstd(data: bytes, size: int) -> bytes:
+    if not codecs.AVAILABLE:
+        raise BundleError(f"{DATA} is zstd-compressed: pip install zstandard")
+    import zstandard
+
+    try:
+        return bytes(zstandard.ZstdDecompressor().decompress(data, max_output_size=size))
+    except zstandard.ZstdError as exc:
+        raise BundleError(f"{DATA}: a table does not decompress: {exc}") from None
+
+
 def write(root: Path, tables: Iterable[TensorPriors]) -> dict[str, Any]:
     """Write ``priors.json`` and ``priors.bin`` into a bundle folder (replacing them); the
     manifest entry (``Bundle.meta["entropy_priors"]``) to record."""
@@ -335,11 +356,15 @@ def write(root: Path, tables: Iterable[TensorPriors]) -> dict[str, Any]:
         if int(cp.freqs.max()) > 0xFFFF:
             raise ValueError(f"{cp.name}: a frequency does not fit u16")
         blob = cp.freqs.astype("<u2").tobytes() + cp.offsets.astype("<i8").tobytes()
-        blob += bytes(-len(blob) % 8)
+        if codecs.AVAILABLE:
+            import zstandard
+
+            blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(blob)
         entries.append({"key": tp.key, "cut": tp.cut, "tensor": tp.tensor, "bits": tp.bits,
                         "axis": tp.axis, "centered": tp.centered, "channels": cp.channels,
                         "contexts": cp.contexts, "symbols": cp.symbols,
-                        "precision": cp.precision, "at": at})
+                        "precision": cp.precision, "at": at, "size": len(blob),
+                        "zstd": codecs.AVAILABLE})
         blobs.append(blob)
         at += len(blob)
     data = b"".join(blobs)

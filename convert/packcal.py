@@ -416,7 +416,22 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             row["drift_rel_l2"] = float(f"{float(np.mean(tr.drift)):.4g}")
             row["final_drift_rel_l2"] = float(f"{float(np.mean(tr.final)):.4g}")
         rows.append(row)
-    return rows
+    return drop_dominated(rows)
+
+
+def drop_dominated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Without the ``ansN`` rows whose bodies are not smaller than ``qN``'s or ``qzN``'s of the
+    same width and assignment: the same tensor, more bytes and more time, so never a choice
+    (and their tables need not be stored)."""
+    def plain(r: dict[str, Any]) -> bool:
+        return "promoted" not in r and "tensors" not in r
+
+    best: dict[int, float] = {}
+    for r in rows:
+        if r["codec"] in ("q", "qz") and plain(r):
+            best[r["bits"]] = min(best.get(r["bits"], math.inf), float(r["mean_bytes"]))
+    return [r for r in rows if not (r["codec"] == "ans" and plain(r)
+                                    and r["mean_bytes"] >= best.get(r["bits"], math.inf))]
 
 
 def codec_applies(bundle: Bundle, cand: Candidate, codec: str) -> bool:

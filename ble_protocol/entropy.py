@@ -118,7 +118,8 @@ class ChannelPriors:
             raise ValueError(f"offsets must be ({f.shape[0]},) integers, got {off.shape}")
         if np.any(np.abs(off.astype(np.float64)) > 2.0 ** 62):
             raise ValueError("offsets must lie within +-2**62")
-        object.__setattr__(self, "freqs", np.ascontiguousarray(f, dtype=np.uint32))
+        small = np.uint16 if int(f.max()) <= 0xFFFF else np.uint32  # half the memory
+        object.__setattr__(self, "freqs", np.ascontiguousarray(f, dtype=small))
         object.__setattr__(self, "offsets", np.ascontiguousarray(off, dtype=np.int64))
         self.freqs.setflags(write=False)
         self.offsets.setflags(write=False)

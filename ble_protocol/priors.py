@@ -214,7 +214,7 @@ def count_levels(ch: np.ndarray, bits: int, contexts: int, width: int) -> np.nda
 # --- the process's tables ------------------------------------------------------------------
 
 _BOOK: dict[str, TensorPriors] = {}
-_INDEXES: dict[Path, tuple[tuple[int, int], dict[str, dict[str, Any]]]] = {}
+_INDEXES: dict[Path, tuple[tuple[int, ...], dict[str, dict[str, Any]]]] = {}
 _LOCK = threading.Lock()
 
 
@@ -253,6 +253,15 @@ def lookup(key: str, book: Book | None = None) -> TensorPriors | None:
     return None
 
 
+def has(key: str) -> bool:
+    """Whether :func:`lookup` would find ``key``, from the indexes alone (no table is read:
+    the planner asks this of every row)."""
+    if key in _BOOK:
+        return True
+    with _LOCK:
+        return any(key in _index(root) for root in list(bundle_mod.PRIOR_ROOTS))
+
+
 def resolve(ref: TensorPriors | str | None, book: Book | None = None) -> TensorPriors | None:
     """A packing spec's priors (a table, or its key) as a table; :class:`BundleError` for a key
     no loaded bundle has (the calibration rows name tables its priors files lack)."""
@@ -266,16 +275,21 @@ def resolve(ref: TensorPriors | str | None, book: Book | None = None) -> TensorP
 
 
 def _index(root: Path) -> dict[str, dict[str, Any]]:
+    """key -> entry of a bundle's index, when ``priors.bin`` has the sha256 the index records
+    (else none: a damaged or replaced file offers no table); cached until either changes."""
     path = root / INDEX
     try:
-        st = path.stat()
-        sig = (st.st_mtime_ns, st.st_size)
+        st, sd = path.stat(), (root / DATA).stat()
+        sig = (st.st_mtime_ns, st.st_size, sd.st_mtime_ns, sd.st_size)
         cached = _INDEXES.get(root)
         if cached is not None and cached[0] == sig:
             return cached[1]
-        entries = {str(e["key"]): e for e in read_index(root)["tables"]}
+        index = read_index(root)
+        if bundle_mod.sha256_file(root / DATA) != index.get("data_sha256"):
+            raise BundleError(f"{DATA} does not have the sha256 its index records")
+        entries = {str(e["key"]): e for e in index["tables"]}
     except (OSError, ValueError, KeyError, TypeError, BundleError) as exc:
-        log.warning("entropy priors index %s cannot be read: %s", path, exc)
+        log.warning("entropy priors index %s cannot be used: %s", path, exc)
         return {}
     _INDEXES[root] = (sig, entries)
     return entries

@@ -132,7 +132,7 @@ def missing_priors(cand: Candidate, packing: str) -> str | None:
     named = row.get("priors")
     if not isinstance(named, dict) or not named:
         return "its calibration row names none"
-    lost = sorted(str(k) for k in named.values() if priors.lookup(str(k)) is None)
+    lost = sorted(str(k) for k in named.values() if not priors.has(str(k)))
     return f"not in any loaded bundle: {', '.join(lost)}" if lost else None
 
 

@@ -445,19 +445,23 @@ def _run(x: np.ndarray, words: np.ndarray, priors: ChannelPriors, count: int, la
     col[chan == priors.channels] = 0  # padding: no context
     base = (chan * priors.contexts).astype(_U64) << _U64(prec)
     del chan
+    above = ctx_on and 0 < width < count
+    # a decoded bucket b moves the key by b * left (4 rows) or b * up (1 row) when that
+    # neighbour counts: 0 at a channel's first column (row), and for padding
+    left = np.where(col >= 1, np.uint32(4 << prec), np.uint32(0)) if ctx_on else None
+    up = np.where(col >= width, np.uint32(1 << prec), np.uint32(0)) if above else None
+    del col
     table = np.empty((steps, lanes), np.int32)
     seen = np.zeros((steps, lanes), np.uint8)  # decoded buckets (contexts of later steps)
     shift, scale, low = _U64(WORD_BITS), _U64(1 << prec), _U64(STATE_LOW)
     used, nwords = 0, words.size
-    above = 0 < width < count
     for t in range(steps):
         high, slot = np.divmod(x, scale)
         key = base[t] + slot
-        if ctx_on and t:
-            ctx = (seen[t - 1] << 2) * (col[t] >= 1)
-            if above and t >= width:
-                ctx += seen[t - width] * (col[t] >= width)
-            key += ctx.astype(_U64) << _U64(prec)
+        if left is not None and t:
+            key += seen[t - 1] * left[t]
+            if up is not None and t >= width:
+                key += seen[t - width] * up[t]
         j = np.searchsorted(starts, key, side="right")
         table[t] = symbol[j]
         if ctx_on:

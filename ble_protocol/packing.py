@@ -32,6 +32,8 @@ Codecs:
 * LOSSLESS (``f32``): the tensor's own bytes, bit-shuffled, LZ4. Exact for every dtype.
 * RAW (``raw``): the tensor's own bytes, nothing else.
 * CONST: a float tensor whose min equals max under ``q``: only the value travels.
+* QUANTZ (``qz``) and ANS (``ans``, 1..8 bits): QUANT's levels in a zstd frame
+  (:mod:`ble_protocol.codecs`) or rANS-coded under calibrated priors (:mod:`ble_protocol.priors`).
 
 Non-float tensors (ints, bools, token ids) always travel LOSSLESS whatever the spec; float
 tensors holding NaN or infinity fall back to LOSSLESS under ``q``, and to LOSSLESS under ``f16``
@@ -45,10 +47,11 @@ import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import lz4.block
 import numpy as np
-from coinf.ble_protocol import codecs, media
+from coinf.ble_protocol import codecs, media, priors
 from coinf.ble_protocol.bitplanes import bit_planes, from_bit_planes
 from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
@@ -66,8 +69,9 @@ LZ4_HC_LEVEL = 4
 
 RAW, LOSSLESS, HALF, QUANT, CONST = 0, 1, 2, 3, 4
 QUANTZ = 5  # quantized levels in one zstd frame (ble_protocol/codecs.py)
+ANS = 11  # quantized levels, rANS under calibrated priors (ble_protocol/priors.py)
 CODEC_NAMES = {RAW: "raw", LOSSLESS: "lossless", HALF: "half", QUANT: "quant", CONST: "const",
-               QUANTZ: "quantz", **media.NAMES}  # JPEG 6, WEBP 7, PNG 8, PCM16 9, FLAC 10
+               QUANTZ: "quantz", ANS: "ans", **media.NAMES}  # JPEG 6 .. FLAC 10
 FLAG_LZ4 = 1
 FLAG_ZSTD = 2  # QUANTZ only: the payload is one magicless zstd frame
 #: zstd cannot expand a frame more than this (an RLE block: 4 B -> 128 KiB); a header claiming
@@ -81,15 +85,17 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
 
 _SPEC_RE = re.compile(
-    r"^(?:(qz?)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|pcm16|flac)$")
-SPEC_NAMES = "q1..q16, qz1..qz16, f16, f32, raw, jpeg-q1..jpeg-q100, webp-q1..webp-q100, png, " \
-    "pcm16 or flac"
+    r"^(?:(qz?|ans)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|pcm16|flac)$")
+SPEC_NAMES = "q1..q16, qz1..qz16, ans1..ans8, f16, f32, raw, jpeg-q1..jpeg-q100, " \
+    "webp-q1..webp-q100, png, pcm16 or flac"
 
 
 @dataclass(frozen=True)
 class PackSpec:
     """How to pack a tensor: ``codec`` is ``"q"`` or ``"qz"`` (quantized levels + zstd; both with
-    ``bits`` 1..16), ``"f32"``, ``"f16"``, ``"raw"``, or a standard codec
+    ``bits`` 1..16), ``"ans"`` (levels + rANS, ``bits`` 1..8, with ``priors``: a
+    :class:`~ble_protocol.priors.TensorPriors` or its key; without, it packs as ``qz``),
+    ``"f32"``, ``"f16"``, ``"raw"``, or a standard codec
     (:mod:`ble_protocol.media`): ``"jpeg"``/``"webp"`` with ``quality`` 1..100, ``"png"``,
     ``"pcm16"``, ``"flac"``. ``str(spec)`` and :meth:`parse` use the short names ``q4``,
     ``qz4``, ``f16``, ``f32``, ``raw``, ``jpeg-q90``, ``webp-q75``, ``png``, ``pcm16``,
@@ -101,6 +107,7 @@ class PackSpec:
     #: a standard codec's calibrated value range, per channel ``(lo, hi)`` (images) or one
     #: ``(-peak, peak)`` (audio); None = this input's own range. Not part of the name.
     ranges: tuple[tuple[float, float], ...] | None = field(default=None, compare=False)
+    priors: Any = field(default=None, compare=False)  # ans: the tensor's calibrated table
 
     def __post_init__(self) -> None:
         if self.codec in media.QUALITY:
@@ -110,20 +117,21 @@ class PackSpec:
             return
         if self.quality is not None:
             raise ValueError(f"packing {self.codec!r} takes no quality (got {self.quality})")
-        if self.codec in ("q", "qz"):
-            if not isinstance(self.bits, int) or not 1 <= self.bits <= MAX_BITS:
-                raise ValueError(f"quantized packing needs bits in 1..{MAX_BITS}, got {self.bits}")
+        if self.codec in ("q", "qz", "ans"):
+            top = priors.MAX_BITS if self.codec == "ans" else MAX_BITS
+            if not isinstance(self.bits, int) or not 1 <= self.bits <= top:
+                raise ValueError(f"{self.codec} packing needs bits in 1..{top}, got {self.bits}")
         elif self.codec in ("f32", "f16", "raw", "png", "pcm16", "flac"):
             if self.bits is not None:
                 raise ValueError(f"packing {self.codec!r} takes no bits (got {self.bits})")
         else:
-            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, f32, f16, "
-                             "raw, jpeg, webp, png, pcm16 or flac")
+            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, ans, f32, "
+                             "f16, raw, jpeg, webp, png, pcm16 or flac")
 
     def __str__(self) -> str:
         if self.codec in media.QUALITY:
             return f"{self.codec}-q{self.quality}"
-        return f"{self.codec}{self.bits}" if self.codec in ("q", "qz") else self.codec
+        return f"{self.codec}{self.bits}" if self.codec in ("q", "qz", "ans") else self.codec
 
     @property
     def is_media(self) -> bool:
@@ -212,7 +220,7 @@ def _header(codec: int, flags: int, bits: int, code: int, shape: tuple[int, ...]
             scale: float, offset: float) -> bytes:
     head = HEADER.pack(MAGIC, codec, flags, bits, code, len(shape))
     dims = b"".join(_varint(d) for d in shape)
-    if codec in (QUANT, QUANTZ):
+    if codec in (QUANT, QUANTZ, ANS):
         return head + dims + PARAMS.pack(scale, offset)
     if codec == CONST:
         return head + dims + VALUE.pack(offset)
@@ -285,7 +293,7 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
             return HEADER.pack(MAGIC, media.WIRE[codec], 0, bits, code, len(shape)) + b"".join(
                 _varint(d) for d in shape) + params + payload
         codec = "f32"  # not image- or audio-like, or not finite: exact instead
-    if codec in ("q", "qz") and flat.size:
+    if codec in ("q", "qz", "ans") and flat.size:
         assert spec.bits is not None
         lo, hi = float(flat.min()), float(flat.max())
         if math.isfinite(lo) and math.isfinite(hi):
@@ -300,12 +308,16 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
                     and math.isfinite(lo + scale * levels)):
                 return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
             q = _quantize(flat, bits, lo, span)
-            if codec == "qz" and codecs.AVAILABLE:
+            ans = priors.encode_levels(q, shape, bits, spec.priors, scale, lo) \
+                if codec == "ans" else None
+            if ans is not None:
+                return _header(ANS, 0, bits, code, shape, scale, lo) + ans
+            if codec in ("qz", "ans") and codecs.AVAILABLE:
                 return _finish_z(bits, code, shape, scale, lo, q)
             planes = bit_planes(_pad8(q))[:bits].reshape(-1)
             return _finish(QUANT, bits, code, shape, span / ((1 << bits) - 1), lo, planes.data)
         codec = "f32"  # NaN/inf: nothing sensible to quantize
-    elif codec in ("q", "qz"):
+    elif codec in ("q", "qz", "ans"):
         codec = "f32"  # empty tensor
     if codec == "f16":
         with np.errstate(over="ignore"):
@@ -317,10 +329,11 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
 
 
 def decodable() -> list[str]:
-    """The packing codecs this side decodes (``q``, ``qz``, ``f16``, ``f32``, ``raw`` and the
-    installed standard codecs): the ``decoders`` of HELLO and HELLO_ACK (docs/PROTOCOL.md)."""
-    return ["f16", "f32", "q", "raw"] + (["qz"] if codecs.AVAILABLE else []) + sorted(
-        media.available())
+    """The packing codecs this side decodes (``q``, ``qz``, ``f16``, ``f32``, ``raw``, ``ans``
+    when its bundle has entropy priors, and the installed standard codecs): the ``decoders`` of
+    HELLO and HELLO_ACK (docs/PROTOCOL.md)."""
+    return ["f16", "f32", "q", "raw"] + (["qz"] if codecs.AVAILABLE else []) + (
+        ["ans"] if priors.available() else []) + sorted(media.available())
 
 
 #: what a peer that lists no ``decoders`` (protocol 1 before codec packings) decodes
@@ -410,7 +423,8 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise _bad(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
     if codec not in CODEC_NAMES:
         raise _bad(f"unknown codec {codec}")
-    if flags & ~(FLAG_ZSTD if codec == QUANTZ else 0 if codec in media.NAMES else FLAG_LZ4):
+    if flags & ~(FLAG_ZSTD if codec == QUANTZ else 0 if codec in media.NAMES or codec == ANS
+                 else FLAG_LZ4):
         raise _bad(f"unknown flags 0x{flags:02x} for codec {CODEC_NAMES[codec]}")
     dtype = ONNX_TO_NUMPY.get(code)
     if dtype is None:
@@ -419,11 +433,11 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise _bad(f"{ndim} dims; at most {MAX_NDIM}")
     shape, start = _read_dims(mv, HEADER_SIZE, ndim)
     scale = offset = 0.0
-    params = PARAMS if codec in (QUANT, QUANTZ) else VALUE if codec == CONST else None
+    params = PARAMS if codec in (QUANT, QUANTZ, ANS) else VALUE if codec == CONST else None
     if params is not None:
         if len(mv) < start + params.size:
             raise ProtocolError(ErrorCode.TRUNCATED, "packed tensor header cut short")
-        if codec in (QUANT, QUANTZ):
+        if codec in (QUANT, QUANTZ, ANS):
             scale, offset = PARAMS.unpack_from(mv, start)
         else:
             (offset,) = VALUE.unpack_from(mv, start)
@@ -437,11 +451,10 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         return _media_header(mv, codec, bits, code, dtype, shape, start)
     n8 = (count + 7) // 8  # bytes per bit plane
     is_float = code in FLOAT_CODES
-    if codec in (QUANT, QUANTZ):
-        if not is_float:
-            raise _bad(f"quantized tensor with non-float dtype {dtype}")
-        if not 1 <= bits <= MAX_BITS:
-            raise _bad(f"bitwidth {bits}; expected 1..{MAX_BITS}")
+    if codec in (QUANT, QUANTZ, ANS):
+        top = priors.MAX_BITS if codec == ANS else MAX_BITS
+        if not is_float or not 1 <= bits <= top or (codec == ANS and count == 0):
+            raise _bad(f"quantized tensor of {dtype} {list(shape)}, {bits} bits (1..{top})")
         if not (math.isfinite(scale) and scale > 0 and math.isfinite(offset)):
             raise _bad(f"scale {scale} / offset {offset} must be finite with scale > 0")
         if not math.isfinite(offset + scale * ((1 << bits) - 1)):
@@ -466,6 +479,8 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     if codec in (RAW, CONST) and flags:
         raise _bad(f"{CODEC_NAMES[codec]} payload cannot be compressed")
     psize = len(mv) - start
+    if codec == ANS:  # an entropy stream (ble_protocol/entropy.py checks it)
+        raw_size = psize
     if codec == QUANTZ and flags & FLAG_ZSTD:
         if psize == 0 or raw_size == 0 or raw_size > ZSTD_MAX_RATIO * psize:
             raise _bad(f"{psize} B of zstd cannot hold {raw_size} B")
@@ -501,9 +516,11 @@ def _media_header(mv: memoryview, codec: int, bits: int, code: int, dtype: np.dt
                         params)
 
 
-def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
+def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES,
+           book: priors.Book | None = None) -> np.ndarray:
     """Decode a packed body; :class:`ProtocolError` (MALFORMED/TRUNCATED/TOO_LARGE) on anything
-    inconsistent. The result never holds more than the header's shape, nor ``max_bytes``."""
+    inconsistent. The result never holds more than the header's shape, nor ``max_bytes``.
+    ``book``: the ``ans`` tables to use (key -> table) instead of the loaded bundles'."""
     h = read_header(data, max_bytes)
     out_dtype = h.dtype.newbyteorder("=")
     payload = memoryview(data)[h.payload_offset:]
@@ -519,6 +536,8 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
                                 "which this side cannot decode: pip install zstandard") from None
         except ValueError as exc:
             raise _bad(str(exc)) from None
+    elif h.codec == ANS:
+        buf = priors.decode_levels(payload, h.shape, h.bits, h.scale, h.offset, book).tobytes()
     elif h.flags & FLAG_LZ4:
         try:
             buf = lz4.block.decompress(payload, uncompressed_size=h.raw_size)
@@ -537,9 +556,9 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> np.n
     if h.codec == RAW:
         return np.frombuffer(buf, dtype=h.dtype).astype(out_dtype).reshape(h.shape)
     n8 = (count + 7) // 8
-    if h.codec in (QUANT, QUANTZ):
+    if h.codec in (QUANT, QUANTZ, ANS):
         level_dtype = np.dtype(np.uint8 if h.bits <= 8 else "<u2")
-        if h.codec == QUANTZ:
+        if h.codec != QUANT:
             levels = np.frombuffer(buf, dtype=level_dtype)
             if int(levels.max()) > (1 << h.bits) - 1:
                 raise _bad(f"a level exceeds {h.bits} bits")

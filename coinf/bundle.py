@@ -35,6 +35,11 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 HANDHELD_ONLY = "handheld-only"
 WEARABLE_ONLY = "wearable-only"
+#: the manifest entry of a bundle calibrated with entropy priors (``ansN``, docs/PACKING.md)
+ENTROPY_PRIORS = "entropy_priors"
+#: folders of the bundles this process loaded that have entropy priors: where
+#: ``ble_protocol.priors.lookup`` finds a table a packed body names
+PRIOR_ROOTS: list[Path] = []
 
 
 @dataclass(frozen=True)
@@ -329,6 +334,8 @@ class Bundle:
             for file in (comp.encoder, comp.decoder):
                 if not inside(root, file).is_file():
                     raise BundleError(f"{path}: compressor {comp.label} needs missing {file}")
+        if isinstance(meta.get(ENTROPY_PRIORS), dict) and root.resolve() not in PRIOR_ROOTS:
+            PRIOR_ROOTS.append(root.resolve())
         return bundle
 
 

@@ -1,7 +1,8 @@
 """Offline packing calibration: accuracy drop and packed size per (candidate, packing).
 
 For every candidate cut and every packing (default q2..q8, q10, q12, q16, f16, plus lossless f32
-for the size, and qz2..qz6, qz8 when zstandard is installed), the head runs on each validation
+for the size, qz2..qz6, qz8 when zstandard is installed, and ans2..ans4, ans6, ans8 with priors
+fitted here, :mod:`convert.entropy_cal`), the head runs on each validation
 input, every crossing tensor is packed and unpacked with :mod:`ble_protocol.packing`, and the
 tail runs on what came out. The result, per
 candidate, is stored in the bundle manifest under ``Candidate.extra["packing"]``::
@@ -15,6 +16,8 @@ run, in percentage points (it can be slightly negative by chance). Without label
 is the float bytes of the crossing tensors over ``mean_bytes`` (packed bodies, headers included).
 
 The planner reads the table with :func:`expected_packed_bytes` and :func:`accuracy_drop`.
+``qN``, ``qzN`` and ``ansN`` rows of one ``N`` decode to the very same values (same accuracy);
+only their bytes and times differ, and the planner takes whichever configuration is cheaper.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import numpy as np
 from coinf.ble_protocol import codecs, media
 from coinf.ble_protocol.packing import PackSpec
-from coinf.convert import packcal
+from coinf.convert import entropy_cal, packcal
 from coinf.convert.feeds import Dataset, load_dataset  # noqa: F401 - re-exported
 from coinf.convert.packcal import Options
 
@@ -36,6 +39,9 @@ from coinf.errors import BundleError, InputError
 
 #: quantized levels + zstd (ble_protocol/codecs.py), calibrated when zstandard is installed
 ZSTD_SPECS: tuple[str, ...] = ("qz2", "qz3", "qz4", "qz5", "qz6", "qz8")
+#: quantized levels + rANS under per-channel priors fitted on the calibration inputs
+#: (ble_protocol/priors.py; pure numpy, so always calibrated)
+ANS_SPECS: tuple[str, ...] = ("ans2", "ans3", "ans4", "ans6", "ans8")
 #: standard codecs (ble_protocol/media.py), calibrated where a crossing tensor is image- or
 #: audio-like and their library is installed (the `codecs` extra)
 MEDIA_SPECS: tuple[str, ...] = (
@@ -43,12 +49,12 @@ MEDIA_SPECS: tuple[str, ...] = (
     "pcm16", "flac")
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
-) + (ZSTD_SPECS if codecs.AVAILABLE else ()) + tuple(
+) + (ZSTD_SPECS if codecs.AVAILABLE else ()) + ANS_SPECS + tuple(
     s for s in MEDIA_SPECS if PackSpec.parse(s).codec in media.available())
 #: what a cut inside the network is calibrated with (standard codecs fit images, and a feature
 #: map of 1 or 3 channels is rare): the quantizing packings and the lossless ones
 SPLIT_SPECS: tuple[str, ...] = ("q2", "q3", "q4", "q6", "q8", "f16", "f32") + (
-    ("qz2", "qz3", "qz4", "qz6", "qz8") if codecs.AVAILABLE else ())
+    ("qz2", "qz3", "qz4", "qz6", "qz8") if codecs.AVAILABLE else ()) + ANS_SPECS
 DEFAULT_TOLERANCE_PP = 1.0
 #: one-sided confidence of the reported upper bound on the accuracy drop
 CONFIDENCE = 0.95
@@ -169,10 +175,12 @@ def calibrate(
 
 def store(bundle: Bundle, results: dict[str, list[dict[str, Any]]], data: Dataset,
           options: Options | None = None) -> Path:
-    """Write the tables into the manifest (``Candidate.extra["packing"]``) and save it."""
+    """Write the tables into the manifest (``Candidate.extra["packing"]``), the entropy priors
+    their ``ansN`` rows name into ``priors.json``/``priors.bin``, and save it."""
     for cand in bundle.candidates:
         if cand.id in results:
             cand.extra[EXTRA_KEY] = results[cand.id]
+    entropy_cal.store(bundle)
     bundle.meta[META_KEY] = {
         "data": data.name,
         "samples": len(data),

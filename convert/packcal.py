@@ -29,6 +29,7 @@ import numpy as np
 from coinf.ble_protocol import media, packing
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import state as st
+from coinf.convert.entropy_cal import PriorFit, ans_bits
 from coinf.convert.feeds import Dataset
 from coinf.convert.metrics import Metric, upper_bound_pp
 
@@ -128,10 +129,13 @@ def tensor_specs(cand: Candidate, spec: str | PackSpec) -> dict[str, PackSpec]:
                 out = {str(k): PackSpec.parse(str(v)) for k, v in row["tensors"].items()}
             except ValueError:
                 return {}
+        uniform = PackSpec.parse(name)
         if isinstance(row.get("ranges"), dict):
-            uniform = PackSpec.parse(name)
             ranged = _ranged(row["ranges"], uniform)
             out.update({k: v for k, v in ranged.items() if out.get(k, uniform).is_media})
+        for k, key in (row["priors"] if isinstance(row.get("priors"), dict) else {}).items():
+            if out.get(k, uniform).codec == "ans":  # the calibrated table (ble_protocol/priors)
+                out[str(k)] = replace(out.get(k, uniform), priors=str(key))
         if out:
             return out
     like = cand.extra.get(st.EXTRA_KEY) or []
@@ -196,8 +200,9 @@ class _Trial:
 
 
 class _Calibration:
-    def __init__(self, bundle: Bundle, cand: Candidate, data: Dataset, opts: Options) -> None:
-        self.cand, self.data, self.opts = cand, data, opts
+    def __init__(self, bundle: Bundle, cand: Candidate, data: Dataset, opts: Options,
+                 fit: PriorFit | None = None) -> None:
+        self.cand, self.data, self.opts, self.fit = cand, data, opts, fit
         self.runner = Runner(bundle, cand)
         self.metric = opts.metric
         self.mout = _metric_outputs(bundle, self.metric)
@@ -214,6 +219,8 @@ class _Calibration:
         self.ranges: dict[str, list[tuple[float, float]]] = {}
         self._grid: dict[str, list[np.ndarray]] = {}  # distinct values per channel, first inputs
         self._reference()
+        if fit is not None:
+            fit.fit()
         self.ranges = {k: [_snap(self._grid[k][c], lo, hi) for c, (lo, hi) in enumerate(v)]
                        for k, v in self.ranges.items()}
 
@@ -225,6 +232,8 @@ class _Calibration:
             for i in seq:
                 feed = {**self.data.feed(i), **state}
                 crossing = self.runner.run_head(feed)
+                if self.fit is not None:
+                    self.fit.add(i, crossing)
                 self.float_bytes += sum(4 * a.size if a.dtype.kind == "f" else a.nbytes
                                         for a in crossing.values())
                 self._widen(crossing)
@@ -265,6 +274,7 @@ class _Calibration:
 
     def trial(self, assign: Mapping[str, str]) -> _Trial:
         specs = self.specs(assign)
+        book = self.fit.book if self.fit is not None else None
         tr = _Trial()
         k = 0
         for seq in self.sequences:
@@ -273,10 +283,11 @@ class _Calibration:
             for i in seq:
                 feed = {**self.data.feed(i), **state}
                 crossing = self.runner.run_head(feed)
+                now = specs if self.fit is None else self.fit.specs_for(specs, i)
                 t0 = time.perf_counter()
-                bodies = {n: packing.pack(v, specs[n]) for n, v in crossing.items()}
+                bodies = {n: packing.pack(v, now[n]) for n, v in crossing.items()}
                 t1 = time.perf_counter()
-                unpacked = {n: packing.unpack(b) for n, b in bodies.items()}
+                unpacked = {n: packing.unpack(b, book=book) for n, b in bodies.items()}
                 tr.encode_s.append(t1 - t0)
                 tr.decode_s.append(time.perf_counter() - t1)
                 tr.sizes.append(sum(len(b) for b in bodies.values()))
@@ -344,7 +355,8 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             PackSpec.parse(s)
         except ValueError as exc:
             raise InputError(f"--tensor-packing {name}={s}: {exc}") from None
-    cal = _Calibration(bundle, cand, data, opts)
+    widths = ans_bits(specs)
+    cal = _Calibration(bundle, cand, data, opts, PriorFit(cand, widths) if widths else None)
     n = len(data)
     mean_float = cal.float_bytes / n
     rows: list[dict[str, Any]] = []
@@ -384,10 +396,13 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             "accuracy_drop_upper_pp": round(bound, 4),
             "metric": cal.metric_label,
         }
-        if spec.is_media:  # the planner prices the codec by these (this machine, one core)
-            row["quality"] = spec.quality
+        if spec.is_media or spec.codec == "ans":  # the planner prices these (this machine)
             row["encode_ms"] = round(1e3 * float(np.median(tr.encode_s)), 4)
             row["decode_ms"] = round(1e3 * float(np.median(tr.decode_s)), 4)
+        if spec.codec == "ans" and cal.fit is not None:  # the tables fitted on every input
+            row["priors"] = cal.fit.row_priors(cal.specs(assign))
+        if spec.is_media:
+            row["quality"] = spec.quality
             row["ranges"] = {k: [[float(f"{a:.9g}"), float(f"{b:.9g}")] for a, b in v]
                              for k, v in cal.ranges.items()}
         if any(s != str(spec) for s in assign.values()):
@@ -401,7 +416,22 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             row["drift_rel_l2"] = float(f"{float(np.mean(tr.drift)):.4g}")
             row["final_drift_rel_l2"] = float(f"{float(np.mean(tr.final)):.4g}")
         rows.append(row)
-    return rows
+    return drop_dominated(rows)
+
+
+def drop_dominated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Without the ``ansN`` rows whose bodies are not smaller than ``qN``'s or ``qzN``'s of the
+    same width and assignment: the same tensor, more bytes and more time, so never a choice
+    (and their tables need not be stored)."""
+    def plain(r: dict[str, Any]) -> bool:
+        return "promoted" not in r and "tensors" not in r
+
+    best: dict[int, float] = {}
+    for r in rows:
+        if r["codec"] in ("q", "qz") and plain(r):
+            best[r["bits"]] = min(best.get(r["bits"], math.inf), float(r["mean_bytes"]))
+    return [r for r in rows if not (r["codec"] == "ans" and plain(r)
+                                    and r["mean_bytes"] >= best.get(r["bits"], math.inf))]
 
 
 def codec_applies(bundle: Bundle, cand: Candidate, codec: str) -> bool:

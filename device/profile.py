@@ -316,23 +316,27 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
 
 
 def codec_times(cand: Any, repeats: int = 5) -> dict[str, float]:
-    """``encode_SPEC_ms`` and ``decode_SPEC_ms`` of every standard codec the candidate was
-    calibrated for, on this device: the median of ``repeats`` packs and unpacks of a camera-like
-    frame (smooth, with edges and noise) or a harmonic waveform of the crossing shapes, with
-    the calibrated range. The planner prefers them to the calibrating machine's times."""
+    """``encode_SPEC_ms`` and ``decode_SPEC_ms`` of every standard codec (and ``ansN``, with
+    its calibrated priors) the candidate was calibrated for, on this device: the median of
+    ``repeats`` packs and unpacks of a camera-like frame (smooth, with edges and noise) or a
+    harmonic waveform of the crossing shapes, with the calibrated range. The planner prefers
+    them to the calibrating machine's times."""
     import time
 
     import numpy as np
     from coinf.ble_protocol import media, packing
     from coinf.convert.calibrate import packing_rows
+    from coinf.convert.entropy_cal import missing_priors
     from coinf.convert.packcal import tensor_specs
 
     out: dict[str, float] = {}
     rng = np.random.default_rng(0)
     for row in packing_rows(cand):
         spec = packing.PackSpec.parse(str(row.get("spec")))
-        if not spec.is_media or spec.codec not in media.available():
+        if not ((spec.is_media and spec.codec in media.available()) or spec.codec == "ans"):
             continue
+        if spec.codec == "ans" and missing_priors(cand, str(spec)):
+            continue  # its tables are not here: the planner does not offer it either
         specs = tensor_specs(cand, spec)
         tensors = {t.name: _sample(t.shape, t.dtype, rng) for t in cand.crossing}
         enc, dec = [], []

@@ -99,8 +99,12 @@ def test_calibrate_cli_writes_tables(bundle: Bundle, tmp_path: Path,
     assert again.meta[cal.META_KEY]["samples"] == len(x)
     tables = {c.id: cal.packing_rows(c) for c in again.candidates}
     # a [1, N] activation is no waveform and no image: no codec rows there
-    assert [r["spec"] for r in tables["c001"]] == [
-        s for s in cal.DEFAULT_SPECS if not packing.PackSpec.parse(s).is_media]
+    got = [r["spec"] for r in tables["c001"]]
+    want = [s for s in cal.DEFAULT_SPECS if not packing.PackSpec.parse(s).is_media]
+    # ansN rows whose bodies are not smaller than qN's or qzN's are dropped (the same tensor,
+    # more bytes and time): on this 64-value vector, all of them
+    assert [s for s in got if s[:3] != "ans"] == [s for s in want if s[:3] != "ans"]
+    assert set(got) <= set(want)
     assert tables["c000"] and not tables["c002"]
 
     # sizes are the mean of the real packed bodies, computed here without onnxruntime

@@ -119,3 +119,21 @@ def test_the_bench_json_counts_codecs_and_lists_the_skipped(monkeypatch, capsys)
         stats = out["decoders"][f"codec_{codec}"]
         assert stats["reached_codec"] > 0 and stats["codec_decoded"] > 0
         assert stats["budget_bytes"] > 0 and stats["peak_over_budget"] > 0
+
+
+def test_ans_decoder_refuses_hostile_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ansN decoder (rANS under calibrated priors): valid bodies decode, every crafted one
+    (another table's width or channels, impossible lane counts, missing words, ...) is refused,
+    mutants end in a ProtocolError or the declared shape; numpy stays within a few budgets."""
+    from coinf.ble_protocol import priors
+
+    from coinf.cli.bench import fuzz_ans
+
+    monkeypatch.setattr(priors, "_BOOK", {})  # the case registers its tables
+    case = fuzz_ans.ans_case(np.random.default_rng(5))
+    stats = fuzz_ans.fuzz_ans(case, 400, 5)
+    assert stats["other_exceptions"] == 0 and stats["wrong_results"] == 0, stats.get("examples")
+    assert stats["codec_decoded"] >= len(case["valid"]) and stats["codec_refused"] > 100
+    assert len(stats["crafted"]) == len(case["crafted"]) > 10
+    assert all(o.startswith("refused") for o in stats["crafted"].values()), stats["crafted"]
+    assert stats["peak_over_budget"] < 16

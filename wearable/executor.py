@@ -175,8 +175,9 @@ class Executor:
 
 def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
           codec_emulation: DeviceEmulation) -> bytes:
-    """The REQUEST payload. A standard codec's encoding is stretched as the planner prices it
-    on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at most the head's)."""
+    """The REQUEST payload. A standard codec's or the entropy coder's encoding is stretched as
+    the planner prices it on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at
+    most the head's)."""
     t0 = time.perf_counter()
     if plan.packing.codec == "raw":
         blob = encode_tensors(crossing)
@@ -185,7 +186,7 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
                                           for n, a in crossing.items()})
     payload = plan.request_header + blob
     elapsed = time.perf_counter() - t0
-    if plan.packing.is_media:
+    if plan.packing.is_media or plan.packing.codec == "ans":  # priced as the codecs are
         elapsed = codec_emulation.stretch(elapsed)
     stats.pack_ms = elapsed * 1e3
     stats.bytes_up = len(payload)

@@ -110,7 +110,11 @@ class Plan:
             if i > 1 and st.start != stages[i - 2].end:
                 raise InputError(f"{where} starts at {st.start}, the stage before ends at "
                                  f"{stages[i - 2].end}")
-            if not (_nested(bundle, st.start, st.end) or (i == 1 and st.start == st.end)):
+            # a first stage is any cut's head, a last stage any cut's tail (the bundle has
+            # both); a stage between two cuts needs the first head inside the second
+            ends = i == 1 or st.end == last
+            if st.start == st.end and i > 1 or not (ends or _nested(bundle, st.start,
+                                                                     st.end)):
                 raise InputError(f"{where}: its end must come after its start (the head of "
                                  f"{st.start} a strict part of the head of {st.end})")
             if i > 1 and not valid_name(st.device):

@@ -65,15 +65,24 @@ def codec_ms(planner: Any, cand: Any, spec: str) -> tuple[float, float] | None:
     return times[0], times[1]
 
 
-def undecodable(spec: str, peer_decoders: frozenset[str] | None) -> str | None:
+def undecodable(spec: str, peer_decoders: frozenset[str] | None,
+                cand: Any = None) -> str | None:
     """Why configuration ``spec`` cannot be sent: this wearable cannot encode it (a codec
-    library missing) or the handheld cannot decode it; None when it can."""
+    library missing; for ``ansN`` at ``cand``, a priors table its calibration row names) or
+    the handheld cannot decode it; None when it can."""
     from coinf.ble_protocol import media
     from coinf.ble_protocol.packing import PackSpec
 
-    codec = PackSpec.parse(parse_config_spec(spec)[1]).codec
+    packing = parse_config_spec(spec)[1]
+    codec = PackSpec.parse(packing).codec
     if codec in media.WIRE and codec not in media.available():
         return f"this device cannot encode {codec}: {media.INSTALL}"
+    if codec == "ans" and cand is not None:
+        from coinf.convert.entropy_cal import missing_priors
+
+        missing = missing_priors(cand, packing)
+        if missing:
+            return f"this device lacks the entropy priors of {packing} ({missing})"
     if peer_decoders is None or codec in peer_decoders:
         return None
     return f"the handheld cannot decode {codec} (it decodes {', '.join(sorted(peer_decoders))})"

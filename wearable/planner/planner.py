@@ -309,7 +309,7 @@ class Planner:
                     continue  # not calibrated for this packing: not a configuration
                 tol = self.policy.accuracy_tolerance_pp
                 rid = f"{c.id}{PACK_SEP}{spec}"
-                missing = undecodable(spec, self.peer_decoders)
+                missing = undecodable(spec, self.peer_decoders, c)
                 if missing:
                     self.excluded_configs[rid] = missing
                     continue

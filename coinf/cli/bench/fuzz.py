@@ -21,6 +21,12 @@ but an array of exactly the shape and dtype the input's header declares, or acce
 body that must be refused. Pillow's, libjpeg's and libsndfile's buffers are invisible to
 tracemalloc, so the run also records each input's growth of the peak RSS (Linux VmHWM, reset
 per input, after a warm-up) against the receiver's byte budget.
+
+``packed_ans`` (:mod:`coinf.cli.bench.fuzz_ans`) runs the same way on the ``ansN`` decoder
+(the rANS coder under calibrated priors): bodies coded with tables fitted here, crafted bodies
+(another table's width or channels, an unknown key, impossible lane counts, missing or extra
+words, ...) that must all be refused, and mutants; its peak memory per input is tracemalloc's
+(numpy only).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from coinf.ble_protocol.request import (
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.cli import argtypes
 from coinf.cli.bench import emit
+from coinf.cli.bench.fuzz_ans import ans_case
 from coinf.cli.bench.fuzz_codecs import CODEC_INPUTS, codec_seeds, fuzz_codec
 from coinf.cli.bench.fuzz_engine import fuzz_one, join_chunks, rss_resettable, split_chunks
 from coinf.device.profile import DeviceProfile, ProfileError
@@ -149,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     table = seeds(np.random.default_rng(args.seed))
     codecs, skipped = codec_seeds(np.random.default_rng(args.seed))
+    codecs["packed_ans"] = ans_case(np.random.default_rng(args.seed))
     names = [*table, *codecs]
     skipped_names = [f"codec_{c}" for c in skipped]
     chosen = args.decoders or names
@@ -175,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         "inputs_per_decoder": args.inputs,
         "inputs_per_codec_decoder": codec_inputs,
         "seed": args.seed,
-        "codecs": {"fuzzed": [n.removeprefix("codec_") for n in run_codecs],
+        "codecs": {"fuzzed": [n.removeprefix("codec_") for n in run_codecs
+                              if n.startswith("codec_")],
                    "skipped": skipped},
         "decoders": out,
         "other_exceptions": sum(d["other_exceptions"] for d in out.values()),

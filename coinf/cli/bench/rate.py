@@ -173,7 +173,8 @@ def _method(spec: Any) -> str:
     """The plot's line a packing belongs to."""
     if spec.is_media:
         return spec.codec
-    return {"q": "q (bit planes + LZ4)", "qz": "qz (levels + zstd)"}.get(spec.codec, spec.codec)
+    return {"q": "q (bit planes + LZ4)", "qz": "qz (levels + zstd)",
+            "ans": "ans (levels + rANS, calibrated priors)"}.get(spec.codec, spec.codec)
 
 
 def summary(points: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:

@@ -36,8 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
                         "tcp-client:HOST:PORT (coinf radio)")
     parser.add_argument("--packing", default="raw",
-                        help="raw, f32, f16, q1..q16, qz1..qz16, jpeg-qNN, webp-qNN, png, pcm16 "
-                             "or flac (docs/PACKING.md)")
+                        help="raw, f32, f16, q1..q16, qz1..qz16, ans1..ans8, jpeg-qNN, webp-qNN, "
+                             "png, pcm16 or flac (docs/PACKING.md)")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         type=argtypes.name_equals_file)
     parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed of random inputs")

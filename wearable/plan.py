@@ -113,8 +113,8 @@ class Plan:
             # a first stage is any cut's head, a last stage any cut's tail (the bundle has
             # both); a stage between two cuts needs the first head inside the second
             ends = i == 1 or st.end == last
-            if st.start == st.end and i > 1 or not (ends or _nested(bundle, st.start,
-                                                                     st.end)):
+            empty = st.start == st.end and i > 1
+            if empty or not (ends or _nested(bundle, st.start, st.end)):
                 raise InputError(f"{where}: its end must come after its start (the head of "
                                  f"{st.start} a strict part of the head of {st.end})")
             if i > 1 and not valid_name(st.device):

@@ -220,7 +220,8 @@ class Bundle:
         """What the handshake compares: the model's hash plus a hash of the candidate cuts.
 
         Calibration data and other manifest extras do not change it; a different model, a
-        different set of cuts or different attached compressors does. With shared weights
+        different set of cuts, different attached compressors or different entropy priors (the
+        tables ``ansN`` bodies are decoded with) does. With shared weights
         ``model.onnx`` only points into ``weights.bin``, so that file's hash counts too.
         """
         cuts: list[Any] = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)]
@@ -231,6 +232,9 @@ class Bundle:
         comps = self.compressors()
         if comps:  # other compressors, other identity: a peer must decode what we encode
             cuts.append(["compressors", sorted([c.candidate, c.gamma, c.sha256] for c in comps)])
+        priors = self.meta.get(ENTROPY_PRIORS)
+        if isinstance(priors, dict) and priors.get("sha256"):  # ansN bodies name these tables
+            cuts.append(["entropy_priors", str(priors["sha256"])])
         digest = hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
         return f"{self.model_sha256[:16]}-{digest[:8]}"
 

@@ -477,3 +477,14 @@ def test_the_planner_prices_ans_by_its_times_and_offers_it_only_with_tables(
     planner.reset_configs()
     assert "c001~ans4" not in {r.id for r in planner.costs(link)}
     assert "lacks the entropy priors" in planner.excluded_configs["c001~ans4"]
+
+
+def test_the_entropy_priors_are_part_of_the_bundle_identity(tmp_path: Path) -> None:
+    """Two sides with different tables fail at the handshake (BUNDLE_MISMATCH), not at the
+    first ansN request."""
+    bundle, _ = _calibrated(tmp_path, ("q3", "ans4"))
+    loaded = Bundle.load(bundle.root)
+    assert isinstance(loaded.meta.get(bundle_mod.ENTROPY_PRIORS), dict)
+    with_tables = loaded.identity
+    loaded.meta.pop(bundle_mod.ENTROPY_PRIORS)
+    assert loaded.identity != with_tables

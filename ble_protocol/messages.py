@@ -166,7 +166,7 @@ def result_bound(tensors: Iterable[tuple[str, int, int]], hops: int = 1) -> int:
     for a request of ``hops`` hops: the hop records (``ble_protocol.request``) + the tensor map
     (§6.1) with every tensor RAW. A PACKED output is sent only when its body is smaller than
     the raw data (§6.1), so no valid RESULT is larger."""
-    total = 1 + 12 * hops + 2
+    total = 4 + 1 + 12 * hops + 2
     for name, ndim, nbytes in tensors:
         total += 2 + len(name.encode("utf-8")) + 5 + 2 + 4 * ndim + nbytes
     return total

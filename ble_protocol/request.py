@@ -4,6 +4,7 @@ Every REQUEST payload starts with a header that says what to run, decoded once b
 receiver, then the tensor map (:mod:`ble_protocol.tensors`)::
 
     u8 kind                      1 STAGES, 2 TILE, 3 REST
+    u32 nonce                    the sender's random number; the RESULT echoes it
     STAGES:  u8 count (1..16), count x hop:
                  u8 len, device name   (0..32 B of [A-Za-z0-9_-]; empty: whoever receives it)
                  u8 len, FROM cut id   (1..32 B; the tensors arriving are FROM's crossing set)
@@ -16,14 +17,17 @@ receiver, then the tensor map (:mod:`ble_protocol.tensors`)::
     REST:    nothing                           (the layers after the spatial chain)
 
 A split is STAGES with one hop ``FROM = its cut, TO = the last cut``; a pipeline has one hop
-per device, the receiver first. Every RESULT payload is ``u8 count`` (the request's hops; 1
-for TILE and REST), ``count x (u32 compute_us, u32 send_us, u32 bytes)`` in hop order, then
-the tensor map. No meaning travels in strings but names and cut ids.
+per device, the receiver first. Every RESULT payload is ``u32 nonce`` (its request's),
+``u8 count`` (the request's hops; 1 for TILE and REST), ``count x (u32 compute_us, u32
+send_us, u32 bytes)`` in hop order, then the tensor map: a reply whose nonce is not its
+request's (stale, replayed, crossed) is refused, never an output. No meaning travels in
+strings but names and cut ids.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ MAX_SPEC = 16
 NO_HOP = 0xFF
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _TILE = struct.Struct("<6H")
+_NONCE = struct.Struct("<I")
 _STAT = struct.Struct("<III")
 _U32 = 0xFFFFFFFF
 
@@ -112,21 +117,23 @@ class Request:
     kind: Kind
     hops: tuple[Hop, ...] = ()
     tile: Tile | None = field(default=None)
+    #: the sender's random number for this request; its RESULT must carry the same
+    nonce: int = 0
 
     @classmethod
-    def split(cls, cut: str, last: str, gamma: int = 0) -> Request:
+    def split(cls, cut: str, last: str, gamma: int = 0, nonce: int = 0) -> Request:
         """The tail of ``cut`` (up to the model's ``last`` cut) on the receiver."""
-        return cls(Kind.STAGES, (Hop(cut, last, gamma=gamma),))
+        return cls(Kind.STAGES, (Hop(cut, last, gamma=gamma),), nonce=nonce)
 
     @classmethod
-    def route(cls, hops: Sequence[Hop]) -> Request:
+    def route(cls, hops: Sequence[Hop], nonce: int = 0) -> Request:
         if not 1 <= len(hops) <= MAX_HOPS:
             raise ValueError(f"a route has 1..{MAX_HOPS} hops, got {len(hops)}")
-        return cls(Kind.STAGES, tuple(hops))
+        return cls(Kind.STAGES, tuple(hops), nonce=nonce)
 
     @classmethod
-    def for_tile(cls, tile: Tile) -> Request:
-        return cls(Kind.TILE, tile=tile)
+    def for_tile(cls, tile: Tile, nonce: int = 0) -> Request:
+        return cls(Kind.TILE, tile=tile, nonce=nonce)
 
     @property
     def stats_count(self) -> int:
@@ -142,6 +149,17 @@ class Request:
 REST = Request(Kind.REST)
 
 
+def new_nonce() -> int:
+    """A fresh random u32 for one request."""
+    return secrets.randbits(32)
+
+
+def with_nonce(payload: bytes, nonce: int) -> bytes:
+    """``payload`` (an encoded REQUEST) with its nonce replaced: a header encoded once serves
+    every request of its plan."""
+    return payload[:1] + _NONCE.pack(nonce & 0xFFFFFFFF) + payload[1 + _NONCE.size:]
+
+
 def _put(text: str, limit: int) -> bytes:
     raw = text.encode("ascii")
     if len(raw) > limit:
@@ -151,7 +169,7 @@ def _put(text: str, limit: int) -> bytes:
 
 def encode_request(request: Request, tensors_blob: bytes) -> bytes:
     """A REQUEST payload: the header, then the tensor map."""
-    head = bytes([request.kind])
+    head = bytes([request.kind]) + _NONCE.pack(request.nonce & 0xFFFFFFFF)
     if request.kind == Kind.STAGES:
         if not 1 <= len(request.hops) <= MAX_HOPS:
             raise ValueError(f"a route has 1..{MAX_HOPS} hops, got {len(request.hops)}")
@@ -205,14 +223,15 @@ def decode_request(payload: bytes | memoryview) -> tuple[Request, memoryview]:
         kind = Kind(raw_kind)
     except ValueError:
         raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST kind {raw_kind} is unknown") from None
+    (nonce,) = _NONCE.unpack(rd.take(_NONCE.size, "nonce"))
     if kind == Kind.TILE:
         vals = _TILE.unpack(rd.take(_TILE.size, "tile"))
         i0, i1, r0, r1, c0, c1 = vals
         if not (i0 < i1 and r0 < r1 and c0 < c1):
             raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST tile {vals} is empty")
-        request = Request.for_tile(Tile(*vals))
+        request = Request.for_tile(Tile(*vals), nonce)
     elif kind == Kind.REST:
-        request = REST
+        request = Request(Kind.REST, nonce=nonce)
     else:
         count = rd.byte("hop count")
         if not 1 <= count <= MAX_HOPS:
@@ -229,7 +248,7 @@ def decode_request(payload: bytes | memoryview) -> tuple[Request, memoryview]:
             hops.append(Hop(start, end, device, gamma, spec))
         if hops[-1].packing != "raw":
             raise ProtocolError(ErrorCode.MALFORMED, "the last hop sends no tensors to pack")
-        request = Request(Kind.STAGES, tuple(hops))
+        request = Request(Kind.STAGES, tuple(hops), nonce=nonce)
     return request, rd.data[rd.pos:]
 
 
@@ -247,32 +266,41 @@ class HopStats:
 
 def result_overhead(count: int) -> int:
     """Bytes of a RESULT before its tensor map."""
-    return 1 + _STAT.size * count
+    return _NONCE.size + 1 + _STAT.size * count
 
 
-def encode_result(stats: Sequence[HopStats], tensors_blob: bytes) -> bytes:
+def encode_result(stats: Sequence[HopStats], tensors_blob: bytes, nonce: int = 0) -> bytes:
+    """A RESULT answering the request whose nonce is ``nonce``."""
     if not 1 <= len(stats) <= MAX_HOPS:
         raise ValueError(f"a RESULT has 1..{MAX_HOPS} hop records, got {len(stats)}")
     body = b"".join(_STAT.pack(*(min(max(int(v), 0), _U32)
                                  for v in (s.compute_us, s.send_us, s.nbytes))) for s in stats)
-    return bytes([len(stats)]) + body + tensors_blob
+    return _NONCE.pack(nonce & 0xFFFFFFFF) + bytes([len(stats)]) + body + tensors_blob
 
 
-def decode_result(payload: bytes | memoryview, count: int) -> tuple[list[HopStats], memoryview]:
-    """(hop records, tensor blob) of a RESULT; it must carry exactly ``count`` records."""
+def decode_result(payload: bytes | memoryview, count: int,
+                  nonce: int | None = None) -> tuple[list[HopStats], memoryview]:
+    """(hop records, tensor blob) of a RESULT; it must carry exactly ``count`` records and,
+    given ``nonce``, answer the request that carried it (else a stale, replayed or crossed
+    reply: MALFORMED)."""
     view = memoryview(payload)
-    if len(view) < 1:
-        raise ProtocolError(ErrorCode.TRUNCATED, "RESULT is empty")
-    if view[0] != count:
-        raise ProtocolError(ErrorCode.MALFORMED, f"RESULT has {view[0]} hop records, "
-                            f"expected {count}")
+    if len(view) < _NONCE.size + 1:
+        raise ProtocolError(ErrorCode.TRUNCATED, "RESULT shorter than its nonce and count")
+    (got,) = _NONCE.unpack_from(view)
+    if nonce is not None and got != nonce & 0xFFFFFFFF:
+        raise ProtocolError(ErrorCode.MALFORMED, "RESULT answers another request (its nonce "
+                            "is not this request's)")
+    n = view[_NONCE.size]
+    if n != count:
+        raise ProtocolError(ErrorCode.MALFORMED, f"RESULT has {n} hop records, expected {count}")
     end = result_overhead(count)
     if len(view) < end:
         raise ProtocolError(ErrorCode.TRUNCATED, "RESULT hop records are truncated")
-    stats = [HopStats(*_STAT.unpack_from(view, 1 + i * _STAT.size)) for i in range(count)]
+    base = _NONCE.size + 1
+    stats = [HopStats(*_STAT.unpack_from(view, base + i * _STAT.size)) for i in range(count)]
     return stats, view[end:]
 
 
 __all__ = ["MAX_HOPS", "NO_HOP", "REST", "Hop", "HopStats", "Kind", "Request", "Tile",
-           "decode_request", "decode_result", "encode_request", "encode_result",
-           "result_overhead", "valid_name"]
+           "decode_request", "decode_result", "encode_request", "encode_result", "new_nonce",
+           "result_overhead", "valid_name", "with_nonce"]

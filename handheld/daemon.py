@@ -330,8 +330,9 @@ class HandheldDaemon:
             raise RequestCancelled(what)
         if request.kind == Kind.TILE:  # feature-map tiles go back raw (docs/SPATIAL.md)
             stats = [HopStats(int(elapsed * 1e6))]
-            return Reply(encode_result(stats, encode_tensors(outputs)), what, elapsed)
-        return Reply(self.encode(outputs, elapsed), what, elapsed)
+            return Reply(encode_result(stats, encode_tensors(outputs), request.nonce), what,
+                         elapsed)
+        return Reply(self.encode(outputs, elapsed, request.nonce), what, elapsed)
 
     def decode(self, request: Request, blob: memoryview) -> dict[str, np.ndarray]:
         """The request's tensors, checked against what it names. Everything is untrusted: never
@@ -356,9 +357,9 @@ class HandheldDaemon:
             check_code(comp, feeds)
         return feeds
 
-    def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float) -> bytes:
-        """Tail outputs -> RESULT payload (one hop)."""
-        return encode_result([HopStats(int(elapsed * 1e6))], encode_results(outputs))
+    def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float, nonce: int = 0) -> bytes:
+        """Tail outputs -> RESULT payload (one hop) answering the request of ``nonce``."""
+        return encode_result([HopStats(int(elapsed * 1e6))], encode_results(outputs), nonce)
 
 
 def _ms(t0: float) -> float:

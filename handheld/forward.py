@@ -45,6 +45,7 @@ from coinf.ble_protocol.request import (
     decode_result,
     encode_request,
     encode_result,
+    new_nonce,
 )
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
@@ -194,11 +195,12 @@ class Forwarder:
         except CoinfError as exc:
             raise ProtocolError(ErrorCode.TAIL_FAILED, f"{self.name}: {exc}") from None
         own = int(elapsed * 1e6)
-        reply, send_s, nbytes = await self._forward(rest, outputs, spec)
-        stats, tail_blob = decode_result(reply, len(rest))
+        nonce = new_nonce()
+        reply, send_s, nbytes = await self._forward(rest, outputs, spec, nonce)
+        stats, tail_blob = decode_result(reply, len(rest), nonce)
         self.stages += 1
         return encode_result([HopStats(own, int(send_s * 1e6), nbytes), *stats],
-                             bytes(tail_blob))
+                             bytes(tail_blob), request.nonce)
 
     def _run(self, start: Candidate, end: Candidate, feeds: dict[str, np.ndarray],
              cancel: CancelToken, comp_in: Compressor | None, comp_out: Compressor | None
@@ -239,7 +241,7 @@ class Forwarder:
         return sess
 
     async def _forward(self, rest: tuple[Hop, ...], tensors: dict[str, np.ndarray],
-                       spec: PackSpec) -> tuple[bytes, float, int]:
+                       spec: PackSpec, nonce: int) -> tuple[bytes, float, int]:
         """Send to the next hop, await its RESULT: (payload, send seconds, bytes sent)."""
         name = rest[0].device
         link = self._links.get(name)
@@ -248,7 +250,7 @@ class Forwarder:
                                                  self.connect_timeout)
         blob = (encode_tensors(tensors) if spec.codec == "raw"
                 else encode_tensors({}, packed=pack_tensors(tensors, spec)))
-        payload = encode_request(Request.route(rest), blob)
+        payload = encode_request(Request.route(rest, nonce), blob)
         marks: dict[str, float] = {}
         try:
             rpc = await link.client()

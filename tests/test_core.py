@@ -58,8 +58,10 @@ def peer(bundle, on_request: Handler, concurrent: int = 1
     return factory, tasks
 
 
-def result(request_id: int, outputs: dict[str, np.ndarray]) -> Message:
-    return Message(MsgType.RESULT, request_id, result_payload(10, encode_tensors(outputs)))
+def result(msg: Message, outputs: dict[str, np.ndarray]) -> Message:
+    """The RESULT answering ``msg`` (its request id and nonce)."""
+    return Message(MsgType.RESULT, msg.request_id,
+                   result_payload(10, encode_tensors(outputs), msg.payload))
 
 
 def test_stream_on_a_fresh_session_opens_exactly_one_link(bundle):
@@ -191,8 +193,9 @@ def test_closing_a_stream_cancels_the_frames_in_flight(bundle):
 def test_a_bad_result_never_reaches_the_caller(bundle, outputs, problem):
     async def lie(msg: Message) -> Message | None:
         if isinstance(outputs, bytes):  # a tensor map as raw bytes
-            return Message(MsgType.RESULT, msg.request_id, result_payload(10, outputs))
-        return result(msg.request_id, outputs)
+            return Message(MsgType.RESULT, msg.request_id,
+                           result_payload(10, outputs, msg.payload))
+        return result(msg, outputs)
 
     factory, _ = peer(bundle, lie)
     with Session(bundle, fixed("c001", link=LinkOptions(transport=factory))) as sess:
@@ -246,3 +249,25 @@ def test_the_session_keeps_the_options_object(bundle):
         Session(bundle, SessionOptions(link=LinkOptions(transport="carrier-pigeon:1")))
     with pytest.raises(InputError, match="not available"):
         Session(bundle, providers=["NoSuchExecutionProvider"])
+
+
+def test_a_stale_or_replayed_result_never_reaches_the_caller(bundle):
+    """A peer that answers each request with the RESULT of the one before (right outputs, the
+    wrong nonce) gets every frame finished on the wearable, never its stale outputs."""
+    first: list[Message] = []
+
+    async def replay(msg: Message) -> Message | None:
+        stale = np.full((1, 4), 7.0, np.float32)  # what the previous request "returned"
+        if not first:
+            first.append(result(msg, {"y": stale}))
+        return Message(MsgType.RESULT, msg.request_id, first[0].payload)
+
+    factory, _ = peer(bundle, replay)
+    with Session(bundle, fixed("c001", link=LinkOptions(transport=factory))) as sess:
+        first_y, = sess.run(None, {"x": X})  # answers its own request: accepted
+        assert sess.last_run is not None and not sess.last_run.local
+        np.testing.assert_array_equal(first_y, np.full((1, 4), 7.0, np.float32))
+        y, = sess.run(None, {"x": X})  # the same bytes again: another request's nonce
+        assert sess.last_run is not None and sess.last_run.local
+        assert "another request" in (sess.last_run.fallback or "")
+    np.testing.assert_allclose(y, reference(bundle, X), rtol=1e-5)

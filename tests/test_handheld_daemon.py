@@ -49,9 +49,9 @@ class Recording(HandheldDaemon):
         self.threads["decode"] = threading.get_ident()
         return super().decode(request, blob)
 
-    def encode(self, outputs: Any, elapsed: float) -> bytes:
+    def encode(self, outputs: Any, elapsed: float, nonce: int = 0) -> bytes:
         self.threads["encode"] = threading.get_ident()
-        return super().encode(outputs, elapsed)
+        return super().encode(outputs, elapsed, nonce)
 
 
 class Gated(HandheldDaemon):
@@ -216,8 +216,12 @@ def test_hostile_requests_get_errors_not_crashes(tmp_path) -> None:
             cases = [
                 (b"\x01", ErrorCode.TRUNCATED),
                 (b"\x09" + b"c000", ErrorCode.MALFORMED),  # no such request kind
-                (b"\x01\x02\x00\x04c000\x04c003\x00\x00", ErrorCode.TRUNCATED),  # 1 of 2 hops
-                (b"\x01\x01\x00\x04c0:0\x04c003\x00\x00", ErrorCode.MALFORMED),  # not a name
+                (b"\x01\x01\x01",  # STAGES, a nonce cut short
+                 ErrorCode.TRUNCATED),
+                (b"\x01" + bytes(4) + b"\x02\x00\x04c000\x04c003\x00\x00",  # 1 of 2 hops
+                 ErrorCode.TRUNCATED),
+                (b"\x01" + bytes(4) + b"\x01\x00\x04c0:0\x04c003\x00\x00",  # not a name
+                 ErrorCode.MALFORMED),
                 (tail_request(bundle, "c000", b"\x01\x00"), ErrorCode.TRUNCATED),
                 (b"\x00" * 5000, ErrorCode.TOO_LARGE),
                 (tail_request(bundle, "c9", encode_tensors({})), ErrorCode.UNKNOWN_CANDIDATE),

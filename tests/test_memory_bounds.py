@@ -47,7 +47,7 @@ def test_the_result_bound_is_the_largest_valid_result(tmp_path: Path) -> None:
     bundle = make_tiny_bundle(tmp_path / "tiny")
     outputs = {t.name: np.ones(t.shape, np.dtype(t.dtype)) for t in bundle.outputs}
     largest = result_payload(0xFFFFFFFF, encode_tensors(outputs))  # every output RAW
-    assert bundle_result_bound(bundle) == len(largest) == 49  # 13 B of hop record
+    assert bundle_result_bound(bundle) == len(largest) == 53  # 4 B nonce, 13 B hop record
     two = {"a": np.zeros((2, 3), np.float32), "bé": np.zeros(5, np.int64)}
     assert result_bound((n, a.ndim, a.nbytes) for n, a in two.items()) == len(
         result_payload(1, encode_tensors(two)))

@@ -8,6 +8,7 @@ from typing import Any
 from coinf.ble_protocol.request import (
     HopStats,
     Request,
+    decode_request,
     decode_result,
     encode_request,
     encode_result,
@@ -19,9 +20,10 @@ def tail_request(bundle: Any, cid: str, blob: bytes, gamma: int = 0) -> bytes:
     return encode_request(Request.split(cid, bundle.candidates[-1].id, gamma), blob)
 
 
-def result_payload(compute_us: int, blob: bytes) -> bytes:
-    """A one-hop RESULT."""
-    return encode_result([HopStats(compute_us)], blob)
+def result_payload(compute_us: int, blob: bytes, request: bytes | None = None) -> bytes:
+    """A one-hop RESULT (answering ``request``'s nonce when given)."""
+    nonce = decode_request(request)[0].nonce if request is not None else 0
+    return encode_result([HopStats(compute_us)], blob, nonce)
 
 
 def result_blob(payload: bytes) -> memoryview:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 from coinf.ble_protocol.messages import MsgType
 from coinf.ble_protocol.packing import pack
-from coinf.ble_protocol.request import decode_result
+from coinf.ble_protocol.request import decode_result, new_nonce, with_nonce
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.convert.compressors import CodecRunner
@@ -94,6 +94,7 @@ class Executor:
                      stats: RunStats) -> bytes:
         """The request: the compressor's code (wearable compute, counted as head) or the
         crossing tensors, packed as planned, behind the header naming every later stage."""
+        stats.nonce = new_nonce()  # the RESULT must carry it: no stale or replayed reply
         sent = crossing
         if plan.compressor is not None:
             sent = await self.on(self.head_pool, _encode, self.codecs, self.emulation, plan,
@@ -108,12 +109,16 @@ class Executor:
         ``sent``/``delivered``/``replied`` times. The timeout cancels the request on the peer."""
         marks = {} if marks is None else marks
         count = len(plan.remote)
+        nonce = stats.nonce
         t0 = time.perf_counter()
         bound = self._bounds.get(count)
         if bound is None:
             bound = self._bounds[count] = result_bound(self.bundle, count)
         reply = await rpc.request(MsgType.REQUEST, payload, timeout, marks, max_reply=bound)
-        records, _ = decode_result(reply.payload, count)
+        try:
+            records, _ = decode_result(reply.payload, count, nonce)
+        except ProtocolError as exc:  # a stale, replayed or crossed reply: never an output
+            raise PeerResultError(exc.text) from None
         stats.hops = [{"device": st.device, "compute_ms": r.compute_us / 1e3,
                        "send_ms": r.send_us / 1e3, "bytes": r.nbytes}
                       for st, r in zip(plan.remote, records, strict=True)]
@@ -133,7 +138,7 @@ class Executor:
 
     def _unpack(self, reply: bytes, count: int, stats: RunStats) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
-        _, blob = decode_result(reply, count)
+        _, blob = decode_result(reply, count, stats.nonce)
         # never allocate more than the model's outputs take, whatever the peer declares
         try:
             decoded = decode_tensors(blob, max_bytes=self._result_bytes)
@@ -184,7 +189,7 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
     else:
         blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
                                           for n, a in crossing.items()})
-    payload = plan.request_header + blob
+    payload = with_nonce(plan.request_header, stats.nonce) + blob
     elapsed = time.perf_counter() - t0
     if plan.packing.is_media or plan.packing.codec == "ans":  # priced as the codecs are
         elapsed = codec_emulation.stretch(elapsed)

@@ -74,6 +74,8 @@ class RunStats:
     #: per remote stage, in order: ``device``, ``compute_ms`` (its decoder included),
     #: ``send_ms`` (handing its tensors to the next device) and ``bytes`` (their size)
     hops: list[dict[str, Any]] = field(default_factory=list)
+    #: the offloaded request's nonce (its RESULT must echo it)
+    nonce: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,7 +33,14 @@ from typing import Any
 
 import numpy as np
 from coinf.ble_protocol.messages import MsgType, result_bound
-from coinf.ble_protocol.request import REST, Request, Tile, decode_result, encode_request
+from coinf.ble_protocol.request import (
+    Kind,
+    Request,
+    Tile,
+    decode_result,
+    encode_request,
+    new_nonce,
+)
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import Connector
 from coinf.convert.gtdp import Worker
@@ -79,11 +86,11 @@ class SpatialStats:
     per_group: list[tuple[float, list[float]]] = field(default_factory=list)
 
 
-def _encode(key: Tile | None, name: str, arr: np.ndarray) -> bytes:
+def _encode(key: Tile | None, name: str, arr: np.ndarray, nonce: int) -> bytes:
     """A TILE request (``key``) or the REST request (``None``). Tiles travel raw: float
     feature maps barely compress losslessly, and on a Wi-Fi-class link the codec would cost
     more time than the bytes it saves."""
-    request = REST if key is None else Request.for_tile(key)
+    request = Request(Kind.REST, nonce=nonce) if key is None else Request.for_tile(key, nonce)
     return encode_request(request, encode_tensors({name: arr}))
 
 
@@ -239,12 +246,13 @@ class SpatialSession:
         fault of the helper's is :class:`_HelperFailed`; a configuration fault is raised."""
         try:
             rpc = await self._conns[helper].client()
-            payload = _encode(key, name, arr)
+            nonce = new_nonce()
+            payload = _encode(key, name, arr, nonce)
             stats.bytes_sent += len(payload)
             reply = await rpc.request(MsgType.REQUEST, payload, self.timeout,
                                       max_reply=max_reply)
             stats.bytes_received += len(reply.payload)
-            (hop,), blob = decode_result(reply.payload, 1)
+            (hop,), blob = decode_result(reply.payload, 1, nonce)
             try:
                 res = decode_tensors(blob, max_bytes=max_bytes)
             except ProtocolError as exc:

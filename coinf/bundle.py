@@ -70,17 +70,26 @@ class Part:
     flops: int
     param_bytes: int
     nodes: tuple[str, ...]
+    #: the SHA-256 of ``file`` as ``coinf split`` wrote it (None in bundles made before it was
+    #: recorded): part of the bundle identity, checked when the slice is opened
+    sha256: str | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Part:
-        file = obj.get("file")
+        file, digest = obj.get("file"), obj.get("sha256")
         if file is not None and not isinstance(file, str):
             raise TypeError(f"a part's file must be a path string or null, got {file!r}")
-        return cls(file, int(obj["flops"]), int(obj["param_bytes"]), tuple(obj["nodes"]))
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
+            raise TypeError(f"a part's sha256 must be 64 hex digits, got {digest!r}")
+        return cls(file, int(obj["flops"]), int(obj["param_bytes"]), tuple(obj["nodes"]),
+                   digest)
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "flops": self.flops, "param_bytes": self.param_bytes,
-                "nodes": list(self.nodes)}
+        out = {"file": self.file, "flops": self.flops, "param_bytes": self.param_bytes,
+               "nodes": list(self.nodes)}
+        if self.sha256 is not None:
+            out["sha256"] = self.sha256
+        return out
 
 
 @dataclass(frozen=True)
@@ -219,9 +228,10 @@ class Bundle:
     def identity(self) -> str:
         """What the handshake compares: the model's hash plus a hash of the candidate cuts.
 
-        Calibration data and other manifest extras do not change it; a different model, a
-        different set of cuts, different attached compressors or different entropy priors (the
-        tables ``ansN`` bodies are decoded with) does. With shared weights
+        Calibration data (entropy priors included: HELLO_ACK's ``priors`` tells the sender
+        whether ``ansN`` can be decoded) and other manifest extras do not change it; a
+        different model, a different set of cuts or slices, or different attached compressors
+        does. With shared weights
         ``model.onnx`` only points into ``weights.bin``, so that file's hash counts too.
         """
         cuts: list[Any] = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)]
@@ -232,11 +242,19 @@ class Bundle:
         comps = self.compressors()
         if comps:  # other compressors, other identity: a peer must decode what we encode
             cuts.append(["compressors", sorted([c.candidate, c.gamma, c.sha256] for c in comps)])
-        priors = self.meta.get(ENTROPY_PRIORS)
-        if isinstance(priors, dict) and priors.get("sha256"):  # ansN bodies name these tables
-            cuts.append(["entropy_priors", str(priors["sha256"])])
+        if any(p.sha256 for c in self.candidates for p in (c.head, c.tail)):
+            # the slices themselves and what crosses: a changed tail is another bundle
+            cuts.append(["slices", [[c.id, [[t.name, t.dtype, list(t.shape)] for t in c.crossing],
+                                     c.head.sha256, c.tail.sha256] for c in self.candidates]])
         digest = hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
         return f"{self.model_sha256[:16]}-{digest[:8]}"
+
+    @property
+    def priors_digest(self) -> str | None:
+        """The SHA-256 of this bundle's entropy priors index (``ansN`` tables), or None."""
+        priors = self.meta.get(ENTROPY_PRIORS)
+        digest = priors.get("sha256") if isinstance(priors, dict) else None
+        return str(digest) if digest else None
 
     def compressors(self, cid: str | None = None) -> list[Compressor]:
         """The attached compressors (``coinf convert compressors``), of cut ``cid`` or all."""
@@ -409,6 +427,31 @@ def check_locations(model: ModelProto, path: Path) -> None:
         if not loc or rel.is_absolute() or not (root / rel).resolve().is_relative_to(root):
             raise BundleError(f"bundle file {path}: tensor {t.name!r} names external data "
                               f"{loc!r} outside the bundle's folder")
+
+
+_VERIFIED: dict[tuple[str, int, int], str] = {}
+
+
+def verify_file(path: str | Path, sha256: str | None) -> None:
+    """Refuse a bundle file that is not the one ``coinf split`` recorded (``sha256``; None:
+    not recorded). Checked once per file version (path, size, mtime)."""
+    if sha256 is None:
+        return
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise BundleError(f"bundle file {p} is missing") from None
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if _VERIFIED.get(key) == sha256:
+        return
+    got = sha256_file(p)
+    if got != sha256:
+        raise BundleError(f"bundle file {p} is damaged or not the one this bundle was split "
+                          f"with (sha256 {got[:16]}..., the manifest says {sha256[:16]}...); "
+                          f"re-create the bundle with `coinf split MODEL -o BUNDLE --force`, or "
+                          f"push the whole bundle again")
+    _VERIFIED[key] = sha256
 
 
 def open_slice(path: str | Path, sess_options: Any = None,

@@ -18,7 +18,7 @@ from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import LITERT, ONNXRUNTIME, check_runtime, open_litert, resolve
 
-from coinf.bundle import Bundle, Candidate, open_slice
+from coinf.bundle import Bundle, Candidate, open_slice, verify_file
 
 
 class SliceRunner:
@@ -70,8 +70,9 @@ class SliceRunner:
         if runtime == LITERT:
             sess = open_litert(self.bundle, cand, part, self.emulation.threads)
         else:
-            sess = open_slice(self.bundle.path(file), self.emulation.session_options(),
-                              self.providers)
+            path = self.bundle.path(file)
+            verify_file(path, (cand.head if part == "head" else cand.tail).sha256)
+            sess = open_slice(path, self.emulation.session_options(), self.providers)
         with self._lock:
             self._sessions[key] = sess
             while len(self._sessions) > self.capacity:

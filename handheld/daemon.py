@@ -209,6 +209,7 @@ class HandheldDaemon:
             "role": "handheld",
             "capabilities": CAPABILITIES,
             "decoders": decodable(),
+            "priors": self.bundle.priors_digest,  # the ansN tables it decodes with
         }
 
     def status(self) -> dict[str, Any]:

@@ -479,12 +479,23 @@ def test_the_planner_prices_ans_by_its_times_and_offers_it_only_with_tables(
     assert "lacks the entropy priors" in planner.excluded_configs["c001~ans4"]
 
 
-def test_the_entropy_priors_are_part_of_the_bundle_identity(tmp_path: Path) -> None:
-    """Two sides with different tables fail at the handshake (BUNDLE_MISMATCH), not at the
-    first ansN request."""
+def test_ans_is_offered_only_to_a_handheld_with_the_same_tables(tmp_path: Path) -> None:
+    """HELLO_ACK names the handheld's tables (``priors``): another set, or none, and ansN is
+    neither planned nor sent (a fixed ans4 is refused before anything goes out)."""
+    from coinf.handheld.daemon import HandheldDaemon
+    from coinf.wearable.planner.codec_costs import check_decodable, peer_decoders
+
+    from coinf.errors import InputError
+
     bundle, _ = _calibrated(tmp_path, ("q3", "ans4"))
     loaded = Bundle.load(bundle.root)
-    assert isinstance(loaded.meta.get(bundle_mod.ENTROPY_PRIORS), dict)
-    with_tables = loaded.identity
-    loaded.meta.pop(bundle_mod.ENTROPY_PRIORS)
-    assert loaded.identity != with_tables
+    digest = loaded.priors_digest
+    assert digest is not None
+    ack = HandheldDaemon(loaded).hello_payload()
+    assert ack["priors"] == digest and "ans" in ack["decoders"]
+    assert "ans" in peer_decoders(ack, digest)
+    for other in ({**ack, "priors": "0" * 64}, {**ack, "priors": None}):
+        assert "ans" not in peer_decoders(other, digest)
+        with pytest.raises(InputError, match="other entropy tables"):
+            check_decodable(PackSpec.parse("ans4"), other, digest)
+    check_decodable(PackSpec.parse("ans4"), ack, digest)  # the same tables: sent

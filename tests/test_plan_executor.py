@@ -210,3 +210,57 @@ async def test_a_session_given_helpers_chooses_the_strategy_and_runs_it(bundle) 
             (out,) = await sess.run(None, feeds[0])
             np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-5)
             assert sess.last_run is not None and sess.last_run.strategy == "local"
+
+
+def test_a_changed_slice_is_refused_and_its_bundle_has_another_identity(tmp_path: Path) -> None:
+    """The handheld's tail had its weights changed after the split (issue 40's negated-weights
+    probe; same manifest, so the same identity): it refuses to run it and the wearable finishes
+    the frame itself; a manifest made to match the new file has another identity."""
+    import shutil
+
+    import onnx
+    from coinf.ble_protocol.loopback import InProcessLink
+    from coinf.handheld.daemon import HandheldDaemon
+    from onnx import numpy_helper
+
+    from coinf.bundle import Bundle, sha256_file
+    from tests.bundles import fixed
+
+    bundle = split_model(LENET, tmp_path / "b")
+    copy = tmp_path / "handheld"
+    shutil.copytree(bundle.root, copy)
+    cand = bundle.candidates[len(bundle.candidates) // 2]
+    assert cand.tail.sha256 and cand.tail.file
+    path = copy / cand.tail.file
+    model = onnx.load(str(path))
+    init = model.graph.initializer[0]
+    init.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(init), init.name))
+    onnx.save(model, str(path))
+    tampered = Bundle.load(copy)
+    assert tampered.identity == bundle.identity  # the manifest still says the old file
+    feed = frames(bundle, 1)[0]
+    want = reference(bundle, [feed])[0]
+
+    async def main() -> None:
+        async with HandheldDaemon(tampered) as daemon:
+            async def factory() -> InProcessLink:
+                ours, theirs = InProcessLink.pair()
+                daemon.start(theirs)
+                return ours
+
+            opts = fixed(cand.id, link=LinkOptions(transport=factory))
+            async with AsyncSession(bundle, opts) as sess:
+                (got,) = await sess.run(None, feed)
+                assert sess.last_run is not None and sess.last_run.local
+                assert "not the one this bundle was split with" in (sess.last_run.fallback
+                                                                    or "")
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            assert daemon.requests == 0
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for c in manifest["candidates"]:
+        if c["id"] == cand.id:
+            c["tail"]["sha256"] = sha256_file(path)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert Bundle.load(copy).identity != bundle.identity  # refused at HELLO

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.messages import MsgType, ProtocolError
-from coinf.ble_protocol.packing import LEGACY_DECODERS
 from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
+from coinf.wearable.planner.codec_costs import peer_decoders as codec_peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
 from coinf.wearable.policy import Policy
@@ -116,8 +116,7 @@ class AutoPlan:
     def peer_decoders(self, hello_ack: Mapping[str, Any] | None) -> None:
         """The packings the handheld said it decodes (HELLO_ACK ``decoders``; a peer that lists
         none decodes the packings before codec packings): the planner offers no other."""
-        got = (hello_ack or {}).get("decoders")
-        names = frozenset(str(d) for d in got[:64]) if isinstance(got, list) else LEGACY_DECODERS
+        names = codec_peer_decoders(hello_ack, self.bundle.priors_digest)
         planner = self.adaptive.planner
         if planner.peer_decoders != names:
             planner.peer_decoders = names

@@ -370,7 +370,7 @@ class AsyncSession:
         timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
         try:
             rpc = await conn.client()
-            check_decodable(plan.packing, conn.info)
+            check_decodable(plan.packing, conn.info, self.bundle.priors_digest)
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
             payload = await self.executor.encode(plan, crossing, stats)

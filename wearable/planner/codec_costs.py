@@ -88,16 +88,31 @@ def undecodable(spec: str, peer_decoders: frozenset[str] | None,
     return f"the handheld cannot decode {codec} (it decodes {', '.join(sorted(peer_decoders))})"
 
 
-def check_decodable(packing: Any, hello_ack: Mapping[str, Any] | None) -> None:
-    """Refuse, before anything is sent, a packing the handheld did not list in its HELLO_ACK
-    ``decoders`` (a packing fixed by the caller; the planner never picks one)."""
+def peer_decoders(hello_ack: Mapping[str, Any] | None, priors: str | None) -> frozenset[str]:
+    """The packings the handheld decodes: its HELLO_ACK ``decoders`` (a peer that lists none:
+    the packings before codec packings), without ``ans`` unless its ``priors`` are this
+    bundle's (``priors``: :attr:`coinf.bundle.Bundle.priors_digest`)."""
     from coinf.ble_protocol.packing import LEGACY_DECODERS
 
-    got = (hello_ack or {}).get("decoders")
-    names = set(map(str, got)) if isinstance(got, list) else LEGACY_DECODERS
+    ack = hello_ack or {}
+    got = ack.get("decoders")
+    names = frozenset(str(d) for d in got[:64]) if isinstance(got, list) else LEGACY_DECODERS
+    if priors is None or ack.get("priors") != priors:
+        names -= {"ans"}
+    return names
+
+
+def check_decodable(packing: Any, hello_ack: Mapping[str, Any] | None,
+                    priors: str | None = None) -> None:
+    """Refuse, before anything is sent, a packing the handheld cannot decode (a packing fixed
+    by the caller; the planner never picks one)."""
+    names = peer_decoders(hello_ack, priors)
     if packing.codec not in names:
         from coinf.errors import InputError
 
+        if packing.codec == "ans":
+            raise InputError(f"packing {packing} cannot be sent: the handheld's bundle has "
+                             f"other entropy tables, or none (coinf push this bundle there)")
         raise InputError(f"packing {packing} cannot be sent: the handheld decodes only "
                          f"{', '.join(sorted(names))} (install coinf[codecs] there, or choose "
                          f"another packing)")

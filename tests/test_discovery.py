@@ -215,10 +215,12 @@ def test_without_zeroconf_discovery_names_the_extra(monkeypatch: pytest.MonkeyPa
         discover_helpers(1.0, ID)
     with pytest.raises(MissingDependency, match=r"coinf\[discovery\]"):
         PlacementOptions(helpers=Discover(bundle_identity=ID)).helper_configs()
-    assert main(["discover", "--timeout", "1"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("coinf discover: error:") and "coinf[discovery]" in err
-    assert "\n" not in err
+    for argv in (["discover", "--timeout", "1"],
+                 ["handheld", "--bundle", "b", "--announce", "--name", "h1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"coinf {argv[0]}: error:") and "coinf[discovery]" in err, err
+        assert "\n" not in err
 
 
 def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path,

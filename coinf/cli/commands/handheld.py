@@ -116,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.cli.commands.pipeline_role import check_announce, discovered_forwarder
 
     check_announce(args)
+    if args.announce:  # before the bundle's tails load, not once the listeners are up
+        from coinf.deps import require
+
+        require("zeroconf", "discovery", "coinf handheld --announce")
     forward, own_address = None, ""
     if args.announce and not args.pipeline:  # peers: the helpers announced on the network
         forward = discovered_forwarder(args)

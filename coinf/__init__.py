@@ -26,6 +26,7 @@ _LAZY = {
     "PlannerOptions": "coinf.wearable.options",
     "EmulationOptions": "coinf.wearable.options",
     "RunOptions": "coinf.wearable.options",
+    "Discover": "coinf.wearable.discovery",
     "AsyncSession": "coinf.wearable.core",
     "RunStats": "coinf.wearable.frame",
     "FrameResult": "coinf.wearable.frame",
@@ -33,6 +34,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from coinf.wearable.core import AsyncSession
+    from coinf.wearable.discovery import Discover
     from coinf.wearable.frame import FrameResult, RunStats
     from coinf.wearable.options import (
         EmulationOptions,
@@ -54,5 +56,6 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AsyncSession", "EmulationOptions", "FrameResult", "LinkOptions", "PlacementOptions",
-           "PlannerOptions", "RunOptions", "RunStats", "Session", "SessionOptions"]
+__all__ = ["AsyncSession", "Discover", "EmulationOptions", "FrameResult", "LinkOptions",
+           "PlacementOptions", "PlannerOptions", "RunOptions", "RunStats", "Session",
+           "SessionOptions"]

@@ -15,6 +15,7 @@ EXTRA_OF: dict[str, str] = {
     "scipy": "convert", "matplotlib": "convert", "tqdm": "convert",
     "torch": "models", "sklearn": "train",
     "bleak": "handheld", "bumble": "wearable", "psutil": "wearable",
+    "zeroconf": "discovery",
 }
 
 

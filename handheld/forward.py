@@ -141,6 +141,15 @@ class Forwarder:
         self._sent_end: dict[str, float] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"coinf-stage-{name}")
 
+    async def set_peers(self, peers: Mapping[str, Peer]) -> None:
+        """Replace the peer list (discovery, handheld/announce.py): the link to a peer that
+        left or moved is closed (a request on it fails as the peer's would)."""
+        self.peers = dict(peers)
+        for name, link in list(self._links.items()):
+            if self.peers.get(name) != link.peer:
+                del self._links[name]
+                await link.drop()
+
     async def aclose(self) -> None:
         for link in self._links.values():
             await link.drop()
@@ -246,7 +255,10 @@ class Forwarder:
         name = rest[0].device
         link = self._links.get(name)
         if link is None:
-            link = self._links[name] = _PeerLink(self.peers[name], self.bundle.identity,
+            peer = self.peers.get(name)
+            if peer is None:  # it left (discovery) while this stage ran
+                raise ProtocolError(ErrorCode.DISCONNECTED, f"next hop {name} left", hop=1)
+            link = self._links[name] = _PeerLink(peer, self.bundle.identity,
                                                  self.connect_timeout)
         blob = (encode_tensors(tensors) if spec.codec == "raw"
                 else encode_tensors({}, packed=pack_tensors(tensors, spec)))

@@ -76,3 +76,19 @@ def test_wearable_extra_resolves_to_aarch64_cp311_wheels(tmp_path: Path) -> None
                           f"{r.name}=={floor}")
     oldest = _resolve(lowest, tmp_path / "old", "--no-deps")
     assert len(oldest) == len(lowest), (lowest, oldest)
+
+
+@needs_network("resolving the discovery extra on the package index")
+def test_discovery_extra_resolves_to_aarch64_cp311_wheels(tmp_path: Path) -> None:
+    """``coinf[discovery]`` (``coinf run --discover`` on the Pi): zeroconf's newest release and
+    the floor setup.cfg allows both have aarch64 cp311 wheels (and ifaddr a pure one)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    reqs = [x.strip() for x in cfg["options.extras_require"]["discovery"].splitlines()
+            if x.strip() and not x.strip().startswith("#")]
+    newest = _resolve(reqs, tmp_path / "new")
+    assert {"zeroconf", "ifaddr"} <= set(newest), newest
+    floor = next(s.version for s in Requirement(reqs[0]).specifier if s.operator == ">=")
+    assert _resolve([f"zeroconf=={floor}.*"], tmp_path / "old", "--no-deps")

@@ -121,7 +121,7 @@ class AsyncSession:
         #: a fixed plan of any number of stages (PlacementOptions.plan), else None
         self._fixed_plan = place.fixed_plan(self.bundle)
         #: the helpers a plan may name (PlacementOptions.helpers), each reached on first use
-        self._helpers = {h.name: h for h in place.helper_configs()}
+        self._helpers = {h.name: h for h in place.helper_configs(self.bundle)}
         self._helper_conns: dict[str, Connection] = {}
         self._plans: dict[tuple[Any, ...], Plan] = {}
         #: with helpers and no fixed split or plan: every strategy, the chosen one and why

@@ -119,7 +119,9 @@ class PlacementOptions(_Options):
         --json`` prints one under ``plan``). Stages name their devices: ``handheld`` is reached
         by ``LinkOptions.transport``, any other by ``helpers``.
     helpers: the helper devices a plan may name: :class:`~coinf.wearable.pipeline_config.
-        HelperConfig` objects or a pipeline config file (docs/PIPELINE.md).
+        HelperConfig` objects, a pipeline config file (docs/PIPELINE.md), or a
+        :class:`~coinf.wearable.discovery.Discover`: the helpers announced on the network
+        (DNS-SD) that serve the bundle, found when the Session starts.
     """
 
     split: str | None = None
@@ -150,12 +152,17 @@ class PlacementOptions(_Options):
                 obj = obj["plan"]  # the output of `coinf plan --json`
         return Plan.from_json(obj, bundle)
 
-    def helper_configs(self) -> list[Any]:
-        """The helpers as :class:`~coinf.wearable.pipeline_config.HelperConfig` objects."""
+    def helper_configs(self, bundle: Any = None) -> list[Any]:
+        """The helpers as :class:`~coinf.wearable.pipeline_config.HelperConfig` objects;
+        with ``Discover``, those found now serving ``bundle`` (a Bundle; default: the
+        ``Discover``'s ``bundle_identity``)."""
+        from coinf.wearable.discovery import Discover
         from coinf.wearable.pipeline_config import HelperConfig, load_helpers
 
         if isinstance(self.helpers, str | Path):
             return load_helpers(self.helpers)
+        if isinstance(self.helpers, Discover):
+            return self.helpers.helper_configs(bundle)
         return [h for h in self.helpers if isinstance(h, HelperConfig)]
 
     def __post_init__(self) -> None:
@@ -180,12 +187,15 @@ class PlacementOptions(_Options):
         if not isinstance(self.plan, str | Path | Mapping | type(None)) and \
                 type(self.plan).__name__ != "Plan":
             raise _fail(self, "plan", "a Plan, its JSON object or a JSON file")
-        if not isinstance(self.helpers, str | Path):
+        from coinf.wearable.discovery import Discover
+
+        if not isinstance(self.helpers, str | Path | Discover):
             from coinf.wearable.pipeline_config import HelperConfig
 
             if not isinstance(self.helpers, Sequence) or \
                     not all(isinstance(h, HelperConfig) for h in self.helpers):
-                raise _fail(self, "helpers", "HelperConfig objects or a pipeline config file")
+                raise _fail(self, "helpers", "HelperConfig objects, a pipeline config file or "
+                            "Discover(...)")
             object.__setattr__(self, "helpers", tuple(self.helpers))
 
 

@@ -65,6 +65,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="with --pipeline: this helper's name in the config; "
                         "it listens on its address there (for its peers, and for the wearable "
                         "unless --listen adds another spec, e.g. ble:HCI)")
+    parser.add_argument("--announce", action="store_true",
+                        help="announce this helper on the network (DNS-SD _coinf._tcp: its TCP "
+                        "listener, --name, the bundle's identity), so `coinf run --discover` "
+                        "finds it; needs --name. Without --pipeline it forwards pipeline stages "
+                        "to the other announced helpers of this bundle (docs/PIPELINE.md)")
+    parser.add_argument("--speed-gflops", type=argtypes.number(0, 1e6, lo_open=True),
+                        metavar="G", help="with --announce: this helper's speed, announced as "
+                        "the planner's prior (a config's speed_gflops)")
+    from coinf.cli.commands.discover import add_filters
+
+    add_filters(parser)  # --allow (which announced peers to forward to), --mdns-interface
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log each connection and request")
     parser.set_defaults(func=run)
@@ -102,8 +113,17 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("bumble").setLevel(logging.CRITICAL)
     if not args.bundle:
         raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
+    from coinf.cli.commands.pipeline_role import check_announce, discovered_forwarder
+
+    check_announce(args)
+    if args.announce:  # before the bundle's tails load, not once the listeners are up
+        from coinf.deps import require
+
+        require("zeroconf", "discovery", "coinf handheld --announce")
     forward, own_address = None, ""
-    if args.pipeline or args.name:
+    if args.announce and not args.pipeline:  # peers: the helpers announced on the network
+        forward = discovered_forwarder(args)
+    elif args.pipeline or args.name:
         from coinf.cli.commands.pipeline_role import forwarder_for
 
         forward, own_address = forwarder_for(args)
@@ -112,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_pending is None:
         args.max_pending = 16 if forward is not None else 4
     spec = listen_spec(args)
+    if args.announce and not any(s.startswith("tcp:") for s in (spec, own_address)):
+        raise UserError(f"--announce needs a TCP listener (--listen tcp:HOST:PORT), not {spec}")
     try:
         emulation = DeviceEmulation(args.slowdown, args.threads)
     except ValueError as exc:
@@ -126,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                                           ("passkey", args.passkey)) if v is not None})
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     # a pipeline helper also listens on its config address, where its peers reach it
-    peers = (open_listener(own_address) if forward is not None and spec != own_address
+    peers = (open_listener(own_address) if own_address and spec != own_address
              else None)
     from coinf.cli.paths import naming
     from coinf.device.profile import load_or_default
@@ -139,11 +161,18 @@ def run(args: argparse.Namespace) -> int:
                             max_pending=args.max_pending, forward=forward)
 
     async def main() -> None:
-        async with daemon, listener, peers or contextlib.nullcontext():
+        async with contextlib.AsyncExitStack() as stack:
+            for part in (daemon, listener, peers):
+                if part is not None:
+                    await stack.enter_async_context(part)
             where = (f"to BLE wearable {args.wearable!r} via {listener.spec}"
                      if options else f"on {listener.description}")
             if peers is not None:
                 where += f" and to pipeline peers on {peers.description}"
+            if args.announce:  # unregistered when the stack unwinds (Ctrl-C, SIGTERM too)
+                announcer = await stack.enter_async_context(
+                    announcer_for(args, bundle, (listener, peers), forward))
+                where += f", announced as {announcer.description}"
             stop = ready(bundle, where)
             serving = [asyncio.ensure_future(daemon.serve_listener(lst))
                        for lst in (listener, peers) if lst is not None]
@@ -160,6 +189,22 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def announcer_for(args: argparse.Namespace, bundle: Bundle, listeners: tuple[Any, ...],
+                  forward: Any) -> Any:
+    """The :class:`~coinf.handheld.announce.Announcer` of ``--announce``: the first TCP
+    listener's actual address; with a forwarder of no config, it keeps its peers too."""
+    from coinf.handheld.announce import Announcer
+
+    address = next(lst.address for lst in listeners
+                   if lst is not None and getattr(lst, "address", "").startswith("tcp:"))
+    if address.partition(":")[2].startswith("127."):
+        print("coinf handheld: announcing a loopback address: only this machine can reach "
+              "it (--listen tcp:0.0.0.0:PORT for the others)", file=sys.stderr, flush=True)
+    return Announcer(args.name, bundle.identity, address, interfaces=args.mdns_interface,
+                     speed_gflops=args.speed_gflops,
+                     forwarder=forward if not args.pipeline else None, allow=args.allow)
 
 
 def ready(bundle: Bundle, where: str) -> asyncio.Event:

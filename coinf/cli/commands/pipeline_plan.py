@@ -1,8 +1,8 @@
-"""``coinf plan BUNDLE --helpers CONFIG`` (or ``--pipeline CONFIG``): the strategy a Session
-given these helpers runs (local, depth split or pipeline, compared on the device profiles: the
-plan itself under ``plan``), every strategy with spatial partition beside them, and the DP split
-over every device measured here, one row per stage (device, slice, compute, link to the next
-device, compressor)."""
+"""``coinf plan BUNDLE --helpers CONFIG`` (or ``--pipeline CONFIG``, or ``--discover``): the
+strategy a Session given these helpers runs (local, depth split or pipeline, compared on the
+device profiles: the plan itself under ``plan``), every strategy with spatial partition beside
+them, and the DP split over every device measured here, one row per stage (device, slice,
+compute, link to the next device, compressor)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,20 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.planner.strategy import choose_strategy, to_plan
     from coinf.wearable.policy import load_policy
 
-    helpers = load_helpers(args.pipeline)
+    if args.pipeline and args.discover is not None:
+        raise UserError("give --helpers CONFIG or --discover, not both")
+    helpers = load_helpers(args.pipeline) if args.pipeline else None
     slowdown = args.wearable_slowdown if args.wearable_slowdown is not None else 1.0
     if not slowdown >= 1:
         raise UserError("--wearable-slowdown must be >= 1 with --pipeline")
     bundle = Bundle.load(args.bundle)
+    if helpers is None:
+        from coinf.cli.commands.discover import discovered_helpers
+
+        helpers = discovered_helpers(args, bundle)
+        if not helpers:
+            raise UserError(f"--discover found no helper serving {bundle.identity} in "
+                            f"{args.discover:g} s (coinf discover lists every announced one)")
     # packing="auto": each link's packing and compressor as the session would choose them at
     # the configured bandwidth (raw unless the bundle is calibrated or has compressors)
     sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1, packing="auto")

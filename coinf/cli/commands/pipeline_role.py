@@ -35,3 +35,33 @@ def forwarder_for(args: argparse.Namespace) -> tuple[Callable[[Any, Any], Any], 
         return Forwarder(bundle, args.name, peers, emulation=emulation)
 
     return make, own.address
+
+
+def check_announce(args: argparse.Namespace) -> None:
+    """``--announce`` needs ``--name``; its companion flags need ``--announce``."""
+    if args.announce and not args.name:
+        raise UserError("--announce needs --name NAME: what the wearable and the other helpers "
+                        "call this helper (1-32 of [A-Za-z0-9_-])")
+    lone = [f for f, v in (("--speed-gflops", args.speed_gflops), ("--allow", args.allow),
+                           ("--mdns-interface", args.mdns_interface)) if v]
+    if lone and not args.announce:
+        raise UserError(f"{lone[0]} is for --announce")
+    if args.allow and args.pipeline:
+        raise UserError("--allow chooses the announced helpers to forward to; with --pipeline "
+                        "the peers are the config's")
+
+
+def discovered_forwarder(args: argparse.Namespace) -> Callable[[Any, Any], Any]:
+    """``--announce --name NAME`` without a config: a factory ``(bundle, emulation) ->
+    Forwarder`` with no peers yet; the announcer keeps them to the helpers it finds."""
+    from coinf.ble_protocol.request import valid_name
+    from coinf.handheld.forward import Forwarder
+
+    if not valid_name(args.name) or args.name in ("wearable", "handheld"):
+        raise UserError(f"--name must be 1-32 of [A-Za-z0-9_-] and not wearable or handheld, "
+                        f"got {args.name!r}")
+
+    def make(bundle: Any, emulation: Any) -> Forwarder:
+        return Forwarder(bundle, args.name, {}, emulation=emulation)
+
+    return make

@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.png:
         writable_file(args.png, "--png", make_folder=False)
-    if args.pipeline:
+    from coinf.cli.commands.discover import check_filters
+
+    check_filters(args)
+    if args.pipeline or args.discover is not None:
         from coinf.cli.commands import pipeline_plan
 
         return pipeline_plan.run(args)
@@ -249,6 +252,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "--objective throughput for a stream, else latency) and its plan, "
                              "spatial partition beside them (docs/SPATIAL.md), and the DP's "
                              "stages measured here")
+    from coinf.cli.commands.discover import add_discover
+
+    add_discover(parser)  # the same, over the helpers found on the network
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 

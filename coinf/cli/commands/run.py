@@ -61,6 +61,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="helper devices (a pipeline config, docs/PIPELINE.md): the ones "
                         "a --plan names, or, alone, the devices the Session chooses a "
                         "strategy over (local, split or pipeline)")
+    from coinf.cli.commands.discover import add_discover
+
+    add_discover(parser)  # --discover [SECONDS], --allow, --mdns-interface
     parser.add_argument("--planner-runs", type=argtypes.count, default=0, metavar="N",
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
@@ -97,12 +100,17 @@ def spread(n_items: int, k: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle, open_slice
+    from coinf.cli.commands.discover import check_filters, discovered_helpers
     from coinf.cli.sample import bundle_feeds, load_feeds
     from coinf.errors import UserError
     from coinf.wearable.session import Session
 
-    if args.helpers and (args.split or args.all):
-        raise UserError("--helpers: with --plan FILE (the devices its stages name) or alone "
+    check_filters(args)
+    if args.helpers and args.discover is not None:
+        raise UserError("give --helpers CONFIG or --discover, not both")
+    if (args.helpers or args.discover is not None) and (args.split or args.all):
+        flag = "--helpers" if args.helpers else "--discover"
+        raise UserError(f"{flag}: with --plan FILE (the devices its stages name) or alone "
                         "(the Session chooses local, a split or a pipeline), not with "
                         "--split/--all")
     if args.repeat < 1:
@@ -117,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.transport == "ble" and not args.hci:
         raise UserError("--transport ble needs --hci hci-socket:0, usb:0 or tcp-client:HOST:PORT")
     bundle = Bundle.load(args.bundle)
+    if args.discover is not None:  # found now, once: every session of this run uses them
+        args.helpers = discovered_helpers(args, bundle)
     feeds = bundle_feeds(bundle, args.seed)
     feeds.update(load_feeds(args.input, bundle.inputs))
     ref_sess = open_slice(bundle.model_path)

@@ -11,6 +11,7 @@ A configuration this wearable cannot encode or the handheld does not decode (its
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,14 +93,23 @@ def peer_decoders(hello_ack: Mapping[str, Any] | None, priors: str | None) -> fr
     """The packings the handheld decodes: its HELLO_ACK ``decoders`` (a peer that lists none:
     the packings before codec packings), without ``ans`` unless its ``priors`` are this
     bundle's (``priors``: :attr:`coinf.bundle.Bundle.priors_digest`)."""
-    from coinf.ble_protocol.packing import LEGACY_DECODERS
-
     ack = hello_ack or {}
     got = ack.get("decoders")
-    names = frozenset(str(d) for d in got[:64]) if isinstance(got, list) else LEGACY_DECODERS
-    if priors is None or ack.get("priors") != priors:
-        names -= {"ans"}
-    return names
+    listed = tuple(got[:64]) if isinstance(got, list) else None
+    same = priors is not None and ack.get("priors") == priors
+    try:
+        return _decoders(listed, same)
+    except TypeError:  # an unhashable entry from the wire: read it the slow way
+        return _decoders(tuple(map(str, listed or ())), same)
+
+
+@functools.lru_cache(maxsize=64)
+def _decoders(listed: tuple[Any, ...] | None, same_priors: bool) -> frozenset[str]:
+    """(Called for every frame: cached per HELLO_ACK's list.)"""
+    from coinf.ble_protocol.packing import LEGACY_DECODERS
+
+    names = frozenset(map(str, listed)) if listed is not None else LEGACY_DECODERS
+    return names if same_priors else names - {"ans"}
 
 
 def check_decodable(packing: Any, hello_ack: Mapping[str, Any] | None,

@@ -103,13 +103,18 @@ class Bottleneck(nn.Module):
     """Encoder (wearable) -> integer latent -> decoder (handheld), for an (N, C, ...) tensor of
     one or two spatial axes. ``mean``/``std`` normalise the cut's tensor per channel (fixed
     buffers, measured on the training data) so that one lambda means the same for every model.
+
+    Each side is a linear map plus a small non-linear branch. The linear maps (a ``stride``-sized
+    patch to ``latent`` values and back) start as the data's principal components
+    (:meth:`init_pca`) and the branches' last layers at zero, so training starts from a
+    transform coder that already reconstructs; a per-channel gain sets the quantisation step.
     """
 
     mean: torch.Tensor
     std: torch.Tensor
 
     def __init__(self, shape: Sequence[int], latent: int, hidden: int, stride: int,
-                 mean: np.ndarray, std: np.ndarray) -> None:
+                 mean: np.ndarray, std: np.ndarray, gain: float = 4.0) -> None:
         super().__init__()
         if len(shape) not in (3, 4):
             raise ValueError(f"a learned bottleneck needs an (N, C, L) or (N, C, H, W) tensor, "
@@ -122,22 +127,62 @@ class Bottleneck(nn.Module):
         view = (1, ch) + (1,) * (len(shape) - 2)
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).reshape(view))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).reshape(view))
+        self.log_gain = nn.Parameter(torch.full((1, latent) + (1,) * (len(shape) - 2),
+                                                math.log(gain)))
+        k = 3 if stride > 1 else 1  # a 1x1 encoder at full resolution: cheap on the wearable
+        self.enc_linear = conv(ch, latent, stride, stride)
         self.encoder = nn.Sequential(
-            conv(ch, hidden, 3, stride, 1), nn.ReLU(), conv(hidden, latent, 1))
+            conv(ch, hidden, k, stride, k // 2), nn.ReLU(), conv(hidden, latent, 1))
+        self.dec_linear = up(latent, ch, stride, stride)
         layers: list[nn.Module] = [conv(latent, hidden, 1), nn.ReLU(),
                                    conv(hidden, hidden, 3, 1, 1), nn.ReLU()]
         if stride > 1:
             layers += [up(hidden, hidden, 2 * stride, stride, stride // 2), nn.ReLU()]
-        layers += [conv(hidden, hidden, 3, 1, 1), nn.ReLU(), conv(hidden, ch, 3, 1, 1)]
+        layers += [conv(hidden, ch, 3, 1, 1)]
         self.decoder = nn.Sequential(*layers)
+        for last in (self.encoder[-1], self.decoder[-1]):
+            assert isinstance(last, nn.Conv1d | nn.Conv2d)
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)  # type: ignore[arg-type]
         self.prior = EntropyBottleneck(latent)
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        pads: list[int] = []
+        for d in reversed(self.shape[2:]):
+            pads += [0, -d % self.stride]
+        return F.pad(x, pads) if any(pads) else x
+
+    @torch.no_grad()
+    def init_pca(self, sample: np.ndarray) -> None:
+        """Set the linear maps to the top ``latent`` principal components of the normalised
+        ``stride``-sized patches of ``sample`` (N, C, ...)."""
+        xn = self._pad((torch.from_numpy(sample) - self.mean) / self.std)
+        s, ch = self.stride, self.shape[1]
+        if xn.ndim == 4:
+            patches = F.unfold(xn, s, stride=s)  # (N, C*s*s, P): channel-major, like a weight
+        else:
+            n, _, length = xn.shape
+            patches = xn.reshape(n, ch, length // s, s).permute(0, 1, 3, 2).reshape(
+                n, ch * s, length // s)
+        flat = patches.permute(0, 2, 1).reshape(-1, patches.shape[1]).double()
+        cov = flat.T @ flat / max(len(flat), 1)
+        _, vecs = torch.linalg.eigh(cov)  # ascending
+        top = vecs.flip(1)[:, :self.latent].T.float()  # (<= latent, C*s^d)
+        weight = torch.zeros(self.latent, top.shape[1])
+        weight[:len(top)] = top
+        self.enc_linear.weight.copy_(weight.reshape(self.enc_linear.weight.shape))
+        self.dec_linear.weight.copy_(weight.reshape(self.dec_linear.weight.shape))
+        for lin in (self.enc_linear, self.dec_linear):
+            nn.init.zeros_(lin.bias)  # type: ignore[arg-type]
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The continuous latent (before noise or rounding)."""
-        return self.encoder((x - self.mean) / self.std)
+        xn = (x - self.mean) / self.std
+        return (self.enc_linear(self._pad(xn)) + self.encoder(xn)) * torch.exp(self.log_gain)
 
     def decode(self, y: torch.Tensor) -> torch.Tensor:
-        out = self.decoder(y)
+        z = y * torch.exp(-self.log_gain)
+        out = self.dec_linear(z) + self.decoder(z)
         return out[(..., *(slice(0, d) for d in self.shape[2:]))] * self.std + self.mean
 
     def forward(self, x: torch.Tensor, noisy: bool = True
@@ -156,6 +201,10 @@ def encoder_flops(model: Bottleneck) -> int:
     """FLOPs (2 x MACs + biases) of the encoder on one sample, normalisation included."""
     shape = list(model.shape)
     total = 2 * int(np.prod(shape[1:]))  # (x - mean) / std
+    lin = model.enc_linear
+    positions = int(np.prod([-(-d // model.stride) for d in shape[2:]]))
+    total += positions * model.latent * (2 * lin.in_channels * model.stride ** (len(shape) - 2)
+                                         + 3)  # + bias, + the branch's sum, x gain
     for layer in model.encoder:
         if isinstance(layer, nn.Conv1d | nn.Conv2d):
             pads = [int(p) for p in layer.padding]
@@ -276,7 +325,7 @@ class Outcome:
     model: Bottleneck
     steps_done: int
     finished: bool
-    #: the loss of each step this run trained (not those before a resume)
+    #: distortion + lambda x rate of each step this run trained (not those before a resume)
     history: list[float]
 
 
@@ -299,6 +348,7 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
     mean = crossing.mean(axes)
     std = crossing.std(axes) + 1e-6 * max(float(crossing.std()), 1e-6)
     model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std)
+    model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
     frozen = FrozenTail(tail)
     frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -330,14 +380,15 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
         # the prior fits the latents whatever lambda is: bits per element of the detached
         # latents train its parameters only; lambda x bits also pushes the encoder
         fit = -torch.log2(model.prior.likelihood(yq.detach())).mean()
-        loss = (dist + cfg.feature_weight * F.mse_loss(restored, x) / fvar
-                + cfg.lam * bits.mean() + fit)
+        objective = (dist + cfg.feature_weight * F.mse_loss(restored, x) / fvar
+                     + cfg.lam * bits.mean())
+        loss = objective + fit
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         step += 1
-        history.append(float(loss.detach()))
+        history.append(float(objective.detach()))
         if progress is not None:
             progress(f"train lambda {cfg.lam:g}", step, cfg.steps)
         out_of_time = time_limit is not None and time.monotonic() - began > time_limit
@@ -349,6 +400,25 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
             break
     model.eval()
     return Outcome(model, step, step >= cfg.steps, history)
+
+
+@torch.no_grad()
+def objective(model: Bottleneck, crossing: np.ndarray, targets: Sequence[np.ndarray],
+              kinds: Sequence[str], tail: Any, lam: float, batch: int = 32) -> float:
+    """Distortion + ``lam`` x bits per sample, with rounding, over all of ``crossing``: the
+    trained quantity, measured on fixed data (what a training step's batch loss is not)."""
+    frozen = FrozenTail(tail)
+    frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
+    scales = [max(float(np.var(t)), 1e-12) for t in targets]
+    total = 0.0
+    for i in range(0, len(crossing), batch):
+        x = torch.from_numpy(np.ascontiguousarray(crossing[i:i + batch], np.float32))
+        restored, bits, _ = model(x, noisy=False)
+        refs = [torch.from_numpy(np.ascontiguousarray(t[i:i + batch], np.float32))
+                for t in targets]
+        total += len(x) * float(distortion(frozen(restored), refs, kinds, scales)
+                                + lam * bits.mean())
+    return total / len(crossing)
 
 
 @torch.no_grad()

@@ -194,6 +194,15 @@ def run_slices(bundle: Bundle, cand: Candidate, tail: ModelProto, feeds: Mapping
     return np.concatenate(crossing), [np.concatenate(o) for o in zip(*outs, strict=True)]
 
 
+def onnx_flops(path: Path) -> int:
+    """FLOPs of an ONNX model by the bundle's own cost model (convert/cost.py), so an
+    encoder's figure adds to its head's."""
+    from coinf.convert.cost import all_costs
+    from coinf.convert.graph import load_graph
+
+    return sum(c.flops for c in all_costs(load_graph(path)))
+
+
 def score(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> float:
     """Agreement with the original model in [0, 1]: top-1 agreement of the first classifier
     target (``kl`` kind), else 1 - the mean normalised squared error of the targets (>= 0)."""
@@ -388,5 +397,6 @@ def lambda_label(lam: float) -> str:
 
 
 __all__ = ["ANS_OVERHEAD", "CODE", "MIN_TEST", "MIN_TRAIN", "PRECISION", "Priors", "Trained",
-           "check_cut", "describe", "distill_model", "load_data", "register", "run_slices",
+           "check_cut", "describe", "distill_model", "load_data", "onnx_flops", "register",
+           "run_slices",
            "score", "split_data", "target_kinds"]

@@ -40,6 +40,7 @@ from coinf.convert.bottleneck import (
     Trained,
     check_cut,
     distill_model,
+    onnx_flops,
     register,
     run_slices,
     score,
@@ -197,28 +198,6 @@ class Bottleneck(nn.Module):
         return self.decode(yq), bits, yq
 
 
-def encoder_flops(model: Bottleneck) -> int:
-    """FLOPs (2 x MACs + biases) of the encoder on one sample, normalisation included."""
-    shape = list(model.shape)
-    total = 2 * int(np.prod(shape[1:]))  # (x - mean) / std
-    lin = model.enc_linear
-    positions = int(np.prod([-(-d // model.stride) for d in shape[2:]]))
-    total += positions * model.latent * (2 * lin.in_channels * model.stride ** (len(shape) - 2)
-                                         + 3)  # + bias, + the branch's sum, x gain
-    for layer in model.encoder:
-        if isinstance(layer, nn.Conv1d | nn.Conv2d):
-            pads = [int(p) for p in layer.padding]
-            spatial = [(s + 2 * p - k) // st + 1 for s, p, k, st in
-                       zip(shape[2:], pads, layer.kernel_size, layer.stride, strict=True)]
-            k = int(np.prod(layer.kernel_size)) * layer.in_channels // layer.groups
-            n_out = layer.out_channels * int(np.prod(spatial))
-            total += n_out * (2 * k + 1)
-            shape = [1, layer.out_channels, *spatial]
-        elif isinstance(layer, nn.ReLU):
-            total += int(np.prod(shape[1:]))
-    return total + 3 * model.latent * int(np.prod(shape[2:]))  # round and clip
-
-
 # -- the frozen tail in torch -------------------------------------------------------------------
 def _import_onnx2torch() -> Any:
     """onnx2torch, importable without torchvision: it needs torchvision only to run the
@@ -315,6 +294,9 @@ class Config:
     lr: float = 1e-3
     feature_weight: float = 0.1
     seed: int = 0
+    #: the latent's initial scale: 1 / the quantisation step in units of the principal
+    #: components' values (learned from there; high starts at a high rate, lambda lowers it)
+    gain: float = 16.0
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
@@ -347,7 +329,7 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
     axes = (0, *range(2, crossing.ndim))
     mean = crossing.mean(axes)
     std = crossing.std(axes) + 1e-6 * max(float(crossing.std()), 1e-6)
-    model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std)
+    model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std, cfg.gain)
     model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
     frozen = FrozenTail(tail)
     frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
@@ -562,7 +544,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         priors = priors_for(run.model, latents(run.model, x_tr))
         enc, dec, pmf, shape = export(run.model, priors, tensor.name, work, f"lam{lam:g}")
         agree, mean_bytes, _ = evaluate(enc, dec, tail, priors, x_te, t_te)
-        points.append(Trained(lam, enc, dec, pmf, shape, encoder_flops(run.model), agree,
-                              mean_bytes, len(x_te)))
+        points.append(Trained(lam, enc, dec, pmf, shape, onnx_flops(enc), agree, mean_bytes,
+                              len(x_te)))
     register(bundle, cand, points)
     return points, notes

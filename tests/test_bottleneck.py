@@ -222,3 +222,35 @@ def test_a_learned_entry_needs_its_pmf_file(lenet: Path, tmp_path: Path,
     (root / comp.priors).unlink()
     with pytest.raises(BundleError, match=r"needs missing compressors/c002-lam1e-05\.pmf\.json"):
         Bundle.load(root)
+
+
+@pytest.mark.parametrize("shape, stride", [((12, 5, 31), 2), ((12, 3, 9, 11), 2),
+                                           ((12, 6, 7, 7), 1)])
+def test_bottleneck_shapes_and_export(tmp_path: Path, shape: tuple[int, ...],
+                                      stride: int) -> None:
+    """(N, C, L) and (N, C, H, W) tensors, odd sizes with a stride: the decoder restores the
+    exact shape, the ONNX files run in onnxruntime, the code is the rounded, clipped latent."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    model = bt.Bottleneck(shape, 4, 8, stride, x.mean((0, *range(2, len(shape)))),
+                          x.std((0, *range(2, len(shape)))))
+    model.init_pca(x)
+    restored, bits, yq = model(torch.from_numpy(x), noisy=False)
+    assert restored.shape == shape and bits.shape == (shape[0],)
+    spatial = tuple(-(-d // stride) for d in shape[2:])
+    assert yq.shape == (shape[0], 4, *spatial)
+    priors = bt.priors_for(model, bt.latents(model, x))
+    enc, dec, pmf, code_shape = bt.export(model, priors, "t", tmp_path, "p")
+    assert code_shape == (1, 4, *spatial) and bn.Priors.read(pmf) == priors
+    (code,) = ort.InferenceSession(str(enc)).run(None, {"t": x[:1]})
+    assert np.array_equal(code, np.clip(np.rint(yq[:1].detach().numpy()),
+                                        priors.lo.reshape(-1, *[1] * len(spatial)),
+                                        priors.hi.reshape(-1, *[1] * len(spatial))))
+    (back,) = ort.InferenceSession(str(dec)).run(None, {"code": code})
+    np.testing.assert_allclose(back, restored[:1].detach().numpy(), rtol=1e-4, atol=1e-4)
+    # 1x1 / kxk convolutions, ReLU, the normalisation, gain, round and clip, counted as the
+    # bundle counts its slices
+    macs = model.latent * int(np.prod(spatial)) * shape[1] * stride ** (len(shape) - 2)
+    assert bn.onnx_flops(enc) > 2 * macs

@@ -32,6 +32,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="channels of the encoder's and decoder's hidden layers (default 48)")
     parser.add_argument("--stride", type=argtypes.integer(1, 4), default=2,
                         help="spatial downsampling of the latent (default 2)")
+    parser.add_argument("--gain", type=argtypes.number(0, 1e4, lo_open=True), default=16.0,
+                        help="initial latent scale: 1 / quantisation step in principal-component "
+                             "units (default 16: training starts at a high rate)")
     parser.add_argument("--steps", type=argtypes.positive_int, default=1500,
                         help="training steps per lambda (default 1500)")
     parser.add_argument("--batch", type=argtypes.integer(1, 4096), default=16,
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     work = writable_dir(Path(args.work) if args.work else bt.default_work_dir(bundle, args.cut),
                         "--work")
     base = bt.Config(lam=0.0, latent=args.latent, hidden=args.hidden, stride=args.stride,
-                     steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed)
+                     steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
+                     gain=args.gain)
     n_tr, n_te = len(next(iter(train.values()))), len(next(iter(held.values())))
     print(f"training {len(lams)} bottleneck(s) at {args.cut} on {n_tr} feeds, measuring on "
           f"{n_te} held out", file=sys.stderr)

@@ -220,7 +220,7 @@ def test_a_learned_entry_needs_its_pmf_file(lenet: Path, tmp_path: Path,
     (comp,) = Bundle.load(root).compressors(CUT)
     assert comp.priors is not None
     (root / comp.priors).unlink()
-    with pytest.raises(BundleError, match=r"needs missing compressors/c002-lam1e-05\.pmf\.json"):
+    with pytest.raises(BundleError, match=r"needs missing compressors/c002-lam1e-06\.pmf\.json"):
         Bundle.load(root)
 
 

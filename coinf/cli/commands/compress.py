@@ -10,7 +10,7 @@ from pathlib import Path
 from coinf.cli import argtypes
 from coinf.errors import InputError
 
-DEFAULT_LAMBDAS = (1e-5,)
+DEFAULT_LAMBDAS = (1e-6,)
 
 
 def register(parser: argparse.ArgumentParser) -> None:

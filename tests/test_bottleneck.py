@@ -127,6 +127,14 @@ def test_compress_exports_a_bottleneck_that_approximates_the_model(
         assert comp.rate_bytes is not None and comp.rate_bytes < cand.crossing_bytes / 10
         if comp.lam == 1e-4:
             assert np.mean(agree) >= 0.85 and np.median(tv) < 0.15, (np.mean(agree), tv)
+    # the runtime's compressor runner (wearable encode, handheld decode) takes them as they are
+    from coinf.convert.compressors import CodecRunner
+
+    runner = CodecRunner(bundle)
+    (feat,) = head.run(None, {"image": test[0]})
+    code = runner.encode(comps[0], {crossing.name: feat})
+    assert set(runner.decode(comps[0], code)) == {crossing.name}
+    assert bundle.compressor(CUT, comps[0].gamma).kind == "learned"
     low, high = sorted(comps, key=lambda c: c.lam or 0.0)
     assert high.rate_bytes is not None and low.rate_bytes is not None
     assert high.rate_bytes < low.rate_bytes  # more weight on the rate, fewer bytes

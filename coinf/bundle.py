@@ -163,6 +163,15 @@ class Compressor:
     code_bytes: dict[str, int]
     base_accuracy: float
     sha256: str
+    #: ``autoencoder`` (a set of ``coinf convert compressors``) or ``learned`` (``coinf
+    #: compress``: an integer code with an entropy model; docs/BOTTLENECK.md)
+    kind: str = "autoencoder"
+    #: learned only: the rate weight it was trained with, its pmf file (format ``coinf-pmf``),
+    #: the estimated entropy-coded bytes per frame and how many held-out feeds measured it
+    lam: float | None = None
+    priors: str | None = None
+    rate_bytes: float | None = None
+    test_feeds: int | None = None
 
     @property
     def label(self) -> str:
@@ -177,17 +186,31 @@ class Compressor:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], base_accuracy: float) -> Compressor:
+        kind = str(obj.get("kind", "autoencoder"))
+        if kind not in ("autoencoder", "learned"):
+            raise ValueError(f"compressor kind {kind[:40]!r}: expected autoencoder or learned")
+        learned = kind == "learned"
         return cls(str(obj["candidate"]), int(obj["gamma"]), str(obj["encoder"]),
                    str(obj["decoder"]), TensorSpec.from_json(obj["code"]), int(obj["flops"]),
                    {str(k): float(v) for k, v in obj["accuracy"].items()},
                    {str(k): int(v) for k, v in obj["code_bytes"].items()},
-                   float(base_accuracy), str(obj["sha256"]))
+                   # a learned entry's accuracy is agreement with the original model
+                   float(obj.get("base_accuracy", base_accuracy)), str(obj["sha256"]), kind,
+                   float(obj["lambda"]) if learned else None,
+                   _path_field(obj["priors"]) if learned else None,
+                   float(obj["rate_bytes"]) if learned else None,
+                   int(obj["test_feeds"]) if learned else None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"candidate": self.candidate, "gamma": self.gamma, "encoder": self.encoder,
-                "decoder": self.decoder, "code": self.code.to_json(), "flops": self.flops,
-                "accuracy": dict(self.accuracy), "code_bytes": dict(self.code_bytes),
-                "sha256": self.sha256}
+        out = {"candidate": self.candidate, "gamma": self.gamma, "encoder": self.encoder,
+               "decoder": self.decoder, "code": self.code.to_json(), "flops": self.flops,
+               "accuracy": dict(self.accuracy), "code_bytes": dict(self.code_bytes),
+               "sha256": self.sha256}
+        if self.kind == "learned":
+            out.update(kind=self.kind, base_accuracy=self.base_accuracy, priors=self.priors,
+                       rate_bytes=self.rate_bytes, test_feeds=self.test_feeds)
+            out["lambda"] = self.lam
+        return out
 
 
 @dataclass
@@ -353,7 +376,7 @@ class Bundle:
         for comp in comps:
             if comp.candidate not in ids:
                 raise BundleError(f"{path}: compressor {comp.label} names no candidate")
-            for file in (comp.encoder, comp.decoder):
+            for file in (comp.encoder, comp.decoder, *([comp.priors] if comp.priors else [])):
                 if not inside(root, file).is_file():
                     raise BundleError(f"{path}: compressor {comp.label} needs missing {file}")
         if isinstance(meta.get(ENTROPY_PRIORS), dict) and root.resolve() not in PRIOR_ROOTS:

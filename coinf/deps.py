@@ -13,7 +13,7 @@ from coinf.errors import MissingDependency
 #: top-level import name -> the extra of setup.cfg that installs it
 EXTRA_OF: dict[str, str] = {
     "scipy": "convert", "matplotlib": "convert", "tqdm": "convert",
-    "torch": "models", "sklearn": "train",
+    "torch": "models", "sklearn": "train", "onnx2torch": "compress",
     "bleak": "handheld", "bumble": "wearable", "psutil": "wearable",
     "zeroconf": "discovery",
 }
@@ -36,6 +36,8 @@ PI_LEFT_OUT: dict[str, tuple[str, str]] = {
     **{f"coinf.models.{m}": ("the zoo's model builders are", "models") for m in (
         "architectures", "compressor_set", "compressors", "digitnet", "export", "large",
         "pruning", "sequence", "training")},
+    "coinf.convert.bottleneck_train": ("training learned bottlenecks (`coinf compress`) is",
+                                       "compress"),
 }
 
 

@@ -9,6 +9,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("split", "split", "slice an ONNX model into a split bundle"),
     ("convert", "convert", "add verified TFLite slices to a bundle (convert tflite)"),
     ("calibrate", "calibrate", "measure packing size and accuracy per candidate"),
+    ("compress", "compress", "train learned bottlenecks (encoder, entropy model, decoder) at a "
+     "cut"),
     ("models", "models", "list or build the model zoo"),
     ("handheld", "handheld", "run the handheld daemon (tail side)"),
     ("run", "run", "run one inference through a Session"),

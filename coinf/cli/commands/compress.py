@@ -1,0 +1,100 @@
+"""``coinf compress BUNDLE --cut CUT --data FILE_OR_DIR``: train learned bottlenecks at a cut
+(docs/BOTTLENECK.md). Needs torch and onnx2torch (the ``compress`` extra), on the laptop."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from coinf.cli import argtypes
+from coinf.errors import InputError
+
+DEFAULT_LAMBDAS = (1e-6,)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", help="split bundle directory (made by `coinf split`)")
+    parser.add_argument("--cut", required=True, metavar="CUT",
+                        help="candidate id whose one crossing tensor the bottleneck compresses")
+    parser.add_argument("--data", required=True, metavar="FILE_OR_DIR",
+                        help="unlabelled feeds: an .npz (per model input (N, *shape) or N "
+                             "along its batch axis, exactly its dtype) or a folder of them")
+    parser.add_argument("--test", default=None, metavar="FILE_OR_DIR",
+                        help="held-out feeds to measure on (default: the last eighth of --data)")
+    parser.add_argument("--lambda", dest="lams", action="append",
+                        type=argtypes.number(0), metavar="L",
+                        help="rate weight per bit of the latent (repeatable: one operating "
+                             f"point each; default {DEFAULT_LAMBDAS[0]:g})")
+    parser.add_argument("--latent", type=argtypes.integer(1, 1024), default=16,
+                        help="latent channels (default 16)")
+    parser.add_argument("--hidden", type=argtypes.integer(1, 1024), default=48,
+                        help="channels of the encoder's and decoder's hidden layers (default 48)")
+    parser.add_argument("--stride", type=argtypes.integer(1, 4), default=2,
+                        help="spatial downsampling of the latent (default 2)")
+    parser.add_argument("--gain", type=argtypes.number(0, 1e4, lo_open=True), default=16.0,
+                        help="initial latent scale: 1 / quantisation step in principal-component "
+                             "units (default 16: training starts at a high rate)")
+    parser.add_argument("--steps", type=argtypes.positive_int, default=1500,
+                        help="training steps per lambda (default 1500)")
+    parser.add_argument("--batch", type=argtypes.integer(1, 4096), default=16,
+                        help="feeds per step (default 16)")
+    parser.add_argument("--lr", type=argtypes.number(0, 1, lo_open=True), default=1e-3,
+                        help="peak learning rate (default 1e-3)")
+    parser.add_argument("--time-limit", type=argtypes.seconds, default=None, metavar="S",
+                        help="stop training after S seconds in all (the points are still "
+                             "exported; --resume continues them)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the checkpoints of an earlier run with the same "
+                             "settings")
+    parser.add_argument("--work", default=None, metavar="DIR",
+                        help="checkpoints and exports (default ~/.cache/coinf/compress/...)")
+    parser.add_argument("--threads", type=argtypes.threads, default=1,
+                        help="torch threads (default 1)")
+    parser.add_argument("--seed", type=argtypes.seed, default=0)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
+    from coinf.cli.paths import writable_dir
+    from coinf.cli.progress import Bar
+    from coinf.convert import bottleneck as bn
+    from coinf.deps import require, require_full
+
+    bundle = Bundle.load(args.bundle)
+    bn.check_cut(bundle, args.cut)
+    data = bn.load_data(bundle, args.data, "--data")
+    test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST) if args.test else None
+    train, held = bn.split_data(data, test)
+    lams = list(dict.fromkeys(args.lams or DEFAULT_LAMBDAS))
+    require_full("coinf.convert.bottleneck_train")
+    require("torch", "compress", "coinf compress")
+    require("onnx2torch", "compress", "coinf compress")
+    import torch
+
+    from coinf.convert import bottleneck_train as bt
+
+    torch.set_num_threads(args.threads)
+    work = writable_dir(Path(args.work) if args.work else bt.default_work_dir(bundle, args.cut),
+                        "--work")
+    base = bt.Config(lam=0.0, latent=args.latent, hidden=args.hidden, stride=args.stride,
+                     steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
+                     gain=args.gain)
+    n_tr, n_te = len(next(iter(train.values()))), len(next(iter(held.values())))
+    print(f"training {len(lams)} bottleneck(s) at {args.cut} on {n_tr} feeds, measuring on "
+          f"{n_te} held out", file=sys.stderr)
+    try:
+        points, notes = bt.compress(bundle, args.cut, train, held, lams, base, work,
+                                    args.resume, args.time_limit, Bar())
+    except NotImplementedError as exc:
+        raise InputError(f"--cut {args.cut}: {exc}") from None
+    cand = bundle.candidate(args.cut)
+    for line in bn.describe(points, cand.crossing_bytes):
+        print(line)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {args.cut} "
+          f"(crossing {cand.crossing_bytes} B float32); agreement = top-1 agreement with the "
+          f"original model on the held-out feeds")
+    return 0

@@ -1,0 +1,550 @@
+"""Training a learned bottleneck at a cut of a frozen model (issue 42; imports torch).
+
+The laptop-only half of :mod:`coinf.convert.bottleneck` (docs/BOTTLENECK.md): the encoder, the
+factorized entropy model and the decoder as torch modules, the bundle's tail converted to torch
+with onnx2torch (frozen: gradients flow through it to the decoder, its weights never change),
+the training loop (distortion of the tail's outputs against the original model's, plus lambda
+times the entropy model's bits) and the ONNX export. The Pi wheel leaves this module out
+(setup.py ``PI_DROP_MODULES``); torch and onnx2torch come with the ``compress`` extra.
+
+Factorized prior (Balle et al. 2018, "Variational image compression with a scale hyperprior",
+appendix 6.1): per latent channel a monotone cumulative c(y) = sigmoid(f(y)), f a small MLP
+(1-3-3-3-1) with softplus-positive matrices; the likelihood of an integer symbol k is
+c(k + 1/2) - c(k - 1/2). Training adds uniform noise in [-1/2, 1/2) to the latents (a
+differentiable stand-in for rounding); evaluation and export round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import sys
+import time
+import types
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from coinf.convert.bottleneck import (
+    CODE,
+    MAX_SYMBOLS,
+    Priors,
+    Trained,
+    check_cut,
+    distill_model,
+    onnx_flops,
+    register,
+    run_slices,
+    score,
+    target_kinds,
+)
+from torch import nn
+
+from coinf.bundle import Bundle
+
+LIKELIHOOD_FLOOR = 1e-9
+Progress = Callable[[str, int, int], None]
+
+
+class EntropyBottleneck(nn.Module):
+    """Non-parametric per-channel density over the latents (module docstring)."""
+
+    def __init__(self, channels: int, filters: Sequence[int] = (3, 3, 3),
+                 init_scale: float = 10.0) -> None:
+        super().__init__()
+        dims = (1, *filters, 1)
+        scale = init_scale ** (1 / (len(filters) + 1))
+        self.matrices = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        self.factors = nn.ParameterList()
+        for i in range(len(filters) + 1):
+            init = math.log(math.expm1(1 / scale / dims[i + 1]))
+            self.matrices.append(nn.Parameter(torch.full((channels, dims[i + 1], dims[i]), init)))
+            self.biases.append(nn.Parameter(torch.rand(channels, dims[i + 1], 1) - 0.5))
+            if i < len(filters):
+                self.factors.append(nn.Parameter(torch.zeros(channels, dims[i + 1], 1)))
+
+    def logits_cdf(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x) for x of shape (C, 1, N)."""
+        for i, matrix in enumerate(self.matrices):
+            x = torch.matmul(F.softplus(matrix), x) + self.biases[i]
+            if i < len(self.factors):
+                x = x + torch.tanh(self.factors[i]) * torch.tanh(x)
+        return x
+
+    def likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        """P(symbol) of each value of ``y`` (N, C, ...): c(y + 1/2) - c(y - 1/2), floored."""
+        c = y.shape[1]
+        flat = y.transpose(0, 1).reshape(c, 1, -1)
+        lower = self.logits_cdf(flat - 0.5)
+        upper = self.logits_cdf(flat + 0.5)
+        sign = -torch.sign(lower + upper).detach()  # stay in the sigmoid's accurate tail
+        p = torch.abs(torch.sigmoid(sign * upper) - torch.sigmoid(sign * lower))
+        p = p.clamp_min(LIKELIHOOD_FLOOR)
+        return p.reshape(c, y.shape[0], *y.shape[2:]).transpose(0, 1)
+
+    @torch.no_grad()
+    def pmf(self, lo: int, hi: int) -> np.ndarray:
+        """(C, hi - lo + 1) probabilities of the integer symbols lo..hi per channel."""
+        c = self.matrices[0].shape[0]
+        k = torch.arange(lo, hi + 1, dtype=torch.float32)
+        y = k.reshape(1, 1, -1).expand(1, c, -1).contiguous()
+        return self.likelihood(y)[0].numpy().astype(np.float64)
+
+
+class Bottleneck(nn.Module):
+    """Encoder (wearable) -> integer latent -> decoder (handheld), for an (N, C, ...) tensor of
+    one or two spatial axes. ``mean``/``std`` normalise the cut's tensor per channel (fixed
+    buffers, measured on the training data) so that one lambda means the same for every model.
+
+    Each side is a linear map plus a small non-linear branch. The linear maps (a ``stride``-sized
+    patch to ``latent`` values and back) start as the data's principal components
+    (:meth:`init_pca`) and the branches' last layers at zero, so training starts from a
+    transform coder that already reconstructs; a per-channel gain sets the quantisation step.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, shape: Sequence[int], latent: int, hidden: int, stride: int,
+                 mean: np.ndarray, std: np.ndarray, gain: float = 4.0) -> None:
+        super().__init__()
+        if len(shape) not in (3, 4):
+            raise ValueError(f"a learned bottleneck needs an (N, C, L) or (N, C, H, W) tensor, "
+                             f"got shape {list(shape)}")
+        self.shape = tuple(int(d) for d in shape)
+        self.latent, self.stride = latent, stride
+        conv = nn.Conv1d if len(shape) == 3 else nn.Conv2d
+        up = nn.ConvTranspose1d if len(shape) == 3 else nn.ConvTranspose2d
+        ch = self.shape[1]
+        view = (1, ch) + (1,) * (len(shape) - 2)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).reshape(view))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).reshape(view))
+        self.log_gain = nn.Parameter(torch.full((1, latent) + (1,) * (len(shape) - 2),
+                                                math.log(gain)))
+        k = 3 if stride > 1 else 1  # a 1x1 encoder at full resolution: cheap on the wearable
+        self.enc_linear = conv(ch, latent, stride, stride)
+        self.encoder = nn.Sequential(
+            conv(ch, hidden, k, stride, k // 2), nn.ReLU(), conv(hidden, latent, 1))
+        self.dec_linear = up(latent, ch, stride, stride)
+        layers: list[nn.Module] = [conv(latent, hidden, 1), nn.ReLU(),
+                                   conv(hidden, hidden, 3, 1, 1), nn.ReLU()]
+        if stride > 1:
+            layers += [up(hidden, hidden, 2 * stride, stride, stride // 2), nn.ReLU()]
+        layers += [conv(hidden, ch, 3, 1, 1)]
+        self.decoder = nn.Sequential(*layers)
+        for last in (self.encoder[-1], self.decoder[-1]):
+            assert isinstance(last, nn.Conv1d | nn.Conv2d)
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)  # type: ignore[arg-type]
+        self.prior = EntropyBottleneck(latent)
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        pads: list[int] = []
+        for d in reversed(self.shape[2:]):
+            pads += [0, -d % self.stride]
+        return F.pad(x, pads) if any(pads) else x
+
+    @torch.no_grad()
+    def init_pca(self, sample: np.ndarray) -> None:
+        """Set the linear maps to the top ``latent`` principal components of the normalised
+        ``stride``-sized patches of ``sample`` (N, C, ...)."""
+        xn = self._pad((torch.from_numpy(sample) - self.mean) / self.std)
+        s, ch = self.stride, self.shape[1]
+        if xn.ndim == 4:
+            patches = F.unfold(xn, s, stride=s)  # (N, C*s*s, P): channel-major, like a weight
+        else:
+            n, _, length = xn.shape
+            patches = xn.reshape(n, ch, length // s, s).permute(0, 1, 3, 2).reshape(
+                n, ch * s, length // s)
+        flat = patches.permute(0, 2, 1).reshape(-1, patches.shape[1]).double()
+        cov = flat.T @ flat / max(len(flat), 1)
+        _, vecs = torch.linalg.eigh(cov)  # ascending
+        top = vecs.flip(1)[:, :self.latent].T.float()  # (<= latent, C*s^d)
+        weight = torch.zeros(self.latent, top.shape[1])
+        weight[:len(top)] = top
+        self.enc_linear.weight.copy_(weight.reshape(self.enc_linear.weight.shape))
+        self.dec_linear.weight.copy_(weight.reshape(self.dec_linear.weight.shape))
+        for lin in (self.enc_linear, self.dec_linear):
+            nn.init.zeros_(lin.bias)  # type: ignore[arg-type]
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The continuous latent (before noise or rounding)."""
+        xn = (x - self.mean) / self.std
+        return (self.enc_linear(self._pad(xn)) + self.encoder(xn)) * torch.exp(self.log_gain)
+
+    def decode(self, y: torch.Tensor) -> torch.Tensor:
+        z = y * torch.exp(-self.log_gain)
+        out = self.dec_linear(z) + self.decoder(z)
+        return out[(..., *(slice(0, d) for d in self.shape[2:]))] * self.std + self.mean
+
+    def forward(self, x: torch.Tensor, noisy: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(restored tensor, bits per sample, latent used) with uniform noise or rounding."""
+        y = self.encode(x)
+        if noisy:
+            yq = y + torch.empty_like(y).uniform_(-0.5, 0.5)
+        else:
+            yq = y + (torch.round(y) - y).detach()  # straight-through rounding
+        bits = -torch.log2(self.prior.likelihood(yq)).flatten(1).sum(1)
+        return self.decode(yq), bits, yq
+
+
+# -- the frozen tail in torch -------------------------------------------------------------------
+def _import_onnx2torch() -> Any:
+    """onnx2torch, importable without torchvision: it needs torchvision only to run the
+    NonMaxSuppression and RoiAlign converters, and the PyPI torchvision wheel does not load with
+    the CPU torch. A stand-in that refuses those two ops is put in place when torchvision is
+    missing."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # missing, or the CUDA wheel that fails to load with the CPU torch
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise NotImplementedError("this tail uses NonMaxSuppression/RoiAlign, which "
+                                      "onnx2torch runs with torchvision (not installed)")
+
+        stub = types.ModuleType("torchvision")
+        ops = types.ModuleType("torchvision.ops")
+        ops.nms = ops.roi_align = ops.box_convert = refuse  # type: ignore[attr-defined]
+        stub.ops = ops  # type: ignore[attr-defined]
+        sys.modules["torchvision"] = stub
+        sys.modules["torchvision.ops"] = ops
+    import onnx2torch
+
+    return onnx2torch
+
+
+class FrozenTail(nn.Module):
+    """The tail ONNX model (``onnx.ModelProto``) as a torch module with frozen weights; returns
+    the outputs as a list in graph order. Batch sizes other than 1 work when the tail does not
+    bake the batch into a Reshape (checked by :func:`check_batch`)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.net = _import_onnx2torch().convert(model).eval()
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+
+        self.per_sample = False
+
+    def _run(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = self.net(x)
+        return list(out) if isinstance(out, list | tuple) else [out]
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if not self.per_sample:
+            return self._run(x)
+        rows = [self._run(x[i:i + 1]) for i in range(len(x))]
+        return [torch.cat(col) for col in zip(*rows, strict=True)]
+
+    @torch.no_grad()
+    def check_batch(self, x: torch.Tensor) -> None:
+        """Run batches one sample at a time when the tail bakes batch 1 into its shapes (a
+        Reshape to [1, -1]): then a batch gives other shapes or other values."""
+        self.per_sample = True
+        ref = self.forward(x)
+        try:
+            got = self._run(x)
+            self.per_sample = len(got) != len(ref) or not all(
+                g.shape == r.shape and torch.allclose(g, r, rtol=1e-4, atol=1e-5)
+                for g, r in zip(got, ref, strict=True))
+        except Exception:
+            self.per_sample = True
+
+    def train(self, mode: bool = True) -> FrozenTail:  # never leaves eval mode
+        return super().train(False)
+
+
+# -- loss ---------------------------------------------------------------------------------------
+def distortion(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
+               kinds: Sequence[str], scales: Sequence[float]) -> torch.Tensor:
+    """Mean over the batch of the sum over targets: ``kl`` KL(softmax ref || softmax out) on the
+    last axis (nats), ``mse`` mean squared error over ``scale`` (the target's variance)."""
+    total = torch.zeros(())
+    for out, ref, kind, scale in zip(outs, refs, kinds, scales, strict=True):
+        if kind == "kl":
+            logp, logq = F.log_softmax(ref, -1), F.log_softmax(out, -1)
+            total = total + (logp.exp() * (logp - logq)).sum(-1).mean()
+        else:
+            total = total + F.mse_loss(out, ref) / scale
+    return total
+
+
+# -- training -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """One operating point's hyper-parameters (a checkpoint resumes only with the same)."""
+
+    lam: float
+    latent: int = 16
+    hidden: int = 48
+    stride: int = 2
+    steps: int = 1500
+    batch: int = 16
+    lr: float = 1e-3
+    feature_weight: float = 0.1
+    seed: int = 0
+    #: the latent's initial scale: 1 / the quantisation step in units of the principal
+    #: components' values (learned from there; high starts at a high rate, lambda lowers it)
+    gain: float = 16.0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Outcome:
+    model: Bottleneck
+    steps_done: int
+    finished: bool
+    #: distortion + lambda x rate of each step this run trained (not those before a resume)
+    history: list[float]
+
+
+def _save(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray],
+                kinds: Sequence[str], tail: Any, checkpoint: Path | None = None,
+                resume: bool = False, time_limit: float | None = None,
+                progress: Progress | None = None, every: int = 50) -> Outcome:
+    """Train one bottleneck on ``crossing`` (N, C, ...) to reproduce ``targets`` through the
+    frozen ``tail`` (an ONNX model of the distillation targets). Stops after ``cfg.steps`` or
+    ``time_limit`` seconds, checkpointing every ``every`` steps; with ``resume`` a checkpoint of
+    the same config continues where it stopped."""
+    torch.manual_seed(cfg.seed)
+    axes = (0, *range(2, crossing.ndim))
+    mean = crossing.mean(axes)
+    std = crossing.std(axes) + 1e-6 * max(float(crossing.std()), 1e-6)
+    model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std, cfg.gain)
+    model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
+    frozen = FrozenTail(tail)
+    frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.steps,
+                                                pct_start=0.05)
+    start, history = 0, []
+    if resume and checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=True)
+        if state.get("key") == cfg.key():
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            start = int(state["step"])
+    x_all = torch.from_numpy(np.ascontiguousarray(crossing, np.float32))
+    refs = [torch.from_numpy(np.ascontiguousarray(t, np.float32)) for t in targets]
+    scales = [max(float(np.var(t)), 1e-12) for t in targets]
+    fvar = max(float(crossing.var()), 1e-12)
+    began, step = time.monotonic(), start
+    model.train()
+    while step < cfg.steps:
+        rng = np.random.default_rng([cfg.seed, step])  # batch and noise drawn per step, so
+        torch.manual_seed(int(rng.integers(2**62)))    # a resumed run repeats them exactly
+        idx = torch.from_numpy(rng.choice(len(x_all), min(cfg.batch, len(x_all)),
+                                          replace=False))
+        x = x_all[idx]
+        restored, bits, yq = model(x, noisy=True)
+        outs = frozen(restored)
+        dist = distortion(outs, [r[idx] for r in refs], kinds, scales)
+        # the prior fits the latents whatever lambda is: bits per element of the detached
+        # latents train its parameters only; lambda x bits also pushes the encoder
+        fit = -torch.log2(model.prior.likelihood(yq.detach())).mean()
+        objective = (dist + cfg.feature_weight * F.mse_loss(restored, x) / fvar
+                     + cfg.lam * bits.mean())
+        loss = objective + fit
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        step += 1
+        history.append(float(objective.detach()))
+        if progress is not None:
+            progress(f"train lambda {cfg.lam:g}", step, cfg.steps)
+        out_of_time = time_limit is not None and time.monotonic() - began > time_limit
+        if checkpoint is not None and (step % every == 0 or step == cfg.steps or out_of_time):
+            _save(checkpoint, {"key": cfg.key(), "config": asdict(cfg), "step": step,
+                               "model": model.state_dict(),
+                               "opt": opt.state_dict(), "sched": sched.state_dict()})
+        if out_of_time:
+            break
+    model.eval()
+    return Outcome(model, step, step >= cfg.steps, history)
+
+
+@torch.no_grad()
+def objective(model: Bottleneck, crossing: np.ndarray, targets: Sequence[np.ndarray],
+              kinds: Sequence[str], tail: Any, lam: float, batch: int = 32) -> float:
+    """Distortion + ``lam`` x bits per sample, with rounding, over all of ``crossing``: the
+    trained quantity, measured on fixed data (what a training step's batch loss is not)."""
+    frozen = FrozenTail(tail)
+    frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
+    scales = [max(float(np.var(t)), 1e-12) for t in targets]
+    total = 0.0
+    for i in range(0, len(crossing), batch):
+        x = torch.from_numpy(np.ascontiguousarray(crossing[i:i + batch], np.float32))
+        restored, bits, _ = model(x, noisy=False)
+        refs = [torch.from_numpy(np.ascontiguousarray(t[i:i + batch], np.float32))
+                for t in targets]
+        total += len(x) * float(distortion(frozen(restored), refs, kinds, scales)
+                                + lam * bits.mean())
+    return total / len(crossing)
+
+
+@torch.no_grad()
+def latents(model: Bottleneck, crossing: np.ndarray, batch: int = 32) -> np.ndarray:
+    """The rounded latents of ``crossing`` (N, C', ...)."""
+    out = [torch.round(model.encode(torch.from_numpy(crossing[i:i + batch]))).numpy()
+           for i in range(0, len(crossing), batch)]
+    return np.concatenate(out)
+
+
+def priors_for(model: Bottleneck, train_latents: np.ndarray) -> Priors:
+    """Per-channel symbol ranges (what the training latents reach, one more each side) and the
+    entropy model's pmf over them, quantised."""
+    axes = (0, *range(2, train_latents.ndim))
+    lo = np.minimum(train_latents.min(axes), 0).astype(np.int64) - 1
+    hi = np.maximum(train_latents.max(axes), 0).astype(np.int64) + 1
+    mid = (lo + hi) // 2
+    lo = np.maximum(lo, mid - MAX_SYMBOLS // 2 + 1)
+    hi = np.minimum(hi, lo + MAX_SYMBOLS - 1)
+    pmf = model.prior.pmf(int(lo.min()), int(hi.max()))
+    rows = [pmf[c, lo[c] - lo.min():hi[c] - lo.min() + 1] for c in range(len(lo))]
+    return Priors.from_pmf(rows, [int(v) for v in lo])
+
+
+class _Encoder(nn.Module):
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def __init__(self, model: Bottleneck, lo: np.ndarray, hi: np.ndarray) -> None:
+        super().__init__()
+        self.model = model
+        view = (1, -1) + (1,) * (len(model.shape) - 2)
+        self.register_buffer("lo", torch.tensor(lo, dtype=torch.float32).reshape(view))
+        self.register_buffer("hi", torch.tensor(hi, dtype=torch.float32).reshape(view))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.round(self.model.encode(x))
+        return torch.maximum(torch.minimum(y, self.hi), self.lo)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, model: Bottleneck) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.model.decode(y)
+
+
+def _onnx(module: nn.Module, sample: torch.Tensor, inp: str, out: str, path: Path) -> None:
+    import onnx
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (sample,), buf,  # type: ignore[arg-type]
+                          opset_version=17, dynamo=False, input_names=[inp],
+                          output_names=[out], training=torch.onnx.TrainingMode.EVAL)
+    proto = onnx.load_from_string(buf.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    path.write_bytes(proto.SerializeToString())
+
+
+def export(model: Bottleneck, priors: Priors, tensor: str, out_dir: Path, stem: str
+           ) -> tuple[Path, Path, Path, tuple[int, ...]]:
+    """``stem.enc.onnx`` (the crossing tensor -> ``code``: rounded, clipped to the priors'
+    ranges, float32), ``stem.dec.onnx`` (``code`` -> the crossing tensor) and ``stem.pmf.json``;
+    returns their paths and the code's shape."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    x = torch.zeros(1, *model.shape[1:])
+    enc = _Encoder(model, priors.lo, priors.hi)
+    with torch.no_grad():
+        code_shape = tuple(int(d) for d in enc(x).shape)
+    paths = (out_dir / f"{stem}.enc.onnx", out_dir / f"{stem}.dec.onnx",
+             out_dir / f"{stem}.pmf.json")
+    _onnx(enc, x, tensor, CODE, paths[0])
+    _onnx(_Decoder(model), torch.zeros(code_shape), CODE, tensor, paths[1])
+    paths[2].write_text(json.dumps(priors.to_json(code_shape), separators=(",", ":")) + "\n")
+    return (*paths, code_shape)
+
+
+# -- the command --------------------------------------------------------------------------------
+def default_work_dir(bundle: Bundle, cid: str) -> Path:
+    """Checkpoints and exports before they enter the bundle: the user's cache."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "coinf" / "compress" / f"{bundle.model_sha256[:16]}-{cid}"
+
+
+def _ort(path: Path) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def evaluate(enc: Path, dec: Path, tail: Any, priors: Priors, crossing: np.ndarray,
+             targets: Sequence[np.ndarray]) -> tuple[float, float, np.ndarray]:
+    """(agreement with the original model, mean estimated bytes per frame, codes) of the
+    exported encoder and decoder in onnxruntime on held-out crossing tensors."""
+    import onnxruntime as ort
+
+    e, d = _ort(enc), _ort(dec)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    t = ort.InferenceSession(tail.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    name = e.get_inputs()[0].name
+    codes, outs = [], []
+    for i in range(len(crossing)):
+        (code,) = e.run([CODE], {name: crossing[i:i + 1]})
+        (restored,) = d.run(None, {CODE: code})
+        codes.append(code)
+        outs.append(t.run(None, {name: restored}))
+    code_all = np.concatenate(codes)
+    got = [np.concatenate(o) for o in zip(*outs, strict=True)]
+    return score(got, targets), float(priors.frame_bytes(code_all).mean()), code_all
+
+
+def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
+             test: Mapping[str, np.ndarray], lams: Sequence[float], base: Config,
+             work: Path, resume: bool = False, time_limit: float | None = None,
+             progress: Progress | None = None) -> tuple[list[Trained], list[str]]:
+    """Train, export and measure one bottleneck per lambda at cut ``cid``, then register them
+    in the bundle. Returns the points and notes (a point stopped by the time limit)."""
+    cand, tensor = check_cut(bundle, cid)
+    tail, _ = distill_model(bundle, cand)
+    x_tr, t_tr = run_slices(bundle, cand, tail, train, progress, "features (train)")
+    x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
+    kinds = target_kinds(t_tr)
+    work.mkdir(parents=True, exist_ok=True)
+    began, points, notes = time.monotonic(), [], []
+    for k, lam in enumerate(lams):
+        cfg = replace(base, lam=lam)
+        left = None if time_limit is None else max(
+            (time_limit - (time.monotonic() - began)) / (len(lams) - k), 1.0)
+        run = train_point(cfg, x_tr, t_tr, kinds, tail, work / f"lam{lam:g}-{cfg.key()}.pt",
+                          resume, left, progress)
+        if not run.finished:
+            notes.append(f"lambda {lam:g}: stopped by --time-limit at step {run.steps_done} of "
+                         f"{cfg.steps}; run again with --resume to finish it")
+        priors = priors_for(run.model, latents(run.model, x_tr))
+        enc, dec, pmf, shape = export(run.model, priors, tensor.name, work, f"lam{lam:g}")
+        agree, mean_bytes, _ = evaluate(enc, dec, tail, priors, x_te, t_te)
+        points.append(Trained(lam, enc, dec, pmf, shape, onnx_flops(enc), agree, mean_bytes,
+                              len(x_te)))
+    register(bundle, cand, points)
+    return points, notes

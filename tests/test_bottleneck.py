@@ -1,0 +1,264 @@
+"""Learned bottlenecks (`coinf compress`, convert/bottleneck*.py) on the zoo's trained LeNet.
+
+The cut is ``pool1`` (6x12x12); the feeds are real digits (scikit-learn's). Training runs a
+few hundred steps on one thread; nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from coinf.convert import bottleneck as bn
+
+from coinf.bundle import Bundle
+from coinf.cli import main
+from coinf.errors import BundleError, InputError
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("onnx2torch") is None:  # the Makefile installs it (--no-deps)
+    pytest.skip("onnx2torch is not installed", allow_module_level=True)
+bt = pytest.importorskip("coinf.convert.bottleneck_train")
+
+CUT = "c002"  # lenet_digits: pool1, (1, 6, 12, 12)
+SMALL = ["--latent", "4", "--hidden", "8", "--batch", "8"]
+
+
+@pytest.fixture(scope="module")
+def lenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from coinf.convert.split import split_model
+    from coinf.models import zoo
+
+    root = tmp_path_factory.mktemp("lenet") / "b"
+    split_model(zoo.committed_path("lenet_digits"), root)
+    assert Bundle.load(root).candidate(CUT).label == "MaxPool pool1"
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from coinf.models import zoo
+
+    d = zoo.digits_data()
+    folder = tmp_path_factory.mktemp("digits")
+    np.savez(folder / "train.npz", image=d.x_train[:240].astype(np.float32))
+    np.savez(folder / "test.npz", image=d.x_val[:60].astype(np.float32))
+    return folder / "train.npz", folder / "test.npz"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _features(bundle: Bundle, path: Path) -> tuple[np.ndarray, list[np.ndarray], object]:
+    cand, _ = bn.check_cut(bundle, CUT)
+    tail, _ = bn.distill_model(bundle, cand)
+    x, targets = bn.run_slices(bundle, cand, tail, bn.load_data(bundle, path))
+    return x, targets, tail
+
+
+def test_training_lowers_the_loss(lenet: Path, digits: tuple[Path, Path]) -> None:
+    torch.set_num_threads(1)
+    x, targets, tail = _features(Bundle.load(lenet), digits[0])
+    assert x.shape == (240, 6, 12, 12) and targets[0].shape == (240, 10)
+    kinds = bn.target_kinds(targets)
+    cfg = bt.Config(lam=1e-3, latent=4, hidden=8, steps=150, batch=8)
+    one = bt.train_point(dataclasses.replace(cfg, steps=1), x, targets, kinds, tail)
+    run = bt.train_point(cfg, x, targets, kinds, tail)
+    assert run.finished and run.steps_done == 150 and len(run.history) == 150
+    before = bt.objective(one.model, x, targets, kinds, tail, cfg.lam)
+    after = bt.objective(run.model, x, targets, kinds, tail, cfg.lam)
+    assert after < 0.95 * before, (before, after)  # deterministic: seeded batches and noise
+
+
+def test_compress_exports_a_bottleneck_that_approximates_the_model(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = _copy(lenet, tmp_path / "b")
+    rc = main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+               str(digits[1]), "--steps", "400", "--lambda", "1e-4", "--lambda", "0.05",
+               "--work", str(tmp_path / "work"), *SMALL])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    bundle = Bundle.load(root)
+    comps = bundle.compressors(CUT)
+    assert [c.kind for c in comps] == ["learned", "learned"]
+    assert sorted(c.lam for c in comps if c.lam is not None) == [1e-4, 0.05]
+    assert len({c.gamma for c in comps}) == 2 and bundle.identity != Bundle.load(lenet).identity
+    import onnxruntime as ort
+
+    cand = bundle.candidate(CUT)
+    crossing = cand.crossing[0]
+    head = ort.InferenceSession(str(bundle.path(cand.head.file)))
+    tail = ort.InferenceSession(str(bundle.path(cand.tail.file)))
+    test = bn.load_data(bundle, digits[1])["image"]
+    for comp in comps:
+        assert comp.code.shape == (1, 4, 6, 6) and comp.priors is not None
+        enc = ort.InferenceSession(str(bundle.path(comp.encoder)))
+        dec = ort.InferenceSession(str(bundle.path(comp.decoder)))
+        assert [i.name for i in enc.get_inputs()] == [crossing.name]
+        assert [o.name for o in dec.get_outputs()] == [crossing.name]
+        priors = bn.Priors.read(bundle.path(comp.priors))
+        agree, tv, codes = [], [], []
+        for img in test:
+            (feat,) = head.run(None, {"image": img})
+            (ref,) = tail.run(None, {crossing.name: feat})
+            (code,) = enc.run(None, {crossing.name: feat})
+            assert code.shape == comp.code.shape and np.array_equal(code, np.rint(code))
+            (restored,) = dec.run(None, {"code": code})
+            assert restored.shape == crossing.shape
+            (got,) = tail.run(None, {crossing.name: restored})
+            agree.append(np.argmax(got) == np.argmax(ref))
+            p, q = np.exp(got - got.max()), np.exp(ref - ref.max())
+            tv.append(0.5 * np.abs(p / p.sum() - q / q.sum()).sum())  # distilled with a KL
+            codes.append(code)
+        symbols = np.concatenate(codes)
+        lo = symbols.min(axis=(0, 2, 3))
+        hi = symbols.max(axis=(0, 2, 3))
+        assert np.all(lo >= priors.lo) and np.all(hi <= priors.hi)  # the encoder clips
+        assert comp.accuracy["raw"] == pytest.approx(np.mean(agree), abs=1e-6)
+        assert comp.rate_bytes == pytest.approx(priors.frame_bytes(symbols).mean(), abs=0.1)
+        assert comp.rate_bytes is not None and comp.rate_bytes < cand.crossing_bytes / 10
+        if comp.lam == 1e-4:
+            assert np.mean(agree) >= 0.85 and np.median(tv) < 0.15, (np.mean(agree), tv)
+    # the runtime's compressor runner (wearable encode, handheld decode) takes them as they are
+    from coinf.convert.compressors import CodecRunner
+
+    runner = CodecRunner(bundle)
+    (feat,) = head.run(None, {"image": test[0]})
+    code = runner.encode(comps[0], {crossing.name: feat})
+    assert set(runner.decode(comps[0], code)) == {crossing.name}
+    assert bundle.compressor(CUT, comps[0].gamma).kind == "learned"
+    low, high = sorted(comps, key=lambda c: c.lam or 0.0)
+    assert high.rate_bytes is not None and low.rate_bytes is not None
+    assert high.rate_bytes < low.rate_bytes  # more weight on the rate, fewer bytes
+    assert "agreement" in out and "1e-04" not in out
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x: x.astype(np.float64), "is float64; model input 'image' is float32"),
+    (lambda x: x[:, :, :20, :20], "has shape [40, 1, 20, 20]"),
+    (lambda x: x[:20], "20 feeds; a bottleneck needs at least 40"),
+    (lambda x: np.where(x > 0.5, np.nan, x).astype(np.float32), "holds NaN or inf"),
+])
+def test_bad_data_is_one_line_before_any_training(
+        lenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], bad: object, message: str) -> None:
+    from coinf.models import zoo
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(bt, "train_point", never)
+    monkeypatch.setattr(bn, "run_slices", never)
+    x = zoo.digits_data().x_train[:40].astype(np.float32)
+    np.savez(tmp_path / "bad.npz", image=bad(x))  # type: ignore[operator]
+    rc = main(["compress", str(lenet), "--cut", CUT, "--data", str(tmp_path / "bad.npz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err, err
+    with pytest.raises(InputError):  # the library raises it too, before any training
+        bn.split_data(bn.load_data(Bundle.load(lenet), tmp_path / "bad.npz"), None)
+
+
+def test_a_cut_a_bottleneck_cannot_take_is_refused(lenet: Path) -> None:
+    bundle = Bundle.load(lenet)
+    with pytest.raises(InputError, match="between a head and a tail"):
+        bn.check_cut(bundle, "c000")
+    with pytest.raises(InputError, match=r"float \(1, C, L\) or \(1, C, H, W\)"):
+        bn.check_cut(bundle, "c005")  # (1, 256) after Flatten
+    with pytest.raises(BundleError, match="unknown candidate id"):
+        bn.check_cut(bundle, "c999")
+
+
+def test_resume_continues_from_the_checkpoint(lenet: Path, digits: tuple[Path, Path],
+                                              tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    x, targets, tail = _features(Bundle.load(lenet), digits[0])
+    kinds = bn.target_kinds(targets)
+    cfg = bt.Config(lam=1e-3, latent=4, hidden=8, steps=30, batch=8)
+    ckpt = tmp_path / "point.pt"
+    # a time limit that every step exceeds: stops after one step, checkpointed
+    first = bt.train_point(cfg, x, targets, kinds, tail, ckpt, time_limit=1e-9)
+    assert (first.steps_done, first.finished) == (1, False)
+    assert torch.load(ckpt, weights_only=True)["step"] == 1
+    rest = bt.train_point(cfg, x, targets, kinds, tail, ckpt, resume=True)
+    assert (rest.steps_done, rest.finished, len(rest.history)) == (30, True, 29)
+    # the same steps in one go give the same weights (batches are drawn per step)
+    whole = bt.train_point(cfg, x, targets, kinds, tail)
+    for (k, a), (_, b) in zip(rest.model.state_dict().items(),
+                              whole.model.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5), k
+    # another config does not resume from it
+    other = bt.train_point(bt.Config(lam=2e-3, latent=4, hidden=8, steps=3, batch=8), x,
+                           targets, kinds, tail, ckpt, resume=True)
+    assert len(other.history) == 3
+
+
+def test_priors_quantise_and_refuse_bad_tables(tmp_path: Path) -> None:
+    pmf = np.array([[0.1, 0.7, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    pri = bn.Priors.from_pmf(pmf, [-1, -2])
+    assert all(sum(f) == 1 << bn.PRECISION and min(f) >= 1 for f in pri.freqs)
+    assert list(pri.lo) == [-1, -2] and list(pri.hi) == [2, 1]
+    sym = np.array([[[0], [-2]], [[1], [1]]], dtype=np.float32)  # (N=2, C=2, 1)
+    expect0 = -np.log2(pri.freqs[0][1] / 65536) - np.log2(pri.freqs[1][0] / 65536)
+    assert pri.bits(sym)[0] == pytest.approx(expect0)
+    assert pri.bits(sym)[0] == pytest.approx(-np.log2(0.7) + 2, abs=1e-3)
+    path = tmp_path / "p.pmf.json"
+    path.write_text(json.dumps(pri.to_json([1, 2, 1])))
+    assert bn.Priors.read(path) == pri
+    bad = pri.to_json([1, 2, 1])
+    bad["channels"][1]["freq"][0] += 1  # no longer sums to 2**16
+    path.write_text(json.dumps(bad))
+    with pytest.raises(BundleError, match=r"channels\[1\]"):
+        bn.Priors.read(path)
+
+
+def test_a_learned_entry_needs_its_pmf_file(lenet: Path, tmp_path: Path,
+                                            digits: tuple[Path, Path]) -> None:
+    root = _copy(lenet, tmp_path / "b")
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--steps", "2",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    (comp,) = Bundle.load(root).compressors(CUT)
+    assert comp.priors is not None
+    (root / comp.priors).unlink()
+    with pytest.raises(BundleError, match=r"needs missing compressors/c002-lam1e-06\.pmf\.json"):
+        Bundle.load(root)
+
+
+@pytest.mark.parametrize("shape, stride", [((12, 5, 31), 2), ((12, 3, 9, 11), 2),
+                                           ((12, 6, 7, 7), 1)])
+def test_bottleneck_shapes_and_export(tmp_path: Path, shape: tuple[int, ...],
+                                      stride: int) -> None:
+    """(N, C, L) and (N, C, H, W) tensors, odd sizes with a stride: the decoder restores the
+    exact shape, the ONNX files run in onnxruntime, the code is the rounded, clipped latent."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    model = bt.Bottleneck(shape, 4, 8, stride, x.mean((0, *range(2, len(shape)))),
+                          x.std((0, *range(2, len(shape)))))
+    model.init_pca(x)
+    restored, bits, yq = model(torch.from_numpy(x), noisy=False)
+    assert restored.shape == shape and bits.shape == (shape[0],)
+    spatial = tuple(-(-d // stride) for d in shape[2:])
+    assert yq.shape == (shape[0], 4, *spatial)
+    priors = bt.priors_for(model, bt.latents(model, x))
+    enc, dec, pmf, code_shape = bt.export(model, priors, "t", tmp_path, "p")
+    assert code_shape == (1, 4, *spatial) and bn.Priors.read(pmf) == priors
+    (code,) = ort.InferenceSession(str(enc)).run(None, {"t": x[:1]})
+    assert np.array_equal(code, np.clip(np.rint(yq[:1].detach().numpy()),
+                                        priors.lo.reshape(-1, *[1] * len(spatial)),
+                                        priors.hi.reshape(-1, *[1] * len(spatial))))
+    (back,) = ort.InferenceSession(str(dec)).run(None, {"code": code})
+    np.testing.assert_allclose(back, restored[:1].detach().numpy(), rtol=1e-4, atol=1e-4)
+    # 1x1 / kxk convolutions, ReLU, the normalisation, gain, round and clip, counted as the
+    # bundle counts its slices
+    macs = model.latent * int(np.prod(spatial)) * shape[1] * stride ** (len(shape) - 2)
+    assert bn.onnx_flops(enc) > 2 * macs

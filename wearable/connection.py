@@ -79,6 +79,12 @@ class Connection:
 
     # -- state ------------------------------------------------------------------------------
     @property
+    def passive(self) -> bool:
+        """The peer comes to this side (see the module doc); any object with ``connect`` may
+        be the connector, so a missing attribute means no."""
+        return bool(getattr(self.connector, "passive", False))
+
+    @property
     def rpc_client(self) -> RpcClient | None:
         """The open RPC client, if connected."""
         rpc = self._rpc
@@ -92,7 +98,7 @@ class Connection:
     async def went_offline(self, exc: BaseException) -> None:
         """A transient failure: pause offloading and drop the link; for the next backoff, or
         (passive connector) until the peer has reconnected."""
-        if self.connector.passive:
+        if self.passive:
             self._offline_until = math.inf
             self._offline_reason = (f"handheld unavailable ({exc}); resuming as soon as it "
                                     f"reconnects")
@@ -107,7 +113,7 @@ class Connection:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
                     await rpc.close()
-        if self.connector.passive and not self._closed and (
+        if self.passive and not self._closed and (
                 self._rejoin is None or self._rejoin.done()):
             self._rejoin = asyncio.get_running_loop().create_task(self._wait_for_peer())
 
@@ -150,7 +156,7 @@ class Connection:
         rpc = self.rpc_client
         if rpc is not None:
             return rpc
-        if self.connector.passive and self.info is not None:
+        if self.passive and self.info is not None:
             rejoin = self._rejoin
             if rejoin is None or rejoin.done():
                 await self.went_offline(LinkClosed("the link dropped"))
@@ -233,7 +239,8 @@ class ShapedConnector(Connector):
 
     def __init__(self, inner: Connector, channel: Any) -> None:
         self.inner, self.channel = inner, channel
-        self.spec, self.hint, self.passive = inner.spec, inner.hint, inner.passive
+        self.spec, self.hint = inner.spec, inner.hint
+        self.passive = bool(getattr(inner, "passive", False))
 
     async def connect(self, timeout: float) -> Any:
         from coinf.ble_protocol.throttle import ThrottledLink

@@ -15,7 +15,8 @@ Scenarios, each ``--inferences`` inferences, one every ``--period-ms``:
 Per scenario: correct / wrong / lost (no result) / duplicated (a request the handheld ran more
 than once, from its log), offloaded, worst latency, and the resume time: from the fault's heal
 (the process printed its ready line; for chunk_faults, the faulty radio's) to the end of the
-first offloaded inference after it.
+first offloaded inference after it; ``recovery``: what the wearable's BLE links did about lost
+chunks (messages it sent again, messages it asked the handheld for again, messages failed).
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class Scenario:
         self.fault_s = 0.0
         self.healed_t: float | None = None
         self.resume_s: float | None = None
+        self.links: dict[int, Any] = {}  # the wearable's links used (their loss recovery)
 
     def row(self, duplicated: int) -> dict[str, Any]:
         return {"scenario": self.name, "inferences": self.n, "correct": self.correct,
@@ -154,7 +156,9 @@ class Scenario:
                 "median_ms": round(float(np.median(self.latencies)), 1)
                 if self.latencies else None,
                 "fault_s": round(self.fault_s, 2), "resumed": self.resume_s is not None,
-                "resume_s": round(self.resume_s, 2) if self.resume_s is not None else None}
+                "resume_s": round(self.resume_s, 2) if self.resume_s is not None else None,
+                "recovery": {k: sum(getattr(lk.arq, k) for lk in self.links.values())
+                             for k in ("resends", "nacks", "given_up")}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,6 +208,9 @@ def run(args: argparse.Namespace) -> int:
                     sc.correct += ok
                     sc.wrong += not ok
                     stats = sess.last_run
+                    link = sess.link
+                    if link is not None and hasattr(link, "arq"):
+                        sc.links[id(link)] = link
                     if stats is not None and not stats.local:
                         sc.offloaded += 1
                         if sc.healed_t is not None and sc.resume_s is None:

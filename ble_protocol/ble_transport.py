@@ -22,7 +22,10 @@ log = logging.getLogger(__name__)
 class PeripheralConnector(Connector):
     """The ``ble:HCI`` transport: this wearable's GATT server on one controller. The server is
     started on the first :meth:`connect` and kept (advertising, bonds) until :meth:`aclose`;
-    each ``connect`` waits for the next handheld to connect, pair and handshake."""
+    each ``connect`` waits for the next handheld to connect, pair and handshake (``passive``:
+    the handheld reconnects by itself; this side can only wait for it)."""
+
+    passive = True
 
     def __init__(self, hci_spec: str, *, bundle: Any = None, bundle_identity: str | None = None,
                  **options: Any) -> None:

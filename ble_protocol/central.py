@@ -512,6 +512,7 @@ async def _handshake(
         reassembly_timeout=reassembly_timeout,
         name=f"ble:{client.address}",
         heartbeat=gatt.peer_heartbeat(body),
+        ack=gatt.peer_ack(body),
     )
     link.bleak_client = client  # type: ignore[attr-defined]
     link_box.append(link)

@@ -50,9 +50,12 @@ def _crc(version: int, mtype: int, rid: int, total: int, payload: bytes | memory
 
 
 def encode_chunks(
-    message: Message, chunk_size: int, version: int = PROTOCOL_VERSION
+    message: Message, chunk_size: int, version: int = PROTOCOL_VERSION,
+    ranges: list[tuple[int, int]] | None = None,
 ) -> Iterator[bytes]:
-    """Yield the chunks of ``message``; each is at most ``chunk_size`` bytes (header included)."""
+    """Yield the chunks of ``message``; each is at most ``chunk_size`` bytes (header included).
+    ``ranges``: only the chunks overlapping these ``[start, end)`` body ranges (a resend after
+    a NACK; None or empty: every chunk)."""
     if chunk_size < MIN_CHUNK_BYTES or chunk_size > MAX_ATT_VALUE:
         raise ValueError(f"chunk size {chunk_size} outside [{MIN_CHUNK_BYTES}, {MAX_ATT_VALUE}]")
     payload = message.payload
@@ -66,6 +69,8 @@ def encode_chunks(
     view = memoryview(payload)
     for offset in range(0, body_len, step):
         end = min(offset + step, body_len)
+        if ranges and not any(offset < e and s < end for s, e in ranges):
+            continue
         header = CHUNK_HEADER.pack(version, int(message.type), message.request_id, total, offset)
         if end <= total:
             data = bytes(view[offset:end])
@@ -155,8 +160,12 @@ class Reassembler:
         clock: Callable[[], float] = time.monotonic,
         min_rate_bps: float = 1000.0,
         version: int = PROTOCOL_VERSION,
+        remember_failed: bool = True,
     ) -> None:
         self.max_message_bytes = max_message_bytes
+        #: keep a message that failed its CRC among the recent ones (its later chunks are then
+        #: ignored); False where the sender resends it after a NACK (module arq)
+        self.remember_failed = remember_failed
         self.budget_bytes = budget_bytes if budget_bytes is not None else max_message_bytes + 64
         self.max_partial = max_partial
         self.timeout_s = timeout_s
@@ -250,12 +259,14 @@ class Reassembler:
         if part.received < body_len:
             return None
         del self._partials[key]
-        self._remember(key)
         body = part.body(body_len)
         payload = bytes(body[:total])
         (crc,) = struct.unpack_from("<I", body, total)
         if _crc(version, mtype, rid, total, payload) != crc:
+            if self.remember_failed:
+                self._remember(key)
             raise self._fail(ErrorCode.BAD_CRC, f"message {rid} failed its CRC32 check", rid)
+        self._remember(key)
         self.stats.completed += 1
         return Message(parse_type(mtype), rid, payload)
 
@@ -263,6 +274,24 @@ class Reassembler:
         self._recent[key] = None
         while len(self._recent) > 64:
             self._recent.popitem(last=False)
+
+    def status(self, mtype: int, rid: int) -> list[tuple[int, int]] | None:
+        """What is known of message (``mtype``, ``rid``): None if it completed (one of the
+        recent ones), else the body ranges still missing (all of it when nothing is held)."""
+        key = (mtype, rid)
+        if key in self._recent:
+            return None
+        part = self._partials.get(key)
+        if part is None:
+            return []
+        out, at = [], 0
+        for start, end in part.intervals:
+            if start > at:
+                out.append((at, start))
+            at = max(at, end)
+        if at < part.total + CRC_BYTES:
+            out.append((at, part.total + CRC_BYTES))
+        return out
 
     def cancel(self, request_id: int) -> int:
         """Drop partial messages with ``request_id``; returns how many were dropped."""

@@ -78,28 +78,56 @@ class CreditGate:
 
 
 class CreditLedger:
-    """Receiver side: counts consumed chunks and decides when to return credits."""
+    """Receiver side: counts consumed chunks and decides when to return credits.
 
-    def __init__(self, window: int, batch: int | None = None) -> None:
+    ``counted`` is every chunk this side charged a credit for; :meth:`sync` sets it to the
+    sender's own count (SENT / SYNC frames, module ``arq``), so the credits of chunks lost on the
+    way come back, and chunks counted twice stop being charged. ``slack`` chunks beyond the
+    window are tolerated (a chunk overtaken by the sync that counted it is charged twice until
+    the next sync); 0 without syncs."""
+
+    def __init__(self, window: int, batch: int | None = None, slack: int = 0) -> None:
         if not 1 <= window <= MAX_WINDOW:
             raise ValueError(f"window {window} outside [1, {MAX_WINDOW}]")
         self.window = window
         self.batch = batch or max(1, window // 4)
+        self.slack = slack
         self.owed = 0
         self.outstanding = window  # credits the sender may still use
+        self.counted = 0
+        self._synced: int | None = None
 
     def on_chunk(self) -> None:
         """A chunk arrived. A sender exceeding its credits breaks the protocol."""
-        if self.outstanding <= 0:
+        if self.outstanding <= -self.slack:
             from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 
             raise ProtocolError(ErrorCode.MALFORMED, "peer sent a chunk without holding a credit")
         self.outstanding -= 1
         self.owed += 1
+        self.counted += 1
+
+    def uncount(self) -> None:
+        """The chunk just counted was a duplicate (radio or resend): it is not charged."""
+        self.outstanding += 1
+        self.owed -= 1
+        self.counted -= 1
+
+    def sync(self, sent: int) -> int:
+        """The sender has written ``sent`` chunks (mod 2**32) on this link in all; returns the
+        correction (> 0: chunks lost on the way, now owed back). An older sync is ignored."""
+        if self._synced is not None and not 0 < (sent - self._synced) % (1 << 32) < 1 << 31:
+            return 0
+        self._synced = sent
+        delta = (sent - self.counted + (1 << 31)) % (1 << 32) - (1 << 31)
+        self.counted += delta
+        self.owed += delta
+        self.outstanding -= delta
+        return delta
 
     def take_grant(self, allowed: bool = True, force: bool = False) -> int:
         """Credits to return now (0 if none): once ``batch`` are owed, or any when ``force``."""
-        if not allowed or self.owed == 0 or (self.owed < self.batch and not force):
+        if not allowed or self.owed <= 0 or (self.owed < self.batch and not force):
             return 0
         n, self.owed = self.owed, 0
         self.outstanding += n

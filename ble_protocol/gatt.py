@@ -18,6 +18,9 @@ kind  name         body
 3     CREDIT       u16 n: the sender of this frame accepts ``n`` more data chunks
 4     ERROR        u16 error code | UTF-8 text; the link is then closed
 5     ABORT        u8 message type | u32 request id: drop that partial message
+6, 7  PING, PONG   u32 nonce (liveness)
+8-11  SENT, ACK,   loss recovery and credit sync (module :mod:`~coinf.ble_protocol.arq`)
+      NACK, SYNC
 ====  ===========  =====================================================================
 """
 
@@ -25,15 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
-from enum import IntEnum
 from typing import Any
 
+from coinf.ble_protocol import arq
 from coinf.ble_protocol.chunks import (
     CHUNK_HEADER,
     HEADER_BYTES,
@@ -41,15 +42,27 @@ from coinf.ble_protocol.chunks import (
     chunk_size_for_mtu,
     encode_chunks,
 )
+from coinf.ble_protocol.ctrl_frames import (
+    DEFAULT_WINDOW,
+    Ctrl,
+    check_hello,
+    ctrl_abort,
+    ctrl_credit,
+    ctrl_error,
+    ctrl_json,
+    ctrl_ping,
+    make_hello,
+    parse_ctrl,
+    peer_ack,
+    peer_heartbeat,
+)
 from coinf.ble_protocol.flow import MAX_WINDOW, CreditGate, CreditLedger, fresh
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import (
-    PROTOCOL_VERSION,
     ErrorCode,
     Message,
     MsgType,
     ProtocolError,
-    decode_json,
     encode_error,
 )
 from coinf.ble_protocol.tasks import TaskSet
@@ -62,135 +75,9 @@ DATA_UP_UUID = _BASE.format(0x0001)
 DATA_DOWN_UUID = _BASE.format(0x0002)
 CONTROL_UUID = _BASE.format(0x0003)
 
-HEARTBEAT_S = 1.0  # PING a peer silent this long (only one that announced "heartbeat")
-SILENCE_LIMIT_S = 3.0  # a peer silent this long is gone
-DEFAULT_WINDOW = 128  # chunks a receiver accepts before returning credits
+HEARTBEAT_S = 0.25  # PING a peer silent this long (only one that announced "heartbeat")
+SILENCE_LIMIT_S = 1.0  # a peer silent this long is gone
 DEFAULT_MTU = 517
-
-
-class Ctrl(IntEnum):
-    HELLO = 1
-    HELLO_ACK = 2
-    CREDIT = 3
-    ERROR = 4
-    ABORT = 5
-    PING = 6  # u32 nonce: "are you there?" (only to a peer that announced "heartbeat")
-    PONG = 7  # u32 nonce of the PING it answers
-
-
-# --- control frames ----------------------------------------------------------------------------
-
-
-def ctrl_json(kind: Ctrl, obj: dict[str, Any]) -> bytes:
-    data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-    if len(data) + 1 > 512:
-        raise ValueError("handshake does not fit one ATT value")
-    return bytes([kind]) + data
-
-
-def ctrl_credit(n: int) -> bytes:
-    return bytes([Ctrl.CREDIT]) + struct.pack("<H", n)
-
-
-def ctrl_error(code: ErrorCode, text: str) -> bytes:
-    """A fatal control ERROR: ``u16 code | UTF-8 text``, at most 500 B (no hop byte: the
-    message-level ERROR of ``messages.encode_error`` has one)."""
-    return (bytes([Ctrl.ERROR]) + struct.pack("<H", int(code)) + text.encode("utf-8"))[:500]
-
-
-def ctrl_ping(nonce: int, pong: bool = False) -> bytes:
-    return bytes([Ctrl.PONG if pong else Ctrl.PING]) + struct.pack("<I", nonce & 0xFFFFFFFF)
-
-
-def ctrl_abort(mtype: int, rid: int) -> bytes:
-    return bytes([Ctrl.ABORT]) + struct.pack("<BI", mtype, rid)
-
-
-def parse_ctrl(frame: bytes) -> tuple[Ctrl, Any]:
-    """Decode a control frame. Raises :class:`ProtocolError` on anything malformed."""
-    if not frame:
-        raise ProtocolError(ErrorCode.TRUNCATED, "empty control frame")
-    try:
-        kind = Ctrl(frame[0])
-    except ValueError:
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown control frame {frame[0]}") from None
-    body = bytes(frame[1:])
-    if kind in (Ctrl.HELLO, Ctrl.HELLO_ACK):
-        return kind, decode_json(body, what="handshake")
-    if kind == Ctrl.CREDIT:
-        if len(body) != 2:
-            raise ProtocolError(ErrorCode.MALFORMED, "CREDIT frame must carry exactly a u16")
-        return kind, struct.unpack("<H", body)[0]
-    if kind == Ctrl.ERROR:
-        if len(body) < 2:
-            raise ProtocolError(ErrorCode.TRUNCATED, "ERROR frame shorter than 2 bytes")
-        (raw,) = struct.unpack_from("<H", body)
-        try:
-            code = ErrorCode(raw)
-        except ValueError:
-            code = ErrorCode.MALFORMED
-        return kind, ProtocolError(code, "peer: " + body[2:].decode("utf-8", "replace"))
-    if kind in (Ctrl.PING, Ctrl.PONG):
-        if len(body) != 4:
-            raise ProtocolError(ErrorCode.MALFORMED, f"{kind.name} frame must carry a u32")
-        return kind, struct.unpack("<I", body)[0]
-    if len(body) != 5:
-        raise ProtocolError(ErrorCode.MALFORMED, "ABORT frame must be u8 type + u32 id")
-    return kind, struct.unpack("<BI", body)
-
-
-# --- handshake ---------------------------------------------------------------------------------
-
-
-def make_hello(
-    bundle_identity: str,
-    mtu: int,
-    window: int = DEFAULT_WINDOW,
-    max_message_bytes: int = 64 * 1024 * 1024,
-    protocol: int = PROTOCOL_VERSION,
-    role: str = "handheld",
-) -> dict[str, Any]:
-    return {
-        "protocol": protocol,
-        "bundle": bundle_identity,
-        "mtu": mtu,
-        "role": role,
-        "capabilities": {"window": window, "max_message_bytes": max_message_bytes, "crc32": True,
-                         "heartbeat": True},
-    }
-
-
-def peer_heartbeat(obj: dict[str, Any]) -> bool:
-    """Whether a (checked) handshake announced that its sender answers PING with PONG."""
-    caps = obj.get("capabilities")
-    return isinstance(caps, dict) and caps.get("heartbeat") is True
-
-
-def check_hello(
-    obj: dict[str, Any], bundle_identity: str, protocol: int = PROTOCOL_VERSION
-) -> tuple[int, int, int]:
-    """Validate a peer's handshake; returns (mtu, window, max_message_bytes)."""
-    peer_version = obj.get("protocol")
-    if peer_version != protocol:
-        raise ProtocolError(
-            ErrorCode.BAD_VERSION,
-            f"peer speaks protocol {peer_version!r}, this side speaks {protocol}",
-        )
-    if obj.get("bundle") != bundle_identity:
-        raise ProtocolError(
-            ErrorCode.BUNDLE_MISMATCH,
-            f"peer runs bundle {str(obj.get('bundle'))[:80]!r}, this side runs {bundle_identity!r}",
-        )
-    caps = obj.get("capabilities")
-    mtu = obj.get("mtu")
-    if not isinstance(caps, dict) or not isinstance(mtu, int) or not 23 <= mtu <= 517:
-        raise ProtocolError(ErrorCode.MALFORMED, "handshake lacks a valid mtu or capabilities")
-    window, limit = caps.get("window"), caps.get("max_message_bytes")
-    if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
-        raise ProtocolError(ErrorCode.MALFORMED, f"handshake window {window!r} is invalid")
-    if not isinstance(limit, int) or limit < 1:
-        raise ProtocolError(ErrorCode.MALFORMED, f"handshake max_message_bytes {limit!r} invalid")
-    return mtu, window, limit
 
 
 # --- the link ------------------------------------------------------------------------------------
@@ -226,6 +113,7 @@ class GattLink(Link):
         reassembly_timeout: float = 30.0,
         name: str = "gatt",
         heartbeat: bool = False,
+        ack: bool = False,
         heartbeat_s: float = HEARTBEAT_S,
         silence_limit_s: float = SILENCE_LIMIT_S,
         flushed: Callable[[], Awaitable[None]] | None = None,
@@ -242,11 +130,18 @@ class GattLink(Link):
             disconnect,
         )
         self._gate = CreditGate(peer_window)
-        self._ledger = CreditLedger(window)
+        #: loss recovery (module arq): both handshakes announced "ack"
+        self.ack = ack
+        self.arq = arq.ArqStats()
+        self._outbox = arq.Outbox()
+        self._chunks_sent = 0  # data chunks written on this link (SENT / SYNC carry it)
+        self._failed: OrderedDict[int, None] = OrderedDict()  # ids refused here: ACK, no resend
+        self._ledger = CreditLedger(window, slack=8 if ack else 0)
         self._reasm = Reassembler(
             max_message_bytes=max_message_bytes,
             budget_bytes=max_message_bytes + 64 * 1024,
             timeout_s=reassembly_timeout,
+            remember_failed=not ack,
         )
         self._inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue()
         self._inbox_bytes = 0
@@ -256,6 +151,7 @@ class GattLink(Link):
         self._credit_pending = 0  # credits granted but not yet written (merged into one frame)
         self._ctrl_wakeup = asyncio.Event()
         self._open = True
+        self._dropped = False  # the connection is down (or its disconnect was asked for)
         self._closing: BaseException | None = None
         self._name = name
         self._tasks = TaskSet()
@@ -299,22 +195,28 @@ class GattLink(Link):
                 f"message of {len(message.payload)} B exceeds the peer's limit of "
                 f"{self.peer_max_message_bytes} B",
             )
+        await self._send_chunks(message)
+        self.stats.count_sent(len(message.payload))
+
+    async def _send_chunks(self, message: Message,
+                           ranges: list[tuple[int, int]] | None = None) -> None:
+        """Write ``message``'s chunks (only those over ``ranges``: a resend), then SENT."""
         async with self._send_lock:
             started = finished = False
             stats = self.stats
             stats.sending_done, stats.sending_since = 0, time.monotonic()
             stats.sending_total = len(message.payload)
             try:
-                for chunk in encode_chunks(message, self.chunk_size):
-                    await self._gate.acquire()
+                for chunk in encode_chunks(message, self.chunk_size, ranges=ranges):
+                    await self._credit()
                     started = True
                     await self._write_data(chunk)
+                    self._chunks_sent += 1
                     stats.sending_done += len(chunk) - HEADER_BYTES
                 finished = True
             except asyncio.CancelledError:
                 if started and not finished and self._open:
-                    self._ctrl_queue.put_nowait(ctrl_abort(int(message.type), message.request_id))
-                    self._ctrl_wakeup.set()
+                    self._queue_control(ctrl_abort(int(message.type), message.request_id))
                 raise
             except ProtocolError:
                 raise
@@ -323,7 +225,24 @@ class GattLink(Link):
                 raise self._closed_error() from None
             finally:
                 stats.sending_total = 0
-        self.stats.count_sent(len(message.payload))
+            if self.ack:
+                self._outbox.hold(message)
+                self._queue_control(bytes([Ctrl.SENT]) + arq.sent_body(
+                    int(message.type), message.request_id, self._chunks_sent))
+
+    async def _credit(self) -> None:
+        """One credit; with loss recovery, a SYNC every ``CREDIT_STALL_S`` while waiting."""
+        if not self.ack or self._gate.credits > 0:
+            await self._gate.acquire()
+            return
+        while True:
+            try:
+                async with asyncio.timeout(arq.CREDIT_STALL_S):
+                    await self._gate.acquire()
+                    return
+            except TimeoutError:
+                self.arq.syncs += 1
+                self._queue_control(bytes([Ctrl.SYNC]) + arq.sync_body(self._chunks_sent))
 
     async def _control_writer(self) -> None:
         """Writes control frames one at a time. Credits granted while a write is in flight are
@@ -335,7 +254,7 @@ class GattLink(Link):
             while not self._ctrl_queue.empty():
                 frames.append(self._ctrl_queue.get_nowait())
             if self._credit_pending:
-                n = min(self._credit_pending, 0xFFFF)
+                n = min(self._credit_pending, MAX_WINDOW)
                 self._credit_pending -= n
                 frames.append(ctrl_credit(n))
                 if self._credit_pending:
@@ -376,14 +295,19 @@ class GattLink(Link):
             if self._over_limit(value):
                 self._maybe_grant()
                 return
+            duplicates = self._reasm.stats.duplicates
             msg = self._reasm.feed(value)
+            if self._reasm.stats.duplicates != duplicates:
+                self._ledger.uncount()  # it brought nothing new: no credit is charged for it
         except ProtocolError as exc:
             rid = exc.request_id
             self._maybe_grant(force=True)
             if rid is None or exc.code == ErrorCode.BAD_VERSION:
                 self._fail(exc)
+            elif self.ack and exc.code == ErrorCode.BAD_CRC:
+                log.info("%s: message %d failed its CRC; its SENT gets a NACK", self._name, rid)
             else:
-                self._message_failed(rid, exc)
+                self._refuse(rid, exc)
             return
         if msg is not None:
             self._inbox_bytes += len(msg.payload)
@@ -413,6 +337,13 @@ class GattLink(Link):
         if self._on_refused is not None:
             self._on_refused(rid, mtype, total, limit)
         return True
+
+    def _refuse(self, rid: int, exc: ProtocolError) -> None:
+        """A received message failed for good: report it; its SENT gets an ACK (no resend)."""
+        self._failed[rid] = None
+        while len(self._failed) > 64:
+            self._failed.popitem(last=False)
+        self._message_failed(rid, exc)
 
     def _message_failed(self, rid: int, exc: ProtocolError) -> None:
         """A single message was bad: fail the local waiter (wearable) or tell the peer."""
@@ -444,6 +375,8 @@ class GattLink(Link):
                 self._fail(body, tell_peer=False)
             elif kind == Ctrl.ABORT:
                 self._reasm.cancel(body[1])
+            elif kind in (Ctrl.SENT, Ctrl.ACK, Ctrl.NACK, Ctrl.SYNC) and self.ack:
+                self._on_arq(kind, body)
             else:
                 raise ProtocolError(ErrorCode.MALFORMED, f"unexpected {kind.name} after handshake")
         except (ProtocolError, ValueError) as exc:
@@ -458,13 +391,69 @@ class GattLink(Link):
         self._ctrl_queue.put_nowait(frame)
         self._ctrl_wakeup.set()
 
+    # --- loss recovery (module arq) --------------------------------------------------------
+    def _on_arq(self, kind: Ctrl, body: Any) -> None:
+        if kind == Ctrl.SENT:
+            mtype, rid, chunks = body
+            self._answer_sent(mtype, rid, chunks, first=True)
+        elif kind == Ctrl.ACK:
+            self._outbox.ack(body)
+        elif kind == Ctrl.NACK:
+            mtype, rid, ranges = body
+            msg, failed = self._outbox.nack((mtype, rid))
+            if failed:
+                self.arq.given_up += 1
+                self._message_failed(rid, ProtocolError(
+                    ErrorCode.BAD_CRC, f"message {rid} still lost or corrupted after "
+                    f"{arq.MAX_RESENDS} resends"))
+            elif msg is not None:
+                self.arq.resends += 1
+                self._spawn(self._resend(msg, ranges))
+        elif self._ledger.sync(body) > 0:  # SYNC
+            self._maybe_grant(force=True)
+
+    def _answer_sent(self, mtype: int, rid: int, chunks: int, first: bool = False) -> None:
+        """ACK or NACK message (``mtype``, ``rid``) whose last chunk the peer has sent."""
+        missing = self._reasm.status(mtype, rid)
+        done = missing is None or rid in self._failed or (mtype, rid) in self._refused
+        if not done and first and arq.ACK_GRACE_S > 0:
+            self._spawn(self._answer_later(mtype, rid, chunks))
+            return
+        if self._ledger.sync(chunks) > 0:
+            self._maybe_grant(force=True)
+        if done:
+            self.arq.acks += 1
+            self._queue_control(bytes([Ctrl.ACK]) + arq.ack_body(mtype, rid))
+        else:
+            self.arq.nacks += 1
+            self._queue_control(bytes([Ctrl.NACK]) + arq.nack_body(mtype, rid, missing or []))
+
+    async def _answer_later(self, mtype: int, rid: int, chunks: int) -> None:
+        await asyncio.sleep(arq.ACK_GRACE_S)
+        if self._open:
+            self._answer_sent(mtype, rid, chunks)
+
+    async def _resend(self, message: Message, ranges: list[tuple[int, int]]) -> None:
+        before = self._chunks_sent
+        with contextlib.suppress(ProtocolError):
+            await self._send_chunks(message, ranges or None)
+        self.arq.resent_chunks += self._chunks_sent - before
+
     async def _watch_peer(self) -> None:
         """Liveness: after ``heartbeat_s`` without a frame from the peer, PING it; after
         ``silence_limit_s`` of silence the peer is gone (its process stopped or hung while the
-        controllers keep the connection up): the link fails with :class:`LinkClosed`."""
+        controllers keep the connection up): the link fails with :class:`LinkClosed` and the
+        connection is dropped. A check that itself ran late (this process was not scheduled)
+        judges nobody: the peer gets a fresh ``heartbeat_s`` and a PING."""
+        tick = self.heartbeat_s / 2
+        last = time.monotonic()
         while self._open:
-            await asyncio.sleep(self.heartbeat_s / 2)
-            silent = time.monotonic() - self._last_heard
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            late, last = now - last - tick, now
+            if late > self.heartbeat_s:
+                self._last_heard = max(self._last_heard, now - self.heartbeat_s)
+            silent = now - self._last_heard
             if silent > self.silence_limit_s:
                 log.warning("%s: peer silent for %.1f s; closing", self._name, silent)
                 self._shutdown(LinkClosed(f"{self._name}: peer silent for {silent:.1f} s"))
@@ -478,7 +467,7 @@ class GattLink(Link):
         while True:
             await asyncio.sleep(min(1.0, self._reasm.timeout_s / 4))
             for rid in self._reasm.expire():
-                self._message_failed(
+                self._refuse(
                     rid,
                     ProtocolError(
                         ErrorCode.TIMEOUT,
@@ -505,15 +494,24 @@ class GattLink(Link):
             await self._write_control(frame)
 
     async def _disconnect_later(self) -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # an ERROR frame goes out first
+        await self._drop()
+
+    async def _drop(self) -> None:
+        """Disconnect (once, bounded): a link that failed must not leave its connection up, or
+        the wearable would neither be reachable nor advertise."""
+        if self._dropped:
+            return
+        self._dropped = True
         with contextlib.suppress(Exception):
-            await self._disconnect()
+            await asyncio.wait_for(self._disconnect(), 5.0)
 
     def _closed_error(self) -> BaseException:
         return fresh(self._closing) if self._closing else LinkClosed(f"{self._name} closed")
 
     def connection_lost(self, reason: str = "disconnected") -> None:
         """The BLE connection dropped: fail everything pending with :class:`LinkClosed`."""
+        self._dropped = True
         self._shutdown(LinkClosed(f"{self._name}: {reason}"))
 
     def _shutdown(self, exc: BaseException) -> None:
@@ -521,15 +519,19 @@ class GattLink(Link):
             return
         self._open = False
         self._closing = exc
+        self._outbox.clear()
         self._gate.close(exc)
         self._inbox.put_nowait(exc)
         for task in self._workers:
             task.cancel()
 
     async def close(self) -> None:
-        was_open = self._open
         self._shutdown(LinkClosed(f"{self._name} closed locally"))
-        if was_open:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._disconnect(), 5.0)
+        await self._drop()  # also after a failure whose own disconnect has not run yet
         await self._tasks.cancel_all()
+
+
+__all__ = ["CONTROL_UUID", "DATA_DOWN_UUID", "DATA_UP_UUID", "DEFAULT_MTU", "DEFAULT_WINDOW",
+           "HEARTBEAT_S", "SERVICE_UUID", "SILENCE_LIMIT_S", "Ctrl", "GattLink", "check_hello",
+           "ctrl_abort", "ctrl_credit", "ctrl_error", "ctrl_json", "ctrl_ping", "make_hello",
+           "parse_ctrl", "peer_ack", "peer_heartbeat"]

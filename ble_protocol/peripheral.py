@@ -6,15 +6,22 @@ default the log), the handheld types it. Legacy pairing, Just Works, OOB and sho
 refused. New bonds are accepted only while the pairing window is open
 (:meth:`WearableServer.open_pairing_window`, ``pairing_window_s``); afterwards only handhelds
 holding an authenticated LE SC bond are served. Every coinf characteristic and its CCCD needs
-encryption with such a key. A central that has not completed the coinf HELLO within
-``handshake_timeout`` seconds (pairing time excluded) is disconnected. ``passkey=`` fixes the
-passkey: for tests and scripts only, a real wearable shows a fresh random one each time.
+encryption with such a key (module :mod:`~coinf.ble_protocol.peripheral_security`).
+``passkey=`` fixes the passkey: for tests and scripts only, a real wearable shows a fresh random
+one each time.
+
+Slots and deadlines (docs/PROTOCOL.md §2): a central that has not completed the coinf HELLO
+within ``handshake_timeout`` seconds (pairing time excluded) is disconnected, and a pairing gets
+``pairing_timeout`` seconds. While no handheld is served, a second connection is kept for a
+handheld with a bond (a stranger pairing cannot lock it out), and centrals whose connections
+keep failing are throttled (module :mod:`~coinf.ble_protocol.admission`).
 
 On a Pi it runs over ``hci-socket:0`` (bluetoothd stopped) or a USB dongle (``usb:0``); in tests
 and the demo over the emulated radio (``tcp-client:127.0.0.1:PORT``). See docs/PROTOCOL.md.
 
 Reconnection: a :class:`~coinf.ble_protocol.gatt.GattLink` dies with its BLE connection (pending
-requests fail with ``LinkClosed``); the server keeps advertising and the next
+requests fail with ``LinkClosed``; a link that fails, e.g. a silent peer, drops its connection);
+the server advertises again and the next
 :meth:`WearableServer.accept` (same device, same bonds) returns a fresh link when a handheld comes
 back. :class:`~coinf.ble_protocol.ble_transport.PeripheralConnector` is the ``ble:HCI`` transport
 of a Session: it owns one server.
@@ -25,93 +32,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
-from bumble import hci, smp
-from bumble.att import ATT_Error, AttributeValueV2
-from bumble.att import ErrorCode as AttErrorCode
+from bumble import hci
 from bumble.core import UUID, AdvertisingData
 from bumble.device import Connection, Device
-from bumble.gatt import (
-    GATT_CLIENT_CHARACTERISTIC_CONFIGURATION_DESCRIPTOR,
-    Characteristic,
-    CharacteristicValue,
-    Descriptor,
-    Service,
-)
-from bumble.keys import PairingKeys
-from bumble.pairing import PairingConfig, PairingDelegate
+from bumble.gatt import Characteristic, CharacteristicValue, Service
+from bumble.pairing import PairingConfig
 from bumble.transport import open_transport
 from coinf.ble_protocol import gatt
 from coinf.ble_protocol.acl_pacing import AclPacer
+from coinf.ble_protocol.admission import Admission
 from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
-from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey, strong_keys
+from coinf.ble_protocol.peripheral_security import (
+    PAIRING_TIMEOUT,
+    SECURE,
+    ServerSecurity,
+    _PeerState,
+    _WearableDelegate,
+)
+from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey
 from coinf.ble_protocol.tasks import TaskSet
 
 from coinf.errors import AdapterError, InputError
 
 log = logging.getLogger(__name__)
 
-_P = Characteristic.Permissions
-#: bumble's own checks (encryption; its ``authenticated`` flag is set by any completed pairing,
-#: Just Works included, so :meth:`WearableServer._check` adds the real test: the key is an
-#: LE Secure Connections key made with MITM protection).
-SECURE = (
-    _P.READ_REQUIRES_ENCRYPTION
-    | _P.WRITE_REQUIRES_ENCRYPTION
-    | _P.READ_REQUIRES_AUTHENTICATION
-    | _P.WRITE_REQUIRES_AUTHENTICATION
-)
-
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # s from connection (or from the end of pairing) to HELLO
-PAIRING_TIMEOUT = 60.0  # s a passkey pairing may take (a person types the passkey)
+CONTROLLER_TIMEOUT = 5.0  # s a controller gets to answer at start-up and shut-down
+
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "PAIRING_TIMEOUT", "SECURE", "WearableServer"]
 
 
-class _WearableDelegate(PairingDelegate):
-    """The wearable shows a passkey (DISPLAY_ONLY) and accepts pairing only in the window."""
-
-    def __init__(self, server: WearableServer, connection: Connection) -> None:
-        super().__init__(PairingDelegate.IoCapability.DISPLAY_OUTPUT_ONLY)
-        self.server, self.connection = server, connection
-
-    async def accept(self) -> bool:
-        if self.server.pairing_open:
-            return True
-        log.warning("refusing pairing with %s: the pairing window is closed "
-                    "(`coinf wearable pair` opens it)", self.connection.peer_address)
-        return False
-
-    async def generate_passkey(self) -> int:
-        fixed = self.server.passkey
-        return fixed if fixed is not None else secrets.randbelow(1_000_000)
-
-    async def display_number(self, number: int, digits: int) -> None:
-        self.server._show_passkey(self.connection, number)
-
-
-class _PeerState:
-    """What the server knows of one connection's security."""
-
-    def __init__(self) -> None:
-        self.pairing: asyncio.Future[None] | None = None  # set while a pairing runs
-        self.strong: bool | None = None  # None: not yet checked for the current encryption
-
-
-class WearableServer:
+class WearableServer(ServerSecurity):
     """One bumble device serving the coinf service to at most one handheld at a time.
 
     Pairing options: ``pairing_window_s`` opens the pairing window at :meth:`start` for that many
     seconds (0, the default: only already-bonded handhelds; ``math.inf``: always -- tests);
     ``passkey`` fixes the passkey (tests, scripts; default a fresh random one per pairing);
     ``display_passkey(address, passkey)`` shows it (default: a WARNING log line);
-    ``handshake_timeout`` drops a central that has not sent its HELLO in time;
+    ``handshake_timeout`` drops a central that has not sent its HELLO in time, and
+    ``pairing_timeout`` one whose pairing takes longer;
     ``keystore``: the bond store (a JSON file kept 0600 in a 0700 directory; default memory).
     """
 
@@ -133,15 +99,21 @@ class WearableServer:
         pairing_window_s: float = 0.0,
         display_passkey: Callable[[str, int], None] | None = None,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        pairing_timeout: float = PAIRING_TIMEOUT,
     ) -> None:
         if not handshake_timeout > 0:
             raise InputError(f"handshake_timeout must be > 0 s, not {handshake_timeout!r}")
+        if not pairing_timeout > 0:
+            raise InputError(f"pairing_timeout must be > 0 s, not {pairing_timeout!r}")
         if not pairing_window_s >= 0:
             raise InputError(f"pairing_window_s must be >= 0 s, not {pairing_window_s!r}")
         self.passkey = check_passkey(passkey)
         self.pairing_window_s = pairing_window_s
         self.display_passkey = display_passkey
         self.handshake_timeout = handshake_timeout
+        self.pairing_timeout = pairing_timeout
+        self._bonded_addresses: set[str] = set()
+        self.admission = Admission()
         self._pairing_until = 0.0  # time.monotonic() until which new bonds are accepted
         self._peers: dict[Connection, _PeerState] = {}
         self.bonded: asyncio.Queue[str] = asyncio.Queue()  # peer addresses of new bonds
@@ -158,8 +130,13 @@ class WearableServer:
         self.mtu = mtu
         self.device: Device | None = None
         self._transport: Any = None
+        #: connections up, not refused: the served one (``_active``, its link ``_link``) and
+        #: those still setting up -> whether the peer held a bond when it connected
+        self._conns: dict[Connection, bool] = {}
         self._active: Connection | None = None
         self._link: GattLink | None = None
+        self._advertising = False
+        self._adv_lock = asyncio.Lock()
         self._accepted: asyncio.Queue[GattLink | ProtocolError] = asyncio.Queue()
         self._tasks = TaskSet()  # cancelled on close()
         self._spawn = self._tasks.spawn
@@ -220,169 +197,45 @@ class WearableServer:
         # bumble's own background work (e.g. restarting advertising after a disconnection) can
         # fail while the HCI transport is down; that is reported here, not as a stray traceback
         device.on("error", lambda exc: log.info("%s: bumble: %s", self.spec, exc))
-        await device.power_on()
+        try:
+            await asyncio.wait_for(device.power_on(), CONTROLLER_TIMEOUT)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await self._transport.close()
+            raise LinkClosed(f"the controller on {self.spec!r} did not start: "
+                             f"{exc or type(exc).__name__}") from None
         self.device = device
+        await self._load_bonds()
         if self.pairing_window_s > 0:
             self.open_pairing_window(self.pairing_window_s)
-        await self._advertise()
+        await self._update_advertising()
 
-    # --- pairing and security ---------------------------------------------------------------
-    def open_pairing_window(self, seconds: float) -> None:
-        """Accept new bonds (passkey pairing) for ``seconds`` (``math.inf``: until closed)."""
-        if not seconds > 0:
-            raise InputError(f"a pairing window lasts > 0 s, not {seconds!r}")
-        self._pairing_until = math.inf if math.isinf(seconds) else time.monotonic() + seconds
-        log.info("pairing window open for %s s", seconds)
-
-    def close_pairing_window(self) -> None:
-        self._pairing_until = 0.0
-
-    @property
-    def pairing_open(self) -> bool:
-        return time.monotonic() < self._pairing_until
-
-    def _show_passkey(self, connection: Connection, passkey: int) -> None:
-        address = str(connection.peer_address)
-        if self.display_passkey is not None:
-            self.display_passkey(address, passkey)
-        elif self.passkey is not None:  # fixed by whoever configured it: they know it
-            log.info("pairing with %s using the configured fixed passkey", address)
-        else:
-            log.warning("pairing with %s: passkey %06d (type it on the handheld)", address,
-                        passkey)
-
-    def _state(self, connection: Connection) -> _PeerState:
-        state = self._peers.get(connection)
-        if state is None:
-            state = self._peers[connection] = _PeerState()
-        return state
-
-    def _track_security(self, connection: Connection) -> None:
-        state = self._state(connection)
-
-        def on_pairing_start() -> None:
-            state.strong = False
-            if state.pairing is None or state.pairing.done():
-                state.pairing = asyncio.get_running_loop().create_future()
-
-        def pairing_ended() -> None:
-            if state.pairing is not None and not state.pairing.done():
-                state.pairing.set_result(None)
-
-        def on_pairing(keys: PairingKeys) -> None:
-            state.strong = strong_keys(keys)
-            pairing_ended()
-            if state.strong:
-                log.info("bonded with %s (LE Secure Connections, passkey)",
-                         connection.peer_address)
-                self.bonded.put_nowait(str(connection.peer_address))
-            else:  # SecurePairingSession should have refused it: never keep such a bond
-                log.warning("pairing with %s gave unauthenticated keys: dropped",
-                            connection.peer_address)
-                self._spawn(self._forget_and_drop(connection))
-
-        def on_pairing_failure(reason: int) -> None:
-            state.strong = False
-            pairing_ended()
-            try:
-                why = smp.ErrorCode(reason).name
-            except ValueError:
-                why = str(reason)
-            log.warning("pairing with %s failed: %s", connection.peer_address, why)
-
-        def on_encryption_change() -> None:
-            if state.pairing is None or state.pairing.done():
-                state.strong = None  # re-encrypted with a stored key: checked on next access
-
-        connection.on(connection.EVENT_PAIRING_START, on_pairing_start)
-        connection.on(connection.EVENT_PAIRING, on_pairing)
-        connection.on(connection.EVENT_PAIRING_FAILURE, on_pairing_failure)
-        connection.on(connection.EVENT_CONNECTION_ENCRYPTION_CHANGE, on_encryption_change)
-
-    async def _forget_and_drop(self, connection: Connection) -> None:
-        device = self.device
-        if device is not None and device.keystore is not None:
-            with contextlib.suppress(Exception):
-                await device.keystore.delete(str(connection.peer_address))
-        with contextlib.suppress(Exception):
-            await connection.disconnect(hci.HCI_ErrorCode.AUTHENTICATION_FAILURE_ERROR)
-
-    def _is_secure_now(self, connection: Connection | None) -> bool:
-        """Known (without waiting) to be encrypted with a strong key."""
-        if connection is None or not connection.encryption:
+    def _wants_advertising(self) -> bool:
+        """Advertise while no handheld is served and a slot is free: none is connected, or one
+        without a bond (the other slot is kept for a bonded handheld)."""
+        if self._active is not None or len(self._conns) >= self.admission.max_connections:
             return False
-        state = self._peers.get(connection)
-        return state is not None and state.strong is True
+        return not any(self._conns.values())
 
-    async def _check(self, connection: Connection | None) -> None:
-        """Raise the ATT error for a connection not encrypted with an LE SC, MITM-protected
-        key: INSUFFICIENT_ENCRYPTION (pair or encrypt first), INSUFFICIENT_AUTHENTICATION
-        (encrypted, but with a key that is not authenticated)."""
-        if connection is None:
-            raise ATT_Error(AttErrorCode.INSUFFICIENT_ENCRYPTION)
-        state = self._state(connection)
-        if state.pairing is not None and not state.pairing.done():
-            # the peer's first request may overtake the end of pairing on this side
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(state.pairing), PAIRING_TIMEOUT)
-        if not connection.encryption:
-            raise ATT_Error(AttErrorCode.INSUFFICIENT_ENCRYPTION)
-        if state.strong is None:
-            device = self.device
-            keys = None
-            if device is not None and device.keystore is not None:
-                keys = await device.keystore.get(str(connection.peer_address))
-            state.strong = strong_keys(keys)
-        if not state.strong:
-            log.warning("refusing %s: not encrypted with an authenticated LE Secure "
-                        "Connections key", connection.peer_address)
-            raise ATT_Error(AttErrorCode.INSUFFICIENT_AUTHENTICATION)
+    async def _update_advertising(self) -> None:
+        """Start or stop advertising as :meth:`_wants_advertising` says (a failure, e.g. the
+        transport is gone, is logged: the next connection event tries again)."""
+        async with self._adv_lock:
+            device, want = self.device, self._wants_advertising()
+            if device is None or want == self._advertising:
+                return
+            try:
+                async with asyncio.timeout(CONTROLLER_TIMEOUT):
+                    if want:
+                        await self._advertise(device)
+                    else:
+                        await device.stop_advertising()
+                self._advertising = want
+            except Exception as exc:
+                log.info("%s: cannot %s advertising: %s", self.spec, "start" if want else "stop",
+                         exc or type(exc).__name__)
 
-    async def _guard_read(self, connection: Connection | None) -> bytes:
-        await self._check(connection)
-        return b""
-
-    def _guard_write(
-        self, handler: Callable[[Connection, bytes], None]
-    ) -> Callable[[Connection, bytes], Any]:
-        def write(connection: Connection, value: bytes) -> Any:
-            if self._is_secure_now(connection):  # the fast path: no await, order kept
-                handler(connection, value)
-                return None
-
-            async def checked() -> None:
-                await self._check(connection)
-                handler(connection, value)
-
-            return checked()
-
-        return write
-
-    def _cccd(self, device: Device, characteristic: Characteristic[bytes]) -> Descriptor:
-        """A CCCD that needs the same security as its characteristic (bumble's default one
-        lets anybody subscribe)."""
-        server = device.gatt_server
-
-        def bearer_connection(bearer: Any) -> Connection | None:
-            conn = getattr(bearer, "connection", bearer)
-            return conn if isinstance(conn, Connection) else None
-
-        async def read(bearer: Any) -> bytes:
-            await self._check(bearer_connection(bearer))
-            return server.read_cccd(bearer, characteristic)
-
-        async def write(bearer: Any, value: bytes) -> None:
-            await self._check(bearer_connection(bearer))
-            server.write_cccd(bearer, characteristic, value)
-
-        return Descriptor(
-            GATT_CLIENT_CHARACTERISTIC_CONFIGURATION_DESCRIPTOR,
-            SECURE,
-            AttributeValueV2(read, write=write),
-        )
-
-    async def _advertise(self) -> None:
-        assert self.device is not None
+    async def _advertise(self, device: Device) -> None:
         adv = bytes(
             AdvertisingData(
                 [
@@ -401,8 +254,8 @@ class WearableServer:
                 ]
             )
         )
-        await self.device.start_advertising(
-            auto_restart=True,
+        await device.start_advertising(
+            auto_restart=False,  # _update_advertising decides
             advertising_data=adv,
             scan_response_data=scan_rsp,
             advertising_interval_min=20,
@@ -413,9 +266,9 @@ class WearableServer:
         await self._tasks.cancel_all()
         if self._link is not None:
             await self._link.close()
-        if self.device is not None:
+        if self.device is not None and not self.transport_lost:  # no controller to answer
             with contextlib.suppress(Exception):
-                await self.device.power_off()
+                await asyncio.wait_for(self.device.power_off(), CONTROLLER_TIMEOUT)
         if self._transport is not None:
             with contextlib.suppress(Exception):
                 await self._transport.close()
@@ -425,52 +278,77 @@ class WearableServer:
         # bumble restarts advertising from this connection's disconnection event; with the
         # HCI transport gone that fails: a log line, not a stray traceback
         connection.on("error", lambda exc: log.info("%s: bumble: %s", self.spec, exc))
-        if self._active is not None:
-            log.info("refusing a second handheld %s", connection.peer_address)
-            self._spawn(
-                connection.disconnect(
-                    hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR
-                )
-            )
-            return
-        self._active = connection
-        self._track_security(connection)
-        connection.on("disconnection", lambda reason: self._on_disconnection(connection, reason))
-        self._spawn(self._handshake_deadline(connection))
+        self._advertising = False  # a connection ends connectable advertising
+        address = str(connection.peer_address)
+        bonded = address in self._bonded_addresses
+        others = [(str(c.peer_address), b, c is self._active) for c, b in self._conns.items()]
+        why = self.admission.admit(address, bonded, others)
+        if why is not None:
+            log.info("refusing %s: %s", address, why)
+            self._spawn(self._drop(connection))
+        else:
+            self._conns[connection] = bonded
+            self._track_security(connection)
+            connection.on("disconnection",
+                          lambda reason: self._on_disconnection(connection, reason))
+            self._spawn(self._handshake_deadline(connection))
+        self._spawn(self._update_advertising())
+
+    async def _drop(self, connection: Connection) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.disconnect(
+                hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR),
+                CONTROLLER_TIMEOUT)
 
     async def _handshake_deadline(self, connection: Connection) -> None:
         """Disconnect ``connection`` unless its HELLO arrives within ``handshake_timeout`` s
-        (the time a pairing takes is not counted: a person types the passkey)."""
+        (the time a pairing takes, at most ``pairing_timeout``, is not counted: a person types
+        the passkey)."""
         deadline = time.monotonic() + self.handshake_timeout
-        while connection is self._active and self._link is None:
+        while connection in self._conns and connection is not self._active:
             state = self._peers.get(connection)
             if state is not None and state.pairing is not None and not state.pairing.done():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(state.pairing), PAIRING_TIMEOUT)
+                    await asyncio.wait_for(asyncio.shield(state.pairing), self.pairing_timeout)
                 deadline = time.monotonic() + self.handshake_timeout
                 if state.pairing is not None and not state.pairing.done():
-                    break  # pairing stalled: drop it
+                    log.warning("dropping %s: pairing took over %.0f s",
+                                connection.peer_address, self.pairing_timeout)
+                    break
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
+                log.warning("dropping %s: no coinf handshake within %.1f s",
+                            connection.peer_address, self.handshake_timeout)
                 break
             await asyncio.sleep(min(left, 0.1))
         else:
             return
-        if connection is self._active and self._link is None:
-            log.warning("dropping %s: no coinf handshake within %.1f s", connection.peer_address,
-                        self.handshake_timeout)
-            with contextlib.suppress(Exception):
-                await connection.disconnect()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.disconnect(), CONTROLLER_TIMEOUT)
 
     def _on_disconnection(self, connection: Connection, reason: int) -> None:
         self._peers.pop(connection, None)
-        if connection is not self._active:
+        if self._conns.pop(connection, None) is None:
             return
-        self._active = None
-        link, self._link = self._link, None
-        if link is not None:
-            link.connection_lost(f"handheld disconnected ({hci.HCI_Constant.error_name(reason)})")
+        if connection is self._active:
+            self._active = None
+            link, self._link = self._link, None
+            if link is not None:
+                link.connection_lost(
+                    f"handheld disconnected ({hci.HCI_Constant.error_name(reason)})")
+        else:  # it never completed the handshake
+            self.admission.failed(str(connection.peer_address))
+        self._spawn(self._update_advertising())
+
+    def _serve(self, connection: Connection, link: GattLink) -> None:
+        """``connection`` completed the handshake: it is the served one; the others go."""
+        self._active, self._link = connection, link
+        self.admission.served(str(connection.peer_address))
+        for other in [c for c in self._conns if c is not connection]:
+            log.info("dropping %s: %s is served", other.peer_address, connection.peer_address)
+            self._spawn(self._drop(other))
+        self._spawn(self._update_advertising())
 
     # --- GATT writes -----------------------------------------------------------------------
     def _on_data(self, connection: Connection, value: bytes) -> None:
@@ -478,11 +356,12 @@ class WearableServer:
             self._link.feed_data(bytes(value))
 
     def _on_control(self, connection: Connection, value: bytes) -> None:
-        if connection is not self._active:
+        if connection is self._active:
+            if self._link is not None:
+                self._link.feed_control(bytes(value))
             return
-        if self._link is not None:
-            self._link.feed_control(bytes(value))
-            return
+        if connection not in self._conns or self._active is not None:
+            return  # refused, or another handheld is served (this one is being dropped)
         try:
             kind, body = gatt.parse_ctrl(bytes(value))
             if kind != Ctrl.HELLO:
@@ -528,9 +407,10 @@ class WearableServer:
             reassembly_timeout=self.reassembly_timeout,
             name=f"ble:{connection.peer_address}",
             heartbeat=gatt.peer_heartbeat(body),
+            ack=gatt.peer_ack(body),
             flushed=pacer.flushed,
         )
-        self._link = link
+        self._serve(connection, link)
         ack = make_hello(
             self.bundle_identity,
             mtu,

@@ -50,6 +50,10 @@ class Connector(ABC):
     spec: str = ""
     #: What to check when no link comes (appended to the timeout error).
     hint: str = ""
+    #: Links come to this side (a BLE peripheral: the peer reconnects, this side only waits);
+    #: a :class:`~coinf.wearable.connection.Connection` then waits for the next one in the
+    #: background instead of retrying after a backoff.
+    passive: bool = False
 
     @abstractmethod
     async def connect(self, timeout: float) -> Link:

@@ -56,6 +56,13 @@ CASES = [
     ("handheld --bundle {B} --profile {DIR}", 2, "--profile"),
     ("handheld --bundle {B} --listen unix:{JUNK}/sock", 2, "--listen"),
     ("handheld pair --hci tcp-client:127.0.0.1:1 --timeout 0", 2, "--timeout"),
+    # handheld: the socket listener's limits (issue 41, part 3)
+    ("handheld --bundle {B} --max-links 0", 2, "--max-links"),
+    ("handheld --bundle {B} --max-links-per-peer -1", 2, "--max-links-per-peer"),
+    ("handheld --bundle {B} --hello-timeout nan", 2, "--hello-timeout"),
+    ("handheld --bundle {B} --idle-timeout 0", 2, "--idle-timeout"),
+    ("handheld --bundle {B} --listen ble:tcp-client:127.0.0.1:1 --idle-timeout 5", 2,
+     "--idle-timeout"),
     # run
     ("run {B} --seed -1", 2, "--seed"),
     ("run {B} --all --max 0", 2, "--max"),
@@ -85,6 +92,8 @@ CASES = [
     ("models prune {JUNK} --out {OUT}/p.onnx", 2, "not a readable ONNX model"),
     # benchmarks
     ("bench faults --bundle {B} --split c001 --chunk-fault-rate 2", 2, "--chunk-fault-rate"),
+    ("bench faults --bundle {B} --split c001 --period-ms 0", 2, "--period-ms"),
+    ("bench faults --bundle {B} --split c001 --scenarios nothing", 2, "--scenarios"),
     ("bench mincut --repeats 0", 2, "--repeats"),
     ("bench mincut --bandwidth-bps nan", 2, "--bandwidth-bps"),
     ("bench fuzz --inputs 0", 2, "--inputs"),

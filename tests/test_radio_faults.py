@@ -7,6 +7,7 @@ import struct
 
 import pytest
 from coinf.ble_protocol.chunks import CHUNK_HEADER
+from coinf.ble_protocol.messages import PROTOCOL_VERSION
 from coinf.ble_protocol.radio.model import ChunkFaults
 from coinf.ble_protocol.radio.params import RadioError, preset
 
@@ -16,7 +17,7 @@ def att_pdu(value: bytes, opcode: int = 0x1B) -> bytes:
     return struct.pack("<HH", len(body), 0x0004) + body
 
 
-CHUNK = att_pdu(CHUNK_HEADER.pack(1, 3, 7, 100, 0) + bytes(range(60)))
+CHUNK = att_pdu(CHUNK_HEADER.pack(PROTOCOL_VERSION, 3, 7, 100, 0) + bytes(range(60)))
 CONTROL = att_pdu(bytes([3, 1, 0]))  # a CREDIT control frame: never touched
 
 
@@ -43,7 +44,7 @@ def test_each_fault_on_chunks_only(kind, check):
 
 def test_reorder_lets_the_next_chunk_overtake():
     f = faults(fault_reorder=1.0)
-    second = att_pdu(CHUNK_HEADER.pack(1, 3, 7, 100, 60) + bytes(40))
+    second = att_pdu(CHUNK_HEADER.pack(PROTOCOL_VERSION, 3, 7, 100, 60) + bytes(40))
     assert f.apply((1, 2), CHUNK) == []  # held
     assert f.apply((1, 2), second) == [second, CHUNK]  # overtaken, then released
 

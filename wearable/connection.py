@@ -2,9 +2,18 @@
 
 However many frames are in flight, there is at most one link per :class:`Connection`: the first
 caller connects while the others wait on the same attempt. A failed exchange marks the helper
-offline for a backoff (0.5 s doubling to ``max_backoff_s``); while offline, inferences finish on
-the wearable; the next request after the backoff reconnects. Every wait is bounded and every
-bound cancels what it waited for.
+offline; while offline, inferences finish on the wearable. How it comes back depends on who
+dials:
+
+* a connector that dials (``tcp:``, ``unix:``, in-process): offline for a backoff (0.5 s
+  doubling to ``max_backoff_s``); the next request after it reconnects;
+* a passive connector (``ble:``, the wearable's GATT server: the handheld reconnects, the
+  wearable cannot): the next link is awaited in the background at once, and offline ends the
+  moment a handheld has reconnected and handshaken, whatever the backoff. A connector that
+  fails at once (its HCI transport is down) is retried every 0.25 s doubling to
+  :data:`PASSIVE_RETRY_MAX_S`.
+
+Every wait is bounded and every bound cancels what it waited for.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -26,6 +36,11 @@ from coinf.errors import LinkClosed, LinkError
 log = logging.getLogger(__name__)
 
 OnConnect = Callable[[RpcClient, float], Awaitable[None]]
+
+#: a passive connector that failed at once is asked again after at most this long (s)
+PASSIVE_RETRY_MAX_S = 1.0
+#: one background wait of a passive connector for its peer (then it waits again)
+PASSIVE_WAIT_S = 60.0
 
 
 class Connection:
@@ -57,8 +72,18 @@ class Connection:
         self._backoff_s = 0.0
         self._offline_until = 0.0
         self._offline_reason = ""
+        #: a passive connector's background wait for the next link (see the module doc)
+        self._rejoin: asyncio.Task[None] | None = None
+        self.rejoined = 0  # links a passive connector brought back in the background
+        self._closed = False
 
     # -- state ------------------------------------------------------------------------------
+    @property
+    def passive(self) -> bool:
+        """The peer comes to this side (see the module doc); any object with ``connect`` may
+        be the connector, so a missing attribute means no."""
+        return bool(getattr(self.connector, "passive", False))
+
     @property
     def rpc_client(self) -> RpcClient | None:
         """The open RPC client, if connected."""
@@ -71,56 +96,113 @@ class Connection:
         return self._offline_reason if time.monotonic() < self._offline_until else None
 
     async def went_offline(self, exc: BaseException) -> None:
-        """A transient failure: pause offloading for the next backoff and drop the link."""
-        self._backoff_s = min(max(self._backoff_s * 2, 0.5), self.max_backoff_s)
-        self._offline_until = time.monotonic() + self._backoff_s
-        self._offline_reason = f"handheld unavailable ({exc}); retry in {self._backoff_s:.1f} s"
+        """A transient failure: pause offloading and drop the link; for the next backoff, or
+        (passive connector) until the peer has reconnected."""
+        if self.passive:
+            self._offline_until = math.inf
+            self._offline_reason = (f"handheld unavailable ({exc}); resuming as soon as it "
+                                    f"reconnects")
+        else:
+            self._backoff_s = min(max(self._backoff_s * 2, 0.5), self.max_backoff_s)
+            self._offline_until = time.monotonic() + self._backoff_s
+            self._offline_reason = (f"handheld unavailable ({exc}); retry in "
+                                    f"{self._backoff_s:.1f} s")
         log.warning("offloading paused: %s", self._offline_reason)
         rpc, self._rpc = self._rpc, None
         if rpc is not None:  # a link that failed is never reused
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
                     await rpc.close()
+        if self.passive and not self._closed and (
+                self._rejoin is None or self._rejoin.done()):
+            self._rejoin = asyncio.get_running_loop().create_task(self._wait_for_peer())
+
+    async def _wait_for_peer(self) -> None:
+        """A passive connector's next link, in the background: handshake it and leave the
+        offline state at once."""
+        delay = 0.0
+        while not self._closed:
+            if delay:
+                await asyncio.sleep(delay)
+            t0 = time.monotonic()
+            try:
+                async with self._connecting():
+                    rpc = await self._open(PASSIVE_WAIT_S)
+            except LinkError as exc:
+                quick = time.monotonic() - t0 < 0.5 * PASSIVE_WAIT_S
+                delay = min(max(delay * 2, 0.25), PASSIVE_RETRY_MAX_S) if quick else 0.0
+                log.info("waiting for the handheld: %s", exc)
+                continue
+            except Exception as exc:  # never end silently: offline says why
+                self._offline_reason = f"handheld unavailable ({type(exc).__name__}: {exc})"
+                log.error("waiting for the handheld failed: %s", self._offline_reason)
+                delay = PASSIVE_RETRY_MAX_S
+                continue
+            self._rpc, self._offline_until, self._backoff_s = rpc, 0.0, 0.0
+            self.rejoined += 1
+            log.info("offloading resumed: the handheld reconnected")
+            await self._connected(rpc)
+            return
 
     def succeeded(self) -> None:
         self._backoff_s = 0.0
 
     # -- connecting -------------------------------------------------------------------------
     async def client(self) -> RpcClient:
-        """The open RPC client; connects (once, whatever the concurrency) when there is none."""
+        """The open RPC client; connects (once, whatever the concurrency) when there is none.
+        A passive connector that was connected before never waits here: its link dropped, so
+        the next one is awaited in the background (:meth:`went_offline`) and this raises
+        :class:`LinkClosed` at once."""
         rpc = self.rpc_client
         if rpc is not None:
             return rpc
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        if self.passive and self.info is not None:
+            rejoin = self._rejoin
+            if rejoin is None or rejoin.done():
+                await self.went_offline(LinkClosed("the link dropped"))
+            raise LinkClosed(f"{self.connector.description}: the link dropped; waiting for the "
+                             f"handheld to reconnect")
+        async with self._connecting():
             rpc = self.rpc_client
             if rpc is not None:
                 return rpc
-            stale, self._rpc = self._rpc, None
-            if stale is not None:
-                await stale.close()
             timeout = (self.connect_timeout if self.links_opened == 0
                        else min(self.connect_timeout, self.reconnect_timeout))
-            link = await connect_within(self.connector, timeout)
-            self.links_opened += 1
-            rpc = RpcClient(link)
-            try:
-                async with asyncio.timeout(self.connect_timeout):
-                    await self._handshake(rpc)
-            except BaseException as exc:
-                await rpc.close()
-                if isinstance(exc, TimeoutError):
-                    raise LinkClosed(f"handshake with {link.description} took over "
-                                     f"{self.connect_timeout:.1f} s") from None
-                raise
+            rpc = await self._open(timeout)
             self._rpc = rpc
+        await self._connected(rpc)
+        return rpc
+
+    def _connecting(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def _open(self, timeout: float) -> RpcClient:
+        """A new link within ``timeout`` and its handshake (within ``connect_timeout``)."""
+        stale, self._rpc = self._rpc, None
+        if stale is not None:
+            await stale.close()
+        link = await connect_within(self.connector, timeout)
+        self.links_opened += 1
+        rpc = RpcClient(link)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._handshake(rpc)
+        except BaseException as exc:
+            await rpc.close()
+            if isinstance(exc, TimeoutError):
+                raise LinkClosed(f"handshake with {link.description} took over "
+                                 f"{self.connect_timeout:.1f} s") from None
+            raise
+        return rpc
+
+    async def _connected(self, rpc: RpcClient) -> None:
         if self.on_connect is not None:
             try:
                 await self.on_connect(rpc, self.request_timeout)
             except LinkError as exc:
                 log.info("link probe at connection failed: %s", exc)
-        return rpc
 
     async def _handshake(self, rpc: RpcClient) -> None:
         hello = {
@@ -141,6 +223,10 @@ class Connection:
         self.info = decode_json(reply.payload)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._rejoin is not None:
+            self._rejoin.cancel()
+            await asyncio.gather(self._rejoin, return_exceptions=True)
         rpc, self._rpc = self._rpc, None
         if rpc is not None:
             with contextlib.suppress(Exception):
@@ -154,6 +240,7 @@ class ShapedConnector(Connector):
     def __init__(self, inner: Connector, channel: Any) -> None:
         self.inner, self.channel = inner, channel
         self.spec, self.hint = inner.spec, inner.hint
+        self.passive = bool(getattr(inner, "passive", False))
 
     async def connect(self, timeout: float) -> Any:
         from coinf.ble_protocol.throttle import ThrottledLink

@@ -29,6 +29,7 @@ from typing import Any
 from bumble import controller as bumble_controller
 from bumble import hci
 from bumble.link import LocalLink
+from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType
 from coinf.ble_protocol.radio.params import RadioParams
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,14 @@ class _AirConnection:
     payload_bytes: int = 0
 
 
+_TYPES = frozenset(int(t) for t in MsgType)
+
+
 class ChunkFaults:
     """Drops, duplicates, corrupts or reorders coinf data chunks in L2CAP PDUs (ATT
     notification 0x1B or write command 0x52 on the ATT channel whose value starts like a chunk:
-    version 1, a message type 1..9, at least the 14-byte header). Everything else passes."""
+    this protocol version, a known message type, at least the 14-byte header). Everything else
+    passes."""
 
     def __init__(self, params: RadioParams) -> None:
         self.p = params
@@ -78,7 +83,8 @@ class ChunkFaults:
             return False
         cid = int.from_bytes(pdu[2:4], "little")
         value = pdu[7:]
-        return cid == 0x0004 and pdu[4] in (0x1B, 0x52) and value[0] == 1 and 1 <= value[1] <= 9
+        return (cid == 0x0004 and pdu[4] in (0x1B, 0x52) and value[0] == PROTOCOL_VERSION
+                and value[1] in _TYPES)
 
     def apply(self, way: tuple[int, int], pdu: bytes) -> list[bytes]:
         """The PDUs to deliver now, in order, for one PDU sent in direction ``way``."""

@@ -33,7 +33,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("prune", "prune", "SMCD group-lasso pruning of the digit model: FLOPs, comm, accuracy"),
     ("pipeline", "pipeline", "a pipeline over K emulated devices vs two (DP split)"),
     ("compress", "compress", "autoencoder compressors (gamma 2/4/8) + packing at digit-CNN cuts"),
-    ("faults", "faults", "inferences while the handheld or the radio is killed or stopped"),
+    ("faults", "faults", "inferences while the handheld or the radio is killed or stopped, or "
+     "chunks are lost (library defaults, pi-zero-2w)"),
     ("runtime", "runtime", "onnxruntime vs LiteRT per slice of a bundle with TFLite slices"),
     ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
 ]

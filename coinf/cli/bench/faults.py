@@ -1,9 +1,22 @@
 """``coinf bench faults``: inferences over the emulated radio while the system is hurt.
 
 Separate processes: ``coinf radio`` (fixed ports, so it can come back), ``coinf handheld`` over
-BLE, and this process as the wearable (a Session on its own bumble host). In turn: the handheld
-is killed and restarted, the handheld is stopped (SIGSTOP) and resumed, the radio process is
-killed and restarted. Every inference is checked against the whole model run locally.
+BLE, and this process as the wearable: a Session with the library's default options (only the
+transport and the emulated devices' pairing are set; timeouts and backoff are what a user gets).
+Scenarios, each ``--inferences`` inferences, one every ``--period-ms``:
+
+* ``handheld_killed``: SIGKILL at a quarter, restarted after ``--fault-s``;
+* ``handheld_frozen``: SIGSTOP at a quarter, SIGCONT after ``--fault-s``;
+* ``radio_killed``: the radio process killed at a quarter, radio and handheld restarted after
+  ``--fault-s`` (the handheld's host lost its radio too);
+* ``chunk_faults``: radio and handheld restarted on a radio that drops, duplicates, corrupts and
+  reorders ``--chunk-fault-rate`` of the data chunks (each), every inference under faults.
+
+Per scenario: correct / wrong / lost (no result) / duplicated (a request the handheld ran more
+than once, from its log), offloaded, worst latency, and the resume time: from the fault's heal
+(the process printed its ready line; for chunk_faults, the faulty radio's) to the end of the
+first offloaded inference after it; ``recovery``: what the wearable's BLE links did about lost
+chunks (messages it sent again, messages it asked the handheld for again, messages failed).
 """
 
 from __future__ import annotations
@@ -11,12 +24,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +40,10 @@ import numpy as np
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, progress
+
+SCENARIOS = ("handheld_killed", "handheld_frozen", "radio_killed", "chunk_faults")
+#: after the heal, a scenario goes on (beyond its inferences) until offloading resumed, or this
+RESUME_WAIT_S = 30.0
 
 
 def _free_port_pair() -> int:
@@ -42,15 +62,17 @@ def _free_port_pair() -> int:
 
 
 class Procs:
-    """The radio and handheld processes, restartable."""
+    """The radio and handheld processes, restartable; every handheld logs (``-v``) to its own
+    file, from which :meth:`duplicates` counts requests run twice."""
 
-    def __init__(self, bundle: Path, preset: str, port: int) -> None:
-        self.bundle, self.preset, self.port = bundle, preset, port
+    def __init__(self, bundle: Path, preset: str, port: int, logdir: Path) -> None:
+        self.bundle, self.preset, self.port, self.logdir = bundle, preset, port, logdir
         self.radio: subprocess.Popen[str] | None = None
         self.handheld: subprocess.Popen[str] | None = None
         self.cmd = [sys.executable, "-m", "coinf"]
         # the emulated devices pair with a one-off passkey (a real wearable shows it)
         self.passkey = secrets.randbelow(900_000) + 100_000
+        self.logs: list[Path] = []
 
     @property
     def wearable_hci(self) -> str:
@@ -71,10 +93,14 @@ class Procs:
             seen += line.startswith(("wearable=", "handheld="))
 
     def start_handheld(self) -> None:
-        self.handheld = subprocess.Popen(
-            [*self.cmd, "handheld", "--bundle", str(self.bundle), "--transport", "ble", "--hci",
-             f"tcp-client:127.0.0.1:{self.port + 1}", "--passkey", str(self.passkey)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        log = self.logdir / f"handheld-{len(self.logs)}.log"
+        self.logs.append(log)
+        with open(log, "w") as err:
+            self.handheld = subprocess.Popen(
+                [*self.cmd, "handheld", "-v", "--bundle", str(self.bundle), "--transport",
+                 "ble", "--hci", f"tcp-client:127.0.0.1:{self.port + 1}", "--passkey",
+                 str(self.passkey)],
+                stdout=subprocess.PIPE, stderr=err, text=True)
         assert self.handheld.stdout is not None
         self.handheld.stdout.readline()
 
@@ -84,11 +110,55 @@ class Procs:
             proc.kill()
             proc.wait(10)
 
+    def restart_all(self, *settings: str) -> None:
+        self.kill(self.handheld)
+        self.kill(self.radio)
+        self.start_radio(*settings)
+        self.start_handheld()
+
     def stop_all(self) -> None:
         if self.handheld is not None and self.handheld.poll() is None:
             os.kill(self.handheld.pid, signal.SIGCONT)
         self.kill(self.handheld)
         self.kill(self.radio)
+
+    def served(self) -> Counter[tuple[int, int, int]]:
+        """(handheld log, link, request id) -> times the handheld ran it."""
+        runs: Counter[tuple[int, int, int]] = Counter()
+        for i, log in enumerate(self.logs):
+            link = 0
+            for line in log.read_text(errors="replace").splitlines():
+                if " wearable connected over " in line:
+                    link += 1
+                elif m := re.search(r" request (\d+) c\d+", line):
+                    runs[(i, link, int(m.group(1)))] += 1
+        return runs
+
+
+class Scenario:
+    """The counts of one scenario."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.n = self.correct = self.wrong = self.lost = self.offloaded = 0
+        self.worst_ms = 0.0
+        self.latencies: list[float] = []
+        self.fault_s = 0.0
+        self.healed_t: float | None = None
+        self.resume_s: float | None = None
+        self.links: dict[int, Any] = {}  # the wearable's links used (their loss recovery)
+
+    def row(self, duplicated: int) -> dict[str, Any]:
+        return {"scenario": self.name, "inferences": self.n, "correct": self.correct,
+                "wrong": self.wrong, "lost": self.lost, "duplicated": duplicated,
+                "offloaded": self.offloaded, "local": self.n - self.lost - self.offloaded,
+                "worst_ms": round(self.worst_ms, 1),
+                "median_ms": round(float(np.median(self.latencies)), 1)
+                if self.latencies else None,
+                "fault_s": round(self.fault_s, 2), "resumed": self.resume_s is not None,
+                "resume_s": round(self.resume_s, 2) if self.resume_s is not None else None,
+                "recovery": {k: sum(getattr(lk.arq, k) for lk in self.links.values())
+                             for k in ("resends", "nacks", "given_up")}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,127 +169,147 @@ def run(args: argparse.Namespace) -> int:
     from coinf.cli.sample import bundle_feeds
 
     bundle = Bundle.load(args.bundle)
+    bundle.candidate(args.split)  # a wrong id is a usage error before anything starts
     feeds = [bundle_feeds(bundle, seed) for seed in range(16)]
     ref = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
     want = [ref.run(None, f) for f in feeds]
-    procs = Procs(bundle.root, args.preset, _free_port_pair())
-    phases = ["baseline", "handheld_killed", "handheld_stopped", "radio_killed",
-              "chunk_faults"]
-    per_phase = max(1, args.inferences // len(phases))
-    totals = {"inferences": 0, "correct": 0, "wrong": 0, "errors": 0, "hangs": 0,
-              "fallbacks": 0}
+    faulty = [f"fault_{k}={args.chunk_fault_rate}"
+              for k in ("drop", "duplicate", "corrupt", "reorder")]
     rows: list[dict[str, Any]] = []
-    procs.start_radio()
-    procs.start_handheld()
-    try:
-        pairing = {"passkey": procs.passkey, "pairing_window_s": math.inf}
-        link = LinkOptions(transport=f"ble:{procs.wearable_hci}", transport_options=pairing,
-                           timeout=args.timeout, max_backoff_s=1.0, fallback=True)
-        with Session(bundle, SessionOptions(placement=PlacementOptions(split=args.split),
-                                            link=link)) as sess:
-            sess.connect()
-            for phase in phases:
-                progress(f"phase {phase}: {per_phase} inferences")
-                fault_at, heal_at = per_phase // 4, per_phase // 2
-                worst_after, offloaded_after, resumed = 0.0, 0, phase == "baseline"
-                i, healed_t, resumed_s, injected_t = 0, 0.0, 0.0, 0.0
-                healed = phase == "baseline"
-                # the fault lasts at least --fault-s; after the heal, go on until offloading
-                # resumed (3 offloaded inferences) or 30 s passed
-                while (i < per_phase or not healed
-                       or (not resumed and time.monotonic() - healed_t < 30)):
-                    if i == fault_at and not injected_t:
-                        inject(phase, procs, args)
-                        injected_t = time.monotonic()
-                    if (not healed and i >= heal_at
-                            and time.monotonic() - injected_t >= args.fault_s):
-                        heal(phase, procs)
-                        healed, healed_t = True, time.monotonic()
-                    i += 1
-                    if i > per_phase:
-                        time.sleep(0.05)  # waiting: no need to spin
-                    k = totals["inferences"] % len(feeds)
+    with tempfile.TemporaryDirectory(prefix="coinf-faults-") as logdir:
+        procs = Procs(bundle.root, args.preset, _free_port_pair(), Path(logdir))
+        procs.start_radio()
+        procs.start_handheld()
+        try:
+            # the library's defaults, only the transport and the emulated pairing set
+            pairing = {"passkey": procs.passkey, "pairing_window_s": math.inf}
+            link = LinkOptions(transport=f"ble:{procs.wearable_hci}", transport_options=pairing)
+            opts = SessionOptions(placement=PlacementOptions(split=args.split), link=link)
+            with Session(bundle, opts) as sess:
+                sess.connect()
+                counter = [0]
+
+                def one(sc: Scenario, tag: str) -> None:
+                    k = counter[0] % len(feeds)
+                    counter[0] += 1
+                    sc.n += 1
                     t0 = time.perf_counter()
                     try:
-                        outs = sess.run(None, feeds[k], RunOptions(tag=phase))
-                    except Exception as exc:  # counted, the benchmark goes on
-                        totals["errors"] += 1
-                        progress(f"  error: {type(exc).__name__}: {exc}")
-                        continue
-                    finally:
-                        totals["inferences"] += 1
+                        outs = sess.run(None, feeds[k], RunOptions(tag=tag))
+                    except Exception as exc:  # counted (lost), the benchmark goes on
+                        sc.lost += 1
+                        progress(f"  lost: {type(exc).__name__}: {exc}")
+                        return
                     ms = (time.perf_counter() - t0) * 1e3
-                    stats = sess.last_run
-                    assert stats is not None
+                    sc.latencies.append(ms)
+                    sc.worst_ms = max(sc.worst_ms, ms)
                     ok = all(np.allclose(o, w, rtol=1e-4, atol=1e-5)
                              for o, w in zip(outs, want[k], strict=True))
-                    totals["correct" if ok else "wrong"] += 1
-                    totals["fallbacks"] += stats.fallback is not None
-                    totals["hangs"] += ms > args.hang_s * 1e3
-                    if i > fault_at:
-                        worst_after = max(worst_after, ms)
-                    if healed and i > heal_at and not stats.local:
-                        offloaded_after += 1
-                        if not resumed and offloaded_after >= 3:
-                            resumed, resumed_s = True, time.monotonic() - healed_t
-                rows.append({"phase": phase, "worst_ms_after_fault": round(worst_after, 1),
-                             "offloaded_after_heal": offloaded_after, "resumed": resumed,
-                             "resumed_s_after_heal": round(resumed_s, 2) if healed_t else None})
-                progress(f"  worst {worst_after:.0f} ms after the fault, "
-                         f"{offloaded_after} offloaded after the heal")
-    finally:
-        procs.stop_all()
-    emit({**totals,
-          "worst_ms": max(r["worst_ms_after_fault"] for r in rows),
-          "resumed_offloading": all(r["resumed"] for r in rows),
-          "phases": rows, "split": args.split, "preset": args.preset,
-          "targets": {"correct": "all", "errors": 0, "hangs": 0, "worst_ms": 2000}})
+                    sc.correct += ok
+                    sc.wrong += not ok
+                    stats = sess.last_run
+                    link = sess.link
+                    if link is not None and hasattr(link, "arq"):
+                        sc.links[id(link)] = link
+                    if stats is not None and not stats.local:
+                        sc.offloaded += 1
+                        if sc.healed_t is not None and sc.resume_s is None:
+                            sc.resume_s = time.monotonic() - sc.healed_t
+
+                for name in args.scenarios:
+                    before = procs.served()
+                    sc = scenario(name, args, procs, faulty, one)
+                    after = procs.served()
+                    dup = sum(c - 1 for key, c in after.items() if c > 1 and before[key] < c)
+                    rows.append(sc.row(dup))
+                    progress(f"  {rows[-1]}")
+        finally:
+            procs.stop_all()
+    total = {k: sum(r[k] for r in rows) for k in ("inferences", "correct", "wrong", "lost",
+                                                   "duplicated", "offloaded")}
+    emit({**total, "worst_ms": max((r["worst_ms"] for r in rows), default=0.0),
+          "resumed_every_time": all(r["resumed"] for r in rows),
+          "worst_resume_s": max((r["resume_s"] or math.inf for r in rows), default=None),
+          "scenarios": rows, "inferences_per_scenario": args.inferences,
+          "period_ms": args.period_ms, "fault_s": args.fault_s,
+          "chunk_fault_rate": args.chunk_fault_rate, "split": args.split, "preset": args.preset,
+          "session_options": "library defaults (LinkOptions: timeout 30 s, max_backoff_s 30 s, "
+                             "reconnect_timeout 3 s)",
+          "targets": {"correct": "all", "lost": 0, "duplicated": 0, "worst_ms": 2000,
+                      "resumed_every_time": True, "resume_s": 2.0}})
     return 0
 
 
-def inject(phase: str, procs: Procs, args: argparse.Namespace) -> None:
-    if phase == "handheld_killed":
+def scenario(name: str, args: argparse.Namespace, procs: Procs, faulty: list[str],
+             one: Any) -> Scenario:
+    """Run one scenario: ``args.inferences`` paced inferences, the fault injected at a quarter
+    (chunk_faults: before the first), healed after ``--fault-s``."""
+    sc = Scenario(name)
+    period = args.period_ms / 1e3
+    progress(f"scenario {name}: {args.inferences} inferences")
+    fault_at = args.inferences // 4
+    injected_t: float | None = None
+    if name == "chunk_faults":
+        procs.restart_all(*faulty)
+        injected_t = sc.healed_t = time.monotonic()  # resumed on the faulty radio
+    i = 0
+    while True:
+        now = time.monotonic()
+        if injected_t is None and i == fault_at:
+            inject(name, procs)
+            injected_t = now
+        elif sc.healed_t is None and injected_t is not None and now - injected_t >= args.fault_s:
+            heal(name, procs)
+            sc.fault_s = time.monotonic() - injected_t
+            sc.healed_t = time.monotonic()
+        done_waiting = sc.resume_s is not None or (
+            sc.healed_t is not None and now - sc.healed_t > RESUME_WAIT_S)
+        if i >= args.inferences and sc.healed_t is not None and done_waiting:
+            break
+        i += 1
+        t0 = time.monotonic()
+        one(sc, name)
+        time.sleep(max(0.0, t0 + period - time.monotonic()))
+    if name == "chunk_faults":
+        procs.restart_all()  # a clean radio for whatever comes next
+    return sc
+
+
+def inject(name: str, procs: Procs) -> None:
+    if name == "handheld_killed":
         procs.kill(procs.handheld)
-    elif phase == "handheld_stopped":
+    elif name == "handheld_frozen":
         assert procs.handheld is not None
         os.kill(procs.handheld.pid, signal.SIGSTOP)
-    elif phase == "radio_killed":
+    elif name == "radio_killed":
         procs.kill(procs.radio)
-    elif phase == "chunk_faults":  # a radio that drops, duplicates, corrupts and reorders
-        procs.kill(procs.handheld)
-        procs.kill(procs.radio)
-        procs.start_radio(*(f"fault_{k}={args.chunk_fault_rate}"
-                            for k in ("drop", "duplicate", "corrupt", "reorder")))
-        procs.start_handheld()
 
 
-def heal(phase: str, procs: Procs) -> None:
-    if phase == "handheld_killed":
+def heal(name: str, procs: Procs) -> None:
+    if name == "handheld_killed":
         procs.start_handheld()
-    elif phase == "handheld_stopped":
+    elif name == "handheld_frozen":
         assert procs.handheld is not None
         os.kill(procs.handheld.pid, signal.SIGCONT)
-    elif phase in ("radio_killed", "chunk_faults"):
-        procs.kill(procs.handheld)  # its host lost the radio too: a fresh process
-        procs.kill(procs.radio)
-        procs.start_radio()
-        procs.start_handheld()
+    elif name == "radio_killed":
+        procs.restart_all()
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory (coinf split)")
-    parser.add_argument("--split", default="c006", help="candidate to offload (default c006)")
-    parser.add_argument("--preset", default="ble5-2m", help="radio preset")
-    parser.add_argument("--inferences", type=argtypes.positive_int, default=1000)
-    parser.add_argument("--timeout", type=argtypes.seconds, default=1.5,
-                        help="per-inference timeout (s)")
+    parser.add_argument("--split", default="c004", help="candidate to offload (default c004)")
+    parser.add_argument("--preset", default="pi-zero-2w", help="radio preset")
+    parser.add_argument("--inferences", type=argtypes.positive_int, default=1000,
+                        help="inferences per scenario (default 1000)")
+    parser.add_argument("--period-ms", type=argtypes.number(1, 60_000), default=100.0,
+                        help="one inference every this many ms at most (default 100)")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
+                        metavar="NAME", help=f"a subset of {', '.join(SCENARIOS)}")
     parser.add_argument("--fault-s", type=argtypes.seconds, default=10.0,
-                        help="each fault lasts at least this long (s)")
+                        help="each kill or freeze lasts this long (s)")
     parser.add_argument("--chunk-fault-rate", type=argtypes.number(0, 1, hi_open=True),
                         default=0.02,
-                        help="chunk_faults phase: probability of each fault per data chunk")
-    parser.add_argument("--hang-s", type=argtypes.seconds, default=10.0,
-                        help="an inference longer than "
-                        "this counts as a hang")
+                        help="chunk_faults: probability of each fault (drop, duplicate, corrupt, "
+                        "reorder) per data chunk")
     parser.add_argument("--json", action="store_true", help="(always JSON)")
     parser.set_defaults(func=run)

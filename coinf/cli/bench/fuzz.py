@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from coinf.ble_protocol import gatt, packing
+from coinf.ble_protocol import arq, gatt, packing
 from coinf.ble_protocol.chunks import Reassembler, encode_chunks
 from coinf.ble_protocol.messages import (
     Message,
@@ -138,7 +138,10 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         "packed_tensor": ([*packed.values(), *(packing.pack(a, "qz3") for a in t.values())],
                           lambda d: packing.unpack(d, max_bytes=budget)),
         "control_frame": ([gatt.ctrl_json(gatt.Ctrl.HELLO, hello), gatt.ctrl_credit(12),
-                           gatt.ctrl_abort(3, 9), gatt.ctrl_error(ErrorCode.BUSY, "busy")],
+                           gatt.ctrl_abort(3, 9), gatt.ctrl_error(ErrorCode.BUSY, "busy"),
+                           bytes([gatt.Ctrl.SENT]) + arq.sent_body(3, 9, 40),
+                           bytes([gatt.Ctrl.NACK]) + arq.nack_body(3, 9, [(0, 498), (996, 1400)]),
+                           bytes([gatt.Ctrl.SYNC]) + arq.sync_body(40)],
                           hello_check),
         "json_hello": ([encode_json(hello)], decode_json),
         "status_reply": ([status], decode_status_reply),

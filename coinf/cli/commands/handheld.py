@@ -55,6 +55,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending", type=argtypes.positive_int, default=None,
                         help="requests admitted at once per link; more get BUSY (default 4; "
                         "16 with --pipeline, whose streams keep more frames in flight)")
+    limits = parser.add_argument_group(
+        "socket listener limits (tcp:/unix:; docs/PROTOCOL.md §6.14)")
+    limits.add_argument("--max-links", type=argtypes.integer(1, 4096), metavar="N",
+                        help="connections at once (default 16)")
+    limits.add_argument("--max-links-per-peer", type=argtypes.integer(1, 4096), metavar="N",
+                        help="connections at once from one address (default 4)")
+    limits.add_argument("--hello-timeout", type=argtypes.seconds, metavar="S",
+                        help="seconds a new connection has to complete its HELLO (default 5)")
+    limits.add_argument("--idle-timeout", type=argtypes.seconds, metavar="S",
+                        help="seconds of silence before a connection is closed (default 120)")
     parser.add_argument("--profile", type=argtypes.existing_file,
                         help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
@@ -79,6 +89,29 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log each connection and request")
     parser.set_defaults(func=run)
+
+
+#: --flag -> the socket listener option it sets (ble_protocol.listen.SocketListener)
+LIMIT_FLAGS = {"max_links": "max_links", "max_links_per_peer": "max_links_per_peer",
+               "hello_timeout": "handshake_timeout", "idle_timeout": "idle_timeout"}
+
+
+def socket_limits(args: argparse.Namespace, *specs: str) -> dict[str, Any]:
+    """The socket listener options given on the command line; at least one of ``specs`` (the
+    listeners) must be a socket one (tcp: / unix:)."""
+    from coinf.errors import UserError
+
+    given = {opt: getattr(args, flag) for flag, opt in LIMIT_FLAGS.items()
+             if getattr(args, flag, None) is not None}
+    if given and not any(is_socket(s) for s in specs):
+        flag = next(f for f, o in LIMIT_FLAGS.items() if o in given)
+        raise UserError(f"--{flag.replace('_', '-')} limits a socket listener (--listen "
+                        f"tcp:HOST:PORT or unix:/path), not {specs[0]}")
+    return given
+
+
+def is_socket(spec: str) -> bool:
+    return spec.partition(":")[0] in ("tcp", "unix")
 
 
 def listen_spec(args: argparse.Namespace) -> str:
@@ -140,16 +173,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if args.max_pending < 1:
         raise UserError("--max-pending must be >= 1")
+    limits = socket_limits(args, spec, *([own_address] if forward is not None else []))
     bundle = Bundle.load(args.bundle)
-    options: dict[str, Any] = {}
-    if spec.partition(":")[0] == "ble":
+    options: dict[str, Any] = dict(limits) if is_socket(spec) else {}
+    is_ble = spec.partition(":")[0] == "ble"
+    if is_ble:
         options = {"bundle_identity": bundle.identity, "name": args.wearable}
         options.update({k: v for k, v in (("keystore", args.keystore),
                                           ("passkey", args.passkey)) if v is not None})
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     # a pipeline helper also listens on its config address, where its peers reach it
-    peers = (open_listener(own_address) if own_address and spec != own_address
-             else None)
+    peers = (open_listener(own_address, **(limits if is_socket(own_address) else {}))
+             if own_address and spec != own_address else None)
     from coinf.cli.paths import naming
     from coinf.device.profile import load_or_default
 
@@ -166,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                 if part is not None:
                     await stack.enter_async_context(part)
             where = (f"to BLE wearable {args.wearable!r} via {listener.spec}"
-                     if options else f"on {listener.description}")
+                     if is_ble else f"on {listener.description}")
             if peers is not None:
                 where += f" and to pipeline peers on {peers.description}"
             if args.announce:  # unregistered when the stack unwinds (Ctrl-C, SIGTERM too)

@@ -333,11 +333,12 @@ def _sha(*paths: Path) -> str:
 
 def _gamma(cand: Candidate, mean_bytes: float, taken: set[int]) -> int:
     """The entry's id at its cut: the compression ratio (crossing bytes over the estimated
-    coded bytes), rounded into 2..999 and made unique there."""
-    g = min(999, max(2, round(cand.crossing_bytes / max(mean_bytes, 1.0))))
+    coded bytes), rounded into 2..255 (a request hop's gamma is one byte, docs/PROTOCOL.md
+    §6.9) and made unique there."""
+    g = min(255, max(2, round(cand.crossing_bytes / max(mean_bytes, 1.0))))
     while g in taken:
         g = g - 1 if g > 2 else max(taken) + 1
-    if g > 999:
+    if g > 255:
         raise InputError(f"cut {cand.id}: no free compressor id left")
     return g
 

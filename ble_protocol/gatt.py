@@ -434,14 +434,16 @@ class GattLink(Link):
             self._maybe_grant(force=True)
 
     def _answer_sent(self, mtype: int, rid: int, chunks: int, first: bool = False) -> None:
-        """ACK or NACK message (``mtype``, ``rid``) whose last chunk the peer has sent."""
+        """ACK or NACK message (``mtype``, ``rid``) whose last chunk the peer has sent. The
+        credit sync applies at once (the SENT came in order after the chunks it counts; the
+        next message's may follow it at once); only a NACK waits ``ACK_GRACE_S``."""
+        if first and self._ledger.sync(chunks) > 0:
+            self._maybe_grant(force=True)
         missing = self._reasm.status(mtype, rid)
         done = missing is None or rid in self._failed or (mtype, rid) in self._refused
         if not done and first and arq.ACK_GRACE_S > 0:
             self._spawn(self._answer_later(mtype, rid, chunks))
             return
-        if self._ledger.sync(chunks) > 0:
-            self._maybe_grant(force=True)
         if done:
             self.arq.acks += 1
             self._queue_control(bytes([Ctrl.ACK]) + arq.ack_body(mtype, rid))

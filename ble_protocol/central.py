@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import inspect
 import logging
 import re
@@ -36,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol import gatt
+from coinf.ble_protocol.bleak_errors import adapter_fault, classify_bleak_error
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import Listener
@@ -51,81 +51,12 @@ log = logging.getLogger(__name__)
 
 _MAC = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$|^[0-9A-Fa-f-]{36}$")
 
-#: ATT error codes (Core spec Vol 3 Part F 3.4.1.1) that mean "pair / encrypt first".
-_ATT_SECURITY = frozenset({
-    0x05,  # Insufficient Authentication
-    0x08,  # Insufficient Authorization
-    0x0C,  # Insufficient Encryption Key Size
-    0x0F,  # Insufficient Encryption
-})
-#: BlueZ D-Bus error names for the same (BlueZ maps ATT 0x05, 0x0C and 0x0F to NotPermitted
-#: "Not paired" -- older versions to NotPaired -- and 0x08 to NotAuthorized), and pairing faults.
-_DBUS_SECURITY = frozenset({
-    "org.bluez.Error.NotPermitted",
-    "org.bluez.Error.NotPaired",
-    "org.bluez.Error.NotAuthorized",
-    "org.bluez.Error.AuthenticationFailed",
-    "org.bluez.Error.AuthenticationRejected",
-    "org.bluez.Error.AuthenticationCanceled",
-})
 #: Handshake faults that reconnecting does not mend: the user must fix the setup.
 FATAL_CODES = frozenset({
     ErrorCode.BAD_VERSION,
     ErrorCode.BUNDLE_MISMATCH,
     ErrorCode.INSUFFICIENT_ENCRYPTION,
 })
-
-
-#: D-Bus errors meaning "there is no Bluetooth stack to talk to" (BlueZ not running).
-_DBUS_NO_STACK = frozenset({
-    "org.freedesktop.DBus.Error.ServiceUnknown",
-    "org.freedesktop.DBus.Error.NameHasNoOwner",
-})
-#: OSError numbers of connecting to the D-Bus system bus socket that mean no D-Bus/BlueZ here.
-_NO_BUS_ERRNOS = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EACCES})
-
-
-def adapter_fault(exc: BaseException) -> str | None:
-    """Why the OS Bluetooth stack cannot be used at all, if ``exc`` says so (typed fields only):
-    no adapter or none with the central role (bleak >= 2), BlueZ absent from the D-Bus system bus,
-    or no system bus socket. None for everything else (a wearable not found, a powered-off
-    adapter that may be switched on, a failed connection: those are retried)."""
-    try:
-        from bleak.exc import BleakDBusError
-    except ImportError:  # pragma: no cover - bleak always ships it
-        return None
-    try:
-        from bleak.exc import (  # type: ignore[attr-defined,unused-ignore]
-            BleakBluetoothNotAvailableError,
-            BleakBluetoothNotAvailableReason,
-        )
-    except ImportError:  # bleak < 2
-        pass
-    else:
-        if isinstance(exc, BleakBluetoothNotAvailableError) and \
-                exc.reason != BleakBluetoothNotAvailableReason.POWERED_OFF:
-            return f"no usable Bluetooth adapter ({exc.args[0]})"
-    if isinstance(exc, BleakDBusError) and exc.dbus_error in _DBUS_NO_STACK:
-        return f"BlueZ is not running ({exc.dbus_error})"
-    if isinstance(exc, OSError) and exc.errno in _NO_BUS_ERRNOS:
-        return f"cannot reach BlueZ on the D-Bus system bus ({exc})"
-    return None
-
-
-def classify_bleak_error(exc: BaseException) -> ErrorCode:
-    """The wire code a bleak failure stands for, from its type and typed fields:
-    INSUFFICIENT_ENCRYPTION for a security refusal (not transient: pair first), else
-    DISCONNECTED (transient)."""
-    code = getattr(exc, "att_error_code", None)  # BumbleATTError
-    if isinstance(code, int) and code in _ATT_SECURITY:
-        return ErrorCode.INSUFFICIENT_ENCRYPTION
-    try:
-        from bleak.exc import BleakDBusError
-    except ImportError:  # pragma: no cover - bleak always ships it
-        return ErrorCode.DISCONNECTED
-    if isinstance(exc, BleakDBusError) and exc.dbus_error in _DBUS_SECURITY:
-        return ErrorCode.INSUFFICIENT_ENCRYPTION
-    return ErrorCode.DISCONNECTED
 
 
 class Central:
@@ -354,12 +285,15 @@ class Central:
         :data:`FATAL_CODES` are raised."""
         stopped = stop or asyncio.Event()
         delay = self.backoff
+        loop = asyncio.get_running_loop()
         while not stopped.is_set():
+            started = loop.time()
             try:
                 link = await _unless(stopped, self.connect())
             except ProtocolError as exc:
                 if exc.code in FATAL_CODES:
                     raise
+                delay = self._next_delay(delay, loop.time() - started)
                 log.warning("wearable unreachable (%s); retrying in %.1f s", exc, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopped.wait(), delay)
@@ -372,6 +306,13 @@ class Central:
                 await _unless(stopped, serve(link))
             finally:
                 await link.close()
+
+
+    def _next_delay(self, delay: float, took: float) -> float:
+        """The wait before the next attempt: an attempt that itself waited a scan out is
+        followed by the shortest one (the wearable is found the moment it advertises again),
+        a quick failure by ``delay`` (which doubles up to ``max_backoff``)."""
+        return self.backoff if took >= self.timeout else delay
 
 
 async def _unless(stop: asyncio.Event, aw: Awaitable[Any]) -> Any:
@@ -566,7 +507,9 @@ class CentralListener(Listener):
 
     async def _run(self) -> None:
         delay = self.central.backoff
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 link = await self.central.connect()
             except AdapterError as exc:
@@ -576,6 +519,7 @@ class CentralListener(Listener):
                 if exc.code in FATAL_CODES:
                     self._fail(exc)
                     return
+                delay = self.central._next_delay(delay, loop.time() - started)
                 log.warning("wearable unreachable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.central.max_backoff)

@@ -76,7 +76,10 @@ DATA_DOWN_UUID = _BASE.format(0x0002)
 CONTROL_UUID = _BASE.format(0x0003)
 
 HEARTBEAT_S = 0.25  # PING a peer silent this long (only one that announced "heartbeat")
-SILENCE_LIMIT_S = 1.0  # a peer silent this long is gone
+SILENCE_LIMIT_S = 1.0  # a handheld silent this long is gone (the wearable then works alone)
+#: a wearable silent this long is gone: the handheld is more patient, a slow wearable may stall
+#: for a moment (loading a model) and the handheld gains nothing by giving up early
+WEARABLE_SILENCE_LIMIT_S = 3.0
 DEFAULT_MTU = 517
 
 
@@ -115,7 +118,7 @@ class GattLink(Link):
         heartbeat: bool = False,
         ack: bool = False,
         heartbeat_s: float = HEARTBEAT_S,
-        silence_limit_s: float = SILENCE_LIMIT_S,
+        silence_limit_s: float | None = None,
         flushed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
@@ -156,7 +159,11 @@ class GattLink(Link):
         self._name = name
         self._tasks = TaskSet()
         self._workers = [self._spawn(self._control_writer()), self._spawn(self._expiry())]
-        self.heartbeat_s, self.silence_limit_s = heartbeat_s, silence_limit_s
+        self.heartbeat_s = heartbeat_s
+        #: default: SILENCE_LIMIT_S on the wearable, WEARABLE_SILENCE_LIMIT_S on the handheld
+        self.silence_limit_s = silence_limit_s if silence_limit_s is not None else (
+            SILENCE_LIMIT_S if role == "wearable" else WEARABLE_SILENCE_LIMIT_S)
+        self._granted_at = time.monotonic()
         self._flushed = flushed  # the transport's "every packet queued so far is on the air"
         self._last_heard = time.monotonic()
         self._pings = 0
@@ -227,8 +234,17 @@ class GattLink(Link):
                 stats.sending_total = 0
             if self.ack:
                 self._outbox.hold(message)
-                self._queue_control(bytes([Ctrl.SENT]) + arq.sent_body(
+                await self._in_order(bytes([Ctrl.SENT]) + arq.sent_body(
                     int(message.type), message.request_id, self._chunks_sent))
+
+    async def _in_order(self, frame: bytes) -> None:
+        """Write a control frame now, under the send lock: no data chunk written after it can
+        overtake it (SENT and SYNC count the chunks written before them)."""
+        try:
+            await self._write_control(frame)
+        except Exception as exc:
+            self.connection_lost(f"control write failed: {exc}")
+            raise self._closed_error() from None
 
     async def _credit(self) -> None:
         """One credit; with loss recovery, a SYNC every ``CREDIT_STALL_S`` while waiting."""
@@ -242,7 +258,7 @@ class GattLink(Link):
                     return
             except TimeoutError:
                 self.arq.syncs += 1
-                self._queue_control(bytes([Ctrl.SYNC]) + arq.sync_body(self._chunks_sent))
+                await self._in_order(bytes([Ctrl.SYNC]) + arq.sync_body(self._chunks_sent))
 
     async def _control_writer(self) -> None:
         """Writes control frames one at a time. Credits granted while a write is in flight are
@@ -280,8 +296,13 @@ class GattLink(Link):
         return item
 
     def _maybe_grant(self, force: bool = False) -> None:
+        """Return credits once a batch is owed (or ``force``); also while chunks arrive slowly,
+        at least every ``heartbeat_s``: the sender hears from us while it sends (liveness)."""
+        now = time.monotonic()
+        force = force or now - self._granted_at >= self.heartbeat_s
         n = self._ledger.take_grant(allowed=self._inbox_bytes < self.inbox_cap, force=force)
         if n and self._open:
+            self._granted_at = now
             self._credit_pending += n
             self._ctrl_wakeup.set()
 
@@ -413,14 +434,16 @@ class GattLink(Link):
             self._maybe_grant(force=True)
 
     def _answer_sent(self, mtype: int, rid: int, chunks: int, first: bool = False) -> None:
-        """ACK or NACK message (``mtype``, ``rid``) whose last chunk the peer has sent."""
+        """ACK or NACK message (``mtype``, ``rid``) whose last chunk the peer has sent. The
+        credit sync applies at once (the SENT came in order after the chunks it counts; the
+        next message's may follow it at once); only a NACK waits ``ACK_GRACE_S``."""
+        if first and self._ledger.sync(chunks) > 0:
+            self._maybe_grant(force=True)
         missing = self._reasm.status(mtype, rid)
         done = missing is None or rid in self._failed or (mtype, rid) in self._refused
         if not done and first and arq.ACK_GRACE_S > 0:
             self._spawn(self._answer_later(mtype, rid, chunks))
             return
-        if self._ledger.sync(chunks) > 0:
-            self._maybe_grant(force=True)
         if done:
             self.arq.acks += 1
             self._queue_control(bytes([Ctrl.ACK]) + arq.ack_body(mtype, rid))

@@ -437,12 +437,12 @@ class WearableServer(ServerSecurity):
 
         async def tell_and_drop() -> None:
             with contextlib.suppress(Exception):
-                await device.notify_subscriber(
+                await asyncio.wait_for(device.notify_subscriber(
                     connection, self.control, ctrl_error(exc.code, exc.text)
-                )
+                ), CONTROLLER_TIMEOUT)
             await asyncio.sleep(0.2)
             with contextlib.suppress(Exception):
-                await connection.disconnect()
+                await asyncio.wait_for(connection.disconnect(), CONTROLLER_TIMEOUT)
 
         self._spawn(tell_and_drop())
         self._accepted.put_nowait(exc)

@@ -180,8 +180,9 @@ class ServerSecurity:
         if device is not None and device.keystore is not None:
             with contextlib.suppress(Exception):
                 await device.keystore.delete(str(connection.peer_address))
-        with contextlib.suppress(Exception):
-            await connection.disconnect(hci.HCI_ErrorCode.AUTHENTICATION_FAILURE_ERROR)
+        with contextlib.suppress(Exception):  # bounded: the controller may never answer
+            await asyncio.wait_for(connection.disconnect(
+                hci.HCI_ErrorCode.AUTHENTICATION_FAILURE_ERROR), 5.0)
 
     def _is_secure_now(self, connection: Connection | None) -> bool:
         """Known (without waiting) to be encrypted with a strong key."""

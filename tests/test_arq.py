@@ -111,6 +111,39 @@ def test_lost_chunks_do_not_leak_credits() -> None:
     asyncio.run(main())
 
 
+def test_the_next_message_never_overtakes_a_sent_frame() -> None:
+    """Control writes slower than data writes (a write with response waits for its answer):
+    SENT still reaches the peer before the next message's chunks, so the credit sync it carries
+    is exact and the sender never stalls for credits (no SYNC needed)."""
+
+    async def main() -> None:
+        w, h = wired(lambda way, i, c: c, window=4)
+        fast = w._write_data
+
+        async def slow_control(frame: bytes) -> None:
+            await asyncio.sleep(0.005)
+            h.feed_control(frame)
+
+        w._write_control = slow_control  # type: ignore[method-assign]
+        w._write_data = fast
+        got: list[int] = []
+
+        async def read() -> None:
+            while len(got) < 30:
+                got.append((await h.receive()).request_id)
+
+        reader = asyncio.ensure_future(read())
+        for rid in range(1, 31):
+            await guarded(w.send(Message(MsgType.REQUEST, rid, bytes(120))))
+        await guarded(reader)
+        assert got == list(range(1, 31))
+        assert w.arq.syncs == 0 and h._ledger.counted == w._chunks_sent
+        await w.close()
+        await h.close()
+
+    asyncio.run(main())
+
+
 def test_duplicates_cost_no_credit_and_a_message_lost_for_good_fails_fast() -> None:
     """Every chunk delivered twice: nothing is charged twice (the strict credit check would
     refuse the sender otherwise). A message whose chunks are always lost fails after MAX_RESENDS

@@ -19,8 +19,6 @@ import numpy as np
 from coinf.ble_protocol import entropy, packing, priors
 from coinf.ble_protocol.packing import PackSpec
 from coinf.cli.bench.fuzz_codecs import codec_mutator
-from coinf.cli.bench.fuzz_engine import WrongResult
-from coinf.errors import ProtocolError
 
 SHAPES = ((1, 16, 32, 32), (1, 8, 12, 12), (1, 64))
 BITS = (2, 4, 8)
@@ -134,32 +132,13 @@ def _decoder(budget: int, crafted: dict[bytes, str],
     """``packing.unpack`` under ``budget``, checked: exactly the declared shape and dtype, and
     no crafted body accepted."""
 
+    from coinf.cli.bench.fuzz_codecs import checked_unpack
+
+    must_refuse: dict[bytes, tuple[str | None, bool]] = {
+        body: (what, True) for body, what in crafted.items()}
+
     def decode(data: bytes) -> np.ndarray:
-        try:
-            h: packing.PackedHeader | None = packing.read_header(data, budget)
-        except ProtocolError:
-            h = None
-        reached = h is not None and h.codec == packing.ANS
-        tally["reached_codec"] += reached
-        what = crafted.get(data)
-        try:
-            out = packing.unpack(data, max_bytes=budget)
-        except ProtocolError as exc:
-            tally["codec_refused"] += reached
-            if what is not None:
-                tally["crafted"][what] = f"refused ({exc.code.name})"
-            raise
-        if h is None:
-            raise WrongResult("unpack decoded a body whose header read_header refuses")
-        want = h.dtype.newbyteorder("=")
-        if not isinstance(out, np.ndarray) or out.shape != h.shape or out.dtype != want:
-            raise WrongResult(f"ans: got {getattr(out, 'shape', None)}; the header declares "
-                              f"{h.shape} {want}")
-        if what is not None:
-            tally["crafted"][what] = "ACCEPTED"
-            raise WrongResult(f"ans: a crafted body was accepted: {what}")
-        tally["codec_decoded"] += reached
-        return out
+        return checked_unpack(data, budget, packing.ANS, "ans", must_refuse, tally)
 
     return decode
 

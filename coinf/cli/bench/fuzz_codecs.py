@@ -10,7 +10,7 @@ import random
 import struct
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -271,33 +271,7 @@ def _codec_decoder(name: str, budget: int, crafted: dict[bytes, tuple[str, bool]
                                      f":{caught[0].lineno})")
 
     def checked(data: bytes) -> np.ndarray:
-        try:
-            h: packing.PackedHeader | None = packing.read_header(data, budget)
-        except ProtocolError:
-            h = None
-        reached = h is not None and h.codec == wire
-        tally["reached_codec"] += reached
-        what, must_refuse = crafted.get(data, (None, False))
-        try:
-            out = packing.unpack(data, max_bytes=budget)
-        except ProtocolError as exc:
-            tally["codec_refused"] += reached
-            if what is not None:
-                tally["crafted"][what] = f"refused ({exc.code.name})"
-            raise
-        if h is None:
-            raise WrongResult("unpack decoded a body whose header read_header refuses")
-        want = h.dtype.newbyteorder("=")
-        if not isinstance(out, np.ndarray) or out.shape != h.shape or out.dtype != want:
-            got = (getattr(out, "shape", None), getattr(out, "dtype", type(out).__name__))
-            raise WrongResult(f"{name}: got {got[0]} {got[1]}; the header declares "
-                              f"{h.shape} {want}")
-        if what is not None:
-            tally["crafted"][what] = "ACCEPTED" if must_refuse else "decoded (may be)"
-            if must_refuse:
-                raise WrongResult(f"{name}: a crafted body was accepted: {what}")
-        tally["codec_decoded"] += reached
-        return out
+        return checked_unpack(data, budget, wire, name, crafted, tally)
 
     return decode
 
@@ -319,3 +293,38 @@ def fuzz_codec(name: str, case: dict[str, Any], n: int, rng: random.Random,
                                         "warnings", "warning_example") if k in tally})
     stats["crafted"] = dict(tally["crafted"])
     return stats
+
+
+def checked_unpack(data: bytes, budget: int, wire: int, name: str,
+                   crafted: Mapping[bytes, tuple[str | None, bool]],
+                   tally: dict[str, Any]) -> np.ndarray:
+    """``packing.unpack`` of a fuzzed body under ``budget``, checked: exactly the declared
+    shape and dtype, and a crafted body that must be refused never accepted; counts how often
+    the codec ``wire`` was reached, refused and decoded."""
+    try:
+        h: packing.PackedHeader | None = packing.read_header(data, budget)
+    except ProtocolError:
+        h = None
+    reached = h is not None and h.codec == wire
+    tally["reached_codec"] += reached
+    what, must_refuse = crafted.get(data, (None, False))
+    try:
+        out = packing.unpack(data, max_bytes=budget)
+    except ProtocolError as exc:
+        tally["codec_refused"] += reached
+        if what is not None:
+            tally["crafted"][what] = f"refused ({exc.code.name})"
+        raise
+    if h is None:
+        raise WrongResult("unpack decoded a body whose header read_header refuses")
+    want = h.dtype.newbyteorder("=")
+    if not isinstance(out, np.ndarray) or out.shape != h.shape or out.dtype != want:
+        got = (getattr(out, "shape", None), getattr(out, "dtype", type(out).__name__))
+        raise WrongResult(f"{name}: got {got[0]} {got[1]}; the header declares "
+                          f"{h.shape} {want}")
+    if what is not None:
+        tally["crafted"][what] = "ACCEPTED" if must_refuse else "decoded (may be)"
+        if must_refuse:
+            raise WrongResult(f"{name}: a crafted body was accepted: {what}")
+    tally["codec_decoded"] += reached
+    return out

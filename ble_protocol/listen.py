@@ -23,8 +23,10 @@ needs ``bundle_identity`` and takes ``name`` (the wearable's name or address, de
 listeners take the bounds of :class:`SocketListener`: ``max_links`` (16 connections at once),
 ``max_links_per_peer`` (4 per source address), ``handshake_timeout`` (5 s to complete the
 HELLO), ``idle_timeout`` (120 s of silence), ``frame_timeout`` and ``min_rate_bps`` (a frame
-must move 16 kB/s over every 10 s: slowloris), ``max_message_bytes`` (64 MiB) and
-``handshake_max_bytes`` (64 KiB per frame before the HELLO_ACK).
+must move 16 kB/s over every 10 s: slowloris), ``max_message_bytes`` (64 MiB; ``coinf handheld``
+gives its bundle's :func:`~coinf.handheld.daemon.request_bound`), ``max_buffered_bytes``
+(12 MiB of incoming frames over all links at once) and ``handshake_max_bytes`` (64 KiB per frame
+before the HELLO_ACK).
 
 The consumer owns each link it receives and closes it when done (a link that failed is released
 too); the listener then takes the next connection (BLE: reconnects). Leaving the listener
@@ -265,9 +267,12 @@ HANDSHAKE_TIMEOUT, IDLE_TIMEOUT = 5.0, 120.0
 FRAME_TIMEOUT, MIN_RATE_BPS = 10.0, 16_000.0
 #: the largest frame before the handshake (a HELLO is <= 4096 B)
 HANDSHAKE_MAX_BYTES = 64 * 1024
+#: bytes of incoming frames all of a listener's links may hold at once
+MAX_BUFFERED_BYTES = 12 * 1024 * 1024
 
 _SOCKET_OPTIONS = ("max_links", "max_links_per_peer", "handshake_timeout", "idle_timeout",
-                   "frame_timeout", "min_rate_bps", "max_message_bytes", "handshake_max_bytes")
+                   "frame_timeout", "min_rate_bps", "max_message_bytes", "max_buffered_bytes",
+                   "handshake_max_bytes")
 
 
 @dataclass(eq=False)
@@ -300,7 +305,10 @@ class SocketListener(Listener):
       must move ``min_rate_bps * frame_timeout`` bytes (or its rest) in every ``frame_timeout``
       seconds, else the link is closed (slowloris; a peer that does not read);
     * ``max_message_bytes`` (64 MiB): the largest frame; a frame's buffer grows only as its
-      bytes arrive.
+      bytes arrive;
+    * ``max_buffered_bytes`` (12 MiB): what the frames under way on all links may hold at once
+      (:class:`~coinf.ble_protocol.loopback.ByteBudget`); a frame waits, reading nothing, until
+      its declared length fits, so N hostile peers cost at most this much, not N frames.
 
     Counters: ``refused`` (no slot), ``refused_peer`` (the address had all its slots),
     ``evicted``, ``handshake_timeouts``, ``idle_timeouts``, ``slow_frames``; ``open_links``
@@ -318,10 +326,11 @@ class SocketListener(Listener):
         frame_timeout: float | None = FRAME_TIMEOUT,
         min_rate_bps: float = MIN_RATE_BPS,
         max_message_bytes: int = Link.max_message_bytes,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
         handshake_max_bytes: int = HANDSHAKE_MAX_BYTES,
         **options: Any,
     ) -> None:
-        from coinf.ble_protocol.loopback import parse_address
+        from coinf.ble_protocol.loopback import ByteBudget, parse_address
 
         super().__init__()
         if options:
@@ -331,6 +340,7 @@ class SocketListener(Listener):
             )
         for name, value in (("max_links", max_links), ("max_links_per_peer", max_links_per_peer),
                             ("max_message_bytes", max_message_bytes),
+                            ("max_buffered_bytes", max_buffered_bytes),
                             ("handshake_max_bytes", handshake_max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {value!r}")
@@ -348,6 +358,8 @@ class SocketListener(Listener):
         self.min_rate_bps = float(min_rate_bps)
         self.max_message_bytes = max_message_bytes
         self.handshake_max_bytes = handshake_max_bytes
+        #: bytes of incoming frames held over all links (``budget.peak``: the most so far)
+        self.budget = ByteBudget(max_buffered_bytes)
         self.refused = 0
         self.refused_peer = 0
         self.evicted = 0
@@ -398,7 +410,8 @@ class SocketListener(Listener):
         try:
             self._server = await serve_socket(
                 self.spec, self._on_link, max_message_bytes=self.max_message_bytes,
-                frame_timeout=self.frame_timeout, min_rate_bps=self.min_rate_bps)
+                frame_timeout=self.frame_timeout, min_rate_bps=self.min_rate_bps,
+                budget=self.budget)
         except OSError as exc:
             raise InputError(f"cannot listen on {self.spec}: {exc.strerror or exc}") from None
         if self._kind == "unix":

@@ -12,6 +12,7 @@ grows as its bytes arrive.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import struct
 import time
@@ -98,6 +99,12 @@ class SocketLink(Link):
     ``frame_timeout`` seconds: an incoming frame that trickles in slower is dropped with TIMEOUT
     and the link closed (slowloris), and so is a send the peer does not read. The wait for a
     frame's first byte is not bounded here (a listener's idle timeout is).
+
+    With a ``budget`` (a :class:`ByteBudget` its listener shares among its links), a frame's
+    body is read only once the budget has room for all of it (its declared length is counted,
+    not allocated); while it waits the link reads nothing (TCP holds the peer back) and the
+    rate floor does not run: the frames holding the budget are the ones that must keep to it,
+    so a frame holds its room until it is read whole or dropped, and none waits for ever.
     """
 
     def __init__(
@@ -109,9 +116,11 @@ class SocketLink(Link):
         *,
         frame_timeout: float | None = None,
         min_rate_bps: float = 0.0,
+        budget: ByteBudget | None = None,
     ) -> None:
         super().__init__()
         self._reader, self._writer = reader, writer
+        self.budget = budget
         self._name = name
         self._open = True
         self._send_lock = asyncio.Lock()
@@ -210,13 +219,19 @@ class SocketLink(Link):
                 raise ProtocolError(
                     ErrorCode.TOO_LARGE, f"frame declares {length} B, limit is {limit} B{before}"
                 )
-            if floor is not None:
-                floor.restart(length + 4)
             crc = zlib.crc32(header)
-            body = await self._read(length + 4, floor)
-            payload = bytes(memoryview(body)[:length])
-            (want,) = struct.unpack("<I", memoryview(body)[length:])
-            del body
+            if self.budget is not None:  # room for the whole frame first (nothing allocated)
+                await self.budget.take(length + 4)
+            try:
+                if floor is not None:  # the wait for room was the budget's, not the peer's
+                    floor.restart(length + 4)
+                body = await self._read(length + 4, floor)
+                payload = bytes(memoryview(body)[:length])
+                (want,) = struct.unpack("<I", memoryview(body)[length:])
+                del body
+            finally:
+                if self.budget is not None:
+                    self.budget.give(length + 4)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self._open = False
             self.buffered = 0
@@ -289,6 +304,65 @@ class SocketLink(Link):
 _PIECE = 256 * 1024
 
 
+class ByteBudget:
+    """Bytes of incoming frames that the links of one listener may hold at once.
+
+    :meth:`take` waits until ``n`` more bytes fit, the oldest waiter first, though a small
+    frame may pass a large one that does not fit yet (a wearable's usual frame is much smaller
+    than the largest a helper accepts); a take is always let through when nothing is held, so
+    one frame larger than the budget still passes, alone.
+    :meth:`give` returns them. ``held`` and ``peak`` are live figures; ``waits`` counts the
+    takes that waited.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"a byte budget must be an integer >= 1, got {limit!r}")
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self.waits = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def _fits(self, n: int) -> bool:
+        return not self.held or self.held + n <= self.limit
+
+    def _grant(self, n: int) -> None:
+        self.held += n
+        self.peak = max(self.peak, self.held)
+
+    async def take(self, n: int) -> None:
+        if self._fits(n):
+            self._grant(n)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, waiter))
+        self.waits += 1
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.give(n)  # granted, then cancelled before it could be used
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove((n, waiter))
+                self._wake()
+            raise
+
+    def give(self, n: int) -> None:
+        self.held = max(0, self.held - n)
+        self._wake()
+
+    def _wake(self) -> None:
+        for n, waiter in list(self._waiters):  # oldest first; a smaller one may pass a larger
+            if waiter.done():
+                self._waiters.remove((n, waiter))
+            elif self._fits(n):
+                self._waiters.remove((n, waiter))
+                self._grant(n)
+                waiter.set_result(None)
+
+
 class _Floor:
     """The rate floor of one frame: every ``window`` seconds at least ``need`` bytes must move
     (``max(1, rate * window)``, or the rest of the frame when that is less)."""
@@ -331,6 +405,12 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
         if host and port.isdigit():
             return "tcp", (host, int(port))
     raise ValueError(f"bad address {address!r}: expected unix:/path/to/sock or tcp:HOST:PORT")
+
+
+def frame_header(mtype: int, request_id: int, length: int) -> bytes:
+    """The 12-byte header of a socket frame (docs/PROTOCOL.md §6): magic, version, type, id,
+    payload length. Benchmarks use it to send frames that lie about their length."""
+    return _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(mtype), request_id, length)
 
 
 async def connect_socket(address: str, timeout: float = 10.0) -> SocketLink:

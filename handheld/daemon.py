@@ -4,7 +4,9 @@ One daemon serves one bundle. It is transport-agnostic: give :meth:`HandheldDaem
 :class:`~coinf.ble_protocol.link.Link` (socket, in-process, BLE), or :meth:`~HandheldDaemon.start`
 it on every link a :mod:`~coinf.ble_protocol.listen` listener yields::
 
-    async with HandheldDaemon(bundle) as daemon, open_listener("tcp:127.0.0.1:7878") as links:
+    bound = request_bound(bundle)  # the largest frame a peer may send this helper
+    async with HandheldDaemon(bundle) as daemon, open_listener(
+            "tcp:127.0.0.1:7878", max_message_bytes=bound) as links:
         async for link in links:
             daemon.start(link)
 
@@ -73,6 +75,22 @@ def encode_results(outputs: Mapping[str, np.ndarray]) -> bytes:
     return encode_tensors({k: v for k, v in outputs.items() if k not in packed}, packed=packed)
 
 
+#: room in a request for its header (up to 16 hops with names) and a packing's own headers
+REQUEST_SLACK = 64 * 1024
+
+
+def request_bound(bundle: Bundle) -> int:
+    """The largest REQUEST payload this bundle's helper can need: twice the largest tensor set
+    that can cross any of its cuts (the inputs for ``handheld-only``), RAW, plus
+    :data:`REQUEST_SLACK`. Twice covers every packing (none is larger than raw float32 data
+    but a few header bytes) and spatial tiles with their halos. A socket listener's
+    ``max_message_bytes`` and the daemon's ``max_request_bytes`` default to it, so what a peer
+    can make a helper buffer follows the model, not a protocol-wide 64 MiB."""
+    sets = [sum(t.nbytes for t in bundle.inputs), sum(t.nbytes for t in bundle.outputs)]
+    sets += [c.crossing_bytes for c in bundle.candidates]
+    return 2 * max(sets) + REQUEST_SLACK
+
+
 class RequestCancelled(Exception):
     """The request was cancelled (by the peer's CANCEL) between two steps of its job."""
 
@@ -100,7 +118,7 @@ class HandheldDaemon:
         bundle: Bundle,
         emulation: DeviceEmulation | None = None,
         lru: int = 4,
-        max_request_bytes: int = 64 * 1024 * 1024,
+        max_request_bytes: int | None = None,
         profile: DeviceProfile | None = None,
         *,
         max_pending: int = 4,
@@ -117,7 +135,9 @@ class HandheldDaemon:
         self.tiles = TileRunner(bundle.model_path, emulation)  # spatial partition (TILE, REST)
         # compressors' decoders (a hop with gamma N carries compressor gN's code)
         self.codecs = CodecRunner(bundle, (emulation or DeviceEmulation()).session_options())
-        self.max_request_bytes = max_request_bytes
+        #: the largest request accepted (default :func:`request_bound` of the bundle)
+        self.max_request_bytes = (request_bound(bundle) if max_request_bytes is None
+                                  else max_request_bytes)
         self.max_pending = max_pending
         self.concurrency = concurrency
         self.serve_stats = rpc.ServeStats()

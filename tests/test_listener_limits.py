@@ -12,6 +12,7 @@ import struct
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -377,3 +378,101 @@ def test_a_controller_that_never_answers_its_reset_is_an_adapter_error() -> None
             await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_frames_under_way_share_the_listeners_byte_budget() -> None:
+    """Three peers each start a 1 MiB frame against a 2.5 MiB budget: two are read, the third
+    reads nothing until one of them is done, and what is held never exceeds the budget (each
+    link alone would hold its whole frame: 3 MiB)."""
+
+    async def main() -> None:
+        async with listening(serve=simple, max_buffered_bytes=5 * MiB // 2,
+                             max_message_bytes=2 * MiB) as listener:
+            conns = [await raw(listener) for _ in range(3)]
+            for conn in conns:
+                await raw_hello(conn)
+            payload = bytes(MiB)
+            whole = frame(MsgType.REQUEST, 2, payload)
+            for conn in conns:  # header and most of the body, all but the last 8 bytes
+                conn[1].write(whole[:-8])
+            await until(lambda: listener.budget.held == 2 * (MiB + 4) and
+                        listener.budget.waits == 1, "two frames in the budget, one waiting")
+            await until(lambda: listener.buffered >= 2 * MiB - 16, "two frames read")
+            await asyncio.sleep(0.2)  # the third stays unread while there is no room
+            assert listener.buffered <= 2 * MiB + 8 and listener.budget.peak <= 5 * MiB // 2
+            for conn in conns:  # finish all three: the third is then read and answered
+                conn[1].write(whole[-8:])
+            for reader, _ in conns:
+                header = await asyncio.wait_for(reader.readexactly(12), 10)
+                assert header[3] == MsgType.RESULT
+                body = await asyncio.wait_for(reader.readexactly(MiB + 4), 10)
+                assert body[:-4] == payload
+            assert listener.budget.held == 0 and listener.budget.peak <= 5 * MiB // 2
+            close_all(*conns)
+
+    asyncio.run(main())
+
+
+def test_a_frame_larger_than_the_budget_passes_alone() -> None:
+    async def main() -> None:
+        async with listening(serve=simple, max_buffered_bytes=MiB // 2) as listener:
+            conn = await raw(listener)
+            await raw_hello(conn)
+            payload = bytes(MiB)
+            conn[1].write(frame(MsgType.REQUEST, 2, payload))
+            header = await asyncio.wait_for(conn[0].readexactly(12), 10)
+            assert header[3] == MsgType.RESULT
+            assert (await asyncio.wait_for(conn[0].readexactly(MiB + 4), 10))[:-4] == payload
+            assert listener.budget.held == 0
+            close_all(conn)
+
+    asyncio.run(main())
+
+
+def test_coinf_handheld_accepts_no_frame_beyond_its_bundles_largest_request(
+        tmp_path: Path) -> None:
+    """A peer that has completed the HELLO still cannot make ``coinf handheld`` buffer more
+    than its bundle can need (request_bound), where the protocol-wide cap is 64 MiB."""
+    from coinf.handheld.daemon import request_bound
+
+    from coinf.bundle import Bundle
+    from tests.procs import handheld_daemon
+
+    bundle = make_tiny_bundle(tmp_path / "tiny")
+    bound = request_bound(Bundle.load(bundle.root))
+    assert bound < MiB
+    sock = tmp_path / "h.sock"
+
+    async def attempt(declared: int) -> bool:
+        """True if the helper closed the link on the header alone."""
+        conn = await asyncio.open_unix_connection(str(sock))
+        await raw_hello_to(conn, bundle.identity)
+        conn[1].write(frame(MsgType.REQUEST, 2, declared=declared))
+        await conn[1].drain()
+        try:
+            data = await asyncio.wait_for(conn[0].read(1), 1.0)
+            closed = data == b""
+        except TimeoutError:
+            closed = False  # still waiting for the rest of the frame
+        except ConnectionError:
+            closed = True
+        close_all(conn)
+        return closed
+
+    with handheld_daemon(bundle.root, f"unix:{sock}"):
+        assert asyncio.run(attempt(bound + 1))
+        assert not asyncio.run(attempt(bound))
+
+
+async def raw_hello_to(conn: Raw, identity: str) -> None:
+    """A wearable's HELLO to a real daemon, answered with HELLO_ACK."""
+    import json
+
+    reader, writer = conn
+    body = json.dumps({"protocol": PROTOCOL_VERSION, "bundle": identity, "role": "wearable",
+                       "capabilities": ["raw", "packed"]}).encode()
+    writer.write(frame(MsgType.HELLO, 1, body))
+    await writer.drain()
+    header = await asyncio.wait_for(reader.readexactly(12), 10)
+    assert header[3] == MsgType.HELLO_ACK
+    await asyncio.wait_for(reader.readexactly(struct.unpack("<I", header[8:])[0] + 4), 10)

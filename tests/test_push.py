@@ -192,3 +192,22 @@ def test_the_wearable_service_reloads_over_its_control_socket(tmp_path: Path) ->
                               str(tmp_path / "none.sock")], capture_output=True, text=True,
                              timeout=60, check=False)
     assert missing.returncode == 2 and "no wearable service control socket" in missing.stderr
+
+
+@pytest.mark.parametrize("line, why", [
+    (b"[" * 5000 + b"]" * 5000, "nested"),
+    (b'["reload"]', "JSON object"),
+    (b'{"op": "rm -rf"}', "unknown op"),
+    (b'{"op": {"a": 1}}', "unknown op dict"),
+    (b"", "empty"),
+    (b'{"op": "reload"' + b" " * 5000 + b"}", "over 4096"),
+])
+def test_a_control_line_is_checked_before_it_is_acted_on(line: bytes, why: str) -> None:
+    from coinf.wearable.control import parse_request
+
+    from coinf.errors import ProtocolError
+
+    with pytest.raises(ProtocolError) as info:
+        parse_request(line)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 200
+    assert parse_request(b'{"op": "status"}\r\n') == {"op": "status"}

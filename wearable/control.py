@@ -28,7 +28,7 @@ from typing import Any
 
 from coinf.ble_protocol.messages import MAX_JSON_DEPTH, decode_json
 
-from coinf.errors import BundleError, ProtocolError, UserError
+from coinf.errors import BundleError, ErrorCode, ProtocolError, UserError
 
 MAX_REQUEST_BYTES = 4096
 MAX_REPLY_BYTES = 65536
@@ -87,6 +87,23 @@ class BundleHolder:
         return {"ok": False, "error": f"unknown op {op!r}; expected 'reload' or 'status'"}
 
 
+def parse_request(line: bytes) -> dict[str, Any]:
+    """One request line (its newline stripped or not), checked: a JSON object of at most
+    :data:`MAX_REQUEST_BYTES`, nested at most ``MAX_JSON_DEPTH`` deep (a deep one raised
+    RecursionError here once), whose ``op`` is ``"reload"`` or ``"status"``. Raises
+    :class:`ProtocolError` saying what is wrong."""
+    request = decode_json(line.rstrip(b"\r\n"), MAX_REQUEST_BYTES, "control request")
+    if not isinstance(request, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "a control request must be a JSON object")
+    op = request.get("op")
+    if op not in ("reload", "status"):
+        shown = repr(op)[:40] if isinstance(op, str | int | float | bool | None) else (
+            type(op).__name__)
+        raise ProtocolError(ErrorCode.MALFORMED,
+                            f"unknown op {shown}; expected 'reload' or 'status'")
+    return request
+
+
 async def _serve_one(holder: BundleHolder, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
     try:
@@ -94,14 +111,12 @@ async def _serve_one(holder: BundleHolder, reader: asyncio.StreamReader,
             line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
         except (TimeoutError, ValueError):  # too slow, or a line beyond the stream's limit
             line = b""
-        try:  # bounded in size and nesting depth (a deep one raised RecursionError here)
-            request = (decode_json(line.rstrip(b"\r\n"), MAX_REQUEST_BYTES, "control request")
-                       if line.strip() else None)
-        except ProtocolError:
-            request = None
-        reply = holder.handle(request) if request is not None else {
-            "ok": False, "error": f"expected one JSON object per line (<= {MAX_REQUEST_BYTES} B, "
-                                  f"nested at most {MAX_JSON_DEPTH} deep)"}
+        try:
+            reply = holder.handle(parse_request(line))
+        except ProtocolError as exc:
+            reply = {"ok": False, "error": f"{exc.text}; expected one JSON object per line "
+                                           f"(<= {MAX_REQUEST_BYTES} B, nested at most "
+                                           f"{MAX_JSON_DEPTH} deep)"}
         writer.write(json.dumps(reply).encode() + b"\n")
         await writer.drain()
     except (ConnectionError, OSError):

@@ -37,6 +37,8 @@ BENCHES: list[tuple[str, str, str]] = [
      "chunks are lost (library defaults, pi-zero-2w)"),
     ("runtime", "runtime", "onnxruntime vs LiteRT per slice of a bundle with TFLite slices"),
     ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
+    ("hostile", "hostile", "memory a hostile peer costs: a huge RESULT (wearable), slow "
+     "connections (helper)"),
 ]
 
 

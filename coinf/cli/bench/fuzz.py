@@ -27,6 +27,10 @@ per input, after a warm-up) against the receiver's byte budget.
 (another table's width or channels, an unknown key, impossible lane counts, missing or extra
 words, ...) that must all be refused, and mutants; its peak memory per input is tracemalloc's
 (numpy only).
+
+``control_line`` is one line of the wearable service's control socket
+(:func:`coinf.wearable.control.parse_request`) and ``txt_record`` a helper's DNS-SD TXT record
+(:func:`coinf.ble_protocol.mdns.parse_announcement`): both arrive from outside the process.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import numpy as np
 
 from coinf.ble_protocol import arq, gatt, packing
 from coinf.ble_protocol.chunks import Reassembler, encode_chunks
+from coinf.ble_protocol.mdns import parse_announcement, txt_record
 from coinf.ble_protocol.messages import (
     Message,
     MsgType,
@@ -69,6 +74,7 @@ from coinf.cli.bench.fuzz_engine import fuzz_one, join_chunks, rss_resettable, s
 from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import DeviceStatus, decode_status_reply
 from coinf.errors import ErrorCode, ProtocolError
+from coinf.wearable.control import parse_request
 
 #: Decoders whose output is tensors: bounded by the receiver's signature budget, not the input
 #: size (a valid compressed body is meant to expand).
@@ -85,6 +91,12 @@ def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 BUDGET = sum(a.nbytes for a in _tensors(np.random.default_rng(0)).values())
+
+
+def _txt_bytes(pairs: dict[str, str]) -> bytes:
+    """A TXT record on the wire (RFC 6763: length-prefixed ``key=value`` strings)."""
+    items = [f"{k}={v}".encode() for k, v in pairs.items()]
+    return b"".join(bytes([len(i)]) + i for i in items)
 
 
 def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
@@ -104,6 +116,7 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         blob_packed), encode_request(Request.for_tile(Tile(0, 2, 0, 8, 4, 12)), blob_raw),
         encode_request(REST, blob_raw)]
     chunks = list(encode_chunks(message, 244))[:40] + list(encode_chunks(message, 244))[-2:]
+    txt = _txt_bytes(txt_record("phone", "model-1234", 12.5))
     status = encode_json({"device": DeviceStatus(cpu_load=0.3, battery_pct=80.0).to_json(),
                           "role": "handheld", "requests": 3})
 
@@ -152,6 +165,9 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         "route_result": ([encode_result([HopStats(1, 2, 3), HopStats(4)], blob_raw)],
                          lambda d: decode_tensors(decode_result(d, 2)[1], max_bytes=budget)),
         "error": ([encode_error(ErrorCode.TAIL_FAILED, "tail failed")], decode_err),
+        "control_line": ([b'{"op": "reload"}\n', b'{"op": "status"}'], parse_request),
+        "txt_record": ([txt], lambda d: parse_announcement("helper._coinf._tcp.local.", d,
+                                                           ["127.0.0.1"], 7878, "model-1234")),
     }
 
 

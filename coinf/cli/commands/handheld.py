@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.ble_protocol.listen import open_listener
     from coinf.device.emulation import DeviceEmulation
     from coinf.errors import UserError
-    from coinf.handheld.daemon import HandheldDaemon
+    from coinf.handheld.daemon import HandheldDaemon, request_bound
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -175,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--max-pending must be >= 1")
     limits = socket_limits(args, spec, *([own_address] if forward is not None else []))
     bundle = Bundle.load(args.bundle)
+    # the largest frame a peer may send follows the model (issue 41: memory a peer can pin)
+    limits.setdefault("max_message_bytes", request_bound(bundle))
     options: dict[str, Any] = dict(limits) if is_socket(spec) else {}
     is_ble = spec.partition(":")[0] == "ble"
     if is_ble:

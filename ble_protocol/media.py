@@ -300,6 +300,8 @@ def _pixels(name: str, data: bytes, c: int, h: int, w: int) -> np.ndarray:
 
         from PIL import Image
 
+        if name == "webp":  # Pillow's WebP open allocates the canvas its header claims
+            _same_size(name, webp_size(data), (h, w))
         with warnings.catch_warnings():  # its bomb warning: the size is checked right below
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img: Any = Image.open(io.BytesIO(data), formats=[{"jpeg": "JPEG", "webp": "WEBP",
@@ -317,6 +319,24 @@ def _pixels(name: str, data: bytes, c: int, h: int, w: int) -> np.ndarray:
     if px.shape != (h, w, c):
         raise _bad(f"{name} image decoded to {px.shape}; expected {(h, w, c)}")
     return px
+
+
+def webp_size(data: bytes) -> tuple[int, int]:
+    """(height, width) a WebP file claims, read from its first chunk (RIFF container; ``VP8 ``
+    key frame, ``VP8L`` or ``VP8X`` canvas) without decoding anything. Raises ProtocolError
+    on anything else."""
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        raise _bad("webp body is not a RIFF/WEBP file")
+    kind, body = data[12:16], data[20:]
+    if kind == b"VP8 " and body[3:6] == b"\x9d\x01\x2a":
+        w, h = struct.unpack_from("<HH", body, 6)
+        return h & 0x3FFF, w & 0x3FFF
+    if kind == b"VP8L" and body[0] == 0x2F:
+        bits = int.from_bytes(body[1:5], "little")
+        return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+    if kind == b"VP8X":
+        return int.from_bytes(body[7:10], "little") + 1, int.from_bytes(body[4:7], "little") + 1
+    raise _bad(f"webp first chunk {kind!r} is not VP8, VP8L or VP8X")
 
 
 def _same_size(name: str, got: tuple[int, int], want: tuple[int, int]) -> None:

@@ -179,6 +179,39 @@ def test_a_decompression_bomb_is_refused_unopened(monkeypatch: pytest.MonkeyPatc
     assert big  # the original stays untouched
 
 
+@pytest.mark.skipif("webp" not in media.available(), reason="no WebP in this Pillow")
+@pytest.mark.parametrize("lossless, alpha", [(False, False), (True, False), (False, True)])
+def test_a_webp_claiming_a_big_canvas_is_refused_unopened(
+        monkeypatch: pytest.MonkeyPatch, lossless: bool, alpha: bool) -> None:
+    """Pillow's WebP open allocates the canvas the file claims (~31 MB RGBA at 2800x2800, seen
+    in ``bench fuzz``): the size is read from the RIFF chunk first, for VP8, VP8L and VP8X."""
+    import io
+
+    img = PIL.fromarray(np.zeros((32, 32, 4 if alpha else 3), np.uint8))
+    out = io.BytesIO()
+    img.save(out, "WEBP", lossless=lossless)
+    data = bytearray(out.getvalue())
+    kind = bytes(data[12:16])
+    assert kind == {(False, False): b"VP8 ", (True, False): b"VP8L",
+                    (False, True): b"VP8X"}[(lossless, alpha)]
+    assert media.webp_size(bytes(data)) == (32, 32)
+    if kind == b"VP8 ":
+        struct.pack_into("<HH", data, 26, 2800, 2800)
+    elif kind == b"VP8L":
+        bits = int.from_bytes(data[21:25], "little") & ~((1 << 28) - 1)
+        data[21:25] = (bits | 2799 | (2799 << 14)).to_bytes(4, "little")
+    else:
+        data[24:27] = data[27:30] = (2799).to_bytes(3, "little")
+    assert media.webp_size(bytes(data)) == (2800, 2800)
+    body = P.pack(photo(32), "webp-q90")
+    opened: list[bool] = []
+    orig = PIL.open
+    monkeypatch.setattr(PIL, "open", lambda *a, **k: opened.append(True) or orig(*a, **k))
+    with pytest.raises(ProtocolError, match="2800x2800"):
+        P.unpack(_swap_payload(body, bytes(data)))
+    assert not opened
+
+
 def test_bad_parameters_and_wrong_shapes() -> None:
     body = bytearray(P.pack(photo(16), "jpeg-q80"))
     h = _header_of(bytes(body))

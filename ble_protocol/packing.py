@@ -51,7 +51,7 @@ from typing import Any
 
 import lz4.block
 import numpy as np
-from coinf.ble_protocol import codecs, media, priors
+from coinf.ble_protocol import codecs, latent, media, priors
 from coinf.ble_protocol.bitplanes import bit_planes, from_bit_planes
 from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
@@ -70,8 +70,10 @@ LZ4_HC_LEVEL = 4
 RAW, LOSSLESS, HALF, QUANT, CONST = 0, 1, 2, 3, 4
 QUANTZ = 5  # quantized levels in one zstd frame (ble_protocol/codecs.py)
 ANS = 11  # quantized levels, rANS under calibrated priors (ble_protocol/priors.py)
+LATENT = latent.LATENT  # 12: a learned code's integers, rANS under its own table (latent.py)
 CODEC_NAMES = {RAW: "raw", LOSSLESS: "lossless", HALF: "half", QUANT: "quant", CONST: "const",
-               QUANTZ: "quantz", ANS: "ans", **media.NAMES}  # JPEG 6 .. FLAC 10
+               QUANTZ: "quantz", ANS: "ans", LATENT: "latent",
+               **media.NAMES}  # JPEG 6 .. FLAC 10
 FLAG_LZ4 = 1
 FLAG_ZSTD = 2  # QUANTZ only: the payload is one magicless zstd frame
 #: zstd cannot expand a frame more than this (an RLE block: 4 B -> 128 KiB); a header claiming
@@ -85,9 +87,9 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
 
 _SPEC_RE = re.compile(
-    r"^(?:(qz?|ans)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|pcm16|flac)$")
+    r"^(?:(qz?|ans)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|pcm16|flac|latent)$")
 SPEC_NAMES = "q1..q16, qz1..qz16, ans1..ans8, f16, f32, raw, jpeg-q1..jpeg-q100, " \
-    "webp-q1..webp-q100, png, pcm16 or flac"
+    "webp-q1..webp-q100, png, pcm16, flac or latent"
 
 
 @dataclass(frozen=True)
@@ -121,12 +123,12 @@ class PackSpec:
             top = priors.MAX_BITS if self.codec == "ans" else MAX_BITS
             if not isinstance(self.bits, int) or not 1 <= self.bits <= top:
                 raise ValueError(f"{self.codec} packing needs bits in 1..{top}, got {self.bits}")
-        elif self.codec in ("f32", "f16", "raw", "png", "pcm16", "flac"):
+        elif self.codec in ("f32", "f16", "raw", "png", "pcm16", "flac", "latent"):
             if self.bits is not None:
                 raise ValueError(f"packing {self.codec!r} takes no bits (got {self.bits})")
         else:
             raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, ans, f32, "
-                             "f16, raw, jpeg, webp, png, pcm16 or flac")
+                             "f16, raw, jpeg, webp, png, pcm16, flac or latent")
 
     def __str__(self) -> str:
         if self.codec in media.QUALITY:
@@ -284,6 +286,10 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
         codec = "f32"  # non-float tensors always travel losslessly
     if codec == "raw":
         return _finish(RAW, 0, code, shape, 0.0, 0.0, flat.view(np.uint8).data, compress=False)
+    if codec == "latent":  # a learned code, exactly, under its compressor's table
+        if spec.priors is None:
+            raise ValueError("the latent packing needs its compressor's table (priors=)")
+        return _header(LATENT, 0, 0, code, shape, 0.0, 0.0) + latent.encode(arr, spec.priors)
     if codec in media.WIRE:
         media.require(codec)
         if media.applies(codec, shape) and flat.size and bool(np.isfinite(flat).all()):
@@ -332,7 +338,7 @@ def decodable() -> list[str]:
     """The packing codecs this side decodes (``q``, ``qz``, ``f16``, ``f32``, ``raw``, ``ans``
     when its bundle has entropy priors, and the installed standard codecs): the ``decoders`` of
     HELLO and HELLO_ACK (docs/PROTOCOL.md)."""
-    return ["f16", "f32", "q", "raw"] + (["qz"] if codecs.AVAILABLE else []) + (
+    return ["f16", "f32", "latent", "q", "raw"] + (["qz"] if codecs.AVAILABLE else []) + (
         ["ans"] if priors.available() else []) + sorted(media.available())
 
 
@@ -423,8 +429,8 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise _bad(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
     if codec not in CODEC_NAMES:
         raise _bad(f"unknown codec {codec}")
-    if flags & ~(FLAG_ZSTD if codec == QUANTZ else 0 if codec in media.NAMES or codec == ANS
-                 else FLAG_LZ4):
+    if flags & ~(FLAG_ZSTD if codec == QUANTZ else 0 if codec in media.NAMES or codec in (
+            ANS, LATENT) else FLAG_LZ4):
         raise _bad(f"unknown flags 0x{flags:02x} for codec {CODEC_NAMES[codec]}")
     dtype = ONNX_TO_NUMPY.get(code)
     if dtype is None:
@@ -464,6 +470,11 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         if not is_float or bits != 16:
             raise _bad(f"half codec needs a float dtype and bits 16, got {dtype}, {bits}")
         raw_size = 16 * n8
+    elif codec == LATENT:
+        if not is_float or bits or count == 0:
+            raise _bad(f"latent code of {dtype} {list(shape)}, bits {bits}: expected a "
+                       f"non-empty float tensor and bits 0")
+        raw_size = len(mv) - start  # an entropy stream (latent.py checks it)
     elif codec == CONST:
         if not is_float or bits or not math.isfinite(offset):
             raise _bad("constant tensor needs a float dtype, bits 0 and a finite value")
@@ -538,6 +549,8 @@ def unpack(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES,
             raise _bad(str(exc)) from None
     elif h.codec == ANS:
         buf = priors.decode_levels(payload, h.shape, h.bits, h.scale, h.offset, book).tobytes()
+    elif h.codec == LATENT:
+        return latent.decode(payload, h.shape).astype(out_dtype, copy=False)
     elif h.flags & FLAG_LZ4:
         try:
             buf = lz4.block.decompress(payload, uncompressed_size=h.raw_size)

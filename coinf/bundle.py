@@ -172,6 +172,9 @@ class Compressor:
     priors: str | None = None
     rate_bytes: float | None = None
     test_feeds: int | None = None
+    #: packing of the code -> (encode ms, decode ms) per frame on the machine that measured it
+    #: (``latent``: the entropy coder's time, beyond the encoder and decoder themselves)
+    code_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -199,7 +202,9 @@ class Compressor:
                    float(obj["lambda"]) if learned else None,
                    _path_field(obj["priors"]) if learned else None,
                    float(obj["rate_bytes"]) if learned else None,
-                   int(obj["test_feeds"]) if learned else None)
+                   int(obj["test_feeds"]) if learned else None,
+                   {str(k): (float(v[0]), float(v[1]))
+                    for k, v in (obj.get("code_ms") or {}).items()})
 
     def to_json(self) -> dict[str, Any]:
         out = {"candidate": self.candidate, "gamma": self.gamma, "encoder": self.encoder,
@@ -210,6 +215,8 @@ class Compressor:
             out.update(kind=self.kind, base_accuracy=self.base_accuracy, priors=self.priors,
                        rate_bytes=self.rate_bytes, test_feeds=self.test_feeds)
             out["lambda"] = self.lam
+        if self.code_ms:
+            out["code_ms"] = {k: [round(a, 3), round(b, 3)] for k, (a, b) in self.code_ms.items()}
         return out
 
 

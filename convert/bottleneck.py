@@ -325,6 +325,37 @@ class Trained:
     agreement: float
     mean_bytes: float
     test_feeds: int
+    #: the ``latent`` packing measured on the held-out codes: mean bytes per frame (header
+    #: included) and median (encode ms, decode ms) of the entropy coder on this machine
+    latent_bytes: float | None = None
+    latent_ms: tuple[float, float] | None = None
+
+
+def measure_latent(priors: Priors, codes: np.ndarray) -> tuple[float, tuple[float, float]]:
+    """Pack every code ``(N, C, ...)`` with the run-time ``latent`` packing (the rANS coder of
+    ``ble_protocol/entropy.py`` under these tables), check it decodes exactly, and return
+    (mean packed bytes, (median encode ms, median decode ms))."""
+    import time
+
+    from coinf.ble_protocol import latent
+    from coinf.ble_protocol.packing import PackSpec, pack, unpack
+
+    table = latent.table(priors.offsets, priors.freqs, priors.precision, "measure")
+    latent.register(table)
+    spec = PackSpec("latent", priors=table)
+    sizes, enc, dec = [], [], []
+    for i in range(len(codes)):
+        x = np.ascontiguousarray(codes[i:i + 1], np.float32)
+        t0 = time.perf_counter()
+        body = pack(x, spec)
+        t1 = time.perf_counter()
+        y = unpack(body, max_bytes=x.nbytes)
+        dec.append((time.perf_counter() - t1) * 1e3)
+        enc.append((t1 - t0) * 1e3)
+        if not np.array_equal(x, y):
+            raise RuntimeError("the latent packing did not round-trip a code exactly")
+        sizes.append(len(body))
+    return float(np.mean(sizes)), (float(np.median(enc)), float(np.median(dec)))
 
 
 def _sha(*paths: Path) -> str:
@@ -366,11 +397,18 @@ def register(bundle: Bundle, cand: Candidate, points: Sequence[Trained]) -> Bund
         taken.add(gamma)
         shape = tuple(p.code_shape)
         code = TensorSpec(CODE, shape, "float32", int(np.prod(shape)) * 4)
+        accuracy, sizes = {"raw": round(p.agreement, 6)}, {"raw": code.nbytes}
+        times = {}
+        if p.latent_bytes is not None:  # the code exactly, entropy-coded: the same agreement
+            accuracy["latent"], sizes["latent"] = accuracy["raw"], round(p.latent_bytes)
+            if p.latent_ms is not None:
+                times["latent"] = p.latent_ms
         comp = Compressor(cand.id, gamma, files["enc.onnx"], files["dec.onnx"], code, p.flops,
-                          {"raw": round(p.agreement, 6)}, {"raw": code.nbytes}, 1.0,
+                          accuracy, sizes, 1.0,
                           _sha(*(bundle.root / f for f in files.values())), kind="learned",
                           lam=p.lam, priors=files["pmf.json"],
-                          rate_bytes=round(p.mean_bytes, 1), test_feeds=p.test_feeds)
+                          rate_bytes=round(p.mean_bytes, 1), test_feeds=p.test_feeds,
+                          code_ms=times)
         entries.append(comp.to_json())
     entries.sort(key=lambda e: (e["candidate"], e["gamma"]))
     sect["entries"] = entries
@@ -398,6 +436,7 @@ def lambda_label(lam: float) -> str:
 
 
 __all__ = ["ANS_OVERHEAD", "CODE", "MIN_TEST", "MIN_TRAIN", "PRECISION", "Priors", "Trained",
-           "check_cut", "describe", "distill_model", "load_data", "onnx_flops", "register",
+           "check_cut", "describe", "distill_model", "load_data", "measure_latent", "onnx_flops",
+           "register",
            "run_slices",
            "score", "split_data", "target_kinds"]

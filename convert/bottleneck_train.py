@@ -40,6 +40,7 @@ from coinf.convert.bottleneck import (
     Trained,
     check_cut,
     distill_model,
+    measure_latent,
     onnx_flops,
     register,
     run_slices,
@@ -543,8 +544,9 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
                          f"{cfg.steps}; run again with --resume to finish it")
         priors = priors_for(run.model, latents(run.model, x_tr))
         enc, dec, pmf, shape = export(run.model, priors, tensor.name, work, f"lam{lam:g}")
-        agree, mean_bytes, _ = evaluate(enc, dec, tail, priors, x_te, t_te)
+        agree, mean_bytes, codes = evaluate(enc, dec, tail, priors, x_te, t_te)
+        latent_bytes, latent_ms = measure_latent(priors, codes)
         points.append(Trained(lam, enc, dec, pmf, shape, onnx_flops(enc), agree, mean_bytes,
-                              len(x_te)))
+                              len(x_te), latent_bytes, latent_ms))
     register(bundle, cand, points)
     return points, notes

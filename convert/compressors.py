@@ -317,6 +317,20 @@ def check_code(comp: Compressor, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
     return arr
 
 
+def register_latent(bundle: Bundle, comp: Compressor) -> Any:
+    """The entropy coder's table of a learned compressor's pmf file, registered by key
+    (:mod:`coinf.ble_protocol.latent`); BundleError if the file is not a valid table."""
+    from coinf.ble_protocol import latent
+    from coinf.convert.bottleneck import Priors
+
+    assert comp.priors is not None
+    pmf = Priors.read(bundle.path(comp.priors))
+    table = latent.table(pmf.offsets, pmf.freqs, pmf.precision,
+                         f"{comp.candidate}/g{comp.gamma}/{comp.sha256[:16]}")
+    latent.register(table)
+    return table
+
+
 class CodecRunner:
     """Runs a bundle's encoders and decoders (onnxruntime sessions opened once). Thread-safe."""
 
@@ -325,6 +339,12 @@ class CodecRunner:
         self.sess_options = sess_options
         self._sessions: dict[str, Any] = {}
         self._lock = threading.Lock()
+        #: (cut, gamma) -> the ``latent`` packing's table of each learned compressor,
+        #: registered so that a body naming it decodes (ble_protocol/latent.py)
+        self.latent_tables: dict[tuple[str, int], Any] = {}
+        for comp in bundle.compressors():
+            if comp.kind == "learned" and comp.priors:
+                self.latent_tables[(comp.candidate, comp.gamma)] = register_latent(bundle, comp)
 
     def _session(self, file: str) -> Any:
         with self._lock:
@@ -352,4 +372,4 @@ class CodecRunner:
 
 
 __all__ = ["CODE", "CodecRunner", "CompressorSet", "SetEntry", "attach", "check_code",
-           "code_spec", "load_set"]
+           "code_spec", "load_set", "register_latent"]

@@ -262,3 +262,55 @@ def test_bottleneck_shapes_and_export(tmp_path: Path, shape: tuple[int, ...],
     # bundle counts its slices
     macs = model.latent * int(np.prod(spatial)) * shape[1] * stride ** (len(shape) - 2)
     assert bn.onnx_flops(enc) > 2 * macs
+
+
+def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path, Path],
+                                                tmp_path: Path) -> None:
+    """`coinf compress` measures the run-time ``latent`` packing (rANS under the exported
+    tables), and a split sending ``gN+latent`` gives exactly what the raw code gives, in about
+    the bytes the tables promise."""
+    from coinf import PlacementOptions, Session, SessionOptions
+    from coinf.ble_protocol import latent
+    from coinf.ble_protocol.packing import PackSpec, pack, unpack
+    from coinf.convert.compressors import CodecRunner
+
+    root = _copy(lenet, tmp_path / "b")
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "150", "--lambda", "1e-3", "--work",
+                 str(tmp_path / "work"), *SMALL]) == 0
+    bundle = Bundle.load(root)
+    (comp,) = bundle.compressors(CUT)
+    assert comp.rate_bytes is not None
+    coded = comp.code_bytes["latent"]
+    assert comp.accuracy["latent"] == comp.accuracy["raw"]  # the code itself, exactly
+    # the coder's bytes: the tables' estimate, plus the packed header and the stream's
+    # lanes (4 B each), within 10 %
+    assert comp.rate_bytes <= coded <= 1.1 * comp.rate_bytes + 64, (coded, comp.rate_bytes)
+    assert coded < comp.code.nbytes / 3 and set(comp.code_ms) == {"latent"}
+    runner = CodecRunner(bundle)
+    table = runner.latent_tables[(CUT, comp.gamma)]
+    codes = np.rint(np.random.default_rng(0).normal(0, 3, (1, 4, 6, 6))).astype(np.float32)
+    body = pack(codes, PackSpec("latent", priors=table))
+    np.testing.assert_array_equal(unpack(body), codes)  # exact, out-of-range values escaped
+    latent.register(table)  # idempotent
+
+    last = bundle.candidates[-1].id
+    feeds = bn.load_data(bundle, digits[1])["image"][:6]
+
+    def run(packing: str) -> tuple[list[np.ndarray], list[int]]:
+        plan = {"strategy": "split", "stages": [
+            {"device": "wearable", "start": bundle.candidates[0].id, "end": CUT,
+             "packing": packing}, {"device": "handheld", "start": CUT, "end": last}]}
+        outs, sent = [], []
+        with Session(root, SessionOptions(placement=PlacementOptions(plan=plan))) as s:
+            for x in feeds:
+                outs.append(s.run(None, {"image": x})[0])
+                assert s.last_run is not None and not s.last_run.local, s.last_run.fallback
+                sent.append(s.last_run.bytes_up)
+        return outs, sent
+
+    exact, raw_sent = run(f"g{comp.gamma}")
+    coded_out, coded_sent = run(f"g{comp.gamma}+latent")
+    for a, b in zip(exact, coded_out, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert max(coded_sent) < min(raw_sent) / 3

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from coinf.ble_protocol.messages import MsgType
-from coinf.ble_protocol.packing import pack
+from coinf.ble_protocol.packing import PackSpec, pack
 from coinf.ble_protocol.request import decode_result, new_nonce, with_nonce
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -35,7 +35,7 @@ from coinf.wearable.frame import RunStats, nbytes_of, result_bound, validate_res
 from coinf.wearable.plan import Plan
 
 from coinf.bundle import Bundle, Candidate
-from coinf.errors import PeerResultError, ProtocolError
+from coinf.errors import ModelError, PeerResultError, ProtocolError
 
 T = TypeVar("T")
 INLINE_CODEC_BYTES = 64 * 1024  # at or below this, packing/unpacking runs on the loop (µs)
@@ -96,10 +96,19 @@ class Executor:
         crossing tensors, packed as planned, behind the header naming every later stage."""
         stats.nonce = new_nonce()  # the RESULT must carry it: no stale or replayed reply
         sent = crossing
+        table = None
         if plan.compressor is not None:
             sent = await self.on(self.head_pool, _encode, self.codecs, self.emulation, plan,
                                  crossing, stats)
-        return await self.codec(_pack, nbytes_of(sent), plan, sent, stats, self.codec_emulation)
+            if plan.packing.codec == "latent":
+                table = self.codecs.latent_tables.get((plan.compressor.candidate,
+                                                       plan.compressor.gamma))
+                if table is None:
+                    raise ModelError(f"compressor g{plan.compressor.gamma} at "
+                                     f"{plan.compressor.candidate} has no entropy table: its "
+                                     f"code cannot travel as 'latent'")
+        return await self.codec(_pack, nbytes_of(sent), plan, sent, stats, self.codec_emulation,
+                                table)
 
     async def exchange(self, plan: Plan, rpc: RpcClient, payload: bytes, stats: RunStats,
                        timeout: float, rtt_ms: float,
@@ -179,19 +188,20 @@ class Executor:
 
 
 def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
-          codec_emulation: DeviceEmulation) -> bytes:
+          codec_emulation: DeviceEmulation, table: Any = None) -> bytes:
     """The REQUEST payload. A standard codec's or the entropy coder's encoding is stretched as
     the planner prices it on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at
-    most the head's)."""
+    most the head's). ``table``: a learned code's entropy table (the ``latent`` packing)."""
     t0 = time.perf_counter()
     if plan.packing.codec == "raw":
         blob = encode_tensors(crossing)
     else:
-        blob = encode_tensors({}, packed={n: pack(a, plan.spec_of(n))
-                                          for n, a in crossing.items()})
+        blob = encode_tensors({}, packed={
+            n: pack(a, PackSpec("latent", priors=table) if table is not None else plan.spec_of(n))
+            for n, a in crossing.items()})
     payload = with_nonce(plan.request_header, stats.nonce) + blob
     elapsed = time.perf_counter() - t0
-    if plan.packing.is_media or plan.packing.codec == "ans":  # priced as the codecs are
+    if plan.packing.is_media or plan.packing.codec in ("ans", "latent"):  # as the codecs are
         elapsed = codec_emulation.stretch(elapsed)
     stats.pack_ms = elapsed * 1e3
     stats.bytes_up = len(payload)

@@ -122,9 +122,12 @@ class Plan:
             if st.runtime not in RUNTIMES:
                 raise InputError(f"{where}: runtime must be one of {', '.join(RUNTIMES)}")
             try:
-                PackSpec.parse(st.wire_packing)
+                wire = PackSpec.parse(st.wire_packing)
             except ValueError as exc:
                 raise InputError(f"{where}: packing {st.packing!r}: {exc}") from None
+            if wire.codec == "latent" and not st.gamma:
+                raise InputError(f"{where}: packing 'latent' codes a learned compressor's code: "
+                                 f"give its gamma (gN+latent)")
             if i == len(stages) and st.packing != "raw":
                 raise InputError(f"{where}: the last stage sends nothing to pack")
         cand = bundle.candidate(stages[0].end)

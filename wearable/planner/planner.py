@@ -21,6 +21,7 @@ from coinf.wearable.planner.adapt import (
 )
 from coinf.wearable.planner.codec_costs import (
     CODEC_SLOWDOWN,
+    codec_factor,
     codec_ms,
     parse_config_spec,
     undecodable,
@@ -355,6 +356,10 @@ class Planner:
                         f"accuracy drop {drop:.2f} pp > tolerance {tol:g} pp")
                     continue
                 out.append((spec, size + header, res, drop))
+                coded = comp.code_ms.get(packing)
+                if coded is not None:  # the entropy coder's time, here and there
+                    self.codec_ms[f"{c.id}{PACK_SEP}{spec}"] = (
+                        coded[0] * codec_factor(self.wearable, self.codec_slowdown), coded[1])
         return out
 
     def _calibration_samples(self) -> int | None:

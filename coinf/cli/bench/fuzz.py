@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from coinf.ble_protocol import arq, gatt, packing
+from coinf.ble_protocol import arq, gatt, latent, packing
 from coinf.ble_protocol.chunks import Reassembler, encode_chunks
 from coinf.ble_protocol.mdns import parse_announcement, txt_record
 from coinf.ble_protocol.messages import (
@@ -54,6 +54,7 @@ from coinf.ble_protocol.messages import (
     encode_error,
     encode_json,
 )
+from coinf.ble_protocol.packing import PackSpec
 from coinf.ble_protocol.request import (
     REST,
     Hop,
@@ -78,7 +79,8 @@ from coinf.wearable.control import parse_request
 
 #: Decoders whose output is tensors: bounded by the receiver's signature budget, not the input
 #: size (a valid compressed body is meant to expand).
-TENSOR_DECODERS = ("tensor_map", "packed_tensor", "request", "result", "reassembly")
+TENSOR_DECODERS = ("tensor_map", "packed_tensor", "packed_latent", "request", "result",
+                   "reassembly")
 
 
 def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -99,6 +101,18 @@ def _txt_bytes(pairs: dict[str, str]) -> bytes:
     return b"".join(bytes([len(i)]) + i for i in items)
 
 
+def _latent_codes(rng: np.random.Generator) -> tuple[list[np.ndarray], Any]:
+    """Learned-bottleneck-like codes (integers around 0, 8 channels) and a registered table
+    fitted to them (``latent`` packing, ble_protocol/latent.py)."""
+    codes = [np.clip(np.rint(rng.laplace(0, s, (1, 8, 6, 6))), -20, 20).astype(np.float32)
+             for s in (0.5, 2.0, 6.0)]
+    counts = np.stack([np.bincount((np.concatenate([c[0, ch].ravel() for c in codes]) + 20)
+                                   .astype(np.int64), minlength=41) + 1 for ch in range(8)])
+    table = latent.table([-20] * 8, counts.astype(np.int64).tolist(), 12, "fuzz")
+    latent.register(table)
+    return codes, table
+
+
 def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
     """decoder name -> (valid inputs, decode function). Budgets are what the receiver knows
     from the model's signature: the seeds' decoded size, never what a header declares."""
@@ -117,6 +131,7 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         encode_request(REST, blob_raw)]
     chunks = list(encode_chunks(message, 244))[:40] + list(encode_chunks(message, 244))[-2:]
     txt = _txt_bytes(txt_record("phone", "model-1234", 12.5))
+    codes, table = _latent_codes(rng)
     status = encode_json({"device": DeviceStatus(cpu_load=0.3, battery_pct=80.0).to_json(),
                           "role": "handheld", "requests": 3})
 
@@ -165,6 +180,8 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         "route_result": ([encode_result([HopStats(1, 2, 3), HopStats(4)], blob_raw)],
                          lambda d: decode_tensors(decode_result(d, 2)[1], max_bytes=budget)),
         "error": ([encode_error(ErrorCode.TAIL_FAILED, "tail failed")], decode_err),
+        "packed_latent": ([packing.pack(c, PackSpec("latent", priors=table)) for c in codes],
+                          lambda d: packing.unpack(d, max_bytes=budget)),
         "control_line": ([b'{"op": "reload"}\n', b'{"op": "status"}'], parse_request),
         "txt_record": ([txt], lambda d: parse_announcement("helper._coinf._tcp.local.", d,
                                                            ["127.0.0.1"], 7878, "model-1234")),

@@ -269,10 +269,11 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
     """`coinf compress` measures the run-time ``latent`` packing (rANS under the exported
     tables), and a split sending ``gN+latent`` gives exactly what the raw code gives, in about
     the bytes the tables promise."""
-    from coinf import PlacementOptions, Session, SessionOptions
     from coinf.ble_protocol import latent
     from coinf.ble_protocol.packing import PackSpec, pack, unpack
     from coinf.convert.compressors import CodecRunner
+
+    from coinf import PlacementOptions, Session, SessionOptions
 
     root = _copy(lenet, tmp_path / "b")
     assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
@@ -314,3 +315,20 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
     for a, b in zip(exact, coded_out, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert max(coded_sent) < min(raw_sent) / 3
+
+    # bench rate measures it the same way: its top-1 loss is 1 - the entry's agreement
+    import contextlib
+    import io
+    import json
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["bench", "rate", "--bundle", str(root), "--data", str(digits[1]),
+                     "--cuts", "1", "--json"]) == 0
+    result = json.loads(buf.getvalue())
+    (point,) = [p for p in result["points"] if p["family"] == "learned"]
+    assert point["packing"] == f"g{comp.gamma}+latent" and point["cut"] == CUT
+    assert point["bytes"] == pytest.approx(coded, rel=0.02)
+    assert point["quality_loss"] == pytest.approx(100 * (1 - comp.accuracy["raw"]), abs=1e-6)
+    best = result["summary"]["best_learned_bytes"]
+    assert best == (round(point["bytes"], 1) if point["quality_loss"] <= 1.0 else None)

@@ -7,9 +7,13 @@ Two families of points, measured on the same real inputs with the task's own met
 * **split**: every packing at every chosen cut (by default the cuts with the fewest crossing
   bytes, where a split could beat a codec at all).
 
+* **learned**: every learned bottleneck in the bundle (``coinf compress``), its code sent as
+  ``gN+latent`` (:mod:`coinf.cli.bench.rate_learned`).
+
 ``summary`` gives, at the tolerance (1 pp by default, the measured loss), the fewest bytes each
 family needs: ``best_codec_bytes`` (a standard codec on the input), ``best_split_bytes`` (any
-packing at a cut) and ``best_input_packing_bytes`` (q/qz on the input). ``--png`` draws the
+packing at a cut), ``best_input_packing_bytes`` (q/qz on the input) and ``best_learned_bytes``
+(None without learned bottlenecks). ``--png`` draws the
 rate-quality plot (bytes on a log axis). With ``--model NAME`` a pretrained model of
 ``coinf models list`` is built, split and fed its own real inputs.
 """
@@ -153,6 +157,12 @@ def run(args: argparse.Namespace) -> int:
                            "wearable_share": share,
                            "method": "raw", "bytes": float(cand.crossing_bytes),
                            "quality_loss": 0.0, "quality_loss_bound": 0.0})
+        from coinf.cli.bench.rate_learned import learned_points
+
+        learned = learned_points(bundle, data, metric, args.tolerance)
+        if learned:
+            progress(f"{len(learned)} learned bottleneck(s) measured")
+        points += learned
         result = {"bench": "rate", "bundle": str(bundle.root.name), "samples": len(data),
                   "data": data.name, "metric": metric.describe(), "tolerance_pp": args.tolerance,
                   "points": points, "summary": summary(points, args.tolerance)}
@@ -182,7 +192,7 @@ def summary(points: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
     none), the configuration that gives it, and whether its 95% bound establishes it."""
     out: dict[str, Any] = {}
     for key, family in (("best_codec", "codec"), ("best_split", "split"),
-                        ("best_input_packing", "input")):
+                        ("best_input_packing", "input"), ("best_learned", "learned")):
         ok = [p for p in points if p["family"] == family and p["quality_loss"] <= tolerance]
         best = min(ok, key=lambda p: p["bytes"]) if ok else None
         out[f"{key}_bytes"] = None if best is None else round(best["bytes"], 1)
@@ -192,4 +202,7 @@ def summary(points: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
             "established": best["quality_loss_bound"] <= tolerance}
     if out["best_codec_bytes"] and out["best_split_bytes"]:
         out["split_over_codec_bytes"] = round(out["best_split_bytes"] / out["best_codec_bytes"], 3)
+    if out["best_codec_bytes"] and out["best_learned_bytes"]:
+        out["learned_over_codec_bytes"] = round(
+            out["best_learned_bytes"] / out["best_codec_bytes"], 3)
     return out

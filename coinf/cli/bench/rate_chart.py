@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-STYLE = {"codec": "-", "input": ":", "split": "--"}
-NAMES = {"codec": "offload, codec", "input": "offload, packed input", "split": "split"}
+STYLE = {"codec": "-", "input": ":", "split": "--", "learned": "-."}
+NAMES = {"codec": "offload, codec", "input": "offload, packed input", "split": "split",
+         "learned": "split + learned bottleneck"}
 
 
 def _front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:

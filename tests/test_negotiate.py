@@ -90,3 +90,17 @@ def test_a_handheld_without_zstandard_gets_lz4_and_the_run_succeeds(tmp_path: Pa
             assert sess.last_run is not None and sess.last_run.packing_fallback is None
     assert np.array_equal(y, want)  # the same levels: the same result as q4
     np.testing.assert_allclose(y, reference(bundle, x), rtol=0.1, atol=0.1)
+
+
+def test_a_compressor_the_handheld_does_not_list_is_not_planned() -> None:
+    from types import SimpleNamespace
+
+    from coinf.wearable.planner.codec_costs import peer_compressors
+
+    cand = SimpleNamespace(id="c002")
+    have = peer_set(["q"])
+    assert peer_compressors({"compressors": ["c002~g4"]}) == {"c002~g4"}
+    assert peer_compressors({}) is None  # not listed: every compressor of the bundle
+    assert undecodable("g4+q8", have, cand, frozenset({"c002~g4"})) is None
+    assert undecodable("g4+q8", have, cand, None) is None
+    assert "no compressor g8 at c002" in str(undecodable("g8", have, cand, frozenset({"c002~g4"})))

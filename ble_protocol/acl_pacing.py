@@ -1,4 +1,4 @@
-"""Pace GATT notifications by the host's ACL packet queue (the wearable's send side).
+"""Pace data chunks by the host's ACL packet queue (both sides, on bumble).
 
 bumble queues every notification's LL packets in the host until the controller has buffers
 for them. A long queue delays the ATT responses to the handheld's control writes (which carry
@@ -14,6 +14,9 @@ from typing import Any
 
 FLUSH_POLL_S = 0.002  # how often flushed() looks at the controller's completed packets
 ROOM_CHECK_S = 1.0  # longest wait for one 'flow' event before the queue is looked at again
+#: LL packets a sender leaves queued in its host at most (both sides' default): a control frame
+#: written next waits behind these, never behind a window of data chunks
+MAX_QUEUED_PACKETS = 24
 
 
 class AclPacer:

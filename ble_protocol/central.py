@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol import gatt
+from coinf.ble_protocol.acl_pacing import MAX_QUEUED_PACKETS, AclPacer
 from coinf.ble_protocol.bleak_errors import adapter_fault, classify_bleak_error
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
@@ -434,8 +435,12 @@ async def _handshake(
         raise ProtocolError(ErrorCode.MALFORMED, f"expected HELLO_ACK, got {kind.name}")
     peer_mtu, peer_window, peer_max = check_hello(body, bundle_identity, protocol_version)
 
+    pacer = _acl_pacer(client)
+
     async def write_data(chunk: bytes) -> None:
         await client.write_gatt_char(data_down, chunk, response=False)
+        if pacer is not None:  # keep the stack's queue short: control frames overtake data
+            await pacer.wait_for_room()
 
     async def write_control(frame: bytes) -> None:
         await client.write_gatt_char(control, frame, response=True)
@@ -463,6 +468,19 @@ async def _handshake(
     if not client.is_connected:
         link.connection_lost("wearable disconnected during the handshake")
     return link
+
+
+def _acl_pacer(client: Any) -> AclPacer | None:
+    """A pacer on the ACL packet queue under a bleak client on the bumble backend (None on
+    another backend: BlueZ and CoreBluetooth do not show their queue). Without it every data
+    chunk the credits allow is queued in the host at once, and a control frame (a PONG, a
+    CREDIT) written next waits behind up to a window of them (docs/PROTOCOL.md §5)."""
+    conn = getattr(getattr(client, "_backend", None), "_connection", None)
+    host = getattr(getattr(conn, "device", None), "host", None)
+    queue = getattr(host, "le_acl_packet_queue", None) or getattr(host, "acl_packet_queue", None)
+    if queue is None:
+        return None
+    return AclPacer(queue, MAX_QUEUED_PACKETS, alive=lambda: bool(client.is_connected))
 
 
 class CentralListener(Listener):

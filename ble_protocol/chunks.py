@@ -223,6 +223,8 @@ class Reassembler:
             )
         body_len = total + CRC_BYTES
         if not data or offset + len(data) > body_len:
+            if self._partials.pop(key, None) is not None:  # the message is refused whole
+                self.stats.dropped += 1
             raise self._fail(
                 ErrorCode.MALFORMED,
                 f"chunk [{offset}, {offset + len(data)}) outside message {rid} of {body_len} B",
@@ -310,6 +312,10 @@ class Reassembler:
         """Drop partial messages that stalled (no new data for ``timeout_s``) or outlived
         :meth:`deadline`; returns their request ids. A large message that keeps arriving is
         never cut at a fixed age: the timeout scales with its size."""
+        return [rid for _, rid in self.expire_keys(now)]
+
+    def expire_keys(self, now: float | None = None) -> list[tuple[int, int]]:
+        """:meth:`expire`, returning the (type, request id) of each message dropped."""
         now = self.clock() if now is None else now
         old = [k for k, p in self._partials.items()
                if now - p.last > self.timeout_s
@@ -317,4 +323,11 @@ class Reassembler:
         for k in old:
             del self._partials[k]
         self.stats.expired += len(old)
-        return [rid for _, rid in old]
+        return old
+
+    def drop(self, mtype: int, rid: int) -> bool:
+        """Drop the partial message (``mtype``, ``rid``), if any (it was refused)."""
+        if self._partials.pop((mtype, rid), None) is None:
+            return False
+        self.stats.dropped += 1
+        return True

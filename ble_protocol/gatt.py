@@ -138,7 +138,6 @@ class GattLink(Link):
         self.arq = arq.ArqStats()
         self._outbox = arq.Outbox()
         self._chunks_sent = 0  # data chunks written on this link (SENT / SYNC carry it)
-        self._failed: OrderedDict[int, None] = OrderedDict()  # ids refused here: ACK, no resend
         self._ledger = CreditLedger(window, slack=8 if ack else 0)
         self._reasm = Reassembler(
             max_message_bytes=max_message_bytes,
@@ -328,7 +327,7 @@ class GattLink(Link):
             elif self.ack and exc.code == ErrorCode.BAD_CRC:
                 log.info("%s: message %d failed its CRC; its SENT gets a NACK", self._name, rid)
             else:
-                self._refuse(rid, exc)
+                self._refuse((value[1], rid), exc)
             return
         if msg is not None:
             self._inbox_bytes += len(msg.payload)
@@ -338,20 +337,20 @@ class GattLink(Link):
     def _over_limit(self, chunk: bytes) -> bool:
         """Whether ``chunk`` belongs to a message over its :meth:`limit_incoming` bound (then
         dropped here, before the reassembler sees it)."""
-        if self._incoming_limit is None or len(chunk) < HEADER_BYTES:
+        if len(chunk) < HEADER_BYTES:
             return False
         version, mtype, rid, total, _ = CHUNK_HEADER.unpack_from(chunk)
         if version != self._reasm.version:
             return False  # the reassembler reports it (fatal)
         key = (mtype, rid)
         if key in self._refused:
-            return True
+            return True  # a message refused once: its later chunks are dropped silently
+        if self._incoming_limit is None:
+            return False
         limit = self._incoming_limit(mtype, rid)
         if total <= limit:
             return False
-        self._refused[key] = None
-        while len(self._refused) > 64:
-            self._refused.popitem(last=False)
+        self._remember_refused(key)
         self._reasm.cancel(rid)  # a message its bound shrank under (its request was settled)
         log.warning("%s: refused message %d (type %d): it declares %d B, at most %d B expected",
                     self._name, rid, mtype, total, limit)
@@ -359,12 +358,18 @@ class GattLink(Link):
             self._on_refused(rid, mtype, total, limit)
         return True
 
-    def _refuse(self, rid: int, exc: ProtocolError) -> None:
-        """A received message failed for good: report it; its SENT gets an ACK (no resend)."""
-        self._failed[rid] = None
-        while len(self._failed) > 64:
-            self._failed.popitem(last=False)
-        self._message_failed(rid, exc)
+    def _remember_refused(self, key: tuple[int, int]) -> None:
+        self._refused[key] = None
+        while len(self._refused) > 64:
+            self._refused.popitem(last=False)
+
+    def _refuse(self, key: tuple[int, int], exc: ProtocolError) -> None:
+        """A received message failed for good: report it once (one ERROR per message, not per
+        chunk), drop what was held of it and every later chunk of it; its SENT gets an ACK
+        (no resend)."""
+        self._remember_refused(key)
+        self._reasm.drop(*key)
+        self._message_failed(key[1], exc)
 
     def _message_failed(self, rid: int, exc: ProtocolError) -> None:
         """A single message was bad: fail the local waiter (wearable) or tell the peer."""
@@ -440,7 +445,7 @@ class GattLink(Link):
         if first and self._ledger.sync(chunks) > 0:
             self._maybe_grant(force=True)
         missing = self._reasm.status(mtype, rid)
-        done = missing is None or rid in self._failed or (mtype, rid) in self._refused
+        done = missing is None or (mtype, rid) in self._refused
         if not done and first and arq.ACK_GRACE_S > 0:
             self._spawn(self._answer_later(mtype, rid, chunks))
             return
@@ -489,9 +494,10 @@ class GattLink(Link):
     async def _expiry(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self._reasm.timeout_s / 4))
-            for rid in self._reasm.expire():
+            for key in self._reasm.expire_keys():
+                rid = key[1]
                 self._refuse(
-                    rid,
+                    key,
                     ProtocolError(
                         ErrorCode.TIMEOUT,
                         f"message {rid} incomplete: no data for {self._reasm.timeout_s:.0f} s "

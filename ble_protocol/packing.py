@@ -268,8 +268,9 @@ def _finish_z(bits: int, code: int, shape: tuple[int, ...], scale: float, offset
     return _header(QUANTZ, flags, bits, code, shape, scale, offset) + body
 
 
-def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
-    """Pack one tensor into a self-describing body (see the module docstring)."""
+def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC, *, zstd: bool = True) -> bytes:
+    """Pack one tensor into a self-describing body (see the module docstring). ``zstd``: the
+    receiver decodes zstd (else ``qz`` and ``ans``'s fallback pack QUANT)."""
     if not isinstance(spec, PackSpec):
         spec = PackSpec.parse(spec)
     arr = np.asarray(array)
@@ -318,7 +319,7 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
                 if codec == "ans" else None
             if ans is not None:
                 return _header(ANS, 0, bits, code, shape, scale, lo) + ans
-            if codec in ("qz", "ans") and codecs.AVAILABLE:
+            if codec in ("qz", "ans") and codecs.AVAILABLE and zstd:
                 return _finish_z(bits, code, shape, scale, lo, q)
             planes = bit_planes(_pad8(q))[:bits].reshape(-1)
             return _finish(QUANT, bits, code, shape, span / ((1 << bits) - 1), lo, planes.data)
@@ -332,18 +333,6 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC) -> bytes:
             return _finish(HALF, 16, code, shape, 0.0, 0.0, _flat_planes(half))
         # a finite value overflows float16: keep it exact instead
     return _finish(LOSSLESS, 0, code, shape, 0.0, 0.0, _flat_planes(flat))
-
-
-def decodable() -> list[str]:
-    """The packing codecs this side decodes (``q``, ``qz``, ``f16``, ``f32``, ``raw``, ``ans``
-    when its bundle has entropy priors, and the installed standard codecs): the ``decoders`` of
-    HELLO and HELLO_ACK (docs/PROTOCOL.md)."""
-    return ["f16", "f32", "latent", "q", "raw"] + (["qz"] if codecs.AVAILABLE else []) + (
-        ["ans"] if priors.available() else []) + sorted(media.available())
-
-
-#: what a peer that lists no ``decoders`` (protocol 1 before codec packings) decodes
-LEGACY_DECODERS = frozenset({"f16", "f32", "q", "qz", "raw"})
 
 
 def pack_tensors(

@@ -268,6 +268,8 @@ class ServeStats:
     replied: int = 0
     #: requests whose handler raised (answered with ERROR)
     failed: int = 0
+    #: messages dropped unanswered because their request id was in flight (§6.4)
+    duplicates: int = 0
 
 
 async def serve(
@@ -288,9 +290,11 @@ async def serve(
 
     Admission is bounded: at most ``max_pending`` requests are in flight (waiting for one of the
     ``max_concurrent`` execution slots, running, or having their reply sent). A request beyond
-    that is answered at once with ERROR BUSY and no task is created for it; a request whose id
-    is already in flight is answered with ERROR MALFORMED. Every task this function creates is
-    cancelled and awaited before it returns.
+    that is answered at once with ERROR BUSY and no task is created for it. A message (PROBE
+    included) whose request id is in flight is dropped unanswered (``stats.duplicates``): any
+    reply would carry that id and be taken for the first request's. Once the link took a
+    request's reply its id is free again. Every task this function creates is cancelled and
+    awaited before it returns.
     """
     if max_concurrent < 1 or max_pending < 1:
         raise ValueError("max_concurrent and max_pending must be >= 1")
@@ -341,18 +345,19 @@ async def serve(
                 log.warning("dropping link after protocol error: %s", exc)
                 return
             try:
-                if msg.type == MsgType.PROBE:
-                    await link.send(Message(MsgType.PROBE, msg.request_id, msg.payload))
-                elif msg.type == MsgType.CANCEL:
+                if msg.type == MsgType.CANCEL:
                     task = inflight.pop(msg.request_id, None)
                     if task is not None and not task.done():
                         task.cancel()
                         counts.cancelled += 1
                         if on_cancel is not None:
                             on_cancel(msg.request_id)
-                elif msg.request_id in inflight:
-                    await refuse(msg.request_id, ErrorCode.MALFORMED,
-                                 f"request {msg.request_id} is already in flight")
+                elif msg.request_id in inflight:  # its one reply is the first request's
+                    counts.duplicates += 1
+                    log.warning("dropped %s %d: that request id is in flight",
+                                msg.type.name, msg.request_id)
+                elif msg.type == MsgType.PROBE:
+                    await link.send(Message(MsgType.PROBE, msg.request_id, msg.payload))
                 elif len(inflight) >= max_pending:
                     counts.busy += 1
                     await refuse(msg.request_id, ErrorCode.BUSY,

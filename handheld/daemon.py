@@ -38,7 +38,8 @@ from coinf.ble_protocol.messages import (
     decode_json,
     encode_json,
 )
-from coinf.ble_protocol.packing import LOSSLESS_SPEC, decodable, pack
+from coinf.ble_protocol.negotiate import decodable
+from coinf.ble_protocol.packing import LOSSLESS_SPEC, pack
 from coinf.ble_protocol.request import (
     HopStats,
     Kind,
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: what this daemon serves: tensors raw and packed, the request kinds (§6.9-6.11)
 CAPABILITIES = ["raw", "packed", "stages", "tile"]
+#: the most compressors HELLO_ACK lists (more: none listed, the peer assumes the bundle's)
+MAX_COMPRESSORS = 64
 
 
 def encode_results(outputs: Mapping[str, np.ndarray]) -> bytes:
@@ -223,6 +226,7 @@ class HandheldDaemon:
 
     # --- messages ----------------------------------------------------------------------------
     def hello_payload(self) -> dict[str, Any]:
+        comps = self.compressors()
         return {
             "protocol": PROTOCOL_VERSION,
             "bundle": self.bundle.identity,
@@ -230,7 +234,15 @@ class HandheldDaemon:
             "capabilities": CAPABILITIES,
             "decoders": decodable(),
             "priors": self.bundle.priors_digest,  # the ansN tables it decodes with
+            **({} if comps is None else {"compressors": comps}),
         }
+
+    def compressors(self) -> list[str] | None:
+        """The compressors whose code this daemon decodes (``c002~g4``): the bundle's whose
+        decoder file is present; None (not listed: the peer assumes all) above 64."""
+        out = sorted(f"{c.candidate}~g{c.gamma}" for c in self.bundle.compressors()
+                     if self.bundle.path(c.decoder).is_file())
+        return out if len(out) <= MAX_COMPRESSORS else None
 
     def status(self) -> dict[str, Any]:
         """``device`` is a :class:`~device.status.DeviceStatus` (load, clock, battery)."""

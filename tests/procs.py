@@ -17,9 +17,11 @@ def coinf_cmd(*args: str) -> list[str]:
 
 
 @contextmanager
-def handheld_daemon(bundle: Path, address: str, *extra: str) -> Iterator[subprocess.Popen]:
-    """Run ``coinf handheld`` until the block exits; yields once it prints its ready line."""
-    env = dict(os.environ)
+def handheld_daemon(bundle: Path, address: str, *extra: str,
+                    env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """Run ``coinf handheld`` until the block exits; yields once it prints its ready line.
+    ``env``: variables set on top of this process's environment."""
+    env = {**os.environ, **(env or {})}
     proc = subprocess.Popen(
         coinf_cmd("handheld", "--bundle", str(bundle), "--listen", address, *extra),
         stdout=subprocess.PIPE,

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from coinf.ble_protocol import media
-from coinf.ble_protocol.packing import LEGACY_DECODERS, decodable, pack, unpack
+from coinf.ble_protocol.negotiate import LEGACY_DECODERS, decodable
+from coinf.ble_protocol.packing import pack, unpack
 from coinf.convert import calibrate as cal
 from coinf.convert.feeds import load_dataset
 from coinf.convert.packcal import tensor_specs
@@ -190,7 +191,7 @@ def test_a_fixed_codec_the_handheld_lacks_is_refused_before_sending(
 
     monkeypatch.setattr(daemon, "decodable", lambda: sorted(LEGACY_DECODERS))
     with Session(bundle.root, fixed("c000", "jpeg-q90")) as sess, \
-            pytest.raises(InputError, match="cannot be sent: the handheld decodes only"):
+            pytest.raises(InputError, match="cannot be sent: the handheld cannot decode jpeg"):
         sess.run(None, {"x": photos(1)})
     with Session(bundle.root, fixed("c000", "q8")) as sess:  # what it lists still goes
         assert sess.run(None, {"x": photos(1)})[0].shape == (1, 10)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from coinf.ble_protocol import entropy, packing, priors
+from coinf.ble_protocol import entropy, negotiate, packing, priors
 from coinf.ble_protocol.entropy import ChannelPriors, decode, encode
 from coinf.ble_protocol.packing import PackSpec
 from coinf.convert import calibrate as cal
@@ -311,9 +311,9 @@ def test_ans_spec_and_fallbacks() -> None:
     assert packing.describe(packing.pack(np.arange(6), "ans2"))["codec"] == "lossless"
     with pytest.raises(BundleError, match="re-run"):
         packing.pack(x, PackSpec("ans", 4, priors="0badc0de"))  # a key nobody has
-    assert "ans" not in packing.decodable()
+    assert "ans" not in negotiate.decodable()
     priors.register(tp)
-    assert "ans" in packing.decodable()
+    assert "ans" in negotiate.decodable()
 
 
 def test_ans_bodies_naming_other_tables_are_refused() -> None:
@@ -394,7 +394,7 @@ def test_calibration_fits_stores_and_names_the_tables(tmp_path: Path) -> None:
     assert packing.describe(body)["codec"] == "ans"
     assert np.array_equal(packing.unpack(body), packing.unpack(packing.pack(h, "q4")))
     assert entropy_cal.missing_priors(cand, "ans4") is None
-    assert "ans" in packing.decodable()
+    assert "ans" in negotiate.decodable()
 
 
 def test_a_lost_or_tampered_table_is_not_offered(tmp_path: Path) -> None:
@@ -481,11 +481,9 @@ def test_the_planner_prices_ans_by_its_times_and_offers_it_only_with_tables(
 
 def test_ans_is_offered_only_to_a_handheld_with_the_same_tables(tmp_path: Path) -> None:
     """HELLO_ACK names the handheld's tables (``priors``): another set, or none, and ansN is
-    neither planned nor sent (a fixed ans4 is refused before anything goes out)."""
+    not planned; a fixed ans4 goes as qz4 (the same levels), or q4 without zstd there."""
     from coinf.handheld.daemon import HandheldDaemon
     from coinf.wearable.planner.codec_costs import check_decodable, peer_decoders
-
-    from coinf.errors import InputError
 
     bundle, _ = _calibrated(tmp_path, ("q3", "ans4"))
     loaded = Bundle.load(bundle.root)
@@ -495,7 +493,13 @@ def test_ans_is_offered_only_to_a_handheld_with_the_same_tables(tmp_path: Path) 
     assert ack["priors"] == digest and "ans" in ack["decoders"]
     assert "ans" in peer_decoders(ack, digest)
     for other in ({**ack, "priors": "0" * 64}, {**ack, "priors": None}):
-        assert "ans" not in peer_decoders(other, digest)
-        with pytest.raises(InputError, match="other entropy tables"):
-            check_decodable(PackSpec.parse("ans4"), other, digest)
-    check_decodable(PackSpec.parse("ans4"), ack, digest)  # the same tables: sent
+        names = peer_decoders(other, digest)
+        assert "ans" not in names
+        check_decodable(PackSpec.parse("ans4"), names)  # not refused: it has a substitute
+        fitted, why = negotiate.fit(PackSpec.parse("ans4"), names)
+        assert str(fitted) == "qz4" and "other entropy tables" in str(why)
+        no_zstd = negotiate.peer_set([n for n in other["decoders"] if n not in ("qz", "zstd")],
+                                     same_priors=False)
+        assert str(negotiate.fit(PackSpec.parse("ans4"), no_zstd)[0]) == "q4"
+    check_decodable(PackSpec.parse("ans4"), peer_decoders(ack, digest))  # the same tables
+    assert negotiate.fit(PackSpec.parse("ans4"), peer_decoders(ack, digest))[1] is None

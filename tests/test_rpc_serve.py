@@ -157,33 +157,6 @@ def test_cancel_of_a_request_waiting_for_its_slot_and_of_unknown_ids() -> None:
     asyncio.run(main())
 
 
-def test_duplicate_request_id_in_flight_is_refused() -> None:
-    async def main() -> None:
-        wearable, handheld = InProcessLink.pair()
-        release = asyncio.Event()
-        calls: list[int] = []
-
-        async def handler(msg: Message) -> Message:
-            calls.append(msg.request_id)
-            await release.wait()
-            return Message(MsgType.RESULT, msg.request_id, b"first")
-
-        server = asyncio.create_task(serve(handheld, handler))
-        await wearable.send(Message(MsgType.REQUEST, 7, b"a"))
-        await wearable.send(Message(MsgType.REQUEST, 7, b"b"))
-        refused = await asyncio.wait_for(wearable.receive(), 10)
-        assert refused.type == MsgType.ERROR
-        assert decode_error(refused.payload).code == ErrorCode.MALFORMED
-        release.set()
-        reply = await asyncio.wait_for(wearable.receive(), 10)
-        assert (reply.type, reply.payload) == (MsgType.RESULT, b"first")
-        assert calls == [7]
-        await wearable.close()
-        await asyncio.wait_for(server, 10)
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize("how", ["cancelled", "peer closed"])
 def test_no_task_outlives_serve(how: str) -> None:
     async def main() -> None:

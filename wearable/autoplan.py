@@ -19,6 +19,7 @@ from coinf.ble_protocol.messages import MsgType, ProtocolError
 from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
+from coinf.wearable.planner.codec_costs import peer_compressors
 from coinf.wearable.planner.codec_costs import peer_decoders as codec_peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
@@ -117,9 +118,10 @@ class AutoPlan:
         """The packings the handheld said it decodes (HELLO_ACK ``decoders``; a peer that lists
         none decodes the packings before codec packings): the planner offers no other."""
         names = codec_peer_decoders(hello_ack, self.bundle.priors_digest)
+        comps = peer_compressors(hello_ack)
         planner = self.adaptive.planner
-        if planner.peer_decoders != names:
-            planner.peer_decoders = names
+        if planner.peer_decoders != names or planner.peer_compressors != comps:
+            planner.peer_decoders, planner.peer_compressors = names, comps
             planner.reset_configs()
             self.adaptive.decision = None
 

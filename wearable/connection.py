@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, decode_json, encode_json
-from coinf.ble_protocol.packing import decodable
+from coinf.ble_protocol.negotiate import decodable
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.transport import Connector, connect_within
 

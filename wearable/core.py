@@ -60,7 +60,7 @@ from coinf.wearable.options import (
 )
 from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS
 from coinf.wearable.plan import HANDHELD, Plan
-from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable
+from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable, peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
 from coinf.wearable.planner.strategy import choose_strategy, to_plan
@@ -370,10 +370,11 @@ class AsyncSession:
         timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
         try:
             rpc = await conn.client()
-            check_decodable(plan.packing, conn.info, self.bundle.priors_digest)
+            decoders = peer_decoders(conn.info, self.bundle.priors_digest)
+            check_decodable(plan.packing, decoders)  # a standard codec it lacks: refused
             if self.autoplan is not None:
                 await self.autoplan.maintain(rpc, timeout)
-            payload = await self.executor.encode(plan, crossing, stats)
+            payload = await self.executor.encode(plan, crossing, stats, decoders)
             # a request the link cannot carry within the timeout gets 2x its airtime (options)
             bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
             timeout = request_timeout(timeout, len(payload), bps, rtt,

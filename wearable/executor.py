@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 from coinf.ble_protocol.messages import MsgType
-from coinf.ble_protocol.packing import PackSpec, pack
+from coinf.ble_protocol.negotiate import fit, missing
+from coinf.ble_protocol.packing import LOSSLESS_SPEC, PackSpec, pack
 from coinf.ble_protocol.request import decode_result, new_nonce, with_nonce
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
@@ -91,9 +92,11 @@ class Executor:
 
     # -- the later stages ------------------------------------------------------------------------
     async def encode(self, plan: Plan, crossing: dict[str, np.ndarray],
-                     stats: RunStats) -> bytes:
+                     stats: RunStats, decoders: frozenset[str] | None = None) -> bytes:
         """The request: the compressor's code (wearable compute, counted as head) or the
-        crossing tensors, packed as planned, behind the header naming every later stage."""
+        crossing tensors, packed as planned, behind the header naming every later stage.
+        ``decoders``: what the next device decodes (its HELLO_ACK); a packing it lacks goes
+        as the nearest one it takes (:func:`coinf.ble_protocol.negotiate.fit`)."""
         stats.nonce = new_nonce()  # the RESULT must carry it: no stale or replayed reply
         sent = crossing
         table = None
@@ -108,7 +111,7 @@ class Executor:
                                      f"{plan.compressor.candidate} has no entropy table: its "
                                      f"code cannot travel as 'latent'")
         return await self.codec(_pack, nbytes_of(sent), plan, sent, stats, self.codec_emulation,
-                                table)
+                                table, decoders)
 
     async def exchange(self, plan: Plan, rpc: RpcClient, payload: bytes, stats: RunStats,
                        timeout: float, rtt_ms: float,
@@ -188,16 +191,19 @@ class Executor:
 
 
 def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
-          codec_emulation: DeviceEmulation, table: Any = None) -> bytes:
+          codec_emulation: DeviceEmulation, table: Any = None,
+          decoders: frozenset[str] | None = None) -> bytes:
     """The REQUEST payload. A standard codec's or the entropy coder's encoding is stretched as
     the planner prices it on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at
-    most the head's). ``table``: a learned code's entropy table (the ``latent`` packing)."""
+    most the head's). ``table``: a learned code's entropy table (the ``latent`` packing);
+    ``decoders``: what the next device decodes."""
     t0 = time.perf_counter()
     if plan.packing.codec == "raw":
         blob = encode_tensors(crossing)
     else:
         blob = encode_tensors({}, packed={
-            n: pack(a, PackSpec("latent", priors=table) if table is not None else plan.spec_of(n))
+            n: _pack_one(a, PackSpec("latent", priors=table) if table is not None
+                         else plan.spec_of(n), decoders, stats)
             for n, a in crossing.items()})
     payload = with_nonce(plan.request_header, stats.nonce) + blob
     elapsed = time.perf_counter() - t0
@@ -206,6 +212,20 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
     stats.pack_ms = elapsed * 1e3
     stats.bytes_up = len(payload)
     return payload
+
+
+def _pack_one(array: np.ndarray, spec: PackSpec, decoders: frozenset[str] | None,
+              stats: RunStats) -> bytes:
+    """One tensor packed as ``spec``, or as the nearest packing ``decoders`` has (the same
+    values; a standard codec it lacks: LOSSLESS); the first substitution lands in ``stats``."""
+    if decoders is None:
+        return pack(array, spec)
+    fitted, why = fit(spec, decoders)
+    if missing(fitted, decoders) is not None:  # a tensor's own standard codec: exact instead
+        fitted, why = LOSSLESS_SPEC, f"{spec} sent as f32: {missing(fitted, decoders)}"
+    if why is not None and stats.packing_fallback is None:
+        stats.packing_fallback = why
+    return pack(array, fitted, zstd="zstd" in decoders)
 
 
 def _encode(codecs: CodecRunner, emulation: DeviceEmulation, plan: Plan,

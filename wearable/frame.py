@@ -76,6 +76,9 @@ class RunStats:
     hops: list[dict[str, Any]] = field(default_factory=list)
     #: the offloaded request's nonce (its RESULT must echo it)
     nonce: int = 0
+    #: why a tensor went in another packing than planned (the handheld does not decode it:
+    #: ``"qz4 sent as q4: the handheld cannot decode zstd ..."``), else None
+    packing_fallback: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

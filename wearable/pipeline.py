@@ -40,7 +40,7 @@ from coinf.wearable.frame import RunStats, check_feed
 from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS, HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Plan, Stage
-from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN
+from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, peer_decoders
 from coinf.wearable.planner.compress_select import (
     CompressionOption,
     cheapest_bytes,
@@ -354,9 +354,10 @@ class PipelineSession:
         if not first.is_handheld_only and self._flops[first.id] >= self._min_flops \
                 and own_s > 0:
             self._speed[WEARABLE].add(self._flops[first.id] / own_s)
-        payload = await self.executor.encode(run, crossing, stats)  # + the encoder's time
         conn = self._connection(plan.devices[1])
         rpc = await conn.client()
+        decoders = peer_decoders(conn.info, self.bundle.priors_digest)
+        payload = await self.executor.encode(run, crossing, stats, decoders)  # + the encoder's
         marks: dict[str, float] = {}
         t_send = time.perf_counter()
         pending = self._pending.setdefault(plan.devices[1], [])

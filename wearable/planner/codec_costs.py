@@ -67,14 +67,16 @@ def codec_ms(planner: Any, cand: Any, spec: str) -> tuple[float, float] | None:
 
 
 def undecodable(spec: str, peer_decoders: frozenset[str] | None,
-                cand: Any = None) -> str | None:
+                cand: Any = None, peer_compressors: frozenset[str] | None = None) -> str | None:
     """Why configuration ``spec`` cannot be sent: this wearable cannot encode it (a codec
-    library missing; for ``ansN`` at ``cand``, a priors table its calibration row names) or
-    the handheld cannot decode it; None when it can."""
-    from coinf.ble_protocol import media
+    library missing; for ``ansN`` at ``cand``, a priors table its calibration row names), the
+    handheld cannot decode it (:func:`coinf.ble_protocol.negotiate.missing`) or lacks its
+    compressor (``peer_compressors``: HELLO_ACK ``compressors``, None = all); None when it
+    can."""
+    from coinf.ble_protocol import media, negotiate
     from coinf.ble_protocol.packing import PackSpec
 
-    packing = parse_config_spec(spec)[1]
+    gamma, packing = parse_config_spec(spec)
     codec = PackSpec.parse(packing).codec
     if codec in media.WIRE and codec not in media.available():
         return f"this device cannot encode {codec}: {media.INSTALL}"
@@ -84,45 +86,54 @@ def undecodable(spec: str, peer_decoders: frozenset[str] | None,
         missing = missing_priors(cand, packing)
         if missing:
             return f"this device lacks the entropy priors of {packing} ({missing})"
-    if peer_decoders is None or codec in peer_decoders:
+    if gamma and cand is not None and peer_compressors is not None \
+            and f"{cand.id}~g{gamma}" not in peer_compressors:
+        return f"the handheld has no compressor g{gamma} at {cand.id}"
+    if peer_decoders is None:
         return None
-    return f"the handheld cannot decode {codec} (it decodes {', '.join(sorted(peer_decoders))})"
+    return negotiate.missing(PackSpec.parse(packing), peer_decoders)
 
 
 def peer_decoders(hello_ack: Mapping[str, Any] | None, priors: str | None) -> frozenset[str]:
-    """The packings the handheld decodes: its HELLO_ACK ``decoders`` (a peer that lists none:
-    the packings before codec packings), without ``ans`` unless its ``priors`` are this
-    bundle's (``priors``: :attr:`coinf.bundle.Bundle.priors_digest`)."""
+    """The packings and entropy stages the handheld decodes: its HELLO_ACK ``decoders``
+    (:func:`coinf.ble_protocol.negotiate.peer_set`), without ``ans`` unless its ``priors``
+    are this bundle's (``priors``: :attr:`coinf.bundle.Bundle.priors_digest`)."""
+    from coinf.ble_protocol.negotiate import MAX_LISTED
+
     ack = hello_ack or {}
     got = ack.get("decoders")
-    listed = tuple(got[:64]) if isinstance(got, list) else None
-    same = priors is not None and ack.get("priors") == priors
-    try:
-        return _decoders(listed, same)
-    except TypeError:  # an unhashable entry from the wire: read it the slow way
-        return _decoders(tuple(map(str, listed or ())), same)
+    listed = tuple(x for x in got[:MAX_LISTED] if isinstance(x, str)) \
+        if isinstance(got, list) else None
+    return _decoders(listed, priors is not None and ack.get("priors") == priors)
+
+
+def peer_compressors(hello_ack: Mapping[str, Any] | None) -> frozenset[str] | None:
+    """The compressors the handheld decodes (HELLO_ACK ``compressors``: ``"c002~g4"``...);
+    None when it lists none (a peer from before the list: every compressor of the bundle)."""
+    got = (hello_ack or {}).get("compressors")
+    if not isinstance(got, list):
+        return None
+    return frozenset(x for x in got[:1024] if isinstance(x, str))
 
 
 @functools.lru_cache(maxsize=64)
-def _decoders(listed: tuple[Any, ...] | None, same_priors: bool) -> frozenset[str]:
+def _decoders(listed: tuple[str, ...] | None, same_priors: bool) -> frozenset[str]:
     """(Called for every frame: cached per HELLO_ACK's list.)"""
-    from coinf.ble_protocol.packing import LEGACY_DECODERS
+    from coinf.ble_protocol.negotiate import peer_set
 
-    names = frozenset(map(str, listed)) if listed is not None else LEGACY_DECODERS
-    return names if same_priors else names - {"ans"}
+    return peer_set(list(listed) if listed is not None else None, same_priors)
 
 
-def check_decodable(packing: Any, hello_ack: Mapping[str, Any] | None,
-                    priors: str | None = None) -> None:
-    """Refuse, before anything is sent, a packing the handheld cannot decode (a packing fixed
-    by the caller; the planner never picks one)."""
-    names = peer_decoders(hello_ack, priors)
-    if packing.codec not in names:
+def check_decodable(packing: Any, decoders: frozenset[str]) -> None:
+    """Refuse, before anything is sent, a packing the handheld cannot decode and that has no
+    exact substitute (a standard codec fixed by the caller; the planner never picks one).
+    ``qzN`` and ``ansN`` are not refused: the executor sends them as the nearest packing the
+    handheld decodes (:func:`coinf.ble_protocol.negotiate.fit`)."""
+    from coinf.ble_protocol.negotiate import fit, missing
+
+    why = missing(fit(packing, decoders)[0], decoders)
+    if why is not None:
         from coinf.errors import InputError
 
-        if packing.codec == "ans":
-            raise InputError(f"packing {packing} cannot be sent: the handheld's bundle has "
-                             f"other entropy tables, or none (coinf push this bundle there)")
-        raise InputError(f"packing {packing} cannot be sent: the handheld decodes only "
-                         f"{', '.join(sorted(names))} (install coinf[codecs] there, or choose "
-                         f"another packing)")
+        raise InputError(f"packing {packing} cannot be sent: {why} (install coinf[codecs] "
+                         f"there, or choose another packing)")

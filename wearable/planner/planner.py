@@ -139,6 +139,8 @@ class Planner:
         #: the packing codecs the handheld decodes (HELLO_ACK ``decoders``); None = not known,
         #: so every calibrated packing is offered (``coinf plan`` without a peer)
         self.peer_decoders: frozenset[str] | None = None
+        #: the compressors the handheld decodes (HELLO_ACK ``compressors``; None: all)
+        self.peer_compressors: frozenset[str] | None = None
         self.codec_slowdown = CODEC_SLOWDOWN  # see codec_costs.codec_factor
         from coinf.ble_protocol.packing import PackSpec
 
@@ -310,7 +312,7 @@ class Planner:
                     continue  # not calibrated for this packing: not a configuration
                 tol = self.policy.accuracy_tolerance_pp
                 rid = f"{c.id}{PACK_SEP}{spec}"
-                missing = undecodable(spec, self.peer_decoders, c)
+                missing = undecodable(spec, self.peer_decoders, c, self.peer_compressors)
                 if missing:
                     self.excluded_configs[rid] = missing
                     continue
@@ -347,7 +349,9 @@ class Planner:
                 if packing not in comp.accuracy:
                     continue
                 spec = f"g{comp.gamma}" if packing == "raw" else f"g{comp.gamma}+{packing}"
-                if undecodable(spec, self.peer_decoders):
+                missing = undecodable(spec, self.peer_decoders, c, self.peer_compressors)
+                if missing:
+                    self.excluded_configs[f"{c.id}{PACK_SEP}{spec}"] = missing
                     continue
                 drop = max(round((comp.base_accuracy - comp.accuracy[packing]) * 100.0, 6), 0.0)
                 tol = self.policy.accuracy_tolerance_pp

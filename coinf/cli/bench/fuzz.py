@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from coinf.ble_protocol import arq, gatt, latent, packing
+from coinf.ble_protocol import arq, gatt, latent, negotiate, packing
 from coinf.ble_protocol.chunks import Reassembler, encode_chunks
 from coinf.ble_protocol.mdns import parse_announcement, txt_record
 from coinf.ble_protocol.messages import (
@@ -76,6 +76,7 @@ from coinf.device.profile import DeviceProfile, ProfileError
 from coinf.device.status import DeviceStatus, decode_status_reply
 from coinf.errors import ErrorCode, ProtocolError
 from coinf.wearable.control import parse_request
+from coinf.wearable.planner.codec_costs import peer_compressors, peer_decoders
 
 #: Decoders whose output is tensors: bounded by the receiver's signature budget, not the input
 #: size (a valid compressed body is meant to expand).
@@ -123,6 +124,9 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
     blob_raw = encode_tensors(t)
     blob_packed = encode_tensors({}, packed=packed)
     hello = gatt.make_hello("model-1234", 247, role="handheld")
+    session_ack = {"bundle": "model-1234", "capabilities": ["raw", "packed", "stages", "tile"],
+                   "compressors": ["c001~g4", "c002~g8"], "decoders": negotiate.decodable(),
+                   "priors": "ab" * 32, "protocol": 2, "role": "handheld"}
     split = encode_request(Request.split("c001", "c003"), blob_raw)
     message = Message(MsgType.REQUEST, 7, split)
     requests = [split, encode_request(Request.route([
@@ -153,6 +157,15 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         assert isinstance(err, ProtocolError)
         return err
 
+    def session_hello(data: bytes) -> Any:
+        """A session HELLO / HELLO_ACK as the wearable reads it: the JSON, then what the peer
+        decodes, its compressors, and each packing fitted to them (codec negotiation)."""
+        ack = decode_json(data)
+        names = peer_decoders(ack, "ab" * 32)
+        comps = peer_compressors(ack)
+        fitted = [negotiate.fit(PackSpec.parse(s), names) for s in ("ans4", "qz4", "jpeg-q90")]
+        return names, comps, fitted, [negotiate.missing(f, names) for f, _ in fitted]
+
     def profile(data: bytes) -> Any:
         try:
             return DeviceProfile.from_bytes(data)
@@ -172,6 +185,9 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
                            bytes([gatt.Ctrl.SYNC]) + arq.sync_body(40)],
                           hello_check),
         "json_hello": ([encode_json(hello)], decode_json),
+        "session_hello": ([encode_json(session_ack), encode_json(
+            {**session_ack, "role": "wearable", "decoders": ["f16", "q", "qz", 7, None]}),
+            encode_json({"bundle": "model-1234", "protocol": 2})], session_hello),
         "status_reply": ([status], decode_status_reply),
         "profile_reply": ([encode_json(DeviceProfile.default("handheld").to_json())], profile),
         "request": (requests, lambda d: decode_tensors(decode_request(d)[1], max_bytes=budget)),

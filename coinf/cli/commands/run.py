@@ -205,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
                 "max_abs_err": err,
                 "match": bool(match),
                 "fallbacks": sum(s.fallback is not None for s in stats),
+                # a packing the handheld does not decode went as the nearest one it does
+                "packing_fallback": stats[-1].packing_fallback,
             })
         stream = None
         if args.stream > 1:

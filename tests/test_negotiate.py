@@ -104,3 +104,14 @@ def test_a_compressor_the_handheld_does_not_list_is_not_planned() -> None:
     assert undecodable("g4+q8", have, cand, frozenset({"c002~g4"})) is None
     assert undecodable("g4+q8", have, cand, None) is None
     assert "no compressor g8 at c002" in str(undecodable("g8", have, cand, frozenset({"c002~g4"})))
+
+
+def test_a_learned_code_goes_as_f32_to_a_peer_without_latent() -> None:
+    from coinf.ble_protocol.negotiate import MANDATORY, fit
+    from coinf.ble_protocol.packing import PackSpec
+
+    spec = PackSpec("latent")
+    out, why = fit(spec, frozenset(MANDATORY))
+    assert str(out) == "f32" and why is not None and "latent sent as f32" in why
+    same, none = fit(spec, frozenset(MANDATORY | {"latent"}))
+    assert same is spec and none is None

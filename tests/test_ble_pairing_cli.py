@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from coinf.ble_protocol.radio import spawn
-from coinf.cli.passkey import write_passkey_file
 
+from coinf.cli.passkey import write_passkey_file
 from tests.ble_servers import TEST_PASSKEY, cli_pairing
 from tests.bundles import make_tiny_bundle
 

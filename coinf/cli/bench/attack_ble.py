@@ -15,7 +15,8 @@ beforehand, and returns::
 * ``results_accepted``: the attacker's replies the wearable took as results (the impostor:
   links the handheld completed with it, the only way its results could be taken);
 * ``lockout_s``: seconds the bonded handheld's connection attempts kept failing, while the
-  attacker was active, before the real wearable served it (0: its first attempt got through).
+  attacker was active, before the real wearable served it (0: its first attempt got through);
+* ``connections`` (extra): connections the attacker made (central) or got (impostor).
 
 Attackers: :func:`unpaired_central`, :func:`legacy_central`, :func:`just_works_central`,
 :func:`impostor_wearable`; :data:`ATTACKERS` lists them.
@@ -211,10 +212,10 @@ async def _handheld_gets_through(host: Any, tally: Tally, target: str = "coinf-w
 
 
 async def _attacking_central(radio: Any, tally: Tally, pairing: dict[str, Any] | None,
-                             rounds: int) -> int:
+                             rounds: int) -> tuple[int, int]:
     """An attacker central on the spare host: connect, pair its way (``pairing``: the
     PairingConfig options; None: no pairing), subscribe, send a HELLO, and read; ``rounds``
-    times. Returns the tensor notifications it received."""
+    times. Returns (tensor notifications it received, connections it made)."""
     from bleak import BleakClient
     from bumble.pairing import PairingConfig, PairingDelegate
 
@@ -222,7 +223,7 @@ async def _attacking_central(radio: Any, tally: Tally, pairing: dict[str, Any] |
     from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, BumbleHost
     from coinf.ble_protocol.messages import PROTOCOL_VERSION
 
-    received = 0
+    received = connected = 0
 
     def on_notify(_char: Any, value: bytearray) -> None:
         nonlocal received
@@ -244,6 +245,7 @@ async def _attacking_central(radio: Any, tally: Tally, pairing: dict[str, Any] |
                                  timeout=5)
             try:
                 await client.connect()
+                connected += 1
                 if pairing is not None:
                     with contextlib.suppress(Exception):
                         await client._backend._connection.pair()  # type: ignore[attr-defined]
@@ -265,13 +267,14 @@ async def _attacking_central(radio: Any, tally: Tally, pairing: dict[str, Any] |
             finally:
                 with contextlib.suppress(Exception):
                     await client.disconnect()
-    return received
+    return received, connected
 
 
-def _row(name: str, tally: Tally, tensors: int, peer: str = ATTACKER) -> dict[str, Any]:
+def _row(name: str, tally: Tally, tensors: int, connections: int,
+         peer: str = ATTACKER) -> dict[str, Any]:
     return {"attacker": name, "served": tally.served.get(peer, 0), "tensors_read": tensors,
             "results_accepted": tally.accepted.get(peer, 0),
-            "lockout_s": round(tally.lockout_s, 3)}
+            "lockout_s": round(tally.lockout_s, 3), "connections": connections}
 
 
 async def _central_attack(name: str, pairing: dict[str, Any] | None, preset: str,
@@ -280,8 +283,8 @@ async def _central_attack(name: str, pairing: dict[str, Any] | None, preset: str
         attack = asyncio.ensure_future(_attacking_central(radio, tally, pairing, rounds))
         await asyncio.sleep(0.3)  # the attacker holds a slot first
         await _handheld_gets_through(host, tally)
-        tensors = await attack
-        return _row(name, tally, tensors)
+        tensors, connections = await attack
+        return _row(name, tally, tensors, connections)
 
 
 async def unpaired_central(preset: str = "ble5-2m", time_scale: float = 0.2,

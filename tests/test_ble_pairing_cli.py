@@ -96,3 +96,22 @@ def test_a_passkey_file_others_can_read_is_refused(tmp_path) -> None:
         timeout=HANG_GUARD_S)
     assert proc.returncode == 2
     assert "chmod 600" in one_error_line(proc.stderr)
+
+
+def test_run_opens_the_pairing_window_for_a_bounded_time_only(tmp_path) -> None:
+    """`coinf run --transport ble --passkey-file`: the window lasts --window-s (default 120 s),
+    never the whole run (it was math.inf); the bond store defaults to the private one."""
+    from coinf.cli import build_parser
+    from coinf.cli.commands.run import ble_options
+
+    bundle = make_tiny_bundle(tmp_path / "tiny")
+    key = write_passkey_file(tmp_path, TEST_PASSKEY)
+    parser = build_parser("run")
+    base = ["run", str(bundle.root), "--transport", "ble", "--hci", "tcp-client:127.0.0.1:1"]
+    options = ble_options(parser.parse_args([*base, "--passkey-file", key]))
+    assert options is not None and options["pairing_window_s"] == 120
+    assert options["passkey"] == TEST_PASSKEY and options["keystore"].endswith("wearable.json")
+    options = ble_options(parser.parse_args([*base, "--passkey-file", key, "--window-s", "30"]))
+    assert options is not None and options["pairing_window_s"] == 30
+    options = ble_options(parser.parse_args(base))
+    assert options is not None and "pairing_window_s" not in options and "passkey" not in options

@@ -259,3 +259,20 @@ def test_passkey_impostor_that_does_not_know_the_passkey_gets_no_hello() -> None
             assert impostor.hellos == 0 and impostor.connections == 2
 
     run(main)
+
+
+def test_the_pairing_window_closes_by_itself_after_its_deadline() -> None:
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio, \
+                wearable(radio.specs[0], passkey=TEST_PASSKEY) as server, \
+                BumbleHost(radio.specs[1], **HANDHELD_PAIRING) as host:
+            server.open_pairing_window(0.5)
+            assert server.pairing_open
+            while server.pairing_open:  # nobody closes it: its deadline does
+                await asyncio.sleep(0.05)
+            async with Central(WEARABLE_ADDR, bundle_identity="b", host=host, timeout=5) as c:
+                with pytest.raises(PairingError) as err:
+                    await c.connect()
+            assert err.value.reason == PairingFailure.WINDOW_CLOSED
+
+    run(main)

@@ -23,12 +23,16 @@ class PeripheralConnector(Connector):
     """The ``ble:HCI`` transport: this wearable's GATT server on one controller. The server is
     started on the first :meth:`connect` and kept (advertising, bonds) until :meth:`aclose`;
     each ``connect`` waits for the next handheld to connect, pair and handshake (``passive``:
-    the handheld reconnects by itself; this side can only wait for it)."""
+    the handheld reconnects by itself; this side can only wait for it).
+
+    Until a first link is made, ``pairing_failures`` (default 1) failed pairings end the wait
+    with :class:`~coinf.errors.PairingError` (a run whose handheld cannot pair fails at once,
+    not after ``timeout``); once linked, nobody's failed pairing ends a wait."""
 
     passive = True
 
     def __init__(self, hci_spec: str, *, bundle: Any = None, bundle_identity: str | None = None,
-                 **options: Any) -> None:
+                 pairing_failures: int | None = 1, **options: Any) -> None:
         if not hci_spec:
             raise InputError("transport 'ble:' needs an HCI transport: ble:hci-socket:0, "
                              "ble:usb:0 or ble:tcp-client:HOST:PORT (coinf radio)")
@@ -49,6 +53,8 @@ class PeripheralConnector(Connector):
                                        **options)
         self.server = self._make()
         self._started = self._ever_started = False
+        self.pairing_failures = pairing_failures
+        self._linked = False
 
     async def connect(self, timeout: float) -> Link:
         if self._started and self.server.transport_lost:
@@ -65,7 +71,10 @@ class PeripheralConnector(Connector):
                 raise LinkClosed(str(exc)) from None
             self._started = self._ever_started = True
         try:
-            return await self.server.accept(timeout)
+            link = await self.server.accept(
+                timeout, pairing_failures=None if self._linked else self.pairing_failures)
+            self._linked = True
+            return link
         except ProtocolError as exc:
             if exc.code == ErrorCode.TIMEOUT:
                 raise LinkClosed(f"no handheld connected within {timeout:.0f} s ({self.hint})"

@@ -16,7 +16,10 @@ encrypted with it; otherwise the host pairs with LE Secure Connections and MITM 
 typing the passkey the wearable displays (a keyboard-only device): ``passkey=`` gives it (a
 number, for tests and scripts, or an async callable asked at pairing time, e.g. a prompt).
 Keys that are not authenticated SC keys (a peer that forced Just Works or legacy pairing) are
-discarded and the pairing fails.
+discarded and the pairing fails. Every pairing failure is a :class:`BumblePairingError` whose
+``pairing_failure`` says why (:class:`~coinf.errors.PairingFailure`); keys are never logged.
+:meth:`BumbleHost.bonded_peers` lists the identities (address, IRK) of the strong bonds, which a
+:class:`~coinf.ble_protocol.central.Central` reconnects to instead of any device of that name.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,15 +38,19 @@ from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData, BaseBleakScanner
 from bleak.backends.service import BleakGATTService, BleakGATTServiceCollection
 from bleak.exc import BleakError
-from bumble import hci
+from bumble import hci, smp
 from bumble.att import ATT_Error
 from bumble.core import AdvertisingData
+from bumble.core import ProtocolError as BumbleProtocolError
 from bumble.device import Connection, Device, Peer
 from bumble.keys import PairingKeys
 from bumble.pairing import PairingConfig, PairingDelegate
 from bumble.transport import open_transport
+from coinf.ble_protocol.bleak_errors import PAIRING_HINTS, smp_failure
 from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.tasks import TaskSet
+
+from coinf.errors import PairingFailure
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +66,39 @@ def _strong(keys: PairingKeys | None) -> bool:
     return keys is not None and keys.ltk is not None and bool(keys.ltk.authenticated)
 
 
+class BumblePairingError(BleakError):
+    """A pairing that failed, with why (``pairing_failure``, a
+    :class:`~coinf.errors.PairingFailure`), the SMP reason byte if the peer or this side sent
+    one (``smp_code``) and the peer's address (``peer``)."""
+
+    def __init__(self, reason: PairingFailure, text: str, *, peer: str,
+                 smp_code: int | None = None) -> None:
+        super().__init__(f"pairing with {peer} failed: {text}")
+        self.pairing_failure = reason
+        self.smp_code = smp_code
+        self.peer = peer
+
+
 class _KeyboardDelegate(PairingDelegate):
     """The handheld types the wearable's passkey (KEYBOARD_ONLY: passkey entry, never Just
-    Works against a display)."""
+    Works against a display). ``asked_without`` records that a passkey was asked and none
+    was given (the failure is then NO_PASSKEY, not a wrong passkey)."""
 
     def __init__(self, passkey: Passkey) -> None:
         super().__init__(PairingDelegate.IoCapability.KEYBOARD_INPUT_ONLY)
         self.passkey = passkey
+        self.asked_without = False
 
     async def get_number(self) -> int | None:
         if self.passkey is None:
             log.warning("the wearable asks for a passkey and none was given (passkey=)")
+            self.asked_without = True
             return None
         if isinstance(self.passkey, int):
             return self.passkey
         value = await self.passkey()
-        if value is not None and not 0 <= int(value) <= 999_999:
+        if value is None or not 0 <= int(value) <= 999_999:
+            self.asked_without = value is None
             return None
         return value
 
@@ -118,6 +143,8 @@ class BumbleHost:
         self._closed = False
         self._tasks = TaskSet()
         self._opening = asyncio.Lock()
+        self._delegates: weakref.WeakKeyDictionary[Connection, _KeyboardDelegate] = (
+            weakref.WeakKeyDictionary())
 
     @property
     def device(self) -> Device:
@@ -156,13 +183,7 @@ class BumbleHost:
                 transport.sink,
             )
             device.keystore = open_bond_store(self.keystore)
-            device.pairing_config_factory = lambda _c: PairingConfig(
-                sc=True,
-                mitm=True,
-                bonding=True,
-                identity_address_type=PairingConfig.AddressType.RANDOM,
-                delegate=_KeyboardDelegate(self.passkey),
-            )
+            device.pairing_config_factory = self._pairing_config
             try:
                 async with asyncio.timeout(self.timeout):
                     await device.power_on()  # HCI reset, then the controller's features
@@ -176,6 +197,27 @@ class BumbleHost:
             raise
         self._device, self._transport = device, transport
         return self
+
+    def _pairing_config(self, connection: Connection) -> PairingConfig:
+        delegate = _KeyboardDelegate(self.passkey)
+        self._delegates[connection] = delegate
+        return PairingConfig(sc=True, mitm=True, bonding=True,
+                             identity_address_type=PairingConfig.AddressType.RANDOM,
+                             delegate=delegate)
+
+    def asked_without_passkey(self, connection: Connection) -> bool:
+        """Whether the last pairing on ``connection`` asked for a passkey none was given for."""
+        delegate = self._delegates.get(connection)
+        return delegate is not None and delegate.asked_without
+
+    async def bonded_peers(self) -> list[tuple[str, bytes | None]]:
+        """The strong bonds in the store: (identity address, IRK or None) of each peer that
+        paired with LE Secure Connections and MITM protection. Never logged."""
+        keystore = self.device.keystore
+        if keystore is None:
+            return []
+        return [(str(address), keys.irk.value if keys.irk is not None else None)
+                for address, keys in await keystore.get_all() if _strong(keys)]
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as a task of this host (cancelled on :meth:`close`)."""
@@ -293,28 +335,30 @@ class BumbleBleakClient(BaseBleakClient):
 
         conn.on("disconnection", on_disconnection)
         try:
-            await self._guard(self._setup(conn, pair), lost)
+            if pair:  # pair() bounds the pairing itself (TIMEOUT); the guard sees a drop
+                await self._guard(self.pair(), lost, self._timeout + 1.0)
+            await self._guard(self._setup(conn), lost)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.disconnect(), 2.0)
             raise
 
-    async def _setup(self, conn: Connection, pair: bool) -> None:
-        if pair:
-            await self.pair()
+    async def _setup(self, conn: Connection) -> None:
         self._peer = Peer(conn)
         with contextlib.suppress(Exception):
             await self._peer.request_mtu(self._want_mtu)
         await self._discover()
 
-    async def _guard(self, coro: Any, lost: asyncio.Future[None]) -> None:
+    async def _guard(self, coro: Any, lost: asyncio.Future[None],
+                     timeout: float | None = None) -> None:
         """Run ``coro`` but fail at once if the link drops or ``timeout`` passes (bumble's
         pairing and GATT requests would otherwise wait for their own long timeouts). The work
         is cancelled (and awaited) whenever this returns early or is cancelled."""
         task = asyncio.ensure_future(coro)
         try:
             done, _ = await asyncio.wait(
-                {task, lost}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+                {task, lost}, timeout=timeout or self._timeout,
+                return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             if not task.done():
@@ -367,32 +411,57 @@ class BumbleBleakClient(BaseBleakClient):
                 await asyncio.wait_for(conn.disconnect(), 5.0)
 
     async def pair(self, *args: Any, **kwargs: Any) -> None:
-        """Encrypt with the stored bond if there is an LE SC one, else pair (passkey entry)."""
+        """Encrypt with the stored bond if there is an LE SC one, else pair (passkey entry).
+        A failure is a :class:`BumblePairingError` that says why; the pairing itself is bounded
+        by the client's timeout (then ``TIMEOUT``)."""
         conn = self._connection
         if conn is None:
             raise BleakError("not connected")
         keystore = conn.device.keystore
         address = str(conn.peer_address)
+        refused_bond = False
         if keystore is not None and _strong(await keystore.get(address)):
             try:
                 await conn.encrypt()
                 return
             except Exception as exc:
                 if self._connection is not conn:
-                    raise BleakError(f"encryption with the stored bond failed: {exc}") from None
-                log.info("the stored bond with %s was refused (%s); pairing again", address, exc)
+                    raise BumblePairingError(
+                        PairingFailure.BOND_LOST, "the peer refused the stored bond and "
+                        "disconnected", peer=address) from None
+                log.info("the stored bond with %s was refused (%s); pairing again", address,
+                         type(exc).__name__)
+                refused_bond = True
         made: list[PairingKeys] = []
         conn.once("pairing", made.append)
         try:
-            await conn.pair()
+            async with asyncio.timeout(self._timeout):
+                await conn.pair()
+        except TimeoutError:
+            raise BumblePairingError(PairingFailure.TIMEOUT, f"no result within "
+                                     f"{self._timeout:g} s", peer=address) from None
+        except BumbleProtocolError as exc:
+            code = exc.error_code if exc.error_namespace == "smp" else None
+            reason = smp_failure(code)
+            if self._host.asked_without_passkey(conn):
+                reason = PairingFailure.NO_PASSKEY
+            elif refused_bond and reason == PairingFailure.WINDOW_CLOSED:
+                reason = PairingFailure.BOND_LOST
+            name = (smp.ErrorCode(code).name if code is not None
+                    and code in smp.ErrorCode._value2member_map_ else str(code))
+            raise BumblePairingError(reason, f"{PAIRING_HINTS[reason]} (SMP {name})",
+                                     peer=address, smp_code=code) from None
         except Exception as exc:
-            raise BleakError(f"pairing failed: {exc}") from None
+            raise BumblePairingError(PairingFailure.OTHER, f"{type(exc).__name__}: {exc}",
+                                     peer=address) from None
         if not (made and _strong(made[0])):
             if keystore is not None:
                 with contextlib.suppress(Exception):
                     await keystore.delete(str(conn.peer_address))
-            raise BleakError("pairing refused: the peer did not pair with LE Secure Connections "
-                             "and passkey entry (no MITM protection)")
+            raise BumblePairingError(
+                PairingFailure.UNAUTHENTICATED_PEER, "the peer did not pair with LE Secure "
+                "Connections and passkey entry (no MITM protection): "
+                + PAIRING_HINTS[PairingFailure.UNAUTHENTICATED_PEER], peer=address)
 
     async def unpair(self) -> None:
         if self._connection is not None and self._connection.device.keystore is not None:

@@ -22,6 +22,14 @@ bumble host (``hci="tcp-client:..."``, which the central opens and closes, or ``
 * A wearable that is not there (yet) is retried; a local adapter or stack that cannot be used
   at all (no adapter, no BlueZ on the D-Bus system bus, an HCI transport that does not open) is
   :class:`~coinf.errors.AdapterError` at once (:func:`adapter_fault`).
+* A failed pairing is classified (:func:`~coinf.ble_protocol.bleak_errors.pairing_failure`) and
+  ends in :class:`~coinf.errors.PairingError`: at once when retrying cannot help
+  (:data:`FINAL_PAIRING_FAILURES`), else after ``pairing_attempts`` failed pairings in a row.
+* Mutual authentication (bumble host): a peer whose pairing gives no MITM protection is refused
+  before any GATT write; once the host holds a strong bond, a name or ``None`` target is looked
+  for among the bonded identities only (the identity address, or a resolvable private address
+  that a bonded IRK resolves), so an impostor advertising the wearable's name is never
+  connected to.
 """
 
 from __future__ import annotations
@@ -36,14 +44,18 @@ from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol import gatt
 from coinf.ble_protocol.acl_pacing import MAX_QUEUED_PACKETS, AclPacer
-from coinf.ble_protocol.bleak_errors import adapter_fault, classify_bleak_error
+from coinf.ble_protocol.bleak_errors import (
+    adapter_fault,
+    classify_bleak_error,
+    pairing_failure,
+)
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import Listener
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
 from coinf.ble_protocol.tasks import TaskSet
 
-from coinf.errors import AdapterError, InputError
+from coinf.errors import AdapterError, InputError, PairingError, PairingFailure
 
 if TYPE_CHECKING:
     from coinf.ble_protocol.bleak_bumble import BumbleHost
@@ -56,8 +68,20 @@ _MAC = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$|^[0-9A-Fa-f-]{36}$")
 FATAL_CODES = frozenset({
     ErrorCode.BAD_VERSION,
     ErrorCode.BUNDLE_MISMATCH,
-    ErrorCode.INSUFFICIENT_ENCRYPTION,
+    ErrorCode.INSUFFICIENT_ENCRYPTION,  # PairingError too
 })
+
+#: Pairing failures that no retry mends (the user must act): the central stops at the first.
+FINAL_PAIRING_FAILURES = frozenset({
+    PairingFailure.WINDOW_CLOSED,
+    PairingFailure.WEAK,
+    PairingFailure.UNAUTHENTICATED_PEER,
+    PairingFailure.NO_PASSKEY,
+    PairingFailure.BOND_LOST,
+    PairingFailure.REPEATED_ATTEMPTS,
+})
+#: Failed pairings in a row after which any other failure (a wrong passkey, a timeout) is final
+PAIRING_ATTEMPTS = 3
 
 
 class Central:
@@ -72,7 +96,9 @@ class Central:
     ``keystore`` configure the host opened for ``hci``, and ``passkey`` (the wearable's passkey,
     a number or an async callable; see :mod:`~coinf.ble_protocol.bleak_bumble`). Extra keyword
     arguments go to the bleak backend. Connection attempts are retried ``attempts`` times with
-    exponential backoff; handshake errors are not retried.
+    exponential backoff; handshake errors are not retried; a pairing failure is final at once
+    (:data:`FINAL_PAIRING_FAILURES`) or after ``pairing_attempts`` in a row
+    (:class:`~coinf.errors.PairingError`).
     """
 
     def __init__(
@@ -89,6 +115,7 @@ class Central:
         scanner_backend: Any = None,
         timeout: float = 20.0,
         attempts: int = 3,
+        pairing_attempts: int = PAIRING_ATTEMPTS,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         pair: bool = True,
@@ -118,6 +145,8 @@ class Central:
         self.scanner_backend = scanner_backend
         self.timeout = timeout
         self.attempts = max(1, attempts)
+        self.pairing_attempts = max(1, pairing_attempts)
+        self._pairing_failures = 0  # failed pairings in a row, over connect() calls
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.pair = pair
@@ -223,7 +252,8 @@ class Central:
             client = None
             try:
                 if self.target is None or not _MAC.match(self.target):
-                    target = await _find(self.target, scanner, self.timeout, kwargs)
+                    bonds = await self.host.bonded_peers() if self.host is not None else []
+                    target = await _find(self.target, scanner, self.timeout, kwargs, bonds)
                 link_box: list[GattLink] = []
                 client = BleakClient(
                     target,
@@ -246,6 +276,10 @@ class Central:
             except LinkClosed as exc:
                 last = exc
             except Exception as exc:  # bleak raises BleakError, TimeoutError, OSError...
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(client.disconnect(), 5.0)
+                self._pairing_failed(exc, target)
                 fault = adapter_fault(exc) if self.host is None else None
                 if fault is not None:  # retrying cannot help: say so once
                     raise AdapterError(
@@ -272,8 +306,25 @@ class Central:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.disconnect(), 5.0)
             raise
+        self._pairing_failures = 0
         self._links.add(link)
         return link
+
+    def _pairing_failed(self, exc: BaseException, target: Any) -> None:
+        """Count a failed pairing; raise :class:`PairingError` when it is final. Other
+        failures return (the caller retries them)."""
+        reason = pairing_failure(exc)
+        if reason is None:
+            return
+        self._pairing_failures += 1
+        peer = getattr(exc, "peer", None) or str(getattr(target, "address", target))
+        log.warning("pairing with %s failed (%s), %d in a row", peer, reason.value,
+                    self._pairing_failures)
+        if reason in FINAL_PAIRING_FAILURES or self._pairing_failures >= self.pairing_attempts:
+            attempts, self._pairing_failures = self._pairing_failures, 0
+            raise PairingError(reason, f"{exc} (after {attempts} attempt(s))", peer=peer,
+                               attempts=attempts, smp_code=getattr(exc, "smp_code", None)
+                               ) from None
 
     async def serve_with_reconnect(
         self,
@@ -331,11 +382,50 @@ async def _unless(stop: asyncio.Event, aw: Awaitable[Any]) -> Any:
     return work.result() if work in done else None
 
 
+def _bonded_match(bonds: list[tuple[str, bytes | None]]) -> Callable[[Any], bool]:
+    """Whether a scanned device is one of ``bonds`` (identity address, IRK): its address is
+    the identity address, or a resolvable private address that the IRK resolves."""
+    from bumble import hci, smp
+
+    identities = {address.upper() for address, _ in bonds}
+    resolver = smp.AddressResolver([(irk, hci.Address(address)) for address, irk in bonds
+                                    if irk is not None])
+
+    def match(device: Any) -> bool:
+        if str(device.address).upper() in identities:
+            return True
+        adv = device.details
+        address = getattr(adv, "address", None)
+        if isinstance(address, hci.Address) and address.is_resolvable:
+            return resolver.resolve(address) is not None
+        return False
+
+    return match
+
+
 async def _find(
-    address_or_name: str | None, scanner_backend: Any, timeout: float, kwargs: dict[str, Any]
+    address_or_name: str | None, scanner_backend: Any, timeout: float, kwargs: dict[str, Any],
+    bonds: list[tuple[str, bytes | None]] | None = None,
 ) -> Any:
+    """The device to connect to: one advertising ``address_or_name`` (a name) or the coinf
+    service (None); with ``bonds``, only a bonded identity (see :func:`_bonded_match`)."""
     from bleak import BleakScanner
 
+    if bonds:
+        bonded = _bonded_match(bonds)
+        found = await BleakScanner.find_device_by_filter(
+            lambda d, ad: bonded(d) and (
+                ad.local_name == address_or_name if address_or_name is not None
+                else gatt.SERVICE_UUID in [u.lower() for u in ad.service_uuids]),
+            timeout=timeout,
+            backend=scanner_backend,
+            **kwargs,
+        )
+        if found is None:
+            what = repr(address_or_name) if address_or_name else "the coinf service"
+            raise LinkClosed(f"scan found no bonded device advertising {what} within "
+                             f"{timeout:.0f} s ({len(bonds)} bond(s) in the store)")
+        return found
     if address_or_name is None:
         found = await BleakScanner.find_device_by_filter(
             lambda _d, ad: gatt.SERVICE_UUID in [u.lower() for u in ad.service_uuids],
@@ -558,4 +648,5 @@ class CentralListener(Listener):
         await self.central.aclose()
 
 
-__all__ = ["FATAL_CODES", "Central", "CentralListener", "adapter_fault", "classify_bleak_error"]
+__all__ = ["FATAL_CODES", "FINAL_PAIRING_FAILURES", "PAIRING_ATTEMPTS", "Central",
+           "CentralListener", "adapter_fault", "classify_bleak_error"]

@@ -59,7 +59,7 @@ from coinf.ble_protocol.peripheral_security import (
 from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey
 from coinf.ble_protocol.tasks import TaskSet
 
-from coinf.errors import AdapterError, InputError
+from coinf.errors import AdapterError, InputError, PairingError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class WearableServer(ServerSecurity):
     ``handshake_timeout`` drops a central that has not sent its HELLO in time, and
     ``pairing_timeout`` one whose pairing takes longer;
     ``keystore``: the bond store (a JSON file kept 0600 in a 0700 directory; default memory).
+    ``pairing_only``: a server that only bonds (``coinf wearable pair``): a bonded handheld's
+    HELLO is answered with ERROR BUSY ("pairing only"), which the handheld retries later.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class WearableServer(ServerSecurity):
         display_passkey: Callable[[str, int], None] | None = None,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         pairing_timeout: float = PAIRING_TIMEOUT,
+        pairing_only: bool = False,
     ) -> None:
         if not handshake_timeout > 0:
             raise InputError(f"handshake_timeout must be > 0 s, not {handshake_timeout!r}")
@@ -112,7 +115,10 @@ class WearableServer(ServerSecurity):
         self.display_passkey = display_passkey
         self.handshake_timeout = handshake_timeout
         self.pairing_timeout = pairing_timeout
+        self.pairing_only = pairing_only
         self._bonded_addresses: set[str] = set()
+        self._pairing_failures = 0
+        self._failure_bound: int | None = None
         self.admission = Admission()
         self._pairing_until = 0.0  # time.monotonic() until which new bonds are accepted
         self._peers: dict[Connection, _PeerState] = {}
@@ -366,6 +372,9 @@ class WearableServer(ServerSecurity):
             kind, body = gatt.parse_ctrl(bytes(value))
             if kind != Ctrl.HELLO:
                 raise ProtocolError(ErrorCode.MALFORMED, f"expected HELLO, got {kind.name}")
+            if self.pairing_only:
+                raise ProtocolError(ErrorCode.BUSY, "pairing only (`coinf wearable pair`): "
+                                    "this wearable serves once `coinf wearable` runs")
             mtu, peer_window, peer_max = check_hello(
                 body, self.bundle_identity, self.protocol_version
             )
@@ -445,7 +454,8 @@ class WearableServer(ServerSecurity):
                 await asyncio.wait_for(connection.disconnect(), CONTROLLER_TIMEOUT)
 
         self._spawn(tell_and_drop())
-        self._accepted.put_nowait(exc)
+        if not self.pairing_only:  # nobody accepts links from a pairing-only server
+            self._accepted.put_nowait(exc)
 
     @property
     def transport_lost(self) -> bool:
@@ -454,9 +464,25 @@ class WearableServer(ServerSecurity):
         terminated = getattr(getattr(self._transport, "source", None), "terminated", None)
         return terminated is not None and terminated.done()
 
-    async def accept(self, timeout: float | None = None) -> Link:
+    async def accept(self, timeout: float | None = None, *,
+                     pairing_failures: int | None = None) -> Link:
         """Wait for a handheld to connect, pair, subscribe and complete the handshake. Raises
-        :class:`LinkClosed` at once if the HCI transport is lost meanwhile."""
+        :class:`LinkClosed` at once if the HCI transport is lost meanwhile; with
+        ``pairing_failures=N``, :class:`~coinf.errors.PairingError` once N pairings (of any
+        central) have failed during this wait (a run whose handheld cannot pair ends, instead
+        of waiting out ``timeout``)."""
+        self._pairing_failures = 0
+        self._failure_bound = pairing_failures
+        kept = [self._accepted.get_nowait() for _ in range(self._accepted.qsize())]
+        for item in kept:  # a bound of an earlier wait that was reached as it ended
+            if not isinstance(item, PairingError):
+                self._accepted.put_nowait(item)
+        try:
+            return await self._accept(timeout)
+        finally:
+            self._failure_bound = None
+
+    async def _accept(self, timeout: float | None) -> Link:
         getter = asyncio.ensure_future(self._accepted.get())
         waits: set[asyncio.Future[Any]] = {getter}
         terminated = getattr(getattr(self._transport, "source", None), "terminated", None)

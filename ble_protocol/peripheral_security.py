@@ -25,9 +25,10 @@ from bumble.gatt import (
 )
 from bumble.keys import PairingKeys
 from bumble.pairing import PairingDelegate
+from coinf.ble_protocol.bleak_errors import PAIRING_HINTS, smp_failure
 from coinf.ble_protocol.smp_policy import strong_keys
 
-from coinf.errors import InputError
+from coinf.errors import InputError, PairingError
 
 log = logging.getLogger("coinf.ble_protocol.peripheral")
 
@@ -90,6 +91,10 @@ class ServerSecurity:
     #: identity addresses holding a strong bond (the slot kept for a bonded handheld)
     _bonded_addresses: set[str]
     _spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+    _accepted: asyncio.Queue[Any]
+    #: failed pairings since the running accept() began, and its bound (None: no bound)
+    _pairing_failures: int
+    _failure_bound: int | None
 
     async def _load_bonds(self) -> None:
         """The addresses of the strong bonds in the keystore (at start)."""
@@ -164,6 +169,7 @@ class ServerSecurity:
             except ValueError:
                 why = str(reason)
             log.warning("pairing with %s failed: %s", connection.peer_address, why)
+            self._pairing_failed(str(connection.peer_address), reason)
 
         def on_encryption_change() -> None:
             if state.pairing is None or state.pairing.done():
@@ -173,6 +179,19 @@ class ServerSecurity:
         connection.on(connection.EVENT_PAIRING, on_pairing)
         connection.on(connection.EVENT_PAIRING_FAILURE, on_pairing_failure)
         connection.on(connection.EVENT_CONNECTION_ENCRYPTION_CHANGE, on_encryption_change)
+
+    def _pairing_failed(self, address: str, reason: int) -> None:
+        """A pairing failed: count it; at the bound of the running :meth:`accept`
+        (``pairing_failures=``) that accept fails with :class:`PairingError`."""
+        self._pairing_failures += 1
+        bound = self._failure_bound
+        if bound is not None and self._pairing_failures >= bound:
+            failure = smp_failure(reason)
+            self._accepted.put_nowait(PairingError(
+                failure, f"{self._pairing_failures} failed pairing(s), the last with {address} "
+                f"(SMP {reason:#04x}: {PAIRING_HINTS[failure]})", peer=address,
+                attempts=self._pairing_failures, smp_code=reason))
+            self._failure_bound = None
 
     async def _forget_and_drop(self, connection: Connection) -> None:
         self._bonded_addresses.discard(str(connection.peer_address))

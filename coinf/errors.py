@@ -13,6 +13,7 @@
         │                    later (and finishing the inference locally now) is right
         └── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
             ├── LinkClosed   the peer went away (DISCONNECTED)
+            ├── PairingError BLE pairing failed for good (``reason``: a PairingFailure)
             └── PeerResultError  a result that does not match the model's outputs
 
 Exit codes belong to the command line (``coinf.cli``), not to these classes.
@@ -20,7 +21,7 @@ Exit codes belong to the command line (``coinf.cli``), not to these classes.
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 
 class CoinfError(Exception):
@@ -130,6 +131,44 @@ class LinkClosed(ProtocolError):
         super().__init__(ErrorCode.DISCONNECTED, text)
 
 
+class PairingFailure(StrEnum):
+    """Why a BLE pairing failed (docs/PROTOCOL.md §2, "Pairing failures"), from the SMP
+    ``Pairing Failed`` reason or what this side saw."""
+
+    WRONG_PASSKEY = "wrong_passkey"  # SMP 0x04 Confirm Value Failed (or 0x01 Passkey Entry Failed)
+    WINDOW_CLOSED = "window_closed"  # SMP 0x05 Pairing Not Supported: the wearable's window is shut
+    WEAK = "weak"  # SMP 0x03 Authentication Requirements: legacy / Just Works / short key refused
+    UNAUTHENTICATED_PEER = "unauthenticated_peer"  # the peer's pairing gave no MITM protection
+    TIMEOUT = "timeout"  # the pairing did not complete within its deadline
+    REPEATED_ATTEMPTS = "repeated_attempts"  # SMP 0x09, or this side's own bound was reached
+    NO_PASSKEY = "no_passkey"  # a passkey was asked and none was given
+    BOND_LOST = "bond_lost"  # the peer refused our stored key (it forgot the bond)
+    OTHER = "other"  # any other SMP reason (``smp_code`` says which)
+
+
+class PairingError(ProtocolError):
+    """BLE pairing failed and retrying will not mend it: the user must act (type the right
+    passkey, open the wearable's pairing window, remove an impostor...). Not transient.
+
+    ``reason`` (:class:`PairingFailure`), ``peer`` (the address, if known), ``attempts`` (the
+    pairings tried before giving up) and ``smp_code`` (the SMP reason byte, if one came)."""
+
+    def __init__(self, reason: PairingFailure, text: str, *, peer: str | None = None,
+                 attempts: int = 1, smp_code: int | None = None) -> None:
+        super().__init__(ErrorCode.INSUFFICIENT_ENCRYPTION, text)
+        self.reason = reason
+        self.peer = peer
+        self.attempts = attempts
+        self.smp_code = smp_code
+
+    def __str__(self) -> str:
+        return f"pairing failed ({self.reason.value}): {self.text}"
+
+    @property
+    def transient(self) -> bool:
+        return False
+
+
 class PeerResultError(ProtocolError):
     """A peer's result does not match the model's output signature (names, dtypes, shapes,
     finite values). Transient: the inference is finished locally and the peer retried later."""
@@ -153,6 +192,8 @@ __all__ = [
     "LinkError",
     "MissingDependency",
     "ModelError",
+    "PairingError",
+    "PairingFailure",
     "PeerResultError",
     "ProtocolError",
     "RemoteError",

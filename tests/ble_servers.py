@@ -18,6 +18,19 @@ HANDHELD_PAIRING: dict[str, Any] = {"passkey": TEST_PASSKEY}
 _started: list[WearableServer] = []
 
 
+def cli_pairing(tmp: Any, role: str) -> list[str]:
+    """The command-line spelling of the test path of pairing for ``role`` (a ``coinf handheld``
+    or ``coinf run`` process): the test passkey in a 0600 file, and a bond store in ``tmp``."""
+    import os
+
+    from coinf.cli.passkey import write_passkey_file
+
+    directory = os.path.join(os.fspath(tmp), f"pairing-{role}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return ["--passkey-file", write_passkey_file(directory, TEST_PASSKEY),
+            "--keystore", os.path.join(directory, "bonds", f"{role}.json")]
+
+
 async def accept_link(spec: str, *, bundle_identity: str, timeout: float | None = None,
                       **options: Any) -> Link:
     options = {**WEARABLE_PAIRING, **options}

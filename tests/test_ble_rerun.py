@@ -10,7 +10,7 @@ import time
 
 from coinf.ble_protocol.radio import spawn
 
-from tests.ble_servers import TEST_PASSKEY
+from tests.ble_servers import cli_pairing
 from tests.bundles import make_tiny_bundle
 
 
@@ -23,7 +23,7 @@ def test_a_second_run_right_after_the_first_connects(tmp_path) -> None:
     wspec, hspec, stop_radio = spawn("pi-zero-2w", overrides=["time_scale=0.5"])
     handheld = subprocess.Popen(
         coinf("handheld", "--bundle", str(bundle.root), "--transport", "ble", "--hci", hspec,
-              "--passkey", str(TEST_PASSKEY)),
+              *cli_pairing(tmp_path, "handheld")),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -32,7 +32,8 @@ def test_a_second_run_right_after_the_first_connects(tmp_path) -> None:
         for attempt in range(3):
             run = subprocess.run(
                 coinf("run", str(bundle.root), "--split", "c001", "--transport", "ble",
-                      "--hci", wspec, "--json", "--repeat", "1", "--passkey", str(TEST_PASSKEY)),
+                      "--hci", wspec, "--json", "--repeat", "1",
+                      *cli_pairing(tmp_path, "wearable")),
                 capture_output=True, text=True, timeout=180,  # hang guard only
             )
             assert run.returncode == 0, f"run {attempt}: {run.stderr[-800:]}"

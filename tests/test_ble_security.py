@@ -32,7 +32,7 @@ from coinf.ble_protocol.messages import ProtocolError
 from coinf.ble_protocol.peripheral import WearableServer
 from coinf.ble_protocol.radio import EmulatedRadio, spawn
 
-from coinf.errors import InputError
+from coinf.errors import InputError, PairingFailure
 from tests.ble_servers import HANDHELD_PAIRING, TEST_PASSKEY, WEARABLE_PAIRING
 
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
@@ -128,8 +128,9 @@ def test_wrong_passkey_is_refused() -> None:
         ) as server:
             async with BumbleHost(radio.specs[1], passkey=TEST_PASSKEY + 1) as host:
                 client = await bare_client(host)
-                with pytest.raises(BleakError, match="pairing failed"):
+                with pytest.raises(BleakError) as err:
                     await client.pair()
+                assert err.value.pairing_failure == PairingFailure.WRONG_PASSKEY  # type: ignore[attr-defined]
                 await client.disconnect()
             assert await stored(server) == []
 

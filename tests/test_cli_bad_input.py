@@ -51,7 +51,12 @@ CASES = [
     ("handheld --bundle {B} --slowdown inf", 2, "--slowdown"),
     ("handheld --bundle {B} --listen tcp:127.0.0.1:99999", 2, "--listen"),
     ("handheld --bundle {B} --lru 0", 2, "--lru"),
-    ("handheld --bundle {B} --passkey 1000000", 2, "--passkey"),
+    ("handheld --bundle {B} --passkey 1000000", 2, "--passkey-file"),
+    ("handheld --bundle {B} --passkey 123456", 2, "--passkey-file"),  # never in argv
+    ("run {B} --transport ble --hci tcp-client:127.0.0.1:1 --passkey 123456", 2,
+     "--passkey-stdin"),
+    ("wearable pair --hci tcp-client:127.0.0.1:1 --passkey 123456", 2, "--passkey-file"),
+    ("handheld pair --passkey 123456", 2, "--passkey-file"),
     ("handheld --bundle {B} --profile {MISSING}", 2, "--profile"),
     ("handheld --bundle {B} --profile {DIR}", 2, "--profile"),
     ("handheld --bundle {B} --listen unix:{JUNK}/sock", 2, "--listen"),

@@ -158,13 +158,14 @@ def test_a_frozen_handheld_is_dropped_and_offloading_comes_back_by_itself(tmp_pa
     is offloading again without being asked."""
     from coinf.ble_protocol.radio import spawn
 
-    from tests.ble_servers import TEST_PASSKEY, WEARABLE_PAIRING
+    from tests.ble_servers import WEARABLE_PAIRING, cli_pairing
     from tests.procs import handheld_daemon
 
     bundle = make_tiny_bundle(tmp_path / "b")
     wspec, hspec, stop = spawn("ble5-2m", overrides=["time_scale=0.5"])
     try:
-        with handheld_daemon(bundle.root, f"ble:{hspec}", "--passkey", str(TEST_PASSKEY)) as proc:
+        with handheld_daemon(bundle.root, f"ble:{hspec}",
+                             *cli_pairing(tmp_path, "handheld")) as proc:
 
             async def main() -> None:
                 link = LinkOptions(transport=f"ble:{wspec}", transport_options=WEARABLE_PAIRING)

@@ -21,7 +21,7 @@ from coinf.convert.split import split_model
 from coinf.wearable.pipeline import PipelineSession, load_helpers
 
 from coinf.errors import InputError
-from tests.ble_servers import TEST_PASSKEY, WEARABLE_PAIRING
+from tests.ble_servers import WEARABLE_PAIRING, cli_pairing
 from tests.procs import handheld_daemon
 from tests.test_pipeline_run import frames, reference
 from tests.test_pipeline_slices import LENET
@@ -57,7 +57,7 @@ def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess
         def h1() -> subprocess.Popen:
             return stack.enter_context(handheld_daemon(
                 bundle.root, f"ble:{hspec}", *common, "--name", "h1",
-                "--passkey", str(TEST_PASSKEY)))
+                *cli_pairing(tmp, "handheld")))
 
         procs: dict[str, Any] = {"h1": h1(), "h2": stack.enter_context(handheld_daemon(
             bundle.root, json.loads(config.read_text())["helpers"][1]["address"], *common,

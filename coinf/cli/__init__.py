@@ -1,8 +1,10 @@
 """The ``coinf`` command line. Nothing in the library imports this package.
 
 Errors print one line, never a traceback: a user's mistake (:class:`~coinf.errors.UserError`)
-exits 2, a failed link or peer (:class:`~coinf.errors.LinkError`) exits 3, any other
-:class:`~coinf.errors.CoinfError` exits 1. Bugs keep their traceback. Exit codes live here only.
+exits 2, a failed link or peer (:class:`~coinf.errors.LinkError`) exits 3, a BLE pairing that
+failed for good (:class:`~coinf.errors.PairingError`: wrong passkey, window closed, impostor...)
+exits 4, any other :class:`~coinf.errors.CoinfError` exits 1; an interrupt exits 130. Bugs keep
+their traceback. Exit codes live here only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, NoReturn
 from coinf import __version__
 from coinf.cli.commands import COMMANDS
 from coinf.deps import EXTRA_OF, left_out, missing_message
-from coinf.errors import CoinfError, LinkError, MissingDependency, UserError
+from coinf.errors import CoinfError, LinkError, MissingDependency, PairingError, UserError
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,6 +92,7 @@ def _missing(message: str) -> Callable[[argparse.Namespace], int]:
 
 EXIT_USER = 2  # the user's input is wrong
 EXIT_LINK = 3  # the link or the peer failed
+EXIT_PAIRING = 4  # BLE pairing failed for good (PairingError): the user must act
 EXIT_OTHER = 1
 
 
@@ -97,6 +100,8 @@ def exit_code(exc: CoinfError) -> int:
     """The process exit code for an error that reached the command line."""
     if isinstance(exc, UserError):
         return EXIT_USER
+    if isinstance(exc, PairingError):
+        return EXIT_PAIRING
     if isinstance(exc, LinkError):
         return EXIT_LINK
     return EXIT_OTHER

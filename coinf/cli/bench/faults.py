@@ -93,13 +93,16 @@ class Procs:
             seen += line.startswith(("wearable=", "handheld="))
 
     def start_handheld(self) -> None:
+        from coinf.cli.passkey import write_passkey_file
+
         log = self.logdir / f"handheld-{len(self.logs)}.log"
         self.logs.append(log)
         with open(log, "w") as err:
             self.handheld = subprocess.Popen(
                 [*self.cmd, "handheld", "-v", "--bundle", str(self.bundle), "--transport",
-                 "ble", "--hci", f"tcp-client:127.0.0.1:{self.port + 1}", "--passkey",
-                 str(self.passkey)],
+                 "ble", "--hci", f"tcp-client:127.0.0.1:{self.port + 1}", "--passkey-file",
+                 write_passkey_file(self.logdir, self.passkey), "--keystore",
+                 str(self.logdir / "bonds" / "handheld.json")],
                 stdout=subprocess.PIPE, stderr=err, text=True)
         assert self.handheld.stdout is not None
         self.handheld.stdout.readline()

@@ -40,6 +40,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, median, progress, realtime, stop_processes
+from coinf.cli.passkey import write_passkey_file
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -349,7 +350,9 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
     procs: list[subprocess.Popen[str]] = []
     try:
         for i, n in enumerate(names):
-            central = (["--listen", f"ble:{ble.helper_hci}", "--passkey", str(ble.passkey)]
+            central = (["--listen", f"ble:{ble.helper_hci}", "--passkey-file",
+                        write_passkey_file(tmp, ble.passkey), "--keystore",
+                        str(tmp / "bonds" / "handheld.json")]
                        if ble is not None and i == 0 else [])
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle.root),

@@ -275,9 +275,15 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
                 stops.append(stop_radio)
                 progress(f"radio process: preset {args.preset}, ATT capacity "
                          f"{capacity / 1000:.1f} kB/s each way")
-                passkey = str(secrets.randbelow(1_000_000))
-                hh_args = ["--transport", "ble", "--hci", hspec, "--passkey", passkey]
-                wear_args = ["--transport", "ble", "--hci", wspec, "--passkey", passkey]
+                from coinf.cli.passkey import write_passkey_file
+
+                # a one-off passkey, handed over in a 0600 file (never argv); one-off bond
+                # stores: the demo's devices leave no bond behind
+                passkey = write_passkey_file(tmp, secrets.randbelow(1_000_000))
+                hh_args = ["--transport", "ble", "--hci", hspec, "--passkey-file", passkey,
+                           "--keystore", f"{tmp}/bonds/handheld.json"]
+                wear_args = ["--transport", "ble", "--hci", wspec, "--passkey-file", passkey,
+                             "--keystore", f"{tmp}/bonds/wearable.json"]
                 where = (f"over BLE GATT through the emulated {args.preset} radio "
                          f"({capacity / 1000:.1f} kB/s ATT capacity)")
             else:

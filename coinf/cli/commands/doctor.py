@@ -6,9 +6,15 @@
   data length -> the matching radio preset;
 * onnxruntime / LiteRT versions, and whether one is known to break the wearable;
 * free memory against the wearable's memory budget; the CPU frequency governor;
-* the bond stores (``coinf wearable pair`` / ``coinf handheld pair``) and the bundle's identity.
+* the bond stores (``coinf wearable pair`` / ``coinf handheld pair``): every bond, with the peer's
+  identity address, the store's role, the key type and when it was made (never key material);
+  and the bundle's identity.
 
 Each check is ``ok``, ``warn`` or ``fail``; the exit code is 1 when any check fails, else 0.
+
+``coinf doctor --revoke ADDRESS`` removes the bond with that peer from the bond stores (the
+default ones, or ``--keystore FILE``) instead of checking: the peer must pair again. A running
+``coinf wearable`` / ``coinf handheld`` keeps the bond it loaded until it restarts.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,25 +160,59 @@ def governor_check() -> dict[str, Any]:
     return _check(status, text, governors=govs)
 
 
-def bonds_check() -> dict[str, Any]:
+def bond_stores(keystores: list[str] | None) -> list[tuple[str, Path]]:
+    """(role, path) of the stores to look at: ``--keystore`` files (role "file"), else the
+    default wearable and handheld stores."""
     from coinf.cli.commands.pair import default_bond_store
 
+    if keystores:
+        return [("file", Path(k)) for k in keystores]
+    return [(role, Path(default_bond_store(role))) for role in ("wearable", "handheld")]
+
+
+def bonds_check(keystores: list[str] | None = None) -> dict[str, Any]:
+    from coinf.ble_protocol.bonds import BondStoreError, list_bonds
+
     stores: dict[str, dict[str, Any]] = {}
-    for role in ("wearable", "handheld"):
-        path = Path(default_bond_store(role))
+    lines = []
+    for role, path in bond_stores(keystores):
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text() or "{}")
-            peers = sum(len(v) for v in data.values() if isinstance(v, dict))
-        except (OSError, ValueError, AttributeError):
-            return _check("warn", f"bond store {path} is unreadable", stores=stores)
-        stores[role] = {"file": str(path), "peers": peers}
+            bonds = list_bonds(path)
+        except BondStoreError as exc:
+            return _check("warn", str(exc), stores=stores)
+        key = role if role != "file" else str(path)
+        stores[key] = {"file": str(path), "peers": len(bonds),
+                       "bonds": [b.to_json() for b in bonds]}
+        peer = {"wearable": "handheld", "handheld": "wearable"}.get(role, "peer")
+        lines += [f"{role}: {peer} {b.address} ({b.key_type}, paired "
+                  f"{b.paired_at or 'at an unknown time'})" for b in bonds]
     if not any(s["peers"] for s in stores.values()):
         return _check("warn", "no bonds: pair first (`coinf wearable pair` on the Pi, `coinf "
                       "handheld pair` on the laptop)", stores=stores)
-    return _check("ok", "; ".join(f"{r}: {s['peers']} bonded peer(s) in {s['file']}"
-                                  for r, s in stores.items()), stores=stores)
+    weak = [line for line in lines if "le-sc-authenticated" not in line]
+    summary = "; ".join(lines)
+    if weak:
+        return _check("warn", f"{summary}; bonds other than le-sc-authenticated are never "
+                      "served: revoke them (`coinf doctor --revoke ADDRESS`)", stores=stores)
+    return _check("ok", summary, stores=stores)
+
+
+def revoke(address: str, keystores: list[str] | None) -> int:
+    """``--revoke ADDRESS``: remove that peer's bond from the stores."""
+    from coinf.ble_protocol.bonds import revoke_bond
+
+    if not re.fullmatch(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}", address):
+        raise UserError(f"--revoke {address}: expected a Bluetooth address (AA:BB:CC:DD:EE:FF)")
+    stores = [(role, path) for role, path in bond_stores(keystores) if path.is_file()]
+    done = [str(path) for _, path in stores if revoke_bond(path, address)]
+    if not done:
+        where = ", ".join(str(p) for _, p in stores) or "no bond store"
+        raise UserError(f"--revoke {address}: no bond with it in {where}")
+    print(f"coinf doctor: revoked the bond with {address.upper()} ({', '.join(done)}); it must "
+          f"pair again", flush=True)
+    return 0
 
 
 def bundle_check(path: str | None) -> dict[str, Any]:
@@ -194,6 +235,8 @@ def bundle_check(path: str | None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from coinf.device.profile import detect_role
 
+    if args.revoke:
+        return revoke(args.revoke, args.keystore)
     if not args.timeout > 0:
         raise UserError("--timeout must be > 0 s")
     role = args.role or detect_role()
@@ -202,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         "runtime": runtime_check(),
         "memory": memory_check(role),
         "cpu_governor": governor_check(),
-        "bonds": bonds_check(),
+        "bonds": bonds_check(args.keystore),
         "bundle": bundle_check(args.bundle),
     }
     report = {"role": role, "machine": platform.machine(), "python": platform.python_version(),
@@ -231,4 +274,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=argtypes.seconds, default=5.0,
                         help="seconds to wait for the controller per command (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object")
+    parser.add_argument("--keystore", action="append", metavar="FILE",
+                        help="the bond store(s) to list or revoke in (default: this machine's "
+                        "wearable and handheld stores)")
+    parser.add_argument("--revoke", metavar="ADDRESS",
+                        help="remove the bond with this peer (it must pair again) and exit")
     parser.set_defaults(func=run)

@@ -38,10 +38,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hci", type=argtypes.connect_address,
                         help="BLE: use a bumble host on this HCI transport "
                         "(tcp-client:HOST:PORT of coinf radio) instead of the OS Bluetooth stack")
-    parser.add_argument("--keystore", help="BLE with --hci: JSON file keeping bonds "
-                        "(from `coinf handheld pair`)")
-    parser.add_argument("--passkey", type=argtypes.passkey, metavar="N", help="BLE with --hci: the "
-                        "wearable's passkey, typed when pairing (emulated radio, scripts)")
+    parser.add_argument("--keystore", help="BLE with --hci: the bond store (default "
+                        "<config dir>/coinf/bonds/handheld.json, as `coinf handheld pair`)")
+    from coinf.cli.passkey import add_passkey_options
+
+    add_passkey_options(parser, "BLE with --hci: the wearable's passkey, typed when pairing "
+                        "(emulated radio, scripts; default: the prompt on a terminal, else "
+                        "bonds only)")
     parser.add_argument("--threads", type=argtypes.threads_or_auto, default=0,
                         help="onnxruntime threads (0 = auto)")
     parser.add_argument("--slowdown", type=argtypes.slowdown, default=1.0,
@@ -108,6 +111,26 @@ def socket_limits(args: argparse.Namespace, *specs: str) -> dict[str, Any]:
         raise UserError(f"--{flag.replace('_', '-')} limits a socket listener (--listen "
                         f"tcp:HOST:PORT or unix:/path), not {specs[0]}")
     return given
+
+
+def ble_pairing_options(args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    """The bond store and passkey of ``--listen ble:HCI``: the bond store defaults to the
+    private one (bonds persist across restarts); on the OS stack (``ble``) BlueZ keeps them
+    and its agent asks for the passkey."""
+    from coinf.cli.commands.pair import default_bond_store
+    from coinf.cli.passkey import handheld_passkey
+    from coinf.errors import UserError
+
+    if spec == "ble":
+        if args.keystore or args.passkey_file or args.passkey_stdin:
+            raise UserError("--keystore, --passkey-file and --passkey-stdin need a bumble host "
+                            "(--listen ble:HCI); on the OS stack its Bluetooth agent pairs")
+        return {}
+    options: dict[str, Any] = {"keystore": args.keystore or default_bond_store("handheld")}
+    passkey = handheld_passkey(args, prompt=True)
+    if passkey is not None:
+        options["passkey"] = passkey
+    return options
 
 
 def is_socket(spec: str) -> bool:
@@ -181,8 +204,7 @@ def run(args: argparse.Namespace) -> int:
     is_ble = spec.partition(":")[0] == "ble"
     if is_ble:
         options = {"bundle_identity": bundle.identity, "name": args.wearable}
-        options.update({k: v for k, v in (("keystore", args.keystore),
-                                          ("passkey", args.passkey)) if v is not None})
+        options.update(ble_pairing_options(args, spec))
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     # a pipeline helper also listens on its config address, where its peers reach it
     peers = (open_listener(own_address, **(limits if is_socket(own_address) else {}))

@@ -6,12 +6,19 @@ LE Secure Connections with passkey entry (docs/PROTOCOL.md, "Pairing and securit
   pairing window, prints the 6-digit passkey when a handheld starts pairing, and exits 0 once a
   handheld is bonded (1 if none paired before the window closed);
 * on the laptop: ``coinf handheld pair [--wearable NAME]`` connects and pairs; the passkey is
-  typed at the prompt (``--passkey N`` for scripts). With ``--hci`` (a bumble host: a USB dongle
-  or the emulated radio) coinf asks for it; on the OS stack the system's Bluetooth agent does.
+  typed at the prompt (on a terminal; otherwise one line of stdin when the wearable asks), or
+  comes from ``--passkey-file F`` (0600) / ``--passkey-stdin`` (scripts). With ``--hci`` (a bumble
+  host: a USB dongle or the emulated radio) coinf asks for it; on the OS stack the system's
+  Bluetooth agent does. A passkey is never an argument (``--passkey N`` is refused, exit 2).
+
+A failed pairing ends in one line and exit code 4 (:class:`~coinf.errors.PairingError`: wrong
+passkey, window closed, an impostor...). The pairing-only server answers a bonded handheld's
+HELLO with ERROR BUSY ("pairing only"): the handheld retries once ``coinf wearable`` serves.
 
 Both sides keep the bond in a private bond store (``--keystore``; 0600 file, 0700 directory);
-default ``<config dir>/coinf/bonds/{wearable,handheld}.json``, the default of ``coinf wearable``
-too. ``coinf run --keystore`` / ``coinf handheld --keystore`` then use it.
+default ``<config dir>/coinf/bonds/{wearable,handheld}.json``, the default of ``coinf wearable``,
+``coinf handheld --hci`` and ``coinf run --transport ble`` too. ``coinf bonds`` lists and revokes
+them.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.errors import LinkError, UserError
+from coinf.cli.passkey import add_passkey_options, given_passkey, parse_passkey, prompt_passkey
+from coinf.errors import LinkError, PairingError, UserError
 
 DEFAULT_WINDOW_S = 120.0
 
@@ -34,16 +42,6 @@ def default_bond_store(role: str) -> str:
     from coinf.device.config import config_path
 
     return str(Path(config_path()).parent / "bonds" / f"{role}.json")
-
-
-def passkey_arg(text: str) -> int:  # kept for callers; the CLI uses argtypes.passkey
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a passkey is 6 digits, not {text!r}") from None
-    if not 0 <= value <= 999_999:
-        raise argparse.ArgumentTypeError(f"a passkey is 6 digits (0..999999), not {text!r}")
-    return value
 
 
 # --- the wearable --------------------------------------------------------------------------------
@@ -58,9 +56,8 @@ def register_wearable(parser: argparse.ArgumentParser) -> None:
                         help="bond store (default <config dir>/coinf/bonds/wearable.json)")
     parser.add_argument("--window-s", type=argtypes.seconds, default=DEFAULT_WINDOW_S,
                         help="how long new bonds are accepted (default %(default)g s)")
-    parser.add_argument("--passkey", type=passkey_arg, metavar="N",
-                        help="fixed passkey instead of a fresh random one (scripts, emulated "
-                        "radio only: a fixed passkey is weaker)")
+    add_passkey_options(parser, "a fixed passkey instead of a fresh random one (scripts, "
+                        "emulated radio only: a fixed passkey is weaker)")
     parser.set_defaults(func=run_wearable)
 
 
@@ -70,6 +67,7 @@ def run_wearable(args: argparse.Namespace) -> int:
 
     if not args.window_s > 0:
         raise UserError("--window-s must be > 0")
+    passkey = given_passkey(args)
     keystore = args.keystore or default_bond_store("wearable")
     logging.getLogger("bumble").setLevel(logging.CRITICAL)
 
@@ -78,8 +76,8 @@ def run_wearable(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         server = WearableServer(args.hci, bundle_identity="", name=args.name, keystore=keystore,
-                                passkey=args.passkey, pairing_window_s=args.window_s,
-                                display_passkey=show)
+                                passkey=passkey, pairing_window_s=args.window_s,
+                                display_passkey=show, pairing_only=True)
         try:
             await server.start()
             print(f"coinf wearable: pairing window open for {args.window_s:g} s as "
@@ -113,20 +111,22 @@ def register_handheld(parser: argparse.ArgumentParser) -> None:
                         "(usb:0, tcp-client:HOST:PORT of coinf radio) instead of the OS stack")
     parser.add_argument("--keystore", default=None, help="with --hci: bond store (default "
                         "<config dir>/coinf/bonds/handheld.json)")
-    parser.add_argument("--passkey", type=passkey_arg, metavar="N",
-                        help="with --hci: the passkey the wearable shows (default: ask)")
+    add_passkey_options(parser, "with --hci, instead of the prompt")
     parser.add_argument("--timeout", type=argtypes.seconds, default=60.0,
                         help="seconds to find the wearable and pair (default %(default)g)")
     parser.set_defaults(func=run_handheld)
 
 
 async def _ask_passkey() -> int | None:
-    line = await asyncio.to_thread(input, "passkey shown by the wearable: ")
+    """The passkey typed when the wearable asks: the prompt on a terminal, else one line of
+    stdin (a script answering the prompt)."""
+    if sys.stdin.isatty():
+        return await prompt_passkey()
+    line = await asyncio.to_thread(sys.stdin.readline)
     try:
-        value = int(line.strip(), 10)
-    except ValueError:
+        return parse_passkey(line, "stdin")
+    except UserError:
         return None
-    return value if 0 <= value <= 999_999 else None
 
 
 def run_handheld(args: argparse.Namespace) -> int:
@@ -135,9 +135,10 @@ def run_handheld(args: argparse.Namespace) -> int:
 
     from coinf.ble_protocol.link import LinkClosed
 
-    if args.hci is None and (args.passkey is not None or args.keystore is not None):
-        raise UserError("--passkey and --keystore need --hci (on the OS stack its Bluetooth "
-                        "agent asks for the passkey and keeps the bond)")
+    if args.hci is None and (args.passkey_file or args.passkey_stdin or args.keystore):
+        raise UserError("--passkey-file, --passkey-stdin and --keystore need --hci (on the OS "
+                        "stack its Bluetooth agent asks for the passkey and keeps the bond)")
+    passkey = given_passkey(args)
     logging.getLogger("bumble").setLevel(logging.CRITICAL)
 
     async def main() -> int:
@@ -152,7 +153,7 @@ def run_handheld(args: argparse.Namespace) -> int:
 
             keystore = args.keystore or default_bond_store("handheld")
             host = BumbleHost(args.hci, keystore=keystore,
-                              passkey=args.passkey if args.passkey is not None else _ask_passkey)
+                              passkey=passkey if passkey is not None else _ask_passkey)
             try:
                 await host.open()
             except BleakError as exc:
@@ -182,6 +183,12 @@ def run_handheld(args: argparse.Namespace) -> int:
                         raise LinkError(f"{args.wearable} has no coinf service") from None
                     await client.read_gatt_char(control)
             except BleakError as exc:
+                from coinf.ble_protocol.bleak_errors import pairing_failure
+
+                reason = pairing_failure(exc)
+                if reason is not None:
+                    raise PairingError(reason, str(exc), peer=str(getattr(exc, "peer", "")) or
+                                       None, smp_code=getattr(exc, "smp_code", None)) from None
                 raise LinkError(f"pairing with {args.wearable} failed: {exc}") from None
             finally:
                 await client.disconnect()

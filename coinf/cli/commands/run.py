@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import statistics
 import sys
 from typing import TYPE_CHECKING, Any
@@ -67,12 +66,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--planner-runs", type=argtypes.count, default=0, metavar="N",
                         help="then let the planner choose (latency objective) for N runs in a "
                         "new session, and compare its choice with the table")
-    parser.add_argument("--keystore", help="--transport ble: JSON file keeping BLE bonds "
-                        "(from `coinf wearable pair`)")
-    parser.add_argument("--passkey", type=argtypes.passkey, metavar="N",
-                        help="--transport ble, emulated radio/scripts only: accept pairing "
-                        "during this run with this fixed 6-digit passkey (the handheld gives "
-                        "the same --passkey); without it only bonded handhelds are served")
+    parser.add_argument("--keystore", help="--transport ble: the bond store (default "
+                        "<config dir>/coinf/bonds/wearable.json, as `coinf wearable pair`)")
+    from coinf.cli.passkey import add_passkey_options
+
+    add_passkey_options(parser, "--transport ble, emulated radio/scripts only: open the "
+                        "pairing window for --window-s with this fixed passkey (the handheld "
+                        "gives the same); without it only bonded handhelds are served")
+    parser.add_argument("--window-s", type=argtypes.seconds, default=None,
+                        help="with a passkey: how long the pairing window stays open (default "
+                        "120 s)")
     parser.add_argument("--no-fallback", action="store_true",
                         help="fail instead of finishing an inference on the wearable when the "
                         "handheld is unreachable, slow or failing (default: fall back, as a "
@@ -443,10 +446,26 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
 
 
 def ble_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The BLE transport options of ``--keystore`` and ``--passkey``."""
-    options: dict[str, Any] = {}
-    if args.keystore:
-        options["keystore"] = args.keystore
-    if args.passkey is not None:
-        options.update(passkey=args.passkey, pairing_window_s=math.inf)
-    return options or None
+    """The BLE transport options of ``--keystore``, the passkey options and ``--window-s``:
+    the bond store defaults to the private one (bonds persist across restarts); a given passkey
+    opens the pairing window for ``--window-s`` (default 120 s), never for the whole run."""
+    from coinf.cli.commands.pair import DEFAULT_WINDOW_S, default_bond_store
+    from coinf.cli.passkey import given_passkey
+    from coinf.errors import UserError
+
+    if args.transport != "ble":
+        if args.keystore or args.passkey_file or args.passkey_stdin or args.window_s:
+            raise UserError("--keystore, --passkey-file, --passkey-stdin and --window-s are "
+                            "for --transport ble")
+        return None
+    options: dict[str, Any] = {"keystore": args.keystore or default_bond_store("wearable")}
+    passkey = given_passkey(args)
+    if passkey is not None:
+        window = DEFAULT_WINDOW_S if args.window_s is None else args.window_s
+        if not window > 0:
+            raise UserError("--window-s must be > 0")
+        options.update(passkey=passkey, pairing_window_s=window)
+    elif args.window_s is not None:
+        raise UserError("--window-s opens the pairing window with a fixed passkey: give "
+                        "--passkey-file or --passkey-stdin (or pair with `coinf wearable pair`)")
+    return options

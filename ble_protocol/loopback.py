@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
 import time
 import zlib
@@ -127,6 +128,17 @@ class SocketLink(Link):
         self.buffered = 0
         #: a frame was dropped because its bytes moved slower than the floor (either way)
         self.timed_out = False
+        #: the fingerprint of the peer's certificate on a TLS link (``sha256:...``), else None
+        self.fingerprint: str | None = None
+
+    async def start_tls(self, context: ssl.SSLContext, timeout: float | None) -> None:
+        """Server side: run the TLS handshake on this accepted connection (within ``timeout``
+        seconds), before any frame; sets :attr:`fingerprint`. Raises ``ssl.SSLError``,
+        ``OSError`` or ``TimeoutError``."""
+        from coinf.ble_protocol.tls import peer_fingerprint
+
+        await self._writer.start_tls(context, ssl_handshake_timeout=timeout)
+        self.fingerprint = peer_fingerprint(self._writer)
 
     @property
     def description(self) -> str:
@@ -220,6 +232,12 @@ class SocketLink(Link):
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self._open = False
             self.buffered = 0
+            if isinstance(exc, ssl.SSLError) and self.fingerprint is not None:
+                from coinf.ble_protocol.tls import PAIR_HINT
+
+                raise LinkClosed(f"{self._name}: the peer ended the TLS session "
+                                 f"({exc.reason or exc}): does it trust this device? "
+                                 f"{PAIR_HINT}") from None
             raise LinkClosed(f"{self._name}: peer disconnected ({type(exc).__name__})") from None
         except ProtocolError:
             self.buffered = 0
@@ -322,39 +340,79 @@ class _Floor:
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """``unix:/path`` or ``tcp:host:port`` -> (kind, target). Raises ValueError on anything else."""
+    """``unix:/path``, ``tcp:host:port`` or ``tcp+insecure:host:port`` -> (kind, target); kind
+    is ``unix`` or ``tcp``. Raises ValueError on anything else."""
     kind, _, rest = address.partition(":")
     if kind == "unix" and rest:
         return "unix", rest
-    if kind == "tcp":
+    if kind in ("tcp", "tcp+insecure"):
         host, _, port = rest.rpartition(":")
         if host and port.isdigit():
             return "tcp", (host, int(port))
-    raise ValueError(f"bad address {address!r}: expected unix:/path/to/sock or tcp:HOST:PORT")
+    raise ValueError(f"bad address {address!r}: expected unix:/path/to/sock, tcp:HOST:PORT "
+                     f"(TLS) or tcp+insecure:HOST:PORT")
 
 
-async def connect_socket(address: str, timeout: float = 10.0) -> SocketLink:
-    """Connect to a handheld daemon listening on ``address``."""
+async def connect_socket(address: str, timeout: float = 10.0, *, tls: Any = None,
+                         pin: str | None = None) -> SocketLink:
+    """Connect to a handheld daemon listening on ``address``. A ``tcp:`` address runs TLS
+    (``tls``: None or True, the device's store; a
+    :class:`~coinf.ble_protocol.tls_store.TlsStore`; False: plain) and checks the server's
+    certificate (``pin``: that fingerprint, else any paired peer's) before anything is sent:
+    a certificate not pinned is :class:`~coinf.errors.UntrustedPeer`."""
+    from coinf.ble_protocol.tls import resolve_store
+
     kind, target = parse_address(address)
+    tls = resolve_store(address, tls)
     try:
         if kind == "unix":
             assert isinstance(target, str)
             coro = asyncio.open_unix_connection(target)
         else:
             assert isinstance(target, tuple)
-            coro = asyncio.open_connection(*target)
+            if tls is not None:
+                from coinf.ble_protocol.tls import client_context
+
+                coro = asyncio.open_connection(*target, ssl=client_context(tls),
+                                               ssl_handshake_timeout=timeout)
+            else:
+                coro = asyncio.open_connection(*target)
         reader, writer = await asyncio.wait_for(coro, timeout)
+    except ssl.SSLError as exc:
+        raise LinkClosed(f"TLS handshake with {address} failed ({exc.reason or exc}): is it a "
+                         f"coinf helper with TLS?") from None
     except (OSError, TimeoutError) as exc:
         raise LinkClosed(f"cannot reach handheld at {address}: {exc}") from None
-    return SocketLink(reader, writer, name=address)
+    link = SocketLink(reader, writer, name=address)
+    if tls is not None:
+        from coinf.ble_protocol.tls import check_server, peer_fingerprint
+
+        try:
+            link.fingerprint = check_server(peer_fingerprint(writer), tls, pin, address)
+        except BaseException:
+            writer.transport.abort()  # not a byte of ours reaches a device we do not trust
+            raise
+    return link
+
+
+class _HeldBackProtocol(asyncio.StreamReaderProtocol):
+    """A server connection that reads nothing until its handler says so: the TLS handshake
+    (``start_tls``) must see the client's first bytes, which a stream reader would swallow."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
 
 
 async def serve_socket(
-    address: str, on_link: Callable[[SocketLink], Awaitable[None]], **link_options: Any
+    address: str, on_link: Callable[[SocketLink], Awaitable[None]], *, tls: bool = False,
+    **link_options: Any
 ) -> asyncio.AbstractServer:
     """Listen on ``address``; call ``on_link`` for each connection (one task per connection).
     ``link_options`` go to each :class:`SocketLink` (``max_message_bytes``, ``frame_timeout``,
-    ``min_rate_bps``)."""
+    ``min_rate_bps``). ``tls``: TCP connections read nothing until ``on_link`` runs
+    :meth:`SocketLink.start_tls` on them."""
     kind, target = parse_address(address)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -368,4 +426,11 @@ async def serve_socket(
         assert isinstance(target, str)
         return await asyncio.start_unix_server(handle, target)
     assert isinstance(target, tuple)
-    return await asyncio.start_server(handle, *target)
+    if not tls:
+        return await asyncio.start_server(handle, *target)
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.StreamReaderProtocol:
+        return _HeldBackProtocol(asyncio.StreamReader(loop=loop), handle, loop=loop)
+
+    return await loop.create_server(factory, *target)

@@ -11,9 +11,11 @@
     │   └── AdapterError     this machine's Bluetooth adapter / HCI transport cannot be opened
     └── LinkError            the link or the peer failed; ``transient`` says whether retrying
         │                    later (and finishing the inference locally now) is right
-        └── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
-            ├── LinkClosed   the peer went away (DISCONNECTED)
-            └── PeerResultError  a result that does not match the model's outputs
+        ├── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
+        │   ├── LinkClosed   the peer went away (DISCONNECTED)
+        │   └── PeerResultError  a result that does not match the model's outputs
+        ├── UntrustedPeer    a TLS peer whose certificate is not pinned (not paired, a squatter)
+        └── PairingError     a Wi-Fi pairing failed (wrong code, window closed, ...): final
 
 Exit codes belong to the command line (``coinf.cli``), not to these classes.
 """
@@ -142,6 +144,26 @@ class PeerResultError(ProtocolError):
         return True
 
 
+class UntrustedPeer(LinkError):
+    """The peer on a TLS link presented a certificate this device has not pinned (another
+    device holds the helper's address, or the two were never paired), or refused this
+    device's certificate. Transient: the inference finishes locally and the helper is tried
+    again after a backoff, when the real one may be back. ``fingerprint``: what it showed."""
+
+    def __init__(self, text: str, fingerprint: str | None = None) -> None:
+        super().__init__(text)
+        self.fingerprint = fingerprint
+
+
+class PairingError(LinkError):
+    """A Wi-Fi pairing did not complete (wrong code, too many attempts, window closed, peer
+    gone). Final: retrying the same attempt does not mend it."""
+
+    @property
+    def transient(self) -> bool:
+        return False
+
+
 __all__ = [
     "TRANSIENT_CODES",
     "AdapterError",
@@ -153,8 +175,10 @@ __all__ = [
     "LinkError",
     "MissingDependency",
     "ModelError",
+    "PairingError",
     "PeerResultError",
     "ProtocolError",
     "RemoteError",
+    "UntrustedPeer",
     "UserError",
 ]

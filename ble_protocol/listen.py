@@ -27,9 +27,10 @@ listeners take ``tls`` (tcp: only; True, False or a
 :class:`~coinf.ble_protocol.tls_store.TlsStore`; default the device's store) and the bounds of
 :class:`SocketListener`: ``max_links`` (16 connections at once),
 ``max_links_per_peer`` (4 per source address), ``handshake_timeout`` (5 s to complete the
-TLS handshake and the HELLO), ``idle_timeout`` (120 s of silence), ``frame_timeout`` and ``min_rate_bps`` (a frame
-must move 16 kB/s over every 10 s: slowloris), ``max_message_bytes`` (64 MiB) and
-``handshake_max_bytes`` (64 KiB per frame before the HELLO_ACK).
+TLS handshake and the HELLO), ``idle_timeout`` (120 s of silence), ``frame_timeout`` and
+``min_rate_bps`` (a frame must move 16 kB/s over every 10 s: slowloris),
+``max_message_bytes`` (64 MiB) and ``handshake_max_bytes`` (64 KiB per frame before the
+HELLO_ACK).
 
 The consumer owns each link it receives and closes it when done (a link that failed is released
 too); the listener then takes the next connection (BLE: reconnects). Leaving the listener
@@ -515,7 +516,7 @@ class SocketListener(Listener):
             for task in (handshake, released):
                 task.cancel()
             await asyncio.gather(handshake, released, return_exceptions=True)
-        if released in done:
+        if released in done or self._live.get(id(conn.link)) is not conn:
             return False  # evicted, or the listener closes
         if handshake not in done:
             self.tls_timeouts += 1

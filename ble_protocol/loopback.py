@@ -134,10 +134,24 @@ class SocketLink(Link):
     async def start_tls(self, context: ssl.SSLContext, timeout: float | None) -> None:
         """Server side: run the TLS handshake on this accepted connection (within ``timeout``
         seconds), before any frame; sets :attr:`fingerprint`. Raises ``ssl.SSLError``,
-        ``OSError`` or ``TimeoutError``."""
+        ``OSError`` or ``TimeoutError``; the connection is closed then."""
         from coinf.ble_protocol.tls import peer_fingerprint
 
-        await self._writer.start_tls(context, ssl_handshake_timeout=timeout)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            transport = await loop.start_tls(self._writer.transport, protocol, context,
+                                             server_side=True, ssl_handshake_timeout=timeout)
+            if transport is None:  # the peer left as the handshake ended
+                raise ConnectionResetError("the peer left during the TLS handshake")
+        except BaseException:
+            self._open = False
+            self._writer.transport.abort()
+            raise
+        protocol.connection_made(transport)
+        self._reader = reader
+        self._writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         self.fingerprint = peer_fingerprint(self._writer)
 
     @property
@@ -232,12 +246,13 @@ class SocketLink(Link):
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self._open = False
             self.buffered = 0
-            if isinstance(exc, ssl.SSLError) and self.fingerprint is not None:
+            if self.fingerprint is not None and not self.stats.messages_received:
                 from coinf.ble_protocol.tls import PAIR_HINT
 
-                raise LinkClosed(f"{self._name}: the peer ended the TLS session "
-                                 f"({exc.reason or exc}): does it trust this device? "
-                                 f"{PAIR_HINT}") from None
+                why = exc.reason if isinstance(exc, ssl.SSLError) else type(exc).__name__
+                raise LinkClosed(f"{self._name}: the peer ended the TLS session before any "
+                                 f"frame ({why}): does it trust this device? {PAIR_HINT}"
+                                 ) from None
             raise LinkClosed(f"{self._name}: peer disconnected ({type(exc).__name__})") from None
         except ProtocolError:
             self.buffered = 0
@@ -381,7 +396,17 @@ async def connect_socket(address: str, timeout: float = 10.0, *, tls: Any = None
     except ssl.SSLError as exc:
         raise LinkClosed(f"TLS handshake with {address} failed ({exc.reason or exc}): is it a "
                          f"coinf helper with TLS?") from None
-    except (OSError, TimeoutError) as exc:
+    except ConnectionError as exc:
+        if tls is None:
+            raise LinkClosed(f"cannot reach handheld at {address}: {exc}") from None
+        raise LinkClosed(f"TLS handshake with {address} failed ({type(exc).__name__}: the "
+                         f"server closed the connection; a plain server, or no free slot?)"
+                         ) from None
+    except TimeoutError:
+        what = "no TLS handshake" if tls is not None else "no connection"
+        raise LinkClosed(f"cannot reach handheld at {address}: {what} within {timeout:g} s"
+                         ) from None
+    except OSError as exc:
         raise LinkClosed(f"cannot reach handheld at {address}: {exc}") from None
     link = SocketLink(reader, writer, name=address)
     if tls is not None:

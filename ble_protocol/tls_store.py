@@ -140,7 +140,7 @@ def make_identity(name: str = "coinf") -> bytes:
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:64] or "coinf")])
-    utc = datetime.timezone.utc
+    utc = datetime.UTC
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(datetime.datetime(1970, 1, 2, tzinfo=utc))

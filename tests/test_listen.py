@@ -53,7 +53,8 @@ async def infer(client: RpcClient, bundle, x: np.ndarray) -> np.ndarray:
 
 def test_unknown_specs_and_options_are_input_errors() -> None:
     for bad in ["udp:1.2.3.4:5", "", "bluetooth", "TCP:1.2.3.4:5"]:
-        with pytest.raises(InputError, match=r"tcp:HOST:PORT, tcp\+insecure:HOST:PORT, unix:/path, ble or ble:HCI"):
+        with pytest.raises(InputError, match=r"tcp:HOST:PORT, tcp\+insecure:HOST:PORT, "
+                                             r"unix:/path, ble or ble:HCI"):
             open_listener(bad)
     for bad in ["tcp", "tcp:localhost", "unix:"]:
         with pytest.raises(InputError, match="expected unix:"):

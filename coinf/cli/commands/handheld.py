@@ -237,9 +237,12 @@ def announcer_for(args: argparse.Namespace, bundle: Bundle, listeners: tuple[Any
     if address.partition(":")[2].startswith("127."):
         print("coinf handheld: announcing a loopback address: only this machine can reach "
               "it (--listen tcp:0.0.0.0:PORT for the others)", file=sys.stderr, flush=True)
+    store = next(lst.store for lst in listeners
+                 if lst is not None and getattr(lst, "address", "").startswith("tcp:"))
     return Announcer(args.name, bundle.identity, address, interfaces=args.mdns_interface,
                      speed_gflops=args.speed_gflops,
-                     forwarder=forward if not args.pipeline else None, allow=args.allow)
+                     forwarder=forward if not args.pipeline else None, allow=args.allow,
+                     fingerprint=store.fingerprint if store is not None else None)
 
 
 def ready(bundle: Bundle, where: str) -> asyncio.Event:

@@ -10,8 +10,6 @@ import asyncio
 import os
 import ssl
 import stat
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.listen import SocketListener, open_listener
 from coinf.ble_protocol.loopback import connect_socket
-from coinf.ble_protocol.messages import PROTOCOL_VERSION, Message, MsgType, encode_json
+from coinf.ble_protocol.messages import Message, MsgType
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.rpc import serve as rpc_serve
 from coinf.ble_protocol.tls import client_context
@@ -34,6 +32,7 @@ from coinf.handheld.daemon import HandheldDaemon
 from coinf.wearable.options import LinkOptions
 from coinf.wearable.session import AsyncSession
 
+from coinf.cli.bench.attack import attacker_requests
 from coinf.errors import InputError, LinkClosed, ProtocolError, UntrustedPeer
 from tests.bundles import fixed, make_tiny_bundle, reference
 from tests.test_listen import infer
@@ -42,19 +41,13 @@ from tests.tls_keys import make_store
 X = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
 
 
-def hello_frame() -> bytes:
-    payload = encode_json({"protocol": PROTOCOL_VERSION, "bundle": "x"})
-    header = struct.pack("<2sBBII", b"CF", PROTOCOL_VERSION, int(MsgType.HELLO), 1, len(payload))
-    return header + payload + struct.pack("<I", zlib.crc32(payload, zlib.crc32(header)))
-
-
 async def bytes_back(reader: asyncio.StreamReader) -> int:
     """Every byte the server sends until it closes (an error ends it too), within 10 s."""
     got = 0
     try:
         while chunk := await asyncio.wait_for(reader.read(65536), 10):
             got += len(chunk)
-    except (ConnectionError, ssl.SSLError):
+    except (ConnectionError, ssl.SSLError, TimeoutError):
         pass
     return got
 
@@ -115,8 +108,8 @@ def test_an_unpaired_client_gets_no_byte(tmp_path: Path) -> None:
                         ("plain", None)]
             for _what, ctx in attempts:
                 reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
-                writer.write(hello_frame())  # a HELLO, then a STATUS request
-                writer.write(hello_frame().replace(bytes([MsgType.HELLO]), b"\x0e", 1))
+                for data in attacker_requests(bundle):  # HELLO, STATUS, PROFILE, REQUEST
+                    writer.write(data)
                 assert await bytes_back(reader) == 0
                 writer.close()
             await until(lambda: listener.tls_refused == 3, "three refusals counted")

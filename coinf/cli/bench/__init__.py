@@ -37,6 +37,8 @@ BENCHES: list[tuple[str, str, str]] = [
      "chunks are lost (library defaults, pi-zero-2w)"),
     ("runtime", "runtime", "onnxruntime vs LiteRT per slice of a bundle with TFLite slices"),
     ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
+    ("attack", "attack", "attackers (unpaired client, squatter, connection flood...) against "
+     "real daemons: served, tensors read, results accepted, lockout"),
 ]
 
 

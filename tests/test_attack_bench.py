@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from coinf.cli import main
 from coinf.cli.bench.attack import ATTACKERS, Arena, Outcome, attacker
-
 from tests.bundles import make_tiny_bundle
 
 

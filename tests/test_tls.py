@@ -233,3 +233,19 @@ def test_plain_links_are_an_explicit_opt_out(tmp_path: Path) -> None:
         open_listener("unix:/tmp/x.sock", tls=True)
     with pytest.raises(InputError, match="TLS links"):
         open_connector("tcp+insecure:127.0.0.1:9", fingerprint="sha256:" + "0" * 64)
+
+
+def test_a_pipeline_config_pins_a_helper_fingerprint(tmp_path: Path) -> None:
+    from coinf.wearable.connection import helper_connection
+    from coinf.wearable.pipeline_config import load_helpers
+
+    fp = default_store().fingerprint
+    (helper,) = load_helpers({"helpers": [{"name": "h1", "address": "tcp:127.0.0.1:9",
+                                           "fingerprint": fp.upper().replace("SHA256:", "")}]})
+    assert helper.fingerprint == fp
+    with pytest.raises(InputError, match=r"helpers\[0\]\.fingerprint"):
+        load_helpers({"helpers": [{"name": "h1", "address": "tcp:127.0.0.1:9",
+                                   "fingerprint": "sha256:12"}]})
+    conn = helper_connection(helper, make_tiny_bundle(tmp_path / "b"), connect_timeout=1.0,
+                             request_timeout=1.0, max_backoff_s=1.0)
+    assert conn.connector.fingerprint == fp  # type: ignore[attr-defined]

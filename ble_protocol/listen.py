@@ -419,8 +419,8 @@ class SocketListener(Listener):
 
             server_context(self.store)  # the identity exists (made now if not) before a client
             if not self.store.peers():
-                log.warning("%s: no paired device yet: every client is refused until one pairs "
-                            "(coinf wifi pair)", self.spec)
+                log.info("%s: no paired device yet: only this device's own key gets through "
+                         "until one pairs (coinf wifi pair)", self.spec)
         if self._kind == "unix":
             path = str(self._target)
             with contextlib.suppress(FileNotFoundError):
@@ -527,7 +527,7 @@ class SocketListener(Listener):
             return False
         exc = handshake.exception()
         fp = conn.link.fingerprint
-        if exc is None and fp is not None and self.store.pinned(fp) is not None:
+        if exc is None and fp is not None and self.store.trusts(fp):
             conn.secured = True
             return True
         self.tls_refused += 1

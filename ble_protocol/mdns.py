@@ -98,7 +98,7 @@ def split_paired(found: Found, store: Any = None) -> Found:
 
     store = store if store is not None else default_store()
     paired = [a for a in found.announcements
-              if a.fingerprint is not None and store.pinned(a.fingerprint) is not None]
+              if a.fingerprint is not None and store.trusts(a.fingerprint)]
     rest = [a for a in found.announcements if a not in paired]
     return Found(paired, list(found.dropped), [*found.unpaired, *rest])
 

@@ -6,7 +6,8 @@ certificates of its trust store (the peers it paired with): any other client fai
 handshake and never reaches the protocol. The client checks the server's certificate after the
 handshake, before it sends a byte of its own: its fingerprint must be the one pinned for that
 helper (a config file's ``fingerprint``, a DNS-SD record's, verified as paired) or, when none is
-given, one of its trust store's; anything else is :class:`~coinf.errors.UntrustedPeer`.
+given, one of its trust store's (or its own: a device trusts its own key); anything else is
+:class:`~coinf.errors.UntrustedPeer`.
 
 Schemes: ``tcp:HOST:PORT`` is TLS; ``tcp+insecure:HOST:PORT`` is plain TCP (tests, a loopback
 benchmark: the opt-out is explicit); ``unix:/path`` stays plain (one machine; the socket
@@ -62,17 +63,17 @@ def _base(purpose: ssl.Purpose, store: TlsStore) -> ssl.SSLContext:
 
 
 def server_context(store: TlsStore) -> ssl.SSLContext:
-    """A server context that requires a client certificate from the trust store (rebuilt when
-    the trust store changes: a peer paired or revoked while a daemon runs counts at once)."""
+    """A server context that requires a client certificate from the trust store or this
+    device's own (rebuilt when the trust store changes: a peer paired or revoked while a daemon
+    runs counts at once)."""
     peers = store.peers()
     key = tuple(p.fingerprint for p in peers)
     cached = store.contexts.get("server")
     if cached is not None and cached[0] == key:
         return cached[1]
     ctx = _base(ssl.Purpose.CLIENT_AUTH, store)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    if peers:
-        ctx.load_verify_locations(cadata="".join(p.cert for p in peers))
+    ctx.verify_mode = ssl.CERT_REQUIRED  # the device's own certificate and its paired peers'
+    ctx.load_verify_locations(cadata="".join([store.certificate_pem(), *(p.cert for p in peers)]))
     store.contexts["server"] = (key, ctx)
     return ctx
 
@@ -107,7 +108,7 @@ def check_server(fp: str | None, store: TlsStore, pin: str | None, where: str) -
                                 f"pinned fingerprint is {pin} (another device holds that "
                                 f"address?)", fp)
         return fp
-    if store.pinned(fp) is None:
+    if not store.trusts(fp):
         raise UntrustedPeer(f"{where} presented certificate {fp}, which is not paired with "
                             f"this device; {PAIR_HINT}", fp)
     return fp

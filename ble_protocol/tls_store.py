@@ -5,8 +5,9 @@ policy``'s file, or ``$COINF_TLS_DIR``), 0700, holding two 0600 files:
 
 * ``identity.pem``: this device's long-lived key pair (ECDSA P-256) and its self-signed X.509
   certificate, created on first use (needs the ``cryptography`` package);
-* ``peers.json``: the paired peers, each ``{"name", "fingerprint", "cert" (PEM), "address",
-  "added"}``. A peer's fingerprint is ``sha256:`` and the hex SHA-256 of its DER certificate.
+* ``peers.json``: the paired peers (the device also trusts its own certificate), each
+  ``{"name", "fingerprint", "cert" (PEM), "address", "added"}``. A peer's fingerprint is
+  ``sha256:`` and the hex SHA-256 of its DER certificate.
 
 Rules (as for BLE bond stores): a missing directory is created 0700; an existing one that group
 or others can access, or that another user owns, is refused (:class:`TlsStoreError`); a file
@@ -23,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import stat
 import time
 from dataclasses import dataclass
@@ -131,7 +133,9 @@ def write_private(file: Path, data: bytes) -> None:
 
 def make_identity(name: str = "coinf") -> bytes:
     """A fresh key pair and self-signed certificate, as PEM (key first). ECDSA P-256; valid from
-    1970 (a Pi without a real-time clock may boot far in the past) to 9999."""
+    1970 (a Pi without a real-time clock may boot far in the past) to 9999. The subject is
+    unique (``name`` and 64 random bits) and the key identifiers are set: trust anchors are
+    looked up by subject, and two devices may share a host name."""
     require("cryptography", None, "TLS on Wi-Fi links (a device key pair)")
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -139,13 +143,18 @@ def make_identity(name: str = "coinf") -> bytes:
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:64] or "coinf")])
+    unique = f"{name[:40] or 'coinf'} {secrets.token_hex(8)}"
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, unique)])
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     utc = datetime.UTC
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(datetime.datetime(1970, 1, 2, tzinfo=utc))
             .not_valid_after(datetime.datetime(9999, 12, 31, tzinfo=utc))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(ski, critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
+                           critical=False)
             .sign(key, hashes.SHA256()))
     return (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption())
@@ -259,6 +268,11 @@ class TlsStore:
     def pinned(self, fp: str) -> PeerEntry | None:
         """The paired peer with this fingerprint, or None."""
         return next((p for p in self.peers() if p.fingerprint == fp), None)
+
+    def trusts(self, fp: str) -> bool:
+        """Whether a peer presenting this fingerprint is trusted: a paired peer, or this device
+        itself (the same key: a helper and a wearable on one machine, a local benchmark)."""
+        return fp == self.fingerprint or self.pinned(fp) is not None
 
     def pin(self, name: str, cert_der: bytes, address: str = "") -> PeerEntry:
         """Trust the peer with this certificate (replacing an entry of the same fingerprint)."""

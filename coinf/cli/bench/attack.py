@@ -336,7 +336,7 @@ async def connection_flood_same_address(arena: Arena) -> Outcome:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, type=argtypes.existing_dir,
+    parser.add_argument("--bundle", required=True,
                         help="bundle directory (coinf split) the helper serves")
     parser.add_argument("--attackers", nargs="*", choices=sorted(ATTACKERS), metavar="NAME",
                         help=f"only these (default all: {', '.join(ATTACKERS)})")

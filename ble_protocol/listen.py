@@ -9,8 +9,11 @@ A :class:`Listener` is a per-instance async context manager that yields incoming
 Specs (the implementation is imported only when its scheme is used):
 
 =========================  ==============================================================
-``tcp:HOST:PORT``          wearables connect to this TCP port (port 0: any free port)
-``unix:/path``             the same on a unix socket
+``tcp:HOST:PORT``          wearables connect to this TCP port (port 0: any free port), over
+                           TLS 1.3: only the devices of this one's trust store get through
+                           (:mod:`coinf.ble_protocol.tls`)
+``tcp+insecure:HOST:PORT`` the same in plain TCP, anyone gets through (explicit opt-out)
+``unix:/path``             the same on a unix socket (plain: one machine)
 ``ble``                    connect as a GATT central to the wearable, on this machine's
                            Bluetooth stack (bleak's default backend); reconnect with backoff
 ``ble:HCI``                the same on a bumble host on that HCI transport
@@ -20,13 +23,16 @@ Specs (the implementation is imported only when its scheme is used):
 Options go to the implementation, which refuses the ones it does not know: the BLE listener
 needs ``bundle_identity`` and takes ``name`` (the wearable's name or address, default
 ``coinf-wearable``) and the options of :class:`~coinf.ble_protocol.central.Central`; the socket
-listeners take the bounds of :class:`SocketListener`: ``max_links`` (16 connections at once),
+listeners take ``tls`` (tcp: only; True, False or a
+:class:`~coinf.ble_protocol.tls_store.TlsStore`; default the device's store) and the bounds of
+:class:`SocketListener`: ``max_links`` (16 connections at once),
 ``max_links_per_peer`` (4 per source address), ``handshake_timeout`` (5 s to complete the
-HELLO), ``idle_timeout`` (120 s of silence), ``frame_timeout`` and ``min_rate_bps`` (a frame
-must move 16 kB/s over every 10 s: slowloris), ``max_message_bytes`` (64 MiB; ``coinf handheld``
-gives its bundle's :func:`~coinf.handheld.daemon.request_bound`), ``max_buffered_bytes``
-(12 MiB of incoming frames over all links at once) and ``handshake_max_bytes`` (64 KiB per frame
-before the HELLO_ACK).
+TLS handshake and the HELLO), ``idle_timeout`` (120 s of silence), ``frame_timeout`` and
+``min_rate_bps`` (a frame must move 16 kB/s over every 10 s: slowloris),
+``max_message_bytes`` (64 MiB; ``coinf handheld`` gives its bundle's
+:func:`~coinf.handheld.daemon.request_bound`), ``max_buffered_bytes`` (12 MiB of incoming
+frames over all links at once) and ``handshake_max_bytes`` (64 KiB per frame before the
+HELLO_ACK).
 
 The consumer owns each link it receives and closes it when done (a link that failed is released
 too); the listener then takes the next connection (BLE: reconnects). Leaving the listener
@@ -61,10 +67,11 @@ log = logging.getLogger(__name__)
 #: scheme -> "module:class", imported on first use
 SCHEMES = {
     "tcp": "coinf.ble_protocol.listen:SocketListener",
+    "tcp+insecure": "coinf.ble_protocol.listen:SocketListener",
     "unix": "coinf.ble_protocol.listen:SocketListener",
     "ble": "coinf.ble_protocol.central:CentralListener",
 }
-ACCEPTED = "tcp:HOST:PORT, unix:/path, ble or ble:HCI"
+ACCEPTED = "tcp:HOST:PORT, tcp+insecure:HOST:PORT, unix:/path, ble or ble:HCI"
 
 
 def open_listener(spec: str, **options: Any) -> Listener:
@@ -78,7 +85,8 @@ def open_listener(spec: str, **options: Any) -> Listener:
         raise InputError(f"unknown listener {spec!r}: expected {ACCEPTED}")
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
-    listener: Listener = cls(spec if scheme in ("tcp", "unix") else rest, **options)
+    listener: Listener = cls(spec if scheme in ("tcp", "tcp+insecure", "unix") else rest,
+                             **options)
     return listener
 
 
@@ -183,10 +191,10 @@ class Listener(ABC):
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         return self._tasks.spawn(coro)
 
-    def _offer(self, link: Link) -> HeldLink:
-        """Queue ``link`` for :meth:`accept`; returns the wrapper whose ``released`` event says
-        when the consumer is done with it."""
-        held = HeldLink(link)
+    def _offer(self, link: Link, held: HeldLink | None = None) -> HeldLink:
+        """Queue ``link`` for :meth:`accept` (``held``: its wrapper, made earlier); returns the
+        wrapper whose ``released`` event says when the consumer is done with it."""
+        held = held if held is not None else HeldLink(link)
         self._held.add(held)
         self._incoming.put_nowait(held)
         return held
@@ -270,7 +278,7 @@ HANDSHAKE_MAX_BYTES = 64 * 1024
 #: bytes of incoming frames all of a listener's links may hold at once
 MAX_BUFFERED_BYTES = 12 * 1024 * 1024
 
-_SOCKET_OPTIONS = ("max_links", "max_links_per_peer", "handshake_timeout", "idle_timeout",
+_SOCKET_OPTIONS = ("tls", "max_links", "max_links_per_peer", "handshake_timeout", "idle_timeout",
                    "frame_timeout", "min_rate_bps", "max_message_bytes", "max_buffered_bytes",
                    "handshake_max_bytes")
 
@@ -283,20 +291,28 @@ class _Conn:
     held: HeldLink
     peer: str | None
     opened: float = field(default_factory=time.monotonic)
+    #: past the TLS handshake with a pinned certificate (a plain link: at once)
+    secured: bool = False
 
 
 class SocketListener(Listener):
     """``tcp:HOST:PORT`` or ``unix:/path``: an asyncio server (:func:`serve_socket`); each
     connection is one link. A stale unix socket file is replaced, and removed on close.
 
+    ``tcp:`` runs TLS 1.3 first (option ``tls``): a client whose certificate is not in the trust
+    store fails the handshake and is closed before a frame is read (``tls_refused``); the TLS
+    handshake counts against ``handshake_timeout`` and holds a slot like any connection.
+
     Slots and deadlines (every bound is an option; a timeout of None turns it off):
 
     * ``max_links`` (16) connections at once, at most ``max_links_per_peer`` (4) from one
       source address (TCP; a unix socket has one peer: only ``max_links`` applies). A
       connection beyond either takes the place of the oldest one that has not completed its
-      handshake (from that address, resp. from any), else it is closed at once;
-    * ``handshake_timeout`` (5 s): a connection whose HELLO was not answered with a HELLO_ACK
-      by then is closed; until then a frame may declare at most ``handshake_max_bytes``
+      handshake (from that address, resp. from any; one still in its TLS handshake first),
+      else it is closed at once;
+    * ``handshake_timeout`` (5 s): a connection whose TLS handshake and HELLO were not done
+      (a HELLO_ACK sent) by then is closed; until then a frame may declare at most
+      ``handshake_max_bytes``
       (64 KiB; a HELLO is at most 4 KiB);
     * ``idle_timeout`` (120 s): a connection on which no byte came in and no message went out
       for that long, with none of its requests waiting for a reply, is closed (a wearable
@@ -311,7 +327,9 @@ class SocketListener(Listener):
       its declared length fits, so N hostile peers cost at most this much, not N frames.
 
     Counters: ``refused`` (no slot), ``refused_peer`` (the address had all its slots),
-    ``evicted``, ``handshake_timeouts``, ``idle_timeouts``, ``slow_frames``; ``open_links``
+    ``evicted``, ``tls_refused`` (TLS handshake failed: not paired, not TLS), ``tls_timeouts``
+    (TLS not done in time, also in ``handshake_timeouts``), ``handshake_timeouts``,
+    ``idle_timeouts``, ``slow_frames``; ``open_links``
     and ``buffered`` (bytes held of incoming frames under way) are live figures.
     """
 
@@ -328,9 +346,11 @@ class SocketListener(Listener):
         max_message_bytes: int = Link.max_message_bytes,
         max_buffered_bytes: int = MAX_BUFFERED_BYTES,
         handshake_max_bytes: int = HANDSHAKE_MAX_BYTES,
+        tls: Any = None,
         **options: Any,
     ) -> None:
         from coinf.ble_protocol.loopback import ByteBudget, parse_address
+        from coinf.ble_protocol.tls import resolve_store
 
         super().__init__()
         if options:
@@ -366,11 +386,15 @@ class SocketListener(Listener):
         self.handshake_timeouts = 0
         self.idle_timeouts = 0
         self.slow_frames = 0
+        self.tls_refused = 0
+        self.tls_timeouts = 0
         try:
             self._kind, self._target = parse_address(spec)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.spec = spec
+        #: the trust store TLS checks clients against, None: plain
+        self.store = resolve_store(spec, tls)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._live: dict[int, _Conn] = {}  # by id(link); insertion order: oldest first
@@ -382,7 +406,7 @@ class SocketListener(Listener):
         sockets = getattr(self._server, "sockets", None)  # an asyncio.Server's, once bound
         if self._kind == "tcp" and sockets:
             host, port = sockets[0].getsockname()[:2]
-            return f"tcp:{host}:{port}"
+            return f"{'tcp' if self.store is not None else 'tcp+insecure'}:{host}:{port}"
         return self.spec
 
     @property
@@ -402,6 +426,13 @@ class SocketListener(Listener):
     async def _open(self) -> None:
         from coinf.ble_protocol.loopback import serve_socket
 
+        if self.store is not None:
+            from coinf.ble_protocol.tls import server_context
+
+            server_context(self.store)  # the identity exists (made now if not) before a client
+            if not self.store.peers():
+                log.info("%s: no paired device yet: only this device's own key gets through "
+                         "until one pairs (coinf wifi pair)", self.spec)
         if self._kind == "unix":
             path = str(self._target)
             with contextlib.suppress(FileNotFoundError):
@@ -409,7 +440,8 @@ class SocketListener(Listener):
                     os.unlink(path)  # left by a daemon that did not exit cleanly
         try:
             self._server = await serve_socket(
-                self.spec, self._on_link, max_message_bytes=self.max_message_bytes,
+                self.spec, self._on_link, tls=self.store is not None,
+                max_message_bytes=self.max_message_bytes,
                 frame_timeout=self.frame_timeout, min_rate_bps=self.min_rate_bps,
                 budget=self.budget)
         except OSError as exc:
@@ -435,7 +467,8 @@ class SocketListener(Listener):
         return True
 
     def _evict(self, conns: list[_Conn]) -> bool:
-        for conn in conns:  # oldest first
+        # oldest first, one still in its TLS handshake before one of a paired device
+        for conn in sorted(conns, key=lambda c: c.secured):
             if not conn.held.handshaken:
                 self._live.pop(id(conn.link), None)
                 self.evicted += 1
@@ -456,15 +489,18 @@ class SocketListener(Listener):
             self._connections.add(task)
         if self.handshake_timeout is not None:
             link.frame_limit = self.handshake_max_bytes
-        held = self._offer(link)
+        held = HeldLink(link)
 
         def handshaken() -> None:
             link.frame_limit = None
 
         held._on_handshake = handshaken
-        conn = _Conn(link, held, peer)
+        conn = _Conn(link, held, peer, secured=self.store is None)
         self._live[id(link)] = conn
         try:
+            if not conn.secured and not await self._secure(conn):
+                return
+            self._offer(link, held)
             await self._watch(conn)
         finally:
             if self._live.get(id(link)) is conn:
@@ -474,6 +510,44 @@ class SocketListener(Listener):
             self._forget(held)
             if task is not None:
                 self._connections.discard(task)
+
+    async def _secure(self, conn: _Conn) -> bool:
+        """The TLS handshake of a new connection, within what is left of its handshake deadline
+        (or until it is evicted); whether it completed with a paired client."""
+        from coinf.ble_protocol.tls import server_context
+
+        assert self.store is not None
+        who = conn.peer or "a local peer"
+        left = (None if self.handshake_timeout is None
+                else max(0.0, conn.opened + self.handshake_timeout - time.monotonic()))
+        handshake = asyncio.ensure_future(conn.link.start_tls(server_context(self.store), left))
+        released = asyncio.ensure_future(conn.held.released.wait())
+        try:
+            done, _ = await asyncio.wait({handshake, released}, timeout=left,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (handshake, released):
+                task.cancel()
+            await asyncio.gather(handshake, released, return_exceptions=True)
+        if released in done or self._live.get(id(conn.link)) is not conn:
+            return False  # evicted, or the listener closes
+        if handshake not in done:
+            self.tls_timeouts += 1
+            self.handshake_timeouts += 1
+            log.info("%s: closed a connection from %s: no TLS handshake within %g s",
+                     self.description, who, self.handshake_timeout)
+            await conn.held.close()
+            return False
+        exc = handshake.exception()
+        fp = conn.link.fingerprint
+        if exc is None and fp is not None and self.store.trusts(fp):
+            conn.secured = True
+            return True
+        self.tls_refused += 1
+        log.info("%s: refused a TLS client from %s: %s", self.description, who,
+                 exc if exc is not None else f"certificate {fp} is not paired")
+        await conn.held.close()
+        return False
 
     async def _watch(self, conn: _Conn) -> None:
         """Until the link is released: close it when its handshake or idle deadline passes."""

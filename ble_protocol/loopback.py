@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ssl
 import struct
 import time
 import zlib
@@ -100,11 +101,12 @@ class SocketLink(Link):
     and the link closed (slowloris), and so is a send the peer does not read. The wait for a
     frame's first byte is not bounded here (a listener's idle timeout is).
 
-    With a ``budget`` (a :class:`ByteBudget` its listener shares among its links), a frame's
-    body is read only once the budget has room for all of it (its declared length is counted,
-    not allocated); while it waits the link reads nothing (TCP holds the peer back) and the
-    rate floor does not run: the frames holding the budget are the ones that must keep to it,
-    so a frame holds its room until it is read whole or dropped, and none waits for ever.
+    With a ``budget`` (a :class:`ByteBudget` its listener shares among its links), the body of
+    a frame over :data:`UNCOUNTED_BYTES` is read only once the budget has room for all of it
+    (its declared length is counted, not allocated); while it waits the link reads nothing
+    (TCP holds the peer back) and the rate floor does not run: the frames holding the budget
+    are the ones that must keep to it, so a frame holds its room until it is read whole or
+    dropped, and none waits for ever.
     """
 
     def __init__(
@@ -136,6 +138,31 @@ class SocketLink(Link):
         self.buffered = 0
         #: a frame was dropped because its bytes moved slower than the floor (either way)
         self.timed_out = False
+        #: the fingerprint of the peer's certificate on a TLS link (``sha256:...``), else None
+        self.fingerprint: str | None = None
+
+    async def start_tls(self, context: ssl.SSLContext, timeout: float | None) -> None:
+        """Server side: run the TLS handshake on this accepted connection (within ``timeout``
+        seconds), before any frame; sets :attr:`fingerprint`. Raises ``ssl.SSLError``,
+        ``OSError`` or ``TimeoutError``; the connection is closed then."""
+        from coinf.ble_protocol.tls import peer_fingerprint
+
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            transport = await loop.start_tls(self._writer.transport, protocol, context,
+                                             server_side=True, ssl_handshake_timeout=timeout)
+            if transport is None:  # the peer left as the handshake ended
+                raise ConnectionResetError("the peer left during the TLS handshake")
+        except BaseException:
+            self._open = False
+            self._writer.transport.abort()
+            raise
+        protocol.connection_made(transport)
+        self._reader = reader
+        self._writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        self.fingerprint = peer_fingerprint(self._writer)
 
     @property
     def description(self) -> str:
@@ -220,7 +247,9 @@ class SocketLink(Link):
                     ErrorCode.TOO_LARGE, f"frame declares {length} B, limit is {limit} B{before}"
                 )
             crc = zlib.crc32(header)
-            if self.budget is not None:  # room for the whole frame first (nothing allocated)
+            counted = self.budget is not None and length + 4 > UNCOUNTED_BYTES
+            if counted:  # room for the whole frame first (nothing allocated)
+                assert self.budget is not None
                 await self.budget.take(length + 4)
             try:
                 if floor is not None:  # the wait for room was the budget's, not the peer's
@@ -230,11 +259,19 @@ class SocketLink(Link):
                 (want,) = struct.unpack("<I", memoryview(body)[length:])
                 del body
             finally:
-                if self.budget is not None:
+                if counted:
+                    assert self.budget is not None
                     self.budget.give(length + 4)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self._open = False
             self.buffered = 0
+            if self.fingerprint is not None and not self.stats.messages_received:
+                from coinf.ble_protocol.tls import PAIR_HINT
+
+                why = exc.reason if isinstance(exc, ssl.SSLError) else type(exc).__name__
+                raise LinkClosed(f"{self._name}: the peer ended the TLS session before any "
+                                 f"frame ({why}): does it trust this device? {PAIR_HINT}"
+                                 ) from None
             raise LinkClosed(f"{self._name}: peer disconnected ({type(exc).__name__})") from None
         except ProtocolError:
             self.buffered = 0
@@ -302,6 +339,9 @@ class SocketLink(Link):
 
 #: the most read from a stream at once into a frame buffer
 _PIECE = 256 * 1024
+#: frames this small never wait for a listener's budget (a HELLO, PROBE, STATUS or CANCEL
+#: must get through while large frames fill it; they cost at most this much per link)
+UNCOUNTED_BYTES = 64 * 1024
 
 
 class ByteBudget:
@@ -396,15 +436,17 @@ class _Floor:
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """``unix:/path`` or ``tcp:host:port`` -> (kind, target). Raises ValueError on anything else."""
+    """``unix:/path``, ``tcp:host:port`` or ``tcp+insecure:host:port`` -> (kind, target); kind
+    is ``unix`` or ``tcp``. Raises ValueError on anything else."""
     kind, _, rest = address.partition(":")
     if kind == "unix" and rest:
         return "unix", rest
-    if kind == "tcp":
+    if kind in ("tcp", "tcp+insecure"):
         host, _, port = rest.rpartition(":")
         if host and port.isdigit():
             return "tcp", (host, int(port))
-    raise ValueError(f"bad address {address!r}: expected unix:/path/to/sock or tcp:HOST:PORT")
+    raise ValueError(f"bad address {address!r}: expected unix:/path/to/sock, tcp:HOST:PORT "
+                     f"(TLS) or tcp+insecure:HOST:PORT")
 
 
 def frame_header(mtype: int, request_id: int, length: int) -> bytes:
@@ -413,28 +455,76 @@ def frame_header(mtype: int, request_id: int, length: int) -> bytes:
     return _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(mtype), request_id, length)
 
 
-async def connect_socket(address: str, timeout: float = 10.0) -> SocketLink:
-    """Connect to a handheld daemon listening on ``address``."""
+async def connect_socket(address: str, timeout: float = 10.0, *, tls: Any = None,
+                         pin: str | None = None) -> SocketLink:
+    """Connect to a handheld daemon listening on ``address``. A ``tcp:`` address runs TLS
+    (``tls``: None or True, the device's store; a
+    :class:`~coinf.ble_protocol.tls_store.TlsStore`; False: plain) and checks the server's
+    certificate (``pin``: that fingerprint, else any paired peer's) before anything is sent:
+    a certificate not pinned is :class:`~coinf.errors.UntrustedPeer`."""
+    from coinf.ble_protocol.tls import resolve_store
+
     kind, target = parse_address(address)
+    tls = resolve_store(address, tls)
     try:
         if kind == "unix":
             assert isinstance(target, str)
             coro = asyncio.open_unix_connection(target)
         else:
             assert isinstance(target, tuple)
-            coro = asyncio.open_connection(*target)
+            if tls is not None:
+                from coinf.ble_protocol.tls import client_context
+
+                coro = asyncio.open_connection(*target, ssl=client_context(tls),
+                                               ssl_handshake_timeout=timeout)
+            else:
+                coro = asyncio.open_connection(*target)
         reader, writer = await asyncio.wait_for(coro, timeout)
-    except (OSError, TimeoutError) as exc:
+    except ssl.SSLError as exc:
+        raise LinkClosed(f"TLS handshake with {address} failed ({exc.reason or exc}): is it a "
+                         f"coinf helper with TLS?") from None
+    except ConnectionError as exc:
+        if tls is None:
+            raise LinkClosed(f"cannot reach handheld at {address}: {exc}") from None
+        raise LinkClosed(f"TLS handshake with {address} failed ({type(exc).__name__}: the "
+                         f"server closed the connection; a plain server, or no free slot?)"
+                         ) from None
+    except TimeoutError:
+        what = "no TLS handshake" if tls is not None else "no connection"
+        raise LinkClosed(f"cannot reach handheld at {address}: {what} within {timeout:g} s"
+                         ) from None
+    except OSError as exc:
         raise LinkClosed(f"cannot reach handheld at {address}: {exc}") from None
-    return SocketLink(reader, writer, name=address)
+    link = SocketLink(reader, writer, name=address)
+    if tls is not None:
+        from coinf.ble_protocol.tls import check_server, peer_fingerprint
+
+        try:
+            link.fingerprint = check_server(peer_fingerprint(writer), tls, pin, address)
+        except BaseException:
+            writer.transport.abort()  # not a byte of ours reaches a device we do not trust
+            raise
+    return link
+
+
+class _HeldBackProtocol(asyncio.StreamReaderProtocol):
+    """A server connection that reads nothing until its handler says so: the TLS handshake
+    (``start_tls``) must see the client's first bytes, which a stream reader would swallow."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
 
 
 async def serve_socket(
-    address: str, on_link: Callable[[SocketLink], Awaitable[None]], **link_options: Any
+    address: str, on_link: Callable[[SocketLink], Awaitable[None]], *, tls: bool = False,
+    **link_options: Any
 ) -> asyncio.AbstractServer:
     """Listen on ``address``; call ``on_link`` for each connection (one task per connection).
     ``link_options`` go to each :class:`SocketLink` (``max_message_bytes``, ``frame_timeout``,
-    ``min_rate_bps``)."""
+    ``min_rate_bps``). ``tls``: TCP connections read nothing until ``on_link`` runs
+    :meth:`SocketLink.start_tls` on them."""
     kind, target = parse_address(address)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -448,4 +538,11 @@ async def serve_socket(
         assert isinstance(target, str)
         return await asyncio.start_unix_server(handle, target)
     assert isinstance(target, tuple)
-    return await asyncio.start_server(handle, *target)
+    if not tls:
+        return await asyncio.start_server(handle, *target)
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.StreamReaderProtocol:
+        return _HeldBackProtocol(asyncio.StreamReader(loop=loop), handle, loop=loop)
+
+    return await loop.create_server(factory, *target)

@@ -4,14 +4,19 @@ announces, and a reading of it that trusts nothing.
 A helper (``coinf handheld --announce``, :mod:`coinf.handheld.announce`) registers
 ``INSTANCE._coinf._tcp.local.`` with its TCP port, its IPv4 addresses and a TXT record::
 
-    name=h1  bundle=<bundle identity>  proto=<PROTOCOL_VERSION>  [gflops=12.5]
+    name=h1  bundle=<bundle identity>  proto=<PROTOCOL_VERSION>  [gflops=12.5]  [fp=<64 hex>]
+
+``fp`` is the SHA-256 of the helper's TLS certificate (docs/PROTOCOL.md §15): a record is only
+used when that fingerprint is pinned in this device's trust store (paired); the others are
+listed as unpaired (:func:`split_paired`) and never connected to.
 
 Everything a record carries is untrusted input. :func:`parse_announcement` decodes the raw TXT
 bytes itself, bounds their size, checks the name (1-32 of ``[A-Za-z0-9_-]``, not a reserved
 device name), the protocol version, the bundle identity and the addresses, and raises
 :class:`~coinf.errors.ProtocolError` saying why a record is dropped. A record authenticates
-nothing: any device on the network can announce any name (issue 40 is how helpers will prove
-who they are); the HELLO handshake checks the bundle again on every link.
+nothing by itself: any device can announce any name. What it claims is checked on the link:
+its ``fp`` must be pinned here, and the TLS handshake proves the helper holds that key; the
+HELLO checks the bundle again.
 
 :class:`Browser` follows the records on one zeroconf instance (continuously: a helper's peers);
 :func:`browse` collects them for a while (the wearable before a Session). Both need
@@ -60,6 +65,8 @@ class Announcement:
     bundle: str
     protocol: int
     speed_gflops: float | None = None
+    #: the announced TLS certificate fingerprint (``sha256:...``), None if not announced
+    fingerprint: str | None = None
 
     @property
     def ip(self) -> str:
@@ -69,19 +76,35 @@ class Announcement:
         out: dict[str, Any] = {"name": self.name, "address": self.address}
         if self.speed_gflops is not None:
             out["speed_gflops"] = self.speed_gflops
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
         return out
 
 
 @dataclass
 class Found:
-    """What a browse found: the usable records (by name) and the dropped ones, with why."""
+    """What a browse found: the usable records (by name), the dropped ones with why, and (after
+    :func:`split_paired`) the ones whose certificate is not pinned here."""
 
     announcements: list[Announcement] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (instance, reason)
+    unpaired: list[Announcement] = field(default_factory=list)
 
 
-def txt_record(name: str, bundle_identity: str, speed_gflops: float | None = None
-               ) -> dict[str, str]:
+def split_paired(found: Found, store: Any = None) -> Found:
+    """``found`` with the records whose fingerprint is not pinned in ``store`` (default: this
+    device's trust store) moved to ``unpaired``: they are never used."""
+    from coinf.ble_protocol.tls_store import default_store
+
+    store = store if store is not None else default_store()
+    paired = [a for a in found.announcements
+              if a.fingerprint is not None and store.trusts(a.fingerprint)]
+    rest = [a for a in found.announcements if a not in paired]
+    return Found(paired, list(found.dropped), [*found.unpaired, *rest])
+
+
+def txt_record(name: str, bundle_identity: str, speed_gflops: float | None = None,
+               fingerprint: str | None = None) -> dict[str, str]:
     """The TXT record a helper announces (the checks :func:`parse_announcement` makes)."""
     if not valid_name(name) or name in RESERVED_NAMES:
         raise InputError(f"a helper's name must be 1-32 of [A-Za-z0-9_-] and not "
@@ -93,6 +116,10 @@ def txt_record(name: str, bundle_identity: str, speed_gflops: float | None = Non
         if not (math.isfinite(speed_gflops) and 0 < speed_gflops <= MAX_GFLOPS):
             raise InputError(f"speed must be in (0, {MAX_GFLOPS:g}] GFLOP/s, got {speed_gflops}")
         txt["gflops"] = f"{speed_gflops:g}"
+    if fingerprint is not None:
+        from coinf.ble_protocol.tls_store import PREFIX, parse_fingerprint
+
+        txt["fp"] = parse_fingerprint(fingerprint)[len(PREFIX):]
     return txt
 
 
@@ -129,7 +156,7 @@ def txt_pairs(text: bytes) -> dict[str, bytes]:
     return pairs
 
 
-_KEYS = ("name", "bundle", "proto", "gflops")
+_KEYS = ("name", "bundle", "proto", "gflops", "fp")
 
 
 def _ascii(pairs: Mapping[str, bytes], key: str, *, required: bool = True) -> str | None:
@@ -199,10 +226,19 @@ def parse_announcement(instance: str, text: bytes, addresses: Sequence[str], por
         if not (math.isfinite(gflops) and 0 < gflops <= MAX_GFLOPS):
             raise _drop(ErrorCode.MALFORMED, f"{name}: gflops {gflops_text!r} is not a speed "
                                              f"in (0, {MAX_GFLOPS:g}]")
+    fp_text = _ascii(pairs, "fp", required=False)
+    fp = None
+    if fp_text is not None:
+        from coinf.ble_protocol.tls_store import parse_fingerprint
+
+        try:
+            fp = parse_fingerprint(fp_text)
+        except InputError:
+            raise _drop(ErrorCode.MALFORMED, f"{name}: fp is not 64 hex digits") from None
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise _drop(ErrorCode.MALFORMED, f"{name}: port {port!r} is not 1..65535")
     address = f"tcp:{pick_address(addresses)}:{port}"
-    return Announcement(instance, name, address, bundle, PROTOCOL_VERSION, gflops)
+    return Announcement(instance, name, address, bundle, PROTOCOL_VERSION, gflops, fp)
 
 
 def check_allow(entries: Sequence[str]) -> tuple[str, ...]:
@@ -424,5 +460,6 @@ async def browse(timeout_s: float, bundle_identity: str | None = None,
 __all__ = [
     "EXTRA", "MAX_SERVICES", "MAX_TXT_BYTES", "MAX_VALUE_BYTES", "RESERVED_NAMES", "SERVICE_TYPE",
     "Announcement", "Browser", "Found", "allowed", "browse", "check_allow", "open_zeroconf",
-    "parse_announcement", "pick_address", "printable", "settle", "txt_pairs", "txt_record",
+    "parse_announcement", "pick_address", "printable", "settle", "split_paired", "txt_pairs",
+    "txt_record",
 ]

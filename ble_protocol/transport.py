@@ -8,8 +8,10 @@ and releases it on :meth:`Connector.aclose`.
 Specs (the implementation is imported only when its scheme is used):
 
 =========================  ==============================================================
-``tcp:HOST:PORT``          a ``coinf handheld`` daemon listening on TCP
-``unix:/path``             the same on a unix socket
+``tcp:HOST:PORT``          a ``coinf handheld`` daemon listening on TCP, over TLS 1.3 with
+                           pinned certificates (:mod:`coinf.ble_protocol.tls`)
+``tcp+insecure:HOST:PORT`` the same in plain TCP (the explicit opt-out: tests, loopback)
+``unix:/path``             the same on a unix socket (plain: one machine)
 ``ble:HCI``                this wearable's GATT server on a bumble HCI transport
                            (``ble:hci-socket:0`` on a Pi, ``ble:usb:0``,
                            ``ble:tcp-client:127.0.0.1:PORT`` of ``coinf radio``)
@@ -38,6 +40,7 @@ LinkFactory = Callable[[], Awaitable[Link]]
 #: Built-in schemes -> "module:class" (imported on first use).
 _BUILTIN = {
     "tcp": "coinf.ble_protocol.transport:SocketConnector",
+    "tcp+insecure": "coinf.ble_protocol.transport:SocketConnector",
     "unix": "coinf.ble_protocol.transport:SocketConnector",
     "ble": "coinf.ble_protocol.ble_transport:PeripheralConnector",
 }
@@ -75,10 +78,16 @@ class Connector(ABC):
 
 
 class SocketConnector(Connector):
-    """``tcp:HOST:PORT`` or ``unix:/path`` of a ``coinf handheld`` daemon."""
+    """``tcp:HOST:PORT`` (TLS), ``tcp+insecure:HOST:PORT`` or ``unix:/path`` of a ``coinf
+    handheld`` daemon. Options: ``fingerprint`` (``sha256:...``: the helper's pinned
+    certificate; default: any paired peer's) and ``tls`` (True, False: plain, or a
+    :class:`~coinf.ble_protocol.tls_store.TlsStore`; default: the device's store)."""
 
-    def __init__(self, spec: str, *, bundle: Any = None, **options: Any) -> None:
+    def __init__(self, spec: str, *, bundle: Any = None, fingerprint: str | None = None,
+                 tls: Any = None, **options: Any) -> None:
         from coinf.ble_protocol.loopback import parse_address
+        from coinf.ble_protocol.tls import resolve_store
+        from coinf.ble_protocol.tls_store import parse_fingerprint
 
         _no_options(spec, options)
         try:
@@ -86,12 +95,18 @@ class SocketConnector(Connector):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.spec = spec
+        self.store = resolve_store(spec, tls)
+        self.fingerprint = parse_fingerprint(fingerprint) if fingerprint is not None else None
+        if self.fingerprint is not None and self.store is None:
+            raise InputError(f"{spec}: a fingerprint is checked on TLS links (tcp:HOST:PORT)")
         self.hint = f"is `coinf handheld --listen {spec}` running?"
 
     async def connect(self, timeout: float) -> Link:
         from coinf.ble_protocol.loopback import connect_socket
 
-        return await connect_socket(self.spec, timeout=timeout)
+        return await connect_socket(self.spec, timeout=timeout,
+                                    tls=self.store if self.store is not None else False,
+                                    pin=self.fingerprint)
 
 
 class FactoryConnector(Connector):
@@ -153,7 +168,7 @@ def open_connector(spec: Any, **options: Any) -> Connector:
                          f"{', '.join(f'{s}:...' if s != 'inprocess' else s for s in known)}")
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
-    return cls(spec if scheme in ("tcp", "unix") else rest, **options)
+    return cls(spec if scheme in ("tcp", "tcp+insecure", "unix") else rest, **options)
 
 
 def _no_options(spec: str, options: dict[str, Any]) -> None:

@@ -11,10 +11,11 @@
     │   └── AdapterError     this machine's Bluetooth adapter / HCI transport cannot be opened
     └── LinkError            the link or the peer failed; ``transient`` says whether retrying
         │                    later (and finishing the inference locally now) is right
-        └── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
-            ├── LinkClosed   the peer went away (DISCONNECTED)
-            ├── PairingError BLE pairing failed for good (``reason``: a PairingFailure)
-            └── PeerResultError  a result that does not match the model's outputs
+        ├── ProtocolError    with a wire error ``code`` (and the ``request_id`` it concerns)
+        │   ├── LinkClosed   the peer went away (DISCONNECTED)
+        │   ├── PairingError a BLE or Wi-Fi pairing failed for good (``reason``: a PairingFailure)
+        │   └── PeerResultError  a result that does not match the model's outputs
+        └── UntrustedPeer    a TLS peer whose certificate is not pinned (not paired, a squatter)
 
 Exit codes belong to the command line (``coinf.cli``), not to these classes.
 """
@@ -135,7 +136,7 @@ class PairingFailure(StrEnum):
     """Why a BLE pairing failed (docs/PROTOCOL.md §2, "Pairing failures"), from the SMP
     ``Pairing Failed`` reason or what this side saw."""
 
-    WRONG_PASSKEY = "wrong_passkey"  # SMP 0x04 Confirm Value Failed (or 0x01 Passkey Entry Failed)
+    WRONG_PASSKEY = "wrong_passkey"  # SMP 0x04 Confirm Value Failed (or 0x01); Wi-Fi: wrong code
     WINDOW_CLOSED = "window_closed"  # SMP 0x05 Pairing Not Supported: the wearable's window is shut
     WEAK = "weak"  # SMP 0x03 Authentication Requirements: legacy / Just Works / short key refused
     UNAUTHENTICATED_PEER = "unauthenticated_peer"  # the peer's pairing gave no MITM protection
@@ -147,8 +148,8 @@ class PairingFailure(StrEnum):
 
 
 class PairingError(ProtocolError):
-    """BLE pairing failed and retrying will not mend it: the user must act (type the right
-    passkey, open the wearable's pairing window, remove an impostor...). Not transient.
+    """A BLE or Wi-Fi pairing failed and retrying will not mend it: the user must act (type
+    the right passkey or code, open the pairing window, remove an impostor...). Not transient.
 
     ``reason`` (:class:`PairingFailure`), ``peer`` (the address, if known), ``attempts`` (the
     pairings tried before giving up) and ``smp_code`` (the SMP reason byte, if one came)."""
@@ -181,6 +182,17 @@ class PeerResultError(ProtocolError):
         return True
 
 
+class UntrustedPeer(LinkError):
+    """The peer on a TLS link presented a certificate this device has not pinned (another
+    device holds the helper's address, or the two were never paired), or refused this
+    device's certificate. Transient: the inference finishes locally and the helper is tried
+    again after a backoff, when the real one may be back. ``fingerprint``: what it showed."""
+
+    def __init__(self, text: str, fingerprint: str | None = None) -> None:
+        super().__init__(text)
+        self.fingerprint = fingerprint
+
+
 __all__ = [
     "TRANSIENT_CODES",
     "AdapterError",
@@ -197,5 +209,6 @@ __all__ = [
     "PeerResultError",
     "ProtocolError",
     "RemoteError",
+    "UntrustedPeer",
     "UserError",
 ]

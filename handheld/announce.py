@@ -9,8 +9,9 @@ SIGTERM leave the block too). Given a :class:`~coinf.handheld.forward.Forwarder`
 no pipeline config), it also browses for the other helpers serving the same bundle and keeps the
 forwarder's peers to them (:meth:`Forwarder.set_peers`), so a wearable that discovered several
 helpers can run a pipeline through them. Nothing in a record is trusted beyond what
-:mod:`coinf.ble_protocol.mdns` checks: the HELLO of every peer link checks the bundle again,
-and authenticating helpers is issue 40's.
+:mod:`coinf.ble_protocol.mdns` checks: the record carries this helper's TLS fingerprint
+(``fp``), a peer is only kept when its fingerprint is pinned here (paired), and every peer link
+checks it in the TLS handshake and the bundle in its HELLO.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from coinf.ble_protocol.mdns import (
     Browser,
     Found,
     open_zeroconf,
+    split_paired,
     txt_record,
     zeroconf_module,
 )
@@ -74,15 +76,17 @@ class Announcer:
     """Announces one helper while its ``async with`` block runs (module docstring).
 
     ``address``: the TCP listener's actual ``tcp:HOST:PORT`` (port 0 resolved);
+    ``fingerprint``: its TLS certificate's, announced as ``fp``;
     ``interfaces``: IPv4 addresses of the interfaces mDNS uses (None: all); ``forwarder``: keep
     its peers to the helpers found (``allow``: only those the allow-list names)."""
 
     def __init__(self, name: str, bundle_identity: str, address: str, *,
                  interfaces: Sequence[str] | None = None, speed_gflops: float | None = None,
-                 forwarder: Any = None, allow: Sequence[str] = ()) -> None:
+                 forwarder: Any = None, allow: Sequence[str] = (),
+                 fingerprint: str | None = None) -> None:
         self.name = name
         self.bundle_identity = bundle_identity
-        self.txt = txt_record(name, bundle_identity, speed_gflops)
+        self.txt = txt_record(name, bundle_identity, speed_gflops, fingerprint)
         kind_port = address.rpartition(":")[2]
         self.port = int(kind_port) if kind_port.isdigit() else 0
         if not 0 < self.port < 65536:
@@ -148,8 +152,9 @@ class Announcer:
     def _peers_changed(self, found: Found) -> None:
         from coinf.handheld.forward import Peer
 
-        peers = {a.name: Peer(a.name, a.address) for a in found.announcements
-                 if a.name != self.name}
+        found = split_paired(found)
+        peers = {a.name: Peer(a.name, a.address, fingerprint=a.fingerprint)
+                 for a in found.announcements if a.name != self.name}
         if peers == self.forwarder.peers:
             return
         log.info("peers: %s", ", ".join(f"{p.name} at {p.address}" for p in peers.values())

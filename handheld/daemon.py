@@ -86,9 +86,11 @@ def request_bound(bundle: Bundle) -> int:
     """The largest REQUEST payload this bundle's helper can need: twice the largest tensor set
     that can cross any of its cuts (the inputs for ``handheld-only``), RAW, plus
     :data:`REQUEST_SLACK`. Twice covers every packing (none is larger than raw float32 data
-    but a few header bytes) and spatial tiles with their halos. A socket listener's
-    ``max_message_bytes`` and the daemon's ``max_request_bytes`` default to it, so what a peer
-    can make a helper buffer follows the model, not a protocol-wide 64 MiB."""
+    but a few header bytes). A socket listener's ``max_message_bytes`` and the daemon's
+    ``max_request_bytes`` default to it, so what a peer can make a helper buffer follows the
+    model, not a protocol-wide 64 MiB. (A spatial TILE or REST request, which only ``bench
+    spatial`` sends, is bounded by its region instead; its helpers are started with
+    ``coinf handheld --max-request-mib``.)"""
     sets = [sum(t.nbytes for t in bundle.inputs), sum(t.nbytes for t in bundle.outputs)]
     sets += [c.crossing_bytes for c in bundle.candidates]
     return 2 * max(sets) + REQUEST_SLACK
@@ -289,10 +291,16 @@ class HandheldDaemon:
 
     async def _request(self, msg: Message) -> Message:
         rid, size = msg.request_id, len(msg.payload)
-        if size > self.max_request_bytes:
+        tile = msg.payload[:1] in (bytes([Kind.TILE]), bytes([Kind.REST]))
+        if size > self.max_request_bytes and not tile:  # before decoding anything
             log.info("request %d refused: %d B exceeds %d B", rid, size, self.max_request_bytes)
             raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
         request, blob = decode_request(msg.payload)  # the one place a header is decoded
+        if tile:  # a spatial tile (bench spatial): its region's own bound
+            limit = max(self.max_request_bytes, self.tiles.budget(request.tile) + REQUEST_SLACK)
+            if size > limit:
+                log.info("request %d refused: %d B exceeds %d B", rid, size, limit)
+                raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
         if request.kind == Kind.STAGES and len(request.hops) > 1:
             if self.forward is None:
                 raise ProtocolError(ErrorCode.UNSUPPORTED, "this handheld runs no pipeline "
@@ -385,7 +393,9 @@ class HandheldDaemon:
             except BundleError as exc:
                 raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
             need = comp.code.nbytes if comp is not None else cand.crossing_bytes
-        feeds = decode_tensors(blob, max_bytes=min(need, self.max_request_bytes))
+        if request.kind == Kind.STAGES:
+            need = min(need, self.max_request_bytes)
+        feeds = decode_tensors(blob, max_bytes=need)
         if comp is not None:
             check_code(comp, feeds)
         return feeds

@@ -70,6 +70,8 @@ class Peer:
     name: str
     address: str
     channel: Channel | None = None
+    #: its pinned TLS certificate (``sha256:...``); None: any paired peer's
+    fingerprint: str | None = None
 
 
 class _PeerLink:
@@ -91,7 +93,10 @@ class _PeerLink:
             if rpc is not None and rpc.link.is_open:
                 return rpc
             await self.drop()
-            connector = open_connector(self.peer.address)
+            pin = self.peer.fingerprint
+            connector = (open_connector(self.peer.address, fingerprint=pin)
+                         if pin and self.peer.address.startswith("tcp:")
+                         else open_connector(self.peer.address))
             link: Link = await connect_within(connector, self.connect_timeout)
             if self.peer.channel is not None:
                 from coinf.ble_protocol.throttle import ThrottledLink

@@ -15,7 +15,8 @@ def test_every_bench_accepts_json(name: str) -> None:
     parser = build_parser()
     required = {"plan": ["--bundle", "b"], "predict": ["--bundle", "b"],
                 "stream": ["--bundle", "b"], "overhead": ["m.onnx"], "faults": ["--bundle", "b"],
-                "runtime": ["--bundle", "b"], "memory": ["--bundle", "b"], "split": ["m.onnx"]}
+                "runtime": ["--bundle", "b"], "memory": ["--bundle", "b"], "split": ["m.onnx"],
+                "attack": ["--bundle", "b"], "hostile": ["--bundle", "b"]}
     args = parser.parse_args(["bench", name, *required.get(name, []), "--json"])
     assert args.json is True
 

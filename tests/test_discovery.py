@@ -102,7 +102,10 @@ def test_a_txt_record_round_trips_through_zeroconfs_own_encoding() -> None:
     assert got.to_json() == {"name": "h1", "address": "tcp:10.1.2.3:7878", "speed_gflops": 12.5}
     # any bundle, to list them; no speed announced
     plain = parse_announcement("x", _good(), ["10.1.2.3"], 1, None)
-    assert plain.speed_gflops is None and plain.bundle == ID
+    assert plain.speed_gflops is None and plain.bundle == ID and plain.fingerprint is None
+    fp = "sha256:" + "0f" * 32  # the helper's TLS certificate, announced as 64 hex digits
+    signed = parse_announcement("x", _txt(**txt_record("h1", ID, None, fp)), ["10.1.2.3"], 1, ID)
+    assert signed.fingerprint == fp and signed.to_json()["fingerprint"] == fp
     for bad in (dict(name="wearable"), dict(name="a b"), dict(speed_gflops=float("inf"))):
         with pytest.raises(InputError):
             txt_record(**{"name": "h1", "bundle_identity": ID, **bad})  # type: ignore[arg-type]
@@ -130,6 +133,9 @@ HOSTILE_TXT = [
     *[(_good(gflops=g), [LO], 1, ErrorCode.MALFORMED, "gflops")
       for g in ("nan", "inf", "-1", "0", "fast", "1e7")],
     *[(_good(), [LO], p, ErrorCode.MALFORMED, "port") for p in (0, 65536, None, "80", True)],
+    *[(_good(fp=f), [LO], 1, ErrorCode.MALFORMED, "fp is not 64 hex")
+      for f in ("ab" * 31, "zz" * 32, "sha256")],
+    (_good(fp="ab" * 33), [LO], 1, ErrorCode.TOO_LARGE, "'fp' of 66 bytes"),
     *[(_good(), a, 1, ErrorCode.MALFORMED, "no usable IPv4")
       for a in ([], ["0.0.0.0"], ["224.0.0.251"], ["255.255.255.255"], ["::1"], ["x"])],
 ]
@@ -338,7 +344,8 @@ async def start_helper(bundle: Any, name: str, speed: float | None = None) -> He
     daemon = HandheldDaemon(bundle, emulation, max_pending=16, forward=forwarder)
     daemon.spawn(daemon.serve_listener(listener))
     announcer = Announcer(name, bundle.identity, listener.address, interfaces=[LO],
-                          speed_gflops=speed, forwarder=forwarder)
+                          speed_gflops=speed, forwarder=forwarder,
+                          fingerprint=listener.store.fingerprint)
     await announcer.__aenter__()
     return Helper(name, listener.address, forwarder, daemon, listener, announcer)
 
@@ -353,7 +360,11 @@ HOSTILE: dict[str, dict[str, str]] = {
               **{f"pad{i}": "x" * 200 for i in range(3)}},
     "x-fast": {"name": "fast", "bundle": "{id}", "proto": str(PROTOCOL_VERSION),
                "gflops": "inf"},
+    # well formed, serving this bundle, but its certificate is not pinned here: unpaired
+    "x-stranger": {"name": "stranger", "bundle": "{id}", "proto": str(PROTOCOL_VERSION),
+                   "fp": "ab" * 32},
 }
+UNPAIRED = ("x-stranger",)
 
 
 async def register(aiozc: AsyncZeroconf, instance: str, properties: dict[str, str],
@@ -427,13 +438,19 @@ def test_helpers_are_found_and_hostile_records_dropped(network: Network) -> None
             "x-fast": "gflops"}
     for instance, words in want.items():
         assert words in why.get(f"{instance}.{SERVICE_TYPE}", ""), (instance, found.dropped)
+    # announced and well formed, but not paired: listed as such, never used
+    assert [(a.name, a.fingerprint) for a in found.unpaired] == [("stranger", "sha256:" +
+                                                                  "ab" * 32)]
+    assert [a.name for a in found.announcements] == ["h1", "h2"]
     helpers = discover_helpers(2.0, network.bundle.identity, interfaces=[LO])
     assert [(h.name, h.address, h.speed_flops, h.wearable_link) for h in helpers] == [
         ("h1", h1.address, 12.5e9, None), ("h2", h2.address, None, None)]
     # listing every bundle: the other bundle's helper shows, with its identity
     listed = discover(2.0, None, interfaces=[LO])
     assert {a.name: a.bundle for a in listed.announcements} == {
-        "h1": network.bundle.identity, "h2": network.bundle.identity, "other": OTHER}
+        "h1": network.bundle.identity, "h2": network.bundle.identity}
+    assert {a.name: a.bundle for a in listed.unpaired} == {  # "other" announces no fp
+        "other": OTHER, "stranger": network.bundle.identity}
 
 
 def test_the_allow_list_is_respected(network: Network) -> None:
@@ -492,7 +509,8 @@ def test_coinf_discover_run_and_plan(network: Network, tmp_path: Path,
     assert main(["discover", b, "--json", *lo]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [h["name"] for h in out["helpers"]] == ["h1", "h2"]
-    assert len(out["dropped"]) >= len(HOSTILE)  # every hostile record, saying why
+    assert len(out["dropped"]) >= len(HOSTILE) - len(UNPAIRED)  # each hostile one, saying why
+    assert [h["name"] for h in out["unpaired"]] == ["stranger"]
     config = tmp_path / "found.json"  # the output is a pipeline config
     config.write_text(json.dumps(out))
     from coinf.wearable.pipeline_config import load_helpers
@@ -500,8 +518,13 @@ def test_coinf_discover_run_and_plan(network: Network, tmp_path: Path,
     assert [h.address for h in load_helpers(config)] == [h["address"] for h in out["helpers"]]
     assert main(["discover", b, *lo, "--allow", "h2"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["name", "address", "GFLOP/s", "bundle"]
+    assert table[0].split() == ["name", "address", "GFLOP/s", "bundle", "trust"]
     assert table[1].split()[:2] == ["h2", network.helpers["h2"].address]
+    assert table[1].split()[-1] == "paired"
+    assert main(["discover", b, *lo]) == 0
+    listing = capsys.readouterr().out
+    assert any(line.startswith("stranger") and line.endswith("unpaired")
+               for line in listing.splitlines()), listing
     assert any("h1" in line and "allow-list" in line for line in table)
 
     plan = tmp_path / "plan.json"
@@ -579,7 +602,8 @@ def test_a_helper_lying_about_its_bundle_is_refused_at_hello(network: Network,
     async def up() -> Helper:
         helper = await start_helper(other, "liar")
         await helper.announcer.__aexit__(None, None, None)  # re-announced with a false bundle
-        helper.announcer = Announcer("liar", bundle.identity, helper.address, interfaces=[LO])
+        helper.announcer = Announcer("liar", bundle.identity, helper.address, interfaces=[LO],
+                                     fingerprint=helper.listener.store.fingerprint)
         await helper.announcer.__aenter__()
         return helper
 

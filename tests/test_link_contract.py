@@ -26,6 +26,8 @@ from coinf.ble_protocol.link import Link
 from coinf.ble_protocol.loopback import InProcessLink, SocketLink, connect_socket, serve_socket
 from coinf.ble_protocol.messages import Message, MsgType
 from coinf.ble_protocol.shaped import Channel, ShapedLink
+from coinf.ble_protocol.tls import server_context
+from coinf.ble_protocol.tls_store import default_store
 
 from coinf.errors import LinkClosed
 from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
@@ -90,10 +92,12 @@ async def socket_pair(kind: str) -> AsyncIterator[tuple[Link, Link]]:
         done = asyncio.Event()
 
         async def on_link(link: SocketLink) -> None:
+            if kind == "tcp":  # tcp: is TLS (the session's identity, tests/tls_keys.py)
+                await link.start_tls(server_context(default_store()), 10)
             await accepted.put(link)
             await done.wait()  # serve_socket closes the link when this returns
 
-        server = await serve_socket(address, on_link)
+        server = await serve_socket(address, on_link, tls=kind == "tcp")
         try:
             if kind == "tcp":
                 port = server.sockets[0].getsockname()[1]

@@ -57,10 +57,11 @@ async def handler(msg: Message) -> Message:
 
 
 @contextlib.asynccontextmanager
-async def listening(spec: str = "tcp:127.0.0.1:0", *,
+async def listening(spec: str = "tcp+insecure:127.0.0.1:0", *,
                     serve: Callable[[Link], Awaitable[Any]] | None = None,
                     **options: Any) -> AsyncIterator[SocketListener]:
-    """A socket listener; with ``serve``, every link it yields is served by it in a task."""
+    """A socket listener (plain TCP: these tests write frames by hand; TLS: test_tls.py); with
+    ``serve``, every link it yields is served by it in a task."""
     async with open_listener(spec, **options) as listener:
         assert isinstance(listener, SocketListener)
         tasks: set[asyncio.Task[Any]] = set()

@@ -99,7 +99,7 @@ async def _socket_pair():
         lambda r, w: on_link(SocketLink(r, w, "srv")), "127.0.0.1", 0
     )
     port = server.sockets[0].getsockname()[1]
-    client = await connect_socket(f"tcp:127.0.0.1:{port}")
+    client = await connect_socket(f"tcp+insecure:127.0.0.1:{port}")  # a plain test server
     srv = await server_links.get()
     return server, client, srv, done
 

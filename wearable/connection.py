@@ -263,7 +263,9 @@ def helper_connection(helper: Any, bundle: Any, *, connect_timeout: float,
     if helper.over_ble:
         connector = open_connector(spec, bundle=bundle, **dict(ble_options or {}))
     else:
+        pin = getattr(helper, "fingerprint", None)
         connector = (open_connector(spec, bundle=bundle) if spec.startswith("inprocess")
+                     else open_connector(spec, fingerprint=pin) if pin and spec.startswith("tcp:")
                      else open_connector(spec))
         if helper.channel is not None:
             connector = ShapedConnector(connector, helper.channel)

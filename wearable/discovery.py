@@ -12,9 +12,10 @@ it when the Session starts::
                                       bundle_identity=Bundle.load(path).identity))
 
 The records are untrusted (:mod:`coinf.ble_protocol.mdns` checks and bounds them, and drops
-what does not serve this bundle and protocol); the HELLO of every link checks the bundle
-again. A record proves nothing about who sent it: ``allow`` restricts the helpers to names or
-addresses the user knows, and authenticating them is issue 40's.
+what does not serve this bundle and protocol). Only the helpers whose announced TLS
+fingerprint is pinned in this device's trust store (paired: ``coinf wifi pair``) are used, and
+the link to each one checks that the helper holds that certificate (docs/PROTOCOL.md §15); the
+others are listed as unpaired. ``allow`` restricts the helpers further to names or addresses.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from coinf.ble_protocol.mdns import Announcement, Found, browse, check_allow
+from coinf.ble_protocol.mdns import Announcement, Found, browse, check_allow, split_paired
 from coinf.wearable.pipeline_config import HelperConfig
 
 from coinf.errors import InputError
@@ -82,17 +83,19 @@ class Discover:
 def to_helper(a: Announcement) -> HelperConfig:
     """A checked record as the helper a Session takes (its speed as the planner's prior)."""
     return HelperConfig(a.name, a.address,
-                        speed_flops=a.speed_gflops * 1e9 if a.speed_gflops else None)
+                        speed_flops=a.speed_gflops * 1e9 if a.speed_gflops else None,
+                        fingerprint=a.fingerprint)
 
 
 def discover(timeout_s: float = DEFAULT_TIMEOUT_S, bundle_identity: str | None = None,
              allow: Sequence[str] | None = None, interfaces: Sequence[str] | None = None
              ) -> Found:
-    """Browse ``_coinf._tcp`` for ``timeout_s``: the usable records and the dropped ones with
-    why (``bundle_identity`` None: any bundle, to list them). Blocks; from a running event loop
-    it browses on a thread of its own (``await`` :func:`coinf.ble_protocol.mdns.browse`
-    instead). MissingDependency without zeroconf."""
-    return _run(browse(timeout_s, bundle_identity, check_allow(allow or ()), interfaces))
+    """Browse ``_coinf._tcp`` for ``timeout_s``: the usable (paired) records, the unpaired ones
+    and the dropped ones with why (``bundle_identity`` None: any bundle, to list them). Blocks;
+    from a running event loop it browses on a thread of its own (``await``
+    :func:`coinf.ble_protocol.mdns.browse` instead). MissingDependency without zeroconf."""
+    return split_paired(_run(browse(timeout_s, bundle_identity, check_allow(allow or ()),
+                                    interfaces)))
 
 
 def discover_helpers(timeout_s: float, bundle_identity: str,

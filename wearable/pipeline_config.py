@@ -1,6 +1,7 @@
 """The pipeline config (docs/PIPELINE.md): the helpers, how to reach them, the planner's priors.
 
     {"helpers": [{"name": "phone", "address": "tcp:192.168.1.20:7878",
+                  "fingerprint": "sha256:...",
                   "wearable_link": "ble:hci-socket:0", "bandwidth_kbps": 20}, ...]}
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from coinf.ble_protocol.request import valid_name
 from coinf.ble_protocol.shaped import Channel
+from coinf.ble_protocol.tls_store import parse_fingerprint
 from coinf.wearable.plan import WEARABLE
 
 from coinf.errors import InputError
@@ -35,6 +37,8 @@ class HelperConfig:
     #: how the *wearable* reaches this helper when it is the first of a plan, if not at
     #: ``address`` (e.g. ``ble:tcp-client:127.0.0.1:PORT``: this wearable's controller)
     wearable_link: str | None = None
+    #: the pinned certificate of its TLS listener (``sha256:...``); None: any paired peer's
+    fingerprint: str | None = None
 
     @property
     def channel(self) -> Channel | None:
@@ -59,7 +63,11 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
         {"helpers": [{"name": "h1", "address": "tcp:192.168.1.5:7878",
                       "wearable_link": "ble:hci-socket:0",
                       "bandwidth_kbps": 250, "latency_ms": 5, "speed_gflops": 2.0,
-                      "shape": false}, ...]}
+                      "shape": false, "fingerprint": "sha256:..."}, ...]}
+
+    ``fingerprint`` (optional): the SHA-256 of the helper's TLS certificate (``coinf wifi id``
+    on it): a ``tcp:`` link to it is refused unless it presents exactly that certificate
+    (without one, any paired peer's certificate is accepted; docs/PROTOCOL.md §15).
 
     ``wearable_link`` (optional): how the wearable reaches that helper instead of ``address``
     (which the helpers use among themselves); ``ble:HCI`` is this wearable's GATT server on
@@ -97,13 +105,20 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
                                   or not v >= 0 or (key != "latency_ms" and v == 0)):
                 raise InputError(f"{where}: helpers[{i}].{key} must be a number > 0, got {v!r}")
             nums[key] = v
+        fp = e.get("fingerprint")
+        if fp is not None:
+            try:
+                fp = parse_fingerprint(fp)
+            except InputError as exc:
+                raise InputError(f"{where}: helpers[{i}].fingerprint: {exc}") from None
         helpers.append(HelperConfig(
             name, address,
             bandwidth_bps=nums["bandwidth_kbps"] * 1000 if nums["bandwidth_kbps"] else None,
             latency_s=(nums["latency_ms"] or 0) / 1000,
             speed_flops=nums["speed_gflops"] * 1e9 if nums["speed_gflops"] else None,
             shape=bool(e.get("shape", False)),
-            wearable_link=_wearable_link(e.get("wearable_link"), f"{where}: helpers[{i}]")))
+            wearable_link=_wearable_link(e.get("wearable_link"), f"{where}: helpers[{i}]"),
+            fingerprint=fp))
     names = [h.name for h in helpers]
     if len(set(names)) != len(names):
         raise InputError(f"{where}: helper names must be unique, got {names}")
@@ -116,7 +131,7 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
     return helpers
 
 
-WEARABLE_LINK_SCHEMES = ("tcp", "unix", "ble")
+WEARABLE_LINK_SCHEMES = ("tcp", "tcp+insecure", "unix", "ble")
 
 
 def _wearable_link(value: Any, where: str) -> str | None:
@@ -127,8 +142,8 @@ def _wearable_link(value: Any, where: str) -> str | None:
     scheme, _, rest = value.partition(":") if isinstance(value, str) else ("", "", "")
     if scheme not in WEARABLE_LINK_SCHEMES or not rest:
         raise InputError(f"{where}.wearable_link must be ble:HCI (e.g. ble:hci-socket:0, "
-                         f"ble:tcp-client:HOST:PORT of coinf radio), tcp:HOST:PORT or "
-                         f"unix:/path, got {value!r}")
+                         f"ble:tcp-client:HOST:PORT of coinf radio), tcp:HOST:PORT, "
+                         f"tcp+insecure:HOST:PORT or unix:/path, got {value!r}")
     if scheme != "ble":
         from coinf.ble_protocol.loopback import parse_address
 

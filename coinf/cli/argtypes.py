@@ -138,7 +138,8 @@ def name_equals_file(text: str) -> str:
 
 # --- addresses -------------------------------------------------------------------------------
 
-_TCP = re.compile(r"(?:^|:)(tcp(?:-client|-server)?):(?P<host>[^:]*(?::[^:]*)*?):(?P<port>[^:]*)$")
+_TCP = re.compile(r"(?:^|:)(tcp(?:-client|-server|\+insecure)?):"
+                  r"(?P<host>[^:]*(?::[^:]*)*?):(?P<port>[^:]*)$")
 
 
 def _port_of(text: str, lowest: int) -> None:

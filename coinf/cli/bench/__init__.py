@@ -39,6 +39,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
     ("hostile", "hostile", "memory a hostile peer costs: a huge RESULT (wearable), slow "
      "connections (helper)"),
+    ("attack", "attack", "attackers (unpaired client, squatter, connection flood...) against "
+     "real daemons: served, tensors read, results accepted, lockout"),
 ]
 
 

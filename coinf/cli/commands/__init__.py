@@ -15,6 +15,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("handheld", "handheld", "run the handheld daemon (tail side)"),
     ("run", "run", "run one inference through a Session"),
     ("discover", "discover", "list the helpers announced on the network (DNS-SD)"),
+    ("wifi", "wifi", "Wi-Fi links: pair devices (pinned TLS certificates), list and revoke"),
     ("demo", "demo", "the main job: split, offload and compare every candidate"),
     ("plan", "plan", "explain the split decision for a bundle (--png chart)"),
     ("profile", "profile", "measure this device: per-node and slice latency, "

@@ -69,6 +69,10 @@ def _line(found: Any, seconds: float) -> str:
         why = "; ".join(f"{printable(i, 40) or '-'}: {r}" for i, r in found.dropped[:3])
         more = f"; {len(found.dropped) - 3} more" if len(found.dropped) > 3 else ""
         line += f" ({len(found.dropped)} dropped: {why}{more})"
+    if found.unpaired:
+        line += (f"; not used, unpaired: "
+                 f"{', '.join(f'{a.name} at {a.address}' for a in found.unpaired)} "
+                 f"(coinf wifi pair)")
     return line
 
 
@@ -113,20 +117,25 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"helpers": [{**a.to_json(), "bundle": a.bundle}
                                for a in found.announcements],
+                   "unpaired": [{**a.to_json(), "bundle": a.bundle} for a in found.unpaired],
                    "dropped": [{"instance": i, "why": r} for i, r in found.dropped]},
                   sys.stdout, indent=1)
         print()
         return 0
-    if not found.announcements:
+    if not found.announcements and not found.unpaired:
         print(f"no helper found in {args.timeout:g} s"
               + (f" serving {identity}" if identity else ""))
     else:
         rows = [(a.name, a.address, "-" if a.speed_gflops is None else f"{a.speed_gflops:g}",
-                 a.bundle) for a in found.announcements]
-        head = ("name", "address", "GFLOP/s", "bundle")
-        widths = [max(len(r[k]) for r in [head, *rows]) for k in range(4)]
+                 a.bundle, status) for status, group in (("paired", found.announcements),
+                                                         ("unpaired", found.unpaired))
+                for a in group]
+        head = ("name", "address", "GFLOP/s", "bundle", "trust")
+        widths = [max(len(r[k]) for r in [head, *rows]) for k in range(5)]
         for r in [head, *rows]:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    if found.unpaired:
+        print("unpaired helpers are not used: pair with them first (coinf wifi pair)")
     for instance, why in found.dropped:
         print(f"dropped {printable(instance) or '-'}: {why}")
     return 0

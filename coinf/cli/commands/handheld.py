@@ -68,6 +68,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="seconds a new connection has to complete its HELLO (default 5)")
     limits.add_argument("--idle-timeout", type=argtypes.seconds, metavar="S",
                         help="seconds of silence before a connection is closed (default 120)")
+    limits.add_argument("--max-request-mib", type=argtypes.number(0.001, 1024, lo_open=False),
+                        metavar="MIB", help="largest frame a peer may send (default: the "
+                        "bundle's largest request, docs/PROTOCOL.md §6.14; bench spatial's "
+                        "tile requests need more)")
     parser.add_argument("--profile", type=argtypes.existing_file,
                         help="device profile sent to wearables "
                         "(default: the saved handheld profile, else built-in laptop defaults)")
@@ -199,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     limits = socket_limits(args, spec, *([own_address] if forward is not None else []))
     bundle = Bundle.load(args.bundle)
     # the largest frame a peer may send follows the model (issue 41: memory a peer can pin)
-    limits.setdefault("max_message_bytes", request_bound(bundle))
+    limits.setdefault("max_message_bytes", request_bound(bundle) if args.max_request_mib is None
+                      else int(args.max_request_mib * 2**20))
     options: dict[str, Any] = dict(limits) if is_socket(spec) else {}
     is_ble = spec.partition(":")[0] == "ble"
     if is_ble:
@@ -261,9 +266,12 @@ def announcer_for(args: argparse.Namespace, bundle: Bundle, listeners: tuple[Any
     if address.partition(":")[2].startswith("127."):
         print("coinf handheld: announcing a loopback address: only this machine can reach "
               "it (--listen tcp:0.0.0.0:PORT for the others)", file=sys.stderr, flush=True)
+    store = next(lst.store for lst in listeners
+                 if lst is not None and getattr(lst, "address", "").startswith("tcp:"))
     return Announcer(args.name, bundle.identity, address, interfaces=args.mdns_interface,
                      speed_gflops=args.speed_gflops,
-                     forwarder=forward if not args.pipeline else None, allow=args.allow)
+                     forwarder=forward if not args.pipeline else None, allow=args.allow,
+                     fingerprint=store.fingerprint if store is not None else None)
 
 
 def ready(bundle: Bundle, where: str) -> asyncio.Event:

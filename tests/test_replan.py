@@ -164,3 +164,24 @@ def test_replanner_backoff_doubles_and_a_new_helper_joins(bundle) -> None:  # ty
     assert rp.plan.stages[1].device == "h2" and rp.history[-1]["reason"] == "discovered h2"
     rp.back("h1")
     assert rp.plan.stages[1].device == "h1" and "h1" not in rp.summary()["left_out"]
+
+
+@sync
+async def test_set_split_overrides_the_helpers_plan_until_handed_back(bundle) -> None:  # type: ignore[no-untyped-def]
+    """A split fixed by the caller goes to the handheld (here in-process) whatever the helpers;
+    ``set_split(None)`` hands the frames back to the plan over the helpers."""
+    feeds = frames(bundle, 1)
+    want = reference(bundle, feeds)[0]
+    async with local_helpers(bundle, ["h1", "h2"]) as hosts:
+        opts = SessionOptions(placement=PlacementOptions(helpers=_helpers(bundle, hosts)))
+        async with AsyncSession(bundle, opts) as sess:
+            cut = bundle.candidates[len(bundle.candidates) // 2].id
+            sess.set_split(cut)
+            (out,) = await sess.run(None, feeds[0])
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+            assert sess.last_run is not None and "@handheld" in sess.last_run.plan
+            assert sess.last_run.candidate == cut and sess.strategies is not None
+            sess.set_split(None)
+            (out,) = await sess.run(None, feeds[0])
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+            assert sess.last_run.hops[0]["device"] == "h1"

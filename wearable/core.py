@@ -131,6 +131,7 @@ class AsyncSession:
         #: with helpers and no fixed split or plan: the plan over the helpers alive, chosen
         #: again when one leaves or joins (wearable/replan.py)
         self.replanner: Replanner | None = None
+        self._replan_off: Replanner | None = None  # while set_split fixes the split
         self._discover = place.helpers if isinstance(place.helpers, Discover) else None
         self._next_browse = time.monotonic() + (self._discover.rebrowse_s
                                                 if self._discover else 0.0)
@@ -339,7 +340,8 @@ class AsyncSession:
         """With helpers and no fixed split or plan: every strategy compared now, the chosen
         one (``chosen``, ``why``), its ``plan`` and ``version``, the helpers ``left_out`` and
         the ``history`` of plan changes (:class:`~coinf.wearable.replan.Replanner`)."""
-        return None if self.replanner is None else self.replanner.summary()
+        rp = self.replanner or self._replan_off
+        return None if rp is None else rp.summary()
 
     def _tend_helpers(self) -> None:
         """Start what the helpers need, in the background (never delaying a frame): a probe of
@@ -493,14 +495,20 @@ class AsyncSession:
         return self.connection.offline
 
     def set_split(self, split: str | None, packing: str | PackSpec | None = None) -> None:
-        """Fix the split (and packing) from now on; ``None`` hands the choice back to the
-        planner (only for a session created without ``split``)."""
+        """Fix the split (and packing, to the handheld) from now on; ``None`` hands the choice
+        back to the planner, or to the plan over the helpers (only for a session created
+        without ``split``)."""
         if split is None:
+            if self._replan_off is not None:  # back to the plan over the helpers
+                self.replanner, self._replan_off = self._replan_off, None
+                return
             if self._planner_off is None:
                 raise InputError("this session was created with a fixed split; it has no "
                                  "planner")
             self.autoplan, self._planner_off = self._planner_off, None
             return
+        if self.replanner is not None:  # the caller's split, to the handheld, from now on
+            self._replan_off, self.replanner = self.replanner, None
         self._candidate = self.bundle.candidate(split)
         self._compressor = None  # a fixed split sends its crossing tensors as they are
         if packing is not None:

@@ -30,10 +30,11 @@ from coinf.errors import InputError, ModelError
 OBJECTIVES = ("latency", "throughput")
 #: why a Session never runs spatial partition (its prediction is still shown)
 SPATIAL_NOT_RUN = ("spatial partition: predicted, not run. On realistic device sets (a Pi Zero "
-                   "2 W with 1-3 laptop, phone or Pi 4 helpers over BLE 4.2 or Wi-Fi) it never "
-                   "beats the best local, split or pipeline plan by more than the cost model's "
-                   "error, and loses once its tiles share the wearable's one radio (coinf bench "
-                   "strategies); it runs only in coinf bench spatial")
+                   "2 W with 1-3 laptop, phone or Pi 4 helpers over BLE 4.2 or Wi-Fi) it beat "
+                   "the best local, split or pipeline plan by over 10 % only when every helper "
+                   "had a 5 MB/s link of its own, never once its tiles share the wearable's "
+                   "one radio, and the cost model overstates its gain (coinf bench strategies, "
+                   "coinf bench spatial); it runs only in coinf bench spatial")
 
 
 @dataclass

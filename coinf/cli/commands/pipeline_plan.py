@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'strategy':<12} {'latency ms':>11} {'frames/s':>9}  devices / detail")
     for o in options:
         lat = f"{o.latency_s * 1e3:.2f}" if o.latency_s != float("inf") else "-"
+        notes = [n for n in o.notes if n != SPATIAL_NOT_RUN]
         print(f"{o.name:<12} {lat:>11} {o.throughput_fps:>9.2f}  {', '.join(o.devices)}: "
-              f"{o.detail}" + "".join(f" ({n})" for n in o.notes))
+              f"{o.detail}" + "".join(f" ({n})" for n in notes)
+              + (" [predicted, not run]" if not o.runnable else ""))
     print(f"chosen for {objective} (measured here): {why}")
     print(f"  {SPATIAL_NOT_RUN}")
     print(f"a Session given these helpers runs (device profiles): {plan_obj}\n  {run_why}")

@@ -10,7 +10,7 @@ process.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,8 @@ class LocalHelper:
     listener: Listener
     serving: Any = field(default=None, repr=False)
     alive: bool = True
+    #: a new daemon like the first (:meth:`revive`)
+    make: Callable[[], HandheldDaemon] | None = field(default=None, repr=False)
 
     async def kill(self) -> None:
         """Vanish: stop serving, close every link (peers see them drop)."""
@@ -39,6 +41,16 @@ class LocalHelper:
         self.alive = False
         await self.listener.aclose()
         await self.daemon.aclose()
+
+    async def revive(self) -> None:
+        """Come back at the same address with a fresh daemon, as a restarted helper would."""
+        if self.alive or self.make is None:
+            return
+        self.listener = open_listener(self.address)
+        await self.listener.start()
+        self.daemon = self.make()
+        self.serving = self.daemon.spawn(self.daemon.serve_listener(self.listener))
+        self.alive = True
 
 
 @contextlib.asynccontextmanager
@@ -60,10 +72,15 @@ async def local_helpers(bundle: Bundle, names: Sequence[str],
         for name, listener in zip(names, listeners, strict=True):
             peers = {n: Peer(n, addresses[n], channels.get(n)) for n in names if n != name}
             emulation = DeviceEmulation(slowdowns.get(name, 1.0), threads)
-            forward = Forwarder(bundle, name, peers, emulation=emulation)
-            daemon = HandheldDaemon(bundle, emulation, max_pending=max_pending,
-                                    forward=forward)
-            helper = LocalHelper(name, addresses[name], daemon, listener)
+
+            def make(name: str = name, peers: dict[str, Peer] = peers,
+                     emulation: DeviceEmulation = emulation) -> HandheldDaemon:
+                forward = Forwarder(bundle, name, peers, emulation=emulation)
+                return HandheldDaemon(bundle, emulation, max_pending=max_pending,
+                                      forward=forward)
+
+            daemon = make()
+            helper = LocalHelper(name, addresses[name], daemon, listener, make=make)
             helper.serving = daemon.spawn(daemon.serve_listener(listener))
             helpers.append(helper)
         yield helpers

@@ -1,4 +1,5 @@
-"""Latency-prediction research: training and scoring the in-context slice predictor.
+"""Research kept out of the runtime: the in-context slice predictor's training and scoring,
+and the spatial-partition benchmark's coordinator.
 
 The runtime (``coinf.device``) only *evaluates* a trained predictor stored in a device profile
 (:func:`coinf.device.incontext.incontext_node_times`, what the planner calls). Everything that
@@ -15,8 +16,13 @@ makes or judges one lives here, installed as ``coinf.research`` from the reposit
 * ``ortkernels``    -- kernel and layout-reorder counts of onnxruntime's optimized graph;
 * ``slicecheck``    -- two reference scores and the checks of a timings cache;
 * ``planregret``    -- the goal: the plan chosen from predicted times against the measured best
-  (``REGRET_TARGET``, 2 %); slice accuracy is reported next to the measurement's repeatability.
+  (``REGRET_TARGET``, 2 %); slice accuracy is reported next to the measurement's repeatability;
+* ``spatial_session`` -- ``SpatialSession``, MeDNN's spatial partition over helper daemons (TILE
+  and REST requests), run only by ``coinf bench spatial``: on realistic device sets it never
+  beats the plans the one executor runs (``coinf bench strategies``, docs/SPATIAL.md), so the
+  runtime does not carry it.
 
-Layering (tests/test_layering.py): this package may import ``coinf.device`` and below; nothing in
-the runtime packages imports it, only ``coinf.cli.bench`` and ``coinf profile --train``.
+Layering (tests/test_layering.py): this package may import ``coinf.device`` and below, and
+``coinf.wearable`` (the coordinator's connections and result checks); nothing in the runtime
+packages imports it, only ``coinf.cli.bench`` and ``coinf profile --train``.
 """

@@ -478,6 +478,36 @@ def test_a_session_runs_a_pipeline_through_discovered_helpers(network: Network) 
     assert network.helpers["h1"].forwarder.stages == 2
 
 
+def test_a_helper_announced_later_joins_a_running_sessions_choice(network: Network) -> None:
+    """A Session browsing with ``Discover`` starts with no helper (h3 is not up yet), runs
+    locally, browses again in the background as frames start, and h3 joins its choice."""
+    bundle = network.bundle
+    feeds = frames(bundle, 1)
+    want = reference(bundle, feeds)[0]
+    place = PlacementOptions(helpers=Discover(timeout_s=1.0, allow=("h3",), interfaces=(LO,),
+                                              bundle_identity=bundle.identity, rebrowse_s=5))
+    with Session(bundle, SessionOptions(placement=place)) as sess:
+        info = sess.strategies
+        assert info is not None and info["helpers"] == [] and info["chosen"] == "local"
+        h3 = network.host.call(start_helper(bundle, "h3", 500.0))
+        try:
+            sess.core._next_browse = 0.0  # the rebrowse_s bound has passed (no waiting here)
+            for _ in range(400):
+                (out,) = sess.run(None, feeds[0])
+                np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+                if sess.strategies["helpers"] == ["h3"]:  # type: ignore[index]
+                    break
+                network.host.call(asyncio.sleep(0.02))
+            info = sess.strategies
+            assert info is not None and info["helpers"] == ["h3"]
+            split = next(o for o in info["options"] if o["strategy"] == "depth split")
+            assert split["devices"] == ["wearable", "h3"]
+        finally:
+            network.host.call(h3.stop())
+    with pytest.raises(InputError, match="rebrowse_s"):
+        Discover(rebrowse_s=1)
+
+
 def test_a_name_claimed_twice_is_not_used(network: Network) -> None:
     ident = network.bundle.identity
 

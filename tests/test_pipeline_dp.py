@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from coinf.wearable.planner.pipeline_dp import (
     evaluate,
     split_dp,
     split_exhaustive,
+    split_latency,
     split_prefix,
 )
 from hypothesis import given, settings
@@ -65,6 +67,28 @@ def test_dp_equals_exhaustive_search(case: tuple) -> None:
     again = evaluate(points, dp.cuts, speeds, bws, result)
     assert again.stage_s == dp.stage_s
     assert len(dp.compute_s) == len(speeds) and len(dp.link_s) == len(bws)
+
+
+@settings(max_examples=150, deadline=None)
+@given(dag_case())
+def test_latency_dp_finds_the_least_sum_of_stages(case: tuple) -> None:
+    """split_latency (one frame's time) against every valid chain; it is never slower per frame
+    than the bottleneck DP's chain, which minimises another thing."""
+    points, speeds, bws, result = case
+    chains = []
+    for chain in itertools.permutations(range(len(points) - 1), len(speeds) - 1):
+        try:
+            chains.append(evaluate(points, [points[i].id for i in chain], speeds, bws, result))
+        except InputError:
+            continue
+    if not chains:
+        with pytest.raises(InputError):
+            split_latency(points, speeds, bws, result)
+        return
+    best = min(sum(c.stage_s) for c in chains)
+    lat = split_latency(points, speeds, bws, result)
+    assert math.isclose(sum(lat.stage_s), best, rel_tol=1e-9, abs_tol=1e-12)
+    assert sum(lat.stage_s) <= sum(split_dp(points, speeds, bws, result).stage_s) + 1e-9
 
 
 def test_balanced_chain_splits_evenly() -> None:

@@ -225,7 +225,7 @@ class Killable:
 
 
 def _helpers(bundle, n: int):  # type: ignore[no-untyped-def]
-    from coinf.wearable.spatial import TileHelper
+    from coinf.research.spatial_session import TileHelper
 
     return [TileHelper(Worker(f"h{i}", 1e9, 6.25e6, 0.002), Killable(bundle))  # type: ignore[arg-type]
             for i in range(n)]
@@ -234,7 +234,7 @@ def _helpers(bundle, n: int):  # type: ignore[no-untyped-def]
 def test_three_devices_over_links_equal_the_whole_model(vgg_bundle) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from coinf.wearable.spatial import SpatialSession
+    from coinf.research.spatial_session import SpatialSession
 
     x = np.random.default_rng(2).random((1, 3, 64, 64), dtype=np.float32)
     ref = ort.InferenceSession(str(vgg_bundle.model_path),
@@ -285,7 +285,7 @@ def test_helper_refuses_hostile_tile_requests(vgg_bundle) -> None:  # type: igno
 def test_a_slow_link_keeps_everything_here(vgg_bundle) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from coinf.wearable.spatial import SpatialSession, TileHelper
+    from coinf.research.spatial_session import SpatialSession, TileHelper
 
     x = np.random.default_rng(3).random((1, 3, 64, 64), dtype=np.float32)
     ref = ort.InferenceSession(str(vgg_bundle.model_path),

@@ -24,7 +24,7 @@ from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.transport import open_connector
 from coinf.convert.gtdp import Worker
-from coinf.wearable.spatial import SpatialSession, TileHelper
+from coinf.research.spatial_session import SpatialSession, TileHelper
 
 from coinf.bundle import Bundle
 from coinf.errors import LinkError, PeerResultError

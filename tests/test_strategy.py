@@ -68,4 +68,32 @@ def test_plan_command_explains_the_choice(vgg, tmp_path, capsys) -> None:  # typ
                key=lambda a: a["latency_ms"])
     assert out["plan"]["latency_ms"] == pytest.approx(best["latency_ms"], rel=1e-3)
     chosen = next(s for s in out["strategies"] if s["strategy"] == out["chosen"])
-    assert chosen["latency_ms"] == min(s["latency_ms"] for s in out["strategies"])
+    assert out["chosen"] != "spatial" and "not run" in out["spatial"]
+    assert chosen["latency_ms"] == min(s["latency_ms"] for s in out["strategies"]
+                                       if s["strategy"] != "spatial")
+    spatial = next(s for s in out["strategies"] if s["strategy"] == "spatial")
+    assert any("not run" in n for n in spatial["notes"])
+
+
+def test_bench_strategies_predicts_every_way_per_device_set_and_link(capsys) -> None:  # type: ignore[no-untyped-def]
+    """The sweep behind the decision to keep spatial partition out of the runtime: one row per
+    model x device set x link with every strategy's prediction, the winner and spatial's ratio
+    to the best plan the executor runs; over BLE the wearable keeps the model."""
+    from coinf.cli import main
+
+    assert main(["bench", "strategies", "--models", "vgg", "--sets", "L,L+L",
+                 "--links", "ble-20k,wifi-5M"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["rows"]
+    assert [(r["set"], r["link"]) for r in rows] == [("L", "ble-20k"), ("L", "wifi-5M"),
+                                                      ("L+L", "ble-20k"), ("L+L", "wifi-5M")]
+    for r in rows:
+        assert r["best_runnable"] in ("local", "depth split", "pipeline")
+        best = min(v for v in (r["local_ms"], r["split_ms"], r["pipeline_ms"]) if v is not None)
+        assert r["spatial_ratio"] == pytest.approx(r["spatial_ms"] / best, rel=1e-2)
+        # one radio shared by every tile never makes spatial partition faster
+        assert r["spatial_shared_ms"] >= r["spatial_ms"] - 1e-6
+    assert [r["best_runnable"] for r in rows if r["link"] == "ble-20k"] == ["local", "local"]
+    assert out["verdict"].startswith("spatial partition wins")
+    assert main(["bench", "strategies", "--sets", "L,phones"]) == 2
+    assert "unknown ['phones']" in capsys.readouterr().err

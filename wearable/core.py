@@ -6,13 +6,16 @@
         async for frame in sess.astream(frames):
             ...
 
-Per frame: choose a :class:`~coinf.wearable.plan.Plan` (the planner, the fixed split, or a
-fixed plan of any number of stages) and hand it to the one
+Per frame: choose a :class:`~coinf.wearable.plan.Plan` (the planner, the fixed split, a
+fixed plan of any number of stages, or, given helpers, the plan of the helpers alive now:
+:class:`~coinf.wearable.replan.Replanner`, which re-plans when one leaves or joins) and hand
+it to the one
 :class:`~coinf.wearable.executor.Executor`: the first stage here (head thread), the crossing
 tensors packed (codec thread) and sent as one request naming every later stage to the next
 stage's device over its :class:`~coinf.wearable.connection.Connection`, the result checked
 against the model's outputs. A transient link error, a timeout or a bad result finishes that
-frame on the wearable instead. Streaming runs the
+frame on the wearable instead (given helpers, the device at fault is also left out of the next
+frames' plans). Streaming runs the
 same function for up to ``depth`` frames at once: the single head thread computes frame n+2
 while frame n+1 is packed and frame n crosses the link, and results come back in order.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
@@ -40,6 +44,7 @@ from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.autoplan import AutoPlan
 from coinf.wearable.connection import Connection, helper_connection
+from coinf.wearable.discovery import Discover
 from coinf.wearable.executor import Executor
 from coinf.wearable.frame import (
     FrameResult,
@@ -58,13 +63,12 @@ from coinf.wearable.options import (
     request_timeout,
     session_options,
 )
-from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS
 from coinf.wearable.plan import HANDHELD, Plan
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable, peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
-from coinf.wearable.planner.strategy import choose_strategy, to_plan
 from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
+from coinf.wearable.replan import Replanner, failed_device
 from coinf.wearable.stream import END, puller
 
 from coinf.bundle import Bundle, Candidate, Compressor
@@ -124,8 +128,14 @@ class AsyncSession:
         self._helpers = {h.name: h for h in place.helper_configs(self.bundle)}
         self._helper_conns: dict[str, Connection] = {}
         self._plans: dict[tuple[Any, ...], Plan] = {}
-        #: with helpers and no fixed split or plan: every strategy, the chosen one and why
-        self.strategies: dict[str, Any] | None = None
+        #: with helpers and no fixed split or plan: the plan over the helpers alive, chosen
+        #: again when one leaves or joins (wearable/replan.py)
+        self.replanner: Replanner | None = None
+        self._replan_off: Replanner | None = None  # while set_split fixes the split
+        self._discover = place.helpers if isinstance(place.helpers, Discover) else None
+        self._next_browse = time.monotonic() + (self._discover.rebrowse_s
+                                                if self._discover else 0.0)
+        self._background: set[asyncio.Task[None]] = set()
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
@@ -135,10 +145,14 @@ class AsyncSession:
                                                 planner.policy, planner.wearable_profile,
                                                 planner.handheld_profile, place.packings)
             split = self.autoplan.choose(None)[0]
-            if self._helpers:  # the devices at hand: local, a split or a pipeline
-                self._fixed_plan = self._choose_strategy(self.autoplan)
-                if self._fixed_plan is not None:
-                    self.autoplan, split = None, self._fixed_plan.candidate.id
+            if self._helpers or self._discover is not None:  # local, a split or a pipeline
+                objective = ("throughput" if self.autoplan.adaptive.objective == "throughput"
+                             else "latency")
+                self.replanner = Replanner(self.bundle, self.autoplan.adaptive.planner,
+                                           list(self._helpers.values()), objective,
+                                           link.max_backoff_s)
+                log.info("strategy: %s", self.replanner.why)
+                self.autoplan, split = None, self.replanner.plan.candidate.id
         self._candidate = self.bundle.candidate(split)
         transport, transport_options = link.transport, dict(link.transport_options)
         if isinstance(transport, Channel):
@@ -268,9 +282,10 @@ class AsyncSession:
         no other frame is in flight, so a head known to be short may run on the loop itself."""
         if self._closed:
             raise InputError("this session is closed")
-        plan = await self._next_plan(ro)
+        plan, version = await self._next_plan(ro)
         stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag,
-                         runtimes=tuple(s.runtime for s in plan.stages), strategy=plan.strategy)
+                         runtimes=tuple(s.runtime for s in plan.stages), strategy=plan.strategy,
+                         plan=str(plan), plan_version=version)
         t_start = time.perf_counter()
         crossing = await self.executor.first_stage(plan, feeds, stats, alone)
         if plan.local:
@@ -284,10 +299,20 @@ class AsyncSession:
             self.autoplan.finished(stats)
         return outputs, stats
 
-    async def _next_plan(self, ro: RunOptions) -> Plan:
+    async def _next_plan(self, ro: RunOptions) -> tuple[Plan, int]:
+        """The plan of the frame starting now, and its version (0: no re-planning)."""
+        if self.replanner is not None:
+            self._tend_helpers()
+            plan, version = self.replanner.take()
+            if ro.local_only and not plan.local:
+                plan = Plan.for_candidate(self.bundle, self.bundle.candidate("wearable-only"))
+            return plan, version
+        if self.autoplan is not None and not ro.local_only and self.connection.offline is None:
+            await self._probe_link()  # the planner must know the link before deciding
+        return self._planned(ro), 0
+
+    def _planned(self, ro: RunOptions) -> Plan:
         if self.autoplan is not None:
-            if not ro.local_only and self.connection.offline is None:
-                await self._probe_link()  # the planner must know the link before deciding
             cid, spec = self.autoplan.choose(self.connection.offline)
             gamma, spec = parse_config_spec(spec)  # a compressor's code: c003~g4+q8
             if cid != self._candidate.id:
@@ -310,25 +335,76 @@ class AsyncSession:
                                                          runtimes=runtimes, gamma=gamma)
         return plan
 
-    def _choose_strategy(self, auto: AutoPlan) -> Plan | None:
-        """Local, a split or a pipeline over this wearable and the helpers, compared on the
-        planner's device profiles (``planner/strategy.py``; ``coinf plan --helpers`` prints the
-        same): the plan to run, or None to leave the choice to the 2-device planner."""
-        objective = "throughput" if auto.adaptive.objective == "throughput" else "latency"
-        options, best, why = choose_strategy(self.bundle, auto.adaptive.planner,
-                                             list(self._helpers.values()), objective,
-                                             DEFAULT_BANDWIDTH_BPS)
-        plan = to_plan(best, self.bundle)
-        self.strategies = {"objective": objective, "chosen": best.name, "why": why,
-                           "options": [o.to_json() for o in options],
-                           "plan": None if plan is None else plan.to_json()}
-        log.info("strategy: %s", why)
-        return plan
+    @property
+    def strategies(self) -> dict[str, Any] | None:
+        """With helpers and no fixed split or plan: every strategy compared now, the chosen
+        one (``chosen``, ``why``), its ``plan`` and ``version``, the helpers ``left_out`` and
+        the ``history`` of plan changes (:class:`~coinf.wearable.replan.Replanner`)."""
+        rp = self.replanner or self._replan_off
+        return None if rp is None else rp.summary()
+
+    def _tend_helpers(self) -> None:
+        """Start what the helpers need, in the background (never delaying a frame): a probe of
+        each helper whose backoff has passed, and a new browse when ``Discover`` is due."""
+        rp = self.replanner
+        assert rp is not None
+        for name in rp.due():
+            rp.probing.add(name)
+            self._spawn(self._probe_helper(name))
+        if self._discover is not None and self._discover.rebrowse_s and \
+                time.monotonic() >= self._next_browse:
+            self._next_browse = math.inf  # one browse at a time
+            self._spawn(self._browse())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _probe_helper(self, name: str) -> None:
+        rp = self.replanner
+        assert rp is not None
+        try:
+            await self.connection_to(name).client()
+        except LinkError as exc:
+            await self._drop_helper(name)
+            rp.still_out(name, exc)
+            return
+        except Exception as exc:  # never end silently: the helper stays out, saying why
+            await self._drop_helper(name)
+            rp.still_out(name, exc)
+            log.error("probing helper %s failed: %s", name, exc)
+            return
+        rp.back(name)
+
+    async def _browse(self) -> None:
+        assert self._discover is not None and self.replanner is not None
+        try:
+            found = await self._discover.abrowse(self.bundle)
+        except Exception as exc:
+            log.warning("browsing for helpers failed: %s", exc)
+            found = []
+        finally:
+            self._next_browse = time.monotonic() + self._discover.rebrowse_s
+        for name in self.replanner.merge(found):
+            self._helpers[name] = self.replanner.helpers[name]
+            await self._drop_helper(name)  # a changed address: the old link goes
+
+    async def _drop_helper(self, name: str, conn: Connection | None = None) -> None:
+        """Close the link to helper ``name`` (only ``conn``, if given: a frame that saw an old
+        link fail must not close the new one)."""
+        current = self._helper_conns.get(name)
+        if current is not None and (conn is None or conn is current):
+            del self._helper_conns[name]
+            await current.close()
 
     def connection_for(self, plan: Plan) -> Connection:
         """The connection to the device of the plan's second stage (the handheld, or a
         helper of ``PlacementOptions.helpers``, reached on first use)."""
-        device = plan.stages[1].device
+        return self.connection_to(plan.stages[1].device)
+
+    def connection_to(self, device: str) -> Connection:
+        """The connection to ``device`` (see :meth:`connection_for`)."""
         if device == HANDHELD:
             return self.connection
         conn = self._helper_conns.get(device)
@@ -390,6 +466,13 @@ class AsyncSession:
         if not (self.options.link.fallback and exc.transient):
             raise exc
         at = exc.hop if isinstance(exc, RemoteError) and exc.hop is not None else 0
+        if self.replanner is not None:  # leave the device out; the next frames re-plan
+            dead = failed_device(exc, plan)
+            if dead is not None and self.replanner.failed(dead, exc):
+                await self._drop_helper(dead, conn if dead == plan.stages[1].device else None)
+            why = str(exc) if len(plan.remote) == 1 else \
+                f"{plan.remote[min(at, len(plan.remote) - 1)].device}: {exc}"
+            return await self.executor.finish_here(plan.candidate, crossing, stats, why)
         if at == 0:  # the next device itself failed (a device further on: only this frame)
             await conn.went_offline(exc)
         why = conn.offline or str(exc)
@@ -413,14 +496,20 @@ class AsyncSession:
         return self.connection.offline
 
     def set_split(self, split: str | None, packing: str | PackSpec | None = None) -> None:
-        """Fix the split (and packing) from now on; ``None`` hands the choice back to the
-        planner (only for a session created without ``split``)."""
+        """Fix the split (and packing, to the handheld) from now on; ``None`` hands the choice
+        back to the planner, or to the plan over the helpers (only for a session created
+        without ``split``)."""
         if split is None:
+            if self._replan_off is not None:  # back to the plan over the helpers
+                self.replanner, self._replan_off = self._replan_off, None
+                return
             if self._planner_off is None:
                 raise InputError("this session was created with a fixed split; it has no "
                                  "planner")
             self.autoplan, self._planner_off = self._planner_off, None
             return
+        if self.replanner is not None:  # the caller's split, to the handheld, from now on
+            self._replan_off, self.replanner = self.replanner, None
         self._candidate = self.bundle.candidate(split)
         self._compressor = None  # a fixed split sends its crossing tensors as they are
         if packing is not None:
@@ -494,6 +583,9 @@ class AsyncSession:
         if self._closed:
             return
         self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         try:
             for conn in (self.connection, *self._helper_conns.values()):
                 await conn.close()

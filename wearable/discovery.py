@@ -34,6 +34,10 @@ from coinf.errors import InputError
 
 DEFAULT_TIMEOUT_S = 2.0
 MAX_TIMEOUT_S = 60.0
+#: a Session browses again at most this often (bounded: a browse costs multicast traffic)
+DEFAULT_REBROWSE_S = 30.0
+MIN_REBROWSE_S = 5.0
+MAX_REBROWSE_S = 3600.0
 T = TypeVar("T")
 
 
@@ -47,12 +51,15 @@ class Discover:
     interfaces: IPv4 addresses of this machine's interfaces to browse on; empty: all.
     bundle_identity: the bundle the helpers must serve, when the caller of
         :meth:`helper_configs` gives no bundle (``Bundle.load(path).identity``).
+    rebrowse_s: a running Session browses again at most this often (in the background, as
+        frames start), so helpers that arrive later join its plan; 0: only at start-up.
     """
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     allow: Sequence[str] = ()
     interfaces: Sequence[str] = ()
     bundle_identity: str | None = None
+    rebrowse_s: float = DEFAULT_REBROWSE_S
 
     def __post_init__(self) -> None:
         t = self.timeout_s
@@ -65,6 +72,11 @@ class Discover:
                                                        for i in self.interfaces):
             raise InputError(f"Discover.interfaces must be IPv4 addresses, got "
                              f"{self.interfaces!r}")
+        r = self.rebrowse_s
+        if not (isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r)
+                and (r == 0 or MIN_REBROWSE_S <= r <= MAX_REBROWSE_S)):
+            raise InputError(f"Discover.rebrowse_s must be 0 (never) or seconds in "
+                             f"[{MIN_REBROWSE_S:g}, {MAX_REBROWSE_S:g}], got {r!r}")
         if self.bundle_identity is not None and not (isinstance(self.bundle_identity, str)
                                                      and self.bundle_identity):
             raise InputError(f"Discover.bundle_identity must be a bundle's identity or None, "
@@ -78,6 +90,12 @@ class Discover:
                              "(PlacementOptions.helper_configs(bundle)) or "
                              "Discover(bundle_identity=Bundle.load(path).identity)")
         return discover_helpers(self.timeout_s, identity, self.allow, self.interfaces)
+
+    async def abrowse(self, bundle: Any) -> list[HelperConfig]:
+        """:meth:`helper_configs` from a running event loop (a Session's re-browse)."""
+        found = await browse(self.timeout_s, bundle.identity, check_allow(self.allow),
+                             self.interfaces)
+        return [to_helper(a) for a in found.announcements]
 
 
 def to_helper(a: Announcement) -> HelperConfig:

@@ -71,6 +71,10 @@ class RunStats:
     gamma: int = 1
     #: the plan's strategy: local, split or pipeline
     strategy: str = "split"
+    #: the plan this frame ran (``str(Plan)``: every stage, device and slice)
+    plan: str = ""
+    #: with helpers (re-planning): the plan's version in ``Session.strategies["history"]``
+    plan_version: int = 0
     #: per remote stage, in order: ``device``, ``compute_ms`` (its decoder included),
     #: ``send_ms`` (handing its tensors to the next device) and ``bytes`` (their size)
     hops: list[dict[str, Any]] = field(default_factory=list)

@@ -177,8 +177,9 @@ class Session:
 
     @property
     def strategies(self) -> dict[str, Any] | None:
-        """With helpers and no fixed split or plan: every strategy compared, the chosen one
-        (``chosen``, ``why``) and its ``plan``."""
+        """With helpers and no fixed split or plan: every strategy compared now, the chosen
+        one (``chosen``, ``why``), its ``plan`` and ``version``, the helpers ``left_out``, the
+        ``history`` of plan changes, and why spatial partition is never run (``spatial``)."""
         return self._core.strategies
 
     @property

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from coinf.wearable.planner.adapt import ReplanTrigger
@@ -135,9 +135,25 @@ def evaluate(points: Sequence[CutPoint], cuts: Sequence[str], speeds: Sequence[f
 
 def split_dp(points: Sequence[CutPoint], speeds: Sequence[float],
              bandwidths: Sequence[float], result_bytes: float = 0.0) -> PipelineSplit:
-    """The cuts minimising the bottleneck stage; O(m^2 n). ``speeds`` are FLOP/s per device
-    (the wearable first), ``bandwidths`` B/s per link, ``result_bytes`` what every link also
-    carries back. :class:`InputError` when the bundle has too few nested cuts for n devices."""
+    """The cuts minimising the bottleneck stage (a stream's period); O(m^2 n). ``speeds`` are
+    FLOP/s per device (the wearable first), ``bandwidths`` B/s per link, ``result_bytes`` what
+    every link also carries back. :class:`InputError` when the bundle has too few nested cuts
+    for n devices."""
+    return _chain(points, speeds, bandwidths, result_bytes, lambda a, b, c: max(a, b, c))
+
+
+def split_latency(points: Sequence[CutPoint], speeds: Sequence[float],
+                  bandwidths: Sequence[float], result_bytes: float = 0.0) -> PipelineSplit:
+    """The cuts minimising one frame's time, the sum of every stage (:func:`split_dp`
+    minimises the bottleneck); same inputs and errors."""
+    return _chain(points, speeds, bandwidths, result_bytes, lambda a, b, c: a + b + c)
+
+
+def _chain(points: Sequence[CutPoint], speeds: Sequence[float], bandwidths: Sequence[float],
+           result_bytes: float, combine: Callable[[float, float, float], float]
+           ) -> PipelineSplit:
+    """The chain of cuts over every device whose stages ``combine`` (stages so far, the next
+    link, the next compute) to the least value."""
     _check(points, speeds, bandwidths)
     m, n = len(points), len(speeds)
     before = _before(points)
@@ -154,8 +170,8 @@ def split_dp(points: Sequence[CutPoint], speeds: Sequence[float],
             for j in before[k]:
                 if best[q - 1][j] == inf:
                     continue
-                v = max(best[q - 1][j], _link(points, bandwidths, q - 1, j, result_bytes),
-                        _compute(points, speeds, q, j, k))
+                v = combine(best[q - 1][j], _link(points, bandwidths, q - 1, j, result_bytes),
+                            _compute(points, speeds, q, j, k))
                 if v < best[q][k]:
                     best[q][k], prev[q][k] = v, j
     if best[n - 1][m - 1] == inf:
@@ -228,4 +244,4 @@ class ResplitTrigger:
 
 
 __all__ = ["CutPoint", "PipelineSplit", "ResplitTrigger", "cut_points", "evaluate",
-           "split_dp", "split_exhaustive", "split_prefix"]
+           "split_dp", "split_exhaustive", "split_latency", "split_prefix"]

@@ -6,7 +6,8 @@ partition, compared on one set of device speeds and link bandwidths.
 * **pipeline**: the DP split over the wearable and every helper (streaming-CNN paper); one frame
   takes the sum of its stages, but a stream runs one frame per bottleneck stage.
 * **spatial**: the conv layers' maps tiled over the wearable and the helpers (MeDNN GTDP, Eq. 1
-  per group), the layers after them on the fastest device; one frame at a time.
+  per group), the layers after them on the fastest device; one frame at a time. Predicted
+  only, never chosen: :data:`SPATIAL_NOT_RUN` says why.
 
 ``objective="latency"`` (one inference) picks the smallest per-frame time; ``"throughput"``
 (a stream) the highest frame rate. Every figure is a prediction from the same inputs; the
@@ -22,11 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from coinf.convert.gtdp import Worker
-from coinf.wearable.planner.pipeline_dp import CutPoint, split_dp
+from coinf.wearable.planner.pipeline_dp import CutPoint, split_dp, split_latency
 
 from coinf.errors import InputError, ModelError
 
 OBJECTIVES = ("latency", "throughput")
+#: why a Session never runs spatial partition (its prediction is still shown)
+SPATIAL_NOT_RUN = ("spatial partition: predicted, not run. On realistic device sets (a Pi Zero "
+                   "2 W with 1-3 laptop, phone or Pi 4 helpers over BLE 4.2 or Wi-Fi) it beat "
+                   "the best local, split or pipeline plan by over 10 % only when every helper "
+                   "had a 5 MB/s link of its own, never once its tiles share the wearable's "
+                   "one radio, and the cost model overstates its gain (coinf bench strategies, "
+                   "coinf bench spatial); it runs only in coinf bench spatial")
 
 
 @dataclass
@@ -50,7 +58,8 @@ class StrategyOption:
 
     @property
     def runnable(self) -> bool:
-        """A plan the one executor runs (spatial partition runs only in ``bench spatial``)."""
+        """A plan the one executor runs (spatial partition runs only in ``bench spatial``:
+        :data:`SPATIAL_NOT_RUN`)."""
         return self.name in ("local", "depth split", "pipeline") and math.isfinite(
             self.latency_s)
 
@@ -85,39 +94,61 @@ def _fps(seconds: float) -> float:
 
 def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[float],
             bandwidths: Sequence[float], latencies: Sequence[float], result_bytes: float,
-            model_path: str | Path | None = None) -> list[StrategyOption]:
+            model_path: str | Path | Any = None,
+            objective: str = "latency") -> list[StrategyOption]:
     """Every strategy that applies. ``names``/``speeds`` (FLOP/s) list the wearable first;
-    ``bandwidths``/``latencies`` are each helper's link (B/s, s), in the same order."""
+    ``bandwidths``/``latencies`` are each helper's link (B/s, s), in the same order.
+    ``objective`` places the cuts: ``latency`` the least sum of stages (one frame),
+    ``throughput`` the least bottleneck (a stream). The depth split goes to whichever helper
+    serves the objective best. ``model_path`` (the ONNX file, or a
+    :class:`~coinf.device.spatial.SpatialModel` built from it once) adds the spatial
+    partition's prediction."""
     if not (len(names) == len(speeds) == len(bandwidths) + 1 == len(latencies) + 1):
         raise InputError("compare: one speed per device and one link per helper")
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    dp = split_latency if objective == "latency" else split_dp
     total = points[-1].flops
     out = [StrategyOption("local", [names[0]], total / speeds[0], _fps(total / speeds[0]),
-                  f"{total / 1e6:.1f} MFLOP on the wearable")]
-    for n, name in ((2, "depth split"), (len(names), "pipeline")):
-        if n < 2 or (name == "pipeline" and n < 3):
-            continue
+                          f"{total / 1e6:.1f} MFLOP on the wearable")]
+    groups = [("depth split", [0, h]) for h in range(1, len(names))]
+    if len(names) >= 3:
+        groups.append(("pipeline", list(range(len(names)))))
+    found: dict[str, StrategyOption] = {}
+    for name, idx in groups:
+        devs = [names[i] for i in idx]
         try:
-            split = split_dp(points, speeds[:n], bandwidths[:n - 1], result_bytes)
+            split = dp(points, [speeds[i] for i in idx], [bandwidths[i - 1] for i in idx[1:]],
+                       result_bytes)
         except InputError as exc:
-            out.append(StrategyOption(name, list(names[:n]), math.inf, 0.0, "not possible",
-                              [str(exc)]))
+            found.setdefault(name, StrategyOption(name, devs, math.inf, 0.0, "not possible",
+                                                  [str(exc)]))
             continue
-        lat = sum(split.stage_s) + sum(2 * t for t in latencies[:n - 1])
-        used = len(split.cuts) + 1  # the DP may leave a device out
-        out.append(StrategyOption(name, list(names[:used]), lat, split.bound_fps,
-                                  f"cuts {', '.join(split.cuts)}; bottleneck "
-                                  f"{split.bottleneck_s * 1e3:.2f} ms", cuts=tuple(split.cuts)))
+        lat = sum(split.stage_s) + sum(2 * latencies[i - 1] for i in idx[1:])
+        opt = StrategyOption(name, devs, lat, split.bound_fps,
+                             f"cuts {', '.join(split.cuts)}; bottleneck "
+                             f"{split.bottleneck_s * 1e3:.2f} ms", cuts=tuple(split.cuts))
+        old = found.get(name)
+        if old is None or _better(opt, old, objective):
+            found[name] = opt
+    out.extend(found.values())
     if model_path is not None and len(names) >= 2:
         out.append(_spatial(model_path, names, speeds, bandwidths, latencies))
     return out
 
 
-def _spatial(model_path: str | Path, names: Sequence[str], speeds: Sequence[float],
+def _better(a: StrategyOption, b: StrategyOption, objective: str) -> bool:
+    if objective == "latency":
+        return a.latency_s < b.latency_s * (1 - 1e-6)
+    return a.throughput_fps > b.throughput_fps * (1 + 1e-6)
+
+
+def _spatial(model_path: str | Path | Any, names: Sequence[str], speeds: Sequence[float],
              bandwidths: Sequence[float], latencies: Sequence[float]) -> StrategyOption:
     from coinf.device.spatial import SpatialModel
 
     try:
-        sm = SpatialModel(model_path)
+        sm = model_path if isinstance(model_path, SpatialModel) else SpatialModel(model_path)
     except ModelError as exc:
         return StrategyOption("spatial", list(names), math.inf, 0.0, "not possible", [str(exc)])
     workers = [Worker(names[0], speeds[0])] + [
@@ -130,7 +161,8 @@ def _spatial(model_path: str | Path, names: Sequence[str], speeds: Sequence[floa
     detail = ("no tile is worth sending: everything stays on the wearable" if plan.local_only
               else f"{len(plan.groups)} layer groups over {len(used)} devices")
     return StrategyOption("spatial", used, lat, _fps(lat), detail,
-                  ["each helper's configured link is taken as its link to the wearable"])
+                          ["each helper's configured link is taken as its link to the wearable",
+                           SPATIAL_NOT_RUN])
 
 
 def choose(options: Sequence[StrategyOption],
@@ -176,6 +208,7 @@ def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any], objective
     bws = [h.bandwidth_bps or default_bandwidth_bps for h in helpers]
     lats = [h.latency_s for h in helpers]
     result = float(sum(t.nbytes for t in bundle.outputs))
-    options = compare(cut_points(bundle), names, speeds, bws, lats, result)
+    options = compare(cut_points(bundle), names, speeds, bws, lats, result,
+                      objective=objective)
     best, why = choose([o for o in options if o.runnable], objective)
     return options, best, why

@@ -30,6 +30,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),
     ("fuzz", "fuzz", "generated hostile inputs against every wire decoder"),
     ("spatial", "spatial", "MeDNN spatial partition of conv layers over N emulated devices"),
+    ("strategies", "strategies", "local / split / pipeline / spatial predicted per model x "
+     "realistic device set x link: does spatial partition ever pay?"),
     ("prune", "prune", "SMCD group-lasso pruning of the digit model: FLOPs, comm, accuracy"),
     ("pipeline", "pipeline", "a pipeline over K emulated devices vs two (DP split)"),
     ("compress", "compress", "autoencoder compressors (gamma 2/4/8) + packing at digit-CNN cuts"),

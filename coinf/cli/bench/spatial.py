@@ -91,7 +91,7 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
     from coinf.ble_protocol.transport import FactoryConnector, open_connector
     from coinf.convert.gtdp import Worker
     from coinf.device.emulation import DeviceEmulation
-    from coinf.wearable.spatial import SpatialSession, TileHelper
+    from coinf.research.spatial_session import SpatialSession, TileHelper
 
     emu = DeviceEmulation(args.slowdown, threads=1)
     local = ort.InferenceSession(str(bundle.model_path), emu.session_options(),

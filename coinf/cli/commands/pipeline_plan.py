@@ -1,8 +1,8 @@
 """``coinf plan BUNDLE --helpers CONFIG`` (or ``--pipeline CONFIG``, or ``--discover``): the
 strategy a Session given these helpers runs (local, depth split or pipeline, compared on the
-device profiles: the plan itself under ``plan``), every strategy with spatial partition beside
-them, and the DP split over every device measured here, one row per stage (device, slice,
-compute, link to the next device, compressor)."""
+device profiles: the plan itself under ``plan``), every strategy with spatial partition's
+prediction beside them (never chosen: ``spatial`` says why), and the DP split over every device
+measured here, one row per stage (device, slice, compute, link to the next device, compressor)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.pipeline import DEFAULT_BANDWIDTH_BPS, PipelineSession, load_helpers
     from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS as PRIOR_BPS
     from coinf.wearable.planner.planner import Planner
-    from coinf.wearable.planner.strategy import choose_strategy, to_plan
+    from coinf.wearable.planner.strategy import SPATIAL_NOT_RUN, choose_strategy, to_plan
     from coinf.wearable.policy import load_policy
 
     if args.pipeline and args.discover is not None:
@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
     from coinf.wearable.planner.strategy import choose, compare
 
     devices = ["wearable", *(h.name for h in helpers)]
+    objective = "throughput" if args.objective == "throughput" else "latency"
     options = compare(sess.priced_points(), devices, sess._speeds(devices),
                       sess._bandwidths(devices), [h.latency_s for h in helpers],
-                      sess._result_bytes, bundle.model_path)
-    objective = "throughput" if args.objective == "throughput" else "latency"
-    best, why = choose(options, objective)
+                      sess._result_bytes, bundle.model_path, objective)
+    best, why = choose([o for o in options if o.runnable], objective)
     # what a Session given these helpers runs: the same comparison on the device profiles
     planner = Planner(bundle, load_or_default("wearable", args.wearable_profile),
                       load_or_default("handheld", args.handheld_profile),
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         "bottleneck_ms": round(plan.split.bottleneck_s * 1e3, 3),
         "bound_fps": round(plan.split.bound_fps, 2), "notes": notes,
         "objective": objective, "strategies": [o.to_json() for o in options],
-        "chosen": best.name, "why_measured_here": why,
+        "chosen": best.name, "why_measured_here": why, "spatial": SPATIAL_NOT_RUN,
     }
     if args.png:
         from coinf.wearable.planner.pipeline_chart import plot_pipeline
@@ -102,9 +102,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'strategy':<12} {'latency ms':>11} {'frames/s':>9}  devices / detail")
     for o in options:
         lat = f"{o.latency_s * 1e3:.2f}" if o.latency_s != float("inf") else "-"
+        notes = [n for n in o.notes if n != SPATIAL_NOT_RUN]
         print(f"{o.name:<12} {lat:>11} {o.throughput_fps:>9.2f}  {', '.join(o.devices)}: "
-              f"{o.detail}" + "".join(f" ({n})" for n in o.notes))
+              f"{o.detail}" + "".join(f" ({n})" for n in notes)
+              + (" [predicted, not run]" if not o.runnable else ""))
     print(f"chosen for {objective} (measured here): {why}")
+    print(f"  {SPATIAL_NOT_RUN}")
     print(f"a Session given these helpers runs (device profiles): {plan_obj}\n  {run_why}")
     if args.png:
         print(f"chart: {args.png}")

@@ -250,7 +250,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="the helpers of this config (docs/PIPELINE.md) too: the strategy "
                              "a Session given them runs (local, depth split or pipeline; "
                              "--objective throughput for a stream, else latency) and its plan, "
-                             "spatial partition beside them (docs/SPATIAL.md), and the DP's "
+                             "spatial partition predicted beside them but never run "
+                             "(docs/SPATIAL.md), and the DP's "
                              "stages measured here")
     from coinf.cli.commands.discover import add_discover
 

@@ -190,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
 
             rows.append({
                 "strategy": stats[-1].strategy,
+                "plan": stats[-1].plan,  # every stage's device and slice (re-planned: the last)
+                "plan_versions": sorted({s.plan_version for s in stats}),
                 "candidate": cand.id,
                 "packing": str(session.packing),
                 "label": cand.label,

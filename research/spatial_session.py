@@ -1,5 +1,10 @@
 """Spatial partition over several devices (MeDNN): this device coordinates, helpers compute tiles.
 
+A benchmark, not part of the runtime: ``coinf bench spatial`` runs it, and ``coinf bench
+strategies`` shows why a Session never does (on realistic device sets the planner's own cost
+model never has it beat the best local / split / pipeline plan by more than its error;
+docs/SPATIAL.md, docs/BENCHMARKS.md).
+
 The wearable holds the feature map between layer groups, like MeDNN's group owner. For each
 group it cuts every worker's input region, halo included, out of the map. Its own tiles run
 here, on a worker thread. A helper's tile goes out as a TILE request (layers, rows, columns;

@@ -1,0 +1,164 @@
+"""The plan a Session given helpers runs, chosen again whenever its devices change.
+
+:class:`Replanner` holds the helpers (a list, a config file or ``Discover``), which of them are
+left out and until when, and the plan :func:`~coinf.wearable.planner.strategy.choose_strategy`
+makes of the others (the one planner; nothing here predicts). A Session asks it for the plan of
+each frame as the frame starts, so a change applies from the next frame on and never to one in
+flight:
+
+* a helper of the running plan fails (its link drops, it times out, or the hop before it
+  reports it unreachable): the frame finishes on the wearable as always, the helper is left
+  out for a backoff (1 s doubling to ``max_backoff_s``) and the plan is chosen again without
+  it;
+* when the backoff has passed, the Session probes the helper in the background (connect and
+  handshake); if it answers, the plan is chosen again with it, else its backoff doubles;
+* with ``Discover``, the network is browsed again at most every ``Discover.rebrowse_s``, in
+  the background, and a helper seen for the first time joins the choice.
+
+Every change is kept in :attr:`Replanner.history` (bounded): the plan, why, and the first
+frame that ran it; each frame's :class:`~coinf.wearable.frame.RunStats` names its plan and
+version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS, HelperConfig
+from coinf.wearable.plan import Plan
+from coinf.wearable.planner.strategy import SPATIAL_NOT_RUN, choose_strategy, to_plan
+
+from coinf.errors import ErrorCode, LinkError, ProtocolError, RemoteError
+
+log = logging.getLogger(__name__)
+FIRST_BACKOFF_S = 1.0
+HISTORY = 64
+
+
+class Replanner:
+    """The helpers, which are left out, and the plan over the others (module docstring)."""
+
+    def __init__(self, bundle: Any, planner: Any, helpers: Sequence[HelperConfig],
+                 objective: str, max_backoff_s: float) -> None:
+        self.bundle = bundle
+        self.planner = planner
+        self.objective = objective
+        self.max_backoff_s = max_backoff_s
+        self.helpers: dict[str, HelperConfig] = {h.name: h for h in helpers}
+        #: name -> (left out until, monotonic; backoff s; why)
+        self.dead: dict[str, tuple[float, float, str]] = {}
+        self.probing: set[str] = set()
+        self.version = 0
+        self.frames = 0  # frames that asked for a plan so far
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.options: list[Any] = []
+        self.why = ""
+        self.plan: Plan = self._choose("start")
+
+    # -- the choice ------------------------------------------------------------------------
+    def alive(self) -> list[HelperConfig]:
+        return [h for n, h in self.helpers.items() if n not in self.dead]
+
+    def _choose(self, reason: str) -> Plan:
+        options, best, why = choose_strategy(self.bundle, self.planner, self.alive(),
+                                             self.objective, DEFAULT_BANDWIDTH_BPS)
+        plan = to_plan(best, self.bundle)
+        assert plan is not None  # the best runnable option always makes a plan
+        self.options, self.why = options, why
+        old = getattr(self, "plan", None)
+        if old is None or plan != old:
+            self.version += 1
+            self.plan = plan
+            self.history.append({"version": self.version, "from_frame": self.frames,
+                                 "strategy": plan.strategy, "plan": str(plan),
+                                 "reason": reason, "why": why})
+            if old is not None:
+                log.info("re-planned (%s): %s", reason, plan)
+        return plan
+
+    def take(self) -> tuple[Plan, int]:
+        """The plan for the frame starting now, and its version."""
+        self.frames += 1
+        return self.plan, self.version
+
+    # -- devices leaving and coming back ---------------------------------------------------
+    def failed(self, name: str, exc: BaseException) -> bool:
+        """``name`` failed a frame: leave it out for a backoff and choose again. False when it
+        was already left out (another frame in flight saw the same failure)."""
+        if name not in self.helpers or name in self.dead:
+            return False
+        self._leave_out(name, FIRST_BACKOFF_S, f"{name} failed: {exc}")
+        return True
+
+    def _leave_out(self, name: str, backoff: float, why: str) -> None:
+        backoff = min(backoff, self.max_backoff_s)
+        self.dead[name] = (time.monotonic() + backoff, backoff, why)
+        log.warning("helper %s left out for %.1f s: %s", name, backoff, why)
+        self._choose(why)
+
+    def due(self) -> list[str]:
+        """Helpers left out whose backoff has passed and that no probe is checking yet."""
+        now = time.monotonic()
+        return [n for n, (until, _, _) in self.dead.items()
+                if until <= now and n not in self.probing]
+
+    def back(self, name: str) -> None:
+        """A probe reached ``name``: it joins the choice again."""
+        self.probing.discard(name)
+        if self.dead.pop(name, None) is not None:
+            self._choose(f"{name} is back")
+
+    def still_out(self, name: str, exc: BaseException) -> None:
+        """A probe did not reach ``name``: its backoff doubles."""
+        self.probing.discard(name)
+        _, backoff, _ = self.dead.get(name, (0.0, FIRST_BACKOFF_S / 2, ""))
+        backoff = min(backoff * 2, self.max_backoff_s)
+        self.dead[name] = (time.monotonic() + backoff, backoff, f"{name} unreachable: {exc}")
+
+    def merge(self, found: Sequence[HelperConfig]) -> list[str]:
+        """Helpers a new browse found: those not known yet join; one whose address changed is
+        taken as announced. The names that changed (their old links must go)."""
+        changed = [h.name for h in found if self.helpers.get(h.name) != h]
+        for h in found:
+            self.helpers[h.name] = h
+        if changed:
+            self._choose(f"discovered {', '.join(changed)}")
+        return changed
+
+    # -- explaining ------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """What ``Session.strategies`` shows: every option now, the chosen one and why, the
+        plan, the helpers left out and the history of changes."""
+        now = time.monotonic()
+        return {"objective": self.objective, "chosen": _name(self.plan), "why": self.why,
+                "options": [o.to_json() for o in self.options],
+                "plan": self.plan.to_json(), "version": self.version,
+                "helpers": list(self.helpers),
+                "left_out": {n: {"retry_in_s": round(max(until - now, 0.0), 2), "why": why}
+                             for n, (until, _, why) in self.dead.items()},
+                "history": list(self.history), "spatial": SPATIAL_NOT_RUN}
+
+
+def _name(plan: Plan) -> str:
+    return "depth split" if plan.strategy == "split" else plan.strategy
+
+
+def failed_device(exc: LinkError, plan: Plan) -> str | None:
+    """The device a failed frame shows to be at fault: the hop a DISCONNECTED ERROR names (an
+    index into the route the first device received), else the first remote device for any
+    failure of its own (link, timeout, busy, bad result). None: a device further on failed
+    otherwise (that frame only: the devices stay)."""
+    if isinstance(exc, RemoteError) and exc.hop is not None and exc.hop > 0:
+        if exc.code == ErrorCode.DISCONNECTED and exc.hop < len(plan.remote):
+            return plan.remote[exc.hop].device
+        return None
+    if isinstance(exc, ProtocolError) or exc.transient:
+        return plan.remote[0].device if plan.remote else None
+    return None
+
+
+__all__ = ["Replanner", "failed_device"]

@@ -69,7 +69,8 @@ def _start_helpers(bundle: Path, sockets: list[Path], slowdown: float) -> list[s
         for sock in sockets:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle), "--listen",
-                 f"unix:{sock}", "--slowdown", str(slowdown), "--threads", "1"],
+                 f"unix:{sock}", "--slowdown", str(slowdown), "--threads", "1",
+                 "--max-request-mib", "256"],  # tile requests: bounded by their region
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         for p in procs:
             assert p.stdout is not None

@@ -44,3 +44,31 @@ async def _nothing() -> Outcome:
 
     await asyncio.sleep(0.3)
     return Outcome()
+
+
+def test_a_tampered_tail_and_a_replayed_result_are_never_outputs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The helper's tail changed on disk after the split (same identity), and a paired helper
+    replaying its first RESULT: every frame finishes on the wearable, none of theirs is used."""
+    from coinf.convert.split import split_model
+    from coinf.models import zoo
+
+    root = tmp_path / "lenet"
+    split_model(zoo.committed_path("lenet_digits"), root)  # records each slice's SHA-256
+    assert main(["bench", "attack", "--bundle", str(root), "--duration-s", "1",
+                 "--attackers", "tampered_tail", "replayed_result"]) == 0
+    got = json.loads(capsys.readouterr().out)["attackers"]
+    tampered, replay = got["tampered_tail"], got["replayed_result"]
+    assert tampered["slice_hashes"] and tampered["served"] == tampered["results_accepted"] == 0
+    assert tampered["finished_locally"] == tampered["frames"] > 0
+    assert "tail_failed" in tampered["why"]
+    assert replay["genuine_first"] == 1 and replay["replays_sent"] >= 1
+    assert replay["results_accepted"] == 0 and "nonce" in replay["why"]
+    assert replay["finished_locally"] == replay["frames"] - 1
+    assert tampered["tensors_read"] is None and replay["tensors_read"] is None
+
+
+def test_the_ble_attackers_are_registered() -> None:
+    ble = {n for n, a in ATTACKERS.items() if a.link == "ble"}
+    assert ble == {"ble_unpaired_central", "ble_legacy_central", "ble_just_works_central",
+                   "ble_impostor_wearable"}

@@ -20,8 +20,9 @@ certificate nobody paired; each sends HELLO, STATUS, PROFILE and a REQUEST),
 ``squatter`` (another device on the helper's address while it is down, with a key of its own;
 a wearable Session runs frames against it), ``connection_flood`` (connections stalling in the
 TLS handshake, as fast as they are taken, from three other addresses) and
-``connection_flood_same_address`` (the same from the paired device's own address). Add one
-with ``@attacker`` (BLE ones would build their own arena on the emulated radio).
+``connection_flood_same_address`` (the same from the paired device's own address); then
+``tampered_tail``, ``replayed_result`` and the BLE attackers (``ble_*``) of
+:mod:`coinf.cli.bench.attack_peers`. Add one with ``@attacker``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Outcome:
     """What one attacker got (module docstring); ``detail``: counters that explain it."""
 
     served: int = 0
-    tensors_read: int = 0
+    #: None: does not apply (a paired helper reads what it is sent by design)
+    tensors_read: int | None = 0
     results_accepted: int = 0
     lockout_s: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)
@@ -368,9 +370,12 @@ def run(args: argparse.Namespace) -> int:
         return results
 
     results = asyncio.run(main())
-    worst = {k: max(r[k] for r in results.values())
+    worst = {k: max((r[k] for r in results.values() if r[k] is not None), default=0)
              for k in ("served", "tensors_read", "results_accepted", "lockout_s")}
     emit({"bench": "attack", "bundle": bundle.identity, "duration_s": args.duration_s,
           "probe_ms": args.probe_ms, "attackers": results, "worst": worst,
           "goal_met": all(v == 0 for v in worst.values())})
     return 0
+
+
+from coinf.cli.bench import attack_peers  # noqa: E402,F401  (registers its attackers)

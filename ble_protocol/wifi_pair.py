@@ -116,8 +116,8 @@ def _confirmations(w: int, secret: int, other: int, blind: int, fp_i: str, fp_r:
 
 
 # -- frames --------------------------------------------------------------------------------------
-class _Malformed(Exception):
-    pass
+class _Malformed(ValueError):
+    """A pairing frame that is not what the protocol says (docs/PROTOCOL.md §15.3)."""
 
 
 class _Cursor:
@@ -164,15 +164,41 @@ def _name_cert(cur: _Cursor) -> tuple[str, bytes]:
     cert = cur.short(2)
     try:
         from cryptography import x509
-
-        x509.load_der_x509_certificate(cert)
     except ImportError:
         pass
-    except ValueError:
-        raise _Malformed("not a DER certificate") from None
+    else:
+        try:
+            x509.load_der_x509_certificate(cert)
+        except (ValueError, x509.InvalidVersion):  # InvalidVersion is no ValueError (bench fuzz)
+            raise _Malformed("not a DER certificate") from None
     if not name.isprintable() or not 0 < len(name) <= 64:
         raise _Malformed("bad name")
     return name, cert
+
+
+def parse_start(body: bytes) -> tuple[str, bytes, bytes, int]:
+    """A START body (version, name, certificate, the initiator's share): (name, DER
+    certificate, share bytes, share value). Raises ``_Malformed`` (a ValueError) on anything
+    else: what the responder reads from a stranger."""
+    cur = _Cursor(body)
+    if cur.take(1)[0] != VERSION:
+        raise _Malformed(f"pairing version {body[0]}, this side speaks {VERSION}")
+    name, cert = _name_cert(cur)
+    x = cur.take(ELEMENT)
+    cur.end()
+    return name, cert, x, _element(x)
+
+
+def parse_reply(body: bytes) -> tuple[str, bytes, bytes, bytes]:
+    """A REPLY body: (name, DER certificate, the responder's share, its confirmation).
+    Raises ``_Malformed`` (a ValueError)."""
+    cur = _Cursor(body)
+    name, cert = _name_cert(cur)
+    y = cur.take(ELEMENT)
+    confirm = cur.take(32)
+    cur.end()
+    _element(y)
+    return name, cert, y, confirm
 
 
 def _name_cert_bytes(name: str, cert: bytes) -> bytes:
@@ -300,14 +326,10 @@ class PairingWindow:
             kind, body = await _read(reader, self._timeout())
             if kind != START:
                 raise _Malformed(f"expected START, got frame type {kind}")
-            cur = _Cursor(body)
-            if cur.take(1)[0] != VERSION:
+            if body[:1] != bytes([VERSION]):
                 writer.write(_fail(MALFORMED, f"this side speaks pairing version {VERSION}"))
                 return
-            their_name, their_cert = _name_cert(cur)
-            x = cur.take(ELEMENT)
-            cur.end()
-            x_value = _element(x)
+            their_name, their_cert, x, x_value = parse_start(body)
         except (_Malformed, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
             log.info("pairing: attempt from %s dropped before the exchange: %s", who, exc)
             with contextlib.suppress(Exception):
@@ -378,11 +400,7 @@ async def pair_with(address: str, code: str, store: TlsStore, *, name: str = "co
                                peer=address)
         if kind != REPLY:
             raise _Malformed(f"expected REPLY, got frame type {kind}")
-        cur = _Cursor(body)
-        their_name, their_cert = _name_cert(cur)
-        y = cur.take(ELEMENT)
-        confirm_r = cur.take(32)
-        cur.end()
+        their_name, their_cert, y, confirm_r = parse_reply(body)
         fp_i, fp_r = fingerprint(mine), fingerprint(their_cert)
         confirm_i, want_r = _confirmations(w, secret, _element(y), N, fp_i, fp_r, x, y)
         if not hmac.compare_digest(confirm_r, want_r):

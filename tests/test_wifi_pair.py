@@ -180,3 +180,20 @@ def test_the_cli_pairs_with_the_code_from_stdin(tmp_path: Path) -> None:
     peers = coinf("wifi", "peers", store=wearable_dir).communicate(timeout=60)[0]
     fp = coinf("wifi", "id", store=helper_dir).communicate(timeout=60)[0].strip()
     assert peers.startswith(f"phone  {fp}")
+
+
+def test_a_certificate_of_an_unknown_x509_version_is_a_malformed_frame(tmp_path: Path) -> None:
+    """cryptography raises InvalidVersion (not a ValueError) for such a certificate: it used to
+    escape the pairing window's checks (found by bench fuzz)."""
+    from coinf.ble_protocol import wifi_pair as wp
+    from coinf.ble_protocol.tls_store import TlsStore
+
+    cert = bytearray(TlsStore(tmp_path / "tls").certificate_der())
+    at = bytes(cert).index(b"\xa0\x03\x02\x01\x02")  # [0] EXPLICIT INTEGER 2 (v3)
+    cert[at + 4] = 0x12
+    _, x = wp._share(wp.code_scalar("123456"), wp.M)
+    named = wp._name_cert_bytes("pi", bytes(cert))
+    with pytest.raises(ValueError, match="not a DER certificate"):
+        wp.parse_start(bytes([wp.VERSION]) + named + x)
+    with pytest.raises(ValueError, match="not a DER certificate"):
+        wp.parse_reply(named + x + bytes(32))

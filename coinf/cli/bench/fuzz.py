@@ -114,6 +114,34 @@ def _latent_codes(rng: np.random.Generator) -> tuple[list[np.ndarray], Any]:
     return codes, table
 
 
+def _pairing_cases() -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
+    """Wi-Fi pairing's START and REPLY bodies (ble_protocol/wifi_pair.py), with a real
+    certificate made for the run: what a pairing window reads from a stranger."""
+    import tempfile
+
+    from coinf.ble_protocol import wifi_pair as wp
+    from coinf.ble_protocol.tls_store import TlsStore
+
+    with tempfile.TemporaryDirectory(prefix="coinf-fuzz-") as tmp:
+        cert = TlsStore(f"{tmp}/tls").certificate_der()
+    w = wp.code_scalar("123456")
+    _, x = wp._share(w, wp.M)
+    named = wp._name_cert_bytes("pi", cert)
+    start = bytes([wp.VERSION]) + named + x
+    reply = named + x + bytes(32)
+
+    def checked(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+        def decode(data: bytes) -> Any:
+            try:
+                return parse(data)
+            except ValueError as exc:  # wifi_pair's _Malformed: the documented refusal
+                raise ProtocolError(ErrorCode.MALFORMED, str(exc)) from None
+        return decode
+
+    return {"wifi_pair_start": ([start], checked(wp.parse_start)),
+            "wifi_pair_reply": ([reply], checked(wp.parse_reply))}
+
+
 def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
     """decoder name -> (valid inputs, decode function). Budgets are what the receiver knows
     from the model's signature: the seeds' decoded size, never what a header declares."""
@@ -198,6 +226,7 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
         "error": ([encode_error(ErrorCode.TAIL_FAILED, "tail failed")], decode_err),
         "packed_latent": ([packing.pack(c, PackSpec("latent", priors=table)) for c in codes],
                           lambda d: packing.unpack(d, max_bytes=budget)),
+        **_pairing_cases(),
         "control_line": ([b'{"op": "reload"}\n', b'{"op": "status"}'], parse_request),
         "txt_record": ([txt], lambda d: parse_announcement("helper._coinf._tcp.local.", d,
                                                            ["127.0.0.1"], 7878, "model-1234")),

@@ -91,3 +91,19 @@ def test_doctor_lists_bonds_without_keys_and_revokes_one(tmp_path: Path) -> None
 
     err = asyncio.run(refused())
     assert err is not None and err.reason == PairingFailure.BOND_LOST, err
+
+
+def test_doctor_lists_the_wifi_peers_without_their_certificates(tmp_path: Path) -> None:
+    from coinf.ble_protocol.tls_store import TlsStore
+
+    mine, helper = TlsStore(tmp_path / "cfg" / "tls"), TlsStore(tmp_path / "helper")
+    entry = mine.pin("phone", helper.certificate_der(), "tcp:10.0.0.7:7878")
+    env = {"COINF_TLS_DIR": str(mine.directory), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+           "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "coinf", "doctor", "--json"],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    report = json.loads(proc.stdout)
+    peers = report["checks"]["wifi_peers"]["peers"]
+    assert [(p["name"], p["fingerprint"], p["address"]) for p in peers] == [
+        ("phone", entry.fingerprint, "tcp:10.0.0.7:7878")]
+    assert "BEGIN" not in proc.stdout  # no certificate, let alone a key

@@ -199,6 +199,29 @@ def bonds_check(keystores: list[str] | None = None) -> dict[str, Any]:
     return _check("ok", summary, stores=stores)
 
 
+def wifi_peers_check() -> dict[str, Any]:
+    """The Wi-Fi (TLS) devices this one has paired with (``coinf wifi pair``); never keys."""
+    import datetime
+
+    from coinf.ble_protocol.tls_store import TlsStoreError, default_store, default_tls_dir
+
+    if not default_tls_dir().exists():
+        return _check("ok", "no Wi-Fi identity yet (made on first use; pair helpers with "
+                      "`coinf wifi pair`)", peers=[])
+    try:
+        peers = default_store().peers()
+    except TlsStoreError as exc:
+        return _check("warn", str(exc), peers=[])
+    rows = [{"name": p.name, "fingerprint": p.fingerprint, "address": p.address,
+             "added": datetime.datetime.fromtimestamp(p.added, datetime.UTC).isoformat(
+                 timespec="seconds") if p.added else None} for p in peers]
+    if not rows:
+        return _check("ok", "no Wi-Fi peers paired (`coinf wifi pair`)", peers=rows)
+    text = "; ".join(f"{r['name']} {r['fingerprint'][:19]}... {r['address']}".rstrip()
+                     for r in rows)
+    return _check("ok", f"{text} (revoke with `coinf wifi revoke NAME`)", peers=rows)
+
+
 def revoke(address: str, keystores: list[str] | None) -> int:
     """``--revoke ADDRESS``: remove that peer's bond from the stores."""
     from coinf.ble_protocol.bonds import revoke_bond
@@ -246,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         "memory": memory_check(role),
         "cpu_governor": governor_check(),
         "bonds": bonds_check(args.keystore),
+        "wifi_peers": wifi_peers_check(),
         "bundle": bundle_check(args.bundle),
     }
     report = {"role": role, "machine": platform.machine(), "python": platform.python_version(),

@@ -8,7 +8,8 @@
 * free memory against the wearable's memory budget; the CPU frequency governor;
 * the bond stores (``coinf wearable pair`` / ``coinf handheld pair``): every bond, with the peer's
   identity address, the store's role, the key type and when it was made (never key material);
-  and the bundle's identity.
+  the Wi-Fi devices paired with ``coinf wifi pair`` (name, fingerprint, address, when; revoked
+  with ``coinf wifi revoke``); and the bundle's identity.
 
 Each check is ``ok``, ``warn`` or ``fail``; the exit code is 1 when any check fails, else 0.
 

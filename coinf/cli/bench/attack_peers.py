@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from coinf.cli.bench.attack import ATTACKERS, Arena, Attacker, Outcome, attacker
+from coinf.cli.bench.attack_arena import ATTACKERS, Arena, Attacker, Outcome, attacker
 
 
 async def _frames(arena: Arena, bundle: Any, address: str, cid: str) -> tuple[int, int, str]:

@@ -218,8 +218,7 @@ def wifi_peers_check() -> dict[str, Any]:
                  timespec="seconds") if p.added else None} for p in peers]
     if not rows:
         return _check("ok", "no Wi-Fi peers paired (`coinf wifi pair`)", peers=rows)
-    text = "; ".join(f"{r['name']} {r['fingerprint'][:19]}... {r['address']}".rstrip()
-                     for r in rows)
+    text = "; ".join(f"{p.name} {p.fingerprint[:19]}... {p.address}".rstrip() for p in peers)
     return _check("ok", f"{text} (revoke with `coinf wifi revoke NAME`)", peers=rows)
 
 

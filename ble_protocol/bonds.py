@@ -28,9 +28,9 @@ from typing import Any
 from bumble.keys import JsonKeyStore, KeyStore, MemoryKeyStore, PairingKeys
 
 from coinf.errors import UserError
+from coinf.files import private_directory
 
 FILE_MODE = 0o600
-DIR_MODE = 0o700
 
 
 class BondStoreError(UserError):
@@ -43,23 +43,9 @@ def prepare_bond_store(path: str | os.PathLike[str]) -> Path:
     resolved path. Raises :class:`BondStoreError`."""
     file = Path(path).expanduser().resolve()
     directory = file.parent
-    if not directory.exists():
-        try:
-            directory.mkdir(mode=DIR_MODE, parents=True)
-            os.chmod(directory, DIR_MODE)  # mkdir's mode is filtered by the umask
-        except OSError as exc:
-            raise BondStoreError(f"cannot create the bond store directory {directory}: "
-                                 f"{exc.strerror}") from None
-    st = directory.stat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise BondStoreError(f"{directory} (the bond store's directory) is not a directory")
-    if st.st_mode & 0o077:
-        raise BondStoreError(
-            f"the bond store's directory {directory} is accessible to other users (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); it holds pairing keys, so keep it private: "
-            f"`chmod 700 {directory}` or choose a keystore path in a private directory")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise BondStoreError(f"the bond store's directory {directory} belongs to another user")
+    private_directory(directory, "the bond store's directory", "it holds pairing keys, so "
+                      f"keep it private: `chmod 700 {directory}` or choose a keystore path in a "
+                      "private directory", BondStoreError)
     if file.exists() or file.is_symlink():
         fst = os.lstat(file)
         if not stat.S_ISREG(fst.st_mode):

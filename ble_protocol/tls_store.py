@@ -33,9 +33,9 @@ from typing import Any
 
 from coinf.deps import require
 from coinf.errors import InputError, UserError
+from coinf.files import private_directory
 
 FILE_MODE = 0o600
-DIR_MODE = 0o700
 IDENTITY_FILE = "identity.pem"
 PEERS_FILE = "peers.json"
 PREFIX = "sha256:"
@@ -81,24 +81,9 @@ def default_tls_dir() -> Path:
 
 def private_dir(directory: Path) -> Path:
     """Create (0700) or check ``directory``; raises :class:`TlsStoreError`."""
-    if not directory.exists():
-        try:
-            directory.mkdir(mode=DIR_MODE, parents=True)
-            os.chmod(directory, DIR_MODE)  # mkdir's mode is filtered by the umask
-        except OSError as exc:
-            raise TlsStoreError(f"cannot create the TLS store {directory}: "
-                                f"{exc.strerror}") from None
-    st = directory.stat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise TlsStoreError(f"the TLS store {directory} is not a directory")
-    if st.st_mode & 0o077:
-        raise TlsStoreError(
-            f"the TLS store {directory} is accessible to other users (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); it holds this device's private key, so keep it "
-            f"private: `chmod 700 {directory}` (or set COINF_TLS_DIR to a private directory)")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise TlsStoreError(f"the TLS store {directory} belongs to another user")
-    return directory
+    return private_directory(
+        directory, "the TLS store", "it holds this device's private key, so keep it private: "
+        f"`chmod 700 {directory}` (or set COINF_TLS_DIR to a private directory)", TlsStoreError)
 
 
 def _check_file(file: Path) -> bool:

@@ -1,10 +1,38 @@
-"""Writing a file whole or not at all (the bottom layer: imports nothing of coinf)."""
+"""Writing a file whole or not at all, and keeping a directory private (the bottom layer:
+imports nothing of coinf)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
+
+#: a private directory's mode: its owner only
+PRIVATE_DIR_MODE = 0o700
+
+
+def private_directory(directory: Path, what: str, hint: str,
+                      error: type[Exception]) -> Path:
+    """Create ``directory`` 0700 if it is missing, else check it: a directory, closed to group
+    and others, owned by this user (we never chmod one we did not create: it may be shared).
+    Anything else raises ``error`` naming ``what`` (``"the TLS store"``) and, for one open to
+    others, the ``hint`` of how to fix it."""
+    if not directory.exists():
+        try:
+            directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True)
+            os.chmod(directory, PRIVATE_DIR_MODE)  # mkdir's mode is filtered by the umask
+        except OSError as exc:
+            raise error(f"cannot create {what} {directory}: {exc.strerror}") from None
+    st = directory.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise error(f"{what} {directory} is not a directory")
+    if st.st_mode & 0o077:
+        raise error(f"{what} {directory} is accessible to other users (mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}); {hint}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise error(f"{what} {directory} belongs to another user")
+    return directory
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:

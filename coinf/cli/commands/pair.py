@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -172,16 +173,18 @@ def run_handheld(args: argparse.Namespace) -> int:
                 target = await _find(target, scanner, args.timeout, kwargs)
             client = BleakClient(target, backend=backend, timeout=args.timeout, **kwargs)
             try:
-                await client.connect()
-                try:
-                    await client.pair()  # the bumble backend: encrypt with the bond, else pair
-                except NotImplementedError:  # CoreBluetooth pairs on first secure access
-                    from coinf.ble_protocol import gatt
+                from coinf.ble_protocol import gatt
 
-                    control = client.services.get_characteristic(gatt.CONTROL_UUID)
-                    if control is None:
-                        raise LinkError(f"{args.wearable} has no coinf service") from None
-                    await client.read_gatt_char(control)
+                await client.connect()
+                control = client.services.get_characteristic(gatt.CONTROL_UUID)
+                if control is None:
+                    raise LinkError(f"{args.wearable} has no coinf service") from None
+                with contextlib.suppress(NotImplementedError):  # CoreBluetooth pairs on the read
+                    await client.pair()  # the bumble backend: encrypt with the bond, else pair
+                # one encrypted round trip before hanging up: our last key distribution PDUs
+                # go ahead of it on the link, so the wearable has them all (hanging up at once
+                # lost them now and then, and the wearable never completed its bond)
+                await client.read_gatt_char(control)
             except BleakError as exc:
                 from coinf.ble_protocol.bleak_errors import pairing_failure
 

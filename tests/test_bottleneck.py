@@ -332,3 +332,25 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
     assert point["quality_loss"] == pytest.approx(100 * (1 - comp.accuracy["raw"]), abs=1e-6)
     best = result["summary"]["best_learned_bytes"]
     assert best == (round(point["bytes"], 1) if point["quality_loss"] <= 1.0 else None)
+
+    # the planner asks of a learned point what it asks of a calibrated packing: a 95 % upper
+    # bound within the tolerance, from its held-out feeds (60 here: never within 1 pp)
+    from coinf.wearable.planner.adapt import LinkEstimate
+    from coinf.wearable.planner.planner import Planner, learned_bound
+    from coinf.wearable.policy import Policy
+
+    rid = f"{CUT}~g{comp.gamma}+latent"
+    drop = 100 * (1 - comp.accuracy["latent"])
+    bound = learned_bound(comp, "latent")
+    tolerance = drop + 0.5  # the measured drop passes, its bound on 60 feeds does not
+    assert bound is not None and bound > tolerance
+    policy = Policy(accuracy_tolerance_pp=tolerance)
+    planner = Planner(bundle, policy=policy)
+    ids = {r.id for r in planner.costs(LinkEstimate(20_000, 20_000, 30))}
+    assert rid not in ids and "95% upper bound" in planner.excluded_configs[rid]
+    manifest = json.loads((root / "manifest.json").read_text())
+    (entry,) = manifest["compressors"]["entries"]
+    entry["test_feeds"], entry["accuracy"] = 100_000, {"raw": 1.0, "latent": 1.0}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    shown = Planner(Bundle.load(root), policy=policy)
+    assert rid in {r.id for r in shown.costs(LinkEstimate(20_000, 20_000, 30))}

@@ -84,6 +84,19 @@ def protocol_wire_bytes(cand: Any, outputs: Any) -> tuple[int, int]:
     return nbytes + req, out_bytes + res
 
 
+def learned_bound(comp: Any, packing: str) -> float | None:
+    """The 95 % upper bound (pp) on a learned compressor's agreement loss, from its held-out
+    feeds (``test_feeds``), as a calibrated packing's drop is bounded; None for a compressor
+    without a sample count (an autoencoder set: its measured drop is all there is)."""
+    n = getattr(comp, "test_feeds", None)
+    if comp.kind != "learned" or not n or packing not in comp.accuracy:
+        return None
+    from coinf.convert.calibrate import upper_bound
+
+    changed = round((1.0 - comp.accuracy[packing] / max(comp.base_accuracy, 1e-9)) * n)
+    return 100.0 * upper_bound(max(changed, 0), int(n))
+
+
 class Planner:
     """Decides which candidate cut of ``bundle`` to run."""
 
@@ -358,6 +371,12 @@ class Planner:
                 if drop > tol:
                     self.excluded_configs[f"{c.id}{PACK_SEP}{spec}"] = (
                         f"accuracy drop {drop:.2f} pp > tolerance {tol:g} pp")
+                    continue
+                bound = learned_bound(comp, packing)
+                if bound is not None and bound > tol:  # as a calibrated packing must show
+                    self.excluded_configs[f"{c.id}{PACK_SEP}{spec}"] = (
+                        f"accuracy drop {drop:.2f} pp measured on {comp.test_feeds} held-out "
+                        f"feeds, but its 95% upper bound is {bound:.1f} pp > tolerance {tol:g} pp")
                     continue
                 out.append((spec, size + header, res, drop))
                 coded = comp.code_ms.get(packing)

@@ -16,7 +16,6 @@ may be shared); an existing file readable or writable by group or others is tigh
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -28,7 +27,7 @@ from typing import Any
 from bumble.keys import JsonKeyStore, KeyStore, MemoryKeyStore, PairingKeys
 
 from coinf.errors import UserError
-from coinf.files import private_directory
+from coinf.files import private_directory, write_atomically
 
 FILE_MODE = 0o600
 
@@ -65,14 +64,7 @@ class PrivateJsonKeyStore(JsonKeyStore):
 
     async def save(self, db: dict[str, dict[str, dict[str, Any]]]) -> None:
         prepare_bond_store(self.filename)
-        temp = self.filename.with_name(self.filename.name + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as output:
-            json.dump(db, output, sort_keys=True, indent=4)
-        os.chmod(temp, FILE_MODE)
-        os.replace(temp, self.filename)
+        _write(self.filename, db)
 
     async def update(self, name: str, keys: PairingKeys) -> None:
         """Store a pairing's keys (they replace the peer's old ones) and when it was made."""
@@ -143,14 +135,13 @@ def revoke_bond(path: str | os.PathLike[str], address: str) -> bool:
             del key_map[name]
             found = True
     if found:
-        temp = file.with_name(file.name + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as output:
-            json.dump(data, output, sort_keys=True, indent=4)
-        os.replace(temp, file)
+        _write(file, data)
     return found
+
+
+def _write(file: Path, db: dict[str, Any]) -> None:
+    """The store as JSON, written whole (a temporary 0600 file renamed over it)."""
+    write_atomically(file, json.dumps(db, sort_keys=True, indent=4).encode(), mode=FILE_MODE)
 
 
 def open_bond_store(path: str | os.PathLike[str] | None) -> KeyStore:

@@ -35,15 +35,19 @@ def private_directory(directory: Path, what: str, hint: str,
     return directory
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
+def write_atomically(path: str | os.PathLike[str], data: bytes, mode: int | None = None
+                     ) -> None:
     """Write ``data`` to ``path`` through a temporary sibling renamed over it, creating the
     folder if missing. A crash or a full disk leaves the old file (or none), never part of the
-    new one, and no temporary file behind. The file gets the permissions a plain write gives."""
+    new one, and no temporary file behind. The file gets ``mode`` exactly (e.g. 0o600 for keys;
+    it never exists with more), else the permissions a plain write gives."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)  # the umask only takes bits away; this is exact
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, target)

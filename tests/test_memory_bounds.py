@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import textwrap
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from coinf.ble_protocol.rpc import RpcClient, serve
 from coinf.ble_protocol.tensors import encode_tensors
 from coinf.wearable.frame import result_bound as bundle_result_bound
 
+from coinf.cli.bench.hostile import PEER  # the bench's hostile peer: one copy
 from coinf.errors import PeerResultError
 from tests.bundles import fixed, make_tiny_bundle
 from tests.test_ble_gatt_link import wired
@@ -135,30 +135,6 @@ def test_a_late_reply_to_an_abandoned_request_is_still_accepted(tmp_path: Path) 
 
 
 # -- a Session against a hostile daemon-like peer in another process -------------------------
-PEER = textwrap.dedent('''
-    import asyncio, sys
-    import numpy as np
-    from coinf.ble_protocol.loopback import serve_socket
-    from coinf.ble_protocol.request import HopStats, encode_result
-    from coinf.ble_protocol.tensors import encode_tensors
-    from coinf.bundle import Bundle
-    from coinf.handheld.daemon import HandheldDaemon, Reply
-
-    mib = int(sys.argv[3])
-    huge = encode_result([HopStats(1000)],
-                         encode_tensors({"y": np.zeros(mib * 2**20 // 4, np.float32)}))
-
-    class Hostile(HandheldDaemon):  # the real daemon, but every RESULT is `mib` MiB
-        def run(self, request, blob, cancel=None):
-            return Reply(huge, "c001", 0.001)
-
-    async def main():
-        await serve_socket("unix:" + sys.argv[2], Hostile(Bundle.load(sys.argv[1])).serve)
-        print("ready", flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-''')
 
 
 def test_a_60_mib_result_costs_the_wearable_almost_nothing(tmp_path: Path) -> None:
@@ -169,7 +145,7 @@ def test_a_60_mib_result_costs_the_wearable_almost_nothing(tmp_path: Path) -> No
     peer = subprocess.Popen([sys.executable, "-c", PEER, str(bundle.root), str(sock), "60"],
                             stdout=subprocess.PIPE, text=True)
     try:
-        assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "serving"
         x = np.ones((1, 16), np.float32)
         opts = fixed("c001", link=LinkOptions(transport=f"unix:{sock}", timeout=30))
         with Session(bundle.root, opts) as s:

@@ -35,8 +35,10 @@ def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: fl
         lines.setdefault(key, []).append(p)
     for (family, method), pts in sorted(lines.items()):
         pts = _front(pts) if family == "split" else sorted(pts, key=lambda p: p["bytes"])
+        learned = family == "learned"  # few points, often on the split front: stand out
         ax.plot([p["bytes"] for p in pts], [p["quality_loss"] for p in pts], STYLE[family],
-                marker="o", ms=4, label=f"{NAMES[family]}: {method}")
+                marker="D" if learned else "o", ms=7 if learned else 4, zorder=3 if learned else 2,
+                color="black" if learned else None, label=f"{NAMES[family]}: {method}")
         if family == "split":  # label the front where it matters: near the tolerance
             near = [p for p in pts if p["quality_loss"] <= 3 * max(tolerance, 0.5)]
             for i, p in enumerate(near[:4]):

@@ -10,6 +10,7 @@ from coinf.wearable.planner.pipeline_dp import (
     CutPoint,
     ResplitTrigger,
     cut_points,
+    device_verdict,
     evaluate,
     split_dp,
     split_exhaustive,
@@ -116,10 +117,26 @@ def test_a_last_device_that_only_adds_a_slow_link_is_left_out() -> None:
     best = split_prefix(points, [1.0, 1.0, 1.0], [1.0, 1.0])
     assert best is not None and len(best.compute_s) == 2
     assert best.bottleneck_s < three.bottleneck_s
-    # with fast links the third device is kept: fewer devices must be clearly better
-    assert len(split_prefix(points, [1.0, 1.0, 1.0], [1e9, 1e9]).compute_s) == 3
-    balanced = chain_points([10] * 6, [1] * 7)
+    # with fast links a third device would shorten the bottleneck by 1 % (100 against 101):
+    # within the margin, so it is left out; it must clearly help to join
+    assert len(split_prefix(points, [1.0, 1.0, 1.0], [1e9, 1e9]).compute_s) == 2
+    assert len(split_prefix(points, [1.0, 1.0, 1.0], [1e9, 1e9], margin=0.0).compute_s) == 3
+    balanced = chain_points([10] * 6, [1] * 7)  # 3 devices: 20 against 30 with two
     assert len(split_prefix(balanced, [1.0, 1.0, 1.0], [1e9, 1e9]).compute_s) == 3
+
+
+def test_device_verdict_names_the_stage_that_keeps_a_third_device_out() -> None:
+    # the raw input is too big for the first link (a BLE link), so the wearable runs the first
+    # slice (100) itself, and that bounds every split: a third device cannot help
+    points = chain_points([100, 10, 10], [10**6, 10, 10, 5])
+    verdict = device_verdict(points, [1.0, 1.0, 1.0], [1e3, 1e9], ["wearable", "h1", "h2"])
+    assert verdict["devices"] == 2
+    assert "more cannot help" in str(verdict["why"])
+    assert "the wearable's compute (100000.0 ms) bounds both" in str(verdict["why"])
+    # a balanced model over fast links: all three pay, and the sentence says by how much
+    balanced = chain_points([10] * 6, [1] * 7)
+    verdict = device_verdict(balanced, [1.0, 1.0, 1.0], [1e9, 1e9], ["wearable", "h1", "h2"])
+    assert verdict["devices"] == 3 and "1.50x the best 2-device split" in str(verdict["why"])
     assert split_prefix(chain_points([10], [1, 1]), [1.0, 1.0], [1.0]) is not None
 
 

@@ -12,6 +12,7 @@ import pytest
 from coinf.convert.split import split_model
 from coinf.handheld.pipeline_host import local_helpers
 from coinf.wearable.pipeline_config import HelperConfig
+from coinf.wearable import replan
 from coinf.wearable.replan import Replanner
 
 from coinf import AsyncSession, LinkOptions, PlacementOptions, Session, SessionOptions
@@ -36,8 +37,15 @@ def _devices(plan: str) -> set[str]:
     return {part.split("@")[1].split("(")[0] for part in plan.split(": ", 1)[1].split(" -> ")}
 
 
+@pytest.fixture
+def fixed_speeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured speeds never move the plan (these tests follow failures alone): LeNet's slices
+    are so small that a helper measures far below its configured speed."""
+    monkeypatch.setattr(replan, "SPEED_FACTOR", float("inf"))
+
+
 @sync
-async def test_a_helper_killed_mid_stream_is_left_out_and_rejoins_when_back(bundle) -> None:  # type: ignore[no-untyped-def]
+async def test_a_helper_killed_mid_stream_is_left_out_and_rejoins_when_back(bundle, fixed_speeds) -> None:  # type: ignore[no-untyped-def]
     pool = frames(bundle, 8)
     ref = reference(bundle, pool)
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:
@@ -185,3 +193,31 @@ async def test_set_split_overrides_the_helpers_plan_until_handed_back(bundle) ->
             (out,) = await sess.run(None, feeds[0])
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
             assert sess.last_run.hops[0]["device"] == "h1"
+
+
+@sync
+async def test_a_helper_measured_slower_than_planned_loses_its_place(bundle) -> None:  # type: ignore[no-untyped-def]
+    """h1 is configured as the fastest helper but plays a machine 40x slower: after a few
+    frames its measured speed (its slice's FLOPs over the compute time its RESULT reports) is
+    far off the planned one, the plan is chosen again with it, and the frames go to h2; every
+    frame comes back once, in order, right."""
+    pool = frames(bundle, 6)
+    ref = reference(bundle, pool)
+    async with local_helpers(bundle, ["h1", "h2"], {"h1": 40.0}) as hosts:
+        opts = SessionOptions(placement=PlacementOptions(helpers=_helpers(bundle, hosts)),
+                              link=LinkOptions(timeout=10.0))
+        async with AsyncSession(bundle, opts) as sess:
+            assert sess.replanner is not None
+            results = [r async for r in sess.astream((pool[i % 6] for i in range(30)),
+                                                     depth=2)]
+            assert [r.index for r in results] == list(range(30))
+            for r in results:
+                np.testing.assert_allclose(r.value()[0], ref[r.index % 6], rtol=1e-4,
+                                           atol=1e-5)
+            history = sess.strategies["history"]  # type: ignore[index]
+            assert _devices(history[0]["plan"]) == {"wearable", "h1"}
+            moved = [h for h in history if h["reason"].startswith("h1 measured at")]
+            assert moved and "h1" not in _devices(history[-1]["plan"])
+            assert sess.replanner.measured["h1"][0] >= replan.SPEED_FRAMES
+            last = results[-1].stats
+            assert last is not None and last.hops and last.hops[0]["device"] != "h1"

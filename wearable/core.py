@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
@@ -43,7 +42,7 @@ from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.autoplan import AutoPlan
-from coinf.wearable.connection import Connection, helper_connection
+from coinf.wearable.connection import Connection
 from coinf.wearable.discovery import Discover
 from coinf.wearable.executor import Executor
 from coinf.wearable.frame import (
@@ -53,6 +52,7 @@ from coinf.wearable.frame import (
     check_feed,
     check_output_names,
 )
+from coinf.wearable.helper_links import HelperLinks
 from coinf.wearable.options import (
     UNSET,
     RunOptions,
@@ -125,17 +125,14 @@ class AsyncSession:
         #: a fixed plan of any number of stages (PlacementOptions.plan), else None
         self._fixed_plan = place.fixed_plan(self.bundle)
         #: the helpers a plan may name (PlacementOptions.helpers), each reached on first use
-        self._helpers = {h.name: h for h in place.helper_configs(self.bundle)}
-        self._helper_conns: dict[str, Connection] = {}
+        self.helpers = HelperLinks(
+            self.bundle, place.helper_configs(self.bundle),
+            place.helpers if isinstance(place.helpers, Discover) else None, link)
         self._plans: dict[tuple[Any, ...], Plan] = {}
         #: with helpers and no fixed split or plan: the plan over the helpers alive, chosen
         #: again when one leaves or joins (wearable/replan.py)
         self.replanner: Replanner | None = None
         self._replan_off: Replanner | None = None  # while set_split fixes the split
-        self._discover = place.helpers if isinstance(place.helpers, Discover) else None
-        self._next_browse = time.monotonic() + (self._discover.rebrowse_s
-                                                if self._discover else 0.0)
-        self._background: set[asyncio.Task[None]] = set()
         self._compressor: Compressor | None = None  # chosen with the packing (planner configs)
         self.autoplan: AutoPlan | None = None
         self._planner_off: AutoPlan | None = None
@@ -145,11 +142,11 @@ class AsyncSession:
                                                 planner.policy, planner.wearable_profile,
                                                 planner.handheld_profile, place.packings)
             split = self.autoplan.choose(None)[0]
-            if self._helpers or self._discover is not None:  # local, a split or a pipeline
+            if self.helpers:  # local, a split or a pipeline
                 objective = ("throughput" if self.autoplan.adaptive.objective == "throughput"
                              else "latency")
                 self.replanner = Replanner(self.bundle, self.autoplan.adaptive.planner,
-                                           list(self._helpers.values()), objective,
+                                           list(self.helpers.configs.values()), objective,
                                            link.max_backoff_s)
                 log.info("strategy: %s", self.replanner.why)
                 self.autoplan, split = None, self.replanner.plan.candidate.id
@@ -302,7 +299,7 @@ class AsyncSession:
     async def _next_plan(self, ro: RunOptions) -> tuple[Plan, int]:
         """The plan of the frame starting now, and its version (0: no re-planning)."""
         if self.replanner is not None:
-            self._tend_helpers()
+            self.helpers.tend(self.replanner)
             plan, version = self.replanner.take()
             if ro.local_only and not plan.local:
                 plan = Plan.for_candidate(self.bundle, self.bundle.candidate("wearable-only"))
@@ -343,61 +340,6 @@ class AsyncSession:
         rp = self.replanner or self._replan_off
         return None if rp is None else rp.summary()
 
-    def _tend_helpers(self) -> None:
-        """Start what the helpers need, in the background (never delaying a frame): a probe of
-        each helper whose backoff has passed, and a new browse when ``Discover`` is due."""
-        rp = self.replanner
-        assert rp is not None
-        for name in rp.due():
-            rp.probing.add(name)
-            self._spawn(self._probe_helper(name))
-        if self._discover is not None and self._discover.rebrowse_s and \
-                time.monotonic() >= self._next_browse:
-            self._next_browse = math.inf  # one browse at a time
-            self._spawn(self._browse())
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _probe_helper(self, name: str) -> None:
-        rp = self.replanner
-        assert rp is not None
-        try:
-            await self.connection_to(name).client()
-        except LinkError as exc:
-            await self._drop_helper(name)
-            rp.still_out(name, exc)
-            return
-        except Exception as exc:  # never end silently: the helper stays out, saying why
-            await self._drop_helper(name)
-            rp.still_out(name, exc)
-            log.error("probing helper %s failed: %s", name, exc)
-            return
-        rp.back(name)
-
-    async def _browse(self) -> None:
-        assert self._discover is not None and self.replanner is not None
-        try:
-            found = await self._discover.abrowse(self.bundle)
-        except Exception as exc:
-            log.warning("browsing for helpers failed: %s", exc)
-            found = []
-        finally:
-            self._next_browse = time.monotonic() + self._discover.rebrowse_s
-        for name in self.replanner.merge(found):
-            self._helpers[name] = self.replanner.helpers[name]
-            await self._drop_helper(name)  # a changed address: the old link goes
-
-    async def _drop_helper(self, name: str, conn: Connection | None = None) -> None:
-        """Close the link to helper ``name`` (only ``conn``, if given: a frame that saw an old
-        link fail must not close the new one)."""
-        current = self._helper_conns.get(name)
-        if current is not None and (conn is None or conn is current):
-            del self._helper_conns[name]
-            await current.close()
-
     def connection_for(self, plan: Plan) -> Connection:
         """The connection to the device of the plan's second stage (the handheld, or a
         helper of ``PlacementOptions.helpers``, reached on first use)."""
@@ -405,20 +347,7 @@ class AsyncSession:
 
     def connection_to(self, device: str) -> Connection:
         """The connection to ``device`` (see :meth:`connection_for`)."""
-        if device == HANDHELD:
-            return self.connection
-        conn = self._helper_conns.get(device)
-        if conn is None:
-            helper = self._helpers.get(device)
-            if helper is None:
-                raise InputError(f"the plan sends to {device!r}, which is neither 'handheld' "
-                                 f"nor a helper of PlacementOptions.helpers "
-                                 f"({', '.join(self._helpers) or 'none given'})")
-            link = self.options.link
-            conn = self._helper_conns[device] = helper_connection(
-                helper, self.bundle, connect_timeout=link.effective_connect_timeout,
-                request_timeout=link.timeout, max_backoff_s=link.max_backoff_s)
-        return conn
+        return self.connection if device == HANDHELD else self.helpers.connection_to(device)
 
     def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:
         """The runtimes of ``cand``'s head (here) and tail (on the handheld, as configured)."""
@@ -462,6 +391,8 @@ class AsyncSession:
             exc: LinkError = caught
         else:
             conn.succeeded()
+            if self.replanner is not None:
+                self.replanner.observed(plan, stats.hops)
             return outputs
         if not (self.options.link.fallback and exc.transient):
             raise exc
@@ -469,7 +400,7 @@ class AsyncSession:
         if self.replanner is not None:  # leave the device out; the next frames re-plan
             dead = failed_device(exc, plan)
             if dead is not None and self.replanner.failed(dead, exc):
-                await self._drop_helper(dead, conn if dead == plan.stages[1].device else None)
+                await self.helpers.drop(dead, conn if dead == plan.stages[1].device else None)
             why = str(exc) if len(plan.remote) == 1 else \
                 f"{plan.remote[min(at, len(plan.remote) - 1)].device}: {exc}"
             return await self.executor.finish_here(plan.candidate, crossing, stats, why)
@@ -583,12 +514,9 @@ class AsyncSession:
         if self._closed:
             return
         self._closed = True
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
         try:
-            for conn in (self.connection, *self._helper_conns.values()):
-                await conn.close()
+            await self.helpers.close()
+            await self.connection.close()
         finally:
             self.executor.close()
 

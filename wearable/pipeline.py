@@ -54,7 +54,9 @@ from coinf.wearable.planner.pipeline_dp import (
     PipelineSplit,
     ResplitTrigger,
     cut_points,
+    device_verdict,
     evaluate,
+    split_dp,
     split_prefix,
 )
 from coinf.wearable.stream import END, puller
@@ -74,8 +76,8 @@ EWMA = 0.3
 OVERHEAD_BYTES = 96.0
 #: default of ``PipelineSession.dp_tolerance``
 DP_TOLERANCE = 0.01
-#: fewer devices are used only when their bottleneck is this much shorter (no churn on noise)
-FEWER_MARGIN = 0.05
+#: one more device is used only when it shortens the bottleneck this much (relative)
+MORE_MARGIN = 0.05
 
 
 class _Ewma:
@@ -160,7 +162,7 @@ class PipelineSession:
         if self.fixed_cuts is not None:
             n = len(self.fixed_cuts)
             evaluate(self.points, self.fixed_cuts, [1.0] * (n + 1), [1.0] * n)  # checks them
-        self._frozen: dict[tuple[str, ...], PipelinePlan] = {}
+        self._frozen: dict[tuple[tuple[str, ...], bool], PipelinePlan] = {}
         self.last: PipelineStats | None = None
         self._closed = False
 
@@ -233,23 +235,23 @@ class PipelineSession:
         devices = (WEARABLE, *self.alive())[:self.max_devices]
         if len(devices) == 1:
             return None
-        if not self.adaptive and not force and devices in self._frozen:
-            self._plan = self._frozen[devices]  # frozen: the last split over these devices
+        key = (devices, self.all_devices)
+        if not self.adaptive and not force and key in self._frozen:
+            self._plan = self._frozen[key]  # frozen: the last split over these devices
             return self._plan
         speeds, bws = self._speeds(devices), self._bandwidths(devices)
         current = self._plan
-        if (not force and current is not None and current.devices == devices
+        if (not force and current is not None and self._frozen.get(key) is current
                 and (not self.adaptive or not self._trigger.moved(speeds, bws))):
             return current
-        key = devices
         n = len(devices)
         split: PipelineSplit | None
         points = self.priced_points()
         if self.fixed_cuts is not None and n == len(self.fixed_cuts) + 1:
             split = evaluate(points, self.fixed_cuts, speeds, bws, self._result_bytes)
         else:
-            split = split_prefix(points, speeds, bws, self._result_bytes,
-                                 1.0 if self.all_devices else FEWER_MARGIN)
+            split = self._every_device(points, speeds, bws) if self.all_devices else None
+            split = split or split_prefix(points, speeds, bws, self._result_bytes, MORE_MARGIN)
         if split is None:
             raise InputError("this bundle has no cut to split it between devices")
         n = len(split.compute_s)
@@ -263,6 +265,21 @@ class PipelineSession:
             self.replans += 1
             log.info("pipeline re-split: %s", self._plan)
         return self._plan
+
+    def _every_device(self, points: Sequence[CutPoint], speeds: Sequence[float],
+                      bws: Sequence[float]) -> PipelineSplit | None:
+        try:
+            return split_dp(points, speeds, bws, self._result_bytes)
+        except InputError:  # too few nested cuts for them all
+            return None
+
+    def verdict(self) -> dict[str, object]:
+        """How many of the devices alive a stream should use now, and why (the stage that
+        bounds it): :func:`~coinf.wearable.planner.pipeline_dp.device_verdict`."""
+        devices = (WEARABLE, *self.alive())[:self.max_devices]
+        return device_verdict(self.priced_points(), self._speeds(devices),
+                              self._bandwidths(devices), devices, self._result_bytes,
+                              MORE_MARGIN)
 
     # -- frames ---------------------------------------------------------------------------
     async def run(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -13,7 +13,11 @@ flight:
 * when the backoff has passed, the Session probes the helper in the background (connect and
   handshake); if it answers, the plan is chosen again with it, else its backoff doubles;
 * with ``Discover``, the network is browsed again at most every ``Discover.rebrowse_s``, in
-  the background, and a helper seen for the first time joins the choice.
+  the background, and a helper seen for the first time joins the choice;
+* a helper's speed is measured on every frame it runs (its slice's FLOPs over the compute time
+  its RESULT reports, averaged): once it is ``SPEED_FACTOR`` x off the speed the plan was
+  chosen with (its configured ``speed_flops``, else the handheld profile's), the plan is
+  chosen again with the measured speed (a loaded laptop, a phone that throttles).
 
 Every change is kept in :attr:`Replanner.history` (bounded): the plan, why, and the first
 frame that ran it; each frame's :class:`~coinf.wearable.frame.RunStats` names its plan and
@@ -26,17 +30,30 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS, HelperConfig
 from coinf.wearable.plan import Plan
-from coinf.wearable.planner.strategy import SPATIAL_NOT_RUN, choose_strategy, to_plan
+from coinf.wearable.planner.strategy import (
+    SPATIAL_NOT_RUN,
+    choose_strategy,
+    profile_speeds,
+    to_plan,
+)
 
 from coinf.errors import ErrorCode, LinkError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 1.0
 HISTORY = 64
+#: re-plan when a helper's measured speed is this many times off the one planned with
+SPEED_FACTOR = 1.5
+#: frames a helper's speed is averaged over before it may move the plan; and the average's weight
+SPEED_FRAMES = 3
+SPEED_EWMA = 0.3
+#: a slice with less than this share of the model's FLOPs is not timed (overhead dominates)
+MIN_SHARE = 0.05
 
 
 class Replanner:
@@ -57,6 +74,11 @@ class Replanner:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.options: list[Any] = []
         self.why = ""
+        #: name -> (frames measured, average FLOP/s); the speeds the plan was chosen with
+        self.measured: dict[str, tuple[int, float]] = {}
+        self._planned_speed: dict[str, float] = {}
+        self._flops = {c.id: float(c.head.flops) for c in bundle.candidates}
+        self._min_flops = MIN_SHARE * max(self._flops[bundle.candidates[-1].id], 1.0)
         self.plan: Plan = self._choose("start")
 
     # -- the choice ------------------------------------------------------------------------
@@ -64,8 +86,13 @@ class Replanner:
         return [h for n, h in self.helpers.items() if n not in self.dead]
 
     def _choose(self, reason: str) -> Plan:
-        options, best, why = choose_strategy(self.bundle, self.planner, self.alive(),
+        helpers = [replace(h, speed_flops=self.measured[h.name][1])
+                   if self.measured.get(h.name, (0, 0.0))[0] >= SPEED_FRAMES else h
+                   for h in self.alive()]
+        options, best, why = choose_strategy(self.bundle, self.planner, helpers,
                                              self.objective, DEFAULT_BANDWIDTH_BPS)
+        hand = profile_speeds(self.planner)[1]  # what choose_strategy assumes unconfigured
+        self._planned_speed = {h.name: h.speed_flops or hand for h in helpers}
         plan = to_plan(best, self.bundle)
         assert plan is not None  # the best runnable option always makes a plan
         self.options, self.why = options, why
@@ -84,6 +111,28 @@ class Replanner:
         """The plan for the frame starting now, and its version."""
         self.frames += 1
         return self.plan, self.version
+
+    # -- speeds measured -------------------------------------------------------------------
+    def observed(self, plan: Plan, hops: Sequence[dict[str, Any]]) -> None:
+        """A frame of ``plan`` came back with ``hops`` (``RunStats.hops``): average each
+        helper's speed, and choose again when one is ``SPEED_FACTOR`` x off the plan's."""
+        moved = []
+        for st, hop in zip(plan.remote, hops, strict=False):
+            flops = self._flops.get(st.end, 0.0) - self._flops.get(st.start, 0.0)
+            ms = float(hop.get("compute_ms") or 0.0)
+            if st.device not in self.helpers or flops < self._min_flops or not ms > 0:
+                continue
+            n, avg = self.measured.get(st.device, (0, 0.0))
+            speed = flops / (ms / 1e3)
+            avg = speed if n == 0 else (1 - SPEED_EWMA) * avg + SPEED_EWMA * speed
+            self.measured[st.device] = (n + 1, avg)
+            planned = self._planned_speed.get(st.device)
+            if n + 1 >= SPEED_FRAMES and planned is not None and \
+                    max(avg / planned, planned / avg) > SPEED_FACTOR:
+                moved.append(f"{st.device} measured at {avg / 1e9:.2f} GFLOP/s, planned "
+                             f"{planned / 1e9:.2f}")
+        if moved:
+            self._choose("; ".join(moved))
 
     # -- devices leaving and coming back ---------------------------------------------------
     def failed(self, name: str, exc: BaseException) -> bool:

@@ -188,13 +188,14 @@ def _chain(points: Sequence[CutPoint], speeds: Sequence[float], bandwidths: Sequ
 def split_prefix(points: Sequence[CutPoint], speeds: Sequence[float],
                  bandwidths: Sequence[float], result_bytes: float = 0.0,
                  margin: float = 0.05) -> PipelineSplit | None:
-    """The best :func:`split_dp` over the first k devices, k = n..2: fewer devices win only
-    when their bottleneck is shorter by more than ``margin`` (relative). A helper at the end of
-    the chain does not always pay: with tiny last slices, giving one to another device can move
+    """The best :func:`split_dp` over the first k devices, k = 2..n: one more device joins only
+    when it shortens the bottleneck by more than ``margin`` (relative), so a device that cannot
+    help is left out. It often cannot: when the wearable's own stage (its head, or its link)
+    bounds every split, or when the last slices are tiny and giving one to another device moves
     a bigger tensor over a slow link. k with too few nested cuts is skipped; ``None`` when no
     k >= 2 has a split."""
     best: PipelineSplit | None = None
-    for k in range(len(speeds), 1, -1):
+    for k in range(2, len(speeds) + 1):
         try:
             cand = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
         except InputError:
@@ -202,6 +203,58 @@ def split_prefix(points: Sequence[CutPoint], speeds: Sequence[float],
         if best is None or cand.bottleneck_s < best.bottleneck_s * (1 - margin):
             best = cand
     return best
+
+
+def stage_name(split: PipelineSplit, index: int, devices: Sequence[str]) -> str:
+    """What stage ``index`` of ``split.stage_s`` is: a device's compute or a link."""
+    q = index // 2
+    if index % 2 == 0:
+        return f"{'the ' if devices[q] == 'wearable' else ''}{devices[q]}'s compute"
+    return f"the link {devices[q]} -> {devices[q + 1]}"
+
+
+def slowest_stage(split: PipelineSplit, devices: Sequence[str]) -> str:
+    """The stage that bounds ``split``'s throughput, named, with its predicted time."""
+    stages = split.stage_s
+    i = max(range(len(stages)), key=stages.__getitem__)
+    return f"{stage_name(split, i, devices)} ({stages[i] * 1e3:.1f} ms)"
+
+
+def device_verdict(points: Sequence[CutPoint], speeds: Sequence[float],
+                   bandwidths: Sequence[float], devices: Sequence[str],
+                   result_bytes: float = 0.0, margin: float = 0.05) -> dict[str, object]:
+    """How many of ``devices`` (the wearable first) a stream should use, and why: the best
+    split over each prefix of 2..n devices, the one :func:`split_prefix` keeps, and a sentence
+    naming the stage that bounds it. A device beyond the kept ones cannot raise throughput by
+    more than ``margin``: the sentence says which stage stays the slowest."""
+    fps: dict[int, float] = {}
+    splits: dict[int, PipelineSplit] = {}
+    for k in range(2, len(speeds) + 1):
+        try:
+            splits[k] = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
+        except InputError:
+            continue
+        fps[k] = splits[k].bound_fps
+    kept = split_prefix(points, speeds, bandwidths, result_bytes, margin)
+    if kept is None or not splits:
+        return {"devices": 1, "predicted_fps": {}, "why": "no split over these devices"}
+    k = len(kept.compute_s)
+    n = max(splits)
+    if k == n:
+        why = (f"all {n} devices: {fps[n]:.2f} frames/s predicted"
+               + (f", {fps[n] / fps[2]:.2f}x the best 2-device split's {fps[2]:.2f}"
+                  if n > 2 and 2 in fps else "")
+               + f"; slowest stage {slowest_stage(kept, devices)}")
+    else:
+        more, fewer = slowest_stage(splits[n], devices), slowest_stage(kept, devices)
+        why = (f"{k} devices: more cannot help. The best {n}-device split predicts "
+               f"{fps[n]:.2f} frames/s against {fps[k]:.2f} with {k} (a gain under "
+               f"{margin:.0%}): "
+               + (f"{more} bounds both" if more == fewer else
+                  f"its slowest stage is {more}, the {k}-device split's {fewer}"))
+    return {"devices": k, "cuts": list(kept.cuts),
+            "predicted_fps": {str(i): round(v, 3) for i, v in fps.items()},
+            "bottleneck": slowest_stage(kept, devices), "why": why}
 
 
 def split_exhaustive(points: Sequence[CutPoint], speeds: Sequence[float],
@@ -243,5 +296,6 @@ class ResplitTrigger:
         self._trigger.planned(self._inputs(speeds, bandwidths))
 
 
-__all__ = ["CutPoint", "PipelineSplit", "ResplitTrigger", "cut_points", "evaluate",
-           "split_dp", "split_exhaustive", "split_latency", "split_prefix"]
+__all__ = ["CutPoint", "PipelineSplit", "ResplitTrigger", "cut_points", "device_verdict",
+           "evaluate", "slowest_stage", "split_dp", "split_exhaustive", "split_latency",
+           "split_prefix"]

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from coinf.convert.gtdp import Worker
-from coinf.wearable.planner.pipeline_dp import CutPoint, split_dp, split_latency
+from coinf.wearable.planner.pipeline_dp import (
+    CutPoint,
+    slowest_stage,
+    split_dp,
+    split_latency,
+)
 
 from coinf.errors import InputError, ModelError
 
@@ -126,8 +131,8 @@ def compare(points: Sequence[CutPoint], names: Sequence[str], speeds: Sequence[f
             continue
         lat = sum(split.stage_s) + sum(2 * latencies[i - 1] for i in idx[1:])
         opt = StrategyOption(name, devs, lat, split.bound_fps,
-                             f"cuts {', '.join(split.cuts)}; bottleneck "
-                             f"{split.bottleneck_s * 1e3:.2f} ms", cuts=tuple(split.cuts))
+                             f"cuts {', '.join(split.cuts)}; slowest stage "
+                             f"{slowest_stage(split, devs)}", cuts=tuple(split.cuts))
         old = found.get(name)
         if old is None or _better(opt, old, objective):
             found[name] = opt
@@ -189,6 +194,10 @@ def choose(options: Sequence[StrategyOption],
         vs = f"; next: {others[0].name} {others[0].throughput_fps:.1f} fps" if others else ""
         why = (f"{best.name}: {best.throughput_fps:.1f} frames/s, the highest predicted "
                f"throughput{vs}")
+        pipe = next((o for o in others if o.name == "pipeline"), None)
+        if pipe is not None and best.name != "pipeline":
+            why += (f". More devices cannot help: the {len(pipe.devices)}-device pipeline "
+                    f"predicts {pipe.throughput_fps:.1f} frames/s ({pipe.detail})")
     return best, why
 
 

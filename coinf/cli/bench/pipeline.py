@@ -84,6 +84,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-link", choices=("tcp", "ble"), default="tcp",
                         help="the wearable -> helper 1 link: shaped TCP (default) or BLE through "
                         "the emulated radio (a coinf radio process)")
+    parser.add_argument("--profiles", metavar="P1,P2,...",
+                        help="one device profile per device, the wearable first (pi-zero-2w, "
+                        "laptop or a profile JSON file): each device plays its profile on "
+                        "this model (its slowdown measured here, never below 1) instead of "
+                        "--slowdown")
+    parser.add_argument("--hop-bandwidth-kbps", type=argtypes.kbps, default=None,
+                        help="the helper-to-helper links' bandwidth, kB/s (default: "
+                        "--bandwidth-kbps)")
     parser.add_argument("--radio-preset", default="pi-zero-2w",
                         help="with --first-link ble: the radio preset (default %(default)s)")
     parser.set_defaults(func=run)
@@ -99,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
                          "--bandwidth-kbps > 0")
     if args.rate < 0 or not 0 <= args.accuracy <= 1:
         raise InputError("--rate must be >= 0 and --accuracy in [0, 1]")
+    if args.profiles and (args.bandwidth_kbps_schedule or args.compressors):
+        raise InputError("--profiles applies to the K-device against 2-device comparison, "
+                         "not to --bandwidth-kbps-schedule (which uses --slowdown)")
+    args.device_profiles = device_profiles(args.profiles, args.devices) if args.profiles \
+        else None
     if args.bandwidth_kbps_schedule or args.compressors:
         from coinf.cli.bench import pipeline_switch
 
@@ -117,6 +130,45 @@ def run(args: argparse.Namespace) -> int:
                              f"{', '.join(sorted(PRESETS))}")
     emit(asyncio.run(measure(args)))
     return 0
+
+
+def device_profiles(spec: str, devices: int) -> list[Any]:
+    """``--profiles``: one :class:`~coinf.device.profile.DeviceProfile` per device."""
+    from coinf.device.profile import DeviceProfile, ProfileError
+    from coinf.errors import InputError
+
+    names = [n.strip() for n in spec.split(",")]
+    if len(names) != devices or not all(names):
+        raise InputError(f"--profiles: {len(names)} names for --devices {devices}; expected "
+                         f"one per device, the wearable first (e.g. pi-zero-2w,laptop,laptop)")
+    out = []
+    for name in names:
+        if name == "pi-zero-2w":
+            out.append(DeviceProfile.pi_zero_2w())
+        elif name == "laptop":
+            out.append(DeviceProfile.laptop())
+        else:
+            try:
+                out.append(DeviceProfile.load(name))
+            except (OSError, ValueError, ProfileError) as exc:
+                raise InputError(f"--profiles: {name!r} is neither pi-zero-2w, laptop nor a "
+                                 f"readable profile file ({exc})") from None
+    return out
+
+
+def slowdowns(args: argparse.Namespace, bundle: Any) -> list[float]:
+    """Each device's slowdown: its profile's against this machine, else ``--slowdown``."""
+    from coinf.device.emulation import profile_slowdown
+
+    if not args.device_profiles:
+        return [args.slowdown] * args.devices
+    out = []
+    for prof in args.device_profiles:
+        slow, pred_ms, here_ms = profile_slowdown(str(bundle.model_path), prof)
+        progress(f"{prof.name}: {pred_ms:.1f} ms per inference predicted, {here_ms:.1f} ms "
+                 f"here: slowdown {slow:.2f}")
+        out.append(round(slow, 3))
+    return out
 
 
 def _bundle(args: argparse.Namespace, tmp: Path) -> Any:
@@ -151,44 +203,51 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
         bundle = _bundle(args, Path(tmpdir))
         k = args.devices
         names = [f"h{i}" for i in range(1, k)]
-        bps = args.bandwidth_kbps * 1000
-        channel = Channel(bps, args.latency_ms / 1000, overhead_bytes=16)
+        slow = slowdowns(args, bundle)
+        hop_kbps = args.hop_bandwidth_kbps or args.bandwidth_kbps
+        # the link into each helper: h1's from the wearable, the others' from the helper before
+        kbps = [args.bandwidth_kbps] + [hop_kbps] * (k - 2)
+        latency = args.latency_ms / 1000
+        channels = {n: Channel(v * 1000, latency, overhead_bytes=16)
+                    for n, v in zip(names, kbps, strict=True)}
         depth = args.depth or 4 * k
         spec = bundle.inputs[0]
         rng = np.random.default_rng(0)
         frames = [{t.name: rng.standard_normal(t.shape).astype(t.dtype)
                    for t in bundle.inputs} for _ in range(8)]
         if args.in_process:
-            hosting: Any = local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
-                                         dict.fromkeys(names, channel), max_pending=depth + 2)
+            hosting: Any = local_helpers(bundle, names, dict(zip(names, slow[1:], strict=True)),
+                                         channels, max_pending=depth + 2)
         else:
-            hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2, ble)
+            hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2, ble,
+                                       slow[1:], kbps)
         async with hosting as hosts:
-            helpers = [HelperConfig(h.name, h.address, bps, channel.latency_s, shape=True,
-                              wearable_link=getattr(h, "wearable_link", None)) for h in hosts]
+            helpers = [HelperConfig(h.name, h.address, v * 1000, latency, shape=True,
+                                    wearable_link=getattr(h, "wearable_link", None))
+                       for h, v in zip(hosts, kbps, strict=True)]
+            extra: dict[str, Any] = {}
             if ble is not None:  # the prior of the BLE link: the radio's capacity
                 helpers[0] = dataclasses.replace(helpers[0], bandwidth_bps=ble.capacity_bps,
                                                  latency_s=0.0)
-                full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1,
-                                       connect_timeout=30.0, ble_options=ble.wearable_options)
-                two: Any = _FirstDevices(full, 2)
-            else:
-                full = PipelineSession(bundle, helpers, slowdown=args.slowdown, threads=1)
-                two = PipelineSession(bundle, helpers[:1], slowdown=args.slowdown, threads=1)
-            full.all_devices = True  # a K-device pipeline, even where fewer would be faster
-            async with full, two:
-                for name, sess in (("K", full), ("2", two)):
-                    progress(f"warm-up: {name}-device pipeline, {args.warmup} frames ...")
-                    await _stream(sess, frames, args.warmup, depth)
-                    sess.adaptive = False
-                k_plan = full.plan()
+                extra = {"connect_timeout": 30.0, "ble_options": ble.wearable_options}
+            # one session (one link per helper); the three ways to use it are views of it
+            sess = PipelineSession(bundle, helpers, slowdown=slow[0], threads=1, **extra)
+            views = {"K": _View(sess, all_devices=True),  # every device, even if fewer pay
+                     "2": _View(sess, max_devices=2),
+                     "chosen": _View(sess)}  # as many devices as the planner keeps
+            async with sess:
+                for name, view in views.items():
+                    progress(f"warm-up: {name} pipeline, {args.warmup} frames ...")
+                    await _stream(view, frames, args.warmup, depth)
+                sess.adaptive = False
+                k_plan = views["K"].plan()
                 devices_k = k_plan.devices if k_plan is not None else ()
-                runs: dict[str, list[float]] = {"K": [], "2": []}
+                runs: dict[str, list[float]] = {name: [] for name in views}
                 stage_rows: list[list[float]] = []
                 efficiencies: list[float] = []
                 for r in range(args.repeats):
-                    for name, sess in (("K", full), ("2", two)):
-                        fps, stats = await _stream(sess, frames, args.frames, depth)
+                    for name, view in views.items():
+                        fps, stats = await _stream(view, frames, args.frames, depth)
                         runs[name].append(fps)
                         if name == "K":
                             batch = [_stage_ms(s) for s in stats if s.devices == devices_k]
@@ -198,37 +257,42 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
                                 slowest = max(statistics.fmean(c)
                                               for c in zip(*batch, strict=True))
                                 efficiencies.append(fps * slowest / 1000.0)
-                        progress(f"batch {r + 1}/{args.repeats} {name}-device: {fps:.1f} fps "
-                                 f"({sess.plan()})")
+                        progress(f"batch {r + 1}/{args.repeats} {name}: {fps:.1f} fps "
+                                 f"({view.plan()})")
                 live: dict[str, Any] = {}
                 if args.rate > 0:
-                    for name, sess in (("devices", full), ("two_devices", two)):
+                    for name, key in (("devices", "K"), ("two_devices", "2")):
                         progress(f"real-time source at {args.rate:g} Hz: {name} ...")
-                        p = sess.plan()
+                        p = views[key].plan()
                         stages = 2 * len(p.devices) - 1 if p is not None else 1
                         # a real-time pipeline holds one frame per stage: a deeper buffer
                         # only delays the drops of a short run
-                        delivered = await realtime(sess.run, frames, 2 * args.frames,
-                                                   args.rate, stages)
+                        with views[key].limited():
+                            delivered = await realtime(sess.run, frames, 2 * args.frames,
+                                                       args.rate, stages)
                         live[name] = {
                             "delivered_fraction": round(delivered, 3),
                             "effective_accuracy": round(delivered * args.accuracy, 4)}
-                plan = full.plan()
-                two_plan = two.plan()
-                first_link = full.last.first_link if full.last is not None else ""
-        assert plan is not None and two_plan is not None
+                plan, two_plan, chosen = (views[n].plan() for n in ("K", "2", "chosen"))
+                with views["chosen"].limited():
+                    verdict = sess.verdict()
+                first_link = sess.last.first_link if sess.last is not None else ""
+        assert plan is not None and two_plan is not None and chosen is not None
         columns = list(zip(*stage_rows, strict=True)) if stage_rows else []
         # the mean is what bounds a stage's throughput (a median hides the slow frames)
         stage_ms = [round(statistics.fmean(c), 3) for c in columns]
         stage_median = [round(median(list(c)), 3) for c in columns]
         bound = 1000.0 / max(stage_ms) if stage_ms else float("nan")
-        fps_k, fps_2 = median(runs["K"]), median(runs["2"])
+        fps_k, fps_2, fps_c = (median(runs[n]) for n in ("K", "2", "chosen"))
         return {
             "model": Path(bundle.meta.get("source", {}).get("file", spec.name)).stem,
             "devices": k,
             "first_link": "ble" if first_link.startswith("ble:") else "tcp",
             **({"radio": {"preset": args.radio_preset,
                           "capacity_bps": round(ble.capacity_bps)}} if ble else {}),
+            **({"profiles": [p.name for p in args.device_profiles]}
+               if args.device_profiles else {}),
+            "slowdowns": slow,
             "cuts": list(plan.cuts),
             "stages": [str(s) for s in plan.stages],
             "stage_ms": stage_ms,
@@ -241,11 +305,18 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
             "two_device_cuts": list(two_plan.cuts),
             "two_device_fps": round(fps_2, 2),
             "speedup_vs_two_devices": round(fps_k / fps_2, 3),
+            "planner": {"devices": len(chosen.devices), "cuts": list(chosen.cuts),
+                        "fps": round(fps_c, 2),
+                        "vs_two_devices": round(fps_c / fps_2, 3),
+                        "predicted_fps": verdict.get("predicted_fps"),
+                        "why": verdict.get("why")},
             **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **live}}
                if live else {}),
             "runs_fps": {"devices": [round(v, 2) for v in runs["K"]],
-                         "two_devices": [round(v, 2) for v in runs["2"]]},
+                         "two_devices": [round(v, 2) for v in runs["2"]],
+                         "planner": [round(v, 2) for v in runs["chosen"]]},
             "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
+                         "hop_bandwidth_kbps": hop_kbps,
                          "latency_ms": args.latency_ms, "frames": args.frames,
                          "repeats": args.repeats, "depth": depth},
         }
@@ -276,58 +347,42 @@ def radio_link(args: argparse.Namespace) -> RadioLink:
     return RadioLink(wspec, hspec, capacity, secrets.randbelow(1_000_000), stop)
 
 
-class _FirstDevices:
-    """The first ``n`` devices of a shared session (the BLE case: one GATT server, one link)."""
+class _View:
+    """One way to use a shared session: at most ``max_devices`` devices, or every device
+    (``all_devices``) even where fewer would be faster; neither: the planner's choice."""
 
-    def __init__(self, sess: Any, n: int) -> None:
-        self.sess, self.n = sess, n
-
-    @property
-    def last(self) -> Any:
-        return self.sess.last
-
-    @property
-    def adaptive(self) -> bool:
-        return bool(self.sess.adaptive)
-
-    @adaptive.setter
-    def adaptive(self, value: bool) -> None:
-        self.sess.adaptive = value
+    def __init__(self, sess: Any, max_devices: int | None = None,
+                 all_devices: bool = False) -> None:
+        self.sess, self.max_devices, self.all_devices = sess, max_devices, all_devices
 
     def plan(self) -> Any:
-        with self._limited():
+        with self.limited():
             return self.sess.plan()
 
-    async def run(self, feed: Any) -> Any:
-        with self._limited():
-            return await self.sess.run(feed)
-
     async def astream(self, feeds: Any, depth: int) -> AsyncIterator[Any]:
-        with self._limited():
+        with self.limited():
             async for item in self.sess.astream(feeds, depth=depth):
                 yield item
 
     @contextlib.contextmanager
-    def _limited(self) -> Iterator[None]:
-        before, self.sess.max_devices = self.sess.max_devices, self.n
+    def limited(self) -> Iterator[None]:
+        before = self.sess.max_devices, self.sess.all_devices
+        self.sess.max_devices, self.sess.all_devices = self.max_devices, self.all_devices
         try:
             yield
         finally:
-            self.sess.max_devices = before
-
-    async def __aenter__(self) -> _FirstDevices:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
+            self.sess.max_devices, self.sess.all_devices = before
 
 
 @contextlib.asynccontextmanager
 async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespace, tmp: Path,
-                           max_pending: int, ble: RadioLink | None = None
+                           max_pending: int, ble: RadioLink | None = None,
+                           slow: list[float] | None = None, kbps: list[float] | None = None
                            ) -> AsyncIterator[list[Any]]:
-    """One ``coinf handheld --pipeline`` process per helper on a free local port; with ``ble``
-    helper 1 is also the BLE central of the wearable's link."""
+    """One ``coinf handheld --pipeline`` process per helper on a free local port (``slow``:
+    each one's slowdown, ``kbps``: the bandwidth of the link into it; default ``--slowdown``
+    and ``--bandwidth-kbps``); with ``ble`` helper 1 is also the BLE central of the
+    wearable's link."""
     import json
     import socket
     import subprocess
@@ -339,10 +394,12 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
+    slow = slow or [args.slowdown] * len(names)
+    kbps = kbps or [args.bandwidth_kbps] * len(names)
     entries: list[dict[str, Any]] = [
         {"name": n, "address": f"tcp:127.0.0.1:{p}", "shape": True,
-         "bandwidth_kbps": args.bandwidth_kbps, "latency_ms": args.latency_ms}
-        for n, p in zip(names, ports, strict=True)]
+         "bandwidth_kbps": v, "latency_ms": args.latency_ms}
+        for n, p, v in zip(names, ports, kbps, strict=True)]
     if ble is not None:
         entries[0]["wearable_link"] = f"ble:{ble.wearable_hci}"
     config = tmp / "pipeline.json"
@@ -356,7 +413,7 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
                        if ble is not None and i == 0 else [])
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle.root),
-                 "--pipeline", str(config), "--name", n, "--slowdown", str(args.slowdown),
+                 "--pipeline", str(config), "--name", n, "--slowdown", str(slow[i]),
                  "--threads", "1", "--max-pending", str(max_pending), *central],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         for n, proc in zip(names, procs, strict=True):

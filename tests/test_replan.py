@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from coinf.convert.split import split_model
 from coinf.handheld.pipeline_host import local_helpers
-from coinf.wearable.pipeline_config import HelperConfig
 from coinf.wearable import replan
+from coinf.wearable.pipeline_config import HelperConfig
 from coinf.wearable.replan import Replanner
 
 from coinf import AsyncSession, LinkOptions, PlacementOptions, Session, SessionOptions
@@ -45,7 +45,8 @@ def fixed_speeds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @sync
-async def test_a_helper_killed_mid_stream_is_left_out_and_rejoins_when_back(bundle, fixed_speeds) -> None:  # type: ignore[no-untyped-def]
+async def test_a_helper_killed_mid_stream_is_left_out_and_rejoins_when_back(  # type: ignore[no-untyped-def]
+        bundle, fixed_speeds) -> None:
     pool = frames(bundle, 8)
     ref = reference(bundle, pool)
     async with local_helpers(bundle, ["h1", "h2"]) as hosts:

@@ -239,11 +239,13 @@ class HandheldDaemon:
             **({} if comps is None else {"compressors": comps}),
         }
 
-    def compressors(self) -> list[str] | None:
-        """The compressors whose code this daemon decodes (``c002~g4``): the bundle's whose
-        decoder file is present; None (not listed: the peer assumes all) above 64."""
-        out = sorted(f"{c.candidate}~g{c.gamma}" for c in self.bundle.compressors()
-                     if self.bundle.path(c.decoder).is_file())
+    def compressors(self) -> list[dict[str, Any]] | None:
+        """The compressors whose code this daemon decodes (``{"cut": "c002", "gamma": 4}``):
+        the bundle's whose decoder file is present; None (not listed: the peer assumes all)
+        above 64."""
+        found = sorted((c.candidate, c.gamma) for c in self.bundle.compressors()
+                       if self.bundle.path(c.decoder).is_file())
+        out: list[dict[str, Any]] = [{"cut": cut, "gamma": gamma} for cut, gamma in found]
         return out if len(out) <= MAX_COMPRESSORS else None
 
     def status(self) -> dict[str, Any]:

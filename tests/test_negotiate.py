@@ -99,11 +99,13 @@ def test_a_compressor_the_handheld_does_not_list_is_not_planned() -> None:
 
     cand = SimpleNamespace(id="c002")
     have = peer_set(["q"])
-    assert peer_compressors({"compressors": ["c002~g4"]}) == {"c002~g4"}
+    assert peer_compressors({"compressors": [{"cut": "c002", "gamma": 4}, "c002~g8",
+                                             {"cut": "c003", "gamma": True}]}) == {("c002", 4)}
     assert peer_compressors({}) is None  # not listed: every compressor of the bundle
-    assert undecodable("g4+q8", have, cand, frozenset({"c002~g4"})) is None
+    assert undecodable("g4+q8", have, cand, frozenset({("c002", 4)})) is None
     assert undecodable("g4+q8", have, cand, None) is None
-    assert "no compressor g8 at c002" in str(undecodable("g8", have, cand, frozenset({"c002~g4"})))
+    assert "no compressor g8 at c002" in str(undecodable("g8", have, cand,
+                                                         frozenset({("c002", 4)})))
 
 
 def test_a_learned_code_goes_as_f32_to_a_peer_without_latent() -> None:

@@ -66,8 +66,8 @@ def codec_ms(planner: Any, cand: Any, spec: str) -> tuple[float, float] | None:
     return times[0], times[1]
 
 
-def undecodable(spec: str, peer_decoders: frozenset[str] | None,
-                cand: Any = None, peer_compressors: frozenset[str] | None = None) -> str | None:
+def undecodable(spec: str, peer_decoders: frozenset[str] | None, cand: Any = None,
+                peer_compressors: frozenset[tuple[str, int]] | None = None) -> str | None:
     """Why configuration ``spec`` cannot be sent: this wearable cannot encode it (a codec
     library missing; for ``ansN`` at ``cand``, a priors table its calibration row names), the
     handheld cannot decode it (:func:`coinf.ble_protocol.negotiate.missing`) or lacks its
@@ -87,7 +87,7 @@ def undecodable(spec: str, peer_decoders: frozenset[str] | None,
         if missing:
             return f"this device lacks the entropy priors of {packing} ({missing})"
     if gamma and cand is not None and peer_compressors is not None \
-            and f"{cand.id}~g{gamma}" not in peer_compressors:
+            and (cand.id, gamma) not in peer_compressors:
         return f"the handheld has no compressor g{gamma} at {cand.id}"
     if peer_decoders is None:
         return None
@@ -107,13 +107,17 @@ def peer_decoders(hello_ack: Mapping[str, Any] | None, priors: str | None) -> fr
     return _decoders(listed, priors is not None and ack.get("priors") == priors)
 
 
-def peer_compressors(hello_ack: Mapping[str, Any] | None) -> frozenset[str] | None:
-    """The compressors the handheld decodes (HELLO_ACK ``compressors``: ``"c002~g4"``...);
-    None when it lists none (a peer from before the list: every compressor of the bundle)."""
+def peer_compressors(hello_ack: Mapping[str, Any] | None
+                     ) -> frozenset[tuple[str, int]] | None:
+    """The compressors the handheld decodes, as (cut, gamma) (HELLO_ACK ``compressors``:
+    ``{"cut": "c002", "gamma": 4}`` objects; an entry of another shape is ignored); None
+    when it lists none (a peer from before the list: every compressor of the bundle)."""
     got = (hello_ack or {}).get("compressors")
     if not isinstance(got, list):
         return None
-    return frozenset(x for x in got[:1024] if isinstance(x, str))
+    return frozenset((x["cut"], x["gamma"]) for x in got[:1024]
+                     if isinstance(x, dict) and isinstance(x.get("cut"), str)
+                     and type(x.get("gamma")) is int)
 
 
 @functools.lru_cache(maxsize=64)

@@ -153,7 +153,7 @@ class Planner:
         #: so every calibrated packing is offered (``coinf plan`` without a peer)
         self.peer_decoders: frozenset[str] | None = None
         #: the compressors the handheld decodes (HELLO_ACK ``compressors``; None: all)
-        self.peer_compressors: frozenset[str] | None = None
+        self.peer_compressors: frozenset[tuple[str, int]] | None = None
         self.codec_slowdown = CODEC_SLOWDOWN  # see codec_costs.codec_factor
         from coinf.ble_protocol.packing import PackSpec
 

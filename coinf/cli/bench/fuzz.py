@@ -153,7 +153,8 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
     blob_packed = encode_tensors({}, packed=packed)
     hello = gatt.make_hello("model-1234", 247, role="handheld")
     session_ack = {"bundle": "model-1234", "capabilities": ["raw", "packed", "stages", "tile"],
-                   "compressors": ["c001~g4", "c002~g8"], "decoders": negotiate.decodable(),
+                   "compressors": [{"cut": "c001", "gamma": 4}, {"cut": "c002", "gamma": 8}],
+                   "decoders": negotiate.decodable(),
                    "priors": "ab" * 32, "protocol": 2, "role": "handheld"}
     split = encode_request(Request.split("c001", "c003"), blob_raw)
     message = Message(MsgType.REQUEST, 7, split)

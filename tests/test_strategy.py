@@ -47,6 +47,18 @@ def test_every_strategy_is_predicted_and_the_situation_decides(vgg) -> None:  # 
         choose(fast, "energy")
 
 
+def test_a_stream_bounded_by_the_wearable_says_more_devices_cannot_help(vgg) -> None:  # type: ignore[no-untyped-def]
+    # a slow wearable on a BLE-class link, fast helpers: the wearable's stage bounds every plan
+    names = ["wearable", "h1", "h2"]
+    result = sum(t.nbytes for t in vgg.outputs)
+    options = compare(cut_points(vgg), names, [1e8, 1e11, 1e11], [2e4, 5e6], [0.015, 0.002],
+                      result, objective="throughput")
+    best, why = choose([o for o in options if o.runnable], "throughput")
+    assert best.name != "pipeline"
+    assert "More devices cannot help: the 3-device pipeline" in why
+    assert "slowest stage the wearable's compute" in why or "the link wearable -> h1" in why
+
+
 def test_plan_command_explains_the_choice(vgg, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from coinf.cli import main
 

@@ -30,7 +30,7 @@ GROUPS = {"placement": PlacementOptions, "link": LinkOptions, "planner": Planner
 FIELDS = {
     "placement": ["split", "packing", "packings", "runtime", "handheld_runtime", "head_cache",
                   "plan", "helpers"],
-    "link": ["transport", "transport_options", "timeout", "connect_timeout", "reconnect_timeout",
+    "link": ["transport", "transport_options", "helper_ble_options", "timeout", "connect_timeout", "reconnect_timeout",
              "fallback", "max_backoff_s", "stream_depth"],
     "planner": ["objective", "latency_budget_ms", "policy", "wearable_profile",
                 "handheld_profile"],
@@ -54,7 +54,8 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
                                               runtime="onnxruntime",
                                               handheld_runtime="onnxruntime", head_cache=4,
                                               plan=None, helpers=())
-    assert opts.link == LinkOptions(transport="inprocess", transport_options={}, timeout=30.0,
+    assert opts.link == LinkOptions(transport="inprocess", transport_options={},
+                                    helper_ble_options={}, timeout=30.0,
                                     connect_timeout=None, reconnect_timeout=3.0, fallback=True,
                                     max_backoff_s=30.0, stream_depth=3)
     assert opts.planner == PlannerOptions(objective=None, latency_budget_ms=UNSET, policy=None,
@@ -81,6 +82,7 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
     (PlacementOptions, "helpers", ["tcp:127.0.0.1:7878"]),  # HelperConfigs, not addresses
     (LinkOptions, "transport", ""),
     (LinkOptions, "transport_options", ["mtu", 247]),
+    (LinkOptions, "helper_ble_options", "passkey=1234"),
     (LinkOptions, "timeout", 0),
     (LinkOptions, "timeout", -1.0),
     (LinkOptions, "timeout", "30"),

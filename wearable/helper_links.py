@@ -51,7 +51,8 @@ class HelperLinks:
             link = self.link
             conn = self.conns[device] = helper_connection(
                 helper, self.bundle, connect_timeout=link.effective_connect_timeout,
-                request_timeout=link.timeout, max_backoff_s=link.max_backoff_s)
+                request_timeout=link.timeout, max_backoff_s=link.max_backoff_s,
+                ble_options=link.helper_ble_options)
         return conn
 
     async def drop(self, name: str, conn: Connection | None = None) -> None:

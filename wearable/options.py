@@ -209,6 +209,9 @@ class LinkOptions(_Options):
         a :class:`~coinf.ble_protocol.link.Link`, or an async factory returning one. The
         scheme is checked when the Session opens its connector.
     transport_options: options of the transport (BLE: ``name``, ``keystore``, ``mtu``...).
+    helper_ble_options: the same for the helpers this wearable reaches over BLE (a helper whose
+        ``wearable_link`` is ``ble:...``: this wearable's GATT server pairs with it, so
+        ``keystore``, ``passkey``, ``pairing_window_s``...).
     timeout: seconds one offloaded inference may take before it is cancelled (on both sides)
         and, with ``fallback``, finished on the wearable. The planner never picks a
         configuration predicted to need more than half of it; a request larger than the link
@@ -224,6 +227,7 @@ class LinkOptions(_Options):
 
     transport: Any = "inprocess"
     transport_options: Mapping[str, Any] = field(default_factory=dict)
+    helper_ble_options: Mapping[str, Any] = field(default_factory=dict)
     timeout: float = 30.0
     connect_timeout: float | None = None
     reconnect_timeout: float = 3.0
@@ -238,9 +242,10 @@ class LinkOptions(_Options):
         if self.transport == "" or self.transport is None:
             raise _fail(self, "transport", "a link spec (inprocess, tcp:HOST:PORT, unix:/path, "
                         "ble:hci-socket:0), a Channel, a Link or an async link factory")
-        if not isinstance(self.transport_options, Mapping):
-            raise _fail(self, "transport_options", "a mapping of the transport's options")
-        object.__setattr__(self, "transport_options", dict(self.transport_options))
+        for name in ("transport_options", "helper_ble_options"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise _fail(self, name, "a mapping of the transport's options")
+            object.__setattr__(self, name, dict(getattr(self, name)))
         for name in ("timeout", "reconnect_timeout", "max_backoff_s"):
             if not (_is_number(getattr(self, name)) and getattr(self, name) > 0):
                 raise _fail(self, name, "a number of seconds > 0")

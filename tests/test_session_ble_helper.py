@@ -74,7 +74,6 @@ def test_coinf_run_gives_its_ble_options_to_helpers_reached_over_ble(tmp_path) -
     from coinf.cli import build_parser
     from coinf.cli.commands.run import session_options
     from coinf.cli.passkey import write_passkey_file
-
     from coinf.errors import UserError
 
     def args(helpers: list[dict[str, str]]):  # type: ignore[no-untyped-def]

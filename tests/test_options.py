@@ -30,8 +30,8 @@ GROUPS = {"placement": PlacementOptions, "link": LinkOptions, "planner": Planner
 FIELDS = {
     "placement": ["split", "packing", "packings", "runtime", "handheld_runtime", "head_cache",
                   "plan", "helpers"],
-    "link": ["transport", "transport_options", "helper_ble_options", "timeout", "connect_timeout", "reconnect_timeout",
-             "fallback", "max_backoff_s", "stream_depth"],
+    "link": ["transport", "transport_options", "helper_ble_options", "timeout",
+             "connect_timeout", "reconnect_timeout", "fallback", "max_backoff_s", "stream_depth"],
     "planner": ["objective", "latency_budget_ms", "policy", "wearable_profile",
                 "handheld_profile"],
     "emulation": ["slowdown", "threads", "handheld_slowdown", "handheld_threads"],

@@ -137,6 +137,10 @@ def test_device_verdict_names_the_stage_that_keeps_a_third_device_out() -> None:
     balanced = chain_points([10] * 6, [1] * 7)
     verdict = device_verdict(balanced, [1.0, 1.0, 1.0], [1e9, 1e9], ["wearable", "h1", "h2"])
     assert verdict["devices"] == 3 and "1.50x the best 2-device split" in str(verdict["why"])
+    # a third device that only adds a slow link: slower, and said so
+    points = chain_points([100, 100, 1], [10**6, 10, 1000, 5])
+    verdict = device_verdict(points, [1.0, 1.0, 1.0], [1.0, 1.0], ["wearable", "h1", "h2"])
+    assert verdict["devices"] == 2 and "with 2 (slower)" in str(verdict["why"])
     assert split_prefix(chain_points([10], [1, 1]), [1.0, 1.0], [1.0]) is not None
 
 

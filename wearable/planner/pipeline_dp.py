@@ -247,9 +247,9 @@ def device_verdict(points: Sequence[CutPoint], speeds: Sequence[float],
                + f"; slowest stage {slowest_stage(kept, devices)}")
     else:
         more, fewer = slowest_stage(splits[n], devices), slowest_stage(kept, devices)
+        gain = ("slower" if fps[n] < fps[k] else f"a gain under {margin:.0%}")
         why = (f"{k} devices: more cannot help. The best {n}-device split predicts "
-               f"{fps[n]:.2f} frames/s against {fps[k]:.2f} with {k} (a gain under "
-               f"{margin:.0%}): "
+               f"{fps[n]:.2f} frames/s against {fps[k]:.2f} with {k} ({gain}): "
                + (f"{more} bounds both" if more == fewer else
                   f"its slowest stage is {more}, the {k}-device split's {fewer}"))
     return {"devices": k, "cuts": list(kept.cuts),

@@ -177,6 +177,41 @@ def test_a_cut_a_bottleneck_cannot_take_is_refused(lenet: Path) -> None:
         bn.check_cut(bundle, "c999")
 
 
+def test_remeasure_updates_a_learned_entry_on_new_held_out_feeds(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.models import zoo
+
+    root = _copy(lenet, tmp_path / "b")
+    other = tmp_path / "other.npz"
+    np.savez(other, image=zoo.digits_data().x_val[60:160].astype(np.float32))
+    assert main(["compress", str(root), "--cut", CUT, "--remeasure", "--test", str(other)]) == 2
+    assert "no learned bottleneck there" in capsys.readouterr().err
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "60", "--lambda", "1e-3",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    (before,) = Bundle.load(root).compressors(CUT)
+    assert before.test_feeds == 60
+    assert main(["compress", str(root), "--cut", CUT, "--remeasure"]) == 2
+    assert "--remeasure needs --test" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["compress", str(root), "--cut", CUT, "--remeasure", "--test", str(other)]) == 0
+    assert "measured again on 100 held-out feeds" in capsys.readouterr().out
+    bundle = Bundle.load(root)
+    (after,) = bundle.compressors(CUT)
+    assert after.test_feeds == 100 and after.gamma == before.gamma
+    assert after.sha256 == before.sha256 and after.encoder == before.encoder
+    # the figures are those of the other feeds, measured independently here
+    x, targets, tail = _features(bundle, other)
+    agree, rate, codes = bn.evaluate(bundle.path(after.encoder), bundle.path(after.decoder),
+                                     tail, bn.Priors.read(bundle.path(after.priors)), x, targets)
+    assert after.accuracy == {"raw": pytest.approx(agree, abs=1e-6),
+                              "latent": pytest.approx(agree, abs=1e-6)}
+    assert after.rate_bytes == pytest.approx(rate, abs=0.1)
+    assert after.code_bytes["latent"] == round(bn.measure_latent(
+        bn.Priors.read(bundle.path(after.priors)), codes)[0])
+
+
 def test_resume_continues_from_the_checkpoint(lenet: Path, digits: tuple[Path, Path],
                                               tmp_path: Path) -> None:
     torch.set_num_threads(1)

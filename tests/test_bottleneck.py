@@ -212,6 +212,34 @@ def test_remeasure_updates_a_learned_entry_on_new_held_out_feeds(
         bn.Priors.read(bundle.path(after.priors)), codes)[0])
 
 
+def test_coinf_run_sends_a_learned_code_at_a_fixed_split(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf run --split CUT~gN+latent`` (what the demo runs when the planner picks a learned
+    point): the encoder's code goes entropy-coded, the row says so and counts it as lossy."""
+    root = _copy(lenet, tmp_path / "b")
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "60", "--lambda", "1e-3",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    (comp,) = Bundle.load(root).compressors(CUT)
+    x = tmp_path / "x.npy"
+    np.save(x, bn.load_data(Bundle.load(root), digits[1])["image"][0])
+    capsys.readouterr()
+    g = f"g{comp.gamma}"
+    assert main(["run", str(root), "--split", f"{CUT}~{g}+latent,{CUT}~{g},{CUT}",
+                 "--transport", "inprocess", "--input", f"image={x}", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["packing"] for r in rows] == [f"{g}+latent", g, "raw"]
+    coded, code, tensor = rows
+    assert coded["lossy"] and code["lossy"] and not tensor["lossy"] and tensor["match"]
+    assert code["bytes_up"] > comp.code.nbytes > 2 * coded["bytes_up"]
+    assert coded["top1_same"] == code["top1_same"]  # the same code, exactly
+    assert main(["run", str(root), "--split", f"{CUT}~g999+latent", "--transport",
+                 "inprocess", "--input", f"image={x}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--split {CUT}~g999+latent: no compressor g999" in err and "Traceback" not in err
+
+
 def test_resume_continues_from_the_checkpoint(lenet: Path, digits: tuple[Path, Path],
                                               tmp_path: Path) -> None:
     torch.set_num_threads(1)

@@ -240,6 +240,36 @@ def test_coinf_run_sends_a_learned_code_at_a_fixed_split(
     assert f"--split {CUT}~g999+latent: no compressor g999" in err and "Traceback" not in err
 
 
+def test_the_demo_imports_learned_bottlenecks_trained_elsewhere(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.convert.split import split_model
+    from coinf.models import zoo
+
+    from coinf.cli.commands.demo_prep import import_learned
+    from coinf.errors import UserError
+
+    trained = _copy(lenet, tmp_path / "trained")
+    assert main(["compress", str(trained), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "30", "--lambda", "1e-3",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    demo = _copy(lenet, tmp_path / "demo")
+    with pytest.raises(UserError, match="holds no learned bottleneck"):
+        import_learned(lenet, demo)
+    (theirs,) = Bundle.load(trained).compressors(CUT)
+    assert import_learned(trained, demo) == [f"{CUT}~g{theirs.gamma}"]
+    assert import_learned(trained, demo) == [f"{CUT}~g{theirs.gamma}"]  # replaced, not added
+    (ours,) = Bundle.load(demo).compressors(CUT)
+    assert dataclasses.replace(ours, code_ms=theirs.code_ms) == theirs  # files, digest, figures
+    other = tmp_path / "other"
+    split_model(zoo.committed_path("digitnet"), other)
+    with pytest.raises(UserError, match="another model file"):
+        import_learned(trained, other)
+    assert main(["demo", "--model", "lenet_digits", "--out", str(tmp_path / "out"),
+                 "--learned", str(tmp_path / "nowhere")]) == 2
+    assert "--learned" in capsys.readouterr().err
+
+
 def test_resume_continues_from_the_checkpoint(lenet: Path, digits: tuple[Path, Path],
                                               tmp_path: Path) -> None:
     torch.set_num_threads(1)

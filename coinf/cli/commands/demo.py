@@ -66,6 +66,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-run-s", type=argtypes.seconds, default=15.0,
                         help="reference points predicted to take longer per run are reported "
                              "as predicted, not run (default %(default)s)")
+    parser.add_argument("--learned", default=None, metavar="BUNDLE",
+                        help="also offer the learned bottlenecks `coinf compress` trained into "
+                             "this bundle of the same model (copied in; nothing is trained)")
     parser.add_argument("--json", action="store_true", help="only the JSON summary on stdout")
     parser.set_defaults(func=run)
 
@@ -154,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
     writable_dir(args.out, "--out")  # refused now, not after the model is built
     t_start = time.perf_counter()
     out = sys.stderr if args.json else sys.stdout
-    prep = prepare(args.model, Path(args.out), args.samples)
+    if args.learned is not None and not Path(args.learned, "manifest.json").is_file():
+        raise UserError(f"--learned {args.learned}: not a bundle (no manifest.json)")
+    prep = prepare(args.model, Path(args.out), args.samples,
+                   None if args.learned is None else Path(args.learned))
     bundle = Bundle.load(prep.bundle_dir)
     pi = DeviceProfile.pi_zero_2w()
     slow, pi_ms, here_ms = profile_slowdown(str(bundle.model_path), pi)

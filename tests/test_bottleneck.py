@@ -447,3 +447,11 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
     (root / "manifest.json").write_text(json.dumps(manifest))
     shown = Planner(Bundle.load(root), policy=policy)
     assert rid in {r.id for r in shown.costs(LinkEstimate(20_000, 20_000, 30))}
+    # and `coinf plan --json` (the demo's reference points) shows that bound, as a packing's
+    from coinf.wearable.planner.references import plan_json
+
+    link = LinkEstimate(20_000, 20_000, 30)
+    listed = {e["id"]: e for e in plan_json(shown, shown.decide(link),
+                                            link_estimate=link)["candidates"]}
+    assert listed[rid]["quality_loss_bound"] == pytest.approx(
+        learned_bound(Bundle.load(root).compressor(CUT, comp.gamma), "latent"), abs=1e-4)

@@ -261,6 +261,11 @@ def test_the_demo_imports_learned_bottlenecks_trained_elsewhere(
     assert import_learned(trained, demo) == [f"{CUT}~g{theirs.gamma}"]  # replaced, not added
     (ours,) = Bundle.load(demo).compressors(CUT)
     assert dataclasses.replace(ours, code_ms=theirs.code_ms) == theirs  # files, digest, figures
+    from coinf.cli.commands.demo import measured_on
+
+    assert measured_on(Bundle.load(demo), f"{CUT}~g{ours.gamma}+latent", 300) == \
+        "measured on its 60 held-out inputs"
+    assert measured_on(Bundle.load(demo), f"{CUT}~qz8", 300) == "calibrated on 300 real inputs"
     other = tmp_path / "other"
     split_model(zoo.committed_path("digitnet"), other)
     with pytest.raises(UserError, match="another model file"):

@@ -40,11 +40,11 @@ from coinf.convert.bottleneck import (
     Trained,
     check_cut,
     distill_model,
+    evaluate,
     measure_latent,
     onnx_flops,
     register,
     run_slices,
-    score,
     target_kinds,
 )
 from torch import nn
@@ -488,36 +488,6 @@ def default_work_dir(bundle: Bundle, cid: str) -> Path:
     """Checkpoints and exports before they enter the bundle: the user's cache."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "coinf" / "compress" / f"{bundle.model_sha256[:16]}-{cid}"
-
-
-def _ort(path: Path) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def evaluate(enc: Path, dec: Path, tail: Any, priors: Priors, crossing: np.ndarray,
-             targets: Sequence[np.ndarray]) -> tuple[float, float, np.ndarray]:
-    """(agreement with the original model, mean estimated bytes per frame, codes) of the
-    exported encoder and decoder in onnxruntime on held-out crossing tensors."""
-    import onnxruntime as ort
-
-    e, d = _ort(enc), _ort(dec)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    t = ort.InferenceSession(tail.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    name = e.get_inputs()[0].name
-    codes, outs = [], []
-    for i in range(len(crossing)):
-        (code,) = e.run([CODE], {name: crossing[i:i + 1]})
-        (restored,) = d.run(None, {CODE: code})
-        codes.append(code)
-        outs.append(t.run(None, {name: restored}))
-    code_all = np.concatenate(codes)
-    got = [np.concatenate(o) for o in zip(*outs, strict=True)]
-    return score(got, targets), float(priors.frame_bytes(code_all).mean()), code_all
 
 
 def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],

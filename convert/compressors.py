@@ -355,6 +355,11 @@ class CodecRunner:
                 self._sessions[file] = sess
         return sess
 
+    def open_encoder(self, comp: Compressor) -> None:
+        """Open ``comp``'s encoder session now (once per runner), so that a timed
+        :meth:`encode` is the frame's work and not the one-time model load."""
+        self._session(comp.encoder)
+
     def encode(self, comp: Compressor, tensors: Mapping[str, np.ndarray]
                ) -> dict[str, np.ndarray]:
         """The cut's crossing tensors -> ``{"code": ...}``."""

@@ -14,6 +14,22 @@ Licences (each package's ``usr/share/doc/*/copyright``): mate-backgrounds GPL-2+
 (Kleiber, Infinite-Sea) CC-BY-SA-3.0, plasma-workspace-wallpapers GPL-2+/LGPL/CC-BY-SA; they are
 read, never committed. Test photos (:data:`TEST`) are never cropped into the training set; every
 feed is a seeded :func:`~coinf.models.realdata.augment` crop (scale, aspect, flip, colour).
+
+The larger held-out set adds 85 photographs that are only ever held out (:func:`held_out`), from
+two more packages unpacked into a second root (so that lomiri's copies of two ukui wallpapers
+cannot replace the training ones)::
+
+    cd /tmp/wp2 && apt-get download lomiri-wallpapers-16.04 gcompris-qt-data
+    for f in *.deb; do dpkg -x "$f" /tmp/wp2/root; done
+    python -m coinf.research.bottleneck_data --root /tmp/wp/root --root /tmp/wp2/root \
+        --out /tmp/bn2 --n-test 1880 --test-only --codecs MODEL.onnx
+
+* lomiri-wallpapers-16.04 (:data:`LOMIRI`): 12 photographs (2018, each by the photographer its
+  file name gives), CC-BY-4.0 / CC-BY-SA-4.0 / CC0-1.0 (per file in its copyright);
+* gcompris-qt-data (:data:`GCOMPRIS`): the 49 monument, 15 wild and 9 farm animal photographs
+  of three activities (Wikimedia Commons photographs; the copyright file gives CC-BY-SA-2.0/4.0
+  or GFDL for ten of the wild animals and the package's GPL-3 / GPL-3+ for the rest), read out
+  of the package's Qt resource files by :mod:`coinf.research.qrcc`.
 """
 
 from __future__ import annotations
@@ -36,17 +52,30 @@ MATE_NATURE = ("Aqua", "Blinds", "Dune", "FreshFlower", "Garden", "GreenMeadow",
 UKUI = ("Kleiber_by_Lukas_Baubkus", "Infinite-Sea_by_Aury88")
 PLASMA = ("BytheWater", "ColdRipple", "ColorfulCups", "DarkestHour", "EveningGlow",
           "FallenLeaf", "Grey", "Kite", "OneStandsOut", "Path", "summer_1am")
-#: held out: never cropped into training
+#: lomiri-wallpapers-16.04's photographs (its renders and the two ukui duplicates left out)
+LOMIRI = ("Bridge_by_Sander_Klootwijk", "Dragonfly_by_Bolly", "Picture_0B_by_freespace",
+          "Picture_1A_by_freespace", "Wine_by_Jakkub_Mede", "aitzgorri_by_Aitzol_Berasategi",
+          "free_by_Peter_Nerlich", "friends_by_Aitzol_Berasategi", "life_by_Aitzol_Berasategi",
+          "picosdeeuropa_by_Aitzol_Berasategi", "seeding_by_Clements_Engelhardt",
+          "sunset_by_Aitzol_Berasategi")
+#: gcompris-qt-data activities whose ``resource/<folder>/`` pictures are all photographs
+GCOMPRIS = ("explore_monuments", "explore_world_animals", "explore_farm_animals")
+#: held out: never cropped into training (with every LOMIRI and GCOMPRIS photo, held_out())
 TEST = frozenset({"chelsea.png", "rocket.jpg", "flower.jpg", "grace_hopper.jpg", "LadyBird",
                   "Storm", "ColorfulCups", "BytheWater", "Kite"})
 #: shorter side of a decoded photo (the wallpapers are up to 5120 px wide)
 MAX_SIDE = 1024
 
 
-def _load(path: Path) -> np.ndarray:
+def held_out(name: str) -> bool:
+    """Whether photo ``name`` (as :func:`photos` names it) is only ever a test photo."""
+    return name in TEST or name in LOMIRI or name.split("/")[0] in GCOMPRIS
+
+
+def _load(path: Path | bytes) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(path) as src:
+    with Image.open(io.BytesIO(path) if isinstance(path, bytes) else path) as src:
         img = src.convert("RGB")
     short = min(img.size)
     if short > MAX_SIDE:
@@ -55,9 +84,25 @@ def _load(path: Path) -> np.ndarray:
     return np.asarray(img)
 
 
-def photos(root: Path | None) -> list[tuple[str, np.ndarray]]:
-    """(name, RGB uint8) of every photo found: the wheels', matplotlib's, and under ``root``
-    (an unpacked file system of the Debian packages) the wallpaper photographs."""
+def _gcompris(share: Path) -> list[tuple[str, np.ndarray]]:
+    from coinf.research import qrcc
+
+    found = []
+    for activity in GCOMPRIS:
+        rcc = share / "gcompris-qt" / "rcc" / f"{activity}.rcc"
+        if not rcc.is_file():
+            continue
+        for path, data in sorted(qrcc.files(rcc.read_bytes())):
+            parts = path.split("/")
+            if (len(parts) >= 3 and parts[-3] == "resource"
+                    and parts[-1].lower().endswith((".webp", ".jpg", ".jpeg", ".png"))):
+                found.append((f"{activity}/{parts[-1].rsplit('.', 1)[0]}", _load(data)))
+    return found
+
+
+def photos(roots: Sequence[Path] | Path | None) -> list[tuple[str, np.ndarray]]:
+    """(name, RGB uint8) of every photo found: the wheels', matplotlib's, and under each of
+    ``roots`` (an unpacked file system of the Debian packages) the packages' photographs."""
     found = list(realdata.photos())
     spec = importlib.util.find_spec("matplotlib")
     if spec is not None and spec.submodule_search_locations:
@@ -65,7 +110,9 @@ def photos(root: Path | None) -> list[tuple[str, np.ndarray]]:
             "sample_data" / "grace_hopper.jpg"
         if hopper.is_file():
             found.append((hopper.name, _load(hopper)))
-    if root is not None:
+    if isinstance(roots, Path):
+        roots = [roots]
+    for root in roots or ():
         share = root / "usr" / "share"
         for name in MATE_NATURE:
             p = share / "backgrounds" / "mate" / "nature" / f"{name}.jpg"
@@ -79,6 +126,15 @@ def photos(root: Path | None) -> list[tuple[str, np.ndarray]]:
             images = sorted((share / "wallpapers" / name / "contents" / "images").glob("*"))
             if images:
                 found.append((name, _load(max(images, key=lambda f: f.stat().st_size))))
+        for name in LOMIRI:
+            p = share / "backgrounds" / f"{name}.jpg"
+            if p.is_file():
+                found.append((name, _load(p)))
+        found += _gcompris(share)
+    names = [n for n, _ in found]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"photos found twice (pass each package's root once): {dup}")
     return found
 
 
@@ -159,27 +215,31 @@ def codec_table(model_path: Path, x: np.ndarray) -> list[tuple[str, float, float
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m coinf.research.bottleneck_data")
     ap.add_argument("--model", default="mobilenetv2_imagenet")
-    ap.add_argument("--root", type=Path, default=None,
-                    help="where the wallpaper packages were unpacked (dpkg -x)")
+    ap.add_argument("--root", type=Path, action="append", default=None,
+                    help="where the packages were unpacked (dpkg -x); repeatable")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("-n", type=int, default=2400)
     ap.add_argument("--n-test", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--test-only", action="store_true",
+                    help="write test.npz only (keep an existing train.npz)")
     ap.add_argument("--codecs", type=Path, default=None, metavar="MODEL_ONNX",
                     help="also print the codec table on the test inputs with this model")
     args = ap.parse_args(argv)
     pics = photos(args.root)
-    train = [p for p in pics if p[0] not in TEST]
-    test = [p for p in pics if p[0] in TEST]
+    train = [p for p in pics if not held_out(p[0])]
+    test = [p for p in pics if held_out(p[0])]
     if not train or not test:
         raise SystemExit("no photos found for one side of the split")
     args.out.mkdir(parents=True, exist_ok=True)
-    x_test = feeds(args.model, test, args.n_test, args.seed + 1)
-    np.savez(args.out / "train.npz", image=feeds(args.model, train, args.n, args.seed))
-    np.savez(args.out / "test.npz", image=x_test)
     print(f"{len(train)} training photos: {', '.join(p[0] for p in train)}")
-    print(f"{len(test)} held-out photos: {', '.join(p[0] for p in test)}")
-    print(f"wrote {args.out}/train.npz ({args.n} feeds), {args.out}/test.npz ({args.n_test})")
+    print(f"{len(test)} held-out photos: {', '.join(p[0] for p in test)}", flush=True)
+    x_test = feeds(args.model, test, args.n_test, args.seed + 1)
+    np.savez(args.out / "test.npz", image=x_test)
+    print(f"wrote {args.out}/test.npz ({args.n_test} feeds)", flush=True)
+    if not args.test_only:
+        np.savez(args.out / "train.npz", image=feeds(args.model, train, args.n, args.seed))
+        print(f"wrote {args.out}/train.npz ({args.n} feeds)", flush=True)
     if args.codecs is not None:
         for label, size, loss in codec_table(args.codecs, x_test):
             print(f"{label:14s} {size / 1000:8.2f} kB  {loss:5.1f} pp")

@@ -177,6 +177,104 @@ def test_a_cut_a_bottleneck_cannot_take_is_refused(lenet: Path) -> None:
         bn.check_cut(bundle, "c999")
 
 
+def test_remeasure_updates_a_learned_entry_on_new_held_out_feeds(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.models import zoo
+
+    root = _copy(lenet, tmp_path / "b")
+    other = tmp_path / "other.npz"
+    np.savez(other, image=zoo.digits_data().x_val[60:160].astype(np.float32))
+    assert main(["compress", str(root), "--cut", CUT, "--remeasure", "--test", str(other)]) == 2
+    assert "no learned bottleneck there" in capsys.readouterr().err
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "60", "--lambda", "1e-3",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    (before,) = Bundle.load(root).compressors(CUT)
+    assert before.test_feeds == 60
+    assert main(["compress", str(root), "--cut", CUT, "--remeasure"]) == 2
+    assert "--remeasure needs --test" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["compress", str(root), "--cut", CUT, "--remeasure", "--test", str(other)]) == 0
+    assert "measured again on 100 held-out feeds" in capsys.readouterr().out
+    bundle = Bundle.load(root)
+    (after,) = bundle.compressors(CUT)
+    assert after.test_feeds == 100 and after.gamma == before.gamma
+    assert after.sha256 == before.sha256 and after.encoder == before.encoder
+    # the figures are those of the other feeds, measured independently here
+    x, targets, tail = _features(bundle, other)
+    agree, rate, codes = bn.evaluate(bundle.path(after.encoder), bundle.path(after.decoder),
+                                     tail, bn.Priors.read(bundle.path(after.priors)), x, targets)
+    assert after.accuracy == {"raw": pytest.approx(agree, abs=1e-6),
+                              "latent": pytest.approx(agree, abs=1e-6)}
+    assert after.rate_bytes == pytest.approx(rate, abs=0.1)
+    assert after.code_bytes["latent"] == round(bn.measure_latent(
+        bn.Priors.read(bundle.path(after.priors)), codes)[0])
+
+
+def test_coinf_run_sends_a_learned_code_at_a_fixed_split(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf run --split CUT~gN+latent`` (what the demo runs when the planner picks a learned
+    point): the encoder's code goes entropy-coded, the row says so and counts it as lossy."""
+    root = _copy(lenet, tmp_path / "b")
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "60", "--lambda", "1e-3",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    (comp,) = Bundle.load(root).compressors(CUT)
+    x = tmp_path / "x.npy"
+    np.save(x, bn.load_data(Bundle.load(root), digits[1])["image"][0])
+    capsys.readouterr()
+    g = f"g{comp.gamma}"
+    assert main(["run", str(root), "--split", f"{CUT}~{g}+latent,{CUT}~{g},{CUT}",
+                 "--transport", "inprocess", "--input", f"image={x}", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["packing"] for r in rows] == [f"{g}+latent", g, "raw"]
+    coded, code, tensor = rows
+    assert coded["lossy"] and code["lossy"] and not tensor["lossy"] and tensor["match"]
+    assert code["bytes_up"] > comp.code.nbytes > 2 * coded["bytes_up"]
+    assert coded["top1_same"] == code["top1_same"]  # the same code, exactly
+    assert main(["run", str(root), "--split", f"{CUT}~g999+latent", "--transport",
+                 "inprocess", "--input", f"image={x}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--split {CUT}~g999+latent: no compressor g999" in err and "Traceback" not in err
+
+
+def test_the_demo_imports_learned_bottlenecks_trained_elsewhere(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.convert.split import split_model
+    from coinf.models import zoo
+
+    from coinf.cli.commands.demo_prep import import_learned
+    from coinf.errors import UserError
+
+    trained = _copy(lenet, tmp_path / "trained")
+    assert main(["compress", str(trained), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "30", "--lambda", "1e-3",
+                 "--work", str(tmp_path / "work"), *SMALL]) == 0
+    demo = _copy(lenet, tmp_path / "demo")
+    with pytest.raises(UserError, match="holds no learned bottleneck"):
+        import_learned(lenet, demo)
+    (theirs,) = Bundle.load(trained).compressors(CUT)
+    assert import_learned(trained, demo) == [f"{CUT}~g{theirs.gamma}"]
+    assert import_learned(trained, demo) == [f"{CUT}~g{theirs.gamma}"]  # replaced, not added
+    (ours,) = Bundle.load(demo).compressors(CUT)
+    assert dataclasses.replace(ours, code_ms=theirs.code_ms) == theirs  # files, digest, figures
+    from coinf.cli.commands.demo import measured_on
+
+    assert measured_on(Bundle.load(demo), f"{CUT}~g{ours.gamma}+latent", 300) == \
+        "measured on its 60 held-out inputs"
+    assert measured_on(Bundle.load(demo), f"{CUT}~qz8", 300) == "calibrated on 300 real inputs"
+    other = tmp_path / "other"
+    split_model(zoo.committed_path("digitnet"), other)
+    with pytest.raises(UserError, match="another model file"):
+        import_learned(trained, other)
+    assert main(["demo", "--model", "lenet_digits", "--out", str(tmp_path / "out"),
+                 "--learned", str(tmp_path / "nowhere")]) == 2
+    assert "--learned" in capsys.readouterr().err
+
+
 def test_resume_continues_from_the_checkpoint(lenet: Path, digits: tuple[Path, Path],
                                               tmp_path: Path) -> None:
     torch.set_num_threads(1)
@@ -354,3 +452,11 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
     (root / "manifest.json").write_text(json.dumps(manifest))
     shown = Planner(Bundle.load(root), policy=policy)
     assert rid in {r.id for r in shown.costs(LinkEstimate(20_000, 20_000, 30))}
+    # and `coinf plan --json` (the demo's reference points) shows that bound, as a packing's
+    from coinf.wearable.planner.references import plan_json
+
+    link = LinkEstimate(20_000, 20_000, 30)
+    listed = {e["id"]: e for e in plan_json(shown, shown.decide(link),
+                                            link_estimate=link)["candidates"]}
+    assert listed[rid]["quality_loss_bound"] == pytest.approx(
+        learned_bound(Bundle.load(root).compressor(CUT, comp.gamma), "latent"), abs=1e-4)

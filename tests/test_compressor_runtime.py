@@ -600,3 +600,33 @@ def test_slices_are_weighed_by_their_measured_time(bundle: Bundle) -> None:
     # and it is not the FLOPs again (pooling and the small layers cost more than their FLOPs)
     assert any(abs(a.flops - b.flops) > 0.05 * total
                for a, b in zip(by_time, by_flops, strict=True))
+
+
+def test_the_encoders_one_time_load_is_not_counted_as_the_frames_compute(
+        bundle: Bundle) -> None:
+    """The executor opens a compressor's encoder before the emulated (stretched) step, as the
+    slice runner does for the slices: a x77 Pi emulation used to stretch the load into the
+    first frame's head time (0.4 s for MobileNetV2's learned bottleneck)."""
+    from coinf.convert.compressors import CodecRunner
+    from coinf.device.emulation import DeviceEmulation
+    from coinf.wearable.executor import _encode
+    from coinf.wearable.frame import RunStats
+    from coinf.wearable.plan import Plan
+
+    comp = bundle.compressors()[0]
+    cand = bundle.candidate(comp.candidate)
+    codecs = CodecRunner(bundle)
+    loaded_when_timed: list[bool] = []
+
+    class Recording(DeviceEmulation):
+        def timed(self, fn, cancel=None):  # type: ignore[no-untyped-def, override]
+            loaded_when_timed.append(comp.encoder in codecs._sessions)
+            return super().timed(fn, cancel)
+
+    plan = Plan.for_candidate(bundle, cand, gamma=comp.gamma)
+    feat = {t.name: np.zeros(t.shape, np.float32) for t in cand.crossing}
+    stats = RunStats(cand.id)
+    for _ in range(2):
+        code = _encode(codecs, Recording(), plan, feat, stats)
+        assert code["code"].shape == comp.code.shape and stats.gamma == comp.gamma
+    assert loaded_when_timed == [True, True]

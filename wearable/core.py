@@ -72,7 +72,7 @@ from coinf.wearable.replan import Replanner, failed_device
 from coinf.wearable.stream import END, puller
 
 from coinf.bundle import Bundle, Candidate, Compressor
-from coinf.errors import InputError, LinkError, RemoteError
+from coinf.errors import BundleError, InputError, LinkError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -422,6 +422,11 @@ class AsyncSession:
         return self._packing
 
     @property
+    def compressor(self) -> Compressor | None:
+        """The compressor whose code the next offloaded run sends (None: the tensors)."""
+        return self._compressor
+
+    @property
     def offline(self) -> str | None:
         """Why offloading is paused right now, or None when the helper is in use."""
         return self.connection.offline
@@ -441,8 +446,16 @@ class AsyncSession:
             return
         if self.replanner is not None:  # the caller's split, to the handheld, from now on
             self._replan_off, self.replanner = self.replanner, None
-        self._candidate = self.bundle.candidate(split)
-        self._compressor = None  # a fixed split sends its crossing tensors as they are
+        cand = self.bundle.candidate(split)
+        comp = None  # a fixed split sends its crossing tensors as they are, or a compressor's
+        if isinstance(packing, str):  # code: c013~g5+latent (a learned bottleneck's, coded)
+            gamma, packing = parse_config_spec(packing)
+            if gamma:
+                try:
+                    comp = self.bundle.compressor(cand.id, gamma)
+                except BundleError as exc:
+                    raise InputError(str(exc)) from None
+        self._candidate, self._compressor = cand, comp
         if packing is not None:
             self._packing = parse_packing(packing)
         if self.autoplan is not None:

@@ -230,7 +230,10 @@ def _pack_one(array: np.ndarray, spec: PackSpec, decoders: frozenset[str] | None
 
 def _encode(codecs: CodecRunner, emulation: DeviceEmulation, plan: Plan,
             crossing: dict[str, np.ndarray], stats: RunStats) -> dict[str, np.ndarray]:
-    """The compressor's encoder on the crossing tensors (wearable compute: counted as head)."""
+    """The compressor's encoder on the crossing tensors (wearable compute: counted as head;
+    opening its session the first time is not: a slowed-down emulation would stretch that
+    one-time load into the frame, as it does not for the slices)."""
+    codecs.open_encoder(plan.compressor)
     code, elapsed = emulation.timed(lambda: codecs.encode(plan.compressor, crossing))
     stats.head_ms += elapsed * 1e3
     stats.gamma = plan.compressor.gamma

@@ -35,7 +35,7 @@ from coinf.wearable.options import (
 )
 from coinf.wearable.planner.costs import Decision
 
-from coinf.bundle import Bundle, Candidate
+from coinf.bundle import Bundle, Candidate, Compressor
 from coinf.errors import CoinfError
 
 
@@ -168,6 +168,11 @@ class Session:
         return self._core.packing
 
     @property
+    def compressor(self) -> Compressor | None:
+        """The compressor whose code an offloaded run sends (``c013~g5+latent``), or None."""
+        return self._core.compressor
+
+    @property
     def last_run(self) -> RunStats | None:
         return self._core.last_run
 
@@ -203,6 +208,8 @@ class Session:
         return self._core
 
     def set_split(self, split: str | None, packing: str | PackSpec | None = None) -> None:
+        """Fix the split (``packing``: a packing, or ``gN[+packing]`` to send compressor
+        ``gN``'s code); ``None`` gives the choice back to the planner."""
         self._core.set_split(split, packing)
 
     def plan(self) -> Decision:

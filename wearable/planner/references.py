@@ -22,7 +22,12 @@ from typing import Any
 
 from coinf.ble_protocol.packing import PackSpec
 from coinf.wearable.planner.costs import CandidateCost, Decision
-from coinf.wearable.planner.planner import Planner, parse_config_spec, split_config
+from coinf.wearable.planner.planner import (
+    Planner,
+    learned_bound,
+    parse_config_spec,
+    split_config,
+)
 
 from coinf.errors import CoinfError
 
@@ -85,7 +90,8 @@ def plan_json(planner: Planner, decision: Decision, **decide: Any) -> dict[str, 
         cid, packing = split_config(rid)
         try:
             gamma, spec = parse_config_spec(packing)
-            bound = None if gamma is not None else accuracy_bound(cands[cid], spec)[0]
+            bound = accuracy_bound(cands[cid], spec)[0] if gamma is None else learned_bound(
+                planner.bundle.compressor(cid, gamma), spec)  # None for an autoencoder set
         except (CoinfError, KeyError, ValueError):  # an uncalibrated row: no bound to show
             bound = None
         entry = row_json(r, decision.streaming, bound)

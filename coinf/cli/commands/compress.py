@@ -1,5 +1,7 @@
 """``coinf compress BUNDLE --cut CUT --data FILE_OR_DIR``: train learned bottlenecks at a cut
-(docs/BOTTLENECK.md). Needs torch and onnx2torch (the ``compress`` extra), on the laptop."""
+(docs/BOTTLENECK.md). Needs torch and onnx2torch (the ``compress`` extra), on the laptop.
+``--remeasure --test FILE_OR_DIR`` measures the cut's registered ones again on other held-out
+feeds, without training (onnxruntime only)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", help="split bundle directory (made by `coinf split`)")
     parser.add_argument("--cut", required=True, metavar="CUT",
                         help="candidate id whose one crossing tensor the bottleneck compresses")
-    parser.add_argument("--data", required=True, metavar="FILE_OR_DIR",
+    parser.add_argument("--data", default=None, metavar="FILE_OR_DIR",
                         help="unlabelled feeds: an .npz (per model input (N, *shape) or N "
                              "along its batch axis, exactly its dtype) or a folder of them")
     parser.add_argument("--test", default=None, metavar="FILE_OR_DIR",
                         help="held-out feeds to measure on (default: the last eighth of --data)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="no training: measure the cut's learned bottlenecks again on "
+                             "--test and update their figures in the bundle")
     parser.add_argument("--lambda", dest="lams", action="append",
                         type=argtypes.number(0), metavar="L",
                         help="rate weight per bit of the latent (repeatable: one operating "
@@ -62,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from coinf.convert import bottleneck as bn
     from coinf.deps import require, require_full
 
+    if args.remeasure:
+        return _remeasure(args)
+    if args.data is None:
+        raise InputError("--data is required to train (or --remeasure --test FILE to measure "
+                         "the registered bottlenecks again)")
     bundle = Bundle.load(args.bundle)
     bn.check_cut(bundle, args.cut)
     data = bn.load_data(bundle, args.data, "--data")
@@ -97,4 +107,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {args.cut} "
           f"(crossing {cand.crossing_bytes} B float32); agreement = top-1 agreement with the "
           f"original model on the held-out feeds")
+    return 0
+
+
+def _remeasure(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
+    from coinf.cli.progress import Bar
+    from coinf.convert import bottleneck as bn
+
+    if args.test is None:
+        raise InputError("--remeasure needs --test FILE_OR_DIR (the held-out feeds)")
+    if args.data is not None or args.lams or args.resume:
+        raise InputError("--remeasure trains nothing: drop --data, --lambda and --resume")
+    bundle = Bundle.load(args.bundle)
+    bn.check_cut(bundle, args.cut)
+    test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST)
+    points = bn.remeasure(bundle, args.cut, test, Bar())
+    for line in bn.describe(points, bundle.candidate(args.cut).crossing_bytes):
+        print(line)
+    print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {args.cut} measured "
+          f"again on {points[0].test_feeds} held-out feeds (latent packing: "
+          + ", ".join(f"{p.lam:g} {p.latent_bytes:.0f} B" for p in points) + ")")
     return 0

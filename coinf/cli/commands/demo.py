@@ -66,6 +66,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-run-s", type=argtypes.seconds, default=15.0,
                         help="reference points predicted to take longer per run are reported "
                              "as predicted, not run (default %(default)s)")
+    parser.add_argument("--learned", default=None, metavar="BUNDLE",
+                        help="also offer the learned bottlenecks `coinf compress` trained into "
+                             "this bundle of the same model (copied in; nothing is trained)")
     parser.add_argument("--json", action="store_true", help="only the JSON summary on stdout")
     parser.set_defaults(func=run)
 
@@ -154,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
     writable_dir(args.out, "--out")  # refused now, not after the model is built
     t_start = time.perf_counter()
     out = sys.stderr if args.json else sys.stdout
-    prep = prepare(args.model, Path(args.out), args.samples)
+    if args.learned is not None and not Path(args.learned, "manifest.json").is_file():
+        raise UserError(f"--learned {args.learned}: not a bundle (no manifest.json)")
+    prep = prepare(args.model, Path(args.out), args.samples,
+                   None if args.learned is None else Path(args.learned))
     bundle = Bundle.load(prep.bundle_dir)
     pi = DeviceProfile.pi_zero_2w()
     slow, pi_ms, here_ms = profile_slowdown(str(bundle.model_path), pi)
@@ -219,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
             text = (f"{e['latency_ms']:.0f} ms end to end, wearable energy {e['wearable_mj']:.0f}"
                     f" mJ" if e["measured"] else e["why"])
             print(f"  {name:<15} {e['id']:<22} {text}; quality loss {e['quality_loss']:.2f} pp "
-                  f"(calibrated on {args.samples} real inputs)", file=out)
+                  f"({measured_on(bundle, e['id'], args.samples)})", file=out)
     done = [e for e in reference.values() if e is not None and e["measured"]]
     bad = [r["candidate"] for r in rows if not r["match"]]
     summary = {
@@ -235,6 +241,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nMISMATCH against the whole model at: {', '.join(bad)}", file=out)
     print(json.dumps(summary))
     return 1 if bad else 0
+
+
+def measured_on(bundle: Any, config: str, samples: int) -> str:
+    """Where a configuration's quality loss comes from: the demo's calibration, or a learned
+    compressor's own held-out feeds (``c013~g5+latent``)."""
+    from coinf.wearable.planner.planner import parse_config_spec, split_config
+
+    cid, packing = split_config(config)
+    gamma, _ = parse_config_spec(packing)
+    comp = None if gamma is None else bundle.compressor(cid, gamma)
+    if comp is not None and comp.test_feeds:
+        return f"measured on its {comp.test_feeds} held-out inputs"
+    return f"calibrated on {samples} real inputs"
 
 
 def objective_comparison(chosen: dict[str, Any], refs: list[dict[str, Any]],

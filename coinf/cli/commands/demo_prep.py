@@ -5,6 +5,10 @@ calibrated on real inputs with its task's metric: the standard codecs and the qu
 packings on the model input, the quantizing packings at the cuts that send the fewest bytes.
 Everything is kept in ``--out`` and reused while the model file and the request are the same.
 A zoo model (random weights) is split only; its packings stay uncalibrated (raw).
+
+Learned bottlenecks are never trained here: ``coinf demo --learned BUNDLE`` copies those that
+``coinf compress`` trained into another bundle of the same model file (:func:`import_learned`),
+and the planner weighs them like any packing; a bundle that already has some keeps them.
 """
 
 from __future__ import annotations
@@ -54,8 +58,45 @@ def ensure_bundle(model: Path, out: Path, post: str | None = None) -> Path:
     return out
 
 
-def prepare(name: str, out: Path, samples: int) -> Prepared:
-    """Build, split and calibrate ``name`` (a pretrained or a zoo model) under ``out``."""
+def import_learned(src: Path, bundle_dir: Path) -> list[str]:
+    """Copy the learned bottlenecks of bundle ``src`` (same model file, same cuts) into the
+    bundle at ``bundle_dir``, replacing any of the same cut and lambda; their ``cut~gN`` ids.
+    Anything else is one :class:`~coinf.errors.UserError`."""
+    from coinf.bundle import Bundle
+    from coinf.convert import bottleneck as bn
+    from coinf.errors import BundleError, UserError
+
+    try:
+        source = Bundle.load(src)
+    except (BundleError, OSError, ValueError) as exc:
+        raise UserError(f"--learned {src}: {exc}") from None
+    dst = Bundle.load(bundle_dir)
+    if source.model_sha256 != dst.model_sha256:
+        raise UserError(f"--learned {src}: a bundle of another model file (sha256 "
+                        f"{source.model_sha256[:12]}, the demo's is {dst.model_sha256[:12]})")
+    learned = [c for c in source.compressors() if c.kind == "learned"]
+    if not learned:
+        raise UserError(f"--learned {src}: the bundle holds no learned bottleneck (`coinf "
+                        f"compress` trains them)")
+    ids = []
+    for cid in dict.fromkeys(c.candidate for c in learned):
+        theirs, ours = source.candidate(cid), next(
+            (c for c in dst.candidates if c.id == cid), None)
+        if ours is None or ours.crossing != theirs.crossing:
+            raise UserError(f"--learned {src}: its cut {cid} is not the demo bundle's")
+        points = [bn.Trained(float(c.lam or 0.0), source.path(c.encoder), source.path(c.decoder),
+                             source.path(c.priors or ""), c.code.shape, c.flops,
+                             c.accuracy["raw"], float(c.rate_bytes or 0.0), int(c.test_feeds or 0),
+                             c.code_bytes.get("latent"), c.code_ms.get("latent"))
+                  for c in learned if c.candidate == cid]
+        dst = bn.register(dst, ours, points)
+        ids += [f"{cid}~g{c.gamma}" for c in dst.compressors(cid) if c.kind == "learned"]
+    return ids
+
+
+def prepare(name: str, out: Path, samples: int, learned: Path | None = None) -> Prepared:
+    """Build, split and calibrate ``name`` (a pretrained or a zoo model) under ``out``; with
+    ``learned``, copy that bundle's learned bottlenecks in (:func:`import_learned`)."""
     from coinf.models import pretrained, zoo
 
     if name in pretrained.PRETRAINED:
@@ -66,6 +107,9 @@ def prepare(name: str, out: Path, samples: int) -> Prepared:
             pretrained.build(name, out)
         bundle_dir = ensure_bundle(onnx_path, out / name, spec.post)
         calibrate(bundle_dir, name, out, samples, spec.metric, list(spec.metric_outputs))
+        if learned is not None:
+            progress(f"learned bottlenecks from {learned}: "
+                     f"{', '.join(import_learned(learned, bundle_dir))}")
         info = {"name": name, "package": spec.package, "version": spec.version,
                 "license": spec.licence, "sha256": spec.sha256, "pretrained": True,
                 "task": spec.task}
@@ -76,6 +120,9 @@ def prepare(name: str, out: Path, samples: int) -> Prepared:
         raise UserError(f"unknown model {name!r}; pretrained: {', '.join(pretrained.PRETRAINED)}"
                         f"; zoo (random weights): {', '.join(zoo.ZOO)}")
     bundle_dir = ensure_bundle(zoo.committed_path(name), out / name)
+    if learned is not None:
+        progress(f"learned bottlenecks from {learned}: "
+                 f"{', '.join(import_learned(learned, bundle_dir))}")
     info = {"name": name, "package": "coinf (models/onnx)", "version": "committed",
             "license": "Apache-2.0", "pretrained": bool(zoo.spec_for(name).trained),
             "task": "classification"}

@@ -179,7 +179,9 @@ def run(args: argparse.Namespace) -> int:
                 if o.size else 0.0
                 for n, o in zip([t.name for t in bundle.outputs], outs, strict=True)
             )
-            lossy = not cand.is_wearable_only and not session.packing.lossless
+            comp = None if cand.is_wearable_only else session.compressor
+            lossy = not cand.is_wearable_only and (comp is not None
+                                                   or not session.packing.lossless)
             match = all(
                 np.allclose(o, reference[t.name], rtol=RTOL, atol=ATOL)
                 for t, o in zip(bundle.outputs, outs, strict=True)
@@ -193,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
                 "plan": stats[-1].plan,  # every stage's device and slice (re-planned: the last)
                 "plan_versions": sorted({s.plan_version for s in stats}),
                 "candidate": cand.id,
-                "packing": str(session.packing),
+                "packing": str(session.packing) if comp is None else f"g{comp.gamma}" + (
+                    "" if str(session.packing) == "raw" else f"+{session.packing}"),
                 "label": cand.label,
                 "tensors": len(cand.crossing),
                 "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
@@ -240,15 +243,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(bundle: Any, text: str, default: str) -> str:
-    """``c004`` or ``c004~q8``: the candidate's id and the packing (checked here, before any
-    work)."""
+    """``c004``, ``c004~q8`` or ``c013~g5+latent`` (compressor g5's code, coded): the
+    candidate's id and the packing (checked here, before any work)."""
     from coinf.ble_protocol.packing import PackSpec
-    from coinf.errors import UserError
+    from coinf.errors import BundleError, UserError
+    from coinf.wearable.planner.codec_costs import parse_config_spec
 
     cid, sep, packing = text.strip().partition("~")
+    gamma, spec = parse_config_spec(packing if sep else default)
     try:
-        PackSpec.parse(packing if sep else default)
-    except ValueError as exc:
+        PackSpec.parse(spec)
+        if gamma:  # a compressor's code: c013~g5+latent
+            bundle.compressor(bundle.candidate(cid).id, gamma)
+    except (ValueError, BundleError) as exc:
         raise UserError(f"--split {text.strip()}: {exc}") from None
     return bundle.candidate(cid).id + (f"~{packing}" if sep else "")
 

@@ -9,7 +9,8 @@ maintained encoder:
 * image-like (float, batch 1, 1 or 3 channels, ``H, W >= 8``; ``[1,C,H,W]`` or ``[1,H,W,C]``,
   the layout follows from the shape): per channel ``level = round((x - min) / scale)``,
   ``scale = (max - min) / 255``, as uint8 pixels; JPEG (``jpeg-qNN``, simplejpeg, else Pillow),
-  WebP (``webp-qNN``, Pillow/libwebp, method 4) or PNG (``png``, Pillow, lossless on the pixels).
+  WebP (``webp-qNN``, Pillow/libwebp, method 4; ``webp-ll`` lossless, VP8L) or PNG (``png``,
+  Pillow); ``webp-ll`` and ``png`` are lossless on the pixels.
   Parameters on the wire: ``C`` pairs of little-endian float32 (scale, offset).
 * audio-like (a float waveform ``[N]``, ``[1,N]`` or ``[1,1,N]``, ``N >= 64``): ``level =
   round(x / scale)``, ``scale = max|x| / 32767``, as int16 samples; ``pcm16`` (the samples,
@@ -41,6 +42,8 @@ NAMES = {v: k for k, v in WIRE.items()}
 IMAGE = ("jpeg", "webp", "png")
 AUDIO = ("pcm16", "flac")
 QUALITY = ("jpeg", "webp")  # codecs that take a quality 1..100
+#: the quality field of a lossless WebP body (``webp-ll``: no quality of its own)
+LOSSLESS_QUALITY = 100
 MIN_SIDE = 8
 MIN_SAMPLES = 64
 WEBP_METHOD = 4  # libwebp effort 0..6: 4 is ~20% smaller than 0 for ~2.3x the time, 6 adds ~6%
@@ -204,6 +207,8 @@ def _image_bytes(codec: str, quality: int | None, pixels: np.ndarray) -> bytes:
     buf = io.BytesIO()
     if codec == "jpeg":
         img.save(buf, "JPEG", quality=quality, subsampling=2)
+    elif codec == "webp" and quality is None:  # lossless (VP8L): the pixels exactly
+        img.save(buf, "WEBP", lossless=True, method=WEBP_METHOD)
     elif codec == "webp":
         img.save(buf, "WEBP", quality=quality, method=WEBP_METHOD)
     else:

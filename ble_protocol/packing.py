@@ -87,9 +87,10 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
 
 _SPEC_RE = re.compile(
-    r"^(?:(qz?|ans)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|pcm16|flac|latent)$")
+    r"^(?:(qz?|ans)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|webp-ll"
+    r"|pcm16|flac|latent)$")
 SPEC_NAMES = "q1..q16, qz1..qz16, ans1..ans8, f16, f32, raw, jpeg-q1..jpeg-q100, " \
-    "webp-q1..webp-q100, png, pcm16, flac or latent"
+    "webp-q1..webp-q100, webp-ll, png, pcm16, flac or latent"
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class PackSpec:
     priors: Any = field(default=None, compare=False)  # ans: the tensor's calibrated table
 
     def __post_init__(self) -> None:
+        if self.codec == "webp" and self.quality is None and not self.bits:
+            return  # lossless WebP (webp-ll)
         if self.codec in media.QUALITY:
             if not isinstance(self.quality, int) or not 1 <= self.quality <= 100 or self.bits:
                 raise ValueError(f"packing {self.codec!r} needs a quality in 1..100 and no "
@@ -131,6 +134,8 @@ class PackSpec:
                              "f16, raw, jpeg, webp, png, pcm16, flac or latent")
 
     def __str__(self) -> str:
+        if self.codec == "webp" and self.quality is None:
+            return "webp-ll"
         if self.codec in media.QUALITY:
             return f"{self.codec}-q{self.quality}"
         return f"{self.codec}{self.bits}" if self.codec in ("q", "qz", "ans") else self.codec
@@ -167,6 +172,8 @@ class PackSpec:
         if m.group(3) is not None:
             return cls(m.group(3), quality=int(m.group(4)))
         name = m.group(0)
+        if name == "webp-ll":
+            return cls("webp")
         return cls({"lossless": "f32", "half": "f16"}.get(name, name))
 
 
@@ -296,7 +303,9 @@ def pack(array: np.ndarray, spec: PackSpec | str = LOSSLESS_SPEC, *, zstd: bool 
         if media.applies(codec, shape) and flat.size and bool(np.isfinite(flat).all()):
             params, payload = media.encode(codec, spec.quality, flat.reshape(shape),
                                            spec.ranges)
-            bits = spec.quality if spec.quality is not None else spec.sample_bits
+            # the header's quality field: a lossless WebP body carries 100 (PROTOCOL.md §6.7)
+            bits = spec.quality if spec.quality is not None else \
+                media.LOSSLESS_QUALITY if codec == "webp" else spec.sample_bits
             return HEADER.pack(MAGIC, media.WIRE[codec], 0, bits, code, len(shape)) + b"".join(
                 _varint(d) for d in shape) + params + payload
         codec = "f32"  # not image- or audio-like, or not finite: exact instead

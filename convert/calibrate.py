@@ -45,8 +45,8 @@ ANS_SPECS: tuple[str, ...] = ("ans2", "ans3", "ans4", "ans6", "ans8")
 #: standard codecs (ble_protocol/media.py), calibrated where a crossing tensor is image- or
 #: audio-like and their library is installed (the `codecs` extra)
 MEDIA_SPECS: tuple[str, ...] = (
-    "jpeg-q50", "jpeg-q75", "jpeg-q90", "jpeg-q95", "webp-q50", "webp-q75", "webp-q90", "png",
-    "pcm16", "flac")
+    "jpeg-q50", "jpeg-q75", "jpeg-q90", "jpeg-q95", "webp-q50", "webp-q75", "webp-q90", "webp-ll",
+    "png", "pcm16", "flac")
 DEFAULT_SPECS: tuple[str, ...] = (
     "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q10", "q12", "q16", "f16", "f32",
 ) + (ZSTD_SPECS if codecs.AVAILABLE else ()) + ANS_SPECS + tuple(

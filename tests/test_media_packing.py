@@ -61,9 +61,26 @@ def test_png_is_exact_up_to_the_pixel_map() -> None:
     assert np.all(np.abs(y - x).max(axis=(0, 2, 3)) <= span / 255 * 0.5 + 1e-5)
 
 
+@pytest.mark.parametrize("last", [False, True])
+def test_lossless_webp_decodes_to_exactly_what_png_does_in_fewer_bytes(last: bool) -> None:
+    """``webp-ll`` is lossless on the pixels: the same decoded tensor as PNG, bit for bit (both
+    are the same 8-bit map of the same ranges), in fewer bytes on a real photo; its header's
+    quality field is 100 and any WebP decoder reads it."""
+    x = photo(channels_last=last)
+    ll, png = P.pack(x, "webp-ll"), P.pack(x, "png")
+    assert np.array_equal(P.unpack(ll), P.unpack(png))
+    assert len(ll) < len(png)
+    assert P.describe(ll)["codec"] == "webp" and P.read_header(ll).bits == 100
+    spec = P.PackSpec.parse("webp-ll")
+    assert str(spec) == "webp-ll" and spec.quality is None and not spec.lossless
+    assert P.PackSpec.parse("WEBP-LL") == spec and P.PackSpec.parse("webp-q100") != spec
+    with pytest.raises(ValueError, match="webp-ll"):
+        P.PackSpec.parse("webp-lossless")
+
+
 def test_grey_images_in_every_codec() -> None:
     x = photo()[:, :1]
-    for spec in ("jpeg-q90", "webp-q90", "png"):
+    for spec in ("jpeg-q90", "webp-q90", "webp-ll", "png"):
         y = P.unpack(P.pack(x, spec))
         assert y.shape == x.shape and float(np.abs(y - x).mean()) < 0.05, spec
 

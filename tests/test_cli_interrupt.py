@@ -65,3 +65,48 @@ def test_ctrl_c_with_requests_in_flight(lenet: Path, tmp_path: Path) -> None:
         rc, err = interrupt(["run", str(lenet), "--all", "--repeat", "100000", "--transport",
                              "socket", "--handheld", address], after_s=3.0)
     assert_clean(rc, err)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_stops_the_helper_processes_a_bench_started(lenet: Path) -> None:
+    """SIGTERM during `coinf bench pipeline` (helpers as `coinf handheld` processes): exit 143
+    with one line, after its `finally` stopped every helper process it started."""
+    proc = subprocess.Popen(
+        coinf_cmd("bench", "pipeline", "--bundle", str(lenet), "--devices", "3",
+                  "--frames", "400", "--warmup", "400", "--slowdown", "20"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # until its helpers serve
+            seen.append(line)
+            if "helper processes serving" in line:
+                break
+        helpers = _processes_naming(f"handheld --bundle {lenet}")
+        assert len(helpers) == 2, seen
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "coinf bench: terminated" in err and "Traceback" not in err, err
+    assert _processes_naming(f"handheld --bundle {lenet}") == []

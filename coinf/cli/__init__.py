@@ -3,15 +3,17 @@
 Errors print one line, never a traceback: a user's mistake (:class:`~coinf.errors.UserError`)
 exits 2, a failed link or peer (:class:`~coinf.errors.LinkError`) exits 3, a BLE pairing that
 failed for good (:class:`~coinf.errors.PairingError`: wrong passkey, window closed, impostor...)
-exits 4, any other :class:`~coinf.errors.CoinfError` exits 1; an interrupt exits 130. Bugs keep
-their traceback. Exit codes live here only.
+exits 4, any other :class:`~coinf.errors.CoinfError` exits 1; an interrupt exits 130, SIGTERM
+143 (both after every ``finally`` ran). Bugs keep their traceback. Exit codes live here only.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -128,8 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0
+    restore = _terminate_like_ctrl_c()
     try:
         rc = args.func(args)
+    except Terminated:
+        print(f"coinf {args.command}: terminated", file=sys.stderr)
+        return 143
     except CoinfError as exc:
         print(f"coinf {args.command}: error: {exc}", file=sys.stderr)
         return exit_code(exc)
@@ -148,4 +154,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"coinf {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        restore()
     return int(rc or 0)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` runs (helper processes a command
+    started are stopped, temporary files removed) before the process exits with 143."""
+
+
+def _terminate_like_ctrl_c() -> Callable[[], None]:
+    """While a command runs in the main thread, SIGTERM raises :class:`Terminated` (a command
+    with its own handlers, such as ``coinf handheld``, installs them over this one). Returns
+    what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -175,4 +175,8 @@ def _terminate_like_ctrl_c() -> Callable[[], None]:
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, terminated)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

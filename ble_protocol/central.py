@@ -8,8 +8,8 @@ bumble host (``hci="tcp-client:..."``, which the central opens and closes, or ``
         link = await central.connect()
         # or, forever with backoff: await central.serve_with_reconnect(daemon.serve)
 
-:class:`CentralListener` is the ``ble`` / ``ble:HCI`` scheme of
-:func:`~coinf.ble_protocol.listen.open_listener`. Known traps handled here:
+:class:`~coinf.ble_protocol.central_listener.CentralListener` (the ``ble`` / ``ble:HCI`` scheme of
+:func:`~coinf.ble_protocol.listen.open_listener`) hands out its links. Known traps handled here:
 
 * BlueZ reports an MTU of 23 until it is acquired: we call the backend's ``_acquire_mtu()``.
 * Bulk writes are ``response=False`` (write without response); control writes use responses so
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -51,7 +50,6 @@ from coinf.ble_protocol.bleak_errors import (
 )
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
-from coinf.ble_protocol.listen import Listener
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
 from coinf.ble_protocol.tasks import TaskSet
 
@@ -573,80 +571,5 @@ def _acl_pacer(client: Any) -> AclPacer | None:
     return AclPacer(queue, MAX_QUEUED_PACKETS, alive=lambda: bool(client.is_connected))
 
 
-class CentralListener(Listener):
-    """The ``ble`` / ``ble:HCI`` listener: connects to the wearable as a central, hands out the
-    link, and once that link is released connects again, with exponential backoff while the
-    wearable is unreachable. A fault in :data:`FATAL_CODES` stops it: :meth:`accept` raises it.
-
-    Options: ``bundle_identity`` (required), ``name`` (the wearable's advertised name or
-    address; default ``coinf-wearable``; None: the first device advertising the service) and
-    the keyword options of :class:`Central`.
-    """
-
-    def __init__(
-        self,
-        hci: str = "",
-        *,
-        bundle_identity: str | None = None,
-        name: str | None = "coinf-wearable",
-        **options: Any,
-    ) -> None:
-        super().__init__()
-        if not bundle_identity:
-            raise InputError("the ble listener needs bundle_identity= (checked in the handshake)")
-        known = set(inspect.signature(Central.__init__).parameters) - {
-            "self", "target", "bundle_identity", "hci", "host", "backend_kwargs"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InputError(
-                f"unknown ble listener option {unknown[0]!r}; expected one of "
-                f"{sorted(known | {'name'})}"
-            )
-        self.spec = f"ble:{hci}" if hci else "ble"
-        self.central = Central(name, bundle_identity=bundle_identity, hci=hci or None, **options)
-
-    @property
-    def description(self) -> str:
-        return self.central.description
-
-    async def _open(self) -> None:
-        await self.central.open()
-        self._spawn(self._run())
-
-    async def _run(self) -> None:
-        delay = self.central.backoff
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                link = await self.central.connect()
-            except AdapterError as exc:
-                self._fail(exc)
-                return
-            except ProtocolError as exc:
-                if exc.code in FATAL_CODES:
-                    self._fail(exc)
-                    return
-                delay = self.central._next_delay(delay, loop.time() - started)
-                log.warning("wearable unreachable (%s); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.central.max_backoff)
-                continue
-            except Exception as exc:  # never end silently: whoever accepts learns why
-                log.error("the BLE listener stopped: %s: %s", type(exc).__name__, exc)
-                self._fail(exc)
-                return
-            delay = self.central.backoff
-            held = self._offer(link)
-            try:
-                await held.released.wait()
-            finally:
-                self._forget(held)
-                await link.close()
-
-    async def _release(self) -> None:
-        await self.central.aclose()
-
-
 __all__ = ["FATAL_CODES", "FINAL_PAIRING_FAILURES", "PAIRING_ATTEMPTS", "Central",
-           "CentralListener", "adapter_fault", "classify_bleak_error"]
+           "adapter_fault", "classify_bleak_error"]

@@ -69,7 +69,7 @@ SCHEMES = {
     "tcp": "coinf.ble_protocol.listen:SocketListener",
     "tcp+insecure": "coinf.ble_protocol.listen:SocketListener",
     "unix": "coinf.ble_protocol.listen:SocketListener",
-    "ble": "coinf.ble_protocol.central:CentralListener",
+    "ble": "coinf.ble_protocol.central_listener:CentralListener",
 }
 ACCEPTED = "tcp:HOST:PORT, tcp+insecure:HOST:PORT, unix:/path, ble or ble:HCI"
 

@@ -16,7 +16,8 @@ import pytest
 from bumble.pairing import PairingDelegate
 from coinf.ble_protocol.bleak_bumble import BumbleHost
 from coinf.ble_protocol.bleak_errors import pairing_failure, smp_failure
-from coinf.ble_protocol.central import Central, CentralListener
+from coinf.ble_protocol.central import Central
+from coinf.ble_protocol.central_listener import CentralListener
 from coinf.ble_protocol.peripheral import WearableServer
 from coinf.ble_protocol.radio import EmulatedRadio
 

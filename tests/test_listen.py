@@ -14,7 +14,8 @@ import pytest
 from bleak import BleakClient
 from bleak.exc import BleakError
 from coinf.ble_protocol.bleak_bumble import BumbleBleakClient, BumbleHost
-from coinf.ble_protocol.central import Central, CentralListener
+from coinf.ble_protocol.central import Central
+from coinf.ble_protocol.central_listener import CentralListener
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import open_listener
 from coinf.ble_protocol.loopback import connect_socket

@@ -179,6 +179,30 @@ def test_bench_pipeline_first_link_ble(capsys) -> None:
     assert out["first_link"] == "ble" and out["radio"]["preset"] == "pi-zero-2w"
     assert out["model"] == "lenet_digits" and out["stages"][1].endswith("@h1(onnxruntime)")
     assert out["throughput_fps"] > 0 and len(out["stage_ms"]) == 5
+    assert out["planner"]["devices"] in (2, 3) and out["planner"]["why"]
+
+
+def test_bench_pipeline_plays_device_profiles(capsys) -> None:
+    """``--profiles``: each device's slowdown is its profile's (the Pi Zero 2 W's is never
+    below a laptop's), and the planner's own choice is measured beside K and 2 devices."""
+    from coinf.cli import main
+
+    assert main(["bench", "pipeline", "--devices", "3", "--profiles", "pi-zero-2w,laptop"]) == 2
+    assert "2 names for --devices 3" in capsys.readouterr().err
+    assert main(["bench", "pipeline", "--devices", "3", "--profiles", "pi-zero-2w,laptop,laptop",
+                 "--bandwidth-kbps-schedule", "10,1"]) == 2
+    assert "--profiles applies to" in capsys.readouterr().err
+    assert main(["bench", "pipeline", "--devices", "3", "--profiles", "pi-zero-2w,laptop,laptop",
+                 "--in-process", "--hop-bandwidth-kbps", "5000", "--bandwidth-kbps", "20",
+                 "--frames", "4", "--repeats", "1", "--warmup", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["profiles"] == ["pi-zero-2w", "laptop", "laptop"]
+    slow = out["slowdowns"]
+    assert len(slow) == 3 and slow[0] >= slow[1] >= 1 and slow[0] > 1
+    assert out["settings"]["hop_bandwidth_kbps"] == 5000
+    planner = out["planner"]
+    assert planner["devices"] in (2, 3) and planner["fps"] > 0 and planner["why"]
+    assert set(planner["predicted_fps"]) <= {"2", "3"}
 
 
 def test_a_gatt_link_knows_when_a_message_is_on_the_air() -> None:

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,20 +26,28 @@ def lenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def interrupt(args: list[str], after_s: float, ready: str | None = None) -> tuple[int, str]:
-    """Start ``coinf ARGS``, SIGINT it ``after_s`` seconds later (or once stderr shows
-    ``ready``), and return (exit code, stderr)."""
+@contextmanager
+def coinf_process(args: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """``coinf ARGS`` running (unbuffered, stdout and stderr piped); killed if still alive when
+    the block ends."""
     proc = subprocess.Popen(coinf_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        time.sleep(after_s)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def interrupt(args: list[str], after_s: float) -> tuple[int, str]:
+    """Start ``coinf ARGS``, SIGINT it ``after_s`` seconds later, and return (exit code,
+    stderr)."""
+    with coinf_process(args) as proc:
+        time.sleep(after_s)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
     return proc.returncode, err
 
 
@@ -87,12 +97,8 @@ def _processes_naming(text: str) -> list[int]:
 def test_sigterm_stops_the_helper_processes_a_bench_started(lenet: Path) -> None:
     """SIGTERM during `coinf bench pipeline` (helpers as `coinf handheld` processes): exit 143
     with one line, after its `finally` stopped every helper process it started."""
-    proc = subprocess.Popen(
-        coinf_cmd("bench", "pipeline", "--bundle", str(lenet), "--devices", "3",
-                  "--frames", "400", "--warmup", "400", "--slowdown", "20"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
+    with coinf_process(["bench", "pipeline", "--bundle", str(lenet), "--devices", "3",
+                        "--frames", "400", "--warmup", "400", "--slowdown", "20"]) as proc:
         assert proc.stderr is not None
         seen = []
         for line in proc.stderr:  # until its helpers serve
@@ -103,10 +109,6 @@ def test_sigterm_stops_the_helper_processes_a_bench_started(lenet: Path) -> None
         assert len(helpers) == 2, seen
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 143, err
     assert "coinf bench: terminated" in err and "Traceback" not in err, err
     assert _processes_naming(f"handheld --bundle {lenet}") == []

@@ -79,6 +79,8 @@ class Replanner:
         self._planned_speed: dict[str, float] = {}
         self._flops = {c.id: float(c.head.flops) for c in bundle.candidates}
         self._min_flops = MIN_SHARE * max(self._flops[bundle.candidates[-1].id], 1.0)
+        #: what choose_strategy assumes for a helper with no configured speed
+        self._handheld_speed = profile_speeds(planner)[1]
         self.plan: Plan = self._choose("start")
 
     # -- the choice ------------------------------------------------------------------------
@@ -91,8 +93,7 @@ class Replanner:
                    for h in self.alive()]
         options, best, why = choose_strategy(self.bundle, self.planner, helpers,
                                              self.objective, DEFAULT_BANDWIDTH_BPS)
-        hand = profile_speeds(self.planner)[1]  # what choose_strategy assumes unconfigured
-        self._planned_speed = {h.name: h.speed_flops or hand for h in helpers}
+        self._planned_speed = {h.name: h.speed_flops or self._handheld_speed for h in helpers}
         plan = to_plan(best, self.bundle)
         assert plan is not None  # the best runnable option always makes a plan
         self.options, self.why = options, why

@@ -194,14 +194,28 @@ def split_prefix(points: Sequence[CutPoint], speeds: Sequence[float],
     bounds every split, or when the last slices are tiny and giving one to another device moves
     a bigger tensor over a slow link. k with too few nested cuts is skipped; ``None`` when no
     k >= 2 has a split."""
-    best: PipelineSplit | None = None
+    return _keep(_prefix_splits(points, speeds, bandwidths, result_bytes), margin)
+
+
+def _prefix_splits(points: Sequence[CutPoint], speeds: Sequence[float],
+                   bandwidths: Sequence[float], result_bytes: float
+                   ) -> dict[int, PipelineSplit]:
+    """k -> the best :func:`split_dp` over the first k devices, for every k >= 2 that has one."""
+    splits: dict[int, PipelineSplit] = {}
     for k in range(2, len(speeds) + 1):
         try:
-            cand = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
+            splits[k] = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
         except InputError:
             continue
-        if best is None or cand.bottleneck_s < best.bottleneck_s * (1 - margin):
-            best = cand
+    return splits
+
+
+def _keep(splits: dict[int, PipelineSplit], margin: float) -> PipelineSplit | None:
+    """:func:`split_prefix`'s rule: k + 1 devices replace k only when clearly shorter."""
+    best: PipelineSplit | None = None
+    for k in sorted(splits):
+        if best is None or splits[k].bottleneck_s < best.bottleneck_s * (1 - margin):
+            best = splits[k]
     return best
 
 
@@ -227,15 +241,9 @@ def device_verdict(points: Sequence[CutPoint], speeds: Sequence[float],
     split over each prefix of 2..n devices, the one :func:`split_prefix` keeps, and a sentence
     naming the stage that bounds it. A device beyond the kept ones cannot raise throughput by
     more than ``margin``: the sentence says which stage stays the slowest."""
-    fps: dict[int, float] = {}
-    splits: dict[int, PipelineSplit] = {}
-    for k in range(2, len(speeds) + 1):
-        try:
-            splits[k] = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
-        except InputError:
-            continue
-        fps[k] = splits[k].bound_fps
-    kept = split_prefix(points, speeds, bandwidths, result_bytes, margin)
+    splits = _prefix_splits(points, speeds, bandwidths, result_bytes)
+    fps = {k: split.bound_fps for k, split in splits.items()}
+    kept = _keep(splits, margin)
     if kept is None or not splits:
         return {"devices": 1, "predicted_fps": {}, "why": "no split over these devices"}
     k = len(kept.compute_s)

@@ -443,14 +443,15 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
 
     transport = {"socket": args.handheld, "ble": f"ble:{args.hci}"}.get(args.transport,
                                                                        args.transport)
-    ble = ble_options(args) or {}
+    over_ble = _ble_helpers(args)
+    ble = ble_options(args, over_ble) or {}
     try:
         return SessionOptions(
             placement=PlacementOptions(packing=args.packing, runtime=args.runtime,
                                        handheld_runtime=args.handheld_runtime),
             link=LinkOptions(transport=transport,
                              transport_options=ble if args.transport == "ble" else {},
-                             helper_ble_options=ble if _ble_helpers(args) else {},
+                             helper_ble_options=ble if over_ble else {},
                              timeout=120.0, fallback=not args.no_fallback),
             emulation=EmulationOptions(slowdown=args.slowdown, threads=args.threads))
     except ValueError as exc:
@@ -469,16 +470,16 @@ def _ble_helpers(args: argparse.Namespace) -> bool:
     return any(h.over_ble for h in helpers)
 
 
-def ble_options(args: argparse.Namespace) -> dict[str, Any] | None:
+def ble_options(args: argparse.Namespace, ble_helpers: bool = False) -> dict[str, Any] | None:
     """The BLE options of ``--keystore``, the passkey options and ``--window-s`` (for the
-    handheld's BLE link and for helpers reached over BLE):
+    handheld's BLE link and, with ``ble_helpers``, for helpers reached over BLE):
     the bond store defaults to the private one (bonds persist across restarts); a given passkey
     opens the pairing window for ``--window-s`` (default 120 s), never for the whole run."""
     from coinf.cli.commands.pair import DEFAULT_WINDOW_S, default_bond_store
     from coinf.cli.passkey import given_passkey
     from coinf.errors import UserError
 
-    if args.transport != "ble" and not _ble_helpers(args):
+    if args.transport != "ble" and not ble_helpers:
         if args.keystore or args.passkey_file or args.passkey_stdin or args.window_s:
             raise UserError("--keystore, --passkey-file, --passkey-stdin and --window-s are "
                             "for --transport ble, or --helpers with a helper reached over BLE")

@@ -231,7 +231,8 @@ def accuracy_drop(candidate: Candidate, bits: int | str | PackSpec) -> float:
     inputs) is noise on a finite validation set and is reported to the planner as 0."""
     if candidate.is_wearable_only or PackSpec.parse(_spec_name(bits)).lossless:
         return 0.0
-    return max(0.0, float(_row(candidate, bits)["accuracy_drop_pp"]))
+    row = _row(candidate, bits)
+    return 0.0 if row.get("exact") is True else max(0.0, float(row["accuracy_drop_pp"]))
 
 
 def row_bound(row: dict[str, Any], samples: int | None = None) -> tuple[float, int | None]:
@@ -250,18 +251,60 @@ def row_bound(row: dict[str, Any], samples: int | None = None) -> tuple[float, i
 def accuracy_bound(candidate: Candidate, bits: int | str | PackSpec,
                    samples: int | None = None) -> tuple[float, int | None]:
     """(95 % upper bound on the accuracy drop in pp, samples) of packing the candidate's
-    crossing with ``bits``; lossless packings and ``wearable-only`` are (0, None)."""
+    crossing with ``bits``; lossless packings, ``wearable-only`` and a packing that came back
+    bit for bit on every calibration input (:func:`is_exact`) are (0, None)."""
     if candidate.is_wearable_only or PackSpec.parse(_spec_name(bits)).lossless:
         return 0.0, None
-    return row_bound(_row(candidate, bits), samples)
+    row = _row(candidate, bits)
+    if row.get("exact") is True:
+        return 0.0, None
+    return row_bound(row, samples)
+
+
+def is_exact(candidate: Candidate, bits: int | str | PackSpec) -> bool:
+    """Whether packing the candidate's crossing with ``bits`` is exact: a lossless packing, or
+    one whose round trip gave every crossing tensor back bit for bit on every calibration
+    input (PNG or lossless WebP of a frame made from 8-bit pixels). An exact packing changes
+    no answer, so it needs no sample bound."""
+    if candidate.is_wearable_only or PackSpec.parse(_spec_name(bits)).lossless:
+        return True
+    try:
+        return _row(candidate, bits).get("exact") is True
+    except BundleError:
+        return False
 
 
 def best_row(rows: list[dict[str, Any]], tolerance_pp: float = DEFAULT_TOLERANCE_PP
              ) -> dict[str, Any] | None:
     """The smallest packing whose accuracy drop is within ``tolerance_pp`` and whose upper
     bound establishes it (rows without a bound: the measured drop)."""
-    ok = [r for r in rows if r["accuracy_drop_pp"] <= tolerance_pp
-          and row_bound(r)[0] <= tolerance_pp]
+    ok = [r for r in rows if r.get("exact") is True or (
+        r["accuracy_drop_pp"] <= tolerance_pp and row_bound(r)[0] <= tolerance_pp)]
     return min(ok, key=lambda r: r["mean_bytes"]) if ok else None
 
+
+def criterion_line(meta: dict[str, Any] | None) -> str | None:
+    """One sentence saying what the calibration's drops measure: the criterion, the data, how
+    many inputs it judged, the model's own noise floor (None for tables without it)."""
+    m = (meta or {}).get(META_KEY) or {}
+    kind = m.get("criterion")
+    if kind not in packcal.CRITERIA:
+        return None
+    n, judged = int(m.get("inputs", m.get("samples", 0))), int(m.get("judged", 0))
+    data = m.get("data", "?")
+    floor = float(m.get("noise_floor_pp", 0.0))
+    if kind == "labels":
+        what = f"accuracy against the labels on {n} inputs of {data}"
+    elif kind == "stable":
+        what = (f"agreement with the unpacked model on the {judged} of {n} inputs of {data} "
+                "whose answer survives 1 LSB of input noise")
+    else:
+        what = f"the metric against the unpacked model on {n} inputs of {data}"
+    if judged:
+        bound = (f"with no change seen, {judged} inputs bound a loss at "
+                 f"{100 * upper_bound(0, judged):.2f} pp ({CONFIDENCE:.0%})")
+    else:
+        bound = "no input to judge by"
+    return (f"quality: {what} ({m.get('metric', '?')}); the model's own noise floor: "
+            f"{floor:.2f} pp of answers change under 1 LSB; {bound}")
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from coinf.ble_protocol import media, packing
 from coinf.ble_protocol.packing import PackSpec
+from coinf.convert import noise
 from coinf.convert import state as st
 from coinf.convert.entropy_cal import PriorFit, ans_bits
 from coinf.convert.feeds import Dataset
@@ -197,6 +198,8 @@ class _Trial:
     decode_s: list[float] = field(default_factory=list)
     drift: list[float] = field(default_factory=list)  # fed-back state error, every step
     final: list[float] = field(default_factory=list)  # ... at the end of each sequence
+    #: per input: whether every crossing tensor came back bit for bit
+    exact: list[bool] = field(default_factory=list)
 
 
 class _Calibration:
@@ -219,6 +222,10 @@ class _Calibration:
         self.ranges: dict[str, list[tuple[float, float]]] = {}
         self._grid: dict[str, list[np.ndarray]] = {}  # distinct values per channel, first inputs
         self._reference()
+        self.noise = noise.measure(
+            data, self.sequences, self.ref,
+            lambda feed: self.runner.run_tail(self.runner.run_head(feed)),
+            self.metric, self.mout, self.pairs, self._label)
         if fit is not None:
             fit.fit()
         self.ranges = {k: [_snap(self._grid[k][c], lo, hi) for c, (lo, hi) in enumerate(v)]
@@ -291,6 +298,7 @@ class _Calibration:
                 tr.encode_s.append(t1 - t0)
                 tr.decode_s.append(time.perf_counter() - t1)
                 tr.sizes.append(sum(len(b) for b in bodies.values()))
+                tr.exact.append(all(same_values(unpacked[n], v) for n, v in crossing.items()))
                 out = self.runner.run_tail(unpacked)
                 state = {a: out[b] for a, b in self.pairs}
                 ref = self.ref[k]
@@ -310,14 +318,30 @@ class _Calibration:
         return tr
 
     def drop(self, tr: _Trial) -> tuple[float, float]:
-        """(measured drop in pp, its upper bound in pp)."""
+        """(measured drop in pp, its upper bound in pp) under the criterion: with labels,
+        accuracy against them on every input; else the metric on the stable inputs."""
         losses = np.asarray(tr.losses, dtype=np.float64)
         if self.labelled_top1:
             ref_c = np.asarray(self.ref_correct)
             cor = np.asarray(tr.correct)
             drop = 100.0 * (float(ref_c.mean()) - float(cor.mean()))
             return drop, upper_bound_pp(losses, CONFIDENCE)
-        return 100.0 * float(losses.mean()), upper_bound_pp(losses, CONFIDENCE)
+        judged = losses[self.noise.stable]
+        if not judged.size:  # no input the model itself answers stably: nothing established
+            return 100.0 * float(losses.mean()), 100.0
+        return 100.0 * float(judged.mean()), upper_bound_pp(judged, CONFIDENCE)
+
+    @property
+    def criterion(self) -> str:
+        """``labels`` (accuracy against them), ``stable`` (agreement on the stable inputs) or
+        ``all`` (a continuous metric on every input)."""
+        if self.labelled_top1:
+            return "labels"
+        return "stable" if self.noise.decision else "all"
+
+    def judged(self) -> int:
+        """How many inputs the criterion judges."""
+        return len(self.noise.stable) if self.criterion != "stable" else self.noise.n_stable
 
     @property
     def metric_label(self) -> str:
@@ -331,6 +355,26 @@ class _Calibration:
     def labelled_top1(self) -> bool:
         return self.data.labels is not None and self.metric.name == "top1" \
             and len(self.mout) == 1 and int(np.prod(self.ref[0][self.mout[0]].shape[:-1])) <= 1
+
+
+#: float32 rounding steps (of the tensor's largest magnitude) within which a round trip still
+#: gives back "the same" value: a dequantizing decoder's arithmetic, 10^4 below an 8-bit step
+EXACT_ULPS = 8
+
+
+def same_values(got: np.ndarray, ref: np.ndarray) -> bool:
+    """Whether ``got`` holds ``ref``'s values: bit for bit for integers, within
+    :data:`EXACT_ULPS` float32 rounding steps of ``max |ref|`` for floats (what two CPUs'
+    SIMD kernels differ by, far below any sensor's step)."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return False
+    if ref.dtype.kind != "f":
+        return bool(np.array_equal(got, ref))
+    r64 = ref.astype(np.float64)
+    scale = float(np.max(np.abs(r64), initial=0.0))
+    tol = EXACT_ULPS * float(np.finfo(np.float32).eps) * scale
+    return bool(np.all(np.abs(got.astype(np.float64) - r64) <= tol))
 
 
 def _rel(got: np.ndarray, ref: np.ndarray) -> float:
@@ -392,10 +436,17 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             "accuracy_drop_pp": round(drop, 4),
             "top1_agreement": round(float(np.mean(tr.agree)), 5),
             "rel_l2": float(f"{float(np.mean(tr.rel)):.4g}"),
-            "samples": n,
+            "samples": cal.judged(),
+            "inputs": n,
             "accuracy_drop_upper_pp": round(bound, 4),
             "metric": cal.metric_label,
+            "criterion": cal.criterion,
+            "noise_floor_pp": round(cal.noise.floor_pp, 4),
         }
+        if cal.criterion == "stable":
+            row["accuracy_drop_all_pp"] = round(100.0 * float(np.mean(tr.losses)), 4)
+        if all(tr.exact):  # bit for bit on every input: no sample bound needed
+            row["exact"] = True
         if spec.is_media or spec.codec == "ans":  # the planner prices these (this machine)
             row["encode_ms"] = round(1e3 * float(np.median(tr.encode_s)), 4)
             row["decode_ms"] = round(1e3 * float(np.median(tr.decode_s)), 4)
@@ -458,8 +509,33 @@ def record(meta: dict[str, Any], results: Mapping[str, list[dict[str, Any]]],
         meta["metric"] = names[0]
     meta["metric_spec"] = opts.metric.describe()
     meta["tolerance_pp"] = opts.tolerance_pp
+    meta.update(criterion_summary(results))
     meta["state_packing"] = "as rows" if opts.pack_state else LOSSLESS
     if opts.tensor_packing:
         meta["tensor_packing"] = dict(opts.tensor_packing)
     if opts.sequence_length is not None:
         meta["sequence_length"] = opts.sequence_length
+
+
+#: what each criterion means, as ``coinf calibrate``, ``plan`` and ``demo`` say it
+CRITERIA = {
+    "labels": "accuracy against the labels, every input",
+    "stable": "agreement with the unpacked model on the inputs whose answer survives 1 LSB "
+              "of input noise",
+    "all": "the metric against the unpacked model, every input",
+}
+
+
+def criterion_summary(results: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The criterion the rows were judged by, how many inputs it judged of how many, and the
+    model's own noise floor (the largest over the candidates: one model, one data set, so
+    they differ only by float rounding between slicings)."""
+    rows = [r for rs in results.values() for r in rs if "criterion" in r]
+    if not rows:
+        return {}
+    worst = max(rows, key=lambda r: float(r.get("noise_floor_pp", 0.0)))
+    return {"criterion": str(worst["criterion"]),
+            "criterion_text": CRITERIA.get(str(worst["criterion"]), ""),
+            "judged": int(min(int(r.get("samples", 0)) for r in rows)),
+            "inputs": int(worst.get("inputs", 0)),
+            "noise_floor_pp": float(worst.get("noise_floor_pp", 0.0))}

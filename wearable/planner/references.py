@@ -81,20 +81,24 @@ def references(planner: Planner, decision: Decision, **decide: Any) -> dict[str,
 def plan_json(planner: Planner, decision: Decision, **decide: Any) -> dict[str, Any]:
     """``candidates`` (every configuration, with ``excluded`` reasons), ``chosen`` and
     ``reference`` (the four points, each a candidate entry or None)."""
-    from coinf.convert.calibrate import accuracy_bound
+    from coinf.convert.calibrate import accuracy_bound, is_exact
 
     cands = {c.id: c for c in planner.bundle.candidates}
     rows = {r.id: r for r in decision.rows}
     entries = {}
     for rid, r in rows.items():
         cid, packing = split_config(rid)
+        exact = False
         try:
             gamma, spec = parse_config_spec(packing)
             bound = accuracy_bound(cands[cid], spec)[0] if gamma is None else learned_bound(
                 planner.bundle.compressor(cid, gamma), spec)  # None for an autoencoder set
+            exact = gamma is None and spec != "raw" and is_exact(cands[cid], spec)
         except (CoinfError, KeyError, ValueError):  # an uncalibrated row: no bound to show
             bound = None
         entry = row_json(r, decision.streaming, bound)
+        if exact:  # accepted without a sample bound
+            entry["exact"] = True
         entry["excluded"] = decision.excluded.get(rid)
         entries[rid] = entry
     refs = references(planner, decision, **decide)
@@ -108,6 +112,14 @@ def plan_json(planner: Planner, decision: Decision, **decide: Any) -> dict[str, 
                                       f"{codec[0]}") if codec else (
             "no codec calibrated on the model input (`coinf calibrate` with the `codecs` "
             "extra installed; the input must be image- or audio-like)")
-    return {"candidates": list(entries.values()), "chosen": entries[decision.winner],
+    from coinf.convert.calibrate import META_KEY, criterion_line
+
+    meta = getattr(planner.bundle, "meta", None) or {}
+    quality = {k: v for k, v in (meta.get(META_KEY) or {}).items()
+               if k in ("criterion", "criterion_text", "judged", "inputs", "noise_floor_pp",
+                        "data", "metric")}
+    quality["text"] = criterion_line(meta)
+    return {"quality": quality,
+            "candidates": list(entries.values()), "chosen": entries[decision.winner],
             "reference": {k: (entries.get(v) if v else None) for k, v in refs.items()},
             "reference_missing": why_none, "refused": refused}

@@ -134,10 +134,12 @@ def run(args: argparse.Namespace) -> int:
         metric = parse_metric(metric_name, args.metric_output, [t.name for t in bundle.outputs])
         opts = Options(metric=metric, tolerance_pp=args.tolerance)
         points = []
+        criteria: dict[str, Any] = {}
         for cand in _cands(bundle, args):
             specs = cal.DEFAULT_SPECS if cand.is_handheld_only else cal.SPLIT_SPECS
             t0 = time.perf_counter()
             rows = cal.calibrate_candidate(bundle, cand, data, specs, opts)
+            criteria[cand.id] = rows
             progress(f"{cand.id} {cand.label}: {len(rows)} packings on {len(data)} inputs in "
                      f"{time.perf_counter() - t0:.0f} s")
             total = max(cand.head.flops + cand.tail.flops, 1)
@@ -150,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
                                "wearable_share": share,
                                "packing": r["spec"], "method": _method(spec),
                                "bytes": r["mean_bytes"], "quality_loss": r["accuracy_drop_pp"],
-                               "quality_loss_bound": r["accuracy_drop_upper_pp"],
+                               "quality_loss_bound": 0.0 if r.get("exact") else
+                               r["accuracy_drop_upper_pp"], "exact": bool(r.get("exact")),
+                               "quality_loss_all": r.get("accuracy_drop_all_pp",
+                                                         r["accuracy_drop_pp"]),
                                "encode_ms": r.get("encode_ms"), "decode_ms": r.get("decode_ms")})
             points.append({"family": "input" if cand.is_handheld_only else "split",
                            "cut": cand.id, "label": cand.label, "packing": "raw",
@@ -163,8 +168,16 @@ def run(args: argparse.Namespace) -> int:
         if learned:
             progress(f"{len(learned)} learned bottleneck(s) measured")
         points += learned
+        from coinf.convert.packcal import criterion_summary
+
+        quality = criterion_summary(criteria)
+        meta = {cal.META_KEY: {"data": data.name, "metric": metric.name, **quality}}
+        line = cal.criterion_line(meta)
+        if line:
+            progress(line)
         result = {"bench": "rate", "bundle": str(bundle.root.name), "samples": len(data),
                   "data": data.name, "metric": metric.describe(), "tolerance_pp": args.tolerance,
+                  "quality": {**quality, "text": line},
                   "points": points, "summary": summary(points, args.tolerance)}
         if model is not None:
             result["model"] = model

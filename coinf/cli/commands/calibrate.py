@@ -70,22 +70,30 @@ def run(args: argparse.Namespace) -> int:
     n = len(data)
     print(f"calibrated {len(results)} candidates on {n} inputs of {data.name}: {path}")
     need = cal.samples_needed(tol)
-    if n < need:
-        print(f"warning: {n} samples cannot establish a {tol:g} pp tolerance: even with no "
+    judged = int(bundle.meta.get(cal.META_KEY, {}).get("judged", n))
+    if judged < need:
+        some = f"{judged} of {n}" if judged < n else f"{n}"
+        print(f"warning: {some} samples cannot establish a {tol:g} pp tolerance: even with no "
               f"disagreement the {cal.CONFIDENCE:.0%} upper bound is "
-              f"{100 * cal.upper_bound(0, n):.1f} pp; lossy packings whose bound exceeds "
-              f"{tol:g} pp are not used by the planner. Calibrate on >= {need} samples.",
-              file=sys.stderr)
+              f"{100 * cal.upper_bound(0, judged):.1f} pp; lossy packings whose bound exceeds "
+              f"{tol:g} pp are not used by the planner (exact ones are). Calibrate on >= "
+              f"{need} samples.", file=sys.stderr)
     metric = bundle.meta.get(cal.META_KEY, {}).get("metric", options.metric.name)
+    line = cal.criterion_line(bundle.meta)
+    if line:
+        print(f"  {line}")
     print(f"  metric {metric}: accuracy drop in pp, measured [{cal.CONFIDENCE:.0%} upper "
-          f"bound], per packing; tolerance {tol:g} pp")
+          f"bound, or 'exact' when every input came back bit for bit], per packing; "
+          f"tolerance {tol:g} pp")
     for cid, rows in results.items():
         cells = " ".join(
-            f"{r['spec']}:{r['accuracy_drop_pp']:.2f}[{r['accuracy_drop_upper_pp']:.1f}]"
+            f"{r['spec']}:{r['accuracy_drop_pp']:.2f}"
+            + ("[exact]" if r.get("exact") else f"[{r['accuracy_drop_upper_pp']:.1f}]")
             for r in rows if r["codec"] != "f32")
         best = cal.best_row(rows, tol)
         text = (f"{best['spec']} x{best['ratio']:.1f} ({best['accuracy_drop_pp']:+.2f} pp, "
-                f"bound {best['accuracy_drop_upper_pp']:.2f} pp)" if best
+                + ("exact)" if best.get("exact") else
+                   f"bound {best['accuracy_drop_upper_pp']:.2f} pp)") if best
                 else f"none established within {tol:g} pp (raw is used)")
         print(f"  {cid}: best: {text}  (metric {rows[0].get('metric', metric)})")
         print(f"    {cells}")

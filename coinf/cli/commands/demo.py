@@ -109,6 +109,7 @@ def plan_condition(bundle: Any, name: str, bps: float, rtt_ms: float,
         "condition": name, "bandwidth_kB_s": round(bps / 1e3, 2), "rtt_ms": rtt_ms,
         "budget_ms": budget_ms, "chosen": pick(d.winner), "why": d.why,
         "wearable_only": pick(wo), "handheld_only": pick(ho),
+        "quality": ref.get("quality"),
         "plan": {"chosen": ref["chosen"], "reference": ref["reference"],
                  "reference_missing": ref["reference_missing"]},
         "rows": [{"candidate": r.id, "label": r.label, "bytes": r.crossing_bytes,
@@ -132,7 +133,9 @@ def format_condition(c: dict[str, Any]) -> str:
         bound = e.get("quality_loss_bound")
         lines.append(f"  {name:<15} {e['id']:<22} sends {e['bytes']:>9,d} B "
                      f"{e['latency_ms']:>9.0f} ms {e['wearable_mj']:>8.0f} mJ  quality loss "
-                     f"{e['quality_loss']:.2f} pp" + (f" (bound {bound:.2f})" if bound else "")
+                     f"{e['quality_loss']:.2f} pp"
+                     + (" (exact)" if e.get("exact") else f" (bound {bound:.2f})" if bound
+                        else "")
                      + ("  [excluded: " + e["excluded"] + "]" if e.get("excluded") else ""))
     lines.append(f"  why: {c['why']}")
     return "\n".join(lines)
@@ -177,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"emulated wearable = this machine x{slow:.1f} (the built-in Pi Zero 2 W profile "
           f"predicts {pi_ms:.0f} ms for the whole model; this machine runs it in "
           f"{here_ms:.1f} ms on one thread)\n", file=out)
+    quality = conditions[0].get("quality") or {}
+    if quality.get("text"):
+        print(quality["text"] + "\n", file=out)
     for c in conditions:
         print(format_condition(c) + "\n", file=out)
     plan = conditions[0]["plan"]
@@ -210,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         base = {"id": e["id"], "cut": e["cut"], "packing": e["packing"],
                 "quality_loss": e["quality_loss"],
                 "quality_loss_bound": e.get("quality_loss_bound"),
+                "exact": bool(e.get("exact")),
                 "predicted_latency_ms": e["latency_ms"], "predicted_wearable_mj": e["wearable_mj"]}
         if r is None:
             return {**base, "measured": False, "why": skipped.get(e["id"]),
@@ -230,10 +237,11 @@ def run(args: argparse.Namespace) -> int:
     bad = [r["candidate"] for r in rows if not r["match"]]
     summary = {
         "model": prep.info, "slowdown": round(slow, 2), "pi_model_ms": round(pi_ms, 1),
-        "conditions": [{k: v for k, v in c.items() if k not in ("rows", "notes")}
+        "conditions": [{k: v for k, v in c.items() if k not in ("rows", "notes", "quality")}
                        for c in conditions],
         "choice_changes": conditions[0]["chosen"]["candidate"]
         != conditions[1]["chosen"]["candidate"],
+        "quality": {k: v for k, v in quality.items() if k != "criterion_text"},
         "chosen": chosen, "reference": reference,
         "chosen_vs_best_reference": objective_comparison(chosen, done, args.budget_ms),
         "all_match": not bad, "seconds": round(time.perf_counter() - t_start, 1)}

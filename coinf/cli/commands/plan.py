@@ -182,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
 def references_text(out: dict[str, Any]) -> str:
     """The chosen plan beside the four reference points, one line each."""
     lines = ["against what a user would do (predicted):"]
+    text = (out.get("quality") or {}).get("text")
+    if text:
+        lines.insert(0, text)
     for name, e in (("chosen", out["chosen"]), *out["reference"].items()):
         if e is None:
             why = out.get("reference_missing", {}).get(name)
@@ -189,7 +192,7 @@ def references_text(out: dict[str, Any]) -> str:
             continue
         bound = e.get("quality_loss_bound")
         q = f"quality loss {e['quality_loss']:.2f} pp" + (
-            f" (95% bound {bound:.1f})" if bound else "")
+            " (exact)" if e.get("exact") else f" (95% bound {bound:.1f})" if bound else "")
         lines.append(f"  {name:<15} {e['id']:<22} {e['latency_ms']:9.1f} ms "
                      f"{e['wearable_mj']:8.1f} mJ {e['bytes']:9,d} B  {q}")
     return "\n".join(lines)

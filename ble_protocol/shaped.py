@@ -10,6 +10,7 @@ with connection-event timing lives in ``ble_protocol.radio``.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass
 
@@ -19,14 +20,32 @@ from coinf.ble_protocol.messages import Message
 
 @dataclass(frozen=True)
 class Channel:
-    """Payload bytes/s shared by both directions, one-way latency, per-message overhead."""
+    """Payload bytes/s shared by both directions, one-way latency, per-message overhead; for a
+    Wi-Fi link (:mod:`ble_protocol.wifi_preset`) also the latency's jitter and the share of
+    ``segment_bytes`` segments lost on air, each repaired by one more round trip (TCP's fast
+    retransmit). Jitter and loss are drawn from a generator seeded with ``seed``."""
 
     bandwidth_bps: float
     latency_s: float = 0.0075
     overhead_bytes: int = 16
+    jitter_s: float = 0.0
+    loss: float = 0.0
+    segment_bytes: int = 1460
+    seed: int = 1
 
     def airtime(self, nbytes: int) -> float:
         return (nbytes + self.overhead_bytes) / self.bandwidth_bps
+
+    def repair_s(self, nbytes: int, rng: random.Random) -> float:
+        """Extra air time of one message: a round trip per lost segment."""
+        if self.loss <= 0:
+            return 0.0
+        segments = max(1, -(-(nbytes + self.overhead_bytes) // self.segment_bytes))
+        lost = sum(rng.random() < self.loss for _ in range(min(segments, 100_000)))
+        return lost * 2 * self.latency_s
+
+    def jitter(self, rng: random.Random) -> float:
+        return rng.uniform(0.0, self.jitter_s) if self.jitter_s > 0 else 0.0
 
 
 class _Air:

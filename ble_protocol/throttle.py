@@ -15,6 +15,7 @@ Links given one ``air`` lock share one medium (devices on one Wi-Fi network); wi
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 from coinf.ble_protocol.link import Link
@@ -42,6 +43,8 @@ class ThrottledLink(Link):
         self._order = asyncio.Lock()
         self._late: TaskSet | None = None
         self._failed: ProtocolError | None = None
+        self._rng = random.Random(channel.seed)
+        self._queue: asyncio.Queue[tuple[float, Message]] = asyncio.Queue()
 
     @property
     def description(self) -> str:
@@ -54,24 +57,31 @@ class ThrottledLink(Link):
             raise self._failed
         if not self.inner.is_open:
             raise LinkClosed(f"{self.inner.description} closed")
+        c, n = self.channel, len(message.payload)
         async with self._air:
-            await asyncio.sleep(self.channel.airtime(len(message.payload)))
-        if self.channel.latency_s <= 0:
+            await asyncio.sleep(c.airtime(n) + c.repair_s(n, self._rng))
+        if c.latency_s <= 0 and c.jitter_s <= 0:
             async with self._order:
                 await self.inner.send(message)
             return
+        at = asyncio.get_running_loop().time() + c.latency_s + c.jitter(self._rng)
+        self._queue.put_nowait((at, message))
         if self._late is None:
             self._late = TaskSet()
-        self._late.spawn(self._deliver(message, asyncio.get_running_loop().time()
-                                       + self.channel.latency_s))
+            self._late.spawn(self._pump())
 
-    async def _deliver(self, message: Message, at: float) -> None:
-        await asyncio.sleep(max(at - asyncio.get_running_loop().time(), 0.0))
-        async with self._order:  # FIFO: lock waiters are served in arrival order
-            try:
-                await self.inner.send(message)
-            except ProtocolError as exc:
-                self._failed = exc
+    async def _pump(self) -> None:
+        """Deliver the queued messages one by one, each at its time: FIFO, whatever the
+        jitter drew (a later message waits for the one before it, as TCP's stream does)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            at, message = await self._queue.get()
+            await asyncio.sleep(max(at - loop.time(), 0.0))
+            async with self._order:
+                try:
+                    await self.inner.send(message)
+                except ProtocolError as exc:
+                    self._failed = exc
 
     async def receive(self) -> Message:
         message = await self.inner.receive()

@@ -50,32 +50,50 @@ class ProfileError(UserError):
 
 @dataclass(frozen=True)
 class PowerModel:
-    """Power draw in watts (ms x W = mJ). BLE figures are the *extra* draw while the radio moves
-    data, on top of the idle CPU."""
+    """Power draw in watts (ms x W = mJ). Radio figures are the *extra* draw while the radio
+    moves data, on top of the idle CPU; ``wifi_wake_mj`` is the extra energy of one exchange
+    over Wi-Fi beyond its airtime (leaving power save, and the radio's awake tail after the
+    last frame). Profiles written before Wi-Fi was modelled load with the defaults below."""
 
     cpu_active_w: float
     cpu_idle_w: float
     ble_tx_w: float
     ble_rx_w: float
+    wifi_tx_w: float = 0.45
+    wifi_rx_w: float = 0.25
+    wifi_wake_mj: float = 30.0
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
-            if not isinstance(v, (int, float)) or not 0 <= v < 1000:
-                raise ProfileError(f"power model: {k} must be a number of watts in [0, 1000), "
-                                   f"got {v!r}")
+            top = 1e5 if k.endswith("_mj") else 1000
+            if not isinstance(v, (int, float)) or not 0 <= v < top:
+                unit = "mJ" if k.endswith("_mj") else "watts"
+                raise ProfileError(f"power model: {k} must be a number of {unit} in [0, {top:g}),"
+                                   f" got {v!r}")
+
+    def radio(self, kind: str) -> tuple[float, float, float]:
+        """(send W, receive W, mJ per exchange) of the radio a link of ``kind`` uses
+        (``ble`` or ``wifi``)."""
+        if kind == "wifi":
+            return self.wifi_tx_w, self.wifi_rx_w, self.wifi_wake_mj
+        return self.ble_tx_w, self.ble_rx_w, 0.0
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> PowerModel:
+        need = ("cpu_active_w", "cpu_idle_w", "ble_tx_w", "ble_rx_w")
         try:
-            return cls(**{k: float(obj[k]) for k in cls.__dataclass_fields__})
+            return cls(**{k: float(obj[k]) for k in cls.__dataclass_fields__
+                          if k in need or k in obj})
         except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileError(f"power model needs {list(cls.__dataclass_fields__)}: {exc}") \
-                from None
+            raise ProfileError(f"power model needs {list(need)} (and may give "
+                               f"{[k for k in cls.__dataclass_fields__ if k not in need]}): "
+                               f"{exc}") from None
 
 
 # Defaults. Every number is an estimate from public measurements; see docs/PLANNER.md "Energy".
 PI_ZERO_2W_POWER = PowerModel(cpu_active_w=2.0, cpu_idle_w=0.6, ble_tx_w=0.15, ble_rx_w=0.12)
-LAPTOP_POWER = PowerModel(cpu_active_w=15.0, cpu_idle_w=4.0, ble_tx_w=0.05, ble_rx_w=0.05)
+LAPTOP_POWER = PowerModel(cpu_active_w=15.0, cpu_idle_w=4.0, ble_tx_w=0.05, ble_rx_w=0.05,
+                          wifi_tx_w=0.8, wifi_rx_w=0.5, wifi_wake_mj=0.0)
 
 
 @dataclass

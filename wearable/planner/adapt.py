@@ -28,6 +28,10 @@ class LinkEstimate:
     source: str = "default"
     #: link-layer bytes added to every message (framing, headers), both directions
     overhead_bytes: int = 0
+    #: the radio it uses (``ble`` or ``wifi``): which power figures the energy is priced at
+    kind: str = "ble"
+    #: extra latency of the first frame of an exchange: a Wi-Fi radio leaving power save
+    wake_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for k in ("up_bps", "down_bps"):
@@ -36,10 +40,15 @@ class LinkEstimate:
                 raise ValueError(f"link estimate {k} must be a finite number > 0 bytes/s, got {v}")
         if not self.rtt_ms >= 0:
             raise ValueError(f"link estimate rtt_ms must be >= 0, got {self.rtt_ms}")
+        if self.kind not in ("ble", "wifi"):
+            raise ValueError(f"link estimate kind must be 'ble' or 'wifi', got {self.kind!r}")
+        if not 0 <= self.wake_ms < 1e5:
+            raise ValueError(f"link estimate wake_ms must be in [0, 1e5), got {self.wake_ms}")
 
     def up_ms(self, nbytes: int) -> float:
         """Time to send ``nbytes`` to the handheld (one request: half an RTT of latency)."""
-        return self.rtt_ms / 2 + 1000.0 * (nbytes + self.overhead_bytes) / self.up_bps
+        return self.rtt_ms / 2 + self.wake_ms + 1000.0 * (nbytes + self.overhead_bytes) \
+            / self.up_bps
 
     def down_ms(self, nbytes: int) -> float:
         return self.rtt_ms / 2 + 1000.0 * (nbytes + self.overhead_bytes) / self.down_bps

@@ -266,10 +266,13 @@ class Planner:
                 if not c.is_wearable_only:
                     xfer, ret = link.up_ms(nbytes), link.down_ms(out_bytes)
                 # marginal energy over idle: compute above idle power, plus the radio
-                ew = head * max(pw.cpu_active_w - pw.cpu_idle_w, 0) + xfer * pw.ble_tx_w \
-                    + ret * pw.ble_rx_w
-                eh = tail * max(ph.cpu_active_w - ph.cpu_idle_w, 0) + xfer * ph.ble_rx_w \
-                    + ret * ph.ble_tx_w
+                (w_tx, w_rx, w_wake), (h_tx, h_rx, h_wake) = (
+                    pw.radio(link.kind), ph.radio(link.kind))
+                woke = 0.0 if c.is_wearable_only else 1.0
+                ew = head * max(pw.cpu_active_w - pw.cpu_idle_w, 0) + xfer * w_tx \
+                    + ret * w_rx + woke * w_wake
+                eh = tail * max(ph.cpu_active_w - ph.cpu_idle_w, 0) + xfer * h_rx \
+                    + ret * h_tx + woke * h_wake
                 rid = c.id if spec == "raw" else f"{c.id}{PACK_SEP}{spec}"
                 label = c.label if spec == "raw" else f"{c.label} {spec}"
                 rows.append(CandidateCost(rid, head, tail, xfer, ret, ew, eh, nbytes, acc, label))

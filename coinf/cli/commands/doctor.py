@@ -1,5 +1,7 @@
 """``coinf doctor [--json]``: check what decides this device's behaviour, on either side.
 
+* the links this device has (BLE when a controller answered, Wi-Fi when a wireless interface is
+  up: what ``coinf plan --links`` chooses among);
 * the Bluetooth controller and its LE features, read from the controller (``--hci SPEC``, or
   ``hci-socket:N`` for the kernel's first controller; ``--hci-dump FILE`` decodes recorded
   Command Complete events, one hex packet per line): Data Length Extension, 2M PHY, max LE ACL
@@ -85,6 +87,52 @@ def controller_check(hci: str | None, dump: str | None, timeout: float) -> dict[
     return _check("ok", summary, present=True, source=source, preset=name,
                   preset_overrides=overrides, features=info.to_json(),
                   raw=[r.hex() for r in raws])
+
+
+def wifi_interfaces(root: Path = Path("/sys/class/net")) -> list[dict[str, str]]:
+    """The kernel's wireless interfaces (those with a ``wireless`` or ``phy80211`` entry), each
+    with its operational state (``up``, ``down``, ``dormant``...)."""
+    out = []
+    try:
+        names = sorted(p.name for p in root.iterdir())
+    except OSError:
+        return []
+    for name in names:
+        d = root / name
+        if not ((d / "wireless").exists() or (d / "phy80211").exists()):
+            continue
+        try:
+            state = (d / "operstate").read_text().strip() or "unknown"
+        except OSError:
+            state = "unknown"
+        out.append({"interface": name, "state": state})
+    return out
+
+
+def links_check(controller: dict[str, Any], net_root: Path = Path("/sys/class/net")
+                ) -> dict[str, Any]:
+    """Which links this device has for the planner to choose from (``coinf plan --links``):
+    BLE when a controller answered, Wi-Fi when a wireless interface is up."""
+    links: list[str] = []
+    parts: list[str] = []
+    if controller.get("present") and controller.get("status") == "ok":
+        links.append("ble")
+        parts.append(f"ble (radio preset {controller.get('preset')})")
+    wifi = wifi_interfaces(net_root)
+    up = [w for w in wifi if w["state"] in ("up", "unknown")]
+    if up:
+        links.append("wifi")
+        parts.append(f"wifi ({', '.join(w['interface'] for w in up)})")
+    down = [w for w in wifi if w not in up]
+    if down:
+        parts.append("wireless interface(s) not up: " + ", ".join(
+            f"{w['interface']} {w['state']}" for w in down))
+    if not links:
+        return _check("warn", "no link to a handheld: no Bluetooth controller answered and no "
+                      "wireless interface is up" + (f" ({parts[0]})" if parts else ""),
+                      links=links, wifi=wifi)
+    return _check("ok", "; ".join(parts) + f" -> coinf plan --links {','.join(links)}",
+                  links=links, wifi=wifi)
 
 
 def _yn(v: bool | None) -> str:
@@ -263,8 +311,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UserError("--timeout must be > 0 s")
     role = args.role or detect_role()
+    controller = controller_check(args.hci, args.hci_dump, args.timeout)
     checks = {
-        "controller": controller_check(args.hci, args.hci_dump, args.timeout),
+        "controller": controller,
+        "links": links_check(controller),
         "runtime": runtime_check(),
         "memory": memory_check(role),
         "cpu_governor": governor_check(),

@@ -132,13 +132,31 @@ def run(args: argparse.Namespace) -> int:
     hst = DeviceStatus(battery_pct=args.handheld_battery, charging=args.handheld_charging) \
         if args.handheld_battery is not None or args.handheld_charging else None
     budget = policy.latency_budget_ms if args.budget_ms is None else args.budget_ms
-    d = planner.decide(link, wst, hst, args.objective, budget)
+    choice = None
+    if args.links:
+        from coinf.wearable.planner.links import decide_links, parse_links
+
+        links = parse_links(args.links)
+        choice = decide_links(planner, links, args.objective, budget, True,
+                              wearable_status=wst, handheld_status=hst)
+        link = links[choice.link] if choice.link else next(iter(links.values()))
+        d = choice.decision
+    else:
+        d = planner.decide(link, wst, hst, args.objective, budget)
     d.notes.insert(1, f"devices: wearable {wear.name!r}, handheld {hand.name!r}; per-inference "
                       f"timeout {args.timeout:g} s")
     d.notes.insert(2, profiles_note(wear, hand, args))
     out = d.to_json()
     out.update(plan_json(planner, d, link_estimate=link, wearable_status=wst,
                          handheld_status=hst, objective=args.objective, latency_budget_ms=budget))
+    if choice is not None:
+        out["link"] = choice.to_json()
+        out["per_link"] = {
+            name: {k: v for k, v in plan_json(
+                planner, pd, link_estimate=links[name], wearable_status=wst,
+                handheld_status=hst, objective=args.objective,
+                latency_budget_ms=budget).items() if k in ("chosen", "reference")}
+            for name, pd in choice.per_link.items()}
     plan = chosen_plan(bundle, planner, d)
     out["strategy"] = plan.strategy
     out["plan"] = plan.to_json()  # what `coinf run --plan` and PlacementOptions(plan=) run
@@ -168,6 +186,12 @@ def run(args: argparse.Namespace) -> int:
         print(d.explain())
         print(f"stages: {out['stages']}")
         print(references_text(out))
+        if choice is not None:
+            print(f"link: {choice.link or 'none (local)'}: {choice.why}")
+            for name, entry in out["per_link"].items():
+                print(references_text({**entry, "quality": None}).replace(
+                    "against what a user would do (predicted):",
+                    f"on {name} ({links[name].source}):"))
         if args.optimal:
             o = out["optimal_cut"]
             print(f"min-cut optimum over every cut: {o['latency_ms']:.1f} ms "
@@ -210,6 +234,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "is kB/s (default 20 kB/s, a BLE 4.2 estimate)")
     parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, metavar="KB_PER_S",
                         help="the same in kilobytes (1000 B) per second, e.g. 20")
+    parser.add_argument("--links", metavar="NAMES",
+                        help="choose the link too, among these (comma-separated: ble, ble-dle, "
+                             "ble-2m, wifi; a Pi Zero 2 W has ble,wifi): the plan and the "
+                             "reference points on each (overrides --bandwidth)")
     parser.add_argument("--rtt-ms", type=argtypes.milliseconds,
                         help="round-trip time in ms (default 30)")
     parser.add_argument("--timeout", type=argtypes.seconds, default=30.0, metavar="S",

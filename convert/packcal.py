@@ -159,7 +159,11 @@ def _snap(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     span = (hi - lo) / step if step > 0 else math.inf
     if not span <= 255.5 or np.abs(gaps / step - np.round(gaps / step)).max() > 1e-3:
         return lo, hi
-    low = lo - (255 - round(span)) // 2 * step
+    # the smallest gap carries float32 rounding (a few 1e-7): the span over its whole number
+    # of steps gives the step to float precision, so the top pixel maps back too
+    k = max(round(span), 1)
+    step = (hi - lo) / k
+    low = lo - (255 - k) // 2 * step
     return low, low + 255 * step
 
 

@@ -87,3 +87,21 @@ def test_the_choice_is_judged_in_the_demo_objective() -> None:
     assert objective_comparison(local, [local, raw], 1000.0)["ratio"] == 1.0
     slow = objective_comparison(raw, [raw], 1000.0)  # nothing meets the budget: latency
     assert slow["metric"] == "latency_ms" and not slow["chosen_within_budget"]
+
+
+def test_the_demo_measures_over_the_emulated_wifi_air(prepared: demo_prep.Prepared) -> None:
+    """Three processes: the handheld daemon, the Wi-Fi air relay and the wearable; the
+    offloaded configuration gives the whole model's answer through the shaped TCP link."""
+    import argparse
+
+    from coinf.cli.commands.demo import measure
+
+    bundle = Bundle.load(prepared.bundle_dir)
+    ids = [bundle.candidates[0].id, bundle.candidates[-1].id]
+    args = argparse.Namespace(transport="wifi", wifi_preset="pi-zero-2w-wifi",
+                              preset="pi-zero-2w", repeat=1)
+    rows, where = measure(args, prepared.bundle_dir, ids, 1.0, prepared.input_file)
+    assert "emulated pi-zero-2w-wifi Wi-Fi air" in where
+    by = {r["candidate"]: r for r in rows}
+    assert set(by) == set(ids) and all(r["match"] for r in rows)
+    assert by[ids[0]]["bytes_up"] > 0 and by[ids[0]]["transfer_ms"] > 0

@@ -161,3 +161,44 @@ def test_doctor_reports_the_links_this_device_has(tmp_path: Path) -> None:
     none = links_check({"status": "warn", "present": False}, tmp_path / "nothing")
     assert none["status"] == "warn" and none["links"] == []
     assert "no link to a handheld" in none["summary"]
+
+
+def test_the_emulated_wifi_air_relays_every_byte_in_order_both_ways() -> None:
+    """A real TCP echo server behind the relay: what goes in comes back whole, in order,
+    through the jittery lossy air."""
+    from coinf.ble_protocol.wifi_air import WifiAir
+
+    async def go() -> bytes:
+        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while data := await r.read(4096):
+                w.write(data)
+                await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        air = WifiAir(wifi_preset("pi-zero-2w-wifi", loss=0.05, jitter_ms=5.0,
+                                  throughput_bps=5e7).channel(), ("127.0.0.1", port))
+        await air.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", air.port)
+        payload = bytes(random.Random(7).randrange(256) for _ in range(300_000))
+        for i in range(0, len(payload), 10_000):
+            writer.write(payload[i:i + 10_000])
+        await writer.drain()
+        writer.write_eof()
+        got = await asyncio.wait_for(reader.read(-1), 30)
+        writer.close()
+        await air.stop()
+        server.close()
+        await server.wait_closed()
+        assert got == payload
+        return got
+
+    assert len(asyncio.run(go())) == 300_000
+
+
+def test_coinf_radio_wifi_refuses_a_bad_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["radio", "--wifi", "pi-zero-2w-wifi", "--to", "unix:/tmp/x"]) == 2
+    assert "--wifi needs --to tcp:HOST:PORT" in capsys.readouterr().err
+    assert main(["radio", "--wifi", "nope", "--to", "tcp:127.0.0.1:1"]) == 2
+    assert "unknown Wi-Fi preset 'nope'" in capsys.readouterr().err

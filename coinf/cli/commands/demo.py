@@ -48,8 +48,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a pretrained model of `coinf models list` (default %(default)s), "
                              "or a zoo model (random weights)")
     parser.add_argument("--out", default="out/demo", help="where models and bundles are kept")
-    parser.add_argument("--transport", default="ble", choices=["ble", "socket"],
-                        help="ble: through the emulated radio (default); socket: local socket")
+    parser.add_argument("--transport", default="ble", choices=["ble", "wifi", "socket"],
+                        help="ble: through the emulated BLE radio (default, --preset); wifi: "
+                             "through the emulated Wi-Fi air (--wifi-preset); socket: a local "
+                             "socket")
+    parser.add_argument("--wifi-preset", default="pi-zero-2w-wifi",
+                        help="Wi-Fi preset of --transport wifi (default %(default)s)")
     parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default %(default)s)")
     parser.add_argument("--repeat", type=argtypes.positive_int, default=2,
                         help="runs per configuration (median)")
@@ -78,7 +82,7 @@ KINDS = ("wearable_only", "handheld_raw", "handheld_codec", "best_split")
 
 
 def plan_condition(bundle: Any, name: str, bps: float, rtt_ms: float,
-                   budget_ms: float) -> dict[str, Any]:
+                   budget_ms: float, kind: str = "ble", wake_ms: float = 0.0) -> dict[str, Any]:
     """The planner's decision with the built-in profiles, the handheld plugged in (charging:
     only wearable energy counts), a latency budget and every calibrated packing; the chosen
     configuration and the four reference points (wearable/planner/references.py)."""
@@ -91,7 +95,7 @@ def plan_condition(bundle: Any, name: str, bps: float, rtt_ms: float,
 
     planner = Planner(bundle, DeviceProfile.pi_zero_2w(), DeviceProfile.laptop(),
                       Policy(latency_budget_ms=budget_ms))
-    link = LinkEstimate(bps, bps, rtt_ms, name)
+    link = LinkEstimate(bps, bps, rtt_ms, name, kind=kind, wake_ms=wake_ms)
     hst = DeviceStatus(charging=True)
     d = planner.decide(link, None, hst, "auto", budget_ms)
     ref = plan_json(planner, d, link_estimate=link, handheld_status=hst, objective="auto",
@@ -171,11 +175,17 @@ def run(args: argparse.Namespace) -> int:
         slow = args.slowdown
     from coinf.ble_protocol.radio.params import preset
 
-    bps, rtt = preset(args.preset).capacity_bps(), 30.0
-    conditions = [plan_condition(bundle, f"{args.preset} radio preset", bps, rtt,
-                                 args.budget_ms),
+    bps, rtt, kind, wake, name = preset(args.preset).capacity_bps(), 30.0, "ble", 0.0, \
+        f"{args.preset} radio preset"
+    if args.transport == "wifi":
+        from coinf.ble_protocol.wifi_preset import wifi_preset
+
+        w = wifi_preset(args.wifi_preset)
+        bps, rtt, kind, wake, name = (w.throughput_bps, w.rtt_ms, "wifi", w.wake_ms,
+                                      f"{w.name} Wi-Fi preset")
+    conditions = [plan_condition(bundle, name, bps, rtt, args.budget_ms, kind, wake),
                   plan_condition(bundle, "bandwidth dropped", args.dropped * 1e3, rtt,
-                                 args.budget_ms)]
+                                 args.budget_ms, kind, wake)]
     print(f"\n{describe(prep)}", file=out)
     print(f"emulated wearable = this machine x{slow:.1f} (the built-in Pi Zero 2 W profile "
           f"predicts {pi_ms:.0f} ms for the whole model; this machine runs it in "
@@ -201,9 +211,12 @@ def run(args: argparse.Namespace) -> int:
           for r in rows}
     pw = pi.power
 
+    tx_w, rx_w, wake_mj = pw.radio(kind)
+
     def energy(r: dict[str, Any]) -> float:  # the Pi power model on measured times
+        sent = wake_mj if r["transfer_ms"] > 0 else 0.0
         return round((r["head_ms"] + r["pack_ms"]) * (pw.cpu_active_w - pw.cpu_idle_w)
-                     + r["transfer_ms"] * pw.ble_tx_w + r["return_ms"] * pw.ble_rx_w, 1)
+                     + r["transfer_ms"] * tx_w + r["return_ms"] * rx_w + sent, 1)
 
     print(f"measured: wearable (x{slow:.1f} slower) and handheld in separate processes "
           f"{where}", file=out)
@@ -313,6 +326,15 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
                              "--keystore", f"{tmp}/bonds/wearable.json"]
                 where = (f"over BLE GATT through the emulated {args.preset} radio "
                          f"({capacity / 1000:.1f} kB/s ATT capacity)")
+            elif args.transport == "wifi":
+                from coinf.ble_protocol.wifi_preset import wifi_preset
+
+                w = wifi_preset(args.wifi_preset)
+                address = f"tcp+insecure:127.0.0.1:{_free_port()}"
+                hh_args = ["--listen", address]
+                wear_args = ["--transport", "socket", "--handheld", "WIFI"]
+                where = (f"over TCP through the emulated {w.name} Wi-Fi air "
+                         f"({w.throughput_bps / 1e6:g} MB/s, RTT {w.rtt_ms:g} ms)")
             else:
                 address = f"unix:{tmp}/handheld.sock"
                 hh_args = ["--listen", address]
@@ -333,6 +355,13 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
             if "serving" not in ready:
                 raise UserError("the handheld daemon did not start (see its error above)")
             progress(f"handheld process {handheld.pid}: {ready.strip()}")
+            if args.transport == "wifi":
+                from coinf.ble_protocol.wifi_air import spawn as spawn_air
+
+                relay, stop_air = spawn_air(args.wifi_preset, address)
+                stops.append(stop_air)
+                wear_args[-1] = relay
+                progress(f"Wi-Fi air process: {args.wifi_preset}, the wearable dials {relay}")
             progress(f"wearable process: running {', '.join(ids)} ({args.repeat} runs each) ...")
             proc = subprocess.run(
                 [*coinf, "run", str(bundle_dir), "--slowdown", f"{slowdown:.3f}",
@@ -349,6 +378,14 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
         for stop in reversed(stops):
             stop()
     return list(result["rows"]), where
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _input_name(bundle_dir: Path) -> str:

@@ -23,6 +23,7 @@ from coinf.wearable.planner.codec_costs import (
     packing_stretch,
 )
 from coinf.wearable.planner.planner import Planner
+from coinf.wearable.planner.references import references
 from coinf.wearable.policy import Policy
 
 from coinf.bundle import Bundle
@@ -121,3 +122,19 @@ def test_a_profiled_pack_time_wins_without_calibrated_times(tmp_path: Path) -> N
     w.models[b.identity].candidates["c000"]["encode_q7_ms"] = 3.0
     rows = {r.id: r for r in Planner(b, w, h, Policy(objective="latency")).costs(LINK)}
     assert rows["c000~q7"].head_ms == pytest.approx(3.0 * CODEC_SLOWDOWN)
+
+
+def test_every_packing_of_the_input_is_a_reference_point(tmp_path: Path) -> None:
+    """``handheld_codec`` is the best packing of the model input, a quantizing one included:
+    here q7 sends 4x fewer bytes than PNG for less time, so it is the reference."""
+    png = {"spec": "png", "codec": "png", "bits": 8, "mean_bytes": 9000.0,
+           "accuracy_drop_pp": 0.0, "encode_ms": 1.0, "decode_ms": 0.5}
+    b = _with_rows(make_bundle(tmp_path / "b"),
+                   {"c000": [_q7(encode_ms=0.2, decode_ms=0.1), png]})
+    w, h = _profiles(b, 1.0)
+    p = Planner(b, w, h, Policy(objective="latency"))
+    link = LinkEstimate(20_000, 20_000, 0)
+    d = p.decide(link)
+    rows = {r.id: r for r in d.rows}
+    assert rows["c000~q7"].latency_ms() < rows["c000~png"].latency_ms()
+    assert references(p, d, link_estimate=link)["handheld_codec"] == "c000~q7"

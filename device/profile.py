@@ -334,11 +334,12 @@ def profile_bundle(bundle: Any, threads: int = 1, warmup: int = 2, repeats: int 
 
 
 def codec_times(cand: Any, repeats: int = 5) -> dict[str, float]:
-    """``encode_SPEC_ms`` and ``decode_SPEC_ms`` of every standard codec (and ``ansN``, with
-    its calibrated priors) the candidate was calibrated for, on this device: the median of
-    ``repeats`` packs and unpacks of a camera-like frame (smooth, with edges and noise) or a
-    harmonic waveform of the crossing shapes, with the calibrated range. The planner prefers
-    them to the calibrating machine's times."""
+    """``encode_SPEC_ms`` and ``decode_SPEC_ms`` of every packing the candidate was calibrated
+    for (standard codecs this device has, ``ansN`` with its calibrated priors, ``qN``, ``qzN``,
+    ``f16``, ...), on this device: the median of ``repeats`` packs and unpacks of a
+    camera-like frame (smooth, with edges and noise) or a harmonic waveform of the crossing
+    shapes, with the calibrated range. The planner prefers them to the calibrating machine's
+    times."""
     import time
 
     import numpy as np
@@ -351,7 +352,7 @@ def codec_times(cand: Any, repeats: int = 5) -> dict[str, float]:
     rng = np.random.default_rng(0)
     for row in packing_rows(cand):
         spec = packing.PackSpec.parse(str(row.get("spec")))
-        if not ((spec.is_media and spec.codec in media.available()) or spec.codec == "ans"):
+        if spec.codec == "raw" or (spec.is_media and spec.codec not in media.available()):
             continue
         if spec.codec == "ans" and missing_priors(cand, str(spec)):
             continue  # its tables are not here: the planner does not offer it either
@@ -373,17 +374,25 @@ def codec_times(cand: Any, repeats: int = 5) -> dict[str, float]:
 
 def _sample(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
     """A tensor a codec works as hard on as on a real one: a smooth field with edges and
-    noise (images), harmonics (waveforms), random values otherwise."""
+    noise, laid out as the image codecs read the shape (:func:`coinf.ble_protocol.media.
+    image_layout`: ``[1,C,H,W]`` or ``[1,H,W,C]``), or over the last two axes of any other
+    4-D tensor; harmonics (waveforms); random values otherwise."""
     import numpy as np
+    from coinf.ble_protocol.media import image_layout
+
+    def field(h: int, w: int) -> Any:
+        yy, xx = np.meshgrid(np.linspace(0, 6, h), np.linspace(0, 6, w), indexing="ij")
+        return np.sin(yy) * np.cos(xx * 1.3) + (xx > 3) * 0.8
 
     n = int(np.prod(shape))
     if len(shape) == 4:
-        yy, xx = np.meshgrid(np.linspace(0, 6, shape[-2]), np.linspace(0, 6, shape[-1]),
-                             indexing="ij")
-        field = np.sin(yy) * np.cos(xx * 1.3) + (xx > 3) * 0.8
-        base = np.broadcast_to(field[..., None] if shape[-1] in (1, 3) and shape[1] > 3
-                               else field, shape)
-        x = base + 0.05 * rng.standard_normal(shape)
+        lay = image_layout(tuple(shape))
+        if lay is not None:
+            last, _, h, w = lay
+            base = field(h, w)[:, :, None] if last else field(h, w)
+        else:  # a feature map: smooth over its last two axes
+            base = field(shape[-2], shape[-1])
+        x = np.broadcast_to(base, shape) + 0.05 * rng.standard_normal(shape)
     elif n >= 64:
         t = np.arange(n) / 16000.0
         x = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.1 * np.sin(2 * np.pi * 660 * t)

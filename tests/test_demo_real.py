@@ -63,8 +63,8 @@ def test_the_plan_names_every_reference_point(prepared: demo_prep.Prepared) -> N
     codec = plan["reference"]["handheld_codec"]
     if codec is None:  # 24 samples cannot bound a loss under 1 pp: it says why
         assert "refused" in plan["reference_missing"]["handheld_codec"]
-    else:
-        assert codec["packing"] in ("pcm16", "flac")
+    else:  # any packing of the input: PCM16, FLAC, or a quantizing or lossless one
+        assert codec["cut"] == bundle.candidates[0].id and codec["packing"] != "raw"
     ids = {r["candidate"] for r in c["rows"]}
     assert plan["chosen"]["id"] in ids
 

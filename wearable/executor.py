@@ -34,6 +34,7 @@ from coinf.device.emulation import DeviceEmulation
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.frame import RunStats, nbytes_of, result_bound, validate_result
 from coinf.wearable.plan import Plan
+from coinf.wearable.planner.codec_costs import is_packing_work
 
 from coinf.bundle import Bundle, Candidate
 from coinf.errors import ModelError, PeerResultError, ProtocolError
@@ -193,9 +194,10 @@ class Executor:
 def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
           codec_emulation: DeviceEmulation, table: Any = None,
           decoders: frozenset[str] | None = None) -> bytes:
-    """The REQUEST payload. A standard codec's or the entropy coder's encoding is stretched as
-    the planner prices it on a slower wearable (``codec_emulation``: ``CODEC_SLOWDOWN``, at
-    most the head's). ``table``: a learned code's entropy table (the ``latent`` packing);
+    """The REQUEST payload. Packing (any but raw: quantizing, shuffling, LZ4/zstd, rANS, a
+    standard codec) is stretched as the planner prices it on a slower wearable
+    (``codec_emulation``: ``CODEC_SLOWDOWN``, at most the head's; docs/PLANNER.md, "What
+    packing costs"). ``table``: a learned code's entropy table (the ``latent`` packing);
     ``decoders``: what the next device decodes."""
     t0 = time.perf_counter()
     if plan.packing.codec == "raw":
@@ -207,7 +209,7 @@ def _pack(plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats,
             for n, a in crossing.items()})
     payload = with_nonce(plan.request_header, stats.nonce) + blob
     elapsed = time.perf_counter() - t0
-    if plan.packing.is_media or plan.packing.codec in ("ans", "latent"):  # as the codecs are
+    if is_packing_work(plan.packing.codec):  # as the planner prices it (codec_costs)
         elapsed = codec_emulation.stretch(elapsed)
     stats.pack_ms = elapsed * 1e3
     stats.bytes_up = len(payload)

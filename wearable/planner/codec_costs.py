@@ -1,12 +1,16 @@
-"""What a standard codec costs and who can take it: the planner's codec configurations.
+"""What packing costs and who can take it: the planner's packed configurations.
 
-A codec configuration (``c000~jpeg-q90``) costs the wearable its encoding and the handheld its
-decoding. Each is what the device's profile measured (``coinf profile --bundle``,
-:func:`coinf.device.profile.codec_times`), else the calibrating machine's time (the
-calibration row's ``encode_ms``/``decode_ms``), the encoding scaled by :func:`codec_factor`.
-A configuration this wearable cannot encode or the handheld does not decode (its HELLO_ACK
-``decoders``) is never offered; a packing fixed by the caller is refused before sending
-(:func:`check_decodable`).
+A packed configuration (``c000~jpeg-q90``, ``c003~qz6``, ``c002~ans4``) costs the wearable its
+packing and the handheld its unpacking. Packing is not DNN compute: quantizing, bit shuffling,
+LZ4/zstd, rANS and the media encoders are integer and memory-bound work, which a Pi Zero 2 W
+core does about ``CODEC_SLOWDOWN`` times slower than one x86-64 core, whatever its (much
+larger) slowdown on convolutions. Each side's time is what its profile measured (``coinf
+profile --bundle``, :func:`coinf.device.profile.codec_times`), stretched as an emulated device
+stretches packing (:func:`packing_stretch`), else the calibrating machine's time (the calibration
+row's ``encode_ms``/``decode_ms``), the encoding scaled by :func:`codec_factor`; a row calibrated
+before packings were timed falls back to :func:`estimated_pack_ms`. A configuration this
+wearable cannot encode or the handheld does not decode (its HELLO_ACK ``decoders``) is never
+offered; a packing fixed by the caller is refused before sending (:func:`check_decodable`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-#: a standard codec's encode time on the wearable over its time where it was calibrated (one
-#: x86-64 core): an estimate for libjpeg-turbo/libwebp/libFLAC on a 1 GHz Cortex-A53, the same
+#: packing work (a standard codec, quantize + shuffle + LZ4, rANS) on the wearable over its time
+#: where it was calibrated (one x86-64 core): an estimate for a 1 GHz Cortex-A53, the same
 #: ratio ``coinf bench pack --pi-slowdown`` assumes; used until the device is profiled
 CODEC_SLOWDOWN = 10.0
 
@@ -30,16 +34,43 @@ def parse_config_spec(spec: str) -> tuple[int | None, str]:
     return None, spec
 
 
+def packing_stretch(slowdown: float, codec_slowdown: float = CODEC_SLOWDOWN) -> float:
+    """How much a device emulated ``slowdown`` x slower than this machine stretches packing
+    done here: ``min(slowdown, codec_slowdown)`` (the executor's ``_pack``), 1 for a real one.
+    A K x slower copy of this machine is K x slower at convolutions, but packing on the device
+    it plays costs ``codec_slowdown`` x at most."""
+    return min(max(float(slowdown), 1.0), codec_slowdown)
+
+
+def is_packing_work(packing: str) -> bool:
+    """Whether a packing (its name, ``q7``, or its ``PackSpec.codec``, ``q``) costs the
+    wearable packing time: every one but ``raw``. The planner charges it (:func:`codec_ms`,
+    :func:`estimated_pack_ms`) and an emulated wearable stretches it (:func:`packing_stretch`)
+    for exactly these."""
+    return packing != "raw"
+
+
 def codec_factor(wearable: Any, codec_slowdown: float = CODEC_SLOWDOWN) -> float:
-    """A codec's encode time on the wearable over its calibrated time: ``codec_slowdown`` for a
-    device profile (absolute rates), at most the profile's own slowdown for an emulated one (a
-    K x slower copy of this machine stretches encoding the same way, wearable/core.py)."""
+    """Packing time on the wearable over its calibrated time: ``codec_slowdown`` for a device
+    profile (absolute rates), the emulation's stretch (:func:`packing_stretch`) for an emulated
+    one (``slowdown`` > 1: a slower copy of this machine)."""
     k = float(wearable.slowdown)
-    return min(k, codec_slowdown) if k > 1 else codec_slowdown
+    return packing_stretch(k, codec_slowdown) if k > 1 else codec_slowdown
+
+
+def estimated_pack_ms(nbytes: float, wearable: Any, pack_mb_s: float,
+                      codec_slowdown: float = CODEC_SLOWDOWN) -> float:
+    """Packing time of ``nbytes`` of tensors on the wearable when no time was measured (a
+    calibration from before packings were timed): ``pack_mb_s`` is a Pi Zero 2 W core's rate,
+    so this machine packs ``codec_slowdown`` x faster and an emulated wearable stretches that
+    by :func:`codec_factor`."""
+    return nbytes / (pack_mb_s * 1e3) * codec_factor(wearable, codec_slowdown) / codec_slowdown
 
 
 def calibrated_ms(cand: Any, spec: str) -> tuple[float, float] | None:
-    """(encode ms, decode ms) a standard codec's calibration row measured, else None."""
+    """(encode ms, decode ms) the calibration row of packing ``spec`` measured (every packing
+    calibrated since packings were timed; before, standard codecs and ``ansN`` only), else
+    None."""
     from coinf.convert.calibrate import packing_rows
 
     for row in packing_rows(cand):
@@ -49,21 +80,23 @@ def calibrated_ms(cand: Any, spec: str) -> tuple[float, float] | None:
 
 
 def codec_ms(planner: Any, cand: Any, spec: str) -> tuple[float, float] | None:
-    """(wearable encode ms, handheld decode ms) of configuration ``cand~spec``, None when
-    ``spec`` is no calibrated codec: each device's profiled time, else the calibrated one."""
+    """(wearable pack ms, handheld unpack ms) of configuration ``cand~spec``: each device's
+    profiled time (stretched by :func:`packing_stretch` on an emulated device), else the
+    calibrated one (an unpacking never timed counts 0); None when the wearable's packing was
+    never timed (the planner estimates it, :func:`estimated_pack_ms`)."""
     calibrated = calibrated_ms(cand, spec)
-    if calibrated is None:
-        return None
     ident = planner.bundle.identity
-    times = []
+    times: list[float | None] = []
     for prof, key, fallback in (
-            (planner.wearable, f"encode_{spec}_ms",
+            (planner.wearable, f"encode_{spec}_ms", None if calibrated is None else
              calibrated[0] * codec_factor(planner.wearable, planner.codec_slowdown)),
-            (planner.handheld, f"decode_{spec}_ms", calibrated[1])):
+            (planner.handheld, f"decode_{spec}_ms", None if calibrated is None
+             else calibrated[1])):
         mp = prof.models.get(ident)
         got = None if mp is None else mp.candidates.get(cand.id, {}).get(key)
-        times.append(fallback if got is None else float(got) * prof.slowdown)
-    return times[0], times[1]
+        times.append(fallback if got is None
+                     else float(got) * packing_stretch(prof.slowdown, planner.codec_slowdown))
+    return None if times[0] is None else (times[0], times[1] or 0.0)
 
 
 def undecodable(spec: str, peer_decoders: frozenset[str] | None, cand: Any = None,

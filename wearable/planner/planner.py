@@ -23,6 +23,8 @@ from coinf.wearable.planner.codec_costs import (
     CODEC_SLOWDOWN,
     codec_factor,
     codec_ms,
+    estimated_pack_ms,
+    is_packing_work,
     parse_config_spec,
     undecodable,
 )
@@ -115,10 +117,11 @@ class Planner:
         configuration, DynO-style: a row ``c003~q4`` uses the calibrated mean packed size and
         accuracy drop from the bundle (``coinf calibrate``); packings a candidate was not
         calibrated for are skipped, and so are those whose calibrated accuracy drop exceeds the
-        policy's ``accuracy_tolerance_pp`` (default 1 pp). Packing costs wearable time:
-        ``crossing bytes / pack_mb_s`` (default 50 MB/s, an estimate for a Pi Zero 2 W core;
-        ``coinf bench pack`` measures it), added to the head. Use :func:`split_config` on the
-        winner.
+        policy's ``accuracy_tolerance_pp`` (default 1 pp). Packing costs wearable time, added
+        to the head, and handheld time, added to the tail: the times the devices' profiles or
+        the calibration measured (:mod:`~coinf.wearable.planner.codec_costs`); without any,
+        ``crossing bytes / pack_mb_s`` (default 50 MB/s, an estimate for a Pi Zero 2 W core),
+        stretched as an emulated wearable would. Use :func:`split_config` on the winner.
 
         ``timeout_s`` is the Session's per-inference timeout (``LinkOptions.timeout``):
         a configuration whose predicted exchange (transfer + tail + return) times
@@ -252,14 +255,17 @@ class Planner:
                 head, tail = h * sw, t * sh
                 gamma, packing = parse_config_spec(spec)
                 codec = self.codec_ms.get(f"{c.id}{PACK_SEP}{spec}")
-                if codec is not None:  # a standard codec: its encode/decode times here, there
+                comp = None if gamma is None else self.bundle.compressor(c.id, gamma)
+                if codec is not None:  # pack and unpack times measured here, there
                     head += codec[0] * sw
                     tail += codec[1] * sh
-                elif packing != "raw":  # quantize + shuffle + LZ4 on the wearable
-                    head += c.crossing_bytes / (self.pack_mb_s * 1e3) * sw * self.wearable.slowdown
-                if gamma is not None:  # the encoder here, the decoder there: the set gives
+                elif is_packing_work(packing):  # no time measured: a Pi core's pack_mb_s
+                    head += estimated_pack_ms(c.crossing_bytes if comp is None
+                                              else comp.code.nbytes, self.wearable,
+                                              self.pack_mb_s, self.codec_slowdown) * sw
+                if comp is not None:  # the encoder here, the decoder there: the set gives
                     # their FLOPs together; each side is charged all of them at its model rate
-                    flops = self.bundle.compressor(c.id, gamma).flops
+                    flops = comp.flops
                     head += flops * self._ms_per_flop("wearable") * sw
                     tail += flops * self._ms_per_flop("handheld") * sh
                 xfer = ret = 0.0

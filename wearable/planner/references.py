@@ -5,14 +5,15 @@ chosen configuration, :func:`references` names, under the same objective, link a
 
 * ``wearable_only``: compute everything on the wearable;
 * ``handheld_raw``: send the model input as it is (float bytes) and compute on the handheld;
-* ``handheld_codec``: send the model input through the best standard codec (JPEG, WebP, PNG,
-  PCM16, FLAC) whose calibrated quality loss is within the tolerance, compute on the handheld;
+* ``handheld_codec``: send the model input through its best packing whose calibrated quality
+  loss is within the tolerance -- a standard codec (JPEG, WebP, PNG, PCM16, FLAC) or any of
+  coinf's own (``qN``, ``qzN``, ``ansN``, ``f16``, ...) -- and compute on the handheld;
 * ``best_split``: the best configuration that runs part of the model on each side.
 
 Each is what the planner's own scheduler picks among that kind of row, so the comparison uses
 one cost model throughout. When no row of a kind is feasible (the raw input would outlast the
 timeout) the fastest of them stands in, with its ``excluded`` reason; a kind with no row at all
-(no codec calibrated, or every codec refused for quality) is ``None``.
+(no packing calibrated on the input, or every one refused) is ``None``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from coinf.ble_protocol.packing import PackSpec
 from coinf.wearable.planner.costs import CandidateCost, Decision
 from coinf.wearable.planner.planner import (
     Planner,
@@ -40,14 +40,10 @@ def _kinds(planner: Planner) -> dict[str, Callable[[CandidateCost], bool]]:
     def cut(r: CandidateCost) -> Any:
         return cands[split_config(r.id)[0]]
 
-    def media(r: CandidateCost) -> bool:
-        gamma, packing = parse_config_spec(split_config(r.id)[1])
-        return gamma is None and PackSpec.parse(packing).is_media
-
     return {
         "wearable_only": lambda r: cut(r).is_wearable_only,
         "handheld_raw": lambda r: cut(r).is_handheld_only and split_config(r.id)[1] == "raw",
-        "handheld_codec": lambda r: cut(r).is_handheld_only and media(r),
+        "handheld_codec": lambda r: cut(r).is_handheld_only and split_config(r.id)[1] != "raw",
         "best_split": lambda r: not (cut(r).is_handheld_only or cut(r).is_wearable_only),
     }
 
@@ -106,12 +102,11 @@ def plan_json(planner: Planner, decision: Decision, **decide: Any) -> dict[str, 
     why_none = {}
     if refs["handheld_codec"] is None:
         codec = [f"{k}: {v}" for k, v in refused.items()
-                 if cands[split_config(k)[0]].is_handheld_only
-                 and PackSpec.parse(split_config(k)[1]).is_media]
-        why_none["handheld_codec"] = (f"{len(codec)} codec configurations refused, e.g. "
-                                      f"{codec[0]}") if codec else (
-            "no codec calibrated on the model input (`coinf calibrate` with the `codecs` "
-            "extra installed; the input must be image- or audio-like)")
+                 if cands[split_config(k)[0]].is_handheld_only]
+        why_none["handheld_codec"] = (f"{len(codec)} packings of the model input refused, "
+                                      f"e.g. {codec[0]}") if codec else (
+            "no packing calibrated on the model input (`coinf calibrate`; standard codecs "
+            "need the `codecs` extra and an image- or audio-like input)")
     from coinf.convert.calibrate import META_KEY, criterion_line
 
     meta = getattr(planner.bundle, "meta", None) or {}

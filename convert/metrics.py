@@ -21,6 +21,8 @@ name                per-sample loss                                             
                     outputs are (pitch, confidence), voiced = reference confidence
                     >= 0.5 (swift-f0's rule); with pitch alone, every frame whose
                     reference pitch is > 0; no voiced frame: 0
+``ctc``             a CTC recogniser's per-step class ids (``--post argmax``): 1 when   decision
+                    the greedy decodings (repeats collapsed, blank 0 dropped) differ
 ``class``           outputs that hold class ids (``--post argmax`` or the indices of   decision
                     ``--post topk:K``): share of positions whose first id changed
 ``boxes@T``         detections ``[1, K, 6]`` (cx, cy, w, h, score, class; ``--post        decision
@@ -57,7 +59,7 @@ _TOPK = re.compile(r"^top(\d{1,3})$")
 _CENTS = re.compile(r"^cents@([0-9.]+(?:e-?\d+)?)$")
 _BOXES = re.compile(r"^boxes@(0?\.[0-9]+|1(?:\.0*)?)$")
 BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine", "cents@T",
-           "class", "boxes@T")
+           "class", "ctc", "boxes@T")
 BOX_SCORE = 0.25
 """``boxes@T``: the score from which a detection counts (on both sides)."""
 EPS = 1e-12
@@ -104,6 +106,8 @@ class Metric:
         if name == "class":
             r, t = _rows(ref), _rows(test)
             return float(np.mean(r[:, 0] != t[:, 0])) if r.size else 0.0
+        if name == "ctc":
+            return float(_ctc(ref) != _ctc(test))
         box = _BOXES.match(name)
         if box:
             return boxes_loss(ref, test, float(box.group(1)))
@@ -200,6 +204,16 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, EPS), 0.0)
 
 
+def _ctc(ids: np.ndarray) -> list[int]:
+    """Greedy CTC decoding of per-step class ids: repeats collapsed, the blank (0) dropped."""
+    flat = np.asarray(ids).reshape(-1).astype(np.int64)
+    if flat.size == 0:
+        return []
+    keep = np.ones(flat.size, dtype=bool)
+    keep[1:] = flat[1:] != flat[:-1]
+    return [int(c) for c in flat[keep & (flat != 0)]]
+
+
 def _rows(a: np.ndarray) -> np.ndarray:
     """Positions x classes: the last axis holds the classes (a vector is one position)."""
     a = np.asarray(a, dtype=np.float64)
@@ -266,7 +280,7 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
             raise InputError(f"--metric {text!r}: {c.group(1)!r} is not a number of cents"
                              ) from None
     if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or c or _BOXES.match(name) \
-            or name in ("maxrel", "meanrel", "cosine", "class"):
+            or name in ("maxrel", "meanrel", "cosine", "class", "ctc"):
         return Metric(name, chosen)
     raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
                      "top5, iou@0.5, decision@0.5, cents@50, class, boxes@0.5) or MODULE:FUNCTION")

@@ -14,10 +14,10 @@ over 255 steps for an image channel and over 65,535 for anything else. Integer i
 ids, class ids) and scalars (a sample rate, a threshold: settings, not sensor data) are never
 perturbed. Perturbed values are clipped to the range the data spans.
 
-Only decision metrics (the answer is the same or not: ``top1``, ``topK``, ``class``,
-``boxes@T``, ``cents@T``, ``decision@T``, ``iou@T``) have stable inputs; a continuous metric
-(``maxrel``, ``meanrel``, ``cosine``, a custom function) is judged on every input, with the
-floor printed beside it.
+Only decision metrics (the answer is the same or not: ``top1``, ``topK``, ``class``, ``ctc``,
+``boxes@T``, ``cents@T``, ``decision@T``) have stable inputs; a continuous metric (``maxrel``,
+``meanrel``, ``cosine``, ``iou@T`` over a dense mask, a custom function) is judged on every
+input, with the floor printed beside it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ SEED = 20261129
 def is_decision(metric: Metric) -> bool:
     """Whether ``metric`` gives exactly 0 when the answer did not change (module docstring)."""
     name = metric.name
-    return metric._fn is None and name not in ("maxrel", "meanrel", "cosine")
+    return metric._fn is None and name not in ("maxrel", "meanrel", "cosine") \
+        and not name.startswith("iou@")
 
 
 def _grid_step(values: np.ndarray) -> float | None:

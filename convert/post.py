@@ -10,6 +10,8 @@ shrinks for the planner like any output, and ``--verify`` checks it like the res
 ``topk:K``         TopK over the last axis of the first output ``o``: ``o_topk_values`` (float)
                    and ``o_topk_indices`` (int64), K each, best first
 ``argmax``         ArgMax over the last axis of ``o``: ``o_argmax`` (int64)
+``mask:K``         a probability map ``[1, 1, H, W]`` (a text or segmentation net): ``o_mask``
+                   ``[1, 1, H/K, W/K]`` uint8, 1 where the K x K block's highest score is >= 0.3
 ``boxes:K``        a YOLO-style detector output ``[1, 4 + C, N]`` (cx, cy, w, h, C class
                    scores per anchor): the K anchors with the best class score as ``o_boxes``
                    ``[1, K, 6]`` = (cx, cy, w, h, score, class), best first
@@ -32,7 +34,9 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from coinf.errors import InputError, ModelError
 
-_SPEC = re.compile(r"^(?:(topk|boxes):(\d{1,5})|(argmax))(?:@(.+))?$")
+_SPEC = re.compile(r"^(?:(topk|boxes|mask):(\d{1,5})|(argmax))(?:@(.+))?$")
+#: ``mask:K``: a probability map's pixels count from this score (DBNet's binarisation threshold)
+MASK_THRESHOLD = 0.3
 META_KEY = "post"
 
 
@@ -45,7 +49,7 @@ def check_spec(spec: str) -> str:
         return text
     m = _SPEC.match(text)
     if not m or (m.group(2) is not None and int(m.group(2)) < 1):
-        raise InputError(f"--post {spec!r}: expected topk:K, argmax, boxes:K (K >= 1), "
+        raise InputError(f"--post {spec!r}: expected topk:K, argmax, boxes:K, mask:K (K >= 1), "
                          "optionally @OUTPUT, or a FILE.onnx")
     return text
 
@@ -76,6 +80,17 @@ def attach(model: ModelProto, spec: str) -> dict[str, Any]:
         g.initializer.append(numpy_helper.from_array(np.array([k], np.int64), f"{pre}/k"))
         g.node.append(helper.make_node("TopK", [target, f"{pre}/k"], [n for n, _ in new],
                                        f"{pre}/topk", axis=-1))
+    elif kind == "mask":
+        new = [(f"{target}_mask", TensorProto.UINT8)]
+        g.initializer.append(numpy_helper.from_array(np.array(MASK_THRESHOLD, np.float32),
+                                                     f"{pre}/threshold"))
+        g.node.extend([
+            helper.make_node("MaxPool", [target], [f"{pre}/pooled"], f"{pre}/pool",
+                             kernel_shape=[k, k], strides=[k, k]),
+            helper.make_node("GreaterOrEqual", [f"{pre}/pooled", f"{pre}/threshold"],
+                             [f"{pre}/on"], f"{pre}/on"),
+            helper.make_node("Cast", [f"{pre}/on"], [new[0][0]], f"{pre}/cast",
+                             to=TensorProto.UINT8)])
     else:
         new = [(f"{target}_boxes", TensorProto.FLOAT)]
         _boxes(model, target, k, pre, new[0][0])

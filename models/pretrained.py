@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from coinf.models import ocr
 from coinf.models.inputs import InputSpec
 from onnx import TensorProto, helper, numpy_helper
 
@@ -457,6 +458,27 @@ _SPECS = [
         "boxes@0.5", _build_yolov8n, preprocess=preprocess_letterbox,
         metric_outputs=("output0_boxes",), post="boxes:100",
         no_deps=True,  # opencv-python-headless is for NudeNet's own API, not for the ONNX file
+    ),
+    PretrainedSpec(
+        "ppocr_det", "text detection", "rapidocr-onnxruntime", "1.4.4", "Apache-2.0",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        (InputSpec("x", (1, 3, 640, 640)),),
+        "RGB (p / 255 - 0.5) / 0.5, padded right/bottom to a square, resized to 640",
+        "PaddleOCR's PP-OCRv4 text detector (DBNet) at 640: a text probability map",
+        "iou@0.5", ocr.build_det, preprocess=ocr.preprocess_det,
+        metric_outputs=("sigmoid_0.tmp_0_mask",), post="mask:4",
+        no_deps=True,  # opencv, shapely, pyclipper serve rapidocr's own API, not the ONNX file
+    ),
+    PretrainedSpec(
+        "ppocr_rec", "text recognition", "rapidocr-onnxruntime", "1.4.4", "Apache-2.0",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+        (InputSpec("x", (1, 3, 48, 320)),),
+        "a word crop resized to height 48, RGB (p / 255 - 0.5) / 0.5, right-padded to 320",
+        "PaddleOCR's PP-OCRv4 text recogniser (SVTR-LCNet, CTC over 6,625 characters)",
+        "ctc", ocr.build_rec, preprocess=ocr.preprocess_rec,
+        metric_outputs=("softmax_11.tmp_0_argmax",), post="argmax", no_deps=True,
     ),
 ]  # fmt: skip
 

@@ -212,6 +212,16 @@ def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarra
     if spec.task == "pitch":
         audio, source = speech_set(n, seed, sr=16000)
         return {inp.name: audio.reshape(n, *inp.shape[1:])}, source
+    if spec.task in ("text recognition", "text detection"):
+        from coinf.models import ocr
+
+        pics = [p for _, p in photos()]
+        where = "the scikit-image/scikit-learn sample photos"
+        if spec.task == "text recognition":
+            x, labels = ocr.word_set(n, pics, seed)
+            return {inp.name: x, "labels": labels}, \
+                f"{len(ocr.WORDS)} words rendered on crops of {where} (label: the word)"
+        return {inp.name: ocr.page_set(n, pics, seed)}, f"text rendered on {where}"
     names = ", ".join(p for p, _ in photos())
     return {inp.name: image_set(model_name, n, seed).reshape(n, *inp.shape[1:])}, \
         f"photos from the scikit-image/scikit-learn wheels ({names}), augmented"

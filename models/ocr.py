@@ -1,0 +1,175 @@
+"""PP-OCRv4 text detection and recognition (``rapidocr-onnxruntime``, Apache-2.0): the heavy real
+models, and the labelled text they are measured on.
+
+The wheel ships both networks as ONNX (PaddleOCR's ``ch_PP-OCRv4_det_infer`` and
+``ch_PP-OCRv4_rec_infer``, the Chinese+English models, which read Latin text). Their symbolic
+dims are made static here: the detector at 640 x 640 (4.6 GFLOPs, about 15x MobileNetV2 at
+224), the recogniser at 48 x 320 (1.4 GFLOPs). Both normalise RGB as ``(p / 255 - 0.5) / 0.5``.
+
+Their data is text rendered onto the sample photos of the scikit-image/scikit-learn wheels, so
+the truth is known exactly: :func:`word_set` gives word crops with the word as the label
+(an index into :data:`WORDS`), :func:`page_set` photos with lines of text on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from coinf.errors import ModelError
+
+DET_SIDE = 640
+REC_SHAPE = (48, 320)
+#: the recogniser's time steps at width 320 (its CNN downsamples the width by 8)
+REC_STEPS = REC_SHAPE[1] // 8
+REC_CLASSES = 6625  # blank + 6,623 characters + space
+
+
+def _static(model: onnx.ModelProto, inp: list[int], out: list[int]) -> onnx.ModelProto:
+    from coinf.models.pretrained import _set_dims
+
+    g = model.graph
+    if len(g.input) != 1 or len(g.output) != 1:
+        raise ModelError(f"PP-OCR model has inputs {[i.name for i in g.input]} and outputs "
+                         f"{[o.name for o in g.output]}; expected one of each")
+    _set_dims(g.input[0], inp)
+    _set_dims(g.output[0], out)
+    del g.value_info[:]
+    return model
+
+
+def build_det(spec: Any, data: bytes) -> onnx.ModelProto:
+    """The detector at [1, 3, 640, 640] -> a text probability map [1, 1, 640, 640]."""
+    return _static(onnx.load_from_string(data), [1, 3, DET_SIDE, DET_SIDE],
+                   [1, 1, DET_SIDE, DET_SIDE])
+
+
+def build_rec(spec: Any, data: bytes) -> onnx.ModelProto:
+    """The recogniser at [1, 3, 48, 320] -> per-step character probabilities [1, 40, 6625]."""
+    model = onnx.load_from_string(data)
+    keep = [p for p in model.metadata_props if p.key != "character"]  # 6,623 characters
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    return _static(model, [1, 3, *REC_SHAPE], [1, REC_STEPS, REC_CLASSES])
+
+
+def _normalise(rgb: np.ndarray) -> np.ndarray:
+    x = np.asarray(rgb, dtype=np.float32)[..., :3] / 255.0
+    return ((x - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def preprocess_det(rgb: np.ndarray) -> np.ndarray:
+    """Pad right/bottom to a square (black), resize to 640, normalise: [1, 3, 640, 640]."""
+    from coinf.models.pretrained import preprocess_letterbox
+
+    x = preprocess_letterbox(rgb, DET_SIDE)  # RGB in [0, 1]
+    return ((x - 0.5) / 0.5).astype(np.float32)
+
+
+def preprocess_rec(rgb: np.ndarray) -> np.ndarray:
+    """Resize to height 48 keeping the aspect (width at most 320), pad the right with 0 after
+    normalising, as rapidocr does: [1, 3, 48, 320]."""
+    from PIL import Image
+
+    a = np.asarray(rgb, dtype=np.uint8)[..., :3]
+    h, w = REC_SHAPE
+    width = int(min(w, max(8, round(a.shape[1] * h / max(a.shape[0], 1)))))
+    img = Image.fromarray(a).resize((width, h), Image.Resampling.BILINEAR)
+    out = np.zeros((1, 3, h, w), np.float32)
+    out[..., :width] = _normalise(np.asarray(img))
+    return out
+
+
+#: the words a crop says (the label is the index); plain English, letters and digits
+WORDS = tuple(sorted({w.strip(".,?!").lower() for s in (
+    "the quick brown fox jumps over the lazy dog",
+    "a wearable camera sends its frames to the phone in your pocket",
+    "please call stella and ask her to bring these things from the store",
+    "bluetooth low energy sends small packets every few milliseconds",
+    "turn left at the old oak tree and follow the river to the bridge",
+    "the meeting has been moved to thursday afternoon at half past seven",
+    "fresh coffee smells wonderful early in the morning",
+    "exit parking station platform office library museum garden kitchen",
+    "open closed push pull stop danger warning entrance coffee tea bread",
+    "north south east west street avenue road square market bakery",
+    "monday tuesday wednesday friday saturday sunday january april june",
+    "2024 1999 42 7 365 100 88 12 2 3 9 404 5g 10am 6pm",
+) for w in s.split()}))
+
+
+def _font(size: int) -> Any:
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)  # Pillow's scalable built-in font (FreeType)
+
+
+def _colours(rng: np.random.Generator, bg: np.ndarray) -> tuple[int, int, int]:
+    """A text colour that stands out from the background's mean brightness."""
+    dark = float(bg.mean()) > 127
+    lo, hi = (0, 70) if dark else (185, 256)
+    return tuple(int(v) for v in rng.integers(lo, hi, size=3))  # type: ignore[return-value]
+
+
+def render_word(word: str, background: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``word`` written on a crop of ``background`` (RGB uint8), tight around the text with a
+    small margin: what a text detector would hand the recogniser."""
+    from PIL import Image, ImageDraw
+
+    size = int(rng.integers(22, 44))
+    font = _font(size)
+    box = ImageDraw.Draw(Image.new("RGB", (8, 8))).textbbox((0, 0), word, font=font)
+    tw, th = box[2] - box[0], box[3] - box[1]
+    mx, my = int(rng.integers(2, 10)), int(rng.integers(2, 8))
+    w, h = tw + 2 * mx, th + 2 * my
+    bh, bw = background.shape[:2]
+    top = int(rng.integers(0, max(bh - h, 0) + 1))
+    left = int(rng.integers(0, max(bw - w, 0) + 1))
+    crop = np.array(Image.fromarray(background[top:top + h, left:left + w]).resize((w, h)))
+    img = Image.fromarray(crop)
+    ImageDraw.Draw(img).text((mx - box[0], my - box[1]), word, font=font,
+                             fill=_colours(rng, crop))
+    return np.asarray(img)
+
+
+def word_set(n: int, photos: list[np.ndarray], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` word crops for the recogniser ([n, 3, 48, 320]) and their labels (indices into
+    :data:`WORDS`): word ``i % len(WORDS)``, on photo ``i % len(photos)``."""
+    rng = np.random.default_rng(seed)
+    xs, labels = [], []
+    for i in range(n):
+        k = i % len(WORDS)
+        xs.append(preprocess_rec(render_word(WORDS[k], photos[i % len(photos)], rng))[0])
+        labels.append(k)
+    return np.stack(xs), np.asarray(labels, np.int64)
+
+
+def render_page(background: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``background`` with 1-4 lines of 1-4 words each at random places and sizes."""
+    from PIL import Image, ImageDraw
+
+    img = Image.fromarray(background)
+    draw = ImageDraw.Draw(img)
+    side = max(background.shape[:2])
+    for _ in range(int(rng.integers(1, 5))):
+        words = " ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS),
+                                                             int(rng.integers(1, 5))))
+        font = _font(int(side * rng.uniform(0.035, 0.09)))
+        x = int(rng.integers(0, max(background.shape[1] // 2, 1)))
+        y = int(rng.integers(0, max(background.shape[0] - side // 10, 1)))
+        patch = background[y:y + side // 10, x:x + side // 3]
+        draw.text((x, y), words, font=font, fill=_colours(rng, patch if patch.size else
+                                                         background))
+    return np.asarray(img)
+
+
+def page_set(n: int, photos: list[np.ndarray], seed: int = 0) -> np.ndarray:
+    """``n`` photos (crops of ``photos``) with text on them, for the detector: [n, 3, 640,
+    640]."""
+    from coinf.models.realdata import augment
+
+    rng = np.random.default_rng(seed)
+    out = [preprocess_det(render_page(augment(photos[i % len(photos)], rng), rng))[0]
+           for i in range(n)]
+    return np.stack(out)

@@ -120,7 +120,7 @@ def render_word(word: str, background: np.ndarray, rng: np.random.Generator) -> 
     size = int(rng.integers(22, 44))
     font = _font(size)
     box = ImageDraw.Draw(Image.new("RGB", (8, 8))).textbbox((0, 0), word, font=font)
-    tw, th = box[2] - box[0], box[3] - box[1]
+    tw, th = int(box[2] - box[0]), int(box[3] - box[1])
     mx, my = int(rng.integers(2, 10)), int(rng.integers(2, 8))
     w, h = tw + 2 * mx, th + 2 * my
     bh, bw = background.shape[:2]

@@ -105,3 +105,27 @@ def test_the_demo_measures_over_the_emulated_wifi_air(prepared: demo_prep.Prepar
     by = {r["candidate"]: r for r in rows}
     assert set(by) == set(ids) and all(r["match"] for r in rows)
     assert by[ids[0]]["bytes_up"] > 0 and by[ids[0]]["transfer_ms"] > 0
+
+
+def test_a_map_cell_is_measured_end_to_end_and_judged(prepared: demo_prep.Prepared) -> None:
+    """bench map's cell over the emulated Wi-Fi: the planner's choice and its reference points
+    run for real; the regret is the choice's measured latency over the best point's."""
+    import argparse
+
+    from coinf.cli.bench import map as bench_map
+
+    bundle = Bundle.load(prepared.bundle_dir)
+    plan = bench_map.plan_points(bundle, "wifi", "latency")
+    points = {e["id"]: e for e in (plan["chosen"], *plan["reference"].values()) if e}
+    args = argparse.Namespace(repeat=1, max_run_s=60.0)
+    measured = bench_map.measure_link(prepared, "wifi", points, 1.0, args)
+    assert set(measured) == set(points) and all(m["measured"] for m in measured.values())
+    c = bench_map.cell(bundle, plan, measured, "latency")
+    best = min(measured.values(), key=lambda m: m["latency_ms"])
+    assert c["regret"] == pytest.approx(
+        measured[c["chosen"]["id"]]["latency_ms"] / best["latency_ms"], rel=1e-3)
+    assert c["regret"] >= 1.0 and c["winner_kind"] in ("local", "offload", "split")
+    local = measured[bundle.candidates[-1].id]["latency_ms"]
+    assert c["best_vs_local"] == pytest.approx(local / best["latency_ms"], rel=1e-2)
+    s = bench_map.summary([{"model": "m", "link": "wifi", **c}])
+    assert s["measured_cells"] == 1 and s["regret_max"] == c["regret"]

@@ -25,6 +25,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("split", "split", "coinf split of a big model: time and peak RSS vs onnx.load"),
     ("pack", "pack", "packing ratio vs accuracy per cut, codec MB/s, e2e on a Pi"),
     ("rate", "rate", "bytes vs task-quality loss: standard codecs on the input vs every cut"),
+    ("map", "map", "where cooperation pays: every real model x link (BLE, BLE 2M, Wi-Fi) x "
+     "objective, measured end to end, with the choice's regret"),
     ("entropy", "entropy", "ansN (rANS, calibrated priors) vs qN (LZ4) and qzN (zstd) per cut"),
     ("stream", "stream", "pipelined vs sequential streaming over an emulated radio"),
     ("link", "link", "goodput of the full BLE protocol over the emulated radio"),

@@ -27,9 +27,14 @@ REC_STEPS = REC_SHAPE[1] // 8
 REC_CLASSES = 6625  # blank + 6,623 characters + space
 
 
-def _static(model: onnx.ModelProto, inp: list[int], out: list[int]) -> onnx.ModelProto:
-    from coinf.models.pretrained import _set_dims
+def _set_dims(vi: onnx.ValueInfoProto, dims: list[int]) -> None:
+    shape = vi.type.tensor_type.shape
+    del shape.dim[:]
+    for d in dims:
+        shape.dim.add().dim_value = d
 
+
+def _static(model: onnx.ModelProto, inp: list[int], out: list[int]) -> onnx.ModelProto:
     g = model.graph
     if len(g.input) != 1 or len(g.output) != 1:
         raise ModelError(f"PP-OCR model has inputs {[i.name for i in g.input]} and outputs "
@@ -62,10 +67,14 @@ def _normalise(rgb: np.ndarray) -> np.ndarray:
 
 def preprocess_det(rgb: np.ndarray) -> np.ndarray:
     """Pad right/bottom to a square (black), resize to 640, normalise: [1, 3, 640, 640]."""
-    from coinf.models.pretrained import preprocess_letterbox
+    from PIL import Image
 
-    x = preprocess_letterbox(rgb, DET_SIDE)  # RGB in [0, 1]
-    return ((x - 0.5) / 0.5).astype(np.float32)
+    a = np.asarray(rgb, dtype=np.uint8)[..., :3]
+    side = max(a.shape[:2])
+    sq = np.zeros((side, side, 3), np.uint8)
+    sq[: a.shape[0], : a.shape[1]] = a
+    img = Image.fromarray(sq).resize((DET_SIDE, DET_SIDE), Image.Resampling.BILINEAR)
+    return _normalise(np.asarray(img))
 
 
 def preprocess_rec(rgb: np.ndarray) -> np.ndarray:
@@ -164,12 +173,7 @@ def render_page(background: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(img)
 
 
-def page_set(n: int, photos: list[np.ndarray], seed: int = 0) -> np.ndarray:
-    """``n`` photos (crops of ``photos``) with text on them, for the detector: [n, 3, 640,
-    640]."""
-    from coinf.models.realdata import augment
-
+def page_set(backgrounds: list[np.ndarray], seed: int = 0) -> np.ndarray:
+    """Each background (an RGB photo) with text on it, for the detector: [n, 3, 640, 640]."""
     rng = np.random.default_rng(seed)
-    out = [preprocess_det(render_page(augment(photos[i % len(photos)], rng), rng))[0]
-           for i in range(n)]
-    return np.stack(out)
+    return np.stack([preprocess_det(render_page(b, rng))[0] for b in backgrounds])

@@ -221,7 +221,9 @@ def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarra
             x, labels = ocr.word_set(n, pics, seed)
             return {inp.name: x, "labels": labels}, \
                 f"{len(ocr.WORDS)} words rendered on crops of {where} (label: the word)"
-        return {inp.name: ocr.page_set(n, pics, seed)}, f"text rendered on {where}"
+        rng = np.random.default_rng(seed)
+        backgrounds = [augment(pics[i % len(pics)], rng) for i in range(n)]
+        return {inp.name: ocr.page_set(backgrounds, seed)}, f"text rendered on crops of {where}"
     names = ", ".join(p for p, _ in photos())
     return {inp.name: image_set(model_name, n, seed).reshape(n, *inp.shape[1:])}, \
         f"photos from the scikit-image/scikit-learn wheels ({names}), augmented"

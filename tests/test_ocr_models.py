@@ -92,3 +92,12 @@ def test_ctc_compares_the_decoded_strings() -> None:
     assert m.loss([a], [np.array([[5, 0, 5, 7, 0, 0, 0, 0]])]) == 1.0  # "5 5 7"
     assert m.loss([a], [np.array([[0, 0, 0, 0, 0, 0, 0, 0]])]) == 1.0
     assert Metric("ctc").loss([np.zeros((1, 0), np.int64)], [np.zeros((1, 0), np.int64)]) == 0
+
+
+def test_the_demo_holds_out_one_input_not_its_label(tmp_path: Path) -> None:
+    """The recogniser's data carries labels: the held-out input is the image alone."""
+    _installed()
+    from coinf.cli.commands.demo_prep import held_out_input
+
+    x = np.load(held_out_input("ppocr_rec", tmp_path))
+    assert x.shape == (1, 3, 48, 320) and x.dtype == np.float32

@@ -178,8 +178,10 @@ def held_out_input(name: str, out: Path) -> Path:
 
     path = out / f"{name}-input.npy"
     if not path.is_file():
+        from coinf.models.pretrained import spec_for
+
         arrays, _ = realdata.dataset(name, 1, seed=12345)
-        (array,) = arrays.values()
+        array = arrays[spec_for(name).inputs[0].name]  # not its label
         np.save(path, np.ascontiguousarray(array[:1]))
     return path
 

@@ -83,6 +83,12 @@ class RunStats:
     #: why a tensor went in another packing than planned (the handheld does not decode it:
     #: ``"qz4 sent as q4: the handheld cannot decode zstd ..."``), else None
     packing_fallback: str | None = None
+    #: the link to the handheld that carried the request (its name: ``ble``, ``wifi``, an
+    #: alternate's; None: nothing was sent, or the frame finished on the wearable)
+    link: str | None = None
+    #: the link this frame was first sent on and why it left it (``"wifi: disconnected:
+    #: ..."``), when it was re-sent on ``link`` or finished here
+    failover: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -226,7 +226,7 @@ def test_the_planner_chooses_the_link_per_frame(bundle: Bundle, radio: tuple[str
 
 def test_frames_move_to_ble_when_wifi_dies_and_back_when_it_returns(
         bundle: Bundle, radio: tuple[str, str], caplog: pytest.LogCaptureFixture) -> None:
-    """Wi-Fi dies under the 3rd request it receives, with frames in flight: each of those is
+    """Wi-Fi dies under a request of a stream, with frames in flight: each of those is
     re-sent over BLE; every frame comes back once, in order, right; the next frames go over BLE
     while Wi-Fi is away, and over Wi-Fi again once it is back."""
     wspec, hspec = radio
@@ -235,9 +235,14 @@ def test_frames_move_to_ble_when_wifi_dies_and_back_when_it_returns(
     caplog.set_level(logging.INFO, LOG)
 
     async def main(hh: TwoLinkHandheld) -> tuple[list[Any], list[Any], dict[str, Any]]:
-        hh.cut_at = 3
+        hh.cut_at = 4  # the 2nd request of the stream
         opts = _options(wspec, hh.wifi, "latency", _slow_wearable(), max_backoff_s=1.0)
         async with AsyncSession(bundle, opts) as sess:
+            for i in range(2):  # one at a time: over Wi-Fi
+                (y,) = await sess.run(None, pool[i])
+                np.testing.assert_allclose(y, ref[i], rtol=1e-4, atol=1e-5)
+                assert sess.last_run is not None and sess.last_run.link == "wifi"
+
             async def feeds() -> AsyncIterator[dict[str, np.ndarray]]:
                 for i in range(10):
                     yield pool[i % len(pool)]
@@ -261,11 +266,11 @@ def test_frames_move_to_ble_when_wifi_dies_and_back_when_it_returns(
         np.testing.assert_allclose(r.value()[0], ref[r.index % len(pool)], rtol=1e-4,
                                    atol=1e-5)
     stats = [r.stats for r in results]
-    assert [s.link for s in stats[:2]] == ["wifi", "wifi"]
     moved = [s for s in stats if s.failover is not None]
     assert moved and all(s.link == "ble" and s.failover.startswith("wifi: ") for s in moved)
     assert not any(s.local for s in stats)  # none had to finish on the wearable
     cut = stats.index(moved[0])
+    assert all(s.link == "wifi" for s in stats[:cut])
     assert all(s.link == "ble" for s in stats[cut:])  # Wi-Fi is left out while it is away
     assert after[-1].link == "wifi" and links["wifi"]["state"] == "up"
     assert links["ble"]["frames"] >= len(stats) - cut
@@ -289,3 +294,98 @@ def test_a_multi_link_session_needs_at_least_the_options_right(tmp_path: Path) -
     assert dataclasses.asdict(link.alternates["wifi"])["kind"] == "wifi"
     assert (link.link_name, link.link_kind) == ("ble", "ble")
     assert AlternateLink(transport="ble:usb:0").kind == "ble"
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith(f"link {name} ")]
+
+
+def _local_options(wifi: str) -> SessionOptions:
+    """The handheld in-process (the transport's link, named ``handheld``) and a second link
+    ``wifi`` at ``wifi``; a handshake is waited 0.5 s."""
+    return SessionOptions(
+        link=LinkOptions(alternates={"wifi": wifi}, timeout=10.0, connect_timeout=0.5,
+                         max_backoff_s=0.5),
+        planner=PlannerOptions(objective="latency", wearable_profile=_slow_wearable()))
+
+
+def test_a_link_that_connects_and_never_answers_is_left_out_and_reported_once(
+        bundle: Bundle, caplog: pytest.LogCaptureFixture) -> None:
+    """A listener that accepts the connection and never says a word: the link's first probe
+    fails, it is not offered to the planner, it is reported once (one warning; its state in
+    ``links`` and in ``plan().explain()``) and probed again only after its backoff, never per
+    frame; every frame goes over the other link, right."""
+    feeds = _feeds(3)
+    ref = _reference(bundle, feeds)
+    caplog.set_level(logging.INFO, LOG)
+
+    async def main() -> tuple[int, int, dict[str, Any], str]:
+        held: list[asyncio.StreamWriter] = []
+
+        async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)  # accepted, never answered
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with AsyncSession(bundle, _local_options(f"tcp+insecure:127.0.0.1:{port}")
+                                    ) as sess:
+                wifi = sess.handheld_links.get("wifi").conn
+                frames = 0
+                while wifi.links_opened < 2 or frames < 10:  # until it was probed again
+                    (y,) = await sess.run(None, feeds[frames % 3])
+                    np.testing.assert_allclose(y, ref[frames % 3], rtol=1e-4, atol=1e-5)
+                    assert sess.last_run is not None and sess.last_run.link == "handheld"
+                    frames += 1
+                    await asyncio.sleep(0.02)
+                return frames, wifi.links_opened, sess.links, sess.plan().explain()
+        finally:
+            for w in held:
+                w.close()
+            server.close()
+
+    frames, probes, links, explain = asyncio.run(asyncio.wait_for(main(), 60))
+    assert probes < frames / 2  # probed after its backoff, not once per frame
+    assert links["wifi"]["state"] in ("down", "probing") and links["handheld"]["state"] == "up"
+    assert "handshake" in str(links["wifi"]["why"])
+    assert links["handheld"]["frames"] == frames and links["wifi"]["frames"] == 0
+    assert "note: link wifi down (tcp+insecure:127.0.0.1:" in explain
+    warned = _warnings(caplog, "wifi")
+    assert len(warned) == 1 and "cannot carry frames" in warned[0], warned
+
+
+def test_a_peer_serving_another_bundle_is_refused_for_good(
+        bundle: Bundle, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The Wi-Fi peer answers, but serves another model: its link is refused at the handshake
+    (a fault retrying cannot mend), reported once, and never probed again; the frames go over
+    the other link."""
+    other = make_bundle(tmp_path / "other", hw=16)
+    assert other.identity != bundle.identity
+    feeds = _feeds(1)
+    ref = _reference(bundle, feeds)
+    caplog.set_level(logging.INFO, LOG)
+
+    async def main() -> tuple[int, dict[str, Any], str]:
+        async with HandheldDaemon(other) as daemon, open_listener("tcp:127.0.0.1:0") as lst:
+            serving = asyncio.create_task(daemon.serve_listener(lst))
+            try:
+                async with AsyncSession(bundle, _local_options(lst.address)) as sess:  # type: ignore[attr-defined]
+                    for i in range(12):
+                        if i == 6:
+                            await asyncio.sleep(0.6)  # past the backoff of a transient fault
+                        (y,) = await sess.run(None, feeds[0])
+                        np.testing.assert_allclose(y, ref[0], rtol=1e-4, atol=1e-5)
+                        assert sess.last_run is not None and sess.last_run.link == "handheld"
+                    wifi = sess.handheld_links.get("wifi").conn
+                    return wifi.links_opened, sess.links, sess.plan().explain()
+            finally:
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+
+    probes, links, explain = asyncio.run(asyncio.wait_for(main(), 60))
+    assert probes == 1  # never probed again
+    assert links["wifi"]["state"] == "refused" and "bundle" in str(links["wifi"]["why"])
+    assert "note: link wifi refused (tcp:127.0.0.1:" in explain
+    warned = _warnings(caplog, "wifi")
+    assert len(warned) == 1 and "refused" in warned[0], warned

@@ -21,18 +21,20 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.messages import MsgType, ProtocolError
-from coinf.device.profile import DeviceProfile, ProfileError
+from coinf.device.profile import DeviceProfile, ProfileError, load_or_default
 from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
-from coinf.wearable.planner.adapt import LinkEstimate, LinkEstimator, ReplanTrigger
+from coinf.wearable.planner.adapt import LinkEstimator, ReplanTrigger
 from coinf.wearable.planner.codec_costs import peer_compressors
 from coinf.wearable.planner.codec_costs import peer_decoders as codec_peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.links import LinkChoice, decide_links
 from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
-from coinf.wearable.policy import Policy
+from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from coinf.ble_protocol.rpc import RpcClient
     from coinf.wearable.frame import RunStats
 
@@ -107,9 +109,9 @@ class AutoPlan:
         return est.up_bps, est.rtt_ms
 
     # -- several links ------------------------------------------------------------------------
-    def add_link(self, name: str, initial: LinkEstimate) -> None:
-        """Give link ``name`` its own estimator, starting from ``initial`` (its kind's)."""
-        self.links.setdefault(name, LinkEstimator(initial))
+    def add_link(self, name: str, estimator: LinkEstimator) -> None:
+        """Decide over link ``name`` too, as ``estimator`` (its own) measures it."""
+        self.links[name] = estimator
 
     def estimator(self, link: str | None = None) -> LinkEstimator:
         """The estimator of ``link``; the one link's without several."""
@@ -232,3 +234,32 @@ class AutoPlan:
             await self.probe(rpc, timeout, link)
         if time.monotonic() - self._last_status > STATUS_INTERVAL_S:
             await self.refresh_status(rpc, timeout)
+
+
+def build_autoplan(bundle: Bundle, policy: Policy | str | Path | None, objective: str | None,
+                   latency_budget_ms: Any,
+                   wearable_profile: DeviceProfile | str | Path | None,
+                   handheld_profile: DeviceProfile | str | Path | None,
+                   packings: Sequence[str], *, slowdown: float, timeout_s: float,
+                   runtimes: Mapping[str, str]) -> AutoPlan:
+    """A Session's :class:`AutoPlan` from its options: the policy, profiles and objective
+    given (or configured), a profile measured on this machine scaled to the ``slowdown`` it
+    plays."""
+    from coinf.errors import InputError
+
+    pol = policy if isinstance(policy, Policy) else load_policy(policy)[0]
+    if objective is not None and objective not in OBJECTIVES:
+        raise InputError(f"unknown objective {objective!r}; expected one of "
+                         f"{', '.join(OBJECTIVES)}")
+    wprof = (wearable_profile if isinstance(wearable_profile, DeviceProfile)
+             else load_or_default("wearable", wearable_profile))
+    measured_here = bool(wprof.models) or wprof.predictor is not None
+    if measured_here and slowdown != 1.0 and wprof.slowdown == 1.0:
+        # a profile measured on this machine, which now plays a K x slower wearable
+        wprof = dataclasses.replace(wprof, slowdown=slowdown)
+    hprof = (handheld_profile if isinstance(handheld_profile, DeviceProfile)
+             else load_or_default("handheld", handheld_profile)
+             if handheld_profile is not None else None)
+    return AutoPlan(bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
+                    objective=objective, latency_budget_ms=latency_budget_ms,
+                    packings=packings, timeout_s=timeout_s, runtimes=runtimes)

@@ -25,7 +25,6 @@ while frame n+1 is packed and frame n crosses the link, and results come back in
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -44,12 +43,13 @@ from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
-from coinf.wearable.autoplan import AutoPlan
+from coinf.wearable.autoplan import AutoPlan, build_autoplan
 from coinf.wearable.connection import Connection
 from coinf.wearable.discovery import Discover
 from coinf.wearable.executor import Executor
 from coinf.wearable.frame import (
     FrameResult,
+    ModelMetadata,
     NodeArg,
     RunStats,
     check_feed,
@@ -71,7 +71,7 @@ from coinf.wearable.plan import HANDHELD, Plan
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable, peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
-from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
+from coinf.wearable.policy import Policy
 from coinf.wearable.replan import Replanner, failed_device
 from coinf.wearable.stream import END, puller
 
@@ -79,19 +79,6 @@ from coinf.bundle import Bundle, Candidate, Compressor
 from coinf.errors import BundleError, InputError, LinkClosed, LinkError, RemoteError
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelMetadata:
-    """Same fields as ``onnxruntime.ModelMetadata``, read from the bundle's model."""
-
-    producer_name: str
-    graph_name: str
-    domain: str
-    description: str
-    graph_description: str
-    version: int
-    custom_metadata_map: dict[str, str]
 
 
 class AsyncSession:
@@ -196,15 +183,7 @@ class AsyncSession:
 
     def get_modelmeta(self) -> ModelMetadata:
         if self._meta is None:
-            import onnx
-
-            m = onnx.load(str(self.bundle.model_path), load_external_data=False)
-            self._meta = ModelMetadata(
-                producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
-                description=m.doc_string, graph_description=m.graph.doc_string,
-                version=m.model_version,
-                custom_metadata_map={p.key: p.value for p in m.metadata_props},
-            )
+            self._meta = ModelMetadata.of(self.bundle)
         return self._meta
 
     async def run(
@@ -317,11 +296,13 @@ class AsyncSession:
                 self.handheld_links.tend()  # later: links due for a probe, in the background
         elif self.autoplan is not None and not ro.local_only and self.connection.offline is None:
             await self._probe_link()  # the planner must know the link before deciding
-        link: SessionLink | None = self.handheld_links.primary
-        if self.handheld_links.multi:  # the planner's link, else (split fixed) the first link up
-            link = None if self.autoplan is not None else self.handheld_links.fixed_link()
+        links = self.handheld_links
         plan, chosen = self._planned(ro)
-        return plan, 0, self.handheld_links.get(chosen) if chosen is not None else link
+        if not links.multi:
+            return plan, 0, links.primary
+        if self.autoplan is None:  # a split fixed by the caller: the fastest link up for it
+            return plan, 0, links.fixed_link(plan.candidate.crossing_bytes)
+        return plan, 0, links.get(chosen) if chosen is not None else None
 
     def _planned(self, ro: RunOptions) -> tuple[Plan, str | None]:
         """The plan, and the link the planner chose for it (several links only)."""
@@ -403,12 +384,14 @@ class AsyncSession:
             return await self.executor.finish_here(plan.candidate, crossing, stats,
                                                    self.handheld_links.offline or "no link is up")
         conn = link.conn if multi and link is not None else self.connection_for(plan)
-        if conn.offline is not None:
+        if conn.offline is not None and not multi:
             return await self.executor.finish_here(plan.candidate, crossing, stats, conn.offline)
         timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
         explicit, t0 = ro.timeout is not None, time.monotonic()
         name = link.name if link is not None else None
         try:
+            if multi and link is not None and not link.up:  # it went down since the plan
+                raise LinkClosed(f"it went down before the frame was sent ({link.down})")
             outputs = await self._exchange_on(plan, conn, name, crossing, stats, timeout,
                                               explicit)
         except LinkError as caught:
@@ -431,8 +414,7 @@ class AsyncSession:
                 return await self._exchange_on(plan, alt.conn, alt.name, crossing, stats,
                                                left, True)
 
-            moved = await self.handheld_links.fail_over(link, exc, stats, deadline, resend,
-                                               self.autoplan)
+            moved = await self.handheld_links.fail_over(link, exc, stats, deadline, resend)
             if moved is not None:
                 return moved
             if not self.options.link.fallback:
@@ -473,6 +455,10 @@ class AsyncSession:
         return await self.executor.exchange(plan, rpc, payload, stats, timeout, conn.rtt_ms)
 
     def _estimate(self, link: str | None) -> tuple[float | None, float | None]:
+        """(uplink bytes/s, RTT ms) of ``link`` as measured, if anything measures it."""
+        if link is not None and self.handheld_links.multi:
+            est = self.handheld_links.get(link).estimator.estimate()
+            return est.up_bps, est.rtt_ms
         return self.autoplan.link_estimate(link) if self.autoplan else (None, None)
 
     # -- planning ---------------------------------------------------------------------------
@@ -550,24 +536,13 @@ class AsyncSession:
                        wearable_profile: DeviceProfile | str | Path | None,
                        handheld_profile: DeviceProfile | str | Path | None,
                        packings: Sequence[str]) -> AutoPlan:
-        pol = policy if isinstance(policy, Policy) else load_policy(policy)[0]
-        if objective is not None and objective not in OBJECTIVES:
-            raise InputError(f"unknown objective {objective!r}; expected one of "
-                             f"{', '.join(OBJECTIVES)}")
-        wprof = (wearable_profile if isinstance(wearable_profile, DeviceProfile)
-                 else load_or_default("wearable", wearable_profile))
-        measured_here = bool(wprof.models) or wprof.predictor is not None
-        if measured_here and self.emulation.slowdown != 1.0 and wprof.slowdown == 1.0:
-            # a profile measured on this machine, which now plays a K x slower wearable
-            wprof = dataclasses.replace(wprof, slowdown=self.emulation.slowdown)
-        hprof = (handheld_profile if isinstance(handheld_profile, DeviceProfile)
-                 else load_or_default("handheld", handheld_profile)
-                 if handheld_profile is not None else None)
-        return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
-                        objective=objective, latency_budget_ms=latency_budget_ms,
-                        packings=packings, timeout_s=self.options.link.timeout,
-                        runtimes={"wearable": self.options.placement.runtime,
-                                  "handheld": self.options.placement.handheld_runtime})
+        place = self.options.placement
+        return build_autoplan(self.bundle, policy, objective, latency_budget_ms,
+                              wearable_profile, handheld_profile, packings,
+                              slowdown=self.emulation.slowdown,
+                              timeout_s=self.options.link.timeout,
+                              runtimes={"wearable": place.runtime,
+                                        "handheld": place.handheld_runtime})
 
     async def _on_connect(self, rpc: RpcClient, timeout: float, link: str) -> None:
         if self.autoplan is not None:
@@ -587,13 +562,7 @@ class AsyncSession:
         Several links: every one is probed; the first link up's handshake reply, or the first
         link's error when none is up."""
         if self.handheld_links.multi:
-            await self.handheld_links.ready()
-            up = self.handheld_links.up()
-            if not up:
-                err = self.handheld_links.primary.error
-                raise err if err is not None else LinkClosed("no link is up")
-            assert up[0].conn.info is not None
-            return up[0].conn.info
+            return await self.handheld_links.connect()
         try:
             await self.connection.client()
         except LinkError as exc:

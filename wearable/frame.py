@@ -47,6 +47,30 @@ class NodeArg:
                    _ORT_TYPES.get(spec.dtype, f"tensor({spec.dtype})"))
 
 
+@dataclass(frozen=True)
+class ModelMetadata:
+    """Same fields as ``onnxruntime.ModelMetadata``, read from the bundle's model."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
+
+    @classmethod
+    def of(cls, bundle: Bundle) -> ModelMetadata:
+        """The metadata of ``bundle``'s whole model (its weights are not read)."""
+        import onnx
+
+        m = onnx.load(str(bundle.model_path), load_external_data=False)
+        return cls(producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
+                   description=m.doc_string, graph_description=m.graph.doc_string,
+                   version=m.model_version,
+                   custom_metadata_map={p.key: p.value for p in m.metadata_props})
+
+
 @dataclass
 class RunStats:
     """Timings (ms) and bytes of one inference."""

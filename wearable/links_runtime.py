@@ -2,9 +2,11 @@
 
 Each link has a name, a kind (``ble`` or ``wifi``: the radio the planner prices), its own
 :class:`~coinf.wearable.connection.Connection` (connect, handshake, backoff, a passive BLE link
-awaited in the background) and, given a planner, its own estimator (``AutoPlan.add_link``).
-What to send over which link is the planner's (``AutoPlan.choose_link``); this module says
-which links can carry a frame now:
+awaited in the background) and its own :class:`~coinf.wearable.planner.adapt.LinkEstimator`
+(from its kind's preset, then its probes and transfers; the planner's, ``AutoPlan.add_link``).
+What to send over which link is the planner's (``AutoPlan.choose_link``; a split fixed by the
+caller goes over the link predicted fastest for its crossing); this module says which links
+can carry a frame now:
 
 * **up**: connected and handshaken; offered to the planner;
 * **down**: it failed (a frame's exchange, or its probe); left out until its Connection has
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from coinf.ble_protocol.transport import Connector, open_connector
 from coinf.wearable.connection import Connection, OnConnect, ShapedConnector
-from coinf.wearable.planner.adapt import LinkEstimate
+from coinf.wearable.planner.adapt import LinkEstimate, LinkEstimator
 
 from coinf.errors import LinkError
 
@@ -54,6 +56,7 @@ class SessionLink:
     name: str
     kind: str
     conn: Connection
+    estimator: LinkEstimator
     #: why it is never offered again (a fault retrying does not mend), else None
     refused: str | None = None
     #: why it is out now (its last failure), None while it carries frames
@@ -133,6 +136,17 @@ class SessionLinks:
             assert err is not None
             raise err
 
+    async def connect(self) -> dict[str, Any]:
+        """``AsyncSession.connect`` with several links: every link probed; the handshake
+        reply of the first link up, else the first link's error."""
+        await self.ready()
+        up = self.up()
+        if not up:
+            err = self.primary.error
+            raise err if err is not None else LinkError("no link to the handheld is up")
+        assert up[0].conn.info is not None
+        return up[0].conn.info
+
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe(lk) for lk in self.links))
 
@@ -175,7 +189,7 @@ class SessionLinks:
         lk.error = exc
         if not exc.transient and probe:
             lk.refused = str(exc)
-        else:
+        elif lk.conn.offline is None or lk.down is None:  # already out: no second backoff
             lk.down = str(exc)
             await lk.conn.went_offline(exc, quiet=True)
         if lk.reported:
@@ -204,37 +218,37 @@ class SessionLinks:
 
     # -- choosing, and moving a frame -----------------------------------------------------------
     def register(self, auto: AutoPlan) -> None:
-        """Several links: each its own estimator in ``auto``, from its kind's preset."""
+        """Several links: the planner decides over each link's own estimator."""
         if self.multi:
             for lk in self.links:
-                auto.add_link(lk.name, initial_estimate(lk.kind))
+                auto.add_link(lk.name, lk.estimator)
 
-    def fixed_link(self) -> SessionLink | None:
-        """With the split fixed by the caller: the first link up, in the order given."""
-        return next(iter(self.up()), None)
+    def fixed_link(self, nbytes: int) -> SessionLink | None:
+        """With the split fixed by the caller: the link up predicted to carry its ``nbytes``
+        of crossing tensors fastest (the first given on a tie)."""
+        up = self.up()
+        return min(up, key=lambda lk: lk.estimator.estimate().up_ms(nbytes)) if up else None
 
-    def others(self, dead: SessionLink, nbytes: int, left_s: float,
-               estimates: dict[str, LinkEstimate]) -> tuple[list[SessionLink], list[str]]:
+    def others(self, dead: SessionLink, nbytes: int,
+               left_s: float) -> tuple[list[SessionLink], list[str]]:
         """The links up other than ``dead`` that can carry ``nbytes`` in the ``left_s``
-        seconds left of a frame's timeout (by their estimates, when there are: fastest
-        first), and why the others cannot."""
+        seconds left of a frame's timeout, fastest first, and why the others cannot."""
         fits, why_not = [], []
         for lk in self.links:
             if lk is dead or not lk.up:
                 continue
-            est = estimates.get(lk.name)
-            if est is not None and est.up_ms(nbytes) > left_s * 1e3:
+            ms = lk.estimator.estimate().up_ms(nbytes)
+            if ms > left_s * 1e3:
                 why_not.append(f"{lk.name} cannot carry {nbytes} B in the {left_s:.2f} s "
-                               f"left (about {est.up_ms(nbytes):.0f} ms)")
+                               f"left (about {ms:.0f} ms)")
                 continue
             fits.append(lk)
-        fits.sort(key=lambda lk: estimates[lk.name].up_ms(nbytes) if lk.name in estimates
-                  else 0.0)
+        fits.sort(key=lambda lk: lk.estimator.estimate().up_ms(nbytes))
         return fits, why_not
 
     async def fail_over(self, dead: SessionLink, exc: LinkError, stats: RunStats,
-                        deadline: float, send: Callable[[SessionLink, float], Awaitable[T]],
-                        auto: AutoPlan | None) -> T | None:
+                        deadline: float,
+                        send: Callable[[SessionLink, float], Awaitable[T]]) -> T | None:
         """``dead`` failed under a frame: leave it out, and ``send`` the frame again over
         another link up that can carry its ``stats.bytes_up`` before ``deadline``
         (``time.monotonic()``; each attempt is bounded by what is left: its timeout cancels
@@ -242,11 +256,10 @@ class SessionLinks:
         None: no link could, the caller finishes the frame here."""
         stats.failover = f"{dead.name}: {exc}"
         await self.failed(dead, exc)
-        estimates = {n: auto.estimator(n).estimate() for n in auto.links} if auto else {}
         tried = {dead.name}
         while True:
             left = deadline - time.monotonic()
-            fits, why_not = self.others(dead, stats.bytes_up, left, estimates)
+            fits, why_not = self.others(dead, stats.bytes_up, left)
             fits = [lk for lk in fits if lk.name not in tried]
             if not fits or left <= 0:
                 if why_not:
@@ -328,8 +341,8 @@ def open_links(bundle: Any, options: LinkOptions, primary: Connector,
     return SessionLinks([SessionLink(name, kind, Connection(
         connector, bundle.identity, connect_timeout=options.effective_connect_timeout,
         reconnect_timeout=options.reconnect_timeout, request_timeout=options.timeout,
-        max_backoff_s=options.max_backoff_s, on_connect=on_connect(name)))
-        for name, kind, connector in connectors])
+        max_backoff_s=options.max_backoff_s, on_connect=on_connect(name)),
+        LinkEstimator(initial_estimate(kind))) for name, kind, connector in connectors])
 
 
 def initial_estimate(kind: str) -> LinkEstimate:

@@ -389,3 +389,26 @@ def test_a_peer_serving_another_bundle_is_refused_for_good(
     assert "note: link wifi refused (tcp:127.0.0.1:" in explain
     warned = _warnings(caplog, "wifi")
     assert len(warned) == 1 and "refused" in warned[0], warned
+
+
+def test_coinf_run_takes_the_wifi_link_beside_ble(
+        bundle: Bundle, radio: tuple[str, str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``coinf run --transport ble --hci SPEC --wifi tcp:HOST:PORT --wifi-emulate PRESET``:
+    the split fixed at the input goes over the link predicted fastest for it, Wi-Fi, and the
+    rows say so; the outputs match the model."""
+    import json
+
+    from coinf.cli import main
+    from tests.ble_servers import cli_pairing
+
+    wspec, hspec = radio
+    with TwoLinkHandheld(bundle, hspec) as hh:
+        code = main(["run", str(bundle.root), "--split", bundle.candidates[0].id,
+                     "--transport", "ble", "--hci", wspec, "--wifi", hh.wifi,
+                     "--wifi-emulate", "pi-zero-2w-wifi", "--repeat", "2", "--json",
+                     *cli_pairing(tmp_path, "wearable")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (row,) = json.loads(out)["rows"]
+    assert row["match"] and row["links"] == {"wifi": 2} and row["fallbacks"] == 0

@@ -204,7 +204,7 @@ class Session:
         open_links = [lk.conn.rpc_client.link for lk in self._core.handheld_links
                       if lk.conn.rpc_client is not None]
         sending = [link for link in open_links if link.stats.sending() is not None]
-        return (sending or open_links or [None])[0]
+        return next(iter(sending or open_links), None)
 
     @property
     def autoplan(self) -> AutoPlan | None:

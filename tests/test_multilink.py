@@ -25,10 +25,9 @@ from coinf.ble_protocol.radio import spawn
 from coinf.ble_protocol.wifi_preset import wifi_preset
 from coinf.device.profile import PI_ZERO_2W_POWER, DeviceProfile, PowerModel
 from coinf.handheld.daemon import HandheldDaemon
-from coinf.wearable.options import AlternateLink
 from coinf.wearable.planner.links import decide_links
 
-from coinf import AsyncSession, LinkOptions, PlannerOptions, SessionOptions
+from coinf import AlternateLink, AsyncSession, LinkOptions, PlannerOptions, SessionOptions
 from coinf.bundle import Bundle
 from coinf.errors import InputError, LinkClosed
 from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING

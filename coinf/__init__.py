@@ -23,6 +23,7 @@ _LAZY = {
     "SessionOptions": "coinf.wearable.options",
     "PlacementOptions": "coinf.wearable.options",
     "LinkOptions": "coinf.wearable.options",
+    "AlternateLink": "coinf.wearable.options",
     "PlannerOptions": "coinf.wearable.options",
     "EmulationOptions": "coinf.wearable.options",
     "RunOptions": "coinf.wearable.options",
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from coinf.wearable.discovery import Discover
     from coinf.wearable.frame import FrameResult, RunStats
     from coinf.wearable.options import (
+        AlternateLink,
         EmulationOptions,
         LinkOptions,
         PlacementOptions,
@@ -56,6 +58,6 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AsyncSession", "Discover", "EmulationOptions", "FrameResult", "LinkOptions",
-           "PlacementOptions", "PlannerOptions", "RunOptions", "RunStats", "Session",
+__all__ = ["AlternateLink", "AsyncSession", "Discover", "EmulationOptions", "FrameResult",
+           "LinkOptions", "PlacementOptions", "PlannerOptions", "RunOptions", "RunStats", "Session",
            "SessionOptions"]

@@ -77,6 +77,17 @@ CASES = [
     ("run {B} --repeat abc", 2, "--repeat"),
     ("run {B} --transport socket --handheld tcp:127.0.0.1:99999", 2, "--handheld"),
     ("run {B} --no-such-option", 2, "unrecognized"),
+    # run: a second link to the handheld (issue 49)
+    ("run {B} --wifi tcp:127.0.0.1:7878", 2, "second link beside --transport ble"),
+    ("run {B} --transport socket --handheld tcp:127.0.0.1:7878 --wifi tcp:127.0.0.1:7879", 2,
+     "the handheld's address there is --handheld"),
+    ("run {B} --transport ble --hci tcp-client:127.0.0.1:1 --wifi unix:/tmp/w", 2,
+     "expected tcp:HOST:PORT (TLS"),
+    ("run {B} --transport ble --hci tcp-client:127.0.0.1:1 --wifi tcp:127.0.0.1:0", 2,
+     "--wifi 'tcp:127.0.0.1:0'"),
+    ("run {B} --wifi-emulate pi-zero-2w-wifi", 2, "shapes the --wifi link"),
+    ("run {B} --transport ble --hci tcp-client:127.0.0.1:1 --wifi tcp:127.0.0.1:7878 "
+     "--wifi-emulate lte", 2, "unknown Wi-Fi preset 'lte'"),
     # plan: files given and missing are refused, numbers finite and in range
     ("plan {B} --policy {MISSING}", 2, "--policy"),
     ("plan {B} --wearable-profile {DIR}", 2, "--wearable-profile"),

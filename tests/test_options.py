@@ -31,7 +31,8 @@ FIELDS = {
     "placement": ["split", "packing", "packings", "runtime", "handheld_runtime", "head_cache",
                   "plan", "helpers"],
     "link": ["transport", "transport_options", "helper_ble_options", "timeout",
-             "connect_timeout", "reconnect_timeout", "fallback", "max_backoff_s", "stream_depth"],
+             "connect_timeout", "reconnect_timeout", "fallback", "max_backoff_s", "stream_depth",
+             "alternates"],
     "planner": ["objective", "latency_budget_ms", "policy", "wearable_profile",
                 "handheld_profile"],
     "emulation": ["slowdown", "threads", "handheld_slowdown", "handheld_threads"],
@@ -57,7 +58,7 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
     assert opts.link == LinkOptions(transport="inprocess", transport_options={},
                                     helper_ble_options={}, timeout=30.0,
                                     connect_timeout=None, reconnect_timeout=3.0, fallback=True,
-                                    max_backoff_s=30.0, stream_depth=3)
+                                    max_backoff_s=30.0, stream_depth=3, alternates={})
     assert opts.planner == PlannerOptions(objective=None, latency_budget_ms=UNSET, policy=None,
                                           wearable_profile=None, handheld_profile=None)
     assert opts.emulation == EmulationOptions(slowdown=1.0, threads=0, handheld_slowdown=1.0,

@@ -5,6 +5,11 @@ inputs a Session sees: every transfer (passive bandwidth), probes at connection 
 (RTT and bandwidth), the handheld's status and profile over the control channel, the measured
 head times (DynO's load factor), the input cadence (streaming vs. one-off), and whether the
 handheld is reachable at all.
+
+With several links to the handheld (``LinkOptions.alternates``) each link has its own
+:class:`~wearable.planner.adapt.LinkEstimator` (:meth:`AutoPlan.add_link`), fed by that link's
+probes and transfers, and :meth:`AutoPlan.choose_link` decides link x cut x packing with
+:func:`~wearable.planner.links.decide_links` over the links that are up.
 """
 
 from __future__ import annotations
@@ -16,16 +21,20 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coinf.ble_protocol.messages import MsgType, ProtocolError
-from coinf.device.profile import DeviceProfile, ProfileError
+from coinf.device.profile import DeviceProfile, ProfileError, load_or_default
 from coinf.device.status import decode_status_reply
 from coinf.wearable.cadence import Cadence
+from coinf.wearable.planner.adapt import LinkEstimator, ReplanTrigger
 from coinf.wearable.planner.codec_costs import peer_compressors
 from coinf.wearable.planner.codec_costs import peer_decoders as codec_peer_decoders
 from coinf.wearable.planner.costs import Decision
+from coinf.wearable.planner.links import LinkChoice, decide_links
 from coinf.wearable.planner.planner import _UNSET, AdaptivePlanner, Planner, split_config
-from coinf.wearable.policy import Policy
+from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from coinf.ble_protocol.rpc import RpcClient
     from coinf.wearable.frame import RunStats
 
@@ -65,6 +74,11 @@ class AutoPlan:
         self._forced_streaming = False
         self._last_status = 0.0
         self.offline_reason: str | None = None
+        #: with several links: each link's own estimator, by link name
+        self.links: dict[str, LinkEstimator] = {}
+        self._choice: LinkChoice | None = None
+        self._choice_key: tuple[Any, ...] = ()
+        self._choice_trigger = ReplanTrigger(policy.replan_threshold)
 
     # -- choosing ---------------------------------------------------------------------------
     @property
@@ -88,10 +102,57 @@ class AutoPlan:
             return self.bundle.candidates[-1].id, "raw"
         return split_config(self.decision().winner)
 
-    def link_estimate(self) -> tuple[float, float]:
-        """(uplink bytes/s, RTT ms) as measured so far: what ``request_timeout`` scales by."""
-        est = self.adaptive.link.estimate()
+    def link_estimate(self, link: str | None = None) -> tuple[float, float]:
+        """(uplink bytes/s, RTT ms) of ``link`` (default: the one link) as measured so far:
+        what ``request_timeout`` scales by."""
+        est = self.estimator(link).estimate()
         return est.up_bps, est.rtt_ms
+
+    # -- several links ------------------------------------------------------------------------
+    def add_link(self, name: str, estimator: LinkEstimator) -> None:
+        """Decide over link ``name`` too, as ``estimator`` (its own) measures it."""
+        self.links[name] = estimator
+
+    def estimator(self, link: str | None = None) -> LinkEstimator:
+        """The estimator of ``link``; the one link's without several."""
+        return self.links.get(link, self.adaptive.link) if link else self.adaptive.link
+
+    def link_choice(self, names: Sequence[str]) -> LinkChoice:
+        """:func:`decide_links` over the named links' current estimates. Decided again only
+        when the links up change or an input moved by more than the re-plan threshold (like
+        :meth:`AdaptivePlanner.current`); whatever resets the planner's decision (a new
+        profile, the peer's decoders, streaming) resets this one too."""
+        self._sync_streaming()
+        ad = self.adaptive
+        estimates = {n: self.links[n].estimate() for n in names}
+        inputs = {k: v for k, v in ad.inputs().items()
+                  if k not in ("up_bps", "down_bps", "rtt_ms")}
+        for n, est in estimates.items():
+            inputs.update({f"{n}.up_bps": est.up_bps, f"{n}.down_bps": est.down_bps,
+                           f"{n}.rtt_ms": est.rtt_ms})
+        key = tuple(names)
+        if self._choice is None or ad.decision is not self._choice.decision or \
+                key != self._choice_key or self._choice_trigger.should_replan(inputs):
+            budget_given = ad.latency_budget_ms is not _UNSET
+            self._choice = decide_links(
+                ad.planner, estimates, ad.objective,
+                ad.latency_budget_ms if budget_given else None, budget_given,
+                wearable_status=ad.wearable_status, handheld_status=ad.handheld_status,
+                load_factor=ad.load.value)
+            ad.decision = self._choice.decision  # reset (None) by what invalidates it
+            self._choice_key = key
+            self._choice_trigger.planned(inputs)
+            ad.replans += 1
+        return self._choice
+
+    def choose_link(self, names: Sequence[str]) -> tuple[str | None, str, str]:
+        """(link, candidate id, packing) for the next run over the links ``names`` (those up):
+        none up, or the wearable winning on every link -> (None, wearable-only, raw)."""
+        if not names:
+            return None, self.bundle.candidates[-1].id, "raw"
+        choice = self.link_choice(names)
+        cid, spec = split_config(choice.decision.winner)
+        return choice.link, cid, spec
 
     def set_streaming(self, on: bool) -> None:
         self._forced_streaming = on
@@ -106,7 +167,7 @@ class AutoPlan:
         if cand.head.file is not None and stats.head_ms > 0:
             self.adaptive.observe_head(cand.id, stats.head_ms)
         if not stats.local and not self._forced_streaming:  # pipelined frames wait in queues
-            link = self.adaptive.link
+            link = self.estimator(stats.link)
             half_rtt = link.estimate().rtt_ms / 2
             for nbytes, ms, way in ((stats.bytes_up, stats.transfer_ms, "up"),
                                     (stats.bytes_down, stats.return_ms, "down")):
@@ -125,9 +186,9 @@ class AutoPlan:
             planner.reset_configs()
             self.adaptive.decision = None
 
-    async def on_connect(self, rpc: RpcClient, timeout: float) -> None:
+    async def on_connect(self, rpc: RpcClient, timeout: float, link: str | None = None) -> None:
         """Probe the link, read the handheld's status and (unless given) its profile."""
-        await self.probe(rpc, timeout)
+        await self.probe(rpc, timeout, link)
         await self.refresh_status(rpc, timeout)
         if not self._handheld_profile_fixed:
             try:
@@ -141,9 +202,10 @@ class AutoPlan:
                 planner._base = None
                 self.adaptive.decision = None
 
-    async def probe(self, rpc: RpcClient, timeout: float) -> None:
-        """RTT from a tiny echo, bandwidth from a larger one (each crosses twice)."""
-        link = self.adaptive.link
+    async def probe(self, rpc: RpcClient, timeout: float, link_name: str | None = None) -> None:
+        """RTT from a tiny echo, bandwidth from a larger one (each crosses twice), into the
+        estimator of ``link_name`` (default: the one link)."""
+        link = self.estimator(link_name)
         t0 = time.perf_counter()
         await rpc.request(MsgType.PROBE, bytes(PROBE_SMALL), timeout)
         small = time.perf_counter() - t0
@@ -165,9 +227,39 @@ class AutoPlan:
         except ProtocolError as exc:
             log.info("handheld status unusable: %s", exc)
 
-    async def maintain(self, rpc: RpcClient, timeout: float) -> None:
-        """Periodic work between runs: the probe timer and the handheld's status."""
-        if self.adaptive.link.probe_due(self.policy.probe_interval_s):
-            await self.probe(rpc, timeout)
+    async def maintain(self, rpc: RpcClient, timeout: float, link: str | None = None) -> None:
+        """Periodic work between runs: the probe timer (of ``link``) and the handheld's
+        status."""
+        if self.estimator(link).probe_due(self.policy.probe_interval_s):
+            await self.probe(rpc, timeout, link)
         if time.monotonic() - self._last_status > STATUS_INTERVAL_S:
             await self.refresh_status(rpc, timeout)
+
+
+def build_autoplan(bundle: Bundle, policy: Policy | str | Path | None, objective: str | None,
+                   latency_budget_ms: Any,
+                   wearable_profile: DeviceProfile | str | Path | None,
+                   handheld_profile: DeviceProfile | str | Path | None,
+                   packings: Sequence[str], *, slowdown: float, timeout_s: float,
+                   runtimes: Mapping[str, str]) -> AutoPlan:
+    """A Session's :class:`AutoPlan` from its options: the policy, profiles and objective
+    given (or configured), a profile measured on this machine scaled to the ``slowdown`` it
+    plays."""
+    from coinf.errors import InputError
+
+    pol = policy if isinstance(policy, Policy) else load_policy(policy)[0]
+    if objective is not None and objective not in OBJECTIVES:
+        raise InputError(f"unknown objective {objective!r}; expected one of "
+                         f"{', '.join(OBJECTIVES)}")
+    wprof = (wearable_profile if isinstance(wearable_profile, DeviceProfile)
+             else load_or_default("wearable", wearable_profile))
+    measured_here = bool(wprof.models) or wprof.predictor is not None
+    if measured_here and slowdown != 1.0 and wprof.slowdown == 1.0:
+        # a profile measured on this machine, which now plays a K x slower wearable
+        wprof = dataclasses.replace(wprof, slowdown=slowdown)
+    hprof = (handheld_profile if isinstance(handheld_profile, DeviceProfile)
+             else load_or_default("handheld", handheld_profile)
+             if handheld_profile is not None else None)
+    return AutoPlan(bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
+                    objective=objective, latency_budget_ms=latency_budget_ms,
+                    packings=packings, timeout_s=timeout_s, runtimes=runtimes)

@@ -95,9 +95,10 @@ class Connection:
         """Why offloading is paused right now, or None."""
         return self._offline_reason if time.monotonic() < self._offline_until else None
 
-    async def went_offline(self, exc: BaseException) -> None:
+    async def went_offline(self, exc: BaseException, quiet: bool = False) -> None:
         """A transient failure: pause offloading and drop the link; for the next backoff, or
-        (passive connector) until the peer has reconnected."""
+        (passive connector) until the peer has reconnected. ``quiet``: the caller reports it
+        (a Session with several links: once per link, not per failure), so log at INFO."""
         if self.passive:
             self._offline_until = math.inf
             self._offline_reason = (f"handheld unavailable ({exc}); resuming as soon as it "
@@ -107,7 +108,8 @@ class Connection:
             self._offline_until = time.monotonic() + self._backoff_s
             self._offline_reason = (f"handheld unavailable ({exc}); retry in "
                                     f"{self._backoff_s:.1f} s")
-        log.warning("offloading paused: %s", self._offline_reason)
+        log.log(logging.INFO if quiet else logging.WARNING, "offloading paused: %s",
+                self._offline_reason)
         rpc, self._rpc = self._rpc, None
         if rpc is not None:  # a link that failed is never reused
             with contextlib.suppress(Exception):

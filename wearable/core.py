@@ -15,7 +15,9 @@ tensors packed (codec thread) and sent as one request naming every later stage t
 stage's device over its :class:`~coinf.wearable.connection.Connection`, the result checked
 against the model's outputs. A transient link error, a timeout or a bad result finishes that
 frame on the wearable instead (given helpers, the device at fault is also left out of the next
-frames' plans). Streaming runs the
+frames' plans). With several links to the handheld (``LinkOptions.alternates``) the planner
+also chooses the link per frame, and a frame whose link fails is re-sent on another one that is
+up (:mod:`~coinf.wearable.links_runtime`). Streaming runs the
 same function for up to ``depth`` frames at once: the single head thread computes frame n+2
 while frame n+1 is packed and frame n crosses the link, and results come back in order.
 """
@@ -23,7 +25,7 @@ while frame n+1 is packed and frame n crosses the link, and results come back in
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -41,18 +43,20 @@ from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
-from coinf.wearable.autoplan import AutoPlan
+from coinf.wearable.autoplan import AutoPlan, build_autoplan
 from coinf.wearable.connection import Connection
 from coinf.wearable.discovery import Discover
 from coinf.wearable.executor import Executor
 from coinf.wearable.frame import (
     FrameResult,
+    ModelMetadata,
     NodeArg,
     RunStats,
     check_feed,
     check_output_names,
 )
 from coinf.wearable.helper_links import HelperLinks
+from coinf.wearable.links_runtime import SessionLink, open_links
 from coinf.wearable.options import (
     UNSET,
     RunOptions,
@@ -67,27 +71,14 @@ from coinf.wearable.plan import HANDHELD, Plan
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, check_decodable, peer_decoders
 from coinf.wearable.planner.costs import Decision
 from coinf.wearable.planner.planner import parse_config_spec
-from coinf.wearable.policy import OBJECTIVES, Policy, load_policy
+from coinf.wearable.policy import Policy
 from coinf.wearable.replan import Replanner, failed_device
 from coinf.wearable.stream import END, puller
 
 from coinf.bundle import Bundle, Candidate, Compressor
-from coinf.errors import BundleError, InputError, LinkError, RemoteError
+from coinf.errors import BundleError, InputError, LinkClosed, LinkError, RemoteError
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelMetadata:
-    """Same fields as ``onnxruntime.ModelMetadata``, read from the bundle's model."""
-
-    producer_name: str
-    graph_name: str
-    domain: str
-    description: str
-    graph_description: str
-    version: int
-    custom_metadata_map: dict[str, str]
 
 
 class AsyncSession:
@@ -162,15 +153,17 @@ class AsyncSession:
             transport_options.setdefault("runtime", place.handheld_runtime)
             transport_options.setdefault("profile", self._profiles["handheld"])
         self._handheld_here = transport == "inprocess"
-        self.connection = Connection(
-            open_connector(transport, bundle=self.bundle, **transport_options),
-            self.bundle.identity,
-            connect_timeout=link.effective_connect_timeout,
-            reconnect_timeout=link.reconnect_timeout,
-            request_timeout=link.timeout,
-            max_backoff_s=link.max_backoff_s,
-            on_connect=self._on_connect,
-        )
+        if link.alternates and self.helpers:
+            raise InputError("LinkOptions.alternates are links to the handheld; with "
+                             "PlacementOptions.helpers the Session plans over the helpers: "
+                             "give one or the other")
+        #: every link to the handheld: the transport's, then LinkOptions.alternates
+        self.handheld_links = open_links(
+            self.bundle, link, open_connector(transport, bundle=self.bundle, **transport_options),
+            lambda name: functools.partial(self._on_connect, link=name))
+        self.connection = self.handheld_links.primary.conn
+        if self.autoplan is not None:
+            self.handheld_links.register(self.autoplan)
         self._meta: ModelMetadata | None = None
         self.last_run: RunStats | None = None
         self._closed = False
@@ -190,15 +183,7 @@ class AsyncSession:
 
     def get_modelmeta(self) -> ModelMetadata:
         if self._meta is None:
-            import onnx
-
-            m = onnx.load(str(self.bundle.model_path), load_external_data=False)
-            self._meta = ModelMetadata(
-                producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
-                description=m.doc_string, graph_description=m.graph.doc_string,
-                version=m.model_version,
-                custom_metadata_map={p.key: p.value for p in m.metadata_props},
-            )
+            self._meta = ModelMetadata.of(self.bundle)
         return self._meta
 
     async def run(
@@ -279,7 +264,7 @@ class AsyncSession:
         no other frame is in flight, so a head known to be short may run on the loop itself."""
         if self._closed:
             raise InputError("this session is closed")
-        plan, version = await self._next_plan(ro)
+        plan, version, link = await self._next_plan(ro)
         stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag,
                          runtimes=tuple(s.runtime for s in plan.stages), strategy=plan.strategy,
                          plan=str(plan), plan_version=version)
@@ -289,28 +274,45 @@ class AsyncSession:
             outputs = crossing
             stats.local = True
         else:
-            outputs = await self._offload_or_finish(plan, crossing, stats, ro)
+            outputs = await self._offload_or_finish(plan, crossing, stats, ro, link)
         stats.total_ms = (time.perf_counter() - t_start) * 1e3
         self.last_run = stats
         if self.autoplan is not None:
             self.autoplan.finished(stats)
         return outputs, stats
 
-    async def _next_plan(self, ro: RunOptions) -> tuple[Plan, int]:
-        """The plan of the frame starting now, and its version (0: no re-planning)."""
+    async def _next_plan(self, ro: RunOptions) -> tuple[Plan, int, SessionLink | None]:
+        """The plan of the frame starting now, its version (0: no re-planning) and the link
+        to the handheld it goes over (None: to helpers, or no link is up)."""
         if self.replanner is not None:
             self.helpers.tend(self.replanner)
             plan, version = self.replanner.take()
             if ro.local_only and not plan.local:
                 plan = Plan.for_candidate(self.bundle, self.bundle.candidate("wearable-only"))
-            return plan, version
-        if self.autoplan is not None and not ro.local_only and self.connection.offline is None:
+            return plan, version, None
+        if self.handheld_links.multi:
+            if not ro.local_only:
+                await self.handheld_links.ready()  # the first frame: every link's first probe
+                self.handheld_links.tend()  # later: links due for a probe, in the background
+        elif self.autoplan is not None and not ro.local_only and self.connection.offline is None:
             await self._probe_link()  # the planner must know the link before deciding
-        return self._planned(ro), 0
+        links = self.handheld_links
+        plan, chosen = self._planned(ro)
+        if not links.multi:
+            return plan, 0, links.primary
+        if self.autoplan is None:  # a split fixed by the caller: the fastest link up for it
+            return plan, 0, links.fixed_link(plan.candidate.crossing_bytes)
+        return plan, 0, links.get(chosen) if chosen is not None else None
 
-    def _planned(self, ro: RunOptions) -> Plan:
+    def _planned(self, ro: RunOptions) -> tuple[Plan, str | None]:
+        """The plan, and the link the planner chose for it (several links only)."""
+        chosen = None
         if self.autoplan is not None:
-            cid, spec = self.autoplan.choose(self.connection.offline)
+            if self.handheld_links.multi:
+                up = [lk.name for lk in self.handheld_links.up()]
+                chosen, cid, spec = self.autoplan.choose_link(up)
+            else:
+                cid, spec = self.autoplan.choose(self.connection.offline)
             gamma, spec = parse_config_spec(spec)  # a compressor's code: c003~g4+q8
             if cid != self._candidate.id:
                 self._candidate = self.bundle.candidate(cid)
@@ -319,7 +321,7 @@ class AsyncSession:
             self._compressor = self.bundle.compressor(cid, gamma) if gamma else None
         cand = self.bundle.candidate("wearable-only") if ro.local_only else self._candidate
         if self._fixed_plan is not None and cand is self._fixed_plan.candidate:
-            return self._fixed_plan
+            return self._fixed_plan, chosen
         gamma = self._compressor.gamma if self._compressor is not None and \
             cand is self._candidate else 0
         runtimes = self.stage_runtimes(cand)
@@ -330,7 +332,14 @@ class AsyncSession:
                 self._plans.clear()
             plan = self._plans[key] = Plan.for_candidate(self.bundle, cand, self._packing,
                                                          runtimes=runtimes, gamma=gamma)
-        return plan
+        return plan, chosen
+
+    @property
+    def links(self) -> dict[str, dict[str, Any]]:
+        """Every link to the handheld by name (the transport's, then ``LinkOptions.
+        alternates``): its ``kind``, ``transport``, ``state`` (up, down, refused, probing, not
+        connected), ``why`` it is out and the ``frames`` it carried."""
+        return self.handheld_links.summary()
 
     @property
     def strategies(self) -> dict[str, Any] | None:
@@ -367,36 +376,54 @@ class AsyncSession:
             await self.connection.went_offline(exc)
 
     async def _offload_or_finish(
-        self, plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats, ro: RunOptions
+        self, plan: Plan, crossing: dict[str, np.ndarray], stats: RunStats, ro: RunOptions,
+        link: SessionLink | None = None,
     ) -> dict[str, np.ndarray]:
-        conn = self.connection_for(plan)
-        if conn.offline is not None:
+        multi = self.handheld_links.multi and self.replanner is None
+        if multi and link is None:  # a split fixed by the caller, and no link up
+            return await self.executor.finish_here(plan.candidate, crossing, stats,
+                                                   self.handheld_links.offline or "no link is up")
+        conn = link.conn if multi and link is not None else self.connection_for(plan)
+        if conn.offline is not None and not multi:
             return await self.executor.finish_here(plan.candidate, crossing, stats, conn.offline)
         timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
+        explicit, t0 = ro.timeout is not None, time.monotonic()
+        name = link.name if link is not None else None
         try:
-            rpc = await conn.client()
-            decoders = peer_decoders(conn.info, self.bundle.priors_digest)
-            check_decodable(plan.packing, decoders)  # a standard codec it lacks: refused
-            if self.autoplan is not None:
-                await self.autoplan.maintain(rpc, timeout)
-            payload = await self.executor.encode(plan, crossing, stats, decoders)
-            # a request the link cannot carry within the timeout gets 2x its airtime (options)
-            bps, rtt = self.autoplan.link_estimate() if self.autoplan else (None, None)
-            timeout = request_timeout(timeout, len(payload), bps, rtt,
-                                      explicit=ro.timeout is not None)
-            # the request's timeout cancels it here and, by CANCEL, on the peer
-            outputs = await self.executor.exchange(plan, rpc, payload, stats, timeout,
-                                                   conn.rtt_ms)
+            if multi and link is not None and not link.up:  # it went down since the plan
+                raise LinkClosed(f"it went down before the frame was sent ({link.down})")
+            outputs = await self._exchange_on(plan, conn, name, crossing, stats, timeout,
+                                              explicit)
         except LinkError as caught:
             exc: LinkError = caught
         else:
             conn.succeeded()
             if self.replanner is not None:
                 self.replanner.observed(plan, stats.hops)
+            if link is not None and plan.stages[1].device == HANDHELD:
+                stats.link = link.name
+                self.handheld_links.carried_by(link)
             return outputs
+        at = exc.hop if isinstance(exc, RemoteError) and exc.hop is not None else 0
+        if multi and link is not None and exc.transient and at == 0:
+            # re-sent on another link up, within what is left of the frame's timeout
+            deadline = t0 + request_timeout(timeout, stats.bytes_up, *self._estimate(link.name),
+                                            explicit=explicit)
+
+            async def resend(alt: SessionLink, left: float) -> dict[str, np.ndarray]:
+                return await self._exchange_on(plan, alt.conn, alt.name, crossing, stats,
+                                               left, True)
+
+            moved = await self.handheld_links.fail_over(link, exc, stats, deadline, resend)
+            if moved is not None:
+                return moved
+            if not self.options.link.fallback:
+                raise exc
+            assert stats.failover is not None
+            return await self.executor.finish_here(plan.candidate, crossing, stats,
+                                                   stats.failover)
         if not (self.options.link.fallback and exc.transient):
             raise exc
-        at = exc.hop if isinstance(exc, RemoteError) and exc.hop is not None else 0
         if self.replanner is not None:  # leave the device out; the next frames re-plan
             dead = failed_device(exc, plan)
             if dead is not None and self.replanner.failed(dead, exc):
@@ -410,6 +437,29 @@ class AsyncSession:
         if len(plan.remote) > 1:
             why = f"{plan.remote[min(at, len(plan.remote) - 1)].device}: {why}"
         return await self.executor.finish_here(plan.candidate, crossing, stats, why)
+
+    async def _exchange_on(self, plan: Plan, conn: Connection, link: str | None,
+                           crossing: dict[str, np.ndarray], stats: RunStats, timeout: float,
+                           explicit: bool) -> dict[str, np.ndarray]:
+        """One offloaded exchange over ``conn`` (``link``: its name, several links only)."""
+        rpc = await conn.client()
+        decoders = peer_decoders(conn.info, self.bundle.priors_digest)
+        check_decodable(plan.packing, decoders)  # a standard codec it lacks: refused
+        if self.autoplan is not None:
+            await self.autoplan.maintain(rpc, timeout, link)
+        payload = await self.executor.encode(plan, crossing, stats, decoders)
+        # a request the link cannot carry within the timeout gets 2x its airtime (options)
+        timeout = request_timeout(timeout, len(payload), *self._estimate(link),
+                                  explicit=explicit)
+        # the request's timeout cancels it here and, by CANCEL, on the peer
+        return await self.executor.exchange(plan, rpc, payload, stats, timeout, conn.rtt_ms)
+
+    def _estimate(self, link: str | None) -> tuple[float | None, float | None]:
+        """(uplink bytes/s, RTT ms) of ``link`` as measured, if anything measures it."""
+        if link is not None and self.handheld_links.multi:
+            est = self.handheld_links.get(link).estimator.estimate()
+            return est.up_bps, est.rtt_ms
+        return self.autoplan.link_estimate(link) if self.autoplan else (None, None)
 
     # -- planning ---------------------------------------------------------------------------
     @property
@@ -428,8 +478,10 @@ class AsyncSession:
 
     @property
     def offline(self) -> str | None:
-        """Why offloading is paused right now, or None when the helper is in use."""
-        return self.connection.offline
+        """Why offloading is paused right now, or None when the helper is in use (several
+        links: when one is up, or none has been tried yet)."""
+        links = self.handheld_links
+        return links.offline if links.multi else self.connection.offline
 
     def set_split(self, split: str | None, packing: str | PackSpec | None = None) -> None:
         """Fix the split (and packing, to the handheld) from now on; ``None`` hands the choice
@@ -467,6 +519,10 @@ class AsyncSession:
         if auto is None:
             auto = self._planner_off = self._make_autoplan(None, UNSET, None, None, None,
                                                            ("auto",))
+            self.handheld_links.register(auto)
+        if self.handheld_links.multi:
+            return self.handheld_links.decision(auto, None if self.autoplan is not None
+                                       else f"split fixed by the caller at {self._candidate.id}")
         decision = auto.decision()
         if self.offline is not None:
             decision.notes.append(
@@ -480,29 +536,19 @@ class AsyncSession:
                        wearable_profile: DeviceProfile | str | Path | None,
                        handheld_profile: DeviceProfile | str | Path | None,
                        packings: Sequence[str]) -> AutoPlan:
-        pol = policy if isinstance(policy, Policy) else load_policy(policy)[0]
-        if objective is not None and objective not in OBJECTIVES:
-            raise InputError(f"unknown objective {objective!r}; expected one of "
-                             f"{', '.join(OBJECTIVES)}")
-        wprof = (wearable_profile if isinstance(wearable_profile, DeviceProfile)
-                 else load_or_default("wearable", wearable_profile))
-        measured_here = bool(wprof.models) or wprof.predictor is not None
-        if measured_here and self.emulation.slowdown != 1.0 and wprof.slowdown == 1.0:
-            # a profile measured on this machine, which now plays a K x slower wearable
-            wprof = dataclasses.replace(wprof, slowdown=self.emulation.slowdown)
-        hprof = (handheld_profile if isinstance(handheld_profile, DeviceProfile)
-                 else load_or_default("handheld", handheld_profile)
-                 if handheld_profile is not None else None)
-        return AutoPlan(self.bundle, policy=pol, wearable_profile=wprof, handheld_profile=hprof,
-                        objective=objective, latency_budget_ms=latency_budget_ms,
-                        packings=packings, timeout_s=self.options.link.timeout,
-                        runtimes={"wearable": self.options.placement.runtime,
-                                  "handheld": self.options.placement.handheld_runtime})
+        place = self.options.placement
+        return build_autoplan(self.bundle, policy, objective, latency_budget_ms,
+                              wearable_profile, handheld_profile, packings,
+                              slowdown=self.emulation.slowdown,
+                              timeout_s=self.options.link.timeout,
+                              runtimes={"wearable": place.runtime,
+                                        "handheld": place.handheld_runtime})
 
-    async def _on_connect(self, rpc: RpcClient, timeout: float) -> None:
+    async def _on_connect(self, rpc: RpcClient, timeout: float, link: str) -> None:
         if self.autoplan is not None:
-            self.autoplan.peer_decoders(self.connection.info)
-            await self.autoplan.on_connect(rpc, timeout)
+            self.autoplan.peer_decoders(self.handheld_links.get(link).conn.info)
+            multi = self.handheld_links.multi
+            await self.autoplan.on_connect(rpc, timeout, link if multi else None)
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -512,7 +558,11 @@ class AsyncSession:
 
     async def connect(self) -> dict[str, Any]:
         """Connect and handshake now (otherwise done on the first offloaded run). A transient
-        failure raises, and (with ``fallback``) also starts the offline backoff, like a run."""
+        failure raises, and (with ``fallback``) also starts the offline backoff, like a run.
+        Several links: every one is probed; the first link up's handshake reply, or the first
+        link's error when none is up."""
+        if self.handheld_links.multi:
+            return await self.handheld_links.connect()
         try:
             await self.connection.client()
         except LinkError as exc:
@@ -529,7 +579,7 @@ class AsyncSession:
         self._closed = True
         try:
             await self.helpers.close()
-            await self.connection.close()
+            await self.handheld_links.close()
         finally:
             self.executor.close()
 

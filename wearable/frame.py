@@ -47,6 +47,30 @@ class NodeArg:
                    _ORT_TYPES.get(spec.dtype, f"tensor({spec.dtype})"))
 
 
+@dataclass(frozen=True)
+class ModelMetadata:
+    """Same fields as ``onnxruntime.ModelMetadata``, read from the bundle's model."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
+
+    @classmethod
+    def of(cls, bundle: Bundle) -> ModelMetadata:
+        """The metadata of ``bundle``'s whole model (its weights are not read)."""
+        import onnx
+
+        m = onnx.load(str(bundle.model_path), load_external_data=False)
+        return cls(producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
+                   description=m.doc_string, graph_description=m.graph.doc_string,
+                   version=m.model_version,
+                   custom_metadata_map={p.key: p.value for p in m.metadata_props})
+
+
 @dataclass
 class RunStats:
     """Timings (ms) and bytes of one inference."""
@@ -83,6 +107,12 @@ class RunStats:
     #: why a tensor went in another packing than planned (the handheld does not decode it:
     #: ``"qz4 sent as q4: the handheld cannot decode zstd ..."``), else None
     packing_fallback: str | None = None
+    #: the link to the handheld that carried the request (its name: ``ble``, ``wifi``, an
+    #: alternate's; None: nothing was sent, or the frame finished on the wearable)
+    link: str | None = None
+    #: the link this frame was first sent on and why it left it (``"wifi: disconnected:
+    #: ..."``), when it was re-sent on ``link`` or finished here
+    failover: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

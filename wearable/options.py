@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +224,12 @@ class LinkOptions(_Options):
         (transient :class:`~coinf.errors.LinkError`), then retry after a backoff (0.5 s
         doubling to ``max_backoff_s``). Configuration errors always raise.
     stream_depth: frames in flight at once in ``Session.stream`` (default of its ``depth``).
+    alternates: more links to the same handheld, by name: a spec string (``{"wifi":
+        "tcp:HOST:PORT"}``) or an :class:`AlternateLink`. The planner then chooses link x cut
+        x packing per frame over the links that are up (docs/PLANNER.md, "Several links at run
+        time"); a frame whose link fails is re-sent on another. The transport's own link is
+        named after its kind (``ble`` for ``ble:`` specs, ``wifi`` for ``tcp:`` ones, else
+        ``handheld``); no alternate may take that name.
     """
 
     transport: Any = "inprocess"
@@ -234,6 +241,7 @@ class LinkOptions(_Options):
     fallback: bool = True
     max_backoff_s: float = 30.0
     stream_depth: int = 3
+    alternates: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.transport, str) and self.transport in _GONE_TRANSPORTS:
@@ -256,10 +264,91 @@ class LinkOptions(_Options):
             raise _fail(self, "fallback", "True or False")
         if not (_is_int(self.stream_depth) and self.stream_depth >= 1):
             raise _fail(self, "stream_depth", "an int >= 1")
+        object.__setattr__(self, "alternates", self._checked_alternates())
+
+    def _checked_alternates(self) -> dict[str, AlternateLink]:
+        if not isinstance(self.alternates, Mapping):
+            raise _fail(self, "alternates", 'a mapping of link name to a spec or an '
+                        'AlternateLink ({"wifi": "tcp:HOST:PORT"})')
+        own = self.link_name
+        out: dict[str, AlternateLink] = {}
+        for name, alt in self.alternates.items():
+            if not (isinstance(name, str) and _LINK_NAME.fullmatch(name)):
+                raise InputError(f"LinkOptions.alternates: link name {name!r} must be lower "
+                                 "case letters, digits, - or _ (starting with a letter)")
+            if name == own:
+                raise InputError(f"LinkOptions.alternates: {name!r} is the name of the "
+                                 f"transport's own link ({self.transport!r}); name the "
+                                 "alternate otherwise")
+            if isinstance(alt, str):
+                alt = AlternateLink(transport=alt)
+            if not isinstance(alt, AlternateLink):
+                raise InputError(f"LinkOptions.alternates[{name!r}] must be a spec string "
+                                 f"(tcp:HOST:PORT) or an AlternateLink, got "
+                                 f"{type(alt).__name__}")
+            out[name] = alt
+        return out
 
     @property
     def effective_connect_timeout(self) -> float:
         return self.connect_timeout if self.connect_timeout is not None else self.timeout
+
+    @property
+    def link_name(self) -> str:
+        """The name of the transport's own link: ``ble`` (``ble:`` specs), ``wifi``
+        (``tcp:``, ``tcp+insecure:``), else ``handheld``."""
+        scheme = self.transport.partition(":")[0] if isinstance(self.transport, str) else ""
+        return {"ble": "ble", "tcp": "wifi", "tcp+insecure": "wifi"}.get(scheme, "handheld")
+
+    @property
+    def link_kind(self) -> str:
+        """The radio of the transport's own link: ``ble`` for ``ble:`` specs, else ``wifi``."""
+        return default_kind(self.transport)
+
+
+_LINK_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+def default_kind(transport: Any) -> str:
+    """``ble`` for a ``ble:`` spec, ``wifi`` for any other (tcp:, the emulations)."""
+    return "ble" if isinstance(transport, str) and transport.startswith("ble:") else "wifi"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlternateLink(_Options):
+    """One more link to the same handheld (``LinkOptions.alternates``).
+
+    transport: its spec (``tcp:HOST:PORT``: TLS 1.3 pinned to the paired handheld, as
+        helpers are; ``tcp+insecure:HOST:PORT``: the plain opt-out; ``ble:HCI``...).
+    kind: the radio it uses, ``ble`` or ``wifi`` (default: ``ble`` for ``ble:`` specs,
+        ``wifi`` otherwise): how the planner prices its energy and its first estimate.
+    transport_options: options of that transport (``fingerprint="sha256:..."`` pins one
+        certificate on a ``tcp:`` link; BLE: ``keystore``...).
+    channel: emulation only: shape this link's sending side with a
+        :class:`~coinf.ble_protocol.shaped.Channel`, e.g. ``wifi_preset("pi-zero-2w-wifi")
+        .channel()``.
+    """
+
+    transport: str
+    kind: str | None = None
+    transport_options: Mapping[str, Any] = field(default_factory=dict)
+    channel: Any = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.transport, str) and self.transport.strip()):
+            raise _fail(self, "transport", "a link spec string (tcp:HOST:PORT, "
+                        "tcp+insecure:HOST:PORT, ble:HCI)")
+        if self.kind is None:
+            object.__setattr__(self, "kind", default_kind(self.transport))
+        if self.kind not in ("ble", "wifi"):
+            raise _fail(self, "kind", "'ble', 'wifi' or None (from the spec)")
+        if not isinstance(self.transport_options, Mapping):
+            raise _fail(self, "transport_options", "a mapping of the transport's options")
+        object.__setattr__(self, "transport_options", dict(self.transport_options))
+        from coinf.ble_protocol.shaped import Channel
+
+        if self.channel is not None and not isinstance(self.channel, Channel):
+            raise _fail(self, "channel", "a coinf.ble_protocol.shaped.Channel or None")
 
 
 @dataclass(frozen=True, kw_only=True)

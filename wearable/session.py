@@ -188,14 +188,23 @@ class Session:
         return self._core.strategies
 
     @property
+    def links(self) -> dict[str, dict[str, Any]]:
+        """Every link to the handheld by name: kind, transport, state, why it is out, frames
+        carried (:attr:`AsyncSession.links`)."""
+        return self._core.links
+
+    @property
     def handheld_info(self) -> dict[str, Any] | None:
         return self._core.handheld_info
 
     @property
     def link(self) -> Link | None:
-        """The link to the handheld, once connected."""
-        rpc = self._core.connection.rpc_client
-        return rpc.link if rpc is not None else None
+        """The link to the handheld, once connected (several: the one sending now, else the
+        first one up)."""
+        open_links = [lk.conn.rpc_client.link for lk in self._core.handheld_links
+                      if lk.conn.rpc_client is not None]
+        sending = [link for link in open_links if link.stats.sending() is not None]
+        return next(iter(sending or open_links), None)
 
     @property
     def autoplan(self) -> AutoPlan | None:

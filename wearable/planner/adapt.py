@@ -122,7 +122,8 @@ class LinkEstimator:
         down_spb, _ = self._get("down", 1.0 / self.initial.down_bps if s1 == "default" else up_spb)
         up, down = 1.0 / up_spb, 1.0 / down_spb
         rtt, _ = self._get("rtt", self.initial.rtt_ms)
-        return LinkEstimate(up, down, rtt, s1, self.initial.overhead_bytes)
+        return LinkEstimate(up, down, rtt, s1, self.initial.overhead_bytes,
+                            kind=self.initial.kind, wake_ms=self.initial.wake_ms)
 
     def probe_due(self, interval_s: float = 300.0) -> bool:
         """True when no bandwidth figure is younger than ``interval_s`` (CoINF: 5 minutes)."""

@@ -34,6 +34,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hci", type=argtypes.connect_address,
                         help="for --transport ble: hci-socket:0 (Pi), usb:0, or "
                         "tcp-client:HOST:PORT (coinf radio)")
+    parser.add_argument("--wifi", type=_wifi_address, metavar="tcp:HOST:PORT",
+                        help="with --transport ble: a second link to the same handheld over "
+                        "Wi-Fi (tcp: is TLS pinned to the handheld paired by `coinf wifi "
+                        "pair`; tcp+insecure: is plain). The planner chooses the link per "
+                        "inference; a frame whose link fails moves to the other")
+    parser.add_argument("--wifi-emulate", metavar="PRESET", type=_wifi_preset,
+                        help="shape the --wifi link like this Wi-Fi preset (emulation: "
+                        "pi-zero-2w-wifi)")
     parser.add_argument("--packing", default="raw",
                         help="raw, f32, f16, q1..q16, qz1..qz16, ans1..ans8, jpeg-qNN, webp-qNN, "
                              "png, pcm16 or flac (docs/PACKING.md)")
@@ -84,6 +92,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
+def _wifi_address(text: str) -> str:
+    """A Wi-Fi link to the handheld: ``tcp:HOST:PORT`` (TLS) or ``tcp+insecure:HOST:PORT``."""
+    if not text.startswith(("tcp:", "tcp+insecure:")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected tcp:HOST:PORT (TLS, the handheld paired with `coinf wifi "
+            f"pair`) or tcp+insecure:HOST:PORT")
+    return argtypes.connect_address(text)
+
+
+def _wifi_preset(text: str) -> str:
+    from coinf.ble_protocol.wifi_preset import WifiError, wifi_preset
+
+    try:
+        wifi_preset(text)
+    except WifiError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _plan_file(text: str) -> str:
     """A plan file; a number is the old ``--plan N``, now ``--planner-runs N``."""
     if text.lstrip("-").isdigit():
@@ -127,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
     if args.transport == "ble" and not args.hci:
         raise UserError("--transport ble needs --hci hci-socket:0, usb:0 or tcp-client:HOST:PORT")
+    wifi_link(args)  # a bad combination is refused before any work
     bundle = Bundle.load(args.bundle)
     if args.discover is not None:  # found now, once: every session of this run uses them
         args.helpers = discovered_helpers(args, bundle)
@@ -215,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
                 "fallbacks": sum(s.fallback is not None for s in stats),
                 # a packing the handheld does not decode went as the nearest one it does
                 "packing_fallback": stats[-1].packing_fallback,
+                # the link that carried each run (several links: the planner's choice)
+                "links": {n: sum(s.link == n for s in stats)
+                          for n in dict.fromkeys(s.link for s in stats if s.link)},
             })
         stream = None
         if args.stream > 1:
@@ -234,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
                    "plan": planned}, sys.stdout, indent=1)
         print()
     else:
-        print(format_table(rows))
+        print(format_table(rows, show_links=bool(args.wifi)))
         if stream:
             print(format_stream(stream))
         if planned:
@@ -337,7 +368,7 @@ def connect_or_fall_back(session: Any, strict: bool) -> None:
               "and offloading is retried", file=sys.stderr)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]], show_links: bool = False) -> str:
     head = (f"{'candidate':<10} {'packing':<9} {'cut after':<28} {'sent B':>9} {'head ms':>8} "
             f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
     lines = [head, "-" * len(head)]
@@ -353,6 +384,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{match}"
             + (f"  (finished on the wearable {r['fallbacks']}x: handheld unavailable)"
                if r.get("fallbacks") else "")
+            + ("  (over " + ", ".join(f"{n} {c}x" for n, c in r["links"].items()) + ")"
+               if show_links and r.get("links") else "")
         )
     return "\n".join(lines)
 
@@ -452,10 +485,38 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
             link=LinkOptions(transport=transport,
                              transport_options=ble if args.transport == "ble" else {},
                              helper_ble_options=ble if over_ble else {},
-                             timeout=120.0, fallback=not args.no_fallback),
+                             timeout=120.0, fallback=not args.no_fallback,
+                             alternates=wifi_link(args)),
             emulation=EmulationOptions(slowdown=args.slowdown, threads=args.threads))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def wifi_link(args: argparse.Namespace) -> dict[str, Any]:
+    """``--wifi ADDR [--wifi-emulate PRESET]``: the alternate link named ``wifi`` beside
+    ``--transport ble`` (LinkOptions.alternates)."""
+    from coinf.errors import UserError
+    from coinf.wearable.options import AlternateLink
+
+    wifi, preset = getattr(args, "wifi", None), getattr(args, "wifi_emulate", None)
+    if wifi is None:
+        if preset is not None:
+            raise UserError("--wifi-emulate shapes the --wifi link: give --wifi tcp:HOST:PORT")
+        return {}
+    if args.transport != "ble":
+        raise UserError(f"--wifi is a second link beside --transport ble (--hci SPEC), not "
+                        f"--transport {args.transport}"
+                        + (" (the handheld's address there is --handheld)"
+                           if args.transport == "socket" else ""))
+    if getattr(args, "helpers", None) or getattr(args, "discover", None) is not None:
+        raise UserError("--wifi reaches the handheld; --helpers/--discover plan over helpers: "
+                        "give one or the other")
+    channel = None
+    if preset is not None:
+        from coinf.ble_protocol.wifi_preset import wifi_preset
+
+        channel = wifi_preset(preset).channel()
+    return {"wifi": AlternateLink(transport=wifi, channel=channel)}
 
 
 def _ble_helpers(args: argparse.Namespace) -> bool:

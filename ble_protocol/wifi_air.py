@@ -131,12 +131,6 @@ def spawn(preset_name: str, target: str, timeout: float = 20.0
         raise UserError(f"the Wi-Fi air process did not start within {timeout:.0f} s "
                         f"(exit code {proc.returncode})")
 
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    from coinf.ble_protocol.radio import stop_process
 
-    return spec, stop
+    return spec, lambda: stop_process(proc)

@@ -186,13 +186,15 @@ def spawn(
     finally:
         timer.cancel()
 
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    return specs["wearable"], specs["handheld"], lambda: stop_process(proc)
 
-    return specs["wearable"], specs["handheld"], stop
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
+    """Terminate an emulated radio's (or air's) process; kill it if it does not stop."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -45,6 +45,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
+async def _until_signal() -> None:
+    """Return on SIGINT or SIGTERM (the emulated air serves until then)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 def run_wifi(args: argparse.Namespace) -> int:
     """``coinf radio --wifi PRESET --to tcp:HOST:PORT``: the emulated Wi-Fi air."""
     from coinf.ble_protocol.wifi_air import WifiAir
@@ -69,11 +78,7 @@ def run_wifi(args: argparse.Namespace) -> int:
         print(f"wifi {params.name}: {params.throughput_bps / 1e6:g} MB/s, RTT "
               f"{params.rtt_ms:g} ms, jitter {params.jitter_ms:g} ms, loss {params.loss:g}",
               file=sys.stderr)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await _until_signal()
         await air.stop()
 
     asyncio.run(main())
@@ -101,11 +106,7 @@ def run(args: argparse.Namespace) -> int:
         wearable, handheld = radio.specs
         print(f"wearable={wearable}\nhandheld={handheld}", flush=True)
         print(f"radio {params.name}: capacity {params.capacity_bps():.0f} B/s", file=sys.stderr)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await _until_signal()
         await radio.stop()
 
     asyncio.run(main())

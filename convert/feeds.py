@@ -135,9 +135,12 @@ def dataset_from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[Tensor
     inputs = fit_feeds(arrays, specs, name)
     n = len(next(iter(inputs.values())))
     if labels is not None:
-        labels = np.asarray(labels).reshape(-1)
+        labels = np.asarray(labels)
+        if labels.ndim != 2 or len(labels) != n:
+            labels = labels.reshape(-1)
         if len(labels) != n or labels.dtype.kind not in "iu":
-            raise InputError(f"{name}: labels {key!r} must be {n} integers (one per feed), got "
+            raise InputError(f"{name}: labels {key!r} must be {n} integers (one per feed) or "
+                             f"{n} rows of integers (a sequence per feed, padded with -1), got "
                              f"shape {list(np.shape(labels))} {labels.dtype}")
     if limit is not None and limit < n:
         inputs = {k: v[:limit] for k, v in inputs.items()}

@@ -22,7 +22,10 @@ name                per-sample loss                                             
                     >= 0.5 (swift-f0's rule); with pitch alone, every frame whose
                     reference pitch is > 0; no voiced frame: 0
 ``ctc``             a CTC recogniser's per-step class ids (``--post argmax``): 1 when   decision
-                    the greedy decodings (repeats collapsed, blank 0 dropped) differ
+                    the greedy decodings (repeats collapsed, blank 0 dropped) differ;
+                    with labels (each a row of class ids, padded with -1): reference
+                    reads the label, packed does not. ``ctc@I,J``: ids I, J also
+                    dropped from both sides (a word accuracy that ignores the space)
 ``class``           outputs that hold class ids (``--post argmax`` or the indices of   decision
                     ``--post topk:K``): share of positions whose first id changed
 ``boxes@T``         detections ``[1, K, 6]`` (cx, cy, w, h, score, class; ``--post        decision
@@ -58,14 +61,19 @@ _THRESH = re.compile(r"^(iou|decision)@(-?[0-9.]+(?:e-?\d+)?)$")
 _TOPK = re.compile(r"^top(\d{1,3})$")
 _CENTS = re.compile(r"^cents@([0-9.]+(?:e-?\d+)?)$")
 _BOXES = re.compile(r"^boxes@(0?\.[0-9]+|1(?:\.0*)?)$")
+_CTC = re.compile(r"^ctc(?:@(\d{1,9}(?:,\d{1,9})*))?$")
 BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine", "cents@T",
-           "class", "ctc", "boxes@T")
+           "class", "ctc", "ctc@IDS", "boxes@T")
 BOX_SCORE = 0.25
 """``boxes@T``: the score from which a detection counts (on both sides)."""
 EPS = 1e-12
 VOICED = 0.5
 """``cents@T``: a frame is voiced when the reference confidence is at least this (swift-f0's
 ``PitchResult.confidence`` rule)."""
+
+
+Label = int | np.ndarray | None
+"""One input's label: a class id (``top1``) or a row of class ids padded with -1 (``ctc``)."""
 
 
 @dataclass
@@ -80,8 +88,33 @@ class Metric:
         """What the manifest records."""
         return {"name": self.name, "outputs": list(self.outputs)}
 
+    def judges_labels(self, label_ndim: int, positions: int) -> bool:
+        """Whether labels of ``label_ndim`` dims per input judge this metric: class ids for
+        ``top1`` on one position, id rows for ``ctc``."""
+        return (self.name == "top1" and label_ndim == 0 and positions <= 1) \
+            or (self._ctc_drop() is not None and label_ndim == 1)
+
+    def _ctc_drop(self) -> frozenset[int] | None:
+        """For ``ctc``/``ctc@IDS``: the ids dropped besides the blank; else None."""
+        m = _CTC.match(self.name)
+        if m is None:
+            return None
+        return frozenset(int(v) for v in m.group(1).split(",")) if m.group(1) else frozenset()
+
+    def correct(self, test: np.ndarray, label: Label) -> bool:
+        """Whether the output ``test`` gives ``label`` (``top1``: the argmax; ``ctc``: the
+        greedy decoding equals the label's ids)."""
+        if label is None:
+            return False
+        drop = self._ctc_drop()
+        if drop is not None:
+            want = np.asarray(label).reshape(-1)
+            return _ctc(test, drop) == [int(c) for c in want[want >= 0] if int(c) not in drop]
+        flat = np.asarray(test).reshape(-1)
+        return bool(flat.size) and int(np.argmax(flat)) == int(np.asarray(label))
+
     def loss(self, ref: Sequence[np.ndarray], test: Sequence[np.ndarray],
-             label: int | None = None) -> float:
+             label: Label = None) -> float:
         """Per-sample loss over the metric's outputs (``ref``/``test`` in that order)."""
         if self._fn is not None:
             try:
@@ -101,13 +134,16 @@ class Metric:
                 for r, t in zip(ref, test, strict=True)]
         return float(np.mean(vals))
 
-    def _one(self, ref: np.ndarray, test: np.ndarray, label: int | None) -> float:
+    def _one(self, ref: np.ndarray, test: np.ndarray, label: Label) -> float:
         name = self.name
         if name == "class":
             r, t = _rows(ref), _rows(test)
             return float(np.mean(r[:, 0] != t[:, 0])) if r.size else 0.0
-        if name == "ctc":
-            return float(_ctc(ref) != _ctc(test))
+        drop = self._ctc_drop()
+        if drop is not None:
+            if label is not None and np.ndim(label) == 1:
+                return float(self.correct(ref, label) and not self.correct(test, label))
+            return float(_ctc(ref, drop) != _ctc(test, drop))
         box = _BOXES.match(name)
         if box:
             return boxes_loss(ref, test, float(box.group(1)))
@@ -118,8 +154,9 @@ class Metric:
             t = _rows(test)
             if k == 1:
                 rt, tt = r.argmax(-1), t.argmax(-1)
-                if label is not None and len(rt) == 1:
-                    return float(rt[0] == label and tt[0] != label)
+                if label is not None and np.ndim(label) == 0 and len(rt) == 1:
+                    y = int(np.asarray(label))
+                    return float(rt[0] == y and tt[0] != y)
                 return float(np.mean(rt != tt))
             kk = min(k, t.shape[-1])
             top = np.argpartition(-t, kk - 1, axis=-1)[:, :kk]
@@ -204,14 +241,15 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, EPS), 0.0)
 
 
-def _ctc(ids: np.ndarray) -> list[int]:
-    """Greedy CTC decoding of per-step class ids: repeats collapsed, the blank (0) dropped."""
+def _ctc(ids: np.ndarray, drop: frozenset[int] = frozenset()) -> list[int]:
+    """Greedy CTC decoding of per-step class ids: repeats collapsed, the blank (0) and the ids
+    in ``drop`` dropped."""
     flat = np.asarray(ids).reshape(-1).astype(np.int64)
     if flat.size == 0:
         return []
     keep = np.ones(flat.size, dtype=bool)
     keep[1:] = flat[1:] != flat[:-1]
-    return [int(c) for c in flat[keep & (flat != 0)]]
+    return [int(c) for c in flat[keep & (flat != 0)] if int(c) not in drop]
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -280,10 +318,11 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
             raise InputError(f"--metric {text!r}: {c.group(1)!r} is not a number of cents"
                              ) from None
     if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or c or _BOXES.match(name) \
-            or name in ("maxrel", "meanrel", "cosine", "class", "ctc"):
+            or _CTC.match(name) or name in ("maxrel", "meanrel", "cosine", "class"):
         return Metric(name, chosen)
     raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
-                     "top5, iou@0.5, decision@0.5, cents@50, class, boxes@0.5) or MODULE:FUNCTION")
+                     "top5, iou@0.5, decision@0.5, cents@50, class, ctc@6624, boxes@0.5) or "
+                     "MODULE:FUNCTION")
 
 
 def upper_bound_pp(losses: np.ndarray, confidence: float) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from coinf.ble_protocol import media
 from coinf.convert.feeds import Dataset
-from coinf.convert.metrics import Metric
+from coinf.convert.metrics import Label, Metric
 
 #: distinct values looked at per channel to find the grid (a subsample of big inputs)
 MAX_VALUES = 1 << 20
@@ -164,7 +164,7 @@ class NoiseFloor:
 def measure(data: Dataset, sequences: Sequence[range], ref: Sequence[Mapping[str, np.ndarray]],
             run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], metric: Metric,
             mout: Sequence[str], pairs: Sequence[tuple[str, str]],
-            label: Callable[[int], int | None]) -> NoiseFloor:
+            label: Callable[[int], Label]) -> NoiseFloor:
     """Run the model (``run``: feed -> outputs) on every perturbed input, in the same
     sequences as the clean reference ``ref`` (state fed back from its own outputs), and
     compare each step with the clean one."""
@@ -184,15 +184,11 @@ def measure(data: Dataset, sequences: Sequence[range], ref: Sequence[Mapping[str
             losses.append(metric.loss([r[m] for m in mout], [out[m] for m in mout]))
             y = label(i)
             if y is not None:
-                changed_correct.append(int(_top1(r[mout[0]]) == y) - int(_top1(out[mout[0]]) == y))
+                changed_correct.append(int(metric.correct(r[mout[0]], y))
+                                       - int(metric.correct(out[mout[0]], y)))
             k += 1
     arr = np.asarray(losses, dtype=np.float64)
     decision = is_decision(metric)
     stable = arr == 0.0 if decision else np.ones(arr.size, dtype=bool)
     acc = 100.0 * float(np.mean(changed_correct)) if changed_correct else None
     return NoiseFloor(arr, stable, lsb, decision, acc)
-
-
-def _top1(a: np.ndarray) -> int:
-    flat = np.asarray(a).reshape(-1)
-    return int(np.argmax(flat)) if flat.size else 0

@@ -32,7 +32,7 @@ from coinf.convert import noise
 from coinf.convert import state as st
 from coinf.convert.entropy_cal import PriorFit, ans_bits
 from coinf.convert.feeds import Dataset
-from coinf.convert.metrics import Metric, upper_bound_pp
+from coinf.convert.metrics import Label, Metric, upper_bound_pp
 
 from coinf.bundle import Bundle, Candidate, open_slice
 from coinf.errors import BundleError, InputError
@@ -225,11 +225,21 @@ class _Calibration:
         #: (the standard codecs' calibrated map to pixels or samples)
         self.ranges: dict[str, list[tuple[float, float]]] = {}
         self._grid: dict[str, list[np.ndarray]] = {}  # distinct values per channel, first inputs
+        #: the head's output per input, run once (the head sees no state, so every trial's is
+        #: the same); None when state is fed back or they would take too much memory
+        self.heads: list[dict[str, np.ndarray]] | None = \
+            [] if not self.pairs and self.runner.head is not None else None
+        self._head_bytes = 0
         self._reference()
+        self._check_labels()
+        if self.labelled:  # the sequences run the inputs in order: ref[i] is input i's
+            self.ref_correct = [self.metric.correct(r[self.mout[0]], self._label(i))
+                                for i, r in enumerate(self.ref)]
         self.noise = noise.measure(
             data, self.sequences, self.ref,
             lambda feed: self.runner.run_tail(self.runner.run_head(feed)),
-            self.metric, self.mout, self.pairs, self._label)
+            self.metric, self.mout, self.pairs,
+            lambda i: self._label(i) if self.labelled else None)
         if fit is not None:
             fit.fit()
         self.ranges = {k: [_snap(self._grid[k][c], lo, hi) for c, (lo, hi) in enumerate(v)]
@@ -248,11 +258,21 @@ class _Calibration:
                 self.float_bytes += sum(4 * a.size if a.dtype.kind == "f" else a.nbytes
                                         for a in crossing.values())
                 self._widen(crossing)
+                if self.heads is not None:
+                    self._keep_head(crossing)
                 out = self.runner.run_tail(crossing)
                 self.ref.append(out)
                 state = {a: out[b] for a, b in self.pairs}
-                label = self._label(i)
-                self.ref_correct.append(label is not None and _top1(out[self.mout[0]]) == label)
+
+    def _keep_head(self, crossing: dict[str, np.ndarray]) -> None:
+        """Keep the head's output for the trials, within :data:`HEAD_CACHE_BYTES` (none kept
+        once the inputs' crossings outgrow it)."""
+        assert self.heads is not None
+        self._head_bytes += sum(a.nbytes for a in crossing.values())
+        if self._head_bytes > HEAD_CACHE_BYTES:
+            self.heads = None
+        else:
+            self.heads.append(crossing)
 
     def _widen(self, crossing: Mapping[str, np.ndarray]) -> None:
         for name, a in crossing.items():
@@ -280,8 +300,28 @@ class _Calibration:
             out[name] = spec
         return out
 
-    def _label(self, i: int) -> int | None:
-        return None if self.data.labels is None else int(self.data.labels[i])
+    def _label(self, i: int) -> Label:
+        return None if self.data.labels is None else self.data.labels[i]
+
+    def _check_labels(self) -> None:
+        """Labels whose ids the model cannot output are one clear error naming the data."""
+        labels = self.data.labels
+        if labels is None or not self.labelled:
+            return
+        out = self.ref[0][self.mout[0]]
+        classes = int(out.shape[-1])
+        if self.metric.name.startswith("ctc"):  # padding -1; the blank 0 is no character
+            if out.dtype.kind in "iu":  # ids already (--post argmax): no class count here
+                classes = 1 << 62
+            bad = labels[(labels < -1) | (labels == 0) | (labels >= classes)]
+            top = "" if classes == 1 << 62 else f"..{classes - 1}"
+            want = f"class ids 1{top} (0 is the blank), padded with -1"
+        else:
+            bad = labels[(labels < 0) | (labels >= classes)]
+            want = f"class ids 0..{classes - 1}"
+        if bad.size:
+            raise InputError(f"{self.data.name}: label {int(bad[0])} is not a class id of "
+                             f"{self.mout[0]!r}; expected {want}")
 
     def trial(self, assign: Mapping[str, str]) -> _Trial:
         specs = self.specs(assign)
@@ -292,8 +332,10 @@ class _Calibration:
             state: dict[str, np.ndarray] = {}
             out: dict[str, np.ndarray] = {}
             for i in seq:
-                feed = {**self.data.feed(i), **state}
-                crossing = self.runner.run_head(feed)
+                if self.heads is not None:
+                    crossing = self.heads[k]
+                else:
+                    crossing = self.runner.run_head({**self.data.feed(i), **state})
                 now = specs if self.fit is None else self.fit.specs_for(specs, i)
                 t0 = time.perf_counter()
                 bodies = {n: packing.pack(v, now[n]) for n, v in crossing.items()}
@@ -303,15 +345,19 @@ class _Calibration:
                 tr.decode_s.append(time.perf_counter() - t1)
                 tr.sizes.append(sum(len(b) for b in bodies.values()))
                 tr.exact.append(all(same_values(unpacked[n], v) for n, v in crossing.items()))
-                out = self.runner.run_tail(unpacked)
-                state = {a: out[b] for a, b in self.pairs}
                 ref = self.ref[k]
-                label = self._label(i)
+                # the tail is deterministic: given back bit for bit, it answers as it did
+                same = not state and all(unpacked[n].dtype == v.dtype
+                                         and np.array_equal(unpacked[n], v)
+                                         for n, v in crossing.items())
+                out = ref if same else self.runner.run_tail(unpacked)
+                state = {a: out[b] for a, b in self.pairs}
+                label = self._label(i) if self.labelled else None
                 r0, o0 = ref[self.mout[0]], out[self.mout[0]]
                 tr.losses.append(self.metric.loss([ref[m] for m in self.mout],
                                                   [out[m] for m in self.mout], label))
                 tr.agree.append(_top1(o0) == _top1(r0))
-                tr.correct.append(label is not None and _top1(o0) == label)
+                tr.correct.append(self.metric.correct(o0, label))
                 norm = float(np.linalg.norm(r0.astype(np.float64))) or 1.0
                 tr.rel.append(float(np.linalg.norm((o0 - r0).astype(np.float64))) / norm)
                 if self.pairs:
@@ -325,7 +371,7 @@ class _Calibration:
         """(measured drop in pp, its upper bound in pp) under the criterion: with labels,
         accuracy against them on every input; else the metric on the stable inputs."""
         losses = np.asarray(tr.losses, dtype=np.float64)
-        if self.labelled_top1:
+        if self.labelled:
             ref_c = np.asarray(self.ref_correct)
             cor = np.asarray(tr.correct)
             drop = 100.0 * (float(ref_c.mean()) - float(cor.mean()))
@@ -339,7 +385,7 @@ class _Calibration:
     def criterion(self) -> str:
         """``labels`` (accuracy against them), ``stable`` (agreement on the stable inputs) or
         ``all`` (a continuous metric on every input)."""
-        if self.labelled_top1:
+        if self.labelled:
             return "labels"
         return "stable" if self.noise.decision else "all"
 
@@ -351,15 +397,21 @@ class _Calibration:
     def metric_label(self) -> str:
         """The metric as rows and the manifest name it (the old names for plain top-1)."""
         if self.metric.name == "top1" and not self.metric.outputs:
-            return "top1_accuracy" if self.labelled_top1 else "top1_disagreement"
+            return "top1_accuracy" if self.labelled else "top1_disagreement"
         outs = f"[{','.join(self.mout)}]" if self.metric.outputs else ""
         return f"{self.metric.name}{outs}"
 
     @property
-    def labelled_top1(self) -> bool:
-        return self.data.labels is not None and self.metric.name == "top1" \
-            and len(self.mout) == 1 and int(np.prod(self.ref[0][self.mout[0]].shape[:-1])) <= 1
+    def labelled(self) -> bool:
+        """Whether the data's labels judge the metric (class ids for top-1 on one position,
+        id rows for ``ctc``): the criterion is then accuracy against them."""
+        labels = self.data.labels
+        return labels is not None and len(self.mout) == 1 and self.metric.judges_labels(
+            labels.ndim - 1, int(np.prod(self.ref[0][self.mout[0]].shape[:-1])))
 
+
+#: memory the head outputs kept for a candidate's trials may take (beyond it, heads rerun)
+HEAD_CACHE_BYTES = 512 << 20
 
 #: float32 rounding steps (of the tensor's largest magnitude) within which a round trip still
 #: gives back "the same" value: a dequantizing decoder's arithmetic, 10^4 below an 8-bit step

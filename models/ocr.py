@@ -8,7 +8,8 @@ dims are made static here: the detector at 640 x 640 (4.6 GFLOPs, about 15x Mobi
 
 Their data is text rendered onto the sample photos of the scikit-image/scikit-learn wheels, so
 the truth is known exactly: :func:`word_set` gives word crops with the word as the label
-(an index into :data:`WORDS`), :func:`page_set` photos with lines of text on them.
+(its class ids in the recogniser's own dictionary, :func:`characters`), :func:`page_set`
+photos with lines of text on them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ REC_SHAPE = (48, 320)
 #: the recogniser's time steps at width 320 (its CNN downsamples the width by 8)
 REC_STEPS = REC_SHAPE[1] // 8
 REC_CLASSES = 6625  # blank + 6,623 characters + space
+#: the space's class id: word accuracy ignores it (as PaddleOCR's own recognition metric does)
+SPACE = REC_CLASSES - 1
 
 
 def _set_dims(vi: onnx.ValueInfoProto, dims: list[int]) -> None:
@@ -142,16 +145,48 @@ def render_word(word: str, background: np.ndarray, rng: np.random.Generator) -> 
     return np.asarray(img)
 
 
-def word_set(n: int, photos: list[np.ndarray], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` word crops for the recogniser ([n, 3, 48, 320]) and their labels (indices into
-    :data:`WORDS`): word ``i % len(WORDS)``, on photo ``i % len(photos)``."""
+def characters(source: onnx.ModelProto) -> list[str]:
+    """The recogniser's classes, from the ``character`` dictionary the wheel's model carries in
+    its metadata: class 0 is the CTC blank, then the 6,623 characters, then the space."""
+    text = next((p.value for p in source.metadata_props if p.key == "character"), None)
+    if text is None:
+        raise ModelError("the recogniser's ONNX file has no 'character' metadata (its "
+                         "dictionary); expected rapidocr-onnxruntime's ch_PP-OCRv4_rec_infer")
+    chars = ["<blank>", *text.split("\n"), " "]
+    if len(chars) != REC_CLASSES:
+        raise ModelError(f"the recogniser's dictionary has {len(chars)} classes; expected "
+                         f"{REC_CLASSES}")
+    return chars
+
+
+def encode(word: str, chars: list[str]) -> list[int]:
+    """``word`` as the recogniser's class ids (what a perfect greedy CTC decoding gives)."""
+    index = {c: i for i, c in enumerate(chars) if i}
+    missing = [c for c in word if c not in index]
+    if missing:
+        raise ModelError(f"{word!r}: {missing[0]!r} is not in the recogniser's dictionary")
+    return [index[c] for c in word]
+
+
+def word_set(n: int, photos: list[np.ndarray], chars: list[str],
+             seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` word crops for the recogniser ([n, 3, 48, 320]) and their labels: word
+    ``i % len(WORDS)`` on photo ``i % len(photos)``, its class ids (:func:`encode`) padded with
+    -1 to :data:`REC_STEPS` ([n, 40] int64)."""
     rng = np.random.default_rng(seed)
-    xs, labels = [], []
+    xs = []
+    labels = np.full((n, REC_STEPS), -1, np.int64)
     for i in range(n):
-        k = i % len(WORDS)
-        xs.append(preprocess_rec(render_word(WORDS[k], photos[i % len(photos)], rng))[0])
-        labels.append(k)
-    return np.stack(xs), np.asarray(labels, np.int64)
+        word = WORDS[i % len(WORDS)]
+        xs.append(preprocess_rec(render_word(word, photos[i % len(photos)], rng))[0])
+        ids = encode(word, chars)
+        labels[i, :len(ids)] = ids
+    return np.stack(xs), labels
+
+
+def word_of(label: np.ndarray, chars: list[str]) -> str:
+    """The word a label row (class ids padded with -1) spells."""
+    return "".join(chars[int(c)] for c in np.asarray(label).reshape(-1) if c >= 0)
 
 
 def render_page(background: np.ndarray, rng: np.random.Generator) -> np.ndarray:

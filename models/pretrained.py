@@ -477,7 +477,7 @@ _SPECS = [
         (InputSpec("x", (1, 3, 48, 320)),),
         "a word crop resized to height 48, RGB (p / 255 - 0.5) / 0.5, right-padded to 320",
         "PaddleOCR's PP-OCRv4 text recogniser (SVTR-LCNet, CTC over 6,625 characters)",
-        "ctc", ocr.build_rec, preprocess=ocr.preprocess_rec,
+        f"ctc@{ocr.SPACE}", ocr.build_rec, preprocess=ocr.preprocess_rec,
         metric_outputs=("softmax_11.tmp_0_argmax",), post="argmax", no_deps=True,
     ),
 ]  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from coinf.models.pretrained import spec_for
+from coinf.models.pretrained import require_package, spec_for
 
 from coinf.errors import InputError, MissingDependency
 from coinf.files import write_atomically
@@ -218,9 +218,13 @@ def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarra
         pics = [p for _, p in photos()]
         where = "the scikit-image/scikit-learn sample photos"
         if spec.task == "text recognition":
-            x, labels = ocr.word_set(n, pics, seed)
+            import onnx
+
+            chars = ocr.characters(onnx.load(str(require_package(spec)), load_external_data=False))
+            x, labels = ocr.word_set(n, pics, chars, seed)
             return {inp.name: x, "labels": labels}, \
-                f"{len(ocr.WORDS)} words rendered on crops of {where} (label: the word)"
+                f"{len(ocr.WORDS)} words rendered on crops of {where} (label: the word's " \
+                "character ids)"
         rng = np.random.default_rng(seed)
         backgrounds = [augment(pics[i % len(pics)], rng) for i in range(n)]
         return {inp.name: ocr.page_set(backgrounds, seed)}, f"text rendered on crops of {where}"

@@ -45,7 +45,7 @@ def test_a_second_prepare_reuses_everything(prepared: demo_prep.Prepared,
     def boom(*_: object, **__: object) -> None:
         raise AssertionError("calibrated again")
 
-    monkeypatch.setattr(cal, "calibrate_candidate", boom)
+    monkeypatch.setattr(demo_prep, "calibrate_jobs", boom)
     out = Path(prepared.bundle_dir).parent
     again = demo_prep.prepare("swift_f0", out, SAMPLES)
     assert again.bundle_dir == prepared.bundle_dir
@@ -129,3 +129,26 @@ def test_a_map_cell_is_measured_end_to_end_and_judged(prepared: demo_prep.Prepar
     assert c["best_vs_local"] == pytest.approx(local / best["latency_ms"], rel=1e-2)
     s = bench_map.summary([{"model": "m", "link": "wifi", **c}])
     assert s["measured_cells"] == 1 and s["regret_max"] == c["regret"]
+
+
+def test_the_demo_chooses_the_link_with_the_planner(prepared: demo_prep.Prepared) -> None:
+    """``--transport auto``: both of the Pi's links are priced; the one chosen is the link whose
+    winner is best in the demo's objective, and a fast enough Wi-Fi wins a frame that takes
+    seconds over BLE."""
+    from coinf.cli.commands.demo import choose_link, demo_links, format_links
+
+    bundle = Bundle.load(prepared.bundle_dir)
+    links = demo_links("pi-zero-2w", "pi-zero-2w-wifi")
+    assert links["ble"].kind == "ble" and links["wifi"].kind == "wifi"
+    assert links["wifi"].up_bps > 50 * links["ble"].up_bps
+    choice = choose_link(bundle, links, 1000.0)
+    per = choice.to_json()["per_link"]
+    assert set(per) == {"ble", "wifi"}
+    within = [n for n, e in per.items() if e["latency_ms"] <= 1000.0]
+    want = min(within, key=lambda n: per[n]["wearable_mj"]) if within \
+        else min(per, key=lambda n: per[n]["latency_ms"])
+    assert choice.link in (want, None)
+    if choice.link is None:  # the best is the wearable keeping the work: no link carries it
+        assert per[want]["winner"] == bundle.candidates[-1].id
+    text = format_links(choice, "wifi" if choice.link == "wifi" else "ble")
+    assert "ble" in text and "wifi" in text and "the demo runs over" in text

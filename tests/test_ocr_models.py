@@ -35,27 +35,42 @@ def _session(model: onnx.ModelProto):  # type: ignore[no-untyped-def]
 
 
 def test_the_recogniser_reads_the_rendered_words() -> None:
-    """Labelled: each crop says a known word; the published weights read nearly all of them
-    (decoded with the dictionary the package ships in the model's metadata)."""
+    """Labelled: each crop says a known word, its label the word's ids in the dictionary the
+    package ships in the model's metadata; the published weights read nearly all of them."""
     _installed()
-    src = onnx.load(str(pt.require_package(REC)))
-    chars = ["<blank>", *next(p.value for p in src.metadata_props
-                              if p.key == "character").split("\n"), " "]
+    chars = ocr.characters(onnx.load(str(pt.require_package(REC))))
+    assert chars[0] == "<blank>" and chars[ocr.SPACE] == " " and len(chars) == ocr.REC_CLASSES
     model = pt.build_model("ppocr_rec")
     assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == \
         [1, 3, 48, 320]
     sess = _session(model)
-    x, labels = ocr.word_set(20, [p for _, p in realdata.photos()], seed=3)
-    assert x.shape == (20, 3, 48, 320) and labels.dtype == np.int64
-    read = []
+    x, labels = ocr.word_set(20, [p for _, p in realdata.photos()], chars, seed=3)
+    assert x.shape == (20, 3, 48, 320) and labels.shape == (20, ocr.REC_STEPS)
+    assert [ocr.word_of(r, chars) for r in labels] == [ocr.WORDS[i] for i in range(20)]
+    metric = parse_metric(REC.metric)
+    right = 0
     for i in range(len(x)):
         probs = sess.run(None, {"x": x[i:i + 1]})[0]
         assert probs.shape == (1, ocr.REC_STEPS, ocr.REC_CLASSES)
-        from coinf.convert.metrics import _ctc
+        right += metric.correct(probs.argmax(-1), labels[i])
+    assert right >= 17
 
-        read.append("".join(chars[c] for c in _ctc(probs.argmax(-1))).lower())
-    right = sum(r == ocr.WORDS[k] for r, k in zip(read, labels, strict=True))
-    assert right >= 17, list(zip(read, [ocr.WORDS[k] for k in labels], strict=True))
+
+def test_ctc_against_labels_ignores_the_listed_ids() -> None:
+    """``ctc@I``: word accuracy against a label row (ids padded with -1), id I (a space)
+    dropped on both sides; the loss counts inputs the reference reads and the packed run
+    does not."""
+    m = parse_metric("ctc@9")
+    label = np.array([5, 7, -1, -1])
+    read = np.array([[9, 5, 5, 0, 7, 9]])  # " 57 " with the spaces dropped
+    assert m.correct(read, label) and not parse_metric("ctc").correct(read, label)
+    wrong = np.array([[5, 0, 0, 0, 0, 0]])
+    assert not m.correct(wrong, label)
+    assert m.loss([read], [wrong], label) == 1.0 and m.loss([wrong], [read], label) == 0.0
+    assert m.loss([read], [wrong]) == 1.0  # without a label: the decodings differ
+    assert m.judges_labels(1, 40) and not m.judges_labels(0, 1)
+    with pytest.raises(InputError, match="ctc@6624"):
+        parse_metric("ctc@x")
 
 
 def test_the_detector_marks_the_text_and_the_mask_post_shrinks_it(tmp_path: Path) -> None:

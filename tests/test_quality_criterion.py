@@ -10,7 +10,7 @@ import onnx
 import pytest
 from coinf.ble_protocol import media, packing
 from coinf.convert import calibrate as cal
-from coinf.convert import noise
+from coinf.convert import noise, packcal
 from coinf.convert.feeds import Dataset, load_dataset
 from coinf.convert.metrics import Metric
 from coinf.wearable.planner.adapt import LinkEstimate
@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 
 from coinf.bundle import Bundle, Candidate, Part, TensorSpec
 from coinf.cli import main
+from coinf.errors import InputError
 from tests.planner_bundle import make_bundle
 from tests.test_codec_plan import photos
 
@@ -216,3 +217,50 @@ def test_png_of_a_normalized_frame_is_exact(tmp_path: Path) -> None:
     data = load_dataset(str(tmp_path / "n.npz"), b)
     row = cal.calibrate(b, data, ["png"], ["c000"])["c000"][0]
     assert row.get("exact") is True, row["rel_l2"]
+
+
+def test_ctc_labels_make_the_criterion_word_accuracy(tmp_path: Path) -> None:
+    """A recogniser's labels are rows of class ids (padded with -1): the criterion is the
+    share of inputs whose greedy decoding spells the label, against labels, on every input."""
+    rng = np.random.default_rng(2)
+    n = 60
+    ids = rng.integers(1, 4, size=(n, 4))
+    ids[:, 1] = 0  # a blank between the first two: "a b" decodes to [a, b] even when a == b
+    labels = np.full((n, 6), -1, np.int64)
+    for i in range(n):
+        word = [int(c) for k, c in enumerate(ids[i]) if c and (k == 0 or c != ids[i][k - 1])]
+        labels[i, :len(word)] = word
+    labels[::5, 0] = 3 - (labels[::5, 0] - 1)  # the "model" misreads these
+    b = _argmax_bundle(tmp_path / "b")
+    np.savez(tmp_path / "d.npz", x=ids.astype(np.float32), labels=labels)
+    data = load_dataset(str(tmp_path / "d.npz"), b)
+    assert data.labels is not None and data.labels.shape == (n, 6)
+    opts = packcal.Options(metric=Metric("ctc"))
+    table = cal.calibrate(b, data, ["f32", "q2"], ["c001"], options=opts)["c001"]
+    rows = {r["spec"]: r for r in table}
+    assert all(r["criterion"] == "labels" and r["samples"] == n for r in rows.values())
+    assert rows["f32"]["accuracy_drop_pp"] == 0.0
+    q2 = np.stack([packing.unpack(packing.pack(np.maximum(ids[i:i + 1], 0).astype(np.float32),
+                                               "q2"))[0] for i in range(n)])
+    from coinf.convert.metrics import _ctc
+
+    def right(rows_ids: np.ndarray) -> np.ndarray:
+        return np.array([_ctc(r.astype(np.int64)) == [c for c in lab if c >= 0]
+                         for r, lab in zip(rows_ids, labels, strict=True)])
+
+    want = 100 * (right(ids).mean() - right(np.rint(q2)).mean())
+    assert rows["q2"]["accuracy_drop_pp"] == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize(("labels", "metric", "match"), [
+    (np.full(30, 4), "top1", "label 4 is not a class id of 'y'; expected class ids 0..3"),
+    (np.full((30, 3), 0), "ctc",
+     "label 0 is not a class id of 'y'; expected class ids 1..3 \\(0 is the blank"),
+])
+def test_labels_the_model_cannot_output_are_one_error_naming_the_file(
+        tmp_path: Path, labels: np.ndarray, metric: str, match: str) -> None:
+    b = _argmax_bundle(tmp_path / "b")
+    np.savez(tmp_path / "d.npz", x=_margin_data(30), labels=labels)
+    data = load_dataset(str(tmp_path / "d.npz"), b)
+    with pytest.raises(InputError, match=f"^d.npz: {match}"):
+        cal.calibrate(b, data, ["q8"], ["c001"], options=packcal.Options(metric=Metric(metric)))

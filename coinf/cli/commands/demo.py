@@ -48,10 +48,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a pretrained model of `coinf models list` (default %(default)s), "
                              "or a zoo model (random weights)")
     parser.add_argument("--out", default="out/demo", help="where models and bundles are kept")
-    parser.add_argument("--transport", default="ble", choices=["ble", "wifi", "socket"],
-                        help="ble: through the emulated BLE radio (default, --preset); wifi: "
-                             "through the emulated Wi-Fi air (--wifi-preset); socket: a local "
-                             "socket")
+    parser.add_argument("--transport", default="auto", choices=["auto", "ble", "wifi", "socket"],
+                        help="auto (default): the planner chooses between the Pi Zero 2 W's "
+                             "two links, BLE (--preset) and Wi-Fi (--wifi-preset), and the demo "
+                             "runs over the one it chose (BLE when the wearable keeps the work); "
+                             "ble: through the emulated BLE radio; wifi: through the emulated "
+                             "Wi-Fi air; socket: a local socket")
     parser.add_argument("--wifi-preset", default="pi-zero-2w-wifi",
                         help="Wi-Fi preset of --transport wifi (default %(default)s)")
     parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default %(default)s)")
@@ -124,6 +126,47 @@ def plan_condition(bundle: Any, name: str, bps: float, rtt_ms: float,
     }
 
 
+def demo_links(ble_preset: str, wifi_name: str) -> dict[str, Any]:
+    """The Pi Zero 2 W's two links as the demo assumes them: BLE at the radio preset's ATT
+    capacity with :data:`~coinf.wearable.planner.links.BLE_RTT_MS`, Wi-Fi at its preset."""
+    from coinf.ble_protocol.radio.params import preset
+    from coinf.ble_protocol.wifi_preset import wifi_preset
+    from coinf.wearable.planner.adapt import LinkEstimate
+    from coinf.wearable.planner.links import BLE_RTT_MS
+
+    bps = preset(ble_preset).capacity_bps()
+    w = wifi_preset(wifi_name)
+    return {"ble": LinkEstimate(bps, bps, BLE_RTT_MS, f"{ble_preset} radio preset", kind="ble"),
+            "wifi": LinkEstimate(w.throughput_bps, w.throughput_bps, w.rtt_ms,
+                                 f"{w.name} Wi-Fi preset", kind="wifi", wake_ms=w.wake_ms)}
+
+
+def choose_link(bundle: Any, links: dict[str, Any], budget_ms: float) -> Any:
+    """The planner's link choice (:func:`~coinf.wearable.planner.links.decide_links`) under the
+    demo's objective and conditions (built-in profiles, the handheld plugged in)."""
+    from coinf.device.profile import DeviceProfile
+    from coinf.device.status import DeviceStatus
+    from coinf.wearable.planner.links import decide_links
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.policy import Policy
+
+    planner = Planner(bundle, DeviceProfile.pi_zero_2w(), DeviceProfile.laptop(),
+                      Policy(latency_budget_ms=budget_ms))
+    return decide_links(planner, links, "auto", budget_ms, budget_given=True,
+                        handheld_status=DeviceStatus(charging=True))
+
+
+def format_links(choice: Any, transport: str) -> str:
+    """The link decision in a few lines: each link's winner, and the link the demo runs on."""
+    lines = ["the link, chosen by the planner among the Pi Zero 2 W's two (predicted):"]
+    for name, e in choice.to_json()["per_link"].items():
+        lines.append(f"  {name:<5} best {e['winner']:<22} {e['latency_ms']:>9.0f} ms "
+                     f"{e['wearable_mj']:>8.0f} mJ")
+    ran = transport.upper() if transport == "ble" else "Wi-Fi"
+    lines.append(f"  -> {choice.why}; the demo runs over {ran}")
+    return "\n".join(lines)
+
+
 def format_condition(c: dict[str, Any]) -> str:
     lines = [f"{c['condition']}: link {c['bandwidth_kB_s']:g} kB/s each way, RTT "
              f"{c['rtt_ms']:g} ms; handheld plugged in (only wearable energy counts); latency "
@@ -173,16 +216,14 @@ def run(args: argparse.Namespace) -> int:
     slow, pi_ms, here_ms = profile_slowdown(str(bundle.model_path), pi)
     if args.slowdown is not None:
         slow = args.slowdown
-    from coinf.ble_protocol.radio.params import preset
-
-    bps, rtt, kind, wake, name = preset(args.preset).capacity_bps(), 30.0, "ble", 0.0, \
-        f"{args.preset} radio preset"
-    if args.transport == "wifi":
-        from coinf.ble_protocol.wifi_preset import wifi_preset
-
-        w = wifi_preset(args.wifi_preset)
-        bps, rtt, kind, wake, name = (w.throughput_bps, w.rtt_ms, "wifi", w.wake_ms,
-                                      f"{w.name} Wi-Fi preset")
+    links = demo_links(args.preset, args.wifi_preset)
+    link_choice = None
+    if args.transport == "auto":
+        link_choice = choose_link(bundle, links, args.budget_ms)
+        chosen_kind = links[link_choice.link].kind if link_choice.link else "ble"
+        args = argparse.Namespace(**{**vars(args), "transport": chosen_kind})
+    est = links["wifi" if args.transport == "wifi" else "ble"]
+    bps, rtt, kind, wake, name = est.up_bps, est.rtt_ms, est.kind, est.wake_ms, est.source
     conditions = [plan_condition(bundle, name, bps, rtt, args.budget_ms, kind, wake),
                   plan_condition(bundle, "bandwidth dropped", args.dropped * 1e3, rtt,
                                  args.budget_ms, kind, wake)]
@@ -193,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
     quality = conditions[0].get("quality") or {}
     if quality.get("text"):
         print(quality["text"] + "\n", file=out)
+    if link_choice is not None:
+        print(format_links(link_choice, args.transport) + "\n", file=out)
     for c in conditions:
         print(format_condition(c) + "\n", file=out)
     plan = conditions[0]["plan"]
@@ -250,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [r["candidate"] for r in rows if not r["match"]]
     summary = {
         "model": prep.info, "slowdown": round(slow, 2), "pi_model_ms": round(pi_ms, 1),
+        "transport": args.transport,
+        "link": None if link_choice is None else link_choice.to_json(),
         "conditions": [{k: v for k, v in c.items() if k not in ("rows", "notes", "quality")}
                        for c in conditions],
         "choice_changes": conditions[0]["chosen"]["candidate"]

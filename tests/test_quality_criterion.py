@@ -264,3 +264,23 @@ def test_labels_the_model_cannot_output_are_one_error_naming_the_file(
     data = load_dataset(str(tmp_path / "d.npz"), b)
     with pytest.raises(InputError, match=f"^d.npz: {match}"):
         cal.calibrate(b, data, ["q8"], ["c001"], options=packcal.Options(metric=Metric(metric)))
+
+
+def test_candidates_calibrated_in_worker_processes_match_one_process(tmp_path: Path) -> None:
+    """convert/pool.py: the same rows from two worker processes as from this one (the entropy
+    tables workers fit reach store(): tests/test_demo_real.py, whose swift_f0 cuts fit them)."""
+    from coinf.convert.pool import calibrate_many
+
+    b = _argmax_bundle(tmp_path / "b", n_in=8)
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(3).random((40, 8)).astype(np.float32))
+    jobs = [("c000", ("q8", "f32")), ("c001", ("q3", "q4"))]
+    opts = packcal.Options(metric=Metric("top1"))
+    one = calibrate_many(b.root, tmp_path / "d.npz", jobs, opts, workers=1)
+    two = calibrate_many(b.root, tmp_path / "d.npz", jobs, opts, workers=2)
+    assert list(two) == ["c000", "c001"]
+    for cid, rows in one.items():
+        for a, c in zip(rows, two[cid], strict=True):
+            assert (a["spec"], a["mean_bytes"], a["samples"]) == (c["spec"], c["mean_bytes"],
+                                                                  c["samples"])
+            assert a["accuracy_drop_pp"] == pytest.approx(c["accuracy_drop_pp"], abs=1e-9)
+    assert [r["spec"] for r in two["c001"]] == ["q3", "q4"]

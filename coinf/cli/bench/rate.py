@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,13 +134,16 @@ def run(args: argparse.Namespace) -> int:
         opts = Options(metric=metric, tolerance_pp=args.tolerance)
         points = []
         criteria: dict[str, Any] = {}
-        for cand in _cands(bundle, args):
-            specs = cal.DEFAULT_SPECS if cand.is_handheld_only else cal.SPLIT_SPECS
-            t0 = time.perf_counter()
-            rows = cal.calibrate_candidate(bundle, cand, data, specs, opts)
-            criteria[cand.id] = rows
-            progress(f"{cand.id} {cand.label}: {len(rows)} packings on {len(data)} inputs in "
-                     f"{time.perf_counter() - t0:.0f} s")
+        from coinf.convert.pool import calibrate_many
+
+        cands = _cands(bundle, args)
+        progress(f"calibrating {', '.join(c.id for c in cands)} on {len(data)} inputs ...")
+        tables = calibrate_many(
+            bundle.root, data_path,
+            [(c.id, cal.DEFAULT_SPECS if c.is_handheld_only else cal.SPLIT_SPECS)
+             for c in cands], opts, args.limit, progress)
+        for cand in cands:
+            rows = criteria[cand.id] = tables[cand.id]
             total = max(cand.head.flops + cand.tail.flops, 1)
             share = round(cand.head.flops / total, 4)  # of the model's compute on the wearable
             for r in rows:

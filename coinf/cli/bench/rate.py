@@ -188,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
 
             what = metric.name + (f" on {', '.join(metric.outputs)}" if metric.outputs else "")
             plot_rate(points, args.png, f"{model['name'] if model else bundle.root.name}: "
-                      f"{len(data)} real inputs, task metric {what}", args.tolerance)
+                      f"{len(data)} real inputs, task metric {what}", args.tolerance,
+                      quality.get("criterion"))
             result["png"] = args.png
     emit(result)
     return 0

@@ -18,7 +18,8 @@ def _front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: float) -> None:
+def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: float,
+              criterion: str | None = None) -> None:
     """One line per method: each codec on the input, q/qz on the input, and the best split
     (the front over every cut x packing); the tolerance as a dashed line."""
     import matplotlib
@@ -57,7 +58,9 @@ def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: fl
     ax.set_xscale("log")
     ax.set_ylim(bottom=-0.5)
     ax.set_xlabel("bytes sent per inference (log scale)")
-    ax.set_ylabel("task-quality loss vs the exact model (pp)")
+    ax.set_ylabel({"labels": "task accuracy lost against the labels (pp)",
+                   "stable": "answers changed, stable inputs (pp)"}.get(
+        criterion or "", "task-quality loss vs the exact model (pp)"))
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(True, which="both", lw=0.3)

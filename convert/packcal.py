@@ -306,7 +306,15 @@ class _Calibration:
     def _check_labels(self) -> None:
         """Labels whose ids the model cannot output are one clear error naming the data."""
         labels = self.data.labels
-        if labels is None or not self.labelled:
+        if labels is None:
+            return
+        ctc = self.metric.name.startswith("ctc")
+        if (ctc and labels.ndim == 1) or (self.metric.name == "top1" and labels.ndim == 2):
+            have, need = ("one class id", "a row of class ids (padded with -1)") if ctc \
+                else ("a row of ids", "one class id")
+            raise InputError(f"{self.data.name}: the labels hold {have} per input; --metric "
+                             f"{self.metric.name} is judged against {need} per input")
+        if not self.labelled:
             return
         out = self.ref[0][self.mout[0]]
         classes = int(out.shape[-1])

@@ -202,6 +202,11 @@ def speech_set(n: int, seed: int = 0, sr: int = 16000) -> tuple[np.ndarray, str]
     return np.stack(clips), "espeak-ng"
 
 
+#: bumped whenever what :func:`dataset` makes changes (inputs, labels, their layout): caches of
+#: it (``coinf demo``'s ``--out``, ``bench rate --work``) name their files with it
+DATA_VERSION = 2
+
+
 def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]:
     """Calibration arrays for ``model_name`` and their source: one per model input, the N feeds
     stacked along its batch axis (``(N, 3, H, W)`` for an image input ``[1, 3, H, W]``)."""

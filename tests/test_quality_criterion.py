@@ -284,3 +284,20 @@ def test_candidates_calibrated_in_worker_processes_match_one_process(tmp_path: P
                                                                   c["samples"])
             assert a["accuracy_drop_pp"] == pytest.approx(c["accuracy_drop_pp"], abs=1e-9)
     assert [r["spec"] for r in two["c001"]] == ["q3", "q4"]
+
+
+@pytest.mark.parametrize(("labels", "metric", "match"), [
+    (np.full(30, 1), "ctc", "hold one class id per input; --metric ctc is judged against a row"),
+    (np.full((30, 2), 1), "top1", "hold a row of ids per input; --metric top1 is judged against "
+                                  "one class id"),
+])
+def test_labels_of_the_wrong_kind_for_the_metric_are_refused(
+        tmp_path: Path, labels: np.ndarray, metric: str, match: str) -> None:
+    """Stale or mismatched labels are never silently ignored (the criterion would quietly
+    become another one)."""
+    b = _argmax_bundle(tmp_path / "b")
+    np.savez(tmp_path / "d.npz", x=_margin_data(30), labels=labels)
+    data = load_dataset(str(tmp_path / "d.npz"), b)
+    with pytest.raises(InputError, match=f"^d.npz: the labels {match}"):
+        cal.calibrate(b, data, ["q8"], ["c001"],
+                      options=packcal.Options(metric=Metric(metric)))

@@ -130,8 +130,10 @@ def prepare(name: str, out: Path, samples: int, learned: Path | None = None) -> 
 
 
 def _request(name: str, samples: int, metric: str, outputs: list[str]) -> dict[str, Any]:
+    from coinf.models.realdata import DATA_VERSION
+
     return {"model": name, "samples": samples, "metric": metric, "outputs": outputs,
-            "cuts": CUTS, "version": 1}
+            "cuts": CUTS, "version": 1, "data": DATA_VERSION}
 
 
 def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name: str,
@@ -149,7 +151,7 @@ def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name:
     if bundle.meta.get("demo_calibration") == want:
         progress(f"reusing the calibration in {bundle_dir} ({samples} real inputs)")
         return
-    data_path = out / f"{name}-{samples}.npz"
+    data_path = out / f"{name}-{samples}-d{realdata.DATA_VERSION}.npz"
     if not data_path.is_file():
         progress(f"making {samples} real inputs for calibration ...")
         realdata.write_npz(name, data_path, samples, seed=0)

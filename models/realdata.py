@@ -202,9 +202,15 @@ def speech_set(n: int, seed: int = 0, sr: int = 16000) -> tuple[np.ndarray, str]
     return np.stack(clips), "espeak-ng"
 
 
-#: bumped whenever what :func:`dataset` makes changes (inputs, labels, their layout): caches of
-#: it (``coinf demo``'s ``--out``, ``bench rate --work``) name their files with it
-DATA_VERSION = 2
+#: per task, bumped whenever what :func:`dataset` makes for it changes (inputs, labels, their
+#: layout): caches of it (``coinf demo``'s ``--out``, ``bench rate --work``) name their files
+#: with :func:`data_version` (text recognition: 2 since its labels became id rows)
+DATA_VERSIONS = {"text recognition": 2}
+
+
+def data_version(model_name: str) -> int:
+    """The version of the data :func:`dataset` makes for ``model_name`` (1 unless bumped)."""
+    return DATA_VERSIONS.get(spec_for(model_name).task, 1)
 
 
 def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]:

@@ -5,13 +5,9 @@ Per model the demo's preparation runs once (build, split, calibrate on real inpu
 ``coinf demo``'s ``--out`` cache). Per link (``ble``: the pi-zero-2w radio, 1M PHY without DLE;
 ``ble-2m``: BLE 5 with the 2M PHY and DLE; ``wifi``: the Pi Zero 2 W's 802.11n preset) and
 objective (``latency``; ``energy``: least wearable energy, the handheld plugged in), the planner
-picks a plan and names the reference points
+picks a plan with the built-in Pi Zero 2 W and laptop profiles and names the reference points
 (wearable-only, the raw input offloaded, the input's best packing offloaded, the best split,
-the learned split where one exists). It knows what ``coinf profile`` would measure on the two
-devices (:func:`emulated_profiles`): this machine's slice times, the wearable's multiplied by
-the slowdown that makes the whole model take what the built-in Pi Zero 2 W profile predicts,
-with the Pi's and the laptop's power models; packing as the calibration timed it on the real
-inputs. Every point is then run for real, per link, in
+the learned split where one exists). Every one of them is then run for real, per link, in
 three processes (``coinf demo``'s ``measure``: the emulated radio or Wi-Fi air, the handheld
 daemon and the wearable slowed to the Pi's speed); a point predicted to take longer than
 ``--max-run-s`` is reported as predicted, not run. A cell reports the chosen plan, the points
@@ -69,33 +65,9 @@ def _names(text: str, known: tuple[str, ...] | dict[str, Any], what: str) -> lis
     return names
 
 
-def emulated_profiles(bundle: Any, slowdown: float) -> tuple[Any, Any]:
-    """The wearable's and the handheld's profiles as ``coinf profile`` would measure them in
-    the emulated setup: this machine's slice times of ``bundle`` (one thread), the wearable's
-    multiplied by ``slowdown`` (the emulated wearable is this machine slowed K times), with the
-    built-in Pi Zero 2 W's and laptop's power models."""
-    import dataclasses
-
-    from coinf.device.profile import DeviceProfile, profile_bundle, this_host
-
-    progress(f"{bundle.root.name}: profiling its slices on this machine (one thread)")
-    mp = profile_bundle(bundle, threads=1, warmup=2, repeats=5)
-    # packing is priced from the calibration, timed on the real inputs (the profile times the
-    # codecs on synthetic tensors, which compress unlike real ones)
-    mp.candidates = {c: {k: v for k, v in e.items() if not k.startswith(("encode_", "decode_"))}
-                     for c, e in mp.candidates.items()}
-    host = this_host()
-    wear = dataclasses.replace(DeviceProfile.pi_zero_2w(), threads=1, slowdown=slowdown,
-                               models={bundle.identity: mp}, host=host)
-    hand = dataclasses.replace(DeviceProfile.laptop(), threads=1, models={bundle.identity: mp},
-                               host=host)
-    return wear, hand
-
-
-def plan_points(bundle: Any, link_name: str, objective: str,
-                profiles: tuple[Any, Any] | None = None) -> dict[str, Any]:
-    """The planner's choice and reference points (predicted) for one cell, with ``profiles``
-    (wearable, handheld; default the built-in Pi Zero 2 W and laptop)."""
+def plan_points(bundle: Any, link_name: str, objective: str) -> dict[str, Any]:
+    """The planner's choice and reference points (predicted) for one cell, with the built-in
+    Pi Zero 2 W and laptop profiles."""
     from coinf.device.profile import DeviceProfile
     from coinf.device.status import DeviceStatus
     from coinf.wearable.planner.links import link_estimate
@@ -103,8 +75,8 @@ def plan_points(bundle: Any, link_name: str, objective: str,
     from coinf.wearable.planner.references import plan_json
     from coinf.wearable.policy import Policy
 
-    wear, hand = profiles or (DeviceProfile.pi_zero_2w(), DeviceProfile.laptop())
-    planner = Planner(bundle, wear, hand, Policy(objective=objective))
+    planner = Planner(bundle, DeviceProfile.pi_zero_2w(), DeviceProfile.laptop(),
+                      Policy(objective=objective))
     link = link_estimate(link_name)
     hst = DeviceStatus(charging=True)  # plugged in: only the wearable's energy counts
     budget = 0 if objective == "latency" else None
@@ -147,7 +119,9 @@ def measure_link(prep: Any, link_name: str, points: dict[str, dict[str, Any]], s
                   + r["transfer_ms"] * tx_w + r["return_ms"] * rx_w + sent)
         out[rid] = {"measured": True, "latency_ms": round(r["total_ms"], 1),
                     "wearable_mj": round(energy, 1), "bytes": round(r["bytes_up"]),
-                    "match": r["match"]}
+                    "match": r["match"],
+                    "times_ms": {k: round(r[f"{k}_ms"], 1)
+                                 for k in ("head", "pack", "transfer", "tail", "return")}}
     return out
 
 
@@ -214,9 +188,8 @@ def run(args: argparse.Namespace) -> int:
         bundle = Bundle.load(prep.bundle_dir)
         slow, pi_ms, _ = profile_slowdown(str(bundle.model_path), DeviceProfile.pi_zero_2w())
         info[model] = {**prep.info, "pi_model_ms": round(pi_ms, 1), "slowdown": round(slow, 2)}
-        profiles = emulated_profiles(bundle, slow)
         for link in links:
-            plans = {o: plan_points(bundle, link, o, profiles) for o in objectives}
+            plans = {o: plan_points(bundle, link, o) for o in objectives}
             points = {e["id"]: e for p in plans.values()
                       for e in (p["chosen"], *p["reference"].values()) if e is not None}
             progress(f"{model} over {link}: measuring {len(points)} points "

@@ -130,10 +130,12 @@ def prepare(name: str, out: Path, samples: int, learned: Path | None = None) -> 
 
 
 def _request(name: str, samples: int, metric: str, outputs: list[str]) -> dict[str, Any]:
-    from coinf.models.realdata import DATA_VERSION
+    from coinf.models.realdata import data_version
 
-    return {"model": name, "samples": samples, "metric": metric, "outputs": outputs,
-            "cuts": CUTS, "version": 1, "data": DATA_VERSION}
+    request = {"model": name, "samples": samples, "metric": metric, "outputs": outputs,
+               "cuts": CUTS, "version": 1}
+    version = data_version(name)
+    return request if version == 1 else {**request, "data": version}
 
 
 def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name: str,
@@ -151,7 +153,9 @@ def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name:
     if bundle.meta.get("demo_calibration") == want:
         progress(f"reusing the calibration in {bundle_dir} ({samples} real inputs)")
         return
-    data_path = out / f"{name}-{samples}-d{realdata.DATA_VERSION}.npz"
+    version = realdata.data_version(name)
+    data_path = out / (f"{name}-{samples}.npz" if version == 1 else
+                       f"{name}-{samples}-d{version}.npz")
     if not data_path.is_file():
         progress(f"making {samples} real inputs for calibration ...")
         realdata.write_npz(name, data_path, samples, seed=0)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import onnx
 from coinf.convert.torchable_ops import (
     REDUCE,
     REPLACED,
@@ -29,7 +30,6 @@ from coinf.convert.torchable_ops import (
     Ctx,
     attrs_of,
     copy_node,
-    infer,
     opset_of,
     prune,
     refuse,
@@ -58,6 +58,92 @@ _WIDENED = frozenset({
 _NEUTRAL: dict[str, dict[str, Any]] = {
     "Cast": {"saturate": 1}, "CastLike": {"saturate": 1}, "AveragePool": {"dilations": 1},
     "LpPool": {"dilations": 1, "ceil_mode": 0}}
+
+
+# -- shapes ------------------------------------------------------------------------------------
+def infer(model: ModelProto, runtime: bool = False) -> ModelProto:
+    """Shapes and types inferred afresh (with constant data propagation); with ``runtime``, the
+    static shapes inference leaves out (e.g. a Reshape to a Shape) measured as well."""
+    del model.graph.value_info[:]
+    with contextlib.suppress(Exception):  # help, not a requirement: rewrites needing a shape say
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    if runtime:
+        _measure_shapes(model)
+    return model
+
+
+def _static(vi: onnx.ValueInfoProto) -> bool:
+    tt = vi.type.tensor_type
+    return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+
+
+def _measure_shapes(model: ModelProto) -> None:
+    """Shapes of the values inference left without one, from onnxruntime on two random feeds
+    of the (static) inputs; a shape that differs between them depends on the data and stays
+    unknown."""
+    import onnxruntime as ort
+
+    g = model.graph
+    known = {v.name for v in [*g.value_info, *g.input, *g.output] if _static(v)}
+    missing = [o for n in g.node for o in n.output if o and o not in known]
+    inits = {t.name for t in g.initializer}
+    feeds = [i for i in g.input if i.name not in inits]
+    if not missing or not all(_static(i) for i in feeds):
+        return
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    outs = {o.name for o in g.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=o) for o in missing if o not in outs)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.log_severity_level = 1, 3
+    runs = []
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        for seed in (0, 1):
+            rng, feed = np.random.default_rng(seed), {}
+            for i in feeds:
+                dt = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+                shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+                feed[i.name] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" \
+                    else np.zeros(shape, dt)  # zeros: valid indices
+            runs.append(sess.run(missing, feed))
+    except Exception:  # onnxruntime cannot run it on these: the shapes stay unknown
+        return
+    for name, a, b in zip(missing, *runs, strict=True):
+        if name not in outs and a.shape == b.shape:
+            elem = helper.np_dtype_to_tensor_dtype(a.dtype)
+            stale = [v for v in g.value_info if v.name == name]
+            for v in stale:
+                g.value_info.remove(v)
+            g.value_info.append(helper.make_tensor_value_info(name, elem, a.shape))
+
+
+def outputs_apart(model: ModelProto) -> None:
+    """Each graph output made by its own single-output node (an Identity where needed):
+    onnx2torch returns a node's whole result for an output it makes, so one output of a TopK or
+    Split came back as the tuple, and two outputs of one node as one."""
+    g = model.graph
+    made_by = {o: n for n in g.node for o in n.output}
+    seen: set[int] = set()
+    taken = {o for n in g.node for o in n.output} | {i.name for i in g.input} | \
+        {t.name for t in g.initializer}
+    for out in g.output:
+        node = made_by.get(out.name)
+        if node is None or (len(node.output) == 1 and id(node) not in seen):
+            if node is not None:  # (None: an input or initializer handed out, left as it is)
+                seen.add(id(node))
+            continue
+        inner, i = f"{out.name}/value", 0
+        while inner in taken:
+            i += 1
+            inner = f"{out.name}/value_{i}"
+        taken.add(inner)
+        for n in g.node:
+            n.input[:] = [inner if x == out.name else x for x in n.input]
+            n.output[:] = [inner if x == out.name else x for x in n.output]
+        g.node.append(helper.make_node("Identity", [inner], [out.name],
+                                       name=f"{out.name}/output"))
 
 
 # -- constants ----------------------------------------------------------------------------------
@@ -308,6 +394,7 @@ def normalise(model: ModelProto) -> ModelProto:
     _fold(m)
     m = infer(m, runtime=True)
     rewrite(m)
+    outputs_apart(m)
     return infer(m, runtime=True)
 
 

@@ -6,7 +6,6 @@ constants they read and the nodes and initializers they add.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,64 +56,6 @@ def copy_node(node: NodeProto, drop: Sequence[str] = (), inputs: Sequence[str] |
 def opset_of(model: ModelProto) -> int:
     """The model's opset of the default ONNX domain."""
     return max((o.version for o in model.opset_import if o.domain in STD), default=1)
-
-
-def infer(model: ModelProto, runtime: bool = False) -> ModelProto:
-    """Shapes and types inferred afresh (with constant data propagation); with ``runtime``, the
-    static shapes inference leaves out (e.g. a Reshape to a Shape) measured as well."""
-    del model.graph.value_info[:]
-    with contextlib.suppress(Exception):  # help, not a requirement: rewrites needing a shape say
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    if runtime:
-        _measure_shapes(model)
-    return model
-
-
-def _static(vi: onnx.ValueInfoProto) -> bool:
-    tt = vi.type.tensor_type
-    return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
-
-
-def _measure_shapes(model: ModelProto) -> None:
-    """Shapes of the values inference left without one, from onnxruntime on two random feeds
-    of the (static) inputs; a shape that differs between them depends on the data and stays
-    unknown."""
-    import onnxruntime as ort
-
-    g = model.graph
-    known = {v.name for v in [*g.value_info, *g.input, *g.output] if _static(v)}
-    missing = [o for n in g.node for o in n.output if o and o not in known]
-    inits = {t.name for t in g.initializer}
-    feeds = [i for i in g.input if i.name not in inits]
-    if not missing or not all(_static(i) for i in feeds):
-        return
-    probe = ModelProto()
-    probe.CopyFrom(model)
-    outs = {o.name for o in g.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=o) for o in missing if o not in outs)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.log_severity_level = 1, 3
-    runs = []
-    try:
-        sess = ort.InferenceSession(probe.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
-        for seed in (0, 1):
-            rng, feed = np.random.default_rng(seed), {}
-            for i in feeds:
-                dt = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
-                shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-                feed[i.name] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" \
-                    else np.zeros(shape, dt)  # zeros: valid indices
-            runs.append(sess.run(missing, feed))
-    except Exception:  # onnxruntime cannot run it on these: the shapes stay unknown
-        return
-    for name, a, b in zip(missing, *runs, strict=True):
-        if name not in outs and a.shape == b.shape:
-            elem = helper.np_dtype_to_tensor_dtype(a.dtype)
-            stale = [v for v in g.value_info if v.name == name]
-            for v in stale:
-                g.value_info.remove(v)
-            g.value_info.append(helper.make_tensor_value_info(name, elem, a.shape))
 
 
 class Ctx:

@@ -81,8 +81,9 @@ def _plain_fails(m: onnx.ModelProto, x: np.ndarray) -> bool:
     except Exception:
         return True
     refs = _ort(m, x)
-    return any(g.shape != r.shape or not np.allclose(g, r, rtol=1e-4, atol=1e-4)
-               for g, r in zip(got, refs, strict=True))
+    return len(got) != len(refs) or any(
+        g.shape != r.shape or not np.allclose(g, r, rtol=1e-4, atol=1e-4)
+        for g, r in zip(got, refs, strict=True))
 
 
 def _check(m: onnx.ModelProto, x: np.ndarray | None = None, plain_fails: bool = True
@@ -363,6 +364,19 @@ def test_shapes_inference_leaves_out_are_measured() -> None:
     _check(m)
 
 
+def test_graph_outputs_of_multi_output_nodes() -> None:
+    """onnx2torch returned TopK's (values, indices) for its values output, and the two outputs
+    of one Split as one."""
+    topk = _model([h.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1, largest=0)], [2, 6],
+                  [(np.array([3], np.int64), "k")])
+    _check(topk)
+    split = _model([h.make_node("Split", ["x"], ["a", "b"], axis=1),
+                    h.make_node("Relu", ["b"], ["c"])], [2, 6], outputs=("a", "b", "c"))
+    net, _ = tq.to_torch(split)
+    assert len(_torch(net, np.zeros((2, 6), np.float32))) == 3
+    _check(split)
+
+
 def test_weights_behind_constants_and_casts_are_folded() -> None:
     w16 = _w(3, 2, 3, 3).astype(np.float16)
     m = _model([h.make_node("Constant", [], ["w16"], value=nh.from_array(w16, "w16v")),
@@ -370,6 +384,32 @@ def test_weights_behind_constants_and_casts_are_folded() -> None:
                 h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], [1, 2, 5, 5])
     norm = _check(m)
     assert _ops(norm) == ["Conv"]
+
+
+_I64 = np.int64
+#: what tf2onnx / paddle2onnx / torch.onnx emit that onnx2torch converts right already
+TAKEN: dict[str, tuple[list[onnx.NodeProto], list[int], list[object], int]] = {
+    "squeeze-11 attr": ([h.make_node("Squeeze", ["x"], ["y"], axes=[1])], [2, 1, 3], [], 11),
+    "squeeze-13 input": ([h.make_node("Squeeze", ["x", "a"], ["y"])], [2, 1, 3],
+                         [(np.array([-2], _I64), "a")], 13),
+    "split-11 attr": ([h.make_node("Split", ["x"], ["a", "b"], axis=1, split=[1, 3]),
+                       h.make_node("Sub", ["b", "a"], ["y"])], [2, 4], [], 11),
+    "slice steps": ([h.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])], [3, 8],
+                    [(np.array([7, 0], _I64), "s"), (np.array([-9, 8], _I64), "e"),
+                     (np.array([1, 0], _I64), "a"), (np.array([-2, 3], _I64), "st")], 13),
+    "hardsigmoid keras": ([h.make_node("HardSigmoid", ["x"], ["y"], alpha=0.2)], [2, 8], [], 13),
+    "pad reflect": ([h.make_node("Pad", ["x", "p"], ["y"], mode="reflect")], [1, 2, 5, 5],
+                    [(np.array([0, 0, 1, 2, 0, 0, 2, 1], _I64), "p")], 13),
+    "clip-6 attrs": ([h.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)], [2, 4], [], 9),
+    "prelu nhwc": ([h.make_node("PRelu", ["x", "s"], ["y"])], [1, 4, 5, 3],
+                   [(np.array([[[0.1, 0.2, 0.3]]], np.float32), "s")], 13),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAKEN))
+def test_constructs_onnx2torch_takes_stay_exact(name: str) -> None:
+    nodes, shape, inits, opset = TAKEN[name]
+    _check(_model(nodes, shape, inits, opset), plain_fails=False)
 
 
 def test_onnx2torch_handles_softmax_before_13_unchanged() -> None:

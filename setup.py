@@ -4,8 +4,9 @@
 and builds the wheel a Pi Zero 2 W installs (docs/DEPLOY.md): the same packages minus what
 the wearable runtime never imports -- the benchmarks (``coinf.cli.bench``), the latency-
 prediction research (``coinf.research``), the zoo's PyTorch builders, the bottleneck trainer
-(``coinf.convert.bottleneck_train``) and the committed zoo ONNX files (``coinf.models`` keeps
-its registry and the digits data, which calibration reads).
+(``coinf.convert.bottleneck_train``, with its tail normaliser ``coinf.convert.torchable*``)
+and the committed zoo ONNX files (``coinf.models`` keeps its registry and the digits data,
+which calibration reads).
 ``coinf bench`` and ``coinf models build`` on such an install say so in one line
 (``coinf.deps.PI_LEFT_OUT``); ``make test-arm`` installs and tests this wheel.
 """
@@ -24,7 +25,8 @@ PI_DROP_MODULES = frozenset({
     "coinf.models.architectures", "coinf.models.compressor_set", "coinf.models.compressors",
     "coinf.models.digitnet", "coinf.models.export", "coinf.models.large",
     "coinf.models.pruning", "coinf.models.sequence", "coinf.models.training",
-    "coinf.convert.bottleneck_train",
+    "coinf.convert.bottleneck_train", "coinf.convert.torchable", "coinf.convert.torchable_ops",
+    "coinf.convert.torchable_resize",
 })
 
 

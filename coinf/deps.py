@@ -36,8 +36,8 @@ PI_LEFT_OUT: dict[str, tuple[str, str]] = {
     **{f"coinf.models.{m}": ("the zoo's model builders are", "models") for m in (
         "architectures", "compressor_set", "compressors", "digitnet", "export", "large",
         "pruning", "sequence", "training")},
-    "coinf.convert.bottleneck_train": ("training learned bottlenecks (`coinf compress`) is",
-                                       "compress"),
+    **{f"coinf.convert.{m}": ("training learned bottlenecks (`coinf compress`) is", "compress")
+       for m in ("bottleneck_train", "torchable", "torchable_ops", "torchable_resize")},
 }
 
 

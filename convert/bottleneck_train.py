@@ -2,7 +2,8 @@
 
 The laptop-only half of :mod:`coinf.convert.bottleneck` (docs/BOTTLENECK.md): the encoder, the
 factorized entropy model and the decoder as torch modules, the bundle's tail converted to torch
-with onnx2torch (frozen: gradients flow through it to the decoder, its weights never change),
+with onnx2torch after :mod:`coinf.convert.torchable` normalised it (frozen: gradients flow
+through it to the decoder, its weights never change),
 the training loop (distortion of the tail's outputs against the original model's, plus lambda
 times the entropy model's bits) and the ONNX export. The Pi wheel leaves this module out
 (setup.py ``PI_DROP_MODULES``); torch and onnx2torch come with the ``compress`` extra.
@@ -21,9 +22,7 @@ import io
 import json
 import math
 import os
-import sys
 import time
-import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from coinf.convert import torchable
 from coinf.convert.bottleneck import (
     CODE,
     MAX_SYMBOLS,
@@ -50,6 +50,7 @@ from coinf.convert.bottleneck import (
 from torch import nn
 
 from coinf.bundle import Bundle
+from coinf.errors import ModelError
 
 LIKELIHOOD_FLOOR = 1e-9
 Progress = Callable[[str, int, int], None]
@@ -200,42 +201,22 @@ class Bottleneck(nn.Module):
 
 
 # -- the frozen tail in torch -------------------------------------------------------------------
-def _import_onnx2torch() -> Any:
-    """onnx2torch, importable without torchvision: it needs torchvision only to run the
-    NonMaxSuppression and RoiAlign converters, and the PyPI torchvision wheel does not load with
-    the CPU torch. A stand-in that refuses those two ops is put in place when torchvision is
-    missing."""
-    try:
-        import torchvision  # noqa: F401
-    except Exception:  # missing, or the CUDA wheel that fails to load with the CPU torch
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        def refuse(*_: Any, **__: Any) -> Any:
-            raise NotImplementedError("this tail uses NonMaxSuppression/RoiAlign, which "
-                                      "onnx2torch runs with torchvision (not installed)")
-
-        stub = types.ModuleType("torchvision")
-        ops = types.ModuleType("torchvision.ops")
-        ops.nms = ops.roi_align = ops.box_convert = refuse  # type: ignore[attr-defined]
-        stub.ops = ops  # type: ignore[attr-defined]
-        sys.modules["torchvision"] = stub
-        sys.modules["torchvision.ops"] = ops
-    import onnx2torch
-
-    return onnx2torch
-
-
 class FrozenTail(nn.Module):
     """The tail ONNX model (``onnx.ModelProto``) as a torch module with frozen weights; returns
     the outputs as a list in graph order. Batch sizes other than 1 work when the tail does not
     bake the batch into a Reshape (checked by :func:`check_batch`)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, where: str = "tail") -> None:
         super().__init__()
-        self.net = _import_onnx2torch().convert(model).eval()
+        self.where = where  # how errors name the tail: "--cut c013: tail node 'x' (Op): ..."
+        try:  # normalised first (convert/torchable.py): SAME pads, Resize modes, opset 18+...
+            net, self.normalised = torchable.to_torch(model)
+        except ModelError as exc:
+            raise ModelError(f"{where} {exc}") from None
+        self.net = net.eval()
         for p in self.net.parameters():
             p.requires_grad_(False)
-
+        self.verified = False
         self.per_sample = False
 
     def _run(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -250,8 +231,16 @@ class FrozenTail(nn.Module):
 
     @torch.no_grad()
     def check_batch(self, x: torch.Tensor) -> None:
-        """Run batches one sample at a time when the tail bakes batch 1 into its shapes (a
-        Reshape to [1, -1]): then a batch gives other shapes or other values."""
+        """Check once that torch gives onnxruntime's outputs on ``x[:1]`` (else
+        :class:`ModelError` naming the first node that differs), and run batches one sample at
+        a time when the tail bakes batch 1 into its shapes (a Reshape to [1, -1]): then a batch
+        gives other shapes or other values."""
+        if not self.verified:
+            try:
+                torchable.verify(self.net, self.normalised, x[:1].numpy())
+            except ModelError as exc:
+                raise ModelError(f"{self.where} {exc}") from None
+            self.verified = True
         self.per_sample = True
         ref = self.forward(x)
         try:
@@ -321,18 +310,20 @@ def _save(path: Path, state: dict[str, Any]) -> None:
 def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray],
                 kinds: Sequence[str], tail: Any, checkpoint: Path | None = None,
                 resume: bool = False, time_limit: float | None = None,
-                progress: Progress | None = None, every: int = 50) -> Outcome:
+                progress: Progress | None = None, every: int = 50,
+                frozen: FrozenTail | None = None) -> Outcome:
     """Train one bottleneck on ``crossing`` (N, C, ...) to reproduce ``targets`` through the
-    frozen ``tail`` (an ONNX model of the distillation targets). Stops after ``cfg.steps`` or
-    ``time_limit`` seconds, checkpointing every ``every`` steps; with ``resume`` a checkpoint of
-    the same config continues where it stopped."""
+    frozen ``tail`` (an ONNX model of the distillation targets; ``frozen``: it in torch, when
+    already converted). Stops after ``cfg.steps`` or ``time_limit`` seconds, checkpointing
+    every ``every`` steps; with ``resume`` a checkpoint of the same config continues where it
+    stopped."""
     torch.manual_seed(cfg.seed)
     axes = (0, *range(2, crossing.ndim))
     mean = crossing.mean(axes)
     std = crossing.std(axes) + 1e-6 * max(float(crossing.std()), 1e-6)
     model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std, cfg.gain)
     model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
-    frozen = FrozenTail(tail)
+    frozen = frozen or FrozenTail(tail)
     frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.steps,
@@ -498,7 +489,9 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
     in the bundle. Returns the points and notes (a point stopped by the time limit)."""
     cand, tensor = check_cut(bundle, cid)
     tail, _ = distill_model(bundle, cand)
+    frozen = FrozenTail(tail, f"--cut {cid}: tail")  # a tail torch cannot take: before any work
     x_tr, t_tr = run_slices(bundle, cand, tail, train, progress, "features (train)")
+    frozen.check_batch(torch.from_numpy(np.ascontiguousarray(x_tr[:2], np.float32)))
     x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
     kinds = target_kinds(t_tr)
     work.mkdir(parents=True, exist_ok=True)
@@ -508,7 +501,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         left = None if time_limit is None else max(
             (time_limit - (time.monotonic() - began)) / (len(lams) - k), 1.0)
         run = train_point(cfg, x_tr, t_tr, kinds, tail, work / f"lam{lam:g}-{cfg.key()}.pt",
-                          resume, left, progress)
+                          resume, left, progress, frozen=frozen)
         if not run.finished:
             notes.append(f"lambda {lam:g}: stopped by --time-limit at step {run.steps_done} of "
                          f"{cfg.steps}; run again with --resume to finish it")

@@ -135,22 +135,47 @@ def check_cut(bundle: Bundle, cid: str) -> tuple[Candidate, TensorSpec]:
     return cand, t
 
 
+#: operators that turn a float tensor into a decision (ids, a mask): a target is read before them
+DECISION_OPS = frozenset({"ArgMax", "ArgMin", "TopK", "Cast", "Greater", "GreaterOrEqual", "Less",
+                          "LessOrEqual", "Equal", "Not"})
+
+
 def distill_model(bundle: Bundle, cand: Candidate) -> tuple[ModelProto, list[str]]:
     """The tail as an ONNX model whose outputs are the float targets to distil, and their
-    names: a graph output made by a TopK (the ``topk`` post-processing) is replaced by the
-    TopK's input (the logits); integer outputs are dropped."""
+    names: every output the app consumes, each read where it is still a float the decision is
+    made from. An output of ``--post`` processing (convert/post.py: ``argmax``, ``topk:K``,
+    ``mask:K``, ``boxes:K``) is replaced by the model output it processed (the logits, the
+    probability map, the detector's raw anchors); any other integer output by the float tensor
+    its decision operators (:data:`DECISION_OPS`) read; outputs with no float source are
+    dropped."""
     import onnx
     from onnx.helper import tensor_dtype_to_np_dtype
 
     assert cand.tail.file is not None
     model = onnx.load(str(bundle.path(cand.tail.file)))
     made_by = {o: n for n in model.graph.node for o in n.output}
+    typed = onnx.shape_inference.infer_shapes(model).graph  # the intermediates' types
     types = {v.name: v.type.tensor_type.elem_type for v in
-             [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+             [*typed.value_info, *typed.output, *typed.input]}
+    post = bundle.meta.get("post")
+    processed = post.get("output") if isinstance(post, dict) else None
+
+    def is_float(name: str, default: int) -> bool:
+        return np.dtype(tensor_dtype_to_np_dtype(types.get(name, default))).kind == "f"
+
     targets: list[str] = []
     for out in model.graph.output:
-        node = made_by.get(out.name)
-        name = node.input[0] if node is not None and node.op_type == "TopK" else out.name
+        name = out.name
+        if isinstance(processed, str) and name.startswith(f"{processed}_") \
+                and processed in made_by:
+            name = processed
+        node = made_by.get(name)
+        for _ in range(8):  # walk back over a short decision chain to its float input
+            if node is None or node.op_type not in DECISION_OPS or (
+                    node.op_type != "TopK" and is_float(name, out.type.tensor_type.elem_type)):
+                break
+            name = node.input[0]
+            node = made_by.get(name)
         elem = types.get(name, out.type.tensor_type.elem_type)
         if name not in targets and np.dtype(tensor_dtype_to_np_dtype(elem)).kind == "f":
             targets.append(name)

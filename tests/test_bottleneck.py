@@ -460,3 +460,34 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
                                             link_estimate=link)["candidates"]}
     assert listed[rid]["quality_loss_bound"] == pytest.approx(
         learned_bound(Bundle.load(root).compressor(CUT, comp.gamma), "latent"), abs=1e-4)
+
+
+@pytest.mark.parametrize(("post", "want"), [
+    ("argmax", "y"), ("topk:2", "y"), ("mask:2", "y"), (None, "y"),
+])
+def test_the_target_is_the_float_the_apps_decision_is_made_from(
+        tmp_path: Path, post: str | None, want: str) -> None:
+    """Issue 50: a post-processed output (class ids, a mask) is distilled through the float
+    model output it was made from, never dropped for being an integer."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from coinf.cli.commands.demo_prep import ensure_bundle
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((1, 4, 3, 3)).astype(np.float32), "w2")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Sigmoid", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])], [w1, w2])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    bundle = Bundle.load(ensure_bundle(tmp_path / "m.onnx", tmp_path / "b", post))
+    cand = next(c for c in bundle.candidates if not (c.is_handheld_only or c.is_wearable_only))
+    _, targets = bn.distill_model(bundle, cand)
+    assert targets == [want]

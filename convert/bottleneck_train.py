@@ -330,12 +330,19 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
                                                 pct_start=0.05)
     start, history = 0, []
     if resume and checkpoint is not None and checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=True)
-        if state.get("key") == cfg.key():
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            sched.load_state_dict(state["sched"])
-            start = int(state["step"])
+        try:  # weights only: a checkpoint is data, never code
+            state = torch.load(checkpoint, weights_only=True)
+            if isinstance(state, dict) and state.get("key") == cfg.key():
+                model.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+                sched.load_state_dict(state["sched"])
+                start = int(state["step"])
+                if not 0 <= start <= cfg.steps:
+                    raise ValueError(f"step {start} is outside 0..{cfg.steps}")
+        except Exception as exc:  # torch's own error types: the file is not a checkpoint
+            raise ModelError(f"--resume: checkpoint {checkpoint} is damaged ({type(exc).__name__}"
+                             f": {str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
+                             "delete it to train this point from the start") from None
     x_all = torch.from_numpy(np.ascontiguousarray(crossing, np.float32))
     refs = [torch.from_numpy(np.ascontiguousarray(t, np.float32)) for t in targets]
     scales = [max(float(np.var(t)), 1e-12) for t in targets]

@@ -491,3 +491,23 @@ def test_the_target_is_the_float_the_apps_decision_is_made_from(
     cand = next(c for c in bundle.candidates if not (c.is_handheld_only or c.is_wearable_only))
     _, targets = bn.distill_model(bundle, cand)
     assert targets == [want]
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line(lenet: Path, digits: tuple[Path, Path],
+                                                     tmp_path: Path) -> None:
+    """Issue 50: --resume on a corrupted checkpoint stops with one line; it never starts over
+    silently, and nothing in it is unpickled."""
+    from coinf.errors import ModelError
+
+    torch.set_num_threads(1)
+    x, targets, tail = _features(Bundle.load(lenet), digits[0])
+    kinds = bn.target_kinds(targets)
+    cfg = bt.Config(lam=1e-3, latent=4, hidden=8, steps=4, batch=8)
+    ckpt = tmp_path / "point.pt"
+    bt.train_point(cfg, x, targets, kinds, tail, ckpt, time_limit=1e-9)
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError,
+                       match=r"^--resume: checkpoint .*point\.pt is damaged .*delete it"):
+        bt.train_point(cfg, x, targets, kinds, tail, ckpt, resume=True)
+    assert bt.train_point(cfg, x, targets, kinds, tail, ckpt).finished  # without --resume: anew

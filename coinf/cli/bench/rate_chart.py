@@ -18,6 +18,10 @@ def _front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: the plot's loss axis ends at this many tolerances (points beyond it are counted, not drawn)
+CLIP_TOLERANCES = 10
+
+
 def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: float,
               criterion: str | None = None) -> None:
     """One line per method: each codec on the input, q/qz on the input, and the best split
@@ -44,9 +48,11 @@ def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: fl
             near = [p for p in pts if p["quality_loss"] <= 3 * max(tolerance, 0.5)]
             for i, p in enumerate(near[:4]):
                 share = p.get("wearable_share")
-                where = f", {share:.1%} of FLOPs on the wearable" if share is not None else ""
+                where = f" ({share:.0%} on the wearable)" if share is not None else ""
                 ax.annotate(f"{p['cut']} {p['packing']}{where}", (p["bytes"], p["quality_loss"]),
-                            fontsize=6, xytext=(3, 4 + 7 * (i % 2)), textcoords="offset points")
+                            xytext=(0.02, 0.55 - 0.06 * i), textcoords="axes fraction",
+                            fontsize=6, arrowprops={"arrowstyle": "-", "lw": 0.4,
+                                                    "color": "grey"})
     raw = [p for p in points if p["method"] == "raw" and p["family"] == "input"]
     for p in raw:
         ax.axvline(p["bytes"], color="grey", lw=0.8)
@@ -56,7 +62,12 @@ def plot_rate(points: list[dict[str, Any]], path: str, title: str, tolerance: fl
     ax.annotate(f"{tolerance:g} pp tolerance", (ax.get_xlim()[0], tolerance), fontsize=7,
                 color="red", xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_ylim(bottom=-0.5)
+    top = CLIP_TOLERANCES * max(tolerance, 0.5)  # the region where choices are made, readable
+    above = sum(p["quality_loss"] > top for p in points)
+    ax.set_ylim(-0.5, top if above else None)
+    if above:
+        ax.annotate(f"{above} point(s) above {top:g} pp not shown", (0.01, 0.97),
+                    xycoords="axes fraction", fontsize=7, va="top")
     ax.set_xlabel("bytes sent per inference (log scale)")
     ax.set_ylabel({"labels": "task accuracy lost against the labels (pp)",
                    "stable": "answers changed, stable inputs (pp)"}.get(

@@ -213,6 +213,12 @@ def data_version(model_name: str) -> int:
     return DATA_VERSIONS.get(spec_for(model_name).task, 1)
 
 
+def data_file(model_name: str, n: int) -> str:
+    """The file name a cache keeps ``n`` feeds of ``model_name`` under (with its version)."""
+    version = data_version(model_name)
+    return f"{model_name}-{n}.npz" if version == 1 else f"{model_name}-{n}-d{version}.npz"
+
+
 def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]:
     """Calibration arrays for ``model_name`` and their source: one per model input, the N feeds
     stacked along its batch axis (``(N, 3, H, W)`` for an image input ``[1, 3, H, W]``)."""

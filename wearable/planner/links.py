@@ -49,16 +49,23 @@ def link_estimate(name: str) -> LinkEstimate:
     if name not in NAMED:
         raise InputError(f"unknown link {name!r}; expected one of {', '.join(NAMED)}")
     kind, preset = NAMED[name]
+    est = preset_estimate(kind, preset)
+    return dataclasses.replace(est, source=f"{name}: {est.source}")
+
+
+def preset_estimate(kind: str, preset: str) -> LinkEstimate:
+    """The estimate of a ``ble`` radio preset (its ATT capacity, :data:`BLE_RTT_MS`) or a
+    ``wifi`` preset (its throughput, round trip and wake-up)."""
     if kind == "wifi":
         from coinf.ble_protocol.wifi_preset import wifi_preset
 
         w = wifi_preset(preset)
         return LinkEstimate(w.throughput_bps, w.throughput_bps, w.rtt_ms,
-                            f"{name}: {preset} preset", kind="wifi", wake_ms=w.wake_ms)
+                            f"{w.name} Wi-Fi preset", kind="wifi", wake_ms=w.wake_ms)
     from coinf.ble_protocol.radio.params import preset as radio_preset
 
     bps = radio_preset(preset).capacity_bps()
-    return LinkEstimate(bps, bps, BLE_RTT_MS, f"{name}: {preset} radio preset", kind="ble")
+    return LinkEstimate(bps, bps, BLE_RTT_MS, f"{preset} radio preset", kind="ble")
 
 
 def parse_links(text: str) -> dict[str, LinkEstimate]:

@@ -92,9 +92,7 @@ def _prepare_model(args: argparse.Namespace, work: Path) -> tuple[Any, str, str 
     from coinf.cli.commands.demo_prep import ensure_bundle
 
     out = ensure_bundle(onnx_path, work / f"{spec.name}.bundle", spec.post)
-    version = realdata.data_version(spec.name)
-    data = work / (f"{spec.name}-{args.samples}.npz" if version == 1 else
-                   f"{spec.name}-{args.samples}-d{version}.npz")
+    data = work / realdata.data_file(spec.name, args.samples)
     if not data.exists():
         progress(f"making {args.samples} real inputs")
         realdata.write_npz(spec.name, data, args.samples, 0)

@@ -132,17 +132,10 @@ def plan_condition(bundle: Any, name: str, bps: float, rtt_ms: float,
 
 def demo_links(ble_preset: str, wifi_name: str) -> dict[str, Any]:
     """The Pi Zero 2 W's two links as the demo assumes them: BLE at the radio preset's ATT
-    capacity with :data:`~coinf.wearable.planner.links.BLE_RTT_MS`, Wi-Fi at its preset."""
-    from coinf.ble_protocol.radio.params import preset
-    from coinf.ble_protocol.wifi_preset import wifi_preset
-    from coinf.wearable.planner.adapt import LinkEstimate
-    from coinf.wearable.planner.links import BLE_RTT_MS
+    capacity, Wi-Fi at its preset (:func:`~coinf.wearable.planner.links.preset_estimate`)."""
+    from coinf.wearable.planner.links import preset_estimate
 
-    bps = preset(ble_preset).capacity_bps()
-    w = wifi_preset(wifi_name)
-    return {"ble": LinkEstimate(bps, bps, BLE_RTT_MS, f"{ble_preset} radio preset", kind="ble"),
-            "wifi": LinkEstimate(w.throughput_bps, w.throughput_bps, w.rtt_ms,
-                                 f"{w.name} Wi-Fi preset", kind="wifi", wake_ms=w.wake_ms)}
+    return {"ble": preset_estimate("ble", ble_preset), "wifi": preset_estimate("wifi", wifi_name)}
 
 
 def choose_link(bundle: Any, links: dict[str, Any], budget_ms: float) -> Any:

@@ -153,9 +153,7 @@ def calibrate(bundle_dir: Path, name: str, out: Path, samples: int, metric_name:
     if bundle.meta.get("demo_calibration") == want:
         progress(f"reusing the calibration in {bundle_dir} ({samples} real inputs)")
         return
-    version = realdata.data_version(name)
-    data_path = out / (f"{name}-{samples}.npz" if version == 1 else
-                       f"{name}-{samples}-d{version}.npz")
+    data_path = out / realdata.data_file(name, samples)
     if not data_path.is_file():
         progress(f"making {samples} real inputs for calibration ...")
         realdata.write_npz(name, data_path, samples, seed=0)

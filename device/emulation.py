@@ -2,14 +2,18 @@
 
 After each head run the wearable waits ``(slowdown - 1) x`` the measured compute time, so an
 ``K x`` slower device is emulated with the real model, the real data and the real outputs.
+With ``rates`` (a device profile's per-op-type rates, e.g. the built-in Pi Zero 2 W's) each
+model slice instead takes the time those rates predict for it, so the emulated device spends
+its time across layers as that device does, not as this machine's CPU does.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import onnxruntime as ort
 from coinf.device.cancel import CancelToken
@@ -19,10 +23,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DeviceEmulation:
-    """How one side runs: a slowdown factor (>= 1) and the onnxruntime thread count (0 = ORT's)."""
+    """How one side runs: a slowdown factor (>= 1), the onnxruntime thread count (0 = ORT's)
+    and, optionally, op ``rates`` (:class:`~coinf.device.defaults.OpRates`) that time each model
+    slice (:meth:`slice_seconds`)."""
 
     slowdown: float = 1.0
     threads: int = 0
+    rates: Any = None
+    _targets: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.slowdown >= 1.0:
@@ -57,12 +66,55 @@ class DeviceEmulation:
                 cancel.check()
         return compute_s + extra
 
-    def timed(self, fn: Callable[[], T], cancel: CancelToken | None = None) -> tuple[T, float]:
-        """Run ``fn`` as an emulated step; returns (its result, emulated seconds)."""
+    def timed(self, fn: Callable[[], T], cancel: CancelToken | None = None,
+              target_s: float | None = None) -> tuple[T, float]:
+        """Run ``fn`` as an emulated step; returns (its result, emulated seconds). With
+        ``target_s`` the step lasts that long (or as long as ``fn`` took, if longer) instead of
+        being stretched."""
         t0, c0 = time.perf_counter(), time.thread_time()
         result = fn()
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        return result, self.stretch(wall, cpu, cancel)
+        if target_s is None:
+            return result, self.stretch(wall, cpu, cancel)
+        _sleep(target_s - wall, cancel)
+        return result, max(wall, target_s)
+
+    def slice_seconds(self, path: str) -> float | None:
+        """How long the model slice in ``path`` takes on the emulated device by ``rates`` (None
+        without rates: the slice is stretched ``slowdown`` x instead). Computed once per file."""
+        if self.rates is None:
+            return None
+        with self._lock:
+            got = self._targets.get(path)
+        if got is None:
+            import onnx
+            from coinf.device.features import node_features
+
+            got = float(self.rates.model_ms(node_features(onnx.load(path)))) / 1e3
+            with self._lock:
+                self._targets[path] = got
+        return got
+
+
+def compute_rates(name: str | None) -> Any:
+    """The op rates of the built-in profile ``name`` (``pi-zero-2w``) that time an emulated
+    wearable's slices, None for none (slices stretched ``slowdown`` x)."""
+    if name is None:
+        return None
+    from coinf.device.profile import DeviceProfile
+
+    if name != "pi-zero-2w":
+        raise ValueError(f"no built-in wearable profile {name!r}; expected pi-zero-2w")
+    return DeviceProfile.pi_zero_2w().rates
+
+
+def _sleep(seconds: float, cancel: CancelToken | None) -> None:
+    if seconds <= 0:
+        return
+    if cancel is None:
+        time.sleep(seconds)
+    elif cancel.wait(seconds):
+        cancel.check()
 
 
 def profile_slowdown(model_path: str, profile: object, threads: int = 1,

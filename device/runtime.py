@@ -89,13 +89,17 @@ class SliceRunner:
         wanted = [i.name for i in sess.get_inputs()]
         names = [o.name for o in sess.get_outputs()]
         slice_in = {k: feeds[k] for k in wanted}
+        file = (cand.head if part == "head" else cand.tail).file
+        target = (None if self.emulation.rates is None or file is None
+                  else self.emulation.slice_seconds(str(self.bundle.path(file))))
         if cancel is None:
-            values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in))
+            values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in),
+                                                   target_s=target)
             return dict(zip(names, values, strict=True)), elapsed
         with cancel.run_options() as ro:
             try:
                 values, elapsed = self.emulation.timed(lambda: sess.run(names, slice_in, ro),
-                                                       cancel)
+                                                       cancel, target)
             except Cancelled:
                 raise
             except Exception:

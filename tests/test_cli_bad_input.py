@@ -73,6 +73,7 @@ CASES = [
     ("run {B} --all --max 0", 2, "--max"),
     ("run {B} --all --max -1", 2, "--max"),
     ("run {B} --slowdown inf", 2, "--slowdown"),
+    ("run {B} --compute-profile pi-5", 2, "--compute-profile"),
     ("run {B} --stream -1", 2, "--stream"),
     ("run {B} --repeat abc", 2, "--repeat"),
     ("run {B} --transport socket --handheld tcp:127.0.0.1:99999", 2, "--handheld"),

@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from coinf.convert.split import split_model
 from coinf.device.defaults import LAPTOP_RATES, PI_ZERO_2W_RATES, OpRates
-from coinf.device.emulation import profile_slowdown
+from coinf.device.emulation import DeviceEmulation, compute_rates, profile_slowdown
 from coinf.device.features import node_features
 from coinf.device.profile import DeviceProfile, ModelProfile
+from coinf.device.runtime import SliceRunner
+from coinf.errors import InputError
 from coinf.models.zoo import committed_path
+from coinf.wearable.options import EmulationOptions
 from coinf.wearable.planner.planner import Planner
 
 from coinf.bundle import Bundle
@@ -91,3 +95,27 @@ def test_plan_says_when_profiles_are_builtin(wearcam: Bundle, tmp_path: Path,
     text = " ".join(notes)
     assert "built-in default 'pi-zero-2w'" in text and "built-in default 'laptop'" in text
     assert "default op rates" in text
+
+
+def test_an_emulated_wearable_timed_by_the_pi_profile_spends_its_predicted_time_per_head(
+        wearcam: Bundle) -> None:
+    rates = compute_rates("pi-zero-2w")
+    runner = SliceRunner(wearcam, DeviceEmulation(20.0, 1, rates=rates))
+    x = np.random.default_rng(0).standard_normal(wearcam.inputs[0].shape).astype(np.float32)
+    shares = []
+    for cand in (c for c in wearcam.candidates if c.head.file is not None):
+        want = rates.model_ms(node_features(onnx.load(str(wearcam.path(cand.head.file))))) / 1e3
+        outs, seconds = runner.run_slice(cand, "head", {wearcam.inputs[0].name: x})
+        assert outs and seconds >= want  # padded to the profile's time, never shortened
+        shares.append(want)
+    # deeper heads cost more: the time follows the layers, not one factor on the whole model
+    assert len(set(shares)) > 1 and shares == sorted(shares)
+    assert DeviceEmulation().slice_seconds("any.onnx") is None  # without rates: stretched
+
+
+def test_compute_profile_names_a_builtin_profile() -> None:
+    assert EmulationOptions(compute_profile="pi-zero-2w").compute_profile == "pi-zero-2w"
+    with pytest.raises(InputError, match="compute_profile must be None or one of pi-zero-2w"):
+        EmulationOptions(compute_profile="pi-5")
+    with pytest.raises(ValueError, match="expected pi-zero-2w"):
+        compute_rates("pi-5")

@@ -39,7 +39,7 @@ from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.shaped import Channel
 from coinf.ble_protocol.transport import open_connector
 from coinf.convert.compressors import CodecRunner
-from coinf.device.emulation import DeviceEmulation
+from coinf.device.emulation import DeviceEmulation, compute_rates
 from coinf.device.litert import check_runtime, resolve
 from coinf.device.profile import DeviceProfile, load_or_default
 from coinf.device.runtime import SliceRunner
@@ -101,7 +101,8 @@ class AsyncSession:
         place, link, planner, emu = opts.placement, opts.link, opts.planner, opts.emulation
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         self._providers = check_providers(providers)
-        self.emulation = DeviceEmulation(emu.slowdown, emu.threads)
+        self.emulation = DeviceEmulation(emu.slowdown, emu.threads,
+                                         rates=compute_rates(emu.compute_profile))
         self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
             ("wearable", place.runtime, planner.wearable_profile),
             ("handheld", place.handheld_runtime, planner.handheld_profile))}

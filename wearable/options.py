@@ -384,18 +384,29 @@ class PlannerOptions(_Options):
                 raise _fail(self, name, "a DeviceProfile, the path of one, or None")
 
 
+#: built-in profiles an emulated wearable may be timed by (EmulationOptions.compute_profile)
+COMPUTE_PROFILES = (None, "pi-zero-2w")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EmulationOptions(_Options):
     """Devices played by this machine: ``slowdown`` (>= 1: a K x slower wearable) and
     ``threads`` (onnxruntime threads, 0 = its default) of this wearable; ``handheld_slowdown``
-    and ``handheld_threads`` of an in-process handheld."""
+    and ``handheld_threads`` of an in-process handheld. ``compute_profile`` (a built-in
+    wearable profile's name, ``pi-zero-2w``) times each of the wearable's model slices as that
+    profile's op rates predict instead of stretching it ``slowdown`` x, so the emulated
+    wearable spends time across layers as that device does (packing is still stretched)."""
 
     slowdown: float = 1.0
     threads: int = 0
     handheld_slowdown: float = 1.0
     handheld_threads: int = 0
+    compute_profile: str | None = None
 
     def __post_init__(self) -> None:
+        if self.compute_profile not in COMPUTE_PROFILES:
+            raise _fail(self, "compute_profile",
+                        f"None or one of {', '.join(p for p in COMPUTE_PROFILES if p)}")
         for name in ("slowdown", "handheld_slowdown"):
             if not (_is_number(getattr(self, name)) and getattr(self, name) >= 1):
                 raise _fail(self, name, "a number >= 1 (1 = this machine's speed)")

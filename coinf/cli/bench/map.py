@@ -9,7 +9,10 @@ picks a plan with the built-in Pi Zero 2 W and laptop profiles and names the ref
 (wearable-only, the raw input offloaded, the input's best packing offloaded, the best split,
 the learned split where one exists). Every one of them is then run for real, per link, in
 three processes (``coinf demo``'s ``measure``: the emulated radio or Wi-Fi air, the handheld
-daemon and the wearable slowed to the Pi's speed); a point predicted to take longer than
+daemon and the wearable slowed to the Pi's speed: by default each head takes the time the
+Pi profile predicts for it layer by layer, ``--wearable-compute scaled`` multiplies this
+machine's time by one factor per model instead, which keeps this CPU's per-layer shares and
+its run-to-run noise); a point predicted to take longer than
 ``--max-run-s`` is reported as predicted, not run. A cell reports the chosen plan, the points
 and the chosen plan's **regret**: its measured latency (or wearable energy) over the best
 measured point's.
@@ -50,6 +53,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="runs per measured point (median; default %(default)s)")
     parser.add_argument("--max-run-s", type=argtypes.seconds, default=20.0,
                         help="points predicted to take longer per run are not run")
+    parser.add_argument("--wearable-compute", choices=("profile", "scaled"), default="profile",
+                        help="profile (default): each head takes the time the built-in Pi Zero "
+                        "2 W profile predicts for it, layer by layer; scaled: this machine's "
+                        "time x one slowdown per model (this CPU's share per layer)")
     parser.add_argument("--png", help="write the map as a grid picture")
     parser.add_argument("--json", action="store_true", help="(the output is always JSON)")
     parser.set_defaults(func=run)
@@ -111,7 +118,8 @@ def measure_link(prep: Any, link_name: str, points: dict[str, dict[str, Any]], s
     if not ids:
         return out
     ns = argparse.Namespace(repeat=args.repeat, **_transport(link_name))
-    rows, _ = measure(ns, prep.bundle_dir, ids, slowdown, prep.input_file)
+    rows, _ = measure(ns, prep.bundle_dir, ids, slowdown, prep.input_file,
+                      "pi-zero-2w" if args.wearable_compute == "profile" else None)
     for r in rows:
         rid = r["candidate"] if r["packing"] == "raw" else f"{r['candidate']}~{r['packing']}"
         sent = wake_mj if r["transfer_ms"] > 0 else 0.0
@@ -201,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"  {o}: chose {c['chosen']['id']}, best measured "
                          f"{c['best_measured']} ({c['winner_kind']}), regret {c.get('regret')}")
     result = {"bench": "map", "models": info, "links": links, "objectives": objectives,
+              "wearable_compute": args.wearable_compute,
               "cells": cells, "summary": summary(cells),
               "seconds": round(time.perf_counter() - t0, 1)}
     if args.png:

@@ -338,9 +338,12 @@ def objective_comparison(chosen: dict[str, Any], refs: list[dict[str, Any]],
 
 
 def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
-            slowdown: float, input_file: Path | None = None) -> tuple[list[dict[str, Any]], str]:
+            slowdown: float, input_file: Path | None = None,
+            compute_profile: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """Run ``ids`` in a wearable process against a handheld process (through the emulated radio
-    for ``--transport ble``); returns the rows of ``coinf run --json`` and where they ran."""
+    for ``--transport ble``); returns the rows of ``coinf run --json`` and where they ran.
+    ``compute_profile`` times the wearable's slices by that profile (``coinf run
+    --compute-profile``) instead of ``slowdown`` x this machine."""
     from coinf.errors import UserError
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -409,6 +412,7 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
                 [*coinf, "run", str(bundle_dir), "--slowdown", f"{slowdown:.3f}",
                  "--threads", "1", *wear_args, "--json", "--split", ",".join(ids),
                  "--repeat", str(args.repeat),
+                 *([] if compute_profile is None else ["--compute-profile", compute_profile]),
                  *([] if input_file is None else ["--input", f"{_input_name(bundle_dir)}="
                                                   f"{input_file}"])],
                 stdout=subprocess.PIPE, text=True, env=env, check=False,

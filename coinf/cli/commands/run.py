@@ -54,6 +54,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="emulate a K x slower wearable")
     parser.add_argument("--threads", type=argtypes.threads_or_auto, default=0,
                         help="wearable onnxruntime threads")
+    parser.add_argument("--compute-profile", choices=("pi-zero-2w",),
+                        help="time each of the wearable's model slices as this built-in "
+                        "profile predicts it (per layer) instead of --slowdown x this machine; "
+                        "packing is still stretched by --slowdown")
     for flag, who in (("--runtime", "the wearable's slices"),
                       ("--handheld-runtime", "an in-process handheld's tails")):
         parser.add_argument(flag, choices=("onnxruntime", "litert", "auto"),
@@ -487,7 +491,8 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
                              helper_ble_options=ble if over_ble else {},
                              timeout=120.0, fallback=not args.no_fallback,
                              alternates=wifi_link(args)),
-            emulation=EmulationOptions(slowdown=args.slowdown, threads=args.threads))
+            emulation=EmulationOptions(slowdown=args.slowdown, threads=args.threads,
+                                       compute_profile=args.compute_profile))
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

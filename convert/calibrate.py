@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from coinf.ble_protocol import codecs, media
 from coinf.ble_protocol.packing import PackSpec
-from coinf.convert import entropy_cal, packcal
+from coinf.convert import entropy_cal, packcal, packrows
 from coinf.convert.feeds import Dataset, load_dataset  # noqa: F401 - re-exported
 from coinf.convert.packcal import Options
 
@@ -186,7 +186,7 @@ def store(bundle: Bundle, results: dict[str, list[dict[str, Any]]], data: Datase
         "samples": len(data),
         "metric": "top1_accuracy" if data.labels is not None else "top1_disagreement",
     }
-    packcal.record(bundle.meta[META_KEY], results, options)
+    packrows.record(bundle.meta[META_KEY], results, options)
     return bundle.save()
 
 
@@ -288,7 +288,7 @@ def criterion_line(meta: dict[str, Any] | None) -> str | None:
     many inputs it judged, the model's own noise floor (None for tables without it)."""
     m = (meta or {}).get(META_KEY) or {}
     kind = m.get("criterion")
-    if kind not in packcal.CRITERIA:
+    if kind not in packrows.CRITERIA:
         return None
     n, judged = int(m.get("inputs", m.get("samples", 0))), int(m.get("judged", 0))
     data = m.get("data", "?")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,14 +33,18 @@ from coinf.convert import state as st
 from coinf.convert.entropy_cal import PriorFit, ans_bits
 from coinf.convert.feeds import Dataset
 from coinf.convert.metrics import Label, Metric, upper_bound_pp
+from coinf.convert.packrows import LOSSLESS, codec_applies, drop_dominated
 
 from coinf.bundle import Bundle, Candidate, open_slice
 from coinf.errors import BundleError, InputError
 
-LOSSLESS = "f32"
 PROMOTE_TO = "f16"
 MAX_PROMOTE_TENSORS = 8  # beyond this many lossy tensors, no per-tensor search
 CONFIDENCE = 0.95
+
+#: a crossing carried another way than packing: (restored crossing, bytes sent, encode s,
+#: decode s)
+RoundTrip = Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], int, float, float]]
 
 
 @dataclass
@@ -331,7 +335,8 @@ class _Calibration:
             raise InputError(f"{self.data.name}: label {int(bad[0])} is not a class id of "
                              f"{self.mout[0]!r}; expected {want}")
 
-    def trial(self, assign: Mapping[str, str]) -> _Trial:
+    def trial(self, assign: Mapping[str, str], roundtrip: RoundTrip | None = None) -> _Trial:
+        """Every input through the assignment's packings, or through ``roundtrip`` instead."""
         specs = self.specs(assign)
         book = self.fit.book if self.fit is not None else None
         tr = _Trial()
@@ -344,14 +349,20 @@ class _Calibration:
                     crossing = self.heads[k]
                 else:
                     crossing = self.runner.run_head({**self.data.feed(i), **state})
-                now = specs if self.fit is None else self.fit.specs_for(specs, i)
-                t0 = time.perf_counter()
-                bodies = {n: packing.pack(v, now[n]) for n, v in crossing.items()}
-                t1 = time.perf_counter()
-                unpacked = {n: packing.unpack(b, book=book) for n, b in bodies.items()}
-                tr.encode_s.append(t1 - t0)
-                tr.decode_s.append(time.perf_counter() - t1)
-                tr.sizes.append(sum(len(b) for b in bodies.values()))
+                if roundtrip is None:
+                    now = specs if self.fit is None else self.fit.specs_for(specs, i)
+                    t0 = time.perf_counter()
+                    bodies = {n: packing.pack(v, now[n]) for n, v in crossing.items()}
+                    t1 = time.perf_counter()
+                    unpacked = {n: packing.unpack(b, book=book) for n, b in bodies.items()}
+                    tr.encode_s.append(t1 - t0)
+                    tr.decode_s.append(time.perf_counter() - t1)
+                    tr.sizes.append(sum(len(b) for b in bodies.values()))
+                else:
+                    unpacked, nbytes, enc_s, dec_s = roundtrip(crossing)
+                    tr.encode_s.append(enc_s)
+                    tr.decode_s.append(dec_s)
+                    tr.sizes.append(nbytes)
                 tr.exact.append(all(same_values(unpacked[n], v) for n, v in crossing.items()))
                 ref = self.ref[k]
                 # the tail is deterministic: given back bit for bit, it answers as it did
@@ -453,6 +464,26 @@ def _top1(a: np.ndarray) -> int:
     return int(np.argmax(flat)) if flat.size else 0
 
 
+def judge_roundtrips(bundle: Bundle, cand: Candidate, data: Dataset, opts: Options,
+                     roundtrips: Mapping[str, RoundTrip]) -> dict[str, dict[str, Any]]:
+    """Each way of carrying ``cand``'s crossing (a learned bottleneck: encoder, latent code,
+    decoder) judged exactly as its packings are: the same inputs, criterion, noise floor and
+    bound. Per key: ``bytes`` (mean sent), ``quality_loss`` and ``quality_loss_bound`` (pp),
+    ``criterion``, ``judged``, ``noise_floor_pp``, median ``encode_ms`` and ``decode_ms``."""
+    cal = _Calibration(bundle, cand, data, opts)
+    out: dict[str, dict[str, Any]] = {}
+    for key, rt in roundtrips.items():
+        tr = cal.trial({}, rt)
+        drop, bound = cal.drop(tr)
+        out[key] = {"bytes": float(np.mean(tr.sizes)), "quality_loss": round(drop, 4),
+                    "quality_loss_bound": round(bound, 4), "criterion": cal.criterion,
+                    "judged": cal.judged(), "inputs": len(data),
+                    "noise_floor_pp": round(cal.noise.floor_pp, 4),
+                    "encode_ms": round(1e3 * float(np.median(tr.encode_s)), 3),
+                    "decode_ms": round(1e3 * float(np.median(tr.decode_s)), 3)}
+    return out
+
+
 def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: Sequence[str],
                         opts: Options | None = None) -> list[dict[str, Any]]:
     """The packing table of one candidate (rows as in :mod:`convert.calibrate`, plus
@@ -534,72 +565,5 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
     return drop_dominated(rows)
 
 
-def drop_dominated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Without the ``ansN`` rows whose bodies are not smaller than ``qN``'s or ``qzN``'s of the
-    same width and assignment: the same tensor, more bytes and more time, so never a choice
-    (and their tables need not be stored)."""
-    def plain(r: dict[str, Any]) -> bool:
-        return "promoted" not in r and "tensors" not in r
-
-    best: dict[int, float] = {}
-    for r in rows:
-        if r["codec"] in ("q", "qz") and plain(r):
-            best[r["bits"]] = min(best.get(r["bits"], math.inf), float(r["mean_bytes"]))
-    return [r for r in rows if not (r["codec"] == "ans" and plain(r)
-                                    and r["mean_bytes"] >= best.get(r["bits"], math.inf))]
-
-
-def codec_applies(bundle: Bundle, cand: Candidate, codec: str) -> bool:
-    """Whether a standard codec packs at least one crossing tensor of ``cand``: a float image
-    at any cut, a float waveform only where it is a model input (a ``[1, N]`` activation of a
-    fully connected layer is shaped like one, but it is no sound). The other tensors travel
-    as the codec's fallback (lossless)."""
-    inputs = {t.name for t in bundle.inputs}
-    return any(np.dtype(t.dtype).kind == "f" and media.applies(codec, tuple(t.shape))
-               and (codec in media.IMAGE or t.name in inputs) for t in cand.crossing)
-
-
 def _is_float(cand: Candidate, name: str) -> bool:
     return any(t.name == name and np.dtype(t.dtype).kind == "f" for t in cand.crossing)
-
-
-def record(meta: dict[str, Any], results: Mapping[str, list[dict[str, Any]]],
-           options: Options | None) -> None:
-    """Record in the manifest's calibration entry what the drops measure."""
-    opts = options or Options()
-    names = sorted({str(r["metric"]) for rows in results.values() for r in rows
-                    if "metric" in r})
-    if len(names) == 1:
-        meta["metric"] = names[0]
-    meta["metric_spec"] = opts.metric.describe()
-    meta["tolerance_pp"] = opts.tolerance_pp
-    meta.update(criterion_summary(results))
-    meta["state_packing"] = "as rows" if opts.pack_state else LOSSLESS
-    if opts.tensor_packing:
-        meta["tensor_packing"] = dict(opts.tensor_packing)
-    if opts.sequence_length is not None:
-        meta["sequence_length"] = opts.sequence_length
-
-
-#: what each criterion means, as ``coinf calibrate``, ``plan`` and ``demo`` say it
-CRITERIA = {
-    "labels": "accuracy against the labels, every input",
-    "stable": "agreement with the unpacked model on the inputs whose answer survives 1 LSB "
-              "of input noise",
-    "all": "the metric against the unpacked model, every input",
-}
-
-
-def criterion_summary(results: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The criterion the rows were judged by, how many inputs it judged of how many, and the
-    model's own noise floor (the largest over the candidates: one model, one data set, so
-    they differ only by float rounding between slicings)."""
-    rows = [r for rs in results.values() for r in rs if "criterion" in r]
-    if not rows:
-        return {}
-    worst = max(rows, key=lambda r: float(r.get("noise_floor_pp", 0.0)))
-    return {"criterion": str(worst["criterion"]),
-            "criterion_text": CRITERIA.get(str(worst["criterion"]), ""),
-            "judged": int(min(int(r.get("samples", 0)) for r in rows)),
-            "inputs": int(worst.get("inputs", 0)),
-            "noise_floor_pp": float(worst.get("noise_floor_pp", 0.0))}

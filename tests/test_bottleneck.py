@@ -430,6 +430,29 @@ def test_the_learned_code_travels_entropy_coded(lenet: Path, digits: tuple[Path,
     assert point["quality_loss"] == pytest.approx(100 * (1 - comp.accuracy["raw"]), abs=1e-6)
     best = result["summary"]["best_learned_bytes"]
     assert best == (round(point["bytes"], 1) if point["quality_loss"] <= 1.0 else None)
+    assert point["criterion"] == result["quality"]["criterion"]
+
+    # with labels, the learned point is judged against them, as the packings are: the drop
+    # is the uncompressed model's accuracy minus the learned split's, on the same inputs
+    from coinf.models import zoo
+
+    d = zoo.digits_data()
+    labelled = tmp_path / "labelled.npz"
+    np.savez(labelled, image=d.x_val[:60].astype(np.float32), labels=d.y_val[:60])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["bench", "rate", "--bundle", str(root), "--data", str(labelled),
+                     "--cuts", "1", "--json"]) == 0
+    result = json.loads(buf.getvalue())
+    assert result["quality"]["criterion"] == "labels"
+    (point,) = [p for p in result["points"] if p["family"] == "learned"]
+    assert point["criterion"] == "labels"
+    ref = bn.load_data(bundle, labelled)["image"]
+    with Session(root) as s:
+        ref_right = np.mean([int(np.argmax(s.run(None, {"image": x})[0])) == y
+                             for x, y in zip(ref, d.y_val[:60], strict=True)])
+    coded_right = _learned_accuracy(root, comp.gamma, ref, d.y_val[:60])
+    assert point["quality_loss"] == pytest.approx(100 * (ref_right - coded_right), abs=1e-3)
 
     # the planner asks of a learned point what it asks of a calibrated packing: a 95 % upper
     # bound within the tolerance, from its held-out feeds (60 here: never within 1 pp)
@@ -511,3 +534,18 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(lenet: Path, digits: tuple[
                        match=r"^--resume: checkpoint .*point\.pt is damaged .*delete it"):
         bt.train_point(cfg, x, targets, kinds, tail, ckpt, resume=True)
     assert bt.train_point(cfg, x, targets, kinds, tail, ckpt).finished  # without --resume: anew
+
+
+def _learned_accuracy(root: Path, gamma: int, feeds: np.ndarray, labels: np.ndarray) -> float:
+    """Accuracy of the split through the learned code (``gN+latent``), one Session run each."""
+    from coinf import PlacementOptions, Session, SessionOptions
+
+    bundle = Bundle.load(root)
+    plan = {"strategy": "split", "stages": [
+        {"device": "wearable", "start": bundle.candidates[0].id, "end": CUT,
+         "packing": f"g{gamma}+latent"},
+        {"device": "handheld", "start": CUT, "end": bundle.candidates[-1].id}]}
+    with Session(root, SessionOptions(placement=PlacementOptions(plan=plan))) as s:
+        return float(np.mean([int(np.argmax(s.run(None, {"image": x})[0])) == int(y)
+                              for x, y in zip(feeds, labels, strict=True)]))
+

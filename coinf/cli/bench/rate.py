@@ -166,11 +166,11 @@ def run(args: argparse.Namespace) -> int:
                            "quality_loss": 0.0, "quality_loss_bound": 0.0})
         from coinf.cli.bench.rate_learned import learned_points
 
-        learned = learned_points(bundle, data, metric, args.tolerance)
+        learned = learned_points(bundle, data, opts)
         if learned:
             progress(f"{len(learned)} learned bottleneck(s) measured")
         points += learned
-        from coinf.convert.packcal import criterion_summary
+        from coinf.convert.packrows import criterion_summary
 
         quality = criterion_summary(criteria)
         meta = {cal.META_KEY: {"data": data.name, "metric": metric.name, **quality}}

@@ -99,20 +99,31 @@ def load_data(bundle: Bundle, source: str | Path, flag: str = "--data",
 
 
 def split_data(feeds: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray] | None,
-               flag: str = "--data") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+               flag: str = "--data", tolerance_pp: float | None = None
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(train, test): ``test`` when given, else the last eighth of ``feeds`` held out (at least
-    :data:`MIN_TEST`). :class:`InputError` when too few feeds are left to train on."""
+    :data:`MIN_TEST`, and at least the inputs a ``tolerance_pp`` bound needs). One-line
+    :class:`InputError` when too few feeds are left to train on or held out for the bound."""
+    from coinf.convert.metrics import samples_for_bound
+
+    need = MIN_TEST if tolerance_pp is None else max(MIN_TEST, samples_for_bound(tolerance_pp))
+    why = ("to evaluate" if tolerance_pp is None else
+           f"to bound the loss within {tolerance_pp:g} pp at 95 % (--tolerance)")
     n = len(next(iter(feeds.values())))
     if test is None:
-        held = max(MIN_TEST, n // 8)
+        held = max(need, n // 8)
         if n - held < MIN_TRAIN:
             raise InputError(f"{flag}: {n} feeds; a bottleneck needs at least "
-                             f"{MIN_TRAIN + MIN_TEST} ({MIN_TRAIN} to train, {MIN_TEST} held out "
-                             f"to evaluate), or --test with its own feeds")
+                             f"{MIN_TRAIN + need} ({MIN_TRAIN} to train, {need} held out "
+                             f"{why}), or --test with {need} of its own")
         return ({k: v[:n - held] for k, v in feeds.items()},
                 {k: v[n - held:] for k, v in feeds.items()})
     if n < MIN_TRAIN:
         raise InputError(f"{flag}: {n} feeds; a bottleneck needs at least {MIN_TRAIN} to train")
+    n_test = len(next(iter(test.values())))
+    if n_test < need:
+        raise InputError(f"--test: {n_test} held-out feeds; a bottleneck needs at least {need} "
+                         f"{why}")
     return dict(feeds), dict(test)
 
 

@@ -325,6 +325,16 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
                      "MODULE:FUNCTION")
 
 
+def samples_for_bound(tolerance_pp: float, confidence: float = 0.95) -> int:
+    """The fewest inputs whose upper bound (:func:`upper_bound_pp`, no failure among them) is
+    within ``tolerance_pp``: the least any measurement needs to establish that tolerance."""
+    if not 0 < tolerance_pp <= 100:
+        raise ValueError(f"tolerance {tolerance_pp} pp: expected (0, 100]")
+    if tolerance_pp >= 100:
+        return 1
+    return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - tolerance_pp / 100) - 1e-9))
+
+
 def upper_bound_pp(losses: np.ndarray, confidence: float) -> float:
     """One-sided upper bound (pp) on the mean loss: Clopper-Pearson on the count of failures
     for 0/1 losses; for fractional losses, on ``ceil(sum(min(loss, 1)))`` failures (a loss in

@@ -26,7 +26,7 @@ if importlib.util.find_spec("onnx2torch") is None:  # the Makefile installs it (
 bt = pytest.importorskip("coinf.convert.bottleneck_train")
 
 CUT = "c002"  # lenet_digits: pool1, (1, 6, 12, 12)
-SMALL = ["--latent", "4", "--hidden", "8", "--batch", "8"]
+SMALL = ["--latent", "4", "--hidden", "8", "--batch", "8", "--tolerance", "5"]
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,8 @@ def test_compress_exports_a_bottleneck_that_approximates_the_model(
 @pytest.mark.parametrize("bad, message", [
     (lambda x: x.astype(np.float64), "is float64; model input 'image' is float32"),
     (lambda x: x[:, :, :20, :20], "has shape [40, 1, 20, 20]"),
-    (lambda x: x[:20], "20 feeds; a bottleneck needs at least 40"),
+    (lambda x: x[:20], "20 feeds; a bottleneck needs at least 331 (32 to train, 299 held out "
+                       "to bound the loss within 1 pp at 95 % (--tolerance))"),
     (lambda x: np.where(x > 0.5, np.nan, x).astype(np.float32), "holds NaN or inf"),
 ])
 def test_bad_data_is_one_line_before_any_training(
@@ -165,6 +166,21 @@ def test_bad_data_is_one_line_before_any_training(
     assert message in err, err
     with pytest.raises(InputError):  # the library raises it too, before any training
         bn.split_data(bn.load_data(Bundle.load(lenet), tmp_path / "bad.npz"), None)
+
+
+def test_too_few_held_out_feeds_for_the_bound_is_one_line_saying_how_many(
+        lenet: Path, digits: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.convert.metrics import samples_for_bound, upper_bound_pp
+
+    for tol in (0.5, 1.0, 2.41, 5.0):
+        n = samples_for_bound(tol)  # the fewest inputs whose bound can be within tol
+        assert upper_bound_pp(np.zeros(n), 0.95) <= tol < upper_bound_pp(np.zeros(n - 1), 0.95)
+    rc = main(["compress", str(lenet), "--cut", CUT, "--data", str(digits[0]), "--test",
+               str(digits[1]), "--tolerance", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert (f"--test: 60 held-out feeds; a bottleneck needs at least {samples_for_bound(2)} to "
+            f"bound the loss within 2 pp at 95 % (--tolerance)") in err, err
 
 
 def test_a_cut_a_bottleneck_cannot_take_is_refused(lenet: Path) -> None:

@@ -15,7 +15,6 @@ from coinf.device.emulation import DeviceEmulation, compute_rates, profile_slowd
 from coinf.device.features import node_features
 from coinf.device.profile import DeviceProfile, ModelProfile
 from coinf.device.runtime import SliceRunner
-from coinf.errors import InputError
 from coinf.models.zoo import committed_path
 from coinf.wearable.options import EmulationOptions
 from coinf.wearable.planner.planner import Planner
@@ -23,6 +22,7 @@ from coinf.wearable.planner.planner import Planner
 from coinf.bundle import Bundle
 from coinf.cli import main
 from coinf.cli.commands.demo import plan_condition
+from coinf.errors import InputError
 
 
 @pytest.fixture(scope="module")

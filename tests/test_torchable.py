@@ -571,7 +571,8 @@ def test_compress_trains_through_same_upper_convs(tmp_path: Path,
     torch.set_num_threads(1)
     rc = main(["compress", str(root), "--cut", cut, "--data", str(tmp_path / "train.npz"),
                "--steps", "3", "--lambda", "1e-3", "--latent", "2", "--hidden", "4",
-               "--batch", "4", "--stride", "1", "--work", str(tmp_path / "work")])
+               "--batch", "4", "--stride", "1", "--tolerance", "100",
+               "--work", str(tmp_path / "work")])
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert [c.kind for c in Bundle.load(root).compressors(cut)] == ["learned"]
@@ -597,7 +598,7 @@ def test_compress_refuses_an_unconvertible_tail_in_one_line(
     np.savez(tmp_path / "train.npz",
              image=RNG.standard_normal((40, 1, 3, 15, 15)).astype(np.float32))
     rc = main(["compress", str(root), "--cut", cut, "--data", str(tmp_path / "train.npz"),
-               "--steps", "3", "--work", str(tmp_path / "work")])
+               "--steps", "3", "--tolerance", "100", "--work", str(tmp_path / "work")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].endswith(f"--cut {cut}: tail node 'hm2' (Hardmax): onnx2torch has no "

@@ -27,6 +27,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remeasure", action="store_true",
                         help="no training: measure the cut's learned bottlenecks again on "
                              "--test and update their figures in the bundle")
+    parser.add_argument("--tolerance", type=argtypes.number(0, 100, lo_open=True),
+                        default=1.0, metavar="PP",
+                        help="quality loss the points must be shown within (95 %% bound; "
+                        "default %(default)s pp, the policy's default): sets how many feeds "
+                        "are held out to measure them")
     parser.add_argument("--lambda", dest="lams", action="append",
                         type=argtypes.number(0), metavar="L",
                         help="rate weight per bit of the latent (repeatable: one operating "
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     bn.check_cut(bundle, args.cut)
     data = bn.load_data(bundle, args.data, "--data")
     test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST) if args.test else None
-    train, held = bn.split_data(data, test)
+    train, held = bn.split_data(data, test, tolerance_pp=args.tolerance)
     lams = list(dict.fromkeys(args.lams or DEFAULT_LAMBDAS))
     require_full("coinf.convert.bottleneck_train")
     require("torch", "compress", "coinf compress")

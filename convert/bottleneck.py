@@ -146,6 +146,29 @@ def check_cut(bundle: Bundle, cid: str) -> tuple[Candidate, TensorSpec]:
     return cand, t
 
 
+def pick_cuts(bundle: Bundle, n: int, max_head_share: float = 0.5) -> list[Candidate]:
+    """The ``n`` cuts most worth a learned bottleneck: those :func:`check_cut` accepts whose
+    head runs at most ``max_head_share`` of the model's FLOPs (the wearable's part stays
+    cheap), fewest crossing bytes first (what the code must beat), then the cheaper head.
+    :class:`InputError` naming why when there is none."""
+    total = max(bundle.candidates[-1].head.flops, 1)
+    fits, cheap = [], 0
+    for cand in bundle.candidates:
+        try:
+            check_cut(bundle, cand.id)
+        except InputError:
+            continue
+        if cand.head.flops <= max_head_share * total:
+            cheap += 1
+            fits.append(cand)
+    if not fits:
+        raise InputError(f"no cut takes a learned bottleneck with at most "
+                         f"{100 * max_head_share:g} % of the FLOPs on the wearable: none crosses "
+                         f"one float (1, C, L) or (1, C, H, W) tensor there; name one with --cut")
+    fits.sort(key=lambda c: (c.crossing_bytes, c.head.flops))
+    return fits[:n]
+
+
 #: operators that turn a float tensor into a decision (ids, a mask): a target is read before them
 DECISION_OPS = frozenset({"ArgMax", "ArgMin", "TopK", "Cast", "Greater", "GreaterOrEqual", "Less",
                           "LessOrEqual", "Equal", "Not"})
@@ -365,6 +388,17 @@ class Trained:
     #: included) and median (encode ms, decode ms) of the entropy coder on this machine
     latent_bytes: float | None = None
     latent_ms: tuple[float, float] | None = None
+    #: the latent's initial scale it was trained from (its files are named for it unless 16)
+    gain: float = 16.0
+
+    @property
+    def stem(self) -> str:
+        return point_stem(self.lam, self.gain)
+
+
+def point_stem(lam: float, gain: float) -> str:
+    """A point's name among a cut's: its lambda, and its gain when not the default 16."""
+    return f"lam{lam:g}" + ("" if gain == 16.0 else f"-gain{gain:g}")
 
 
 def _ort(path: Path | bytes) -> Any:
@@ -472,17 +506,19 @@ def _gamma(cand: Candidate, mean_bytes: float, taken: set[int]) -> int:
 
 def register(bundle: Bundle, cand: Candidate, points: Sequence[Trained]) -> Bundle:
     """Copy each point's files into ``BUNDLE/compressors/`` and record it as a ``learned``
-    entry (replacing a learned entry of the same cut and lambda). Returns the reloaded bundle."""
+    entry (replacing a learned entry of the same cut, lambda and gain: the same files).
+    Returns the reloaded bundle."""
     sect = bundle.meta.get("compressors")
     if not isinstance(sect, dict):
         sect = {"format": 1, "base_accuracy": {"raw": 1.0}, "entries": []}
-    lams = {p.lam for p in points}
+    encoders = {f"{COMPRESSORS_DIR}/{cand.id}-{p.stem}.enc.onnx" for p in points}
     entries = [e for e in sect.get("entries", []) if not (
-        e.get("kind") == "learned" and e.get("candidate") == cand.id and e.get("lambda") in lams)]
+        e.get("kind") == "learned" and e.get("candidate") == cand.id
+        and e.get("encoder") in encoders)]
     taken = {int(e["gamma"]) for e in entries if e.get("candidate") == cand.id}
     (bundle.root / COMPRESSORS_DIR).mkdir(exist_ok=True)
     for p in points:
-        stem = f"{cand.id}-lam{p.lam:g}"
+        stem = f"{cand.id}-{p.stem}"
         files = {}
         for src, ext in ((p.encoder, "enc.onnx"), (p.decoder, "dec.onnx"), (p.priors, "pmf.json")):
             rel = f"{COMPRESSORS_DIR}/{stem}.{ext}"
@@ -515,11 +551,11 @@ def register(bundle: Bundle, cand: Candidate, points: Sequence[Trained]) -> Bund
 
 def describe(points: Sequence[Trained], crossing_bytes: int) -> list[str]:
     """The summary table the command prints."""
-    lines = [f"{'lambda':>8}  {'code':>14}  {'bytes/frame':>11}  {'ratio':>6}  {'agreement':>9}"
-             f"  {'enc MFLOPs':>10}"]
+    lines = [f"{'lambda':>8}  {'gain':>5}  {'code':>14}  {'bytes/frame':>11}  {'ratio':>6}  "
+             f"{'agreement':>9}  {'enc MFLOPs':>10}"]
     for p in points:
         ratio = crossing_bytes / max(p.mean_bytes, 1.0)
-        lines.append(f"{p.lam:8g}  {'x'.join(map(str, p.code_shape[1:])):>14}  "
+        lines.append(f"{p.lam:8g}  {p.gain:5g}  {'x'.join(map(str, p.code_shape[1:])):>14}  "
                      f"{p.mean_bytes:11.1f}  {ratio:6.0f}  {100 * p.agreement:8.1f}%  "
                      f"{p.flops / 1e6:10.2f}")
     return lines
@@ -533,6 +569,7 @@ def lambda_label(lam: float) -> str:
 
 __all__ = ["ANS_OVERHEAD", "CODE", "MIN_TEST", "MIN_TRAIN", "PRECISION", "Priors", "Trained",
            "check_cut", "describe", "distill_model", "load_data", "measure_latent", "onnx_flops",
+           "pick_cuts", "point_stem",
            "register",
            "run_slices",
            "score", "split_data", "target_kinds"]

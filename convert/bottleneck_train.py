@@ -43,6 +43,7 @@ from coinf.convert.bottleneck import (
     evaluate,
     measure_latent,
     onnx_flops,
+    point_stem,
     register,
     run_slices,
     target_kinds,
@@ -491,9 +492,11 @@ def default_work_dir(bundle: Bundle, cid: str) -> Path:
 def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
              test: Mapping[str, np.ndarray], lams: Sequence[float], base: Config,
              work: Path, resume: bool = False, time_limit: float | None = None,
-             progress: Progress | None = None) -> tuple[list[Trained], list[str]]:
-    """Train, export and measure one bottleneck per lambda at cut ``cid``, then register them
-    in the bundle. Returns the points and notes (a point stopped by the time limit)."""
+             progress: Progress | None = None, gains: Sequence[float] = ()
+             ) -> tuple[list[Trained], list[str]]:
+    """Train, export and measure one bottleneck per lambda x gain (``gains``: ``base``'s alone
+    by default) at cut ``cid``, then register them in the bundle. Returns the points and notes
+    (a point stopped by the time limit)."""
     cand, tensor = check_cut(bundle, cid)
     tail, _ = distill_model(bundle, cand)
     frozen = FrozenTail(tail, f"--cut {cid}: tail")  # a tail torch cannot take: before any work
@@ -503,20 +506,23 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
     kinds = target_kinds(t_tr)
     work.mkdir(parents=True, exist_ok=True)
     began, points, notes = time.monotonic(), [], []
-    for k, lam in enumerate(lams):
-        cfg = replace(base, lam=lam)
+    todo = [(lam, gain) for gain in (gains or (base.gain,)) for lam in lams]
+    for k, (lam, gain) in enumerate(todo):
+        cfg = replace(base, lam=lam, gain=gain)
         left = None if time_limit is None else max(
-            (time_limit - (time.monotonic() - began)) / (len(lams) - k), 1.0)
+            (time_limit - (time.monotonic() - began)) / (len(todo) - k), 1.0)
         run = train_point(cfg, x_tr, t_tr, kinds, tail, work / f"lam{lam:g}-{cfg.key()}.pt",
                           resume, left, progress, frozen=frozen)
+        what = f"lambda {lam:g}" + (f" gain {gain:g}" if len(gains) > 1 else "")
         if not run.finished:
-            notes.append(f"lambda {lam:g}: stopped by --time-limit at step {run.steps_done} of "
+            notes.append(f"{cid} {what}: stopped by the time limit at step {run.steps_done} of "
                          f"{cfg.steps}; run again with --resume to finish it")
         priors = priors_for(run.model, latents(run.model, x_tr))
-        enc, dec, pmf, shape = export(run.model, priors, tensor.name, work, f"lam{lam:g}")
+        enc, dec, pmf, shape = export(run.model, priors, tensor.name, work,
+                                      point_stem(lam, gain))
         agree, mean_bytes, codes = evaluate(enc, dec, tail, priors, x_te, t_te)
         latent_bytes, latent_ms = measure_latent(priors, codes)
         points.append(Trained(lam, enc, dec, pmf, shape, onnx_flops(enc), agree, mean_bytes,
-                              len(x_te), latent_bytes, latent_ms))
+                              len(x_te), latent_bytes, latent_ms, gain))
     register(bundle, cand, points)
     return points, notes

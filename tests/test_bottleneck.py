@@ -565,3 +565,41 @@ def _learned_accuracy(root: Path, gamma: int, feeds: np.ndarray, labels: np.ndar
         return float(np.mean([int(np.argmax(s.run(None, {"image": x})[0])) == int(y)
                               for x, y in zip(feeds, labels, strict=True)]))
 
+
+
+def test_without_a_cut_compress_picks_cheap_small_cuts_and_trains_a_few_rates_at_each(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = Bundle.load(lenet)
+    total = bundle.candidates[-1].head.flops
+    picked = bn.pick_cuts(bundle, 3)
+    # only cuts with at most half the FLOPs in the head, fewest crossing bytes first
+    assert all(c.head.flops <= total / 2 for c in picked)
+    assert [c.crossing_bytes for c in picked] == sorted(c.crossing_bytes for c in picked)
+    assert picked[0].id == CUT and all(bn.check_cut(bundle, c.id) for c in picked)
+    with pytest.raises(InputError, match="at most 1 % of the FLOPs"):
+        bn.pick_cuts(bundle, 1, max_head_share=0.01)
+
+    root = _copy(lenet, tmp_path / "b")
+    args = ["compress", str(root), "--data", str(digits[0]), "--test", str(digits[1]),
+            "--cuts", "2", "--gain", "8", "--gain", "16", "--steps", "3", "--work",
+            str(tmp_path / "work"), *SMALL]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "cut 1 of 2: c002" in err and "cut 2 of 2: c001" in err and "within 1500 s" in err
+    comps = Bundle.load(root).compressors()
+    assert sorted((c.candidate, c.encoder) for c in comps) == [
+        ("c001", "compressors/c001-lam1e-08-gain8.enc.onnx"),
+        ("c001", "compressors/c001-lam1e-08.enc.onnx"),
+        ("c002", "compressors/c002-lam1e-08-gain8.enc.onnx"),
+        ("c002", "compressors/c002-lam1e-08.enc.onnx")]
+    assert len({(c.candidate, c.gamma) for c in comps}) == 4
+    # a coarser step (smaller gain) sends fewer bytes at the same cut
+    by = {(c.candidate, c.encoder.endswith("gain8.enc.onnx")): c.rate_bytes for c in comps}
+    assert by[("c002", True)] < by[("c002", False)]
+    assert main([*args, "--resume"]) == 0  # again: the same four replaced, none added
+    assert len(Bundle.load(root).compressors()) == 4
+    assert (tmp_path / "work" / "c001").is_dir() and (tmp_path / "work" / "c002").is_dir()
+    capsys.readouterr()
+    assert main(["compress", str(root), "--remeasure", "--test", str(digits[1])]) == 2
+    assert "--remeasure needs --cut CUT" in capsys.readouterr().err

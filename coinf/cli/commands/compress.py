@@ -1,24 +1,38 @@
-"""``coinf compress BUNDLE --cut CUT --data FILE_OR_DIR``: train learned bottlenecks at a cut
+"""``coinf compress BUNDLE --data FILE_OR_DIR [--cut CUT]``: train learned bottlenecks
 (docs/BOTTLENECK.md). Needs torch and onnx2torch (the ``compress`` extra), on the laptop.
-``--remeasure --test FILE_OR_DIR`` measures the cut's registered ones again on other held-out
-feeds, without training (onnxruntime only)."""
+Without ``--cut`` it picks the cuts worth training (:func:`coinf.convert.bottleneck.pick_cuts`)
+and trains a few rate points at each (``--gain`` 16, 32, 64) within ``--time-limit`` (25 min by
+default). ``--remeasure --test FILE_OR_DIR`` measures a cut's registered ones again on other
+held-out feeds, without training (onnxruntime only)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from coinf.cli import argtypes
 from coinf.errors import InputError
 
 DEFAULT_LAMBDAS = (1e-6,)
+#: without --cut: the rate points at each cut (the latent's step matters more than training,
+#: docs/BOTTLENECK.md), their lambda, how many cuts and the time for all of them
+AUTO_GAINS = (16.0, 32.0, 64.0)
+AUTO_LAMBDAS = (1e-8,)
+AUTO_CUTS = 2
+AUTO_TIME_LIMIT_S = 1500.0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", help="split bundle directory (made by `coinf split`)")
-    parser.add_argument("--cut", required=True, metavar="CUT",
-                        help="candidate id whose one crossing tensor the bottleneck compresses")
+    parser.add_argument("--cut", metavar="CUT",
+                        help="candidate id whose one crossing tensor the bottleneck compresses "
+                        "(default: pick the --cuts most worth it)")
+    parser.add_argument("--cuts", type=argtypes.integer(1, 16), default=AUTO_CUTS,
+                        help="without --cut: how many cuts to train at, fewest crossing bytes "
+                        f"first among those with at most half the FLOPs in the head (default "
+                        f"{AUTO_CUTS})")
     parser.add_argument("--data", default=None, metavar="FILE_OR_DIR",
                         help="unlabelled feeds: an .npz (per model input (N, *shape) or N "
                              "along its batch axis, exactly its dtype) or a folder of them")
@@ -42,9 +56,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="channels of the encoder's and decoder's hidden layers (default 48)")
     parser.add_argument("--stride", type=argtypes.integer(1, 4), default=2,
                         help="spatial downsampling of the latent (default 2)")
-    parser.add_argument("--gain", type=argtypes.number(0, 1e4, lo_open=True), default=16.0,
+    parser.add_argument("--gain", dest="gains", action="append",
+                        type=argtypes.number(0, 1e4, lo_open=True), metavar="G",
                         help="initial latent scale: 1 / quantisation step in principal-component "
-                             "units (default 16: training starts at a high rate)")
+                             "units (repeatable: one point each with each lambda; default 16 "
+                             "with --cut, else 16, 32 and 64)")
     parser.add_argument("--steps", type=argtypes.positive_int, default=1500,
                         help="training steps per lambda (default 1500)")
     parser.add_argument("--batch", type=argtypes.integer(1, 4096), default=16,
@@ -53,7 +69,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="peak learning rate (default 1e-3)")
     parser.add_argument("--time-limit", type=argtypes.seconds, default=None, metavar="S",
                         help="stop training after S seconds in all (the points are still "
-                             "exported; --resume continues them)")
+                             "exported; --resume continues them; default: none with --cut, "
+                             f"else {AUTO_TIME_LIMIT_S:g} s)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoints of an earlier run with the same "
                              "settings")
@@ -78,11 +95,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--data is required to train (or --remeasure --test FILE to measure "
                          "the registered bottlenecks again)")
     bundle = Bundle.load(args.bundle)
-    bn.check_cut(bundle, args.cut)
+    auto = args.cut is None
+    if auto:
+        cuts = [c.id for c in bn.pick_cuts(bundle, args.cuts)]
+    else:
+        bn.check_cut(bundle, args.cut)
+        cuts = [args.cut]
     data = bn.load_data(bundle, args.data, "--data")
     test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST) if args.test else None
     train, held = bn.split_data(data, test, tolerance_pp=args.tolerance)
-    lams = list(dict.fromkeys(args.lams or DEFAULT_LAMBDAS))
+    lams = list(dict.fromkeys(args.lams or (AUTO_LAMBDAS if auto else DEFAULT_LAMBDAS)))
+    gains = list(dict.fromkeys(args.gains or (AUTO_GAINS if auto else (16.0,))))
+    limit = args.time_limit if args.time_limit is not None or not auto else AUTO_TIME_LIMIT_S
     require_full("coinf.convert.bottleneck_train")
     require("torch", "compress", "coinf compress")
     require("onnx2torch", "compress", "coinf compress")
@@ -91,28 +115,55 @@ def run(args: argparse.Namespace) -> int:
     from coinf.convert import bottleneck_train as bt
 
     torch.set_num_threads(args.threads)
-    work = writable_dir(Path(args.work) if args.work else bt.default_work_dir(bundle, args.cut),
-                        "--work")
     base = bt.Config(lam=0.0, latent=args.latent, hidden=args.hidden, stride=args.stride,
                      steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                     gain=args.gain)
+                     gain=gains[0])
     n_tr, n_te = len(next(iter(train.values()))), len(next(iter(held.values())))
-    print(f"training {len(lams)} bottleneck(s) at {args.cut} on {n_tr} feeds, measuring on "
-          f"{n_te} held out", file=sys.stderr)
-    try:
-        points, notes = bt.compress(bundle, args.cut, train, held, lams, base, work,
-                                    args.resume, args.time_limit, Bar())
-    except NotImplementedError as exc:
-        raise InputError(f"--cut {args.cut}: {exc}") from None
-    cand = bundle.candidate(args.cut)
-    for line in bn.describe(points, cand.crossing_bytes):
-        print(line)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
-    print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {args.cut} "
-          f"(crossing {cand.crossing_bytes} B float32); agreement = top-1 agreement with the "
-          f"original model on the held-out feeds")
+    points_per_cut = len(lams) * len(gains)
+    print(f"training {points_per_cut} bottleneck(s) at {', '.join(cuts)} on {n_tr} feeds, "
+          f"measuring on {n_te} held out"
+          + ("" if limit is None else f", within {limit:g} s"), file=sys.stderr)
+    began, trained = time.monotonic(), 0
+    for k, cut in enumerate(cuts):
+        if auto:
+            cand = bundle.candidate(cut)
+            share = cand.head.flops / max(bundle.candidates[-1].head.flops, 1)
+            print(f"cut {k + 1} of {len(cuts)}: {cut} ({cand.label}; crossing "
+                  f"{cand.crossing_bytes} B, {100 * share:.0f} % of the FLOPs in the head)",
+                  file=sys.stderr)
+        left = None if limit is None else max(
+            (limit - (time.monotonic() - began)) / (len(cuts) - k), 1.0)
+        work = writable_dir(_work_dir(args, bundle, cut, auto), "--work")
+        try:
+            points, notes = bt.compress(bundle, cut, train, held, lams, base, work,
+                                        args.resume, left, Bar(), gains)
+        except NotImplementedError as exc:
+            if not auto:
+                raise InputError(f"--cut {cut}: {exc}") from None
+            print(f"note: skipped {cut}: {exc}", file=sys.stderr)
+            continue
+        bundle = Bundle.load(bundle.root)
+        trained += len(points)
+        for line in bn.describe(points, bundle.candidate(cut).crossing_bytes):
+            print(line)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {cut} (crossing "
+              f"{bundle.candidate(cut).crossing_bytes} B float32); agreement = top-1 agreement "
+              f"with the original model on the held-out feeds")
+    if not trained:
+        raise InputError(f"no cut of {', '.join(cuts)} could be trained (see the notes above); "
+                         f"name another with --cut")
     return 0
+
+
+def _work_dir(args: argparse.Namespace, bundle: object, cut: str, auto: bool) -> Path:
+    """Checkpoints and exports: ``--work`` (per cut below it without ``--cut``) or the cache."""
+    from coinf.convert import bottleneck_train as bt
+
+    if args.work is None:
+        return bt.default_work_dir(bundle, cut)  # type: ignore[arg-type]
+    return Path(args.work) / cut if auto else Path(args.work)
 
 
 def _remeasure(args: argparse.Namespace) -> int:
@@ -124,6 +175,9 @@ def _remeasure(args: argparse.Namespace) -> int:
         raise InputError("--remeasure needs --test FILE_OR_DIR (the held-out feeds)")
     if args.data is not None or args.lams or args.resume:
         raise InputError("--remeasure trains nothing: drop --data, --lambda and --resume")
+    if args.cut is None:
+        raise InputError("--remeasure needs --cut CUT (the cut whose learned bottlenecks to "
+                         "measure again)")
     bundle = Bundle.load(args.bundle)
     bn.check_cut(bundle, args.cut)
     test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST)

@@ -223,11 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--test-only", action="store_true",
                     help="write test.npz only (keep an existing train.npz)")
+    ap.add_argument("--packages-only", action="store_true",
+                    help="train on the Debian packages' photographs alone: every photo of the "
+                    "wheels (what `coinf bench rate --model` and the demo measure on) stays "
+                    "out of training")
     ap.add_argument("--codecs", type=Path, default=None, metavar="MODEL_ONNX",
                     help="also print the codec table on the test inputs with this model")
     args = ap.parse_args(argv)
     pics = photos(args.root)
-    train = [p for p in pics if not held_out(p[0])]
+    wheels = {name for name, _ in realdata.photos()} | {"grace_hopper.jpg"}
+    train = [p for p in pics if not held_out(p[0])
+             and not (args.packages_only and p[0] in wheels)]
     test = [p for p in pics if held_out(p[0])]
     if not train or not test:
         raise SystemExit("no photos found for one side of the split")

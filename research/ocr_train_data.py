@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
 from coinf.models import ocr, realdata
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHKLMNPRST"

@@ -90,7 +90,8 @@ class DeviceEmulation:
             import onnx
             from coinf.device.features import node_features
 
-            got = float(self.rates.model_ms(node_features(onnx.load(path)))) / 1e3
+            got = float(self.rates.model_ms(node_features(
+                onnx.load(path, load_external_data=False)))) / 1e3
             with self._lock:
                 self._targets[path] = got
         return got
@@ -135,7 +136,8 @@ def profile_slowdown(model_path: str, profile: object, threads: int = 1,
     rates = getattr(profile, "rates", None)
     if rates is None:
         raise ValueError("the profile has no op rates to compare with this machine")
-    predicted = float(rates.model_ms(node_features(onnx.load(model_path))))
+    predicted = float(rates.model_ms(node_features(onnx.load(model_path,
+                                                             load_external_data=False))))
     sess = make_session(model_path, threads)
     feeds = random_feeds(sess)
     cpu = []

@@ -138,10 +138,13 @@ def dataset_from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[Tensor
         labels = np.asarray(labels)
         if labels.ndim != 2 or len(labels) != n:
             labels = labels.reshape(-1)
-        if len(labels) != n or labels.dtype.kind not in "iu":
-            raise InputError(f"{name}: labels {key!r} must be {n} integers (one per feed) or "
-                             f"{n} rows of integers (a sequence per feed, padded with -1), got "
-                             f"shape {list(np.shape(labels))} {labels.dtype}")
+        ok = labels.dtype.kind in "iu" or (labels.dtype.kind == "f" and labels.ndim == 1
+                                            and bool(np.isfinite(labels).all()))
+        if len(labels) != n or not ok:
+            raise InputError(f"{name}: labels {key!r} must be {n} integers (one per feed), "
+                             f"{n} rows of integers (a sequence per feed, padded with -1) or "
+                             f"{n} finite numbers (a pitch in Hz per feed), got shape "
+                             f"{list(np.shape(labels))} {labels.dtype}")
     if limit is not None and limit < n:
         inputs = {k: v[:limit] for k, v in inputs.items()}
         labels = labels[:limit] if labels is not None else None

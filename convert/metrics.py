@@ -20,7 +20,9 @@ name                per-sample loss                                             
                     moved by more than T cents (``1200 log2(test / ref)``); the
                     outputs are (pitch, confidence), voiced = reference confidence
                     >= 0.5 (swift-f0's rule); with pitch alone, every frame whose
-                    reference pitch is > 0; no voiced frame: 0
+                    reference pitch is > 0; no voiced frame: 0. With labels (a
+                    pitch in Hz per input): raw pitch accuracy, the share of
+                    frames within T cents of the label
 ``ctc``             a CTC recogniser's per-step class ids (``--post argmax``): 1 when   decision
                     the greedy decodings (repeats collapsed, blank 0 dropped) differ;
                     with labels (each a row of class ids, padded with -1): reference
@@ -72,8 +74,9 @@ VOICED = 0.5
 ``PitchResult.confidence`` rule)."""
 
 
-Label = int | np.ndarray | None
-"""One input's label: a class id (``top1``) or a row of class ids padded with -1 (``ctc``)."""
+Label = int | float | np.ndarray | None
+"""One input's label: a class id (``top1``), a row of class ids padded with -1 (``ctc``) or a
+pitch in Hz (``cents@T``)."""
 
 
 @dataclass
@@ -90,9 +93,23 @@ class Metric:
 
     def judges_labels(self, label_ndim: int, positions: int) -> bool:
         """Whether labels of ``label_ndim`` dims per input judge this metric: class ids for
-        ``top1`` on one position, id rows for ``ctc``."""
+        ``top1`` on one position, id rows for ``ctc``, one pitch (Hz) for ``cents@T``."""
         return (self.name == "top1" and label_ndim == 0 and positions <= 1) \
-            or (self._ctc_drop() is not None and label_ndim == 1)
+            or (self._ctc_drop() is not None and label_ndim == 1) \
+            or (self.cents is not None and label_ndim == 0)
+
+    @property
+    def cents(self) -> float | None:
+        """``cents@T``'s T, else None."""
+        m = _CENTS.match(self.name)
+        return float(m.group(1)) if m else None
+
+    @property
+    def label_kind(self) -> str:
+        """What a label holds for this metric (for messages)."""
+        if self._ctc_drop() is not None:
+            return "a row of class ids (padded with -1)"
+        return "one pitch in Hz" if self.cents is not None else "one class id"
 
     def _ctc_drop(self) -> frozenset[int] | None:
         """For ``ctc``/``ctc@IDS``: the ids dropped besides the blank; else None."""
@@ -101,11 +118,17 @@ class Metric:
             return None
         return frozenset(int(v) for v in m.group(1).split(",")) if m.group(1) else frozenset()
 
-    def correct(self, test: np.ndarray, label: Label) -> bool:
-        """Whether the output ``test`` gives ``label`` (``top1``: the argmax; ``ctc``: the
-        greedy decoding equals the label's ids)."""
+    def correct(self, test: np.ndarray, label: Label) -> float:
+        """How far the output ``test`` gives ``label``, in [0, 1] (``top1``: the argmax is it;
+        ``ctc``: the greedy decoding equals the label's ids; ``cents@T``: the share of frames
+        whose pitch is within T cents of the label, raw pitch accuracy)."""
         if label is None:
-            return False
+            return 0.0
+        if self.cents is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                moved = np.abs(1200.0 * np.log2(np.asarray(test, np.float64).reshape(-1)
+                                                / float(np.asarray(label))))
+            return float(np.mean(moved <= self.cents)) if moved.size else 0.0
         drop = self._ctc_drop()
         if drop is not None:
             want = np.asarray(label).reshape(-1)
@@ -127,9 +150,10 @@ class Metric:
                 raise InputError(f"--metric {self.name}: the function returned {score}; "
                                  "expected a score in [0, 1]")
             return 1.0 - score
-        cents = _CENTS.match(self.name)
-        if cents:
-            return cents_loss(ref, test, float(cents.group(1)))
+        if self.cents is not None:
+            if label is not None:  # the pitch read right on the clean run, not on this one
+                return max(0.0, self.correct(ref[0], label) - self.correct(test[0], label))
+            return cents_loss(ref, test, self.cents)
         vals = [self._one(np.asarray(r), np.asarray(t), label if len(ref) == 1 else None)
                 for r, t in zip(ref, test, strict=True)]
         return float(np.mean(vals))

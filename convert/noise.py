@@ -173,7 +173,7 @@ def measure(data: Dataset, sequences: Sequence[range], ref: Sequence[Mapping[str
     if not lsb:
         return NoiseFloor(np.zeros(n), np.ones(n, dtype=bool), lsb, is_decision(metric))
     losses: list[float] = []
-    changed_correct: list[int] = []
+    changed_correct: list[float] = []
     k = 0
     for seq in sequences:
         state: dict[str, np.ndarray] = {}
@@ -184,8 +184,8 @@ def measure(data: Dataset, sequences: Sequence[range], ref: Sequence[Mapping[str
             losses.append(metric.loss([r[m] for m in mout], [out[m] for m in mout]))
             y = label(i)
             if y is not None:
-                changed_correct.append(int(metric.correct(r[mout[0]], y))
-                                       - int(metric.correct(out[mout[0]], y)))
+                changed_correct.append(float(metric.correct(r[mout[0]], y))
+                                       - float(metric.correct(out[mout[0]], y)))
             k += 1
     arr = np.asarray(losses, dtype=np.float64)
     decision = is_decision(metric)

@@ -200,7 +200,7 @@ class _Trial:
     sizes: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     agree: list[bool] = field(default_factory=list)
-    correct: list[bool] = field(default_factory=list)
+    correct: list[float] = field(default_factory=list)
     rel: list[float] = field(default_factory=list)
     encode_s: list[float] = field(default_factory=list)  # packing every crossing tensor
     decode_s: list[float] = field(default_factory=list)
@@ -223,7 +223,7 @@ class _Calibration:
         length = opts.sequence_length if self.pairs else 1
         length = n if length is None else max(1, min(length, n))
         self.sequences = [range(s, min(s + length, n)) for s in range(0, n, length)]
-        self.ref_correct: list[bool] = []
+        self.ref_correct: list[float] = []
         self.float_bytes = 0.0
         #: per image- or audio-like crossing tensor, its value range over every input
         #: (the standard codecs' calibrated map to pixels or samples)
@@ -313,11 +313,20 @@ class _Calibration:
         if labels is None:
             return
         ctc = self.metric.name.startswith("ctc")
-        if (ctc and labels.ndim == 1) or (self.metric.name == "top1" and labels.ndim == 2):
-            have, need = ("one class id", "a row of class ids (padded with -1)") if ctc \
-                else ("a row of ids", "one class id")
+        pitch = self.metric.cents is not None
+        have = "a row of ids" if labels.ndim == 2 else "one class id" \
+            if labels.dtype.kind in "iu" else "one number"
+        if (ctc and labels.ndim == 1) or (self.metric.name == "top1" and (
+                labels.ndim == 2 or labels.dtype.kind == "f")) or (pitch and labels.ndim == 2):
             raise InputError(f"{self.data.name}: the labels hold {have} per input; --metric "
-                             f"{self.metric.name} is judged against {need} per input")
+                             f"{self.metric.name} is judged against {self.metric.label_kind} "
+                             f"per input")
+        if pitch:
+            bad = labels[~(labels > 0)]
+            if bad.size:
+                raise InputError(f"{self.data.name}: label {float(bad[0]):g} is no pitch; "
+                                 f"expected a frequency in Hz > 0 per input")
+            return
         if not self.labelled:
             return
         out = self.ref[0][self.mout[0]]
@@ -424,9 +433,10 @@ class _Calibration:
     def labelled(self) -> bool:
         """Whether the data's labels judge the metric (class ids for top-1 on one position,
         id rows for ``ctc``): the criterion is then accuracy against them."""
-        labels = self.data.labels
-        return labels is not None and len(self.mout) == 1 and self.metric.judges_labels(
-            labels.ndim - 1, int(np.prod(self.ref[0][self.mout[0]].shape[:-1])))
+        labels = self.data.labels  # cents@T reads the pitch, the first of its outputs
+        return labels is not None and (len(self.mout) == 1 or self.metric.cents is not None) \
+            and self.metric.judges_labels(
+                labels.ndim - 1, int(np.prod(self.ref[0][self.mout[0]].shape[:-1])))
 
 
 #: memory the head outputs kept for a candidate's trials may take (beyond it, heads rerun)

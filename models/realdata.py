@@ -202,6 +202,8 @@ def speech_set(n: int, seed: int = 0, sr: int = 16000) -> tuple[np.ndarray, str]
     return np.stack(clips), "espeak-ng"
 
 
+#: swift-f0's pitch range (its fmin/fmax folded into the model): labelled notes stay within
+PITCH_RANGE = (46.875, 2093.75)
 #: per task, bumped whenever what :func:`dataset` makes for it changes (inputs, labels, their
 #: layout): caches of it (``coinf demo``'s ``--out``, ``bench rate --work``) name their files
 #: with :func:`data_version` (text recognition: 2 since its labels became id rows)
@@ -209,8 +211,14 @@ DATA_VERSIONS = {"text recognition": 2}
 
 
 def data_version(model_name: str) -> int:
-    """The version of the data :func:`dataset` makes for ``model_name`` (1 unless bumped)."""
-    return DATA_VERSIONS.get(spec_for(model_name).task, 1)
+    """The version of the data :func:`dataset` makes for ``model_name`` (1 unless bumped;
+    pitch: 2 when a SoundFont gives labelled notes, :func:`coinf.models.notes.font_path`)."""
+    task = spec_for(model_name).task
+    if task == "pitch":
+        from coinf.models import notes
+
+        return 1 if notes.font_path() is None else 2
+    return DATA_VERSIONS.get(task, 1)
 
 
 def data_file(model_name: str, n: int) -> str:
@@ -227,6 +235,14 @@ def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarra
         raise InputError(f"n {n}: expected at least 1 sample")
     inp = spec.inputs[0]
     if spec.task == "pitch":
+        from coinf.models import notes
+
+        font = notes.font_path()
+        if font is not None:  # labelled: recorded notes of known pitch
+            audio, f0, k = notes.note_set(n, seed, 16000, *PITCH_RANGE, font)
+            return {inp.name: audio.reshape(n, *inp.shape[1:]), "labels": f0}, \
+                f"{k} recorded instrument notes of {font.name} (label: each note's pitch, " \
+                f"the font's and an independent estimate's within 50 cents)"
         audio, source = speech_set(n, seed, sr=16000)
         return {inp.name: audio.reshape(n, *inp.shape[1:])}, source
     if spec.task in ("text recognition", "text detection"):

@@ -301,3 +301,51 @@ def test_labels_of_the_wrong_kind_for_the_metric_are_refused(
     with pytest.raises(InputError, match=f"^d.npz: the labels {match}"):
         cal.calibrate(b, data, ["q8"], ["c001"],
                       options=packcal.Options(metric=Metric(metric)))
+
+
+def test_pitch_labels_make_the_criterion_raw_pitch_accuracy(tmp_path: Path) -> None:
+    """A pitch tracker's labels are one pitch (Hz) per input: the criterion is the share of
+    frames within T cents of it (raw pitch accuracy), the drop the clean run's minus the
+    packed run's, against labels, on every input."""
+    rng = np.random.default_rng(4)
+    n, frames = 60, 8
+    f0 = rng.uniform(60, 1500, n).astype(np.float32)
+    cents = rng.uniform(-80, 80, (n, frames))  # the "model" misses some frames by > 50 cents
+    x = (f0[:, None] * 2.0 ** (cents / 1200)).astype(np.float32)
+    b = _argmax_bundle(tmp_path / "b", n_in=frames)
+    np.savez(tmp_path / "d.npz", x=x, labels=f0)
+    data = load_dataset(str(tmp_path / "d.npz"), b)
+    assert data.labels is not None and data.labels.dtype.kind == "f"
+    metric = Metric("cents@50")
+    table = cal.calibrate(b, data, ["f32", "q2"], ["c001"],
+                          options=packcal.Options(metric=metric))["c001"]
+    rows = {r["spec"]: r for r in table}
+    assert all(r["criterion"] == "labels" and r["samples"] == n for r in rows.values())
+    assert rows["f32"]["accuracy_drop_pp"] == 0.0
+
+    def rpa(pitch: np.ndarray) -> float:
+        return float(np.mean(np.abs(1200 * np.log2(pitch / f0[:, None])) <= 50))
+
+    q2 = np.concatenate([packing.unpack(packing.pack(x[i:i + 1], "q2")) for i in range(n)])
+    want = 100 * (rpa(x) - rpa(q2))
+    assert want > 1  # the test can fail: coarse levels move frames across the line
+    assert rows["q2"]["accuracy_drop_pp"] == pytest.approx(want, abs=1e-6)
+    assert metric.correct(x[0], float(f0[0])) == pytest.approx(
+        float(np.mean(np.abs(cents[0]) <= 50)), abs=1e-6)
+
+
+@pytest.mark.parametrize(("labels", "metric", "match"), [
+    (np.full(30, 440.0), "top1", "hold one number per input; --metric top1 is judged against "
+                                 "one class id"),
+    (np.full(30, -1.0), "cents@50", "label -1 is no pitch; expected a frequency in Hz > 0"),
+    (np.full((30, 2), 1), "cents@50", "hold a row of ids per input; --metric cents@50 is "
+                                      "judged against one pitch in Hz"),
+])
+def test_pitch_labels_of_the_wrong_kind_are_refused(
+        tmp_path: Path, labels: np.ndarray, metric: str, match: str) -> None:
+    b = _argmax_bundle(tmp_path / "b")
+    np.savez(tmp_path / "d.npz", x=_margin_data(30), labels=labels)
+    data = load_dataset(str(tmp_path / "d.npz"), b)
+    with pytest.raises(InputError, match=f"^d.npz: (the labels )?{match}"):
+        cal.calibrate(b, data, ["q8"], ["c001"],
+                      options=packcal.Options(metric=Metric(metric)))

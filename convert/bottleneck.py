@@ -238,6 +238,7 @@ def run_slices(bundle: Bundle, cand: Candidate, tail: ModelProto, feeds: Mapping
     head = open_slice(bundle.path(cand.head.file))
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3  # a re-targeted tail leaves unused initializers: no warnings
     tsess = ort.InferenceSession(tail.SerializeToString(), opts,
                                  providers=["CPUExecutionProvider"])
     name = cand.crossing[0].name
@@ -406,6 +407,7 @@ def _ort(path: Path | bytes) -> Any:
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
     return ort.InferenceSession(path if isinstance(path, bytes) else str(path), opts,
                                 providers=["CPUExecutionProvider"])
 

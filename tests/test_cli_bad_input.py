@@ -74,6 +74,7 @@ CASES = [
     ("run {B} --all --max -1", 2, "--max"),
     ("run {B} --slowdown inf", 2, "--slowdown"),
     ("run {B} --compute-profile pi-5", 2, "--compute-profile"),
+    ("bench map --wearable-compute fast", 2, "--wearable-compute"),
     ("run {B} --stream -1", 2, "--stream"),
     ("run {B} --repeat abc", 2, "--repeat"),
     ("run {B} --transport socket --handheld tcp:127.0.0.1:99999", 2, "--handheld"),

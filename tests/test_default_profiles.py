@@ -119,3 +119,17 @@ def test_compute_profile_names_a_builtin_profile() -> None:
         EmulationOptions(compute_profile="pi-5")
     with pytest.raises(ValueError, match="expected pi-zero-2w"):
         compute_rates("pi-5")
+
+
+def test_coinf_run_with_a_compute_profile_reports_each_head_at_the_profiles_time(
+        wearcam: Bundle, capsys: pytest.CaptureFixture[str]) -> None:
+    rates = compute_rates("pi-zero-2w")
+    cuts = [c for c in wearcam.candidates if c.head.file is not None][:3]
+    assert main(["run", str(wearcam.root), "--split", ",".join(c.id for c in cuts),
+                 "--transport", "inprocess", "--repeat", "1", "--threads", "1",
+                 "--slowdown", "2", "--compute-profile", "pi-zero-2w", "--json"]) == 0
+    rows = {r["candidate"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for c in cuts:
+        want = rates.model_ms(node_features(onnx.load(str(wearcam.path(c.head.file)))))
+        assert rows[c.id]["head_ms"] >= want * 0.999  # never shorter than the profile says
+        assert rows[c.id]["match"]

@@ -100,15 +100,15 @@ def test_a_damaged_font_is_one_error_naming_it(tmp_path: Path,
     write_font(tmp_path / "f.sf2")
     data = (tmp_path / "f.sf2").read_bytes()
     (tmp_path / "short.sf2").write_bytes(data[:len(data) - 40])
-    with pytest.raises(InputError, match="short.sf2: chunk .* runs past the end"):
+    with pytest.raises(InputError, match=r"short\.sf2: chunk .* runs past the end"):
         soundfont.notes(tmp_path / "short.sf2")
     (tmp_path / "wav.sf2").write_bytes(b"RIFF\0\0\0\0WAVE")
-    with pytest.raises(InputError, match="wav.sf2: not a SoundFont 2 file"):
+    with pytest.raises(InputError, match=r"wav\.sf2: not a SoundFont 2 file"):
         soundfont.notes(tmp_path / "wav.sf2")
     with pytest.raises(InputError, match="cannot read the SoundFont"):
         soundfont.notes(tmp_path / "none.sf2")
     monkeypatch.setenv("COINF_SOUNDFONT", str(tmp_path / "none.sf2"))
-    with pytest.raises(InputError, match="COINF_SOUNDFONT=.*none.sf2: no such file"):
+    with pytest.raises(InputError, match=r"COINF_SOUNDFONT=.*none\.sf2: no such file"):
         notes.font_path()
     monkeypatch.setenv("COINF_SOUNDFONT", str(tmp_path / "f.sf2"))
     assert notes.font_path() == tmp_path / "f.sf2"

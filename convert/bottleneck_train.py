@@ -497,6 +497,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
     """Train, export and measure one bottleneck per lambda x gain (``gains``: ``base``'s alone
     by default) at cut ``cid``, then register them in the bundle. Returns the points and notes
     (a point stopped by the time limit)."""
+    began = time.monotonic()  # the limit counts the features' extraction too
     cand, tensor = check_cut(bundle, cid)
     tail, _ = distill_model(bundle, cand)
     frozen = FrozenTail(tail, f"--cut {cid}: tail")  # a tail torch cannot take: before any work
@@ -505,7 +506,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
     x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
     kinds = target_kinds(t_tr)
     work.mkdir(parents=True, exist_ok=True)
-    began, points, notes = time.monotonic(), [], []
+    points, notes = [], []
     todo = [(lam, gain) for gain in (gains or (base.gain,)) for lam in lams]
     for k, (lam, gain) in enumerate(todo):
         cfg = replace(base, lam=lam, gain=gain)

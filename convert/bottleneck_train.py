@@ -221,7 +221,9 @@ class FrozenTail(nn.Module):
         self.per_sample = False
 
     def _run(self, x: torch.Tensor) -> list[torch.Tensor]:
-        out = self.net(x)
+        with warnings.catch_warnings():  # onnx2torch's Slice indexes with a list (torch 2.9+
+            warnings.filterwarnings("ignore", message="Using a non-tuple sequence")  # warns)
+            out = self.net(x)
         return list(out) if isinstance(out, list | tuple) else [out]
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:

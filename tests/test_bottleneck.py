@@ -603,3 +603,16 @@ def test_without_a_cut_compress_picks_cheap_small_cuts_and_trains_a_few_rates_at
     capsys.readouterr()
     assert main(["compress", str(root), "--remeasure", "--test", str(digits[1])]) == 2
     assert "--remeasure needs --cut CUT" in capsys.readouterr().err
+
+
+def test_a_latent_wider_than_its_patch_is_narrowed_with_a_note(
+        lenet: Path, digits: tuple[Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = _copy(lenet, tmp_path / "b")
+    assert main(["compress", str(root), "--cut", CUT, "--data", str(digits[0]), "--test",
+                 str(digits[1]), "--steps", "2", "--work", str(tmp_path / "work"),
+                 "--hidden", "8", "--batch", "8", "--tolerance", "5", "--latent", "64"]) == 0
+    assert "latent 64 > the 24 values of a 2-wide patch of its 6 channels" in \
+        capsys.readouterr().err
+    (comp,) = Bundle.load(root).compressors(CUT)
+    assert comp.code.shape == (1, 24, 6, 6)  # (1, 6, 12, 12) at stride 2: 6 x 2 x 2 values

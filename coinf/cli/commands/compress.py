@@ -8,6 +8,7 @@ held-out feeds, without training (onnxruntime only)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -134,8 +135,15 @@ def run(args: argparse.Namespace) -> int:
         left = None if limit is None else max(
             (limit - (time.monotonic() - began)) / (len(cuts) - k), 1.0)
         work = writable_dir(_work_dir(args, bundle, cut, auto), "--work")
+        shape = bundle.candidate(cut).crossing[0].shape
+        patch = shape[1] * args.stride ** (len(shape) - 2)  # values a latent column sees
+        cfg = base if base.latent <= patch else dataclasses.replace(base, latent=patch)
+        if cfg is not base:
+            print(f"note: {cut}: latent {base.latent} > the {patch} values of a "
+                  f"{args.stride}-wide patch of its {shape[1]} channels; latent {patch} there",
+                  file=sys.stderr)
         try:
-            points, notes = bt.compress(bundle, cut, train, held, lams, base, work,
+            points, notes = bt.compress(bundle, cut, train, held, lams, cfg, work,
                                         args.resume, left, Bar(), gains)
         except NotImplementedError as exc:
             if not auto:

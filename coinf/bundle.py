@@ -498,6 +498,9 @@ def open_slice(path: str | Path, sess_options: Any = None,
         raise
     except Exception:  # unreadable: onnxruntime below names the damage
         pass
+    if sess_options is None:  # a slice may keep initializers it no longer uses: no warnings
+        sess_options = ort.SessionOptions()
+        sess_options.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), sess_options, providers=list(providers))
     except Exception as exc:  # onnxruntime's InvalidProtobuf, Fail, NoSuchFile, ...

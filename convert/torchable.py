@@ -18,6 +18,7 @@ import contextlib
 import math
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -484,17 +485,29 @@ def verify(net: Any, norm: ModelProto, x: np.ndarray, tol: float = 1e-3) -> None
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
     inits = {t.name for t in norm.graph.initializer}
     feed = next(i.name for i in norm.graph.input if i.name not in inits)
     refs = ort.InferenceSession(norm.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"]).run(None, {feed: x})
     seen: dict[str, np.ndarray] = {}
 
+    by_output = {o: node for node in norm.graph.node for o in node.output}
+
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n: Any) -> Any:
-            out = super().run_node(n)
             mapping = getattr(self.module.get_submodule(n.target), "onnx_mapping", None) \
                 if n.op == "call_module" else None
+            try:
+                out = super().run_node(n)
+            except Exception as exc:  # a translation torch cannot run: name the ONNX node
+                node = next((by_output[o] for o in getattr(mapping, "outputs", ())
+                             if o in by_output), None)
+                why = f"torch cannot run onnx2torch's translation ({type(exc).__name__}: " \
+                      f"{str(exc).splitlines()[0] if str(exc) else ''})"
+                if node is None:
+                    raise ModelError(why) from None
+                raise refuse(node, why) from None
             if mapping is not None:
                 vals = out if isinstance(out, list | tuple) else [out]
                 for name, v in zip(mapping.outputs, vals, strict=False):
@@ -502,7 +515,8 @@ def verify(net: Any, norm: ModelProto, x: np.ndarray, tol: float = 1e-3) -> None
                         seen[name] = v.detach().numpy()
             return out
 
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using a non-tuple sequence")  # onnx2torch
         out = Recorder(net).run(torch.from_numpy(np.ascontiguousarray(x)))
     outs = [o.detach().numpy() for o in (out if isinstance(out, list | tuple) else [out])]
     if len(outs) == len(refs) and all(_close(g, r, tol) for g, r in zip(outs, refs, strict=True)):

@@ -367,7 +367,8 @@ def _clip(ctx: Ctx, node: NodeProto) -> bool:
     if ctx.opset < 11 or len(node.input) < 2:
         return False
     bounds = list(node.input[1:3]) + [""] * (3 - len(node.input))
-    if all(not b or b in ctx.consts for b in bounds):
+    integer = ctx.np_type(node.input[0]).kind in "iu"  # onnx2torch's Clip returns floats
+    if not integer and all(not b or b in ctx.consts for b in bounds):
         if all(bounds) or not any(bounds):
             return False
         dt = ctx.np_type(node.input[0])  # onnx2torch reads an empty bound as run-time data
@@ -377,7 +378,7 @@ def _clip(ctx: Ctx, node: NodeProto) -> bool:
                              np.inf if dt.kind == "f" else lim.max), strict=True)]
         ctx.nodes.append(copy_node(node, inputs=[node.input[0], *fill]))
         return True
-    cur = node.input[0]  # bounds computed at run time: Max then Min, as Clip defines them
+    cur = node.input[0]  # run-time or integer bounds: Max then Min, as Clip defines them
     if bounds[0]:
         cur = ctx.emit("Max", [cur, bounds[0]], None if bounds[1] else node.output[0])
     if bounds[1]:

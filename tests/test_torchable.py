@@ -277,6 +277,34 @@ def test_clip_with_one_or_run_time_bounds() -> None:
     assert "Clip" not in _ops(_check(dyn))
 
 
+def test_clip_of_integer_indices_stays_integer() -> None:
+    """swift-f0's tail clips an int64 index before a Gather; onnx2torch's Clip returns floats
+    there, which Gather refuses: Max then Min keep the type."""
+    table = (RNG.standard_normal((3, 4)).astype(np.float32), "table")
+    m = _model([h.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0),
+                h.make_node("Clip", ["i", "lo", "hi"], ["c"]),
+                h.make_node("Gather", ["table", "c"], ["y"], axis=0)], [1, 4],
+               [table, (np.array(0, np.int64), "lo"), (np.array(2, np.int64), "hi")])
+    x = np.array([[0.1, 0.2, 0.3, 0.9]], np.float32)  # argmax 3, clipped to 2
+    assert "Clip" not in _ops(_check(m, x))
+
+
+def test_a_node_torch_cannot_run_is_one_line_naming_it() -> None:
+    """verify names the ONNX node whose translation fails in torch, never a traceback."""
+    m = _model([h.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0),
+                h.make_node("Cast", ["i"], ["f"], to=T.FLOAT),
+                h.make_node("Gather", ["table", "f_idx"], ["y"], axis=0, name="take")], [1, 4],
+               [(RNG.standard_normal((3, 4)).astype(np.float32), "table"),
+                (np.array(1, np.int64), "f_idx")])
+    net, norm = tq.to_torch(m)
+    gather = next(mod for mod in net.modules()
+                  if type(mod).__name__.startswith("OnnxGather"))
+    gather.forward = lambda *_: (_ for _ in ()).throw(ValueError("indices are float32"))
+    with pytest.raises(ModelError, match=r"^node 'take' \(Gather\): torch cannot run "
+                                         r"onnx2torch's translation \(ValueError: indices"):
+        tq.verify(net, norm, np.ones((1, 4), np.float32))
+
+
 def test_depth_to_space_dcr_and_space_to_depth() -> None:
     d2s = _model([h.make_node("DepthToSpace", ["x"], ["y"], blocksize=2, mode="DCR")],
                  [1, 8, 3, 4])

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from coinf.cli import argtypes
-from coinf.errors import InputError
+from coinf.errors import InputError, ModelError
 
 DEFAULT_LAMBDAS = (1e-6,)
 #: without --cut: the rate points at each cut (the latent's step matters more than training,
@@ -145,8 +145,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             points, notes = bt.compress(bundle, cut, train, held, lams, cfg, work,
                                         args.resume, left, Bar(), gains)
-        except NotImplementedError as exc:
+        except (NotImplementedError, ModelError) as exc:  # a tail torch cannot take
             if not auto:
+                if isinstance(exc, ModelError):
+                    raise
                 raise InputError(f"--cut {cut}: {exc}") from None
             print(f"note: skipped {cut}: {exc}", file=sys.stderr)
             continue

@@ -594,6 +594,8 @@ def test_without_a_cut_compress_picks_cheap_small_cuts_and_trains_a_few_rates_at
         ("c002", "compressors/c002-lam1e-08-gain8.enc.onnx"),
         ("c002", "compressors/c002-lam1e-08.enc.onnx")]
     assert len({(c.candidate, c.gamma) for c in comps}) == 4
+    # without --stride, at the cut's full resolution: c002 is (1, 6, 12, 12)
+    assert {c.code.shape for c in comps if c.candidate == "c002"} == {(1, 4, 12, 12)}
     # a coarser step (smaller gain) sends fewer bytes at the same cut
     by = {(c.candidate, c.encoder.endswith("gain8.enc.onnx")): c.rate_bytes for c in comps}
     assert by[("c002", True)] < by[("c002", False)]

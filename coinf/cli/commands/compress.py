@@ -23,6 +23,9 @@ AUTO_GAINS = (16.0, 32.0, 64.0)
 AUTO_LAMBDAS = (1e-8,)
 AUTO_CUTS = 2
 AUTO_TIME_LIMIT_S = 1500.0
+#: without --cut: full resolution, a latent as wide as the cut's channels up to this many (the
+#: design that met the goal on MobileNetV2; a strided 16-wide latent lost most answers there)
+AUTO_MAX_LATENT = 32
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +54,14 @@ def register(parser: argparse.ArgumentParser) -> None:
                         type=argtypes.number(0), metavar="L",
                         help="rate weight per bit of the latent (repeatable: one operating "
                              f"point each; default {DEFAULT_LAMBDAS[0]:g})")
-    parser.add_argument("--latent", type=argtypes.integer(1, 1024), default=16,
-                        help="latent channels (default 16)")
+    parser.add_argument("--latent", type=argtypes.integer(1, 1024), default=None,
+                        help="latent channels (default 16 with --cut; without, the cut's "
+                        f"channels up to {AUTO_MAX_LATENT})")
     parser.add_argument("--hidden", type=argtypes.integer(1, 1024), default=48,
                         help="channels of the encoder's and decoder's hidden layers (default 48)")
-    parser.add_argument("--stride", type=argtypes.integer(1, 4), default=2,
-                        help="spatial downsampling of the latent (default 2)")
+    parser.add_argument("--stride", type=argtypes.integer(1, 4), default=None,
+                        help="spatial downsampling of the latent (default 2 with --cut, 1 "
+                        "without)")
     parser.add_argument("--gain", dest="gains", action="append",
                         type=argtypes.number(0, 1e4, lo_open=True), metavar="G",
                         help="initial latent scale: 1 / quantisation step in principal-component "
@@ -116,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from coinf.convert import bottleneck_train as bt
 
     torch.set_num_threads(args.threads)
-    base = bt.Config(lam=0.0, latent=args.latent, hidden=args.hidden, stride=args.stride,
+    stride = args.stride or (1 if auto else 2)
+    base = bt.Config(lam=0.0, latent=args.latent or 16, hidden=args.hidden, stride=stride,
                      steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
                      gain=gains[0])
     n_tr, n_te = len(next(iter(train.values()))), len(next(iter(held.values())))
@@ -136,11 +142,14 @@ def run(args: argparse.Namespace) -> int:
             (limit - (time.monotonic() - began)) / (len(cuts) - k), 1.0)
         work = writable_dir(_work_dir(args, bundle, cut, auto), "--work")
         shape = bundle.candidate(cut).crossing[0].shape
-        patch = shape[1] * args.stride ** (len(shape) - 2)  # values a latent column sees
-        cfg = base if base.latent <= patch else dataclasses.replace(base, latent=patch)
-        if cfg is not base:
+        patch = shape[1] * stride ** (len(shape) - 2)  # values a latent column sees
+        cfg = base
+        if auto and args.latent is None:
+            cfg = dataclasses.replace(base, latent=min(shape[1], AUTO_MAX_LATENT))
+        elif base.latent > patch:
+            cfg = dataclasses.replace(base, latent=patch)
             print(f"note: {cut}: latent {base.latent} > the {patch} values of a "
-                  f"{args.stride}-wide patch of its {shape[1]} channels; latent {patch} there",
+                  f"{stride}-wide patch of its {shape[1]} channels; latent {patch} there",
                   file=sys.stderr)
         try:
             points, notes = bt.compress(bundle, cut, train, held, lams, cfg, work,

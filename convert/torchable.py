@@ -201,7 +201,7 @@ def _fold(model: ModelProto) -> None:
     sub_model = helper.make_model(sub, opset_imports=list(model.opset_import),
                                   ir_version=model.ir_version)
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    opts.intra_op_num_threads, opts.log_severity_level = 1, 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         values = ort.InferenceSession(sub_model.SerializeToString(), opts,

@@ -186,7 +186,7 @@ def store(bundle: Bundle, results: dict[str, list[dict[str, Any]]], data: Datase
         "samples": len(data),
         "metric": "top1_accuracy" if data.labels is not None else "top1_disagreement",
     }
-    packrows.record(bundle.meta[META_KEY], results, options)
+    packcal.record(bundle.meta[META_KEY], results, options)
     return bundle.save()
 
 

@@ -33,7 +33,7 @@ from coinf.convert import state as st
 from coinf.convert.entropy_cal import PriorFit, ans_bits
 from coinf.convert.feeds import Dataset
 from coinf.convert.metrics import Label, Metric, upper_bound_pp
-from coinf.convert.packrows import LOSSLESS, codec_applies, drop_dominated
+from coinf.convert.packrows import LOSSLESS, codec_applies, criterion_summary, drop_dominated
 
 from coinf.bundle import Bundle, Candidate, open_slice
 from coinf.errors import BundleError, InputError
@@ -577,3 +577,21 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
 
 def _is_float(cand: Candidate, name: str) -> bool:
     return any(t.name == name and np.dtype(t.dtype).kind == "f" for t in cand.crossing)
+
+
+def record(meta: dict[str, Any], results: Mapping[str, list[dict[str, Any]]],
+           options: Options | None) -> None:
+    """Record in the manifest's calibration entry what the drops measure."""
+    opts = options or Options()
+    names = sorted({str(r["metric"]) for rows in results.values() for r in rows
+                    if "metric" in r})
+    if len(names) == 1:
+        meta["metric"] = names[0]
+    meta["metric_spec"] = opts.metric.describe()
+    meta["tolerance_pp"] = opts.tolerance_pp
+    meta.update(criterion_summary(results))
+    meta["state_packing"] = "as rows" if opts.pack_state else LOSSLESS
+    if opts.tensor_packing:
+        meta["tensor_packing"] = dict(opts.tensor_packing)
+    if opts.sequence_length is not None:
+        meta["sequence_length"] = opts.sequence_length

@@ -1,19 +1,16 @@
 """A packing table's rows as a whole: which rows are never a choice, where a standard codec
-applies, and what the manifest records about the criterion the rows were judged by."""
+applies, and the criterion the rows were judged by, as the manifest records it."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from coinf.ble_protocol import media
 
 from coinf.bundle import Bundle, Candidate
-
-if TYPE_CHECKING:
-    from coinf.convert.packcal import Options
 
 LOSSLESS = "f32"
 
@@ -41,26 +38,6 @@ def codec_applies(bundle: Bundle, cand: Candidate, codec: str) -> bool:
     inputs = {t.name for t in bundle.inputs}
     return any(np.dtype(t.dtype).kind == "f" and media.applies(codec, tuple(t.shape))
                and (codec in media.IMAGE or t.name in inputs) for t in cand.crossing)
-
-
-def record(meta: dict[str, Any], results: Mapping[str, list[dict[str, Any]]],
-           options: Options | None) -> None:
-    """Record in the manifest's calibration entry what the drops measure."""
-    from coinf.convert.packcal import Options
-
-    opts = options or Options()
-    names = sorted({str(r["metric"]) for rows in results.values() for r in rows
-                    if "metric" in r})
-    if len(names) == 1:
-        meta["metric"] = names[0]
-    meta["metric_spec"] = opts.metric.describe()
-    meta["tolerance_pp"] = opts.tolerance_pp
-    meta.update(criterion_summary(results))
-    meta["state_packing"] = "as rows" if opts.pack_state else LOSSLESS
-    if opts.tensor_packing:
-        meta["tensor_packing"] = dict(opts.tensor_packing)
-    if opts.sequence_length is not None:
-        meta["sequence_length"] = opts.sequence_length
 
 
 #: what each criterion means, as ``coinf calibrate``, ``plan`` and ``demo`` say it

@@ -117,7 +117,7 @@ def test_a_map_cell_is_measured_end_to_end_and_judged(prepared: demo_prep.Prepar
     bundle = Bundle.load(prepared.bundle_dir)
     plan = bench_map.plan_points(bundle, "wifi", "latency")
     points = {e["id"]: e for e in (plan["chosen"], *plan["reference"].values()) if e}
-    args = argparse.Namespace(repeat=1, max_run_s=60.0)
+    args = argparse.Namespace(repeat=1, max_run_s=60.0, wearable_compute="profile")
     measured = bench_map.measure_link(prepared, "wifi", points, 1.0, args)
     assert set(measured) == set(points) and all(m["measured"] for m in measured.values())
     c = bench_map.cell(bundle, plan, measured, "latency")

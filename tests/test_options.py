@@ -35,7 +35,8 @@ FIELDS = {
              "alternates"],
     "planner": ["objective", "latency_budget_ms", "policy", "wearable_profile",
                 "handheld_profile"],
-    "emulation": ["slowdown", "threads", "handheld_slowdown", "handheld_threads"],
+    "emulation": ["slowdown", "threads", "handheld_slowdown", "handheld_threads",
+                  "compute_profile"],
 }
 #: every option with the group it belongs to (and that group's class)
 EVERY = [(name, group, GROUPS[group]) for group, names in FIELDS.items() for name in names]

@@ -99,7 +99,14 @@ def test_feed_layouts() -> None:
     with pytest.raises(InputError, match=r"\(N, 4, 2\)"):
         dataset_from_arrays({**arrays, "frames": np.ones((n, 2, 4))}, specs, "t.npz")
     with pytest.raises(InputError, match="labels 'lab' must be 5 integers"):
-        dataset_from_arrays({**arrays, "lab": np.ones(5)}, specs, "t.npz", labels_key="lab")
+        dataset_from_arrays({**arrays, "lab": np.ones((5, 2))}, specs, "t.npz",
+                            labels_key="lab")  # float rows: neither ids nor a pitch each
+    with pytest.raises(InputError, match="labels 'lab' must be 5 integers"):
+        dataset_from_arrays({**arrays, "lab": np.full(5, np.nan)}, specs, "t.npz",
+                            labels_key="lab")
+    pitch = dataset_from_arrays({**arrays, "lab": np.full(5, 440.0)}, specs, "t.npz",
+                                labels_key="lab")  # one number each: a pitch in Hz
+    assert pitch.labels is not None and pitch.labels.dtype.kind == "f"
 
 
 # -- freeze -------------------------------------------------------------------------------------

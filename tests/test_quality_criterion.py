@@ -290,6 +290,11 @@ def test_candidates_calibrated_in_worker_processes_match_one_process(tmp_path: P
     (np.full(30, 1), "ctc", "hold one class id per input; --metric ctc is judged against a row"),
     (np.full((30, 2), 1), "top1", "hold a row of ids per input; --metric top1 is judged against "
                                   "one class id"),
+    (np.full(30, 440.0), "top1", "hold one number per input; --metric top1 is judged against "
+                                 "one class id"),
+    (np.full((30, 2), 1), "cents@50", "hold a row of ids per input; --metric cents@50 is "
+                                      "judged against one pitch in Hz"),
+    (np.full(30, -1.0), "cents@50", "label -1 is no pitch; expected a frequency in Hz > 0"),
 ])
 def test_labels_of_the_wrong_kind_for_the_metric_are_refused(
         tmp_path: Path, labels: np.ndarray, metric: str, match: str) -> None:
@@ -298,7 +303,7 @@ def test_labels_of_the_wrong_kind_for_the_metric_are_refused(
     b = _argmax_bundle(tmp_path / "b")
     np.savez(tmp_path / "d.npz", x=_margin_data(30), labels=labels)
     data = load_dataset(str(tmp_path / "d.npz"), b)
-    with pytest.raises(InputError, match=f"^d.npz: the labels {match}"):
+    with pytest.raises(InputError, match=f"^d.npz: (the labels )?{match}"):
         cal.calibrate(b, data, ["q8"], ["c001"],
                       options=packcal.Options(metric=Metric(metric)))
 
@@ -332,20 +337,3 @@ def test_pitch_labels_make_the_criterion_raw_pitch_accuracy(tmp_path: Path) -> N
     assert rows["q2"]["accuracy_drop_pp"] == pytest.approx(want, abs=1e-6)
     assert metric.correct(x[0], float(f0[0])) == pytest.approx(
         float(np.mean(np.abs(cents[0]) <= 50)), abs=1e-6)
-
-
-@pytest.mark.parametrize(("labels", "metric", "match"), [
-    (np.full(30, 440.0), "top1", "hold one number per input; --metric top1 is judged against "
-                                 "one class id"),
-    (np.full(30, -1.0), "cents@50", "label -1 is no pitch; expected a frequency in Hz > 0"),
-    (np.full((30, 2), 1), "cents@50", "hold a row of ids per input; --metric cents@50 is "
-                                      "judged against one pitch in Hz"),
-])
-def test_pitch_labels_of_the_wrong_kind_are_refused(
-        tmp_path: Path, labels: np.ndarray, metric: str, match: str) -> None:
-    b = _argmax_bundle(tmp_path / "b")
-    np.savez(tmp_path / "d.npz", x=_margin_data(30), labels=labels)
-    data = load_dataset(str(tmp_path / "d.npz"), b)
-    with pytest.raises(InputError, match=f"^d.npz: (the labels )?{match}"):
-        cal.calibrate(b, data, ["q8"], ["c001"],
-                      options=packcal.Options(metric=Metric(metric)))

@@ -12,6 +12,7 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from coinf.cli import argtypes
 from coinf.errors import InputError, ModelError
@@ -142,16 +143,8 @@ def run(args: argparse.Namespace) -> int:
         left = None if limit is None else max(
             (limit - (time.monotonic() - began)) / (len(cuts) - k), 1.0)
         work = writable_dir(_work_dir(args, bundle, cut, auto), "--work")
-        shape = bundle.candidate(cut).crossing[0].shape
-        patch = shape[1] * stride ** (len(shape) - 2)  # values a latent column sees
-        cfg = base
-        if auto and args.latent is None:
-            cfg = dataclasses.replace(base, latent=min(shape[1], AUTO_MAX_LATENT))
-        elif base.latent > patch:
-            cfg = dataclasses.replace(base, latent=patch)
-            print(f"note: {cut}: latent {base.latent} > the {patch} values of a "
-                  f"{stride}-wide patch of its {shape[1]} channels; latent {patch} there",
-                  file=sys.stderr)
+        cfg = _config_at(base, cut, bundle.candidate(cut).crossing[0].shape,
+                         auto and args.latent is None)
         try:
             points, notes = bt.compress(bundle, cut, train, held, lams, cfg, work,
                                         args.resume, left, Bar(), gains)
@@ -177,12 +170,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _work_dir(args: argparse.Namespace, bundle: object, cut: str, auto: bool) -> Path:
+def _config_at(base: Any, cut: str, shape: tuple[int, ...], widest: bool) -> Any:
+    """``base`` for ``cut``'s crossing of ``shape``: the latent as wide as its channels (up to
+    :data:`AUTO_MAX_LATENT`) when ``widest``, else never wider than a patch's values (noted)."""
+    patch = shape[1] * base.stride ** (len(shape) - 2)  # values a latent column sees
+    if widest:
+        return dataclasses.replace(base, latent=min(shape[1], AUTO_MAX_LATENT))
+    if base.latent <= patch:
+        return base
+    print(f"note: {cut}: latent {base.latent} > the {patch} values of a {base.stride}-wide "
+          f"patch of its {shape[1]} channels; latent {patch} there", file=sys.stderr)
+    return dataclasses.replace(base, latent=patch)
+
+
+def _work_dir(args: argparse.Namespace, bundle: Any, cut: str, auto: bool) -> Path:
     """Checkpoints and exports: ``--work`` (per cut below it without ``--cut``) or the cache."""
     from coinf.convert import bottleneck_train as bt
 
     if args.work is None:
-        return bt.default_work_dir(bundle, cut)  # type: ignore[arg-type]
+        return bt.default_work_dir(bundle, cut)
     return Path(args.work) / cut if auto else Path(args.work)
 
 

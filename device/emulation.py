@@ -59,11 +59,7 @@ class DeviceEmulation:
         """
         base = cpu_s if (cpu_s is not None and self.threads == 1) else compute_s
         extra = (self.slowdown - 1.0) * base
-        if extra > 0:
-            if cancel is None:
-                time.sleep(extra)
-            elif cancel.wait(extra):
-                cancel.check()
+        _sleep(extra, cancel)
         return compute_s + extra
 
     def timed(self, fn: Callable[[], T], cancel: CancelToken | None = None,

@@ -5,7 +5,9 @@ of the others', so :func:`calibrate_many` runs them in parallel (``spawn``ed pro
 onnxruntime's threads do not survive ``fork``). A worker loads the bundle and the data itself,
 re-parses the metric (a ``MODULE:FUNC`` metric is imported there) and returns its rows with the
 entropy tables it fitted, which are registered here so that :func:`convert.calibrate.store`
-finds them. One core, or one candidate, runs in this process.
+finds them. Workers side by side slow each other's packing, so its times are measured again
+here once they are done (:mod:`convert.packtime`). One core, or one candidate, runs in this
+process.
 """
 
 from __future__ import annotations
@@ -59,7 +61,20 @@ def calibrate_many(bundle_dir: Path, data_path: str | Path, jobs: Sequence[Job],
             results[cid], tables = fut.result()
             priors.register(tables)
             say(f"  {cid}: done after {time.perf_counter() - t0:.0f} s ({n} processes)")
+    _retime(bundle_dir, data_path, limit, results, say)
     return {cid: results[cid] for cid, _ in jobs}
+
+
+def _retime(bundle_dir: Path, data_path: str | Path, limit: int | None,
+            results: dict[str, list[dict[str, Any]]], say: Callable[[str], None]) -> None:
+    """The workers' packing times, measured again here alone (:mod:`convert.packtime`)."""
+    from coinf.convert import calibrate as cal
+    from coinf.convert.packtime import retime
+
+    from coinf.bundle import Bundle
+
+    bundle = Bundle.load(bundle_dir)
+    retime(bundle, cal.load_dataset(str(data_path), bundle, limit), results, progress=say)
 
 
 def _one(bundle_dir: Path, data_path: str | Path, limit: int | None, cid: str,

@@ -43,6 +43,35 @@ def test_regret_and_gain_come_from_the_measured_figures(tmp_path: Path) -> None:
     assert png.stat().st_size > 10_000
 
 
+def test_a_miss_is_tested_against_the_best_points_runs(tmp_path: Path) -> None:
+    """p_vs_best: a gap that every run shows is beyond the noise; one the runs overlap on is
+    not; the summary counts only the first as a miss beyond noise."""
+    b = make_bundle(tmp_path / "b")
+
+    def point(runs: list[float]) -> dict:
+        return {"measured": True, "latency_ms": sorted(runs)[len(runs) // 2],
+                "wearable_mj": 1.0, "runs": {"latency_ms": runs, "wearable_mj": [1.0] * 5}}
+
+    apart = {"c000": point([110, 111, 112, 113, 114]), "c001": point([100, 101, 102, 103, 99]),
+             "c003": point([900.0] * 5)}
+    overlap = {"c000": point([104, 90, 120, 95, 130]), "c001": point([100, 98, 125, 92, 99]),
+               "c003": point([900.0] * 5)}
+    far = bench_map.cell(b, _plan(["c000", "c001", "c003"]), apart, "latency")
+    near = bench_map.cell(b, _plan(["c000", "c001", "c003"]), overlap, "latency")
+    assert far["regret"] > 1.02 and near["regret"] > 1.02
+    assert far["p_vs_best"] < 0.05 <= near["p_vs_best"]
+    s = bench_map.summary([{"model": "m", "link": "ble", **far},
+                           {"model": "m", "link": "wifi", **near}])
+    assert s["misses_beyond_noise"] == 1 and len(s["misses"]) == 2
+
+
+def test_the_rank_test_is_exact_on_small_samples() -> None:
+    assert bench_map.rank_test([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    assert bench_map.rank_test([1, 2, 3], [1, 2, 3]) == 1.0
+    assert bench_map.rank_test([], [1.0]) == 1.0
+    assert bench_map.rank_test(list(range(30)), list(range(100, 130))) < 1e-6  # approximated
+
+
 def test_a_point_predicted_too_slow_is_reported_not_run(tmp_path: Path) -> None:
     import argparse
 

@@ -15,7 +15,8 @@ machine's time by one factor per model instead, which keeps this CPU's per-layer
 its run-to-run noise); a point predicted to take longer than
 ``--max-run-s`` is reported as predicted, not run. A cell reports the chosen plan, the points
 and the chosen plan's **regret**: its measured latency (or wearable energy) over the best
-measured point's.
+measured point's (medians over ``--repeat`` runs), with a rank test of the chosen plan's runs
+against the best's (``p_vs_best``: whether a miss is beyond the run-to-run noise).
 """
 
 from __future__ import annotations
@@ -122,15 +123,48 @@ def measure_link(prep: Any, link_name: str, points: dict[str, dict[str, Any]], s
                       "pi-zero-2w" if args.wearable_compute == "profile" else None)
     for r in rows:
         rid = r["candidate"] if r["packing"] == "raw" else f"{r['candidate']}~{r['packing']}"
-        sent = wake_mj if r["transfer_ms"] > 0 else 0.0
-        energy = ((r["head_ms"] + r["pack_ms"]) * (pw.cpu_active_w - pw.cpu_idle_w)
-                  + r["transfer_ms"] * tx_w + r["return_ms"] * rx_w + sent)
+        runs = r.get("runs", {})
+        per_run = [_energy(pw, tx_w, rx_w, wake_mj, {k: v[i] for k, v in runs.items()})
+                   for i in range(len(runs.get("total_ms", [])))]
         out[rid] = {"measured": True, "latency_ms": round(r["total_ms"], 1),
-                    "wearable_mj": round(energy, 1), "bytes": round(r["bytes_up"]),
-                    "match": r["match"],
+                    "wearable_mj": round(_energy(pw, tx_w, rx_w, wake_mj, r), 1),
+                    "bytes": round(r["bytes_up"]), "match": r["match"],
                     "times_ms": {k: round(r[f"{k}_ms"], 1)
-                                 for k in ("head", "pack", "transfer", "tail", "return")}}
+                                 for k in ("head", "pack", "transfer", "tail", "return")},
+                    "runs": {"latency_ms": [round(t, 1) for t in runs.get("total_ms", [])],
+                             "wearable_mj": [round(e, 1) for e in per_run]}}
     return out
+
+
+def _energy(pw: Any, tx_w: float, rx_w: float, wake_mj: float, r: dict[str, float]) -> float:
+    """A run's wearable energy in mJ from its times: compute and packing over idle, the radio
+    sending and receiving, one wake-up when it sent anything."""
+    sent = wake_mj if r["transfer_ms"] > 0 else 0.0
+    return ((r["head_ms"] + r["pack_ms"]) * (pw.cpu_active_w - pw.cpu_idle_w)
+            + r["transfer_ms"] * tx_w + r["return_ms"] * rx_w + sent)
+
+
+def rank_test(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of the Mann-Whitney rank-sum test that runs ``a`` and ``b`` come
+    from one distribution: exact (every split of the pooled runs) when there are at most
+    10^5 splits, else the normal approximation; 1.0 when either is empty."""
+    import itertools
+    import math
+
+    if not a or not b:
+        return 1.0
+    pooled = sorted(a + b)
+    rank = {v: sum(i + 1 for i, w in enumerate(pooled) if w == v) / pooled.count(v)
+            for v in pooled}
+    ranks = [rank[v] for v in a + b]
+    k, n = len(a), len(a) + len(b)
+    mean = k * (n + 1) / 2
+    seen = abs(sum(ranks[:k]) - mean)
+    if math.comb(n, k) <= 100_000:
+        sums = [sum(ranks[i] for i in c) for c in itertools.combinations(range(n), k)]
+        return sum(abs(x - mean) >= seen - 1e-9 for x in sums) / len(sums)
+    sd = math.sqrt(k * (n - k) * (n + 1) / 12)
+    return math.erfc(seen / sd / math.sqrt(2)) if sd else 1.0
 
 
 def kind_of(bundle: Any, config: str) -> str:
@@ -163,6 +197,9 @@ def cell(bundle: Any, plan: dict[str, Any], measured: dict[str, dict[str, Any]],
                            "winner_kind": None if best is None else best["kind"]}
     if best is not None and chosen["measured"]:
         out["regret"] = round(chosen[key] / best[key], 4) if best[key] else None
+        if best is not chosen and best["id"] != chosen["id"]:  # is the gap beyond the noise?
+            out["p_vs_best"] = round(rank_test(chosen.get("runs", {}).get(key, []),
+                                               best.get("runs", {}).get(key, [])), 4)
     if local is not None and local["measured"] and best is not None and best[key]:
         out["best_vs_local"] = round(local[key] / best[key], 3)  # > 1: cooperation pays
     return out
@@ -229,9 +266,15 @@ def summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
         if c["winner_kind"]:
             wins[c["winner_kind"]] = wins.get(c["winner_kind"], 0) + 1
     pays = [c for c in cells if (c.get("best_vs_local") or 0) >= 2.0]
+    misses = [c for c in cells if (c.get("regret") or 0) > 1.02]
     return {"cells": len(cells), "measured_cells": len(regrets),
             "regret_max": max(regrets) if regrets else None,
             "regret_median": statistics.median(regrets) if regrets else None,
             "within_2pct": sum(r <= 1.02 for r in regrets), "winners": wins,
+            # a miss whose runs a rank test cannot tell from the best's (p >= 0.05) is within
+            # this machine's run-to-run noise
+            "misses": [f"{c['model']}/{c['link']}/{c['objective']}: regret {c['regret']}, "
+                       f"p {c.get('p_vs_best')}" for c in misses],
+            "misses_beyond_noise": sum((c.get("p_vs_best") or 0.0) < 0.05 for c in misses),
             "cooperation_2x": [f"{c['model']}/{c['link']}/{c['objective']}: "
                                f"{c['best_measured']} {c['best_vs_local']}x" for c in pays]}

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from coinf.wearable.options import SessionOptions
 
 RTOL, ATOL = 1e-4, 1e-5
+#: the per-run times each row of --json lists under "runs"
+RUN_FIELDS = ("head_ms", "pack_ms", "transfer_ms", "tail_ms", "return_ms", "total_ms")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -250,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
                 # the link that carried each run (several links: the planner's choice)
                 "links": {n: sum(s.link == n for s in stats)
                           for n in dict.fromkeys(s.link for s in stats if s.link)},
+                # every run's times, for a spread or a test between points (bench map)
+                "runs": {f: [round(getattr(s, f), 3) for s in stats] for f in RUN_FIELDS},
             })
         stream = None
         if args.stream > 1:

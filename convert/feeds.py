@@ -136,14 +136,16 @@ def dataset_from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[Tensor
     n = len(next(iter(inputs.values())))
     if labels is not None:
         labels = np.asarray(labels)
-        if labels.ndim != 2 or len(labels) != n:
+        boxes = labels.ndim == 3 and labels.shape[0] == n and labels.shape[2] == 4
+        if (labels.ndim != 2 and not boxes) or len(labels) != n:
             labels = labels.reshape(-1)
-        ok = labels.dtype.kind in "iu" or (labels.dtype.kind == "f" and labels.ndim == 1
+        ok = labels.dtype.kind in "iu" or (labels.dtype.kind == "f" and labels.ndim in (1, 3)
                                             and bool(np.isfinite(labels).all()))
         if len(labels) != n or not ok:
             raise InputError(f"{name}: labels {key!r} must be {n} integers (one per feed), "
-                             f"{n} rows of integers (a sequence per feed, padded with -1) or "
-                             f"{n} finite numbers (a pitch in Hz per feed), got shape "
+                             f"{n} rows of integers (a sequence per feed, padded with -1), "
+                             f"{n} finite numbers (a pitch in Hz per feed) or {n} x L x 4 "
+                             f"finite numbers (line boxes per feed), got shape "
                              f"{list(np.shape(labels))} {labels.dtype}")
     if limit is not None and limit < n:
         inputs = {k: v[:limit] for k, v in inputs.items()}

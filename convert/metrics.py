@@ -34,6 +34,12 @@ name                per-sample loss                                             
                     boxes:K``): the boxes scoring >= 0.25 on each side are matched
                     greedily (same class, IoU >= T); loss = 1 - F1 of the matching
                     (both empty: 0)
+``lines@T``         a text detector's mask (``--post mask:K``): each connected region is  decision
+                    a text line, its box grown by DBNet's unclip (convert/textlines.py);
+                    loss = 1 - F1 of the lines matched one to one at IoU >= T (both
+                    empty: 0). With labels (each a [L, 4] array of line boxes x0, y0,
+                    x1, y1 in fractions of the input, rows of -1 after the last):
+                    accuracy = F1 against the labelled lines
 ``MODULE:FUNC``     ``1 - FUNC(outputs_ref, outputs_test)``; FUNC returns a score in      score
                     [0, 1], 1 = identical; both arguments are lists of the metric's
                     outputs (arrays, in model order); ``MODULE`` may be a ``.py`` path
@@ -56,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from coinf.convert import textlines
 
 from coinf.errors import InputError
 
@@ -64,8 +71,9 @@ _TOPK = re.compile(r"^top(\d{1,3})$")
 _CENTS = re.compile(r"^cents@([0-9.]+(?:e-?\d+)?)$")
 _BOXES = re.compile(r"^boxes@(0?\.[0-9]+|1(?:\.0*)?)$")
 _CTC = re.compile(r"^ctc(?:@(\d{1,9}(?:,\d{1,9})*))?$")
+_LINES = re.compile(r"^lines@(0?\.[0-9]+|1(?:\.0*)?)$")
 BUILTIN = ("top1", "topK", "iou@T", "decision@T", "maxrel", "meanrel", "cosine", "cents@T",
-           "class", "ctc", "ctc@IDS", "boxes@T")
+           "class", "ctc", "ctc@IDS", "boxes@T", "lines@T")
 BOX_SCORE = 0.25
 """``boxes@T``: the score from which a detection counts (on both sides)."""
 EPS = 1e-12
@@ -75,8 +83,8 @@ VOICED = 0.5
 
 
 Label = int | float | np.ndarray | None
-"""One input's label: a class id (``top1``), a row of class ids padded with -1 (``ctc``) or a
-pitch in Hz (``cents@T``)."""
+"""One input's label: a class id (``top1``), a row of class ids padded with -1 (``ctc``), a
+pitch in Hz (``cents@T``) or line boxes (``lines@T``)."""
 
 
 @dataclass
@@ -96,7 +104,8 @@ class Metric:
         ``top1`` on one position, id rows for ``ctc``, one pitch (Hz) for ``cents@T``."""
         return (self.name == "top1" and label_ndim == 0 and positions <= 1) \
             or (self._ctc_drop() is not None and label_ndim == 1) \
-            or (self.cents is not None and label_ndim == 0)
+            or (self.cents is not None and label_ndim == 0) \
+            or (self.lines is not None and label_ndim == 2)
 
     @property
     def cents(self) -> float | None:
@@ -105,10 +114,18 @@ class Metric:
         return float(m.group(1)) if m else None
 
     @property
+    def lines(self) -> float | None:
+        """``lines@T``'s IoU threshold T, else None."""
+        m = _LINES.match(self.name)
+        return float(m.group(1)) if m else None
+
+    @property
     def label_kind(self) -> str:
         """What a label holds for this metric (for messages)."""
         if self._ctc_drop() is not None:
             return "a row of class ids (padded with -1)"
+        if self.lines is not None:
+            return "line boxes [L, 4] (x0, y0, x1, y1 in fractions of the input)"
         return "one pitch in Hz" if self.cents is not None else "one class id"
 
     def _ctc_drop(self) -> frozenset[int] | None:
@@ -124,6 +141,9 @@ class Metric:
         whose pitch is within T cents of the label, raw pitch accuracy)."""
         if label is None:
             return 0.0
+        if self.lines is not None:
+            return textlines.f1(textlines.label_boxes(np.asarray(label)),
+                                textlines.line_boxes(test), self.lines)
         if self.cents is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 moved = np.abs(1200.0 * np.log2(np.asarray(test, np.float64).reshape(-1)
@@ -150,9 +170,10 @@ class Metric:
                 raise InputError(f"--metric {self.name}: the function returned {score}; "
                                  "expected a score in [0, 1]")
             return 1.0 - score
+        if (self.cents is not None or self.lines is not None) and label is not None:
+            # the answer's share right on the clean run, lost on this one
+            return max(0.0, self.correct(ref[0], label) - self.correct(test[0], label))
         if self.cents is not None:
-            if label is not None:  # the pitch read right on the clean run, not on this one
-                return max(0.0, self.correct(ref[0], label) - self.correct(test[0], label))
             return cents_loss(ref, test, self.cents)
         vals = [self._one(np.asarray(r), np.asarray(t), label if len(ref) == 1 else None)
                 for r, t in zip(ref, test, strict=True)]
@@ -171,6 +192,9 @@ class Metric:
         box = _BOXES.match(name)
         if box:
             return boxes_loss(ref, test, float(box.group(1)))
+        if self.lines is not None:
+            return 1.0 - textlines.f1(textlines.line_boxes(ref), textlines.line_boxes(test),
+                                      self.lines)
         m = _TOPK.match(name)
         if m:
             k = int(m.group(1))
@@ -342,10 +366,12 @@ def parse_metric(text: str | None, outputs: Sequence[str] = (),
             raise InputError(f"--metric {text!r}: {c.group(1)!r} is not a number of cents"
                              ) from None
     if (k and int(k.group(1)) >= 1) or _THRESH.match(name) or c or _BOXES.match(name) \
+            or _LINES.match(name) \
             or _CTC.match(name) or name in ("maxrel", "meanrel", "cosine", "class"):
         return Metric(name, chosen)
     raise InputError(f"--metric {text!r}: expected one of {', '.join(BUILTIN)} (e.g. top1, "
-                     "top5, iou@0.5, decision@0.5, cents@50, class, ctc@6624, boxes@0.5) or "
+                     "top5, iou@0.5, decision@0.5, cents@50, class, ctc@6624, boxes@0.5, "
+                     "lines@0.5) or "
                      "MODULE:FUNCTION")
 
 

@@ -314,13 +314,23 @@ class _Calibration:
             return
         ctc = self.metric.name.startswith("ctc")
         pitch = self.metric.cents is not None
-        have = "a row of ids" if labels.ndim == 2 else "one class id" \
-            if labels.dtype.kind in "iu" else "one number"
-        if (ctc and labels.ndim == 1) or (self.metric.name == "top1" and (
-                labels.ndim == 2 or labels.dtype.kind == "f")) or (pitch and labels.ndim == 2):
+        lines = self.metric.lines is not None
+        have = "line boxes" if labels.ndim == 3 else "a row of ids" if labels.ndim == 2 \
+            else "one class id" if labels.dtype.kind in "iu" else "one number"
+        if (ctc and labels.ndim != 2) or (self.metric.name == "top1" and (
+                labels.ndim != 1 or labels.dtype.kind == "f")) or (pitch and labels.ndim != 1) \
+                or (lines and labels.ndim != 3):
             raise InputError(f"{self.data.name}: the labels hold {have} per input; --metric "
                              f"{self.metric.name} is judged against {self.metric.label_kind} "
                              f"per input")
+        if lines:
+            rows = labels.reshape(-1, 4)
+            rows = rows[(rows >= 0).all(axis=1)]
+            if ((rows > 1).any() or (rows[:, 2] <= rows[:, 0]).any()
+                    or (rows[:, 3] <= rows[:, 1]).any()):
+                raise InputError(f"{self.data.name}: a line box is not x0 < x1, y0 < y1 "
+                                 f"within 0..1 (fractions of the input)")
+            return
         if pitch:
             bad = labels[~(labels > 0)]
             if bad.size:

@@ -28,6 +28,8 @@ REC_STEPS = REC_SHAPE[1] // 8
 REC_CLASSES = 6625  # blank + 6,623 characters + space
 #: the space's class id: word accuracy ignores it (as PaddleOCR's own recognition metric does)
 SPACE = REC_CLASSES - 1
+#: a page's label: at most this many line boxes (rows of -1 pad it)
+MAX_LINES = 8
 
 
 def _set_dims(vi: onnx.ValueInfoProto, dims: list[int]) -> None:
@@ -189,26 +191,51 @@ def word_of(label: np.ndarray, chars: list[str]) -> str:
     return "".join(chars[int(c)] for c in np.asarray(label).reshape(-1) if c >= 0)
 
 
-def render_page(background: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """``background`` with 1-4 lines of 1-4 words each at random places and sizes."""
+def render_page(background: np.ndarray, rng: np.random.Generator,
+                tries: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """``background`` with 1-4 lines of 1-4 words each at random places and sizes, apart from
+    each other (a line that finds no free place in ``tries`` is left out), and the lines'
+    boxes: ``[MAX_LINES, 4]`` (x0, y0, x1, y1) in fractions of the detector's square input
+    (the image padded right and bottom, :func:`preprocess_det`), tight around the ink, rows of
+    -1 after the last line."""
     from PIL import Image, ImageDraw
 
     img = Image.fromarray(background)
     draw = ImageDraw.Draw(img)
-    side = max(background.shape[:2])
+    h, w = background.shape[:2]
+    side = max(h, w)
+    boxes = np.full((MAX_LINES, 4), -1.0, np.float32)
+    taken: list[tuple[int, int, int, int]] = []
     for _ in range(int(rng.integers(1, 5))):
         words = " ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS),
                                                              int(rng.integers(1, 5))))
         font = _font(int(side * rng.uniform(0.035, 0.09)))
-        x = int(rng.integers(0, max(background.shape[1] // 2, 1)))
-        y = int(rng.integers(0, max(background.shape[0] - side // 10, 1)))
-        patch = background[y:y + side // 10, x:x + side // 3]
+        ink = draw.textbbox((0, 0), words, font=font)
+        tw, th = ink[2] - ink[0], ink[3] - ink[1]
+        if tw >= w or th >= h:
+            continue
+        for _ in range(tries):
+            x = int(rng.integers(0, w - tw)) - ink[0]
+            y = int(rng.integers(0, h - th)) - ink[1]
+            box = (x + ink[0], y + ink[1], x + ink[2], y + ink[3])
+            gap = th // 2  # lines at least half a line apart: one region each
+            if all(box[0] >= b[2] + gap or box[2] + gap <= b[0] or box[1] >= b[3] + gap
+                   or box[3] + gap <= b[1] for b in taken):
+                break
+        else:
+            continue
+        patch = background[box[1]:box[3], box[0]:box[2]]
         draw.text((x, y), words, font=font, fill=_colours(rng, patch if patch.size else
                                                          background))
-    return np.asarray(img)
+        boxes[len(taken)] = [v / side for v in box]
+        taken.append(box)
+    return np.asarray(img), boxes
 
 
-def page_set(backgrounds: list[np.ndarray], seed: int = 0) -> np.ndarray:
-    """Each background (an RGB photo) with text on it, for the detector: [n, 3, 640, 640]."""
+def page_set(backgrounds: list[np.ndarray], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Each background (an RGB photo) with text on it, for the detector: [n, 3, 640, 640], and
+    each page's line boxes (:func:`render_page`): [n, MAX_LINES, 4]."""
     rng = np.random.default_rng(seed)
-    return np.stack([preprocess_det(render_page(b, rng))[0] for b in backgrounds])
+    pages = [render_page(b, rng) for b in backgrounds]
+    return (np.stack([preprocess_det(p)[0] for p, _ in pages]),
+            np.stack([b for _, b in pages]))

@@ -466,7 +466,7 @@ _SPECS = [
         (InputSpec("x", (1, 3, 640, 640)),),
         "RGB (p / 255 - 0.5) / 0.5, padded right/bottom to a square, resized to 640",
         "PaddleOCR's PP-OCRv4 text detector (DBNet) at 640: a text probability map",
-        "iou@0.5", ocr.build_det, preprocess=ocr.preprocess_det,
+        "lines@0.5", ocr.build_det, preprocess=ocr.preprocess_det,
         metric_outputs=("sigmoid_0.tmp_0_mask",), post="mask:4",
         no_deps=True,  # opencv, shapely, pyclipper serve rapidocr's own API, not the ONNX file
     ),

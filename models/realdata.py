@@ -206,8 +206,9 @@ def speech_set(n: int, seed: int = 0, sr: int = 16000) -> tuple[np.ndarray, str]
 PITCH_RANGE = (46.875, 2093.75)
 #: per task, bumped whenever what :func:`dataset` makes for it changes (inputs, labels, their
 #: layout): caches of it (``coinf demo``'s ``--out``, ``bench rate --work``) name their files
-#: with :func:`data_version` (text recognition: 2 since its labels became id rows)
-DATA_VERSIONS = {"text recognition": 2}
+#: with :func:`data_version` (text recognition: 2 since its labels became id rows; text
+#: detection: 2 since its pages carry line boxes)
+DATA_VERSIONS = {"text recognition": 2, "text detection": 2}
 
 
 def data_version(model_name: str) -> int:
@@ -260,7 +261,10 @@ def dataset(model_name: str, n: int, seed: int = 0) -> tuple[dict[str, np.ndarra
                 "character ids)"
         rng = np.random.default_rng(seed)
         backgrounds = [augment(pics[i % len(pics)], rng) for i in range(n)]
-        return {inp.name: ocr.page_set(backgrounds, seed)}, f"text rendered on crops of {where}"
+        pages, boxes = ocr.page_set(backgrounds, seed)
+        return {inp.name: pages, "labels": boxes}, \
+            f"lines of {len(ocr.WORDS)} words rendered on crops of {where} (label: each " \
+            "line's box)"
     names = ", ".join(p for p, _ in photos())
     return {inp.name: image_set(model_name, n, seed).reshape(n, *inp.shape[1:])}, \
         f"photos from the scikit-image/scikit-learn wheels ({names}), augmented"

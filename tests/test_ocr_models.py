@@ -79,7 +79,7 @@ def test_the_detector_marks_the_text_and_the_mask_post_shrinks_it(tmp_path: Path
     post.attach(model, "mask:4")
     sess = _session(model)
     blank = np.full((400, 400, 3), 200, np.uint8)
-    page = ocr.render_page(blank, np.random.default_rng(0))
+    page, _ = ocr.render_page(blank, np.random.default_rng(0))
     masks = [sess.run(None, {"x": ocr.preprocess_det(a)})[0] for a in (blank, page)]
     assert all(m.shape == (1, 1, 160, 160) and m.dtype == np.uint8 for m in masks)
     assert masks[0].sum() == 0 and masks[1].sum() > 20  # text found only where it was drawn

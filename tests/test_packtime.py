@@ -26,7 +26,7 @@ def test_timed_rows_get_this_process_times_and_others_are_left(tmp_path: Path) -
     b = _argmax_bundle(tmp_path / "b", n_in=8)
     data = Dataset("d", {"x": np.random.default_rng(1).random((6, 1, 8)).astype(np.float32)})
     results = {"c000": _rows(), "c001": _rows()}
-    assert retime(b, data, results, inputs=2, repeats=2) == 2
+    assert retime(b, data, results, inputs=2, flush_bytes=1 << 16) == 2
     for rows in results.values():
         for row in rows[:2]:
             assert 0 < row["encode_ms"] < SENTINEL and 0 < row["decode_ms"] < SENTINEL

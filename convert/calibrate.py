@@ -295,6 +295,8 @@ def criterion_line(meta: dict[str, Any] | None) -> str | None:
     floor = float(m.get("noise_floor_pp", 0.0))
     if kind == "labels":
         what = f"accuracy against the labels on {n} inputs of {data}"
+        if "model_accuracy_pct" in m:
+            what += f", the unpacked model's {float(m['model_accuracy_pct']):.2f} %"
     elif kind == "stable":
         what = (f"agreement with the unpacked model on the {judged} of {n} inputs of {data} "
                 "whose answer survives 1 LSB of input noise")

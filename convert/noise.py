@@ -15,9 +15,9 @@ ids, class ids) and scalars (a sample rate, a threshold: settings, not sensor da
 perturbed. Perturbed values are clipped to the range the data spans.
 
 Only decision metrics (the answer is the same or not: ``top1``, ``topK``, ``class``, ``ctc``,
-``boxes@T``, ``cents@T``, ``decision@T``) have stable inputs; a continuous metric (``maxrel``,
-``meanrel``, ``cosine``, ``iou@T`` over a dense mask, a custom function) is judged on every
-input, with the floor printed beside it.
+``boxes@T``, ``lines@T``, ``cents@T``, ``decision@T``) have stable inputs; a continuous metric
+(``maxrel``, ``meanrel``, ``cosine``, ``iou@T`` over a dense mask, a custom function) is judged
+on every input, with the floor printed beside it.
 """
 
 from __future__ import annotations

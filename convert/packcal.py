@@ -560,6 +560,8 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
         }
         if cal.criterion == "stable":
             row["accuracy_drop_all_pp"] = round(100.0 * float(np.mean(tr.losses)), 4)
+        if cal.ref_correct:  # what the drops are from: the unpacked model against the labels
+            row["model_accuracy_pct"] = round(100.0 * float(np.mean(cal.ref_correct)), 4)
         if all(tr.exact):  # every input came back: no sample bound needed
             row["exact"] = True
         # what packing and unpacking take on this machine: the planner prices every packing

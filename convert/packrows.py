@@ -57,8 +57,11 @@ def criterion_summary(results: Mapping[str, list[dict[str, Any]]]) -> dict[str, 
     if not rows:
         return {}
     worst = max(rows, key=lambda r: float(r.get("noise_floor_pp", 0.0)))
-    return {"criterion": str(worst["criterion"]),
-            "criterion_text": CRITERIA.get(str(worst["criterion"]), ""),
-            "judged": int(min(int(r.get("samples", 0)) for r in rows)),
-            "inputs": int(worst.get("inputs", 0)),
-            "noise_floor_pp": float(worst.get("noise_floor_pp", 0.0))}
+    out = {"criterion": str(worst["criterion"]),
+           "criterion_text": CRITERIA.get(str(worst["criterion"]), ""),
+           "judged": int(min(int(r.get("samples", 0)) for r in rows)),
+           "inputs": int(worst.get("inputs", 0)),
+           "noise_floor_pp": float(worst.get("noise_floor_pp", 0.0))}
+    if "model_accuracy_pct" in worst:  # with labels: the unpacked model's own accuracy
+        out["model_accuracy_pct"] = float(worst["model_accuracy_pct"])
+    return out

@@ -295,6 +295,12 @@ def test_candidates_calibrated_in_worker_processes_match_one_process(tmp_path: P
     (np.full((30, 2), 1), "cents@50", "hold a row of ids per input; --metric cents@50 is "
                                       "judged against one pitch in Hz"),
     (np.full(30, -1.0), "cents@50", "label -1 is no pitch; expected a frequency in Hz > 0"),
+    (np.full(30, 1), "lines@0.5", "hold one class id per input; --metric lines@0.5 is judged "
+                                  r"against line boxes \[L, 4\]"),
+    (np.full((30, 2, 4), 0.5, np.float32), "top1", "hold line boxes per input; --metric top1 "
+                                                   "is judged against one class id"),
+    (np.tile(np.float32([0.5, 0, 0.2, 1]), (30, 1, 1)), "lines@0.5",
+     "a line box is not x0 < x1, y0 < y1 within 0..1"),
 ])
 def test_labels_of_the_wrong_kind_for_the_metric_are_refused(
         tmp_path: Path, labels: np.ndarray, metric: str, match: str) -> None:
@@ -337,3 +343,38 @@ def test_pitch_labels_make_the_criterion_raw_pitch_accuracy(tmp_path: Path) -> N
     assert rows["q2"]["accuracy_drop_pp"] == pytest.approx(want, abs=1e-6)
     assert metric.correct(x[0], float(f0[0])) == pytest.approx(
         float(np.mean(np.abs(cents[0]) <= 50)), abs=1e-6)
+
+
+def test_line_labels_make_the_criterion_f1_against_the_labelled_lines(tmp_path: Path) -> None:
+    """A text detector's labels are line boxes: the criterion is the F1 of the mask's regions
+    (lines@T) against them, the drop the clean run's F1 minus the packed run's."""
+    from coinf.convert import textlines
+
+    n, w = 60, 16
+    rng = np.random.default_rng(8)
+    x = np.zeros((n, w), np.float32)
+    labels = np.full((n, 4, 4), -1.0, np.float32)
+    for i in range(n):  # two "lines" per row: runs of faint and strong positive values
+        for k, (lo, hi) in enumerate(((1, 6), (9, 15))):
+            x[i, lo:hi] = rng.uniform(0.02, 1.0, hi - lo)
+            labels[i, k] = [lo / w, 0.0, hi / w, 1.0]
+    b = _argmax_bundle(tmp_path / "b", n_in=w)
+    np.savez(tmp_path / "d.npz", x=x, labels=labels)
+    data = load_dataset(str(tmp_path / "d.npz"), b)
+    assert data.labels is not None and data.labels.shape == (n, 4, 4)
+    table = cal.calibrate(b, data, ["f32", "q2"], ["c001"],
+                          options=packcal.Options(metric=Metric("lines@0.5")))["c001"]
+    rows = {r["spec"]: r for r in table}
+    assert all(r["criterion"] == "labels" and r["samples"] == n for r in rows.values())
+    assert rows["f32"]["accuracy_drop_pp"] == 0.0
+
+    def f1(y: np.ndarray) -> np.ndarray:
+        return np.array([textlines.f1(textlines.label_boxes(labels[i]),
+                                      textlines.line_boxes(y[i:i + 1]), 0.5) for i in range(n)])
+
+    q2 = np.concatenate([packing.unpack(packing.pack(x[i:i + 1], "q2")) for i in range(n)])
+    want = 100 * float(np.mean(np.maximum(f1(x) - f1(q2), 0)))
+    assert want > 1  # the test can fail: coarse levels zero faint values and break lines
+    assert rows["q2"]["model_accuracy_pct"] == pytest.approx(100 * float(np.mean(f1(x))),
+                                                             abs=1e-4)
+    assert rows["q2"]["accuracy_drop_pp"] == pytest.approx(want, abs=1e-4)  # rounded

@@ -210,7 +210,7 @@ def render_page(background: np.ndarray, rng: np.random.Generator,
         words = " ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS),
                                                              int(rng.integers(1, 5))))
         font = _font(int(side * rng.uniform(0.035, 0.09)))
-        ink = draw.textbbox((0, 0), words, font=font)
+        ink = [int(v) for v in draw.textbbox((0, 0), words, font=font)]
         tw, th = ink[2] - ink[0], ink[3] - ink[1]
         if tw >= w or th >= h:
             continue

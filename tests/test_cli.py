@@ -214,6 +214,28 @@ def test_run_every_candidate_then_let_the_planner_choose(
     assert main(["run", str(bundle.root), "--plan", "-1"]) == 2
 
 
+def test_run_lists_each_measured_run_and_the_uncounted_warmups(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`coinf run --warmup 2 --repeat 3 --json`: three runs listed per row (their median is
+    the row's figure), the two warm-ups apart; a warm-up count out of range is one line."""
+    import json
+    import statistics
+
+    from tests.bundles import make_tiny_bundle
+
+    bundle = make_tiny_bundle(tmp_path / "b")
+    assert main(["run", str(bundle.root), "--all", "--repeat", "3", "--warmup", "2",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(len(r["warmup_ms"]) == 2 and len(r["runs"]["total_ms"]) == 3
+                        for r in rows)
+    for r in rows:
+        assert r["total_ms"] == pytest.approx(statistics.median(r["runs"]["total_ms"]),
+                                              abs=1e-3)
+    assert main(["run", str(bundle.root), "--all", "--warmup", "-1"]) == 2
+    assert "--warmup" in capsys.readouterr().err
+
+
 def test_profile_refuses_a_pass_count_below_one_before_measuring(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`coinf profile --train --passes 0` names the flag and writes nothing."""

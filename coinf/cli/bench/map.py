@@ -15,7 +15,8 @@ machine's time by one factor per model instead, which keeps this CPU's per-layer
 its run-to-run noise); a point predicted to take longer than
 ``--max-run-s`` is reported as predicted, not run. A cell reports the chosen plan, the points
 and the chosen plan's **regret**: its measured latency (or wearable energy) over the best
-measured point's (medians over ``--repeat`` runs), with a rank test of the chosen plan's runs
+measured point's (medians over ``--repeat`` runs after one warm-up run, which opens the cut's
+slices), with a rank test of the chosen plan's runs
 against the best's (``p_vs_best``: whether a miss is beyond the run-to-run noise).
 """
 

@@ -407,11 +407,12 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
                 stops.append(stop_air)
                 wear_args[-1] = relay
                 progress(f"Wi-Fi air process: {args.wifi_preset}, the wearable dials {relay}")
-            progress(f"wearable process: running {', '.join(ids)} ({args.repeat} runs each) ...")
+            progress(f"wearable process: running {', '.join(ids)} (one warm-up run, then "
+                     f"{args.repeat} measured, each) ...")
             proc = subprocess.run(
                 [*coinf, "run", str(bundle_dir), "--slowdown", f"{slowdown:.3f}",
                  "--threads", "1", *wear_args, "--json", "--split", ",".join(ids),
-                 "--repeat", str(args.repeat),
+                 "--repeat", str(args.repeat), "--warmup", "1",
                  *([] if compute_profile is None else ["--compute-profile", compute_profile]),
                  *([] if input_file is None else ["--input", f"{_input_name(bundle_dir)}="
                                                   f"{input_file}"])],

@@ -52,6 +52,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed of random inputs")
     parser.add_argument("--repeat", type=argtypes.positive_int, default=3,
                         help="runs per candidate (median)")
+    parser.add_argument("--warmup", type=argtypes.integer(0, 100), default=0, metavar="N",
+                        help="runs per candidate before the measured ones, not counted (the "
+                             "first frame of a cut opens its slices on both devices; `coinf "
+                             "demo` and `bench map` use 1); their times are listed as "
+                             "warmup_ms")
     parser.add_argument("--slowdown", type=argtypes.slowdown, default=1.0,
                         help="emulate a K x slower wearable")
     parser.add_argument("--threads", type=argtypes.threads_or_auto, default=0,
@@ -204,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[{k}/{len(ids)}] {cand.id} ({cand.label}): {args.repeat} run(s), "
                       f"sends {sent}", file=sys.stderr, flush=True)
             outs, stats = [], []
+            warm = []
+            for _ in range(args.warmup):  # a cut's first frame opens its slices: not counted
+                session.run(None, feeds)
+                assert session.last_run is not None
+                warm.append(round(session.last_run.total_ms, 3))
             for _ in range(args.repeat):
                 outs = session.run(None, feeds)
                 assert session.last_run is not None
@@ -254,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
                           for n in dict.fromkeys(s.link for s in stats if s.link)},
                 # every run's times, for a spread or a test between points (bench map)
                 "runs": {f: [round(getattr(s, f), 3) for s in stats] for f in RUN_FIELDS},
+                "warmup_ms": warm,
             })
         stream = None
         if args.stream > 1:

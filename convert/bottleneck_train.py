@@ -54,6 +54,8 @@ from coinf.bundle import Bundle
 from coinf.errors import ModelError
 
 LIKELIHOOD_FLOOR = 1e-9
+#: fewer steps through the tail than this in a point's share of the time limit: feature space
+MIN_TAIL_STEPS = 300
 Progress = Callable[[str, int, int], None]
 
 
@@ -287,6 +289,9 @@ class Config:
     lr: float = 1e-3
     feature_weight: float = 0.1
     seed: int = 0
+    #: "tail": distil the tail's outputs through it in torch; "features": match the crossing
+    #: tensor itself (per channel, normalised), for a tail torch cannot take: no tail per step
+    space: str = "tail"
     #: the latent's initial scale: 1 / the quantisation step in units of the principal
     #: components' values (learned from there; high starts at a high rate, lambda lowers it)
     gain: float = 16.0
@@ -310,6 +315,18 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def initial_model(cfg: Config, crossing: np.ndarray) -> Bottleneck:
+    """A bottleneck at step 0 for ``crossing`` (N, C, ...): normalised per channel by the data,
+    its linear maps the data's principal components, ``cfg.gain`` its quantisation scale."""
+    torch.manual_seed(cfg.seed)
+    axes = (0, *range(2, crossing.ndim))
+    mean = crossing.mean(axes)
+    std = crossing.std(axes) + 1e-6 * max(float(crossing.std()), 1e-6)
+    model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std, cfg.gain)
+    model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
+    return model
+
+
 def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray],
                 kinds: Sequence[str], tail: Any, checkpoint: Path | None = None,
                 resume: bool = False, time_limit: float | None = None,
@@ -317,20 +334,20 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
                 frozen: FrozenTail | None = None) -> Outcome:
     """Train one bottleneck on ``crossing`` (N, C, ...) to reproduce ``targets`` through the
     frozen ``tail`` (an ONNX model of the distillation targets; ``frozen``: it in torch, when
-    already converted). Stops after ``cfg.steps`` or ``time_limit`` seconds, checkpointing
-    every ``every`` steps; with ``resume`` a checkpoint of the same config continues where it
-    stopped."""
-    torch.manual_seed(cfg.seed)
-    axes = (0, *range(2, crossing.ndim))
-    mean = crossing.mean(axes)
-    std = crossing.std(axes) + 1e-6 * max(float(crossing.std()), 1e-6)
-    model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std, cfg.gain)
-    model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
-    frozen = frozen or FrozenTail(tail)
-    frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
+    already converted), or with ``cfg.space`` "features" to reproduce the crossing tensor
+    itself (no tail needed). Stops after ``cfg.steps`` or ``time_limit`` seconds,
+    checkpointing every ``every`` steps; with ``resume`` a checkpoint of the same config
+    continues where it stopped."""
+    model = initial_model(cfg, crossing)
+    in_features = cfg.space == "features"
+    if not in_features:
+        frozen = frozen or FrozenTail(tail)
+        frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    # warm-up over 5 % of the steps, at least 2.5 (torch divides by the warm-up's length - 1)
+    warm = max(0.05, 2.5 / cfg.steps) if cfg.steps >= 5 else 0.3
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.steps,
-                                                pct_start=0.05)
+                                                pct_start=warm)
     start, history = 0, []
     if resume and checkpoint is not None and checkpoint.is_file():
         try:  # weights only: a checkpoint is data, never code
@@ -359,13 +376,16 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
                                           replace=False))
         x = x_all[idx]
         restored, bits, yq = model(x, noisy=True)
-        outs = frozen(restored)
-        dist = distortion(outs, [r[idx] for r in refs], kinds, scales)
+        if in_features:  # every channel's error in its own units: what the tail reads
+            dist = (((restored - x) / model.std) ** 2).mean()
+        else:
+            assert frozen is not None
+            dist = distortion(frozen(restored), [r[idx] for r in refs], kinds, scales)
         # the prior fits the latents whatever lambda is: bits per element of the detached
         # latents train its parameters only; lambda x bits also pushes the encoder
         fit = -torch.log2(model.prior.likelihood(yq.detach())).mean()
-        objective = (dist + cfg.feature_weight * F.mse_loss(restored, x) / fvar
-                     + cfg.lam * bits.mean())
+        feat = 0.0 if in_features else cfg.feature_weight * F.mse_loss(restored, x) / fvar
+        objective = dist + feat + cfg.lam * bits.mean()
         loss = objective + fit
         opt.zero_grad()
         loss.backward()
@@ -415,7 +435,9 @@ def latents(model: Bottleneck, crossing: np.ndarray, batch: int = 32) -> np.ndar
 
 def priors_for(model: Bottleneck, train_latents: np.ndarray) -> Priors:
     """Per-channel symbol ranges (what the training latents reach, one more each side) and the
-    entropy model's pmf over them, quantised."""
+    tables: each channel's histogram of the training latents, smoothed by the entropy model's
+    pmf (one frame's worth of symbols), so a table fits the latents as rounded at the end of
+    training, however few steps the prior itself had."""
     axes = (0, *range(2, train_latents.ndim))
     lo = np.minimum(train_latents.min(axes), 0).astype(np.int64) - 1
     hi = np.maximum(train_latents.max(axes), 0).astype(np.int64) + 1
@@ -423,7 +445,14 @@ def priors_for(model: Bottleneck, train_latents: np.ndarray) -> Priors:
     lo = np.maximum(lo, mid - MAX_SYMBOLS // 2 + 1)
     hi = np.minimum(hi, lo + MAX_SYMBOLS - 1)
     pmf = model.prior.pmf(int(lo.min()), int(hi.max()))
-    rows = [pmf[c, lo[c] - lo.min():hi[c] - lo.min() + 1] for c in range(len(lo))]
+    n, c = train_latents.shape[:2]
+    sym = np.rint(train_latents).astype(np.int64).reshape(n, c, -1)
+    rows = []
+    for ch in range(len(lo)):
+        counts = np.bincount(np.clip(sym[:, ch].ravel(), lo[ch], hi[ch]) - lo[ch],
+                             minlength=int(hi[ch] - lo[ch] + 1)).astype(np.float64)
+        prior = pmf[ch, lo[ch] - lo.min():hi[ch] - lo.min() + 1]
+        rows.append(counts + sym.shape[2] * prior / max(float(prior.sum()), 1e-300))
     return Priors.from_pmf(rows, [int(v) for v in lo])
 
 
@@ -484,6 +513,14 @@ def export(model: Bottleneck, priors: Priors, tensor: str, out_dir: Path, stem: 
     return (*paths, code_shape)
 
 
+def _tail_step_s(frozen: FrozenTail, crossing: np.ndarray, batch: int) -> float:
+    """Seconds of one training step's tail (forward and backward) on ``batch`` feeds."""
+    x = torch.from_numpy(np.ascontiguousarray(crossing[:batch], np.float32)).requires_grad_()
+    t0 = time.monotonic()
+    sum(o.float().sum() for o in frozen(x)).backward()  # type: ignore[union-attr]
+    return max(time.monotonic() - t0, 1e-6)
+
+
 # -- the command --------------------------------------------------------------------------------
 def default_work_dir(bundle: Bundle, cid: str) -> Path:
     """Checkpoints and exports before they enter the bundle: the user's cache."""
@@ -494,22 +531,56 @@ def default_work_dir(bundle: Bundle, cid: str) -> Path:
 def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
              test: Mapping[str, np.ndarray], lams: Sequence[float], base: Config,
              work: Path, resume: bool = False, time_limit: float | None = None,
-             progress: Progress | None = None, gains: Sequence[float] = ()
+             progress: Progress | None = None, gains: Sequence[float] = (),
+             tolerance_pp: float = 1.0, say: Callable[[str], None] | None = None
              ) -> tuple[list[Trained], list[str]]:
-    """Train, export and measure one bottleneck per lambda x gain (``gains``: ``base``'s alone
-    by default) at cut ``cid``, then register them in the bundle. Returns the points and notes
-    (a point stopped by the time limit)."""
+    """Train, export and measure one bottleneck per lambda x gain at cut ``cid``, then register
+    them in the bundle. Without ``gains`` they come from the cut's statistics
+    (:mod:`coinf.convert.bottleneck_rate`: the task loss of the untrained coder within
+    ``tolerance_pp``). A tail torch cannot take (or gives other answers than onnxruntime) is
+    trained in feature space instead (noted). Returns the points and notes (a point stopped by
+    the time limit, the feature-space fallback); ``say`` gets the rate-point line."""
+    from coinf.convert import bottleneck_rate as br
+
     began = time.monotonic()  # the limit counts the features' extraction too
     cand, tensor = check_cut(bundle, cid)
     tail, _ = distill_model(bundle, cand)
-    frozen = FrozenTail(tail, f"--cut {cid}: tail")  # a tail torch cannot take: before any work
+    notes: list[str] = []
+    frozen: FrozenTail | None = None
+    if base.space == "tail":
+        try:
+            frozen = FrozenTail(tail, f"--cut {cid}: tail")
+        except (ModelError, NotImplementedError) as exc:
+            notes.append(f"{cid}: trained in feature space, without the tail ({exc})")
     x_tr, t_tr = run_slices(bundle, cand, tail, train, progress, "features (train)")
-    frozen.check_batch(torch.from_numpy(np.ascontiguousarray(x_tr[:2], np.float32)))
+    if frozen is not None:
+        try:
+            frozen.check_batch(torch.from_numpy(np.ascontiguousarray(x_tr[:2], np.float32)))
+        except (ModelError, NotImplementedError) as exc:
+            frozen = None
+            notes.append(f"{cid}: trained in feature space, without the tail ({exc})")
+    todo = [(lam, gain) for gain in (gains or (base.gain,) * 3) for lam in lams]
+    if frozen is not None and time_limit is not None:
+        per_step = _tail_step_s(frozen, x_tr, base.batch)
+        fits = (time_limit - (time.monotonic() - began)) / len(todo) / per_step
+        if fits < MIN_TAIL_STEPS:
+            frozen = None
+            notes.append(f"{cid}: trained in feature space: a step through the tail takes "
+                         f"{per_step:.1f} s, {fits:.0f} steps a point within the time limit "
+                         f"(fewer than {MIN_TAIL_STEPS})")
+    if frozen is None:
+        base = replace(base, space="features")
     x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
     kinds = target_kinds(t_tr)
+    if not gains:
+        steps = br.sweep(bundle, cand, x_tr, br.numpy_coder(initial_model(base, x_tr)),
+                         progress=progress)
+        gains = br.pick_gains(steps, tolerance_pp)
+        if say is not None:
+            say(f"{cid}: {br.describe(br.reference(cand, tolerance_pp), steps, gains)}")
     work.mkdir(parents=True, exist_ok=True)
-    points, notes = [], []
-    todo = [(lam, gain) for gain in (gains or (base.gain,)) for lam in lams]
+    points = []
+    todo = [(lam, gain) for gain in gains for lam in lams]
     for k, (lam, gain) in enumerate(todo):
         cfg = replace(base, lam=lam, gain=gain)
         left = None if time_limit is None else max(

@@ -1,7 +1,8 @@
 """``coinf compress BUNDLE --data FILE_OR_DIR [--cut CUT]``: train learned bottlenecks
 (docs/BOTTLENECK.md). Needs torch and onnx2torch (the ``compress`` extra), on the laptop.
 Without ``--cut`` it picks the cuts worth training (:func:`coinf.convert.bottleneck.pick_cuts`)
-and trains a few rate points at each (``--gain`` 16, 32, 64) within ``--time-limit`` (25 min by
+and trains three rate points at each, their quantisation steps chosen from the cut's statistics
+and calibration (:mod:`coinf.convert.bottleneck_rate`), within ``--time-limit`` (25 min by
 default). ``--remeasure --test FILE_OR_DIR`` measures a cut's registered ones again on other
 held-out feeds, without training (onnxruntime only)."""
 
@@ -18,9 +19,8 @@ from coinf.cli import argtypes
 from coinf.errors import InputError, ModelError
 
 DEFAULT_LAMBDAS = (1e-6,)
-#: without --cut: the rate points at each cut (the latent's step matters more than training,
-#: docs/BOTTLENECK.md), their lambda, how many cuts and the time for all of them
-AUTO_GAINS = (16.0, 32.0, 64.0)
+#: without --cut: the rate points' lambda (their gains come from a sweep at each cut,
+#: convert/bottleneck_rate.py), how many cuts and the time for all of them
 AUTO_LAMBDAS = (1e-8,)
 AUTO_CUTS = 2
 AUTO_TIME_LIMIT_S = 1500.0
@@ -68,7 +68,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         type=argtypes.number(0, 1e4, lo_open=True), metavar="G",
                         help="initial latent scale: 1 / quantisation step in principal-component "
                              "units (repeatable: one point each with each lambda; default 16 "
-                             "with --cut, else 16, 32 and 64)")
+                             "with --cut, else three from a sweep of the cut's rate and "
+                             "output error against its calibrated packings)")
     parser.add_argument("--steps", type=argtypes.positive_int, default=1500,
                         help="training steps per lambda (default 1500)")
     parser.add_argument("--batch", type=argtypes.integer(1, 4096), default=16,
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST) if args.test else None
     train, held = bn.split_data(data, test, tolerance_pp=args.tolerance)
     lams = list(dict.fromkeys(args.lams or (AUTO_LAMBDAS if auto else DEFAULT_LAMBDAS)))
-    gains = list(dict.fromkeys(args.gains or (AUTO_GAINS if auto else (16.0,))))
+    gains = list(dict.fromkeys(args.gains or (() if auto else (16.0,))))
     limit = args.time_limit if args.time_limit is not None or not auto else AUTO_TIME_LIMIT_S
     require_full("coinf.convert.bottleneck_train")
     require("torch", "compress", "coinf compress")
@@ -126,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
     stride = args.stride or (1 if auto else 2)
     base = bt.Config(lam=0.0, latent=args.latent or 16, hidden=args.hidden, stride=stride,
                      steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                     gain=gains[0])
+                     gain=gains[0] if gains else 16.0)
     n_tr, n_te = len(next(iter(train.values()))), len(next(iter(held.values())))
-    points_per_cut = len(lams) * len(gains)
+    points_per_cut = len(lams) * (len(gains) or 3)
     print(f"training {points_per_cut} bottleneck(s) at {', '.join(cuts)} on {n_tr} feeds, "
           f"measuring on {n_te} held out"
           + ("" if limit is None else f", within {limit:g} s"), file=sys.stderr)
@@ -147,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
                          auto and args.latent is None)
         try:
             points, notes = bt.compress(bundle, cut, train, held, lams, cfg, work,
-                                        args.resume, left, Bar(), gains)
+                                        args.resume, left, Bar(), gains, args.tolerance,
+                                        lambda line: print(line, file=sys.stderr))
         except (NotImplementedError, ModelError) as exc:  # a tail torch cannot take
             if not auto:
                 if isinstance(exc, ModelError):

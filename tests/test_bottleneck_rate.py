@@ -1,0 +1,130 @@
+"""Rate points from the cut's statistics (convert/bottleneck_rate.py), histogram tables and
+training in feature space (convert/bottleneck_train.py), on the zoo's trained LeNet and real
+digits. Nothing here asserts on time."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from coinf.convert import bottleneck as bn
+from coinf.convert import bottleneck_rate as br
+
+from coinf.bundle import Bundle
+from coinf.cli import main
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("onnx2torch") is None:  # the Makefile installs it (--no-deps)
+    pytest.skip("onnx2torch is not installed", allow_module_level=True)
+bt = pytest.importorskip("coinf.convert.bottleneck_train")
+
+CUT = "c002"  # lenet_digits: pool1, (1, 6, 12, 12)
+
+
+@pytest.fixture(scope="module")
+def lenet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(uncalibrated bundle, the same calibrated with top-1 on real digits, train.npz)."""
+    from coinf.convert.split import split_model
+    from coinf.models import zoo
+
+    tmp = tmp_path_factory.mktemp("lenet-rate")
+    root = tmp / "b"
+    split_model(zoo.committed_path("lenet_digits"), root)
+    d = zoo.digits_data()
+    np.savez(tmp / "train.npz", image=d.x_train[:200].astype(np.float32))
+    np.savez(tmp / "val.npz", image=d.x_val[:80].astype(np.float32))
+    cal = tmp / "cal"
+    shutil.copytree(root, cal)
+    assert main(["calibrate", str(cal), "--data", str(tmp / "val.npz"), "--bits", "2,4,8"]) == 0
+    return root, cal, tmp / "train.npz"
+
+
+def _crossing(root: Path, data: Path) -> tuple[Bundle, object, np.ndarray]:
+    bundle = Bundle.load(root)
+    cand, _ = bn.check_cut(bundle, CUT)
+    tail, _ = bn.distill_model(bundle, cand)
+    x, _ = bn.run_slices(bundle, cand, tail, bn.load_data(bundle, data))
+    return bundle, cand, x
+
+
+def test_histogram_bytes_is_the_latents_own_entropy() -> None:
+    # four symbols equally often in each channel: 2 bits a value, 2 x 16 values a frame
+    sym = np.tile(np.arange(4, dtype=np.float32), 8 * 2 * 4).reshape(8, 2, 16)
+    assert br.histogram_bytes(sym) == pytest.approx(2 * 2 * 16 / 8 + 4)
+    assert br.histogram_bytes(np.zeros((8, 2, 16), np.float32)) == pytest.approx(4)
+
+
+def test_pick_gains_takes_the_coarsest_within_the_tolerance_and_its_neighbours() -> None:
+    steps = [br.Step(g, 100 * g, 0.1 / g, loss) for g, loss in
+             [(0.5, 9.0), (1.0, 3.0), (2.0, 0.8), (4.0, 0.2), (8.0, 0.0)]]
+    assert br.pick_gains(steps, 1.0) == [1.0, 2.0, 4.0]
+    assert br.pick_gains(steps, 5.0) == [0.5, 1.0, 2.0]
+    assert br.pick_gains(steps, 0.0) == [2.0, 4.0, 8.0]  # at the ladder's end: the finest
+    assert br.pick_gains(steps, 1.0, n=1) == [2.0]
+    # no metric: the output error decides (0.1 / g <= 5 % from g = 2)
+    bare = [dataclasses.replace(s, loss_pp=None) for s in steps]
+    assert br.pick_gains(bare, 1.0) == [1.0, 2.0, 4.0]
+
+
+def test_the_sweep_measures_rate_and_task_loss_of_the_untrained_coder(
+        lenet: tuple[Path, Path, Path]) -> None:
+    root, cal, data = lenet
+    bundle, cand, x = _crossing(cal, data)
+    cfg = bt.Config(lam=1e-8, latent=6, hidden=8, stride=1)
+    gains = (0.05, 0.5, 2.0, 8.0, 64.0)
+    steps = br.sweep(bundle, cand, x, br.numpy_coder(bt.initial_model(cfg, x)), gains, 48)
+    assert [s.gain for s in steps] == list(gains)
+    sizes = [s.bytes for s in steps]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1] / 3  # a coarser step, fewer bytes
+    assert all(s.loss_pp is not None for s in steps)  # top-1, the calibration's metric
+    assert steps[-1].loss_pp <= 2.5 and steps[-1].rel_l2 < steps[0].rel_l2
+    assert steps[0].loss_pp > steps[-1].loss_pp
+    ref = br.reference(bundle.candidate(CUT), 100.0)
+    assert ref is not None and ref.bytes > 0 and ref.spec
+    # a bundle never calibrated has no metric: the output error alone
+    plain, pcand, _ = _crossing(root, data)
+    bare = br.sweep(plain, pcand, x, br.numpy_coder(bt.initial_model(cfg, x)), (2.0,), 16)
+    assert bare[0].loss_pp is None and br.reference(pcand, 1.0) is None
+
+
+def test_feature_space_training_needs_no_tail_and_lowers_its_objective(
+        lenet: tuple[Path, Path, Path]) -> None:
+    torch.set_num_threads(1)
+    _, _, x = _crossing(*lenet[::2])
+    cfg = bt.Config(lam=1e-6, latent=4, hidden=8, stride=1, steps=120, batch=8, gain=2.0,
+                    space="features")
+    run = bt.train_point(cfg, x, [], [], None)
+    assert run.finished and len(run.history) == 120
+    assert np.mean(run.history[-20:]) < 0.9 * np.mean(run.history[:20]), run.history[::20]
+
+
+def test_tables_follow_the_rounded_latents() -> None:
+    """The exported tables are the training latents' histograms (smoothed): a frame of common
+    symbols costs less than the untrained prior would say."""
+    x = np.random.default_rng(0).standard_normal((64, 2, 4, 4)).astype(np.float32)
+    model = bt.initial_model(bt.Config(lam=0.0, latent=2, hidden=4, stride=1, gain=1.0), x)
+    codes = bt.latents(model, x)
+    priors = bt.priors_for(model, codes)
+    got = float(priors.bits(codes).mean())
+    ideal = 8 * (br.histogram_bytes(codes) - 4)
+    assert ideal <= got <= 1.15 * ideal + 8, (got, ideal)
+
+
+def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
+        lenet: tuple[Path, Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, cal, data = lenet
+    root = tmp_path / "b"
+    shutil.copytree(cal, root)
+    val = data.parent / "val.npz"
+    assert main(["compress", str(root), "--data", str(data), "--test", str(val), "--cuts", "1",
+                 "--steps", "3", "--latent", "4", "--hidden", "8", "--batch", "8",
+                 "--tolerance", "5", "--work", str(tmp_path / "w")]) == 0
+    err = capsys.readouterr().err
+    assert f"{CUT}: rate points at gains " in err and "as swept before training" in err
+    comps = Bundle.load(root).compressors(CUT)
+    assert len(comps) == 3 and len({c.gamma for c in comps}) == 3

@@ -517,7 +517,7 @@ def _tail_step_s(frozen: FrozenTail, crossing: np.ndarray, batch: int) -> float:
     """Seconds of one training step's tail (forward and backward) on ``batch`` feeds."""
     x = torch.from_numpy(np.ascontiguousarray(crossing[:batch], np.float32)).requires_grad_()
     t0 = time.monotonic()
-    sum(o.float().sum() for o in frozen(x)).backward()  # type: ignore[union-attr]
+    sum(o.float().sum() for o in frozen(x)).backward()
     return max(time.monotonic() - t0, 1e-6)
 
 

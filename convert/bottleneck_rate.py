@@ -155,6 +155,28 @@ def sweep(bundle: Bundle, cand: Candidate, crossing: np.ndarray,
     return steps
 
 
+def matched_lambda(model: Any, crossing: np.ndarray, gain: float,
+                   feeds: int = SWEEP_FEEDS) -> float:
+    """Lambda for training in feature space that holds the rate where ``gain`` puts it: the
+    untrained coder's own slope there, the drop of the mean squared error per value (normalised
+    per channel, as the feature loss is) per bit a frame added, between the ladder's neighbours
+    of ``gain``. A smaller lambda lets training buy fidelity with bytes."""
+    pick = np.linspace(0, len(crossing) - 1, min(feeds, len(crossing))).round().astype(int)
+    x = np.ascontiguousarray(crossing[np.unique(pick)], np.float32)
+    axes = (0, *range(2, x.ndim))
+    std = x.std(axes, keepdims=True) + 1e-6 * max(float(x.std()), 1e-6)
+    coder = numpy_coder(model)
+    ends = []
+    for g in (gain / math.sqrt(2), gain * math.sqrt(2)):
+        encode, decode = coder(g)
+        codes = encode(x)
+        ends.append((float(np.mean(((decode(codes) - x) / std) ** 2)),
+                     8 * (histogram_bytes(codes) - 4)))
+    (d_lo, b_lo), (d_hi, b_hi) = ends
+    coder(gain)  # the model back at its gain
+    return float(f"{max(d_lo - d_hi, 0.0) / max(b_hi - b_lo, 1.0):.2g}")
+
+
 def pick_gains(steps: Sequence[Step], tolerance_pp: float, n: int = 3) -> list[float]:
     """``n`` gains around the coarsest whose task loss is within ``tolerance_pp`` (without a
     metric: whose output error is within :data:`FALLBACK_REL_L2`): that one, then alternately
@@ -211,5 +233,5 @@ def numpy_coder(model: Any) -> Callable[[float], tuple[Callable[[np.ndarray], np
 
 
 __all__ = ["FALLBACK_REL_L2", "LADDER", "Reference", "Step", "calibration_metric", "describe",
-           "histogram_bytes", "metric_outputs", "numpy_coder", "pick_gains", "reference",
-           "sweep"]
+           "histogram_bytes", "matched_lambda", "metric_outputs", "numpy_coder", "pick_gains",
+           "reference", "sweep"]

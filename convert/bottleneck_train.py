@@ -56,6 +56,10 @@ from coinf.errors import ModelError
 LIKELIHOOD_FLOOR = 1e-9
 #: fewer steps through the tail than this in a point's share of the time limit: feature space
 MIN_TAIL_STEPS = 300
+#: Adam steps fitting the entropy model to the starting latents before training
+PRIOR_STEPS = 200
+#: lambda of the points trained through the tail when none is named (the step sets the rate)
+TAIL_LAMBDA = 1e-8
 Progress = Callable[[str, int, int], None]
 
 
@@ -327,6 +331,22 @@ def initial_model(cfg: Config, crossing: np.ndarray) -> Bottleneck:
     return model
 
 
+def fit_prior(model: Bottleneck, x: torch.Tensor, seed: int, steps: int = PRIOR_STEPS) -> None:
+    """Fit the entropy model alone to the starting latents of ``x`` (with training's uniform
+    noise): from step 0 the rate term then prices the latents as their tables will, where an
+    unfitted, broad prior would barely push back on the rate."""
+    with torch.no_grad():
+        y = torch.cat([model.encode(x[i:i + 16]) for i in range(0, len(x), 16)])
+    opt = torch.optim.Adam(model.prior.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        noisy = y + torch.rand(y.shape, generator=gen) - 0.5
+        loss = -torch.log2(model.prior.likelihood(noisy)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray],
                 kinds: Sequence[str], tail: Any, checkpoint: Path | None = None,
                 resume: bool = False, time_limit: float | None = None,
@@ -364,6 +384,8 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
                              f": {str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
                              "delete it to train this point from the start") from None
     x_all = torch.from_numpy(np.ascontiguousarray(crossing, np.float32))
+    if start == 0:
+        fit_prior(model, x_all[::max(1, len(x_all) // 64)], cfg.seed)
     refs = [torch.from_numpy(np.ascontiguousarray(t, np.float32)) for t in targets]
     scales = [max(float(np.var(t)), 1e-12) for t in targets]
     fvar = max(float(crossing.var()), 1e-12)
@@ -535,7 +557,9 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
              tolerance_pp: float = 1.0, say: Callable[[str], None] | None = None
              ) -> tuple[list[Trained], list[str]]:
     """Train, export and measure one bottleneck per lambda x gain at cut ``cid``, then register
-    them in the bundle. Without ``gains`` they come from the cut's statistics
+    them in the bundle. Without ``lams``, one per gain: :data:`TAIL_LAMBDA` through the tail, in
+    feature space the one that holds the gain's rate (:func:`bottleneck_rate.matched_lambda`).
+    Without ``gains`` they come from the cut's statistics
     (:mod:`coinf.convert.bottleneck_rate`: the task loss of the untrained coder within
     ``tolerance_pp``). A tail torch cannot take (or gives other answers than onnxruntime) is
     trained in feature space instead (noted). Returns the points and notes (a point stopped by
@@ -559,7 +583,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         except (ModelError, NotImplementedError) as exc:
             frozen = None
             notes.append(f"{cid}: trained in feature space, without the tail ({exc})")
-    todo = [(lam, gain) for gain in (gains or (base.gain,) * 3) for lam in lams]
+    todo = [(lam, gain) for gain in (gains or (base.gain,) * 3) for lam in (lams or (0.0,))]
     if frozen is not None and time_limit is not None:
         per_step = _tail_step_s(frozen, x_tr, base.batch)
         fits = (time_limit - (time.monotonic() - began)) / len(todo) / per_step
@@ -580,7 +604,13 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
             say(f"{cid}: {br.describe(br.reference(cand, tolerance_pp), steps, gains)}")
     work.mkdir(parents=True, exist_ok=True)
     points = []
-    todo = [(lam, gain) for gain in gains for lam in lams]
+    if lams:
+        todo = [(lam, gain) for gain in gains for lam in lams]
+    elif base.space == "features":
+        model0 = initial_model(base, x_tr)
+        todo = [(br.matched_lambda(model0, x_tr, gain), gain) for gain in gains]
+    else:
+        todo = [(TAIL_LAMBDA, gain) for gain in gains]
     for k, (lam, gain) in enumerate(todo):
         cfg = replace(base, lam=lam, gain=gain)
         left = None if time_limit is None else max(

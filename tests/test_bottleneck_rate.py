@@ -128,3 +128,32 @@ def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
     assert f"{CUT}: rate points at gains " in err and "as swept before training" in err
     comps = Bundle.load(root).compressors(CUT)
     assert len(comps) == 3 and len({c.gamma for c in comps}) == 3
+
+
+def test_the_matched_lambda_is_the_quantisers_slope_and_holds_the_rate(
+        lenet: tuple[Path, Path, Path]) -> None:
+    torch.set_num_threads(1)
+    _, _, x = _crossing(*lenet[::2])
+    cfg = bt.Config(lam=0.0, latent=6, hidden=8, stride=1, steps=150, batch=8, gain=2.0,
+                    space="features")
+    model = bt.initial_model(cfg, x)
+    fine, finer = br.matched_lambda(model, x, 16.0), br.matched_lambda(model, x, 64.0)
+    # a fine uniform step: the error per value is step^2 / 12, a fourth of the step 16x less
+    assert 10 < fine / finer < 22, (fine, finer)
+    lam = br.matched_lambda(model, x, cfg.gain)
+    assert lam > fine > 0
+    std = x.std((0, 2, 3), keepdims=True) + 1e-3
+
+    def rate_and_error(m: object) -> tuple[float, float]:
+        codes = bt.latents(m, x)
+        back = m.decode(torch.from_numpy(codes)).detach().numpy()  # type: ignore[attr-defined]
+        return br.histogram_bytes(codes), float(np.mean(((back - x) / std) ** 2))
+
+    start = rate_and_error(model)
+    free = rate_and_error(bt.train_point(cfg, x, [], [], None).model)
+    held = rate_and_error(bt.train_point(dataclasses.replace(cfg, lam=lam), x, [], [],
+                                         None).model)
+    # with the rate free, training buys fidelity with bytes; at the matched lambda it gets
+    # both fewer bytes and less error than the untrained coder it started from
+    assert free[0] > start[0] and free[1] < start[1], (start, free)
+    assert held[0] < start[0] and held[1] < start[1], (start, held)

@@ -19,9 +19,8 @@ from coinf.cli import argtypes
 from coinf.errors import InputError, ModelError
 
 DEFAULT_LAMBDAS = (1e-6,)
-#: without --cut: the rate points' lambda (their gains come from a sweep at each cut,
-#: convert/bottleneck_rate.py), how many cuts and the time for all of them
-AUTO_LAMBDAS = (1e-8,)
+#: without --cut: how many cuts and the time for all of them (the rate points' gains and lambdas
+#: come from a sweep at each cut, convert/bottleneck_rate.py)
 AUTO_CUTS = 2
 AUTO_TIME_LIMIT_S = 1500.0
 #: without --cut: full resolution, a latent as wide as the cut's channels up to this many (a
@@ -113,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     data = bn.load_data(bundle, args.data, "--data")
     test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST) if args.test else None
     train, held = bn.split_data(data, test, tolerance_pp=args.tolerance)
-    lams = list(dict.fromkeys(args.lams or (AUTO_LAMBDAS if auto else DEFAULT_LAMBDAS)))
+    lams = list(dict.fromkeys(args.lams or (() if auto else DEFAULT_LAMBDAS)))
     gains = list(dict.fromkeys(args.gains or (() if auto else (16.0,))))
     limit = args.time_limit if args.time_limit is not None or not auto else AUTO_TIME_LIMIT_S
     require_full("coinf.convert.bottleneck_train")
@@ -129,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                      steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
                      gain=gains[0] if gains else 16.0)
     n_tr, n_te = len(next(iter(train.values()))), len(next(iter(held.values())))
-    points_per_cut = len(lams) * (len(gains) or 3)
+    points_per_cut = (len(lams) or 1) * (len(gains) or 3)
     print(f"training {points_per_cut} bottleneck(s) at {', '.join(cuts)} on {n_tr} feeds, "
           f"measuring on {n_te} held out"
           + ("" if limit is None else f", within {limit:g} s"), file=sys.stderr)

@@ -25,8 +25,8 @@ PI_DROP_MODULES = frozenset({
     "coinf.models.architectures", "coinf.models.compressor_set", "coinf.models.compressors",
     "coinf.models.digitnet", "coinf.models.export", "coinf.models.large",
     "coinf.models.pruning", "coinf.models.sequence", "coinf.models.training",
-    "coinf.convert.bottleneck_train", "coinf.convert.torchable", "coinf.convert.torchable_ops",
-    "coinf.convert.torchable_resize",
+    "coinf.convert.bottleneck_train", "coinf.convert.bottleneck_nets", "coinf.convert.torchable",
+    "coinf.convert.torchable_ops", "coinf.convert.torchable_resize",
 })
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import time
 import warnings
@@ -54,6 +55,8 @@ from coinf.errors import ModelError
 MIN_TAIL_STEPS = 300
 #: Adam steps fitting the entropy model to the starting latents before training
 PRIOR_STEPS = 200
+#: with a time limit, the schedule is fitted to it after this many steps of a fresh run
+FIT_AFTER = 5
 #: lambda of the points trained through the tail when none is named (the step sets the rate)
 TAIL_LAMBDA = 1e-8
 Progress = Callable[[str, int, int], None]
@@ -163,6 +166,8 @@ class Outcome:
     finished: bool
     #: distortion + lambda x rate of each step this run trained (not those before a resume)
     history: list[float]
+    #: the steps the schedule ran to: ``cfg.steps``, or fewer fitted to the time limit
+    planned: int = 0
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
@@ -181,6 +186,16 @@ def initial_model(cfg: Config, crossing: np.ndarray) -> Bottleneck:
     model = Bottleneck(crossing.shape, cfg.latent, cfg.hidden, cfg.stride, mean, std, cfg.gain)
     model.init_pca(np.ascontiguousarray(crossing[::max(1, len(crossing) // 256)], np.float32))
     return model
+
+
+def learning_rate(peak: float, step: int, planned: int) -> float:
+    """One cycle over ``planned`` steps: a linear warm-up from peak / 25 over 5 % of them, then
+    a cosine down to peak / 10^4."""
+    warm = max(1, round(0.05 * planned))
+    if step < warm:
+        return peak * (0.04 + 0.96 * step / warm)
+    done = min(1.0, (step - warm) / max(1, planned - warm))
+    return max(peak * 0.5 * (1 + math.cos(math.pi * done)), peak * 1e-4)
 
 
 def fit_prior(model: Bottleneck, x: torch.Tensor, seed: int, steps: int = PRIOR_STEPS) -> None:
@@ -216,10 +231,7 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
         frozen = frozen or FrozenTail(tail)
         frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    # warm-up over 5 % of the steps, at least 2.5 (torch divides by the warm-up's length - 1)
-    warm = max(0.05, 2.5 / cfg.steps) if cfg.steps >= 5 else 0.3
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=cfg.steps,
-                                                pct_start=warm)
+    planned = cfg.steps  # the schedule's length: fitted to the time limit after a few steps
     start, history = 0, []
     if resume and checkpoint is not None and checkpoint.is_file():
         try:  # weights only: a checkpoint is data, never code
@@ -227,10 +239,10 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
             if isinstance(state, dict) and state.get("key") == cfg.key():
                 model.load_state_dict(state["model"])
                 opt.load_state_dict(state["opt"])
-                sched.load_state_dict(state["sched"])
+                planned = int(state.get("planned", cfg.steps))
                 start = int(state["step"])
-                if not 0 <= start <= cfg.steps:
-                    raise ValueError(f"step {start} is outside 0..{cfg.steps}")
+                if not 0 <= start <= planned <= cfg.steps:
+                    raise ValueError(f"step {start} of {planned} is outside 0..{cfg.steps}")
         except Exception as exc:  # torch's own error types: the file is not a checkpoint
             raise ModelError(f"--resume: checkpoint {checkpoint} is damaged ({type(exc).__name__}"
                              f": {str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
@@ -243,7 +255,9 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
     fvar = max(float(crossing.var()), 1e-12)
     began, step = time.monotonic(), start
     model.train()
-    while step < cfg.steps:
+    while step < planned:
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(cfg.lr, step, planned)
         rng = np.random.default_rng([cfg.seed, step])  # batch and noise drawn per step, so
         torch.manual_seed(int(rng.integers(2**62)))    # a resumed run repeats them exactly
         idx = torch.from_numpy(rng.choice(len(x_all), min(cfg.batch, len(x_all)),
@@ -264,20 +278,24 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sched.step()
         step += 1
         history.append(float(objective.detach()))
         if progress is not None:
             progress(f"train lambda {cfg.lam:g}", step, cfg.steps)
-        out_of_time = time_limit is not None and time.monotonic() - began > time_limit
-        if checkpoint is not None and (step % every == 0 or step == cfg.steps or out_of_time):
+        spent = time.monotonic() - began
+        out_of_time = time_limit is not None and spent > time_limit
+        if time_limit is not None and start == 0 and step == FIT_AFTER < planned:
+            # the schedule ends where the time does, so a point stopped by the limit is not
+            # left at its peak learning rate
+            planned = max(step + 1, min(cfg.steps, int(0.95 * time_limit * step / spent)))
+        if checkpoint is not None and (step % every == 0 or step == planned or out_of_time):
             _save(checkpoint, {"key": cfg.key(), "config": asdict(cfg), "step": step,
                                "model": model.state_dict(),
-                               "opt": opt.state_dict(), "sched": sched.state_dict()})
+                               "opt": opt.state_dict(), "planned": planned})
         if out_of_time:
             break
     model.eval()
-    return Outcome(model, step, step >= cfg.steps, history)
+    return Outcome(model, step, step >= planned, history, planned)
 
 
 @torch.no_grad()
@@ -463,16 +481,21 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         todo = [(br.matched_lambda(model0, x_tr, gain), gain) for gain in gains]
     else:
         todo = [(TAIL_LAMBDA, gain) for gain in gains]
+    measuring = 0.0  # the last point's export and measurement: reserved for each point left
     for k, (lam, gain) in enumerate(todo):
         cfg = replace(base, lam=lam, gain=gain)
         left = None if time_limit is None else max(
-            (time_limit - (time.monotonic() - began)) / (len(todo) - k), 1.0)
+            (time_limit - (time.monotonic() - began)) / (len(todo) - k) - measuring, 1.0)
         run = train_point(cfg, x_tr, t_tr, kinds, tail, work / f"lam{lam:g}-{cfg.key()}.pt",
                           resume, left, progress, frozen=frozen)
         what = f"lambda {lam:g}" + (f" gain {gain:g}" if len(gains) > 1 else "")
         if not run.finished:
             notes.append(f"{cid} {what}: stopped by the time limit at step {run.steps_done} of "
-                         f"{cfg.steps}; run again with --resume to finish it")
+                         f"{run.planned}; run again with --resume to finish it")
+        elif run.planned < cfg.steps:
+            notes.append(f"{cid} {what}: {run.planned} of {cfg.steps} steps fit the time limit; "
+                         f"its learning-rate schedule was fitted to them")
+        t0 = time.monotonic()
         priors = priors_for(run.model, latents(run.model, x_tr))
         enc, dec, pmf, shape = export(run.model, priors, tensor.name, work,
                                       point_stem(lam, gain))
@@ -480,5 +503,6 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         latent_bytes, latent_ms = measure_latent(priors, codes)
         points.append(Trained(lam, enc, dec, pmf, shape, onnx_flops(enc), agree, mean_bytes,
                               len(x_te), latent_bytes, latent_ms, gain))
+        measuring = time.monotonic() - t0
     register(bundle, cand, points)
     return points, notes

@@ -157,3 +157,12 @@ def test_the_matched_lambda_is_the_quantisers_slope_and_holds_the_rate(
     # both fewer bytes and less error than the untrained coder it started from
     assert free[0] > start[0] and free[1] < start[1], (start, free)
     assert held[0] < start[0] and held[1] < start[1], (start, held)
+
+
+def test_the_learning_rate_warms_up_then_anneals_over_the_planned_steps() -> None:
+    lr = [bt.learning_rate(1e-3, k, 100) for k in range(100)]
+    assert lr[0] == pytest.approx(4e-5) and max(lr) == pytest.approx(1e-3, rel=1e-6)
+    assert lr.index(max(lr)) == 5 and lr[-1] < 1e-5  # 5 % warm-up; near 0 at the end
+    assert all(a >= b for a, b in zip(lr[5:], lr[6:], strict=False))
+    # a schedule fitted to fewer steps ends as low, sooner
+    assert bt.learning_rate(1e-3, 19, 20) < 1e-5 < bt.learning_rate(1e-3, 19, 100)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import shutil
 from pathlib import Path
 
@@ -163,6 +164,6 @@ def test_the_learning_rate_warms_up_then_anneals_over_the_planned_steps() -> Non
     lr = [bt.learning_rate(1e-3, k, 100) for k in range(100)]
     assert lr[0] == pytest.approx(4e-5) and max(lr) == pytest.approx(1e-3, rel=1e-6)
     assert lr.index(max(lr)) == 5 and lr[-1] < 1e-5  # 5 % warm-up; near 0 at the end
-    assert all(a >= b for a, b in zip(lr[5:], lr[6:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(lr[5:]))
     # a schedule fitted to fewer steps ends as low, sooner
     assert bt.learning_rate(1e-3, 19, 20) < 1e-5 < bt.learning_rate(1e-3, 19, 100)

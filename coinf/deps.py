@@ -37,7 +37,8 @@ PI_LEFT_OUT: dict[str, tuple[str, str]] = {
         "architectures", "compressor_set", "compressors", "digitnet", "export", "large",
         "pruning", "sequence", "training")},
     **{f"coinf.convert.{m}": ("training learned bottlenecks (`coinf compress`) is", "compress")
-       for m in ("bottleneck_train", "torchable", "torchable_ops", "torchable_resize")},
+       for m in ("bottleneck_train", "bottleneck_nets", "torchable", "torchable_ops",
+                 "torchable_resize")},
 }
 
 

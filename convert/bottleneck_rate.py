@@ -87,18 +87,6 @@ def calibration_metric(bundle: Bundle) -> Any:
     return parse_metric(ms["name"], outs)
 
 
-def metric_outputs(bundle: Bundle, metric: Any) -> list[str]:
-    """The outputs ``metric`` reads (its ``outputs``, else the model's first output that is
-    not a fed-back state)."""
-    from coinf.convert import state as st
-
-    if metric is not None and metric.outputs:
-        return list(metric.outputs)
-    states = {b for _, b in st.pairs_of(bundle.meta)}
-    names = [t.name for t in bundle.outputs]
-    return [next((n for n in names if n not in states), names[0])]
-
-
 def histogram_bytes(latents: np.ndarray) -> float:
     """Mean bytes per frame of integer latents ``(N, C, ...)`` under per-channel histograms of
     their own (what a factorized entropy model fitted to them spends)."""
@@ -121,6 +109,7 @@ def sweep(bundle: Bundle, cand: Candidate, crossing: np.ndarray,
     frames of ``crossing``: ``coder(gain)`` gives (encode to rounded latents, decode) in
     numpy."""
     import onnxruntime as ort
+    from coinf.convert.packcal import metric_outputs
 
     assert cand.tail.file is not None
     opts = ort.SessionOptions()
@@ -233,5 +222,5 @@ def numpy_coder(model: Any) -> Callable[[float], tuple[Callable[[np.ndarray], np
 
 
 __all__ = ["FALLBACK_REL_L2", "LADDER", "Reference", "Step", "calibration_metric", "describe",
-           "histogram_bytes", "matched_lambda", "metric_outputs", "numpy_coder", "pick_gains",
+           "histogram_bytes", "matched_lambda", "numpy_coder", "pick_gains",
            "reference", "sweep"]

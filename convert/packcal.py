@@ -185,8 +185,10 @@ def _ranged(ranges: Mapping[str, Any], spec: PackSpec) -> dict[str, PackSpec]:
     return out
 
 
-def _metric_outputs(bundle: Bundle, metric: Metric) -> list[str]:
-    if metric.outputs:
+def metric_outputs(bundle: Bundle, metric: Metric | None) -> list[str]:
+    """The outputs ``metric`` reads: its ``outputs``, else the model's first output that is not
+    a fed-back state."""
+    if metric is not None and metric.outputs:
         return list(metric.outputs)
     states = {b for _, b in st.pairs_of(bundle.meta)}
     names = [t.name for t in bundle.outputs]
@@ -216,7 +218,7 @@ class _Calibration:
         self.cand, self.data, self.opts, self.fit = cand, data, opts, fit
         self.runner = Runner(bundle, cand)
         self.metric = opts.metric
-        self.mout = _metric_outputs(bundle, self.metric)
+        self.mout = metric_outputs(bundle, self.metric)
         self.pairs = [(a, b) for a, b in st.pairs_of(bundle.meta)
                       if a in data.inputs and b in self.runner.outputs]
         n = len(data)

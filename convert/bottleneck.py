@@ -221,10 +221,29 @@ def distill_model(bundle: Bundle, cand: Candidate) -> tuple[ModelProto, list[str
     return sub, targets
 
 
-def target_kinds(arrays: Sequence[np.ndarray]) -> list[str]:
+#: what makes the scores of K classes (a 2-D target from one of these, over reshapes, is
+#: distilled as a classifier's)
+CLASSIFIER_OPS = frozenset({"Gemm", "MatMul", "Add", "Softmax", "LogSoftmax"})
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Identity", "Cast"})
+
+
+def target_kinds(arrays: Sequence[np.ndarray], model: ModelProto | None = None) -> list[str]:
     """``kl`` for a (N, K) classifier output with K > 1 (distilled with a KL divergence and
-    scored by top-1 agreement), ``mse`` otherwise."""
-    return ["kl" if a.ndim == 2 and a.shape[1] > 1 else "mse" for a in arrays]
+    scored by top-1 agreement), ``mse`` otherwise. With the targets' ``model`` (outputs in the
+    order of ``arrays``) a classifier's must also come from :data:`CLASSIFIER_OPS`: a (N, K)
+    series such as a pitch track over K frames (``Exp``, ``Where``) is ``mse``."""
+    made = {} if model is None else {o: n for n in model.graph.node for o in n.output}
+    names = [] if model is None else [o.name for o in model.graph.output]
+
+    def scores(k: int) -> bool:
+        if model is None:
+            return True
+        node = made.get(names[k]) if k < len(names) else None
+        while node is not None and node.op_type in _RESHAPES and node.input:
+            node = made.get(node.input[0])
+        return node is not None and node.op_type in CLASSIFIER_OPS
+    return ["kl" if a.ndim == 2 and a.shape[1] > 1 and scores(k) else "mse"
+            for k, a in enumerate(arrays)]
 
 
 def run_slices(bundle: Bundle, cand: Candidate, tail: ModelProto, feeds: Mapping[str, np.ndarray],
@@ -263,10 +282,11 @@ def onnx_flops(path: Path) -> int:
     return sum(c.flops for c in all_costs(load_graph(path)))
 
 
-def score(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> float:
+def score(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray],
+          model: ModelProto | None = None) -> float:
     """Agreement with the original model in [0, 1]: top-1 agreement of the first classifier
     target (``kl`` kind), else 1 - the mean normalised squared error of the targets (>= 0)."""
-    kinds = target_kinds(refs)
+    kinds = target_kinds(refs, model)
     for out, ref, kind in zip(outs, refs, kinds, strict=True):
         if kind == "kl":
             return float(np.mean(np.argmax(out, -1) == np.argmax(ref, -1)))
@@ -391,6 +411,9 @@ class Trained:
     latent_ms: tuple[float, float] | None = None
     #: the latent's initial scale it was trained from (its files are named for it unless 16)
     gain: float = 16.0
+    #: the calibrated task metric's mean loss against the unpacked model on the held-out feeds,
+    #: pp (:func:`coinf.convert.bottleneck_rate.task_loss`); None for a bundle never calibrated
+    task_loss_pp: float | None = None
 
     @property
     def stem(self) -> str:
@@ -413,20 +436,24 @@ def _ort(path: Path | bytes) -> Any:
 
 
 def evaluate(enc: Path, dec: Path, tail: ModelProto, priors: Priors, crossing: np.ndarray,
-             targets: Sequence[np.ndarray]) -> tuple[float, float, np.ndarray]:
+             targets: Sequence[np.ndarray], restored: list[np.ndarray] | None = None
+             ) -> tuple[float, float, np.ndarray]:
     """(agreement with the original model, mean estimated bytes per frame, codes) of the
-    exported encoder and decoder in onnxruntime on held-out crossing tensors."""
+    exported encoder and decoder in onnxruntime on held-out crossing tensors; each frame's
+    reconstruction is appended to ``restored`` when given."""
     e, d, t = _ort(enc), _ort(dec), _ort(tail.SerializeToString())
     name = e.get_inputs()[0].name
     codes, outs = [], []
     for i in range(len(crossing)):
         (code,) = e.run([CODE], {name: crossing[i:i + 1]})
-        (restored,) = d.run(None, {CODE: code})
+        (back,) = d.run(None, {CODE: code})
         codes.append(code)
-        outs.append(t.run(None, {name: restored}))
+        outs.append(t.run(None, {name: back}))
+        if restored is not None:
+            restored.append(back)
     code_all = np.concatenate(codes)
     got = [np.concatenate(o) for o in zip(*outs, strict=True)]
-    return score(got, targets), float(priors.frame_bytes(code_all).mean()), code_all
+    return score(got, targets, tail), float(priors.frame_bytes(code_all).mean()), code_all
 
 
 def remeasure(bundle: Bundle, cid: str, test: Mapping[str, np.ndarray],
@@ -434,6 +461,8 @@ def remeasure(bundle: Bundle, cid: str, test: Mapping[str, np.ndarray],
     """Measure every learned entry at cut ``cid`` again on the held-out feeds ``test`` (no
     training, no torch) and rewrite its agreement, bytes, coder times and ``test_feeds`` in the
     manifest; its files, id (``gamma``) and digest stay. Returns the points as measured."""
+    from coinf.convert.bottleneck_rate import answers, task_loss
+
     cand, _ = check_cut(bundle, cid)
     sect = bundle.meta.get("compressors")
     entries = [e for e in (sect.get("entries", []) if isinstance(sect, dict) else [])
@@ -443,12 +472,15 @@ def remeasure(bundle: Bundle, cid: str, test: Mapping[str, np.ndarray],
                          f"measure (train one with --data)")
     tail, _ = distill_model(bundle, cand)
     x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
+    refs = answers(bundle, cand, x_te)
     points = []
     for e in entries:
         enc, dec, pmf = (bundle.path(e["encoder"]), bundle.path(e["decoder"]),
                          bundle.path(e["priors"]))
         priors = Priors.read(pmf)
-        agree, mean_bytes, codes = evaluate(enc, dec, tail, priors, x_te, t_te)
+        restored: list[np.ndarray] = []
+        agree, mean_bytes, codes = evaluate(enc, dec, tail, priors, x_te, t_te, restored)
+        loss = task_loss(bundle, cand, refs, np.concatenate(restored))
         latent_bytes, latent_ms = measure_latent(priors, codes)
         e["accuracy"] = {"raw": round(agree, 6), "latent": round(agree, 6)}
         e["code_bytes"] = {**e.get("code_bytes", {}), "latent": round(latent_bytes)}
@@ -457,7 +489,7 @@ def remeasure(bundle: Bundle, cid: str, test: Mapping[str, np.ndarray],
         e["test_feeds"] = len(x_te)
         points.append(Trained(float(e["lambda"]), enc, dec, pmf, (1, *codes.shape[1:]),
                               int(e.get("flops", 0)), agree, mean_bytes, len(x_te),
-                              latent_bytes, latent_ms))
+                              latent_bytes, latent_ms, float(e.get("gain", 16.0)), loss))
     bundle.save()
     Bundle.load(bundle.root)  # the rewritten manifest still loads
     return points
@@ -552,13 +584,16 @@ def register(bundle: Bundle, cand: Candidate, points: Sequence[Trained]) -> Bund
 
 
 def describe(points: Sequence[Trained], crossing_bytes: int) -> list[str]:
-    """The summary table the command prints."""
+    """The summary table the command prints (a task-loss column when the points have one)."""
+    loss = any(p.task_loss_pp is not None for p in points)
     lines = [f"{'lambda':>8}  {'gain':>5}  {'code':>14}  {'bytes/frame':>11}  {'ratio':>6}  "
-             f"{'agreement':>9}  {'enc MFLOPs':>10}"]
+             f"{'agreement':>9}  " + (f"{'task loss':>9}  " if loss else "") + "enc MFLOPs"]
     for p in points:
         ratio = crossing_bytes / max(p.mean_bytes, 1.0)
+        cell = "" if not loss else ("        -  " if p.task_loss_pp is None
+                                    else f"{p.task_loss_pp:6.2f} pp  ")
         lines.append(f"{p.lam:8g}  {p.gain:5g}  {'x'.join(map(str, p.code_shape[1:])):>14}  "
-                     f"{p.mean_bytes:11.1f}  {ratio:6.0f}  {100 * p.agreement:8.1f}%  "
+                     f"{p.mean_bytes:11.1f}  {ratio:6.0f}  {100 * p.agreement:8.1f}%  {cell}"
                      f"{p.flops / 1e6:10.2f}")
     return lines
 
@@ -569,9 +604,7 @@ def lambda_label(lam: float) -> str:
     return f"{lam:g}"
 
 
-__all__ = ["ANS_OVERHEAD", "CODE", "MIN_TEST", "MIN_TRAIN", "PRECISION", "Priors", "Trained",
-           "check_cut", "describe", "distill_model", "load_data", "measure_latent", "onnx_flops",
-           "pick_cuts", "point_stem",
-           "register",
-           "run_slices",
+__all__ = ["ANS_OVERHEAD", "CLASSIFIER_OPS", "CODE", "MIN_TEST", "MIN_TRAIN", "PRECISION",
+           "Priors", "Trained", "check_cut", "describe", "distill_model", "load_data",
+           "measure_latent", "onnx_flops", "pick_cuts", "point_stem", "register", "run_slices",
            "score", "split_data", "target_kinds"]

@@ -100,6 +100,45 @@ def histogram_bytes(latents: np.ndarray) -> float:
     return bits / 8 / n + 4
 
 
+class _Judge:
+    """The bundle's tail at ``cand`` in onnxruntime, reading the outputs the calibrated metric
+    reads (else its first), and that metric (None when the bundle was never calibrated)."""
+
+    def __init__(self, bundle: Bundle, cand: Candidate) -> None:
+        import onnxruntime as ort
+        from coinf.convert.packcal import metric_outputs
+
+        assert cand.tail.file is not None
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 3
+        self.tail = ort.InferenceSession(str(bundle.path(cand.tail.file)), opts,
+                                         providers=["CPUExecutionProvider"])
+        self.metric = calibration_metric(bundle)
+        names = [o.name for o in self.tail.get_outputs()]
+        self.outs = [o for o in metric_outputs(bundle, self.metric) if o in names] or names[:1]
+        self.name = cand.crossing[0].name
+
+    def run(self, frame: np.ndarray) -> list[np.ndarray]:
+        """The tail's outputs for one crossing frame ``(1, ...)``."""
+        return list(self.tail.run(self.outs, {self.name: np.ascontiguousarray(frame,
+                                                                               np.float32)}))
+
+    def compare(self, refs: Sequence[Sequence[np.ndarray]], restored: np.ndarray
+                ) -> tuple[float, float | None]:
+        """(mean relative L2 of the first output, mean metric loss in pp or None) of the
+        reconstructions ``restored`` (N, ...) against the outputs ``refs`` of the originals."""
+        rel, loss = [], []
+        for i, ref in enumerate(refs):
+            got = self.run(restored[i:i + 1])
+            r64 = ref[0].astype(np.float64)
+            rel.append(float(np.linalg.norm(got[0].astype(np.float64) - r64))
+                       / (float(np.linalg.norm(r64)) or 1.0))
+            if self.metric is not None:
+                loss.append(self.metric.loss(ref, got))
+        return float(np.mean(rel)), (100 * float(np.mean(loss)) if loss else None)
+
+
 def sweep(bundle: Bundle, cand: Candidate, crossing: np.ndarray,
           coder: Callable[[float], tuple[Callable[[np.ndarray], np.ndarray],
                                          Callable[[np.ndarray], np.ndarray]]],
@@ -108,40 +147,39 @@ def sweep(bundle: Bundle, cand: Candidate, crossing: np.ndarray,
     """Each gain's estimated bytes per frame, task-metric loss and output error on ``feeds``
     frames of ``crossing``: ``coder(gain)`` gives (encode to rounded latents, decode) in
     numpy."""
-    import onnxruntime as ort
-    from coinf.convert.packcal import metric_outputs
-
-    assert cand.tail.file is not None
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
-    tail = ort.InferenceSession(str(bundle.path(cand.tail.file)), opts,
-                                providers=["CPUExecutionProvider"])
-    metric = calibration_metric(bundle)
-    names = [o.name for o in tail.get_outputs()]
-    outs = [o for o in metric_outputs(bundle, metric) if o in names] or names[:1]
-    name = cand.crossing[0].name
+    judge = _Judge(bundle, cand)
     pick = np.linspace(0, len(crossing) - 1, min(feeds, len(crossing))).round().astype(int)
     sample = np.ascontiguousarray(crossing[np.unique(pick)], np.float32)
-    refs = [tail.run(outs, {name: sample[i:i + 1]}) for i in range(len(sample))]
+    refs = [judge.run(sample[i:i + 1]) for i in range(len(sample))]
     steps = []
     for k, gain in enumerate(gains):
         encode, decode = coder(gain)
         codes = encode(sample)
-        restored = decode(codes)
-        rel, loss = [], []
-        for i, ref in enumerate(refs):
-            got = tail.run(outs, {name: np.ascontiguousarray(restored[i:i + 1], np.float32)})
-            r64 = ref[0].astype(np.float64)
-            rel.append(float(np.linalg.norm(got[0].astype(np.float64) - r64))
-                       / (float(np.linalg.norm(r64)) or 1.0))
-            if metric is not None:
-                loss.append(metric.loss(ref, got))
-        steps.append(Step(float(gain), histogram_bytes(codes), float(np.mean(rel)),
-                          100 * float(np.mean(loss)) if loss else None))
+        rel, loss = judge.compare(refs, decode(codes))
+        steps.append(Step(float(gain), histogram_bytes(codes), rel, loss))
         if progress is not None:
             progress("rate sweep", k + 1, len(gains))
     return steps
+
+
+def answers(bundle: Bundle, cand: Candidate, crossing: np.ndarray
+            ) -> list[list[np.ndarray]] | None:
+    """The tail's answers on each original frame of ``crossing`` (N, ...), the reference for
+    :func:`task_loss`; None when the bundle was never calibrated (no metric to judge by)."""
+    judge = _Judge(bundle, cand)
+    if judge.metric is None:
+        return None
+    return [judge.run(crossing[i:i + 1]) for i in range(len(crossing))]
+
+
+def task_loss(bundle: Bundle, cand: Candidate, refs: Sequence[Sequence[np.ndarray]] | None,
+              restored: np.ndarray) -> float | None:
+    """The calibrated task metric's mean loss (pp) of the reconstructions ``restored`` (N, ...)
+    against the :func:`answers` ``refs`` on the originals, the criterion the rate points were
+    picked by; None without ``refs``."""
+    if refs is None:
+        return None
+    return _Judge(bundle, cand).compare(refs, restored)[1]
 
 
 def matched_lambda(model: Any, crossing: np.ndarray, gain: float,
@@ -167,21 +205,16 @@ def matched_lambda(model: Any, crossing: np.ndarray, gain: float,
 
 
 def pick_gains(steps: Sequence[Step], tolerance_pp: float, n: int = 3) -> list[float]:
-    """``n`` gains around the coarsest whose task loss is within ``tolerance_pp`` (without a
-    metric: whose output error is within :data:`FALLBACK_REL_L2`): that one, then alternately
-    one coarser and one finer on the ladder (coarser first: training lowers the distortion from
-    where it starts)."""
+    """``n`` gains from the coarsest whose task loss is within ``tolerance_pp`` (without a
+    metric: whose output error is within :data:`FALLBACK_REL_L2`) towards finer ones on the
+    ladder (coarser ones when the ladder ends): the sweep's few feeds bound a loss loosely,
+    and training keeps the untrained coder's loss rather than lowering it much."""
     ordered = sorted(steps, key=lambda s: s.gain)
     fits = [k for k, s in enumerate(ordered)
             if (s.rel_l2 <= FALLBACK_REL_L2 if s.loss_pp is None else s.loss_pp <= tolerance_pp)]
     at = fits[0] if fits else len(ordered) - 1
-    picked, k = [at], 1
-    while len(picked) < min(n, len(ordered)):
-        for j in (at - k, at + k):
-            if 0 <= j < len(ordered) and len(picked) < n:
-                picked.append(j)
-        k += 1
-    return [ordered[j].gain for j in sorted(picked)]
+    lo = max(0, min(at, len(ordered) - n))
+    return [s.gain for s in ordered[lo:lo + n]]
 
 
 def describe(ref: Reference | None, steps: Sequence[Step], gains: Sequence[float]) -> str:
@@ -195,6 +228,39 @@ def describe(ref: Reference | None, steps: Sequence[Step], gains: Sequence[float
     beat = (f"; to beat: calibrated {ref.spec}, {ref.bytes:,.0f} B at {ref.loss_pp:.2f} pp"
             if ref is not None else "")
     return f"rate points at gains {picks}, as swept before training{beat}"
+
+
+def as_trained(model: Any) -> Callable[[float], tuple[Callable[[np.ndarray], np.ndarray],
+                                                      Callable[[np.ndarray], np.ndarray]]]:
+    """A :func:`sweep` coder for a trained torch bottleneck: its own learned gains, whatever
+    gain the sweep names."""
+    import torch
+
+    @torch.no_grad()
+    def encode(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([torch.round(model.encode(torch.from_numpy(x[i:i + 16]))).numpy()
+                               for i in range(0, len(x), 16)])
+
+    @torch.no_grad()
+    def decode(y: np.ndarray) -> np.ndarray:
+        return np.concatenate([model.decode(torch.from_numpy(y[i:i + 16])).numpy()
+                               for i in range(0, len(y), 16)])
+    return lambda _gain: (encode, decode)
+
+
+def worse(trained: Step, untrained: Sequence[Step]) -> bool:
+    """Whether training left a point dominated by the untrained coder, on the sweep's frames:
+    some gain of it sends no more bytes at no more loss (task metric; without one, output
+    error), one of them strictly less. A point that trades loss for fewer bytes is not worse."""
+    def loss(s: Step) -> float:
+        both = trained.loss_pp is not None and s.loss_pp is not None
+        v = s.loss_pp if both else s.rel_l2
+        return v if v is not None and math.isfinite(v) else math.inf
+
+    if not math.isfinite(trained.bytes) or not math.isfinite(loss(trained)):
+        return True
+    return any(s.bytes <= trained.bytes and loss(s) <= loss(trained)
+               and (s.bytes < trained.bytes or loss(s) < loss(trained)) for s in untrained)
 
 
 def numpy_coder(model: Any) -> Callable[[float], tuple[Callable[[np.ndarray], np.ndarray],
@@ -221,6 +287,6 @@ def numpy_coder(model: Any) -> Callable[[float], tuple[Callable[[np.ndarray], np
     return coder
 
 
-__all__ = ["FALLBACK_REL_L2", "LADDER", "Reference", "Step", "calibration_metric", "describe",
-           "histogram_bytes", "matched_lambda", "numpy_coder", "pick_gains",
-           "reference", "sweep"]
+__all__ = ["FALLBACK_REL_L2", "LADDER", "Reference", "Step", "answers", "as_trained",
+           "calibration_metric", "describe", "histogram_bytes", "matched_lambda", "numpy_coder",
+           "pick_gains", "reference", "sweep", "task_loss", "worse"]

@@ -424,6 +424,11 @@ def default_work_dir(bundle: Bundle, cid: str) -> Path:
     return base / "coinf" / "compress" / f"{bundle.model_sha256[:16]}-{cid}"
 
 
+def _judged(step: Any) -> str:
+    return (f"{step.loss_pp:.1f} pp" if step.loss_pp is not None
+            else f"output error {step.rel_l2:.3f}")
+
+
 def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
              test: Mapping[str, np.ndarray], lams: Sequence[float], base: Config,
              work: Path, resume: bool = False, time_limit: float | None = None,
@@ -469,10 +474,12 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
     if frozen is None:
         base = replace(base, space="features")
     x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
-    kinds = target_kinds(t_tr)
+    kinds = target_kinds(t_tr, tail)
+    swept: dict[float, br.Step] = {}  # the untrained coder per gain, each point's fallback
     if not gains:
         steps = br.sweep(bundle, cand, x_tr, br.numpy_coder(initial_model(base, x_tr)),
                          progress=progress)
+        swept = {s.gain: s for s in steps}
         gains = br.pick_gains(steps, tolerance_pp)
         if say is not None:
             say(f"{cid}: {br.describe(br.reference(cand, tolerance_pp), steps, gains)}")
@@ -485,6 +492,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         todo = [(br.matched_lambda(model0, x_tr, gain), gain) for gain in gains]
     else:
         todo = [(TAIL_LAMBDA, gain) for gain in gains]
+    refs = br.answers(bundle, cand, x_te)  # the held-out frames' answers, judged by the metric
     measuring = 0.0  # the last point's export and measurement: reserved for each point left
     for k, (lam, gain) in enumerate(todo):
         cfg = replace(base, lam=lam, gain=gain)
@@ -500,13 +508,37 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
             notes.append(f"{cid} {what}: {run.planned} of {cfg.steps} steps fit the time limit; "
                          f"its learning-rate schedule was fitted to them")
         t0 = time.monotonic()
-        priors = priors_for(run.model, latents(run.model, x_tr))
-        enc, dec, pmf, shape = export(run.model, priors, tensor.name, work,
+        model = run.model
+        if run.steps_done > 0:  # never worse than where training started
+            need = [g for g in (gain / 2, gain / math.sqrt(2), gain)  # this gain, 2 coarser
+                    if not any(math.isclose(g, k) for k in swept)]
+            if need:
+                swept.update((s.gain, s) for s in br.sweep(
+                    bundle, cand, x_tr, br.numpy_coder(initial_model(cfg, x_tr)), need))
+            finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+            now = (br.sweep(bundle, cand, x_tr, br.as_trained(model), (gain,))[0] if finite
+                   else br.Step(gain, math.inf, math.inf, math.inf))
+            if br.worse(now, list(swept.values())):
+                model = initial_model(cfg, x_tr)
+                fit_prior(model, torch.from_numpy(np.ascontiguousarray(
+                    x_tr[::max(1, len(x_tr) // 64)], np.float32)), cfg.seed)
+                model.eval()
+                start = swept.get(gain)
+                notes.append(f"{cid} {what}: training left it worse than the untrained coder "
+                             f"on {br.SWEEP_FEEDS} training feeds ({_judged(now)}, "
+                             f"~{now.bytes:,.0f} B" + ("" if start is None else
+                                                      f"; untrained {_judged(start)}, "
+                                                      f"~{start.bytes:,.0f} B")
+                             + "): the untrained coder is kept")
+        priors = priors_for(model, latents(model, x_tr))
+        enc, dec, pmf, shape = export(model, priors, tensor.name, work,
                                       point_stem(lam, gain))
-        agree, mean_bytes, codes = evaluate(enc, dec, tail, priors, x_te, t_te)
+        restored: list[np.ndarray] = []
+        agree, mean_bytes, codes = evaluate(enc, dec, tail, priors, x_te, t_te, restored)
+        loss = br.task_loss(bundle, cand, refs, np.concatenate(restored))
         latent_bytes, latent_ms = measure_latent(priors, codes)
         points.append(Trained(lam, enc, dec, pmf, shape, onnx_flops(enc), agree, mean_bytes,
-                              len(x_te), latent_bytes, latent_ms, gain))
+                              len(x_te), latent_bytes, latent_ms, gain, loss))
         measuring = time.monotonic() - t0
     register(bundle, cand, points)
     return points, notes

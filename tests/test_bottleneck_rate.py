@@ -59,16 +59,37 @@ def test_histogram_bytes_is_the_latents_own_entropy() -> None:
     assert br.histogram_bytes(np.zeros((8, 2, 16), np.float32)) == pytest.approx(4)
 
 
-def test_pick_gains_takes_the_coarsest_within_the_tolerance_and_its_neighbours() -> None:
+def test_only_a_classifiers_scores_are_distilled_as_classes() -> None:
+    """A (N, K) target is a classifier's only when a class-scoring op makes it: a pitch track
+    over K frames (swift-f0's ``Exp``) is matched value by value."""
+    from onnx import TensorProto, helper
+
+    def model(op: str) -> object:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+        nodes = [helper.make_node(op, ["x"], ["t"]), helper.make_node("Flatten", ["t"], ["y"])]
+        return helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
+
+    arrays = [np.zeros((4, 8), np.float32)]
+    assert bn.target_kinds(arrays) == ["kl"]  # no graph: the shape alone
+    assert bn.target_kinds(arrays, model("Softmax")) == ["kl"]  # over a reshape
+    assert bn.target_kinds(arrays, model("Exp")) == ["mse"]
+    assert bn.target_kinds([np.zeros((4, 1, 8), np.float32)], model("Softmax")) == ["mse"]
+
+
+def test_pick_gains_takes_the_coarsest_within_the_tolerance_and_finer_ones() -> None:
     steps = [br.Step(g, 100 * g, 0.1 / g, loss) for g, loss in
              [(0.5, 9.0), (1.0, 3.0), (2.0, 0.8), (4.0, 0.2), (8.0, 0.0)]]
-    assert br.pick_gains(steps, 1.0) == [1.0, 2.0, 4.0]
-    assert br.pick_gains(steps, 5.0) == [0.5, 1.0, 2.0]
+    assert br.pick_gains(steps, 1.0) == [2.0, 4.0, 8.0]
+    assert br.pick_gains(steps, 5.0) == [1.0, 2.0, 4.0]
     assert br.pick_gains(steps, 0.0) == [2.0, 4.0, 8.0]  # at the ladder's end: the finest
     assert br.pick_gains(steps, 1.0, n=1) == [2.0]
+    assert br.pick_gains(steps, 1.0, n=2) == [2.0, 4.0]
+    assert br.pick_gains(steps, -1.0) == [2.0, 4.0, 8.0]  # none fits: the finest
     # no metric: the output error decides (0.1 / g <= 5 % from g = 2)
     bare = [dataclasses.replace(s, loss_pp=None) for s in steps]
-    assert br.pick_gains(bare, 1.0) == [1.0, 2.0, 4.0]
+    assert br.pick_gains(bare, 1.0) == [2.0, 4.0, 8.0]
+    assert br.pick_gains(bare[:3], 1.0) == [0.5, 1.0, 2.0]
 
 
 def test_the_sweep_measures_rate_and_task_loss_of_the_untrained_coder(
@@ -90,6 +111,23 @@ def test_the_sweep_measures_rate_and_task_loss_of_the_untrained_coder(
     plain, pcand, _ = _crossing(root, data)
     bare = br.sweep(plain, pcand, x, br.numpy_coder(bt.initial_model(cfg, x)), (2.0,), 16)
     assert bare[0].loss_pp is None and br.reference(pcand, 1.0) is None
+
+
+def test_task_loss_judges_reconstructions_with_the_calibrated_metric(
+        lenet: tuple[Path, Path, Path]) -> None:
+    root, cal, data = lenet
+    bundle, cand, x = _crossing(cal, data)
+    x = x[:48]
+    refs = br.answers(bundle, cand, x)
+    assert refs is not None and len(refs) == len(x)
+    assert br.task_loss(bundle, cand, refs, x.copy()) == pytest.approx(0.0)
+    encode, decode = br.numpy_coder(bt.initial_model(bt.Config(lam=0.0, latent=6, hidden=8,
+                                                               stride=1), x))(0.05)
+    coarse = br.task_loss(bundle, cand, refs, decode(encode(x)))
+    assert coarse is not None and coarse > 5.0  # one rounding step spans the whole range
+    plain, pcand, _ = _crossing(root, data)
+    assert br.answers(plain, pcand, x) is None  # never calibrated: no metric
+    assert br.task_loss(plain, pcand, None, x) is None
 
 
 def test_feature_space_training_needs_no_tail_and_lowers_its_objective(
@@ -125,10 +163,52 @@ def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
     assert main(["compress", str(root), "--data", str(data), "--test", str(val), "--cuts", "1",
                  "--steps", "3", "--latent", "4", "--hidden", "8", "--batch", "8",
                  "--tolerance", "5", "--work", str(tmp_path / "w")]) == 0
-    err = capsys.readouterr().err
+    got = capsys.readouterr()
+    err = got.err
     assert f"{CUT}: rate points at gains " in err and "as swept before training" in err
+    lines = got.out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("lambda"))
+    losses = [line for line in lines if " pp " in line and not line.startswith("bundle")]
+    assert "task loss" in header and len(losses) == 3, got.out  # calibrated: each one's loss
     comps = Bundle.load(root).compressors(CUT)
     assert len(comps) == 3 and len({c.gamma for c in comps}) == 3
+
+
+def test_a_point_training_made_worse_falls_back_to_the_untrained_coder(
+        lenet: tuple[Path, Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, cal, data = lenet
+    root = tmp_path / "b"
+    shutil.copytree(cal, root)
+    val = data.parent / "val.npz"
+    args = ["compress", str(root), "--cut", CUT, "--data", str(data), "--test", str(val),
+            "--gain", "8", "--latent", "6", "--hidden", "8", "--stride", "1", "--batch", "8",
+            "--tolerance", "5", "--lambda", "1e-8"]
+    # a learning rate of 1 wrecks the coder within a few steps
+    assert main([*args, "--steps", "6", "--lr", "1", "--work", str(tmp_path / "w1")]) == 0
+    got = capsys.readouterr()
+    assert "the untrained coder is kept" in got.err, got.err
+    wrecked = Bundle.load(root).compressors(CUT)[0]
+    bundle, cand, x = _crossing(cal, data)
+    start = br.sweep(bundle, cand, x, br.numpy_coder(bt.initial_model(bt.Config(
+        lam=1e-8, latent=6, hidden=8, stride=1, gain=8.0), x)), (8.0,))[0]
+    assert start.loss_pp is not None and start.loss_pp <= 5.0  # the untrained coder is fine
+    assert wrecked.accuracy["raw"] >= 0.9  # and that is what was exported and measured
+
+
+def test_worse_means_dominated_by_the_untrained_coder() -> None:
+    ladder = [br.Step(4.0, 1000.0, 0.2, 3.0), br.Step(8.0, 2000.0, 0.1, 1.0)]
+    assert not br.worse(br.Step(8.0, 1500.0, 0.15, 2.0), ladder)  # between: a trade
+    assert not br.worse(br.Step(8.0, 800.0, 0.3, 5.0), ladder)  # fewer bytes, more loss
+    assert br.worse(br.Step(8.0, 2100.0, 0.1, 1.0), ladder)  # same loss, more bytes
+    assert br.worse(br.Step(8.0, 1900.0, 0.1, 3.5), ladder)  # the swift-f0 wreck's shape
+    assert not br.worse(br.Step(8.0, 2000.0, 0.1, 1.0), ladder)  # a tie is kept
+    assert br.worse(br.Step(8.0, float("nan"), 0.1, 1.0), ladder)
+    assert br.worse(br.Step(8.0, 1500.0, 0.1, float("nan")), ladder)
+    # without a metric the output error decides
+    bare = [dataclasses.replace(s, loss_pp=None) for s in ladder]
+    assert br.worse(br.Step(8.0, 2100.0, 0.12, None), bare)
+    assert not br.worse(br.Step(8.0, 2100.0, 0.05, None), bare)
 
 
 def test_the_matched_lambda_is_the_quantisers_slope_and_holds_the_rate(

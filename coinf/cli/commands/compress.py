@@ -163,12 +163,17 @@ def run(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
         print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {cut} (crossing "
-              f"{bundle.candidate(cut).crossing_bytes} B float32); agreement = top-1 agreement "
-              f"with the original model on the held-out feeds")
+              f"{bundle.candidate(cut).crossing_bytes} B float32); {LEGEND}")
     if not trained:
         raise InputError(f"no cut of {', '.join(cuts)} could be trained (see the notes above); "
                          f"name another with --cut")
     return 0
+
+
+#: what the table's quality columns mean
+LEGEND = ("on the held-out feeds, agreement = top-1 agreement with the original model (a "
+          "classifier; else 1 - its outputs' normalised squared error), task loss = the "
+          "calibrated metric's loss against the unpacked model")
 
 
 def _config_at(base: Any, cut: str, shape: tuple[int, ...], widest: bool) -> Any:
@@ -213,5 +218,5 @@ def _remeasure(args: argparse.Namespace) -> int:
         print(line)
     print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {args.cut} measured "
           f"again on {points[0].test_feeds} held-out feeds (latent packing: "
-          + ", ".join(f"{p.lam:g} {p.latent_bytes:.0f} B" for p in points) + ")")
+          + ", ".join(f"{p.lam:g} {p.latent_bytes:.0f} B" for p in points) + f"); {LEGEND}")
     return 0

@@ -55,6 +55,9 @@ from coinf.errors import ModelError
 MIN_TAIL_STEPS = 300
 #: Adam steps fitting the entropy model to the starting latents before training
 PRIOR_STEPS = 200
+#: latent values (about) the prior is fitted to before training: up to 64 frames, fewer for a
+#: large cut (a detector's 32x160x160 would otherwise hold 52 M values in every step)
+PRIOR_VALUES = 4_000_000
 #: with a time limit, the schedule is fitted to it after this many steps of a fresh run
 FIT_AFTER = 5
 #: lambda of the points trained through the tail when none is named (the step sets the rate)
@@ -198,6 +201,14 @@ def learning_rate(peak: float, step: int, planned: int) -> float:
     return max(peak * 0.5 * (1 + math.cos(math.pi * done)), peak * 1e-4)
 
 
+def prior_sample(cfg: Config, x: torch.Tensor) -> torch.Tensor:
+    """Frames of ``x`` (N, C, ...) spread over it to fit the prior to: up to 64, and about
+    :data:`PRIOR_VALUES` latent values at most."""
+    per_frame = max(1, cfg.latent * int(np.prod(x.shape[2:])) // cfg.stride ** (x.ndim - 2))
+    frames = max(1, min(64, PRIOR_VALUES // per_frame))
+    return x[::max(1, len(x) // frames)][:frames]
+
+
 def fit_prior(model: Bottleneck, x: torch.Tensor, seed: int, steps: int = PRIOR_STEPS) -> None:
     """Fit the entropy model alone to the starting latents of ``x`` (with training's uniform
     noise): from step 0 the rate term then prices the latents as their tables will, where an
@@ -249,7 +260,7 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
                              "delete it to train this point from the start") from None
     x_all = torch.from_numpy(np.ascontiguousarray(crossing, np.float32))
     if start == 0:
-        fit_prior(model, x_all[::max(1, len(x_all) // 64)], cfg.seed)
+        fit_prior(model, prior_sample(cfg, x_all), cfg.seed)
     refs = [torch.from_numpy(np.ascontiguousarray(t, np.float32)) for t in targets]
     scales = [max(float(np.var(t)), 1e-12) for t in targets]
     fvar = max(float(crossing.var()), 1e-12)
@@ -520,8 +531,8 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
                    else br.Step(gain, math.inf, math.inf, math.inf))
             if br.worse(now, list(swept.values())):
                 model = initial_model(cfg, x_tr)
-                fit_prior(model, torch.from_numpy(np.ascontiguousarray(
-                    x_tr[::max(1, len(x_tr) // 64)], np.float32)), cfg.seed)
+                fit_prior(model, prior_sample(cfg, torch.from_numpy(
+                    np.ascontiguousarray(x_tr, np.float32))), cfg.seed)
                 model.eval()
                 start = swept.get(gain)
                 notes.append(f"{cid} {what}: training left it worse than the untrained coder "

@@ -583,21 +583,6 @@ def register(bundle: Bundle, cand: Candidate, points: Sequence[Trained]) -> Bund
     return Bundle.load(bundle.root)
 
 
-def describe(points: Sequence[Trained], crossing_bytes: int) -> list[str]:
-    """The summary table the command prints (a task-loss column when the points have one)."""
-    loss = any(p.task_loss_pp is not None for p in points)
-    lines = [f"{'lambda':>8}  {'gain':>5}  {'code':>14}  {'bytes/frame':>11}  {'ratio':>6}  "
-             f"{'agreement':>9}  " + (f"{'task loss':>9}  " if loss else "") + "enc MFLOPs"]
-    for p in points:
-        ratio = crossing_bytes / max(p.mean_bytes, 1.0)
-        cell = "" if not loss else ("        -  " if p.task_loss_pp is None
-                                    else f"{p.task_loss_pp:6.2f} pp  ")
-        lines.append(f"{p.lam:8g}  {p.gain:5g}  {'x'.join(map(str, p.code_shape[1:])):>14}  "
-                     f"{p.mean_bytes:11.1f}  {ratio:6.0f}  {100 * p.agreement:8.1f}%  {cell}"
-                     f"{p.flops / 1e6:10.2f}")
-    return lines
-
-
 def lambda_label(lam: float) -> str:
     if not math.isfinite(lam) or lam < 0:
         raise InputError(f"--lambda must be a finite number >= 0, got {lam}")
@@ -605,6 +590,6 @@ def lambda_label(lam: float) -> str:
 
 
 __all__ = ["ANS_OVERHEAD", "CLASSIFIER_OPS", "CODE", "MIN_TEST", "MIN_TRAIN", "PRECISION",
-           "Priors", "Trained", "check_cut", "describe", "distill_model", "load_data",
+           "Priors", "Trained", "check_cut", "distill_model", "load_data",
            "measure_latent", "onnx_flops", "pick_cuts", "point_stem", "register", "run_slices",
            "score", "split_data", "target_kinds"]

@@ -522,7 +522,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         model = run.model
         if run.steps_done > 0:  # never worse than where training started
             need = [g for g in (gain / 2, gain / math.sqrt(2), gain)  # this gain, 2 coarser
-                    if not any(math.isclose(g, k) for k in swept)]
+                    if not any(math.isclose(g, have) for have in swept)]
             if need:
                 swept.update((s.gain, s) for s in br.sweep(
                     bundle, cand, x_tr, br.numpy_coder(initial_model(cfg, x_tr)), need))

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         bundle = Bundle.load(bundle.root)
         trained += len(points)
-        for line in bn.describe(points, bundle.candidate(cut).crossing_bytes):
+        for line in _table(points, bundle.candidate(cut).crossing_bytes):
             print(line)
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
@@ -168,6 +169,21 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"no cut of {', '.join(cuts)} could be trained (see the notes above); "
                          f"name another with --cut")
     return 0
+
+
+def _table(points: Sequence[Any], crossing_bytes: int) -> list[str]:
+    """The summary table the command prints (a task-loss column when the points have one)."""
+    loss = any(p.task_loss_pp is not None for p in points)
+    lines = [f"{'lambda':>8}  {'gain':>5}  {'code':>14}  {'bytes/frame':>11}  {'ratio':>6}  "
+             f"{'agreement':>9}  " + (f"{'task loss':>9}  " if loss else "") + "enc MFLOPs"]
+    for p in points:
+        ratio = crossing_bytes / max(p.mean_bytes, 1.0)
+        cell = "" if not loss else ("        -  " if p.task_loss_pp is None
+                                    else f"{p.task_loss_pp:6.2f} pp  ")
+        lines.append(f"{p.lam:8g}  {p.gain:5g}  {'x'.join(map(str, p.code_shape[1:])):>14}  "
+                     f"{p.mean_bytes:11.1f}  {ratio:6.0f}  {100 * p.agreement:8.1f}%  {cell}"
+                     f"{p.flops / 1e6:10.2f}")
+    return lines
 
 
 #: what the table's quality columns mean
@@ -214,7 +230,7 @@ def _remeasure(args: argparse.Namespace) -> int:
     bn.check_cut(bundle, args.cut)
     test = bn.load_data(bundle, args.test, "--test", bn.MIN_TEST)
     points = bn.remeasure(bundle, args.cut, test, Bar())
-    for line in bn.describe(points, bundle.candidate(args.cut).crossing_bytes):
+    for line in _table(points, bundle.candidate(args.cut).crossing_bytes):
         print(line)
     print(f"bundle {bundle.root}: {len(points)} learned bottleneck(s) at {args.cut} measured "
           f"again on {points[0].test_feeds} held-out feeds (latent packing: "

@@ -153,16 +153,22 @@ def test_tables_follow_the_rounded_latents() -> None:
     assert ideal <= got <= 1.15 * ideal + 8, (got, ideal)
 
 
-def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
-        lenet: tuple[Path, Path, Path], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+def _compress(lenet: tuple[Path, Path, Path], tmp_path: Path) -> tuple[Path, list[str]]:
+    """A copy of the calibrated bundle and the compress arguments every test here shares."""
     _, cal, data = lenet
     root = tmp_path / "b"
     shutil.copytree(cal, root)
-    val = data.parent / "val.npz"
-    assert main(["compress", str(root), "--data", str(data), "--test", str(val), "--cuts", "1",
-                 "--steps", "3", "--latent", "4", "--hidden", "8", "--batch", "8",
-                 "--tolerance", "5", "--work", str(tmp_path / "w")]) == 0
+    return root, ["compress", str(root), "--data", str(data), "--test",
+                  str(data.parent / "val.npz"), "--hidden", "8", "--batch", "8",
+                  "--tolerance", "5"]
+
+
+def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
+        lenet: tuple[Path, Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root, base = _compress(lenet, tmp_path)
+    assert main([*base, "--cuts", "1", "--steps", "3", "--latent", "4",
+                 "--work", str(tmp_path / "w")]) == 0
     got = capsys.readouterr()
     err = got.err
     assert f"{CUT}: rate points at gains " in err and "as swept before training" in err
@@ -177,13 +183,10 @@ def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
 def test_a_point_training_made_worse_falls_back_to_the_untrained_coder(
         lenet: tuple[Path, Path, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    _, cal, data = lenet
-    root = tmp_path / "b"
-    shutil.copytree(cal, root)
-    val = data.parent / "val.npz"
-    args = ["compress", str(root), "--cut", CUT, "--data", str(data), "--test", str(val),
-            "--gain", "8", "--latent", "6", "--hidden", "8", "--stride", "1", "--batch", "8",
-            "--tolerance", "5", "--lambda", "1e-8"]
+    root, base = _compress(lenet, tmp_path)
+    cal, data = lenet[1:]
+    args = [*base, "--cut", CUT, "--gain", "8", "--latent", "6", "--stride", "1",
+            "--lambda", "1e-8"]
     # a learning rate of 1 wrecks the coder within a few steps
     assert main([*args, "--steps", "6", "--lr", "1", "--work", str(tmp_path / "w1")]) == 0
     got = capsys.readouterr()

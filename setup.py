@@ -22,7 +22,7 @@ from setuptools.command.build_py import build_py
 PI_DROP_PACKAGES = ("coinf.cli.bench", "coinf.research")
 #: modules the Pi wheel leaves out: the zoo builders, which import torch
 PI_DROP_MODULES = frozenset({
-    "coinf.models.architectures", "coinf.models.compressor_set", "coinf.models.compressors",
+    "coinf.models.architectures", "coinf.convert.compressor_set", "coinf.models.compressors",
     "coinf.models.digitnet", "coinf.models.export", "coinf.models.large",
     "coinf.models.pruning", "coinf.models.sequence", "coinf.models.training",
     "coinf.convert.bottleneck_train", "coinf.convert.bottleneck_nets", "coinf.convert.torchable",

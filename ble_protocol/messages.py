@@ -14,16 +14,18 @@ from enum import IntEnum
 from typing import Any
 
 from coinf.errors import ErrorCode, ProtocolError, RemoteError
+from coinf.jsonobject import MAX_CONTROL_BYTES, MAX_JSON_DEPTH, decode_json
 
-# ErrorCode and ProtocolError live in coinf.errors (the one exception hierarchy); re-exported.
+# ErrorCode and ProtocolError live in coinf.errors (the one exception hierarchy), decode_json in
+# coinf.jsonobject (the device layer reads peers' JSON too); re-exported.
 __all__ = [
-    "MAX_CONTROL_BYTES", "MAX_ERROR_BYTES", "MAX_PROFILE_BYTES", "PROTOCOL_VERSION", "ErrorCode",
-    "Message", "MsgType", "ProtocolError", "decode_error", "decode_json", "encode_error",
-    "encode_json", "parse_type", "reply_bound", "reply_type", "result_bound",
+    "MAX_CONTROL_BYTES", "MAX_ERROR_BYTES", "MAX_JSON_DEPTH", "MAX_PROFILE_BYTES",
+    "PROTOCOL_VERSION", "ErrorCode", "Message", "MsgType", "ProtocolError", "decode_error",
+    "decode_json", "encode_error", "encode_json", "parse_type", "reply_bound", "reply_type",
+    "result_bound",
 ]
 
 PROTOCOL_VERSION = 2
-MAX_CONTROL_BYTES = 4096
 MAX_ERROR_TEXT = 1024
 #: An ERROR payload: u16 code + u8 hop + at most 1024 B of UTF-8 text.
 MAX_ERROR_BYTES = 3 + MAX_ERROR_TEXT
@@ -71,47 +73,6 @@ def encode_json(obj: dict[str, Any]) -> bytes:
     if len(data) > MAX_CONTROL_BYTES:
         raise ValueError(f"control payload of {len(data)} B exceeds {MAX_CONTROL_BYTES} B")
     return data
-
-
-MAX_JSON_DEPTH = 32
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _depth(obj: Any, limit: int) -> int:
-    """Nesting depth of a decoded JSON value, stopping past ``limit``."""
-    stack, deepest = [(obj, 1)], 0
-    while stack:
-        item, d = stack.pop()
-        if d > limit:
-            return d
-        deepest = max(deepest, d)
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, d + 1) for v in item)
-    return deepest
-
-
-def decode_json(payload: bytes | memoryview, max_bytes: int = MAX_CONTROL_BYTES,
-                what: str = "control payload") -> dict[str, Any]:
-    """A JSON object from the wire: at most ``max_bytes``, UTF-8, nested at most
-    :data:`MAX_JSON_DEPTH` deep, no ``NaN``/``Infinity``. Anything else is a
-    :class:`ProtocolError` (MALFORMED or TOO_LARGE), never another exception."""
-    if len(payload) > max_bytes:
-        raise ProtocolError(ErrorCode.TOO_LARGE, f"{what} of {len(payload)} B > {max_bytes} B")
-    try:
-        obj = json.loads(bytes(payload).decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        text = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise ProtocolError(ErrorCode.MALFORMED, f"{what} is not JSON: {text}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError(ErrorCode.MALFORMED, f"{what} must be a JSON object")
-    if _depth(obj, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise ProtocolError(ErrorCode.MALFORMED, f"{what} is nested deeper than {MAX_JSON_DEPTH}")
-    return obj
 
 
 def encode_error(code: ErrorCode, text: str, hop: int | None = None) -> bytes:

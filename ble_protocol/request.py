@@ -36,6 +36,8 @@ from enum import IntEnum
 
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 
+from coinf.tile import Tile
+
 MAX_HOPS = 16
 MAX_NAME = 32
 MAX_SPEC = 16
@@ -87,27 +89,6 @@ class Hop:
         tail = "" if self.packing == "raw" else f" packed {self.packing}"
         who = f"{self.device}: " if self.device else ""
         return f"{who}{self.start}{code}..{self.end}{tail}"
-
-
-@dataclass(frozen=True)
-class Tile:
-    """A rectangle of the spatial chain's output: layers [i0, i1), rows [r0, r1), columns
-    [c0, c1) of layer ``i1 - 1``'s output map."""
-
-    i0: int
-    i1: int
-    r0: int
-    r1: int
-    c0: int
-    c1: int
-
-    def __post_init__(self) -> None:
-        vals = (self.i0, self.i1, self.r0, self.r1, self.c0, self.c1)
-        if not all(0 <= v <= 0xFFFF for v in vals):
-            raise ValueError(f"tile {vals}: every field is a u16")
-
-    def __str__(self) -> str:
-        return f"tile {self.i0}-{self.i1} rows {self.r0}-{self.r1} cols {self.c0}-{self.c1}"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ failing with a traceback.
 from __future__ import annotations
 
 import importlib.util
+import shlex
+import sys
+from pathlib import Path
 
 from coinf.errors import MissingDependency
 
@@ -19,11 +22,37 @@ EXTRA_OF: dict[str, str] = {
 }
 
 
+def checkout() -> Path | None:
+    """The source checkout this coinf runs from (an editable install: ``pip install -e .``), or
+    None for an installed wheel."""
+    root = Path(__file__).resolve().parents[1]
+    cfg = root / "setup.cfg"
+    try:
+        is_coinf = cfg.is_file() and "\nname = coinf\n" in cfg.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return root if is_coinf else None
+
+
+def install_command(extra: str) -> str:
+    """The command that adds ``extra`` to this very install: from a checkout, pip of the running
+    interpreter on that checkout (what ``make demo`` set up); else the full wheel's line
+    (coinf is installed from its wheel, docs/DEPLOY.md, not from a package index)."""
+    root = checkout()
+    if root is None:
+        return f"pip install 'COINF_WHEEL.whl[{extra}]' (the wheel of `make wheel`)"
+    try:
+        shown = Path(sys.executable).relative_to(Path.cwd())
+        target = "." if root == Path.cwd() else str(root)
+    except ValueError:
+        shown, target = Path(sys.executable), str(root)
+    return f"{shlex.quote(str(shown))} -m pip install -e {shlex.quote(f'{target}[{extra}]')}"
+
+
 def missing_message(package: str, what: str, extra: str | None = None) -> str:
     extra = extra or EXTRA_OF.get(package)
-    # coinf is installed from its wheel (docs/DEPLOY.md), not from a package index
-    hint = (f"install the coinf[{extra}] extra into coinf's venv: pip install "
-            f"'COINF_WHEEL.whl[{extra}]'" if extra else f"pip install {package}")
+    hint = (f"install the coinf[{extra}] extra: {install_command(extra)}" if extra
+            else f"pip install {package}")
     return f"{what} needs {package!r}, which is not installed ({hint})"
 
 
@@ -34,8 +63,10 @@ PI_LEFT_OUT: dict[str, tuple[str, str]] = {
     "coinf.research": ("in-context predictor training (`coinf profile --train` without "
                        "--no-context) is", "train"),
     **{f"coinf.models.{m}": ("the zoo's model builders are", "models") for m in (
-        "architectures", "compressor_set", "compressors", "digitnet", "export", "large",
-        "pruning", "sequence", "training")},
+        "architectures", "compressors", "digitnet", "export", "large", "pruning", "sequence",
+        "training")},
+    "coinf.convert.compressor_set": ("training compressor sets (`coinf models compressors`) is",
+                                     "models"),
     **{f"coinf.convert.{m}": ("training learned bottlenecks (`coinf compress`) is", "compress")
        for m in ("bottleneck_train", "bottleneck_nets", "torchable", "torchable_ops",
                  "torchable_resize")},

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from coinf.ble_protocol.messages import ErrorCode, ProtocolError
 from coinf.device.cancel import Cancelled, CancelToken
 from coinf.device.emulation import DeviceEmulation
 from coinf.device.litert import LITERT, ONNXRUNTIME, check_runtime, open_litert, resolve
 
 from coinf.bundle import Bundle, Candidate, open_slice, verify_file
+from coinf.errors import ErrorCode, ProtocolError
 
 
 class SliceRunner:

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from coinf.ble_protocol.messages import ErrorCode, ProtocolError
-from coinf.ble_protocol.request import Tile
 from coinf.convert.graph import Graph, load_graph
 from coinf.convert.gtdp import Group, Worker, plan_groups
 from coinf.convert.slicer import build_slice
@@ -27,7 +25,8 @@ from coinf.convert.spatial import Layer, Rect, input_region, spatial_chain, tile
 from coinf.device.cancel import CancelToken
 from coinf.device.emulation import DeviceEmulation
 
-from coinf.errors import ModelError
+from coinf.errors import ErrorCode, ModelError, ProtocolError
+from coinf.tile import Tile
 
 TileFn = Callable[[int, Tile, np.ndarray], np.ndarray]
 """(worker index, tile, input region) -> output tile."""

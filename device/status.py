@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coinf.ble_protocol.messages import decode_json
-
 from coinf.errors import ErrorCode, ProtocolError
+from coinf.jsonobject import decode_json
 
 MAX_STATUS_BYTES = 4096
 

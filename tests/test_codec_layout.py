@@ -14,9 +14,10 @@ import onnx
 import pytest
 from coinf.ble_protocol import media
 from coinf.convert import calibrate as cal
+from coinf.convert.codec_speed import _sample, codec_times
 from coinf.convert.feeds import load_dataset
 from coinf.convert.split import split_model
-from coinf.device.profile import _sample, codec_times, profile_bundle
+from coinf.device.profile import profile_bundle
 from onnx import TensorProto, helper, numpy_helper
 
 from coinf.bundle import Bundle

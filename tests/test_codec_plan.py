@@ -121,7 +121,8 @@ def test_codec_time_is_charged_to_both_sides(bundle: Bundle) -> None:
 
 
 def test_profiled_codec_times_win_over_calibrated_ones(bundle: Bundle) -> None:
-    from coinf.device.profile import ModelProfile, codec_times
+    from coinf.convert.codec_speed import codec_times
+    from coinf.device.profile import ModelProfile
 
     measured = codec_times(bundle.candidate("c000"), repeats=2)
     assert set(measured) == {f"{k}_{s}_ms" for k in ("encode", "decode") for s in SPECS}

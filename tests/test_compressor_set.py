@@ -1,4 +1,4 @@
-"""Compressor sets of ``digitnet`` (models/compressor_set.py): simulated quantization equals the
+"""Compressor sets of ``digitnet`` (convert/compressor_set.py): simulated quantization equals the
 real codec, joint fine-tuning shares one backbone, and the exported set follows its format
 (signatures, composition with the backbone's head and tail, index.json)."""
 
@@ -31,7 +31,7 @@ def _sig(values: Any) -> list[tuple[str, str, list[int]]]:
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_fake_quant_is_the_codec_round_trip_with_an_identity_gradient(bits: int) -> None:
     from coinf.ble_protocol.packing import pack, unpack
-    from coinf.models.compressor_set import fake_quant
+    from coinf.convert.compressor_set import fake_quant
 
     rng = np.random.default_rng(bits)
     x = np.concatenate([rng.normal(0, 3, (3, 8, 4, 4)), rng.exponential(1, (2, 8, 4, 4)),
@@ -51,7 +51,7 @@ def test_fake_quant_is_the_codec_round_trip_with_an_identity_gradient(bits: int)
 @pytest.fixture(scope="module")
 def tuned() -> Any:
     """A joint model at both cuts, gamma 2/4/8, fine-tuned one epoch on a few images."""
-    from coinf.models.compressor_set import JointCompressed, finetune_joint
+    from coinf.convert.compressor_set import JointCompressed, finetune_joint
     from coinf.models.digitnet import load_digitnet_onnx
     from coinf.models.digits import digits_data
     from coinf.models.zoo import committed_path, deterministic_torch
@@ -104,7 +104,7 @@ def test_joint_training_shares_one_backbone_for_every_gamma(tuned: Any) -> None:
 def test_exported_set_follows_the_format_and_composes_with_the_backbone(
         tuned: Any, tmp_path: Path) -> None:
     import onnx
-    from coinf.models.compressor_set import split_backbone, write_set
+    from coinf.convert.compressor_set import split_backbone, write_set
     from coinf.models.zoo import committed_path
 
     joint, _, _, data = tuned
@@ -209,7 +209,7 @@ def test_committed_set_is_consistent_and_reproduces_its_recorded_accuracy() -> N
     """models/onnx/digitnet_set (written by `coinf bench compress --out`): every file the index
     names has the format's signature, and one recorded accuracy is measured again."""
     import onnx
-    from coinf.models.compressor_set import evaluate
+    from coinf.convert.compressor_set import evaluate
 
     index = json.loads((SET_DIR / "index.json").read_text())
     assert index["format"] == 1 and index["fine_tuning"]["joint"] is True
@@ -265,7 +265,7 @@ def _weights(path: Path) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("freeze", [False, True])
 def test_export_set_fine_tunes_the_backbone_unless_frozen(freeze: bool, tmp_path: Path) -> None:
-    from coinf.models.compressor_set import export_set
+    from coinf.convert.compressor_set import export_set
     from coinf.models.zoo import committed_path
 
     index = export_set(tmp_path, cuts=["pool2"], gammas=[8], epochs=1, packings=["raw"],

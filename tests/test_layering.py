@@ -12,12 +12,13 @@ other):
 rank  packages
 ====  ================================================================
 0     ``coinf.errors``, ``coinf.deps``, ``coinf.files``, ``coinf.bundle`` (the bundle format,
-      shared by the runtime and ``coinf.convert``) (and the bare ``coinf`` namespace:
+      shared by the runtime and ``coinf.convert``), ``coinf.jsonobject`` (bounded JSON from a
+      peer or a file), ``coinf.tile`` (a spatial tile) (and the bare ``coinf`` namespace:
       ``__version__``)
 1     ``coinf.ble_protocol``
-2     ``coinf.models`` (the compressor sets measure packed accuracy with ble_protocol)
+2     ``coinf.models`` -- never imports ``coinf.ble_protocol``
 3     ``coinf.convert``
-4     ``coinf.device``
+4     ``coinf.device`` -- never imports ``coinf.ble_protocol``
 5     ``coinf.research`` (latency-prediction research, the spatial-partition benchmark's
       coordinator) -- may import ``coinf.device`` and below, and ``coinf.wearable`` (one way:
       the coordinator reuses its connections and result checks); imported only by
@@ -52,6 +53,8 @@ RANKS: dict[str, int] = {
     "coinf.deps": 0,
     "coinf.files": 0,
     "coinf.bundle": 0,
+    "coinf.jsonobject": 0,
+    "coinf.tile": 0,
     "coinf.ble_protocol": 1,
     "coinf.models": 2,
     "coinf.convert": 3,
@@ -69,6 +72,12 @@ SIBLINGS_APART = [frozenset({"coinf.wearable", "coinf.handheld"}),
 #: Packages only these importers (packages or modules, with their submodules) may import.
 IMPORT_ONLY_FROM: dict[str, tuple[str, ...]] = {
     "coinf.research": ("coinf.cli.bench", "coinf.cli.commands.profile"),
+}
+#: Packages that never import the wire, whatever their rank: a slice runs, a device is profiled
+#: and a model is built without it (the wire's errors and JSON decoding are rank 0).
+NEVER_IMPORT: dict[str, frozenset[str]] = {
+    "coinf.device": frozenset({"coinf.ble_protocol"}),
+    "coinf.models": frozenset({"coinf.ble_protocol"}),
 }
 #: Modules whose imports are not checked (the public facade and ``python -m coinf``).
 EXEMPT_IMPORTERS = frozenset({"coinf", "coinf.__main__"})
@@ -244,6 +253,8 @@ def layering_violations(edges: Iterable[Import]) -> list[str]:
             continue
         elif dst == "coinf.cli":
             out.append(f"{what}: nothing outside coinf.cli may import it")
+        elif dst in NEVER_IMPORT.get(src, ()):
+            out.append(f"{what}: {src} never imports {dst}")
         elif dst in IMPORT_ONLY_FROM and not any(
                 _within(imp.importer, p) for p in IMPORT_ONLY_FROM[dst]):
             out.append(f"{what}: only {', '.join(IMPORT_ONLY_FROM[dst])} may import {dst}")
@@ -423,7 +434,9 @@ def test_checker_reports_each_kind_of_violation(tmp_path: Path) -> None:
             "convert/split.py": "from coinf import Session\n",
             "models/zoo.py": "import importlib\nimportlib.import_module('coinf.cli')\n",
             "models/pruning.py": "from coinf.convert import graph\n",  # rank 2 -> 3
-            "models/compressor_set.py": "from coinf.ble_protocol import packing\n",  # 2 -> 1
+            "models/compressors.py": "from coinf.ble_protocol import packing\n",  # never
+            "convert/compressor_set.py": "from coinf.ble_protocol import packing\n",  # 3 -> 1
+            "device/runtime.py": "from coinf.ble_protocol.messages import ErrorCode\n",  # never
             "convert/cuts.py": "from coinf.device import sweep\n",  # rank 3 -> 4
             "convert/graph.py": "",
             "device/sweep.py": "",
@@ -447,6 +460,10 @@ def test_checker_reports_each_kind_of_violation(tmp_path: Path) -> None:
         "device/status.py:3: coinf.device.status imports coinf.wearable.session: rank 4",
         "convert/split.py:1: coinf.convert.split imports coinf.wearable.session: rank 3",
         "models/pruning.py:1: coinf.models.pruning imports coinf.convert.graph: rank 2",
+        "models/compressors.py:1: coinf.models.compressors imports coinf.ble_protocol.packing: "
+        "coinf.models never imports coinf.ble_protocol",
+        "device/runtime.py:1: coinf.device.runtime imports coinf.ble_protocol: "
+        "coinf.device never imports coinf.ble_protocol",
         "convert/cuts.py:1: coinf.convert.cuts imports coinf.device.sweep: rank 3",
         "models/zoo.py:2: coinf.models.zoo imports coinf.cli: nothing outside coinf.cli",
         "wearable/session.py:1: coinf.wearable.session imports coinf.handheld.daemon: "
@@ -463,7 +480,7 @@ def test_checker_reports_each_kind_of_violation(tmp_path: Path) -> None:
     for line in expected:
         assert line in problems, f"{line!r} missing from\n{problems}"
     assert "coinf/__init__.py" not in problems and "ble_protocol/link.py" not in problems
-    assert "models/compressor_set.py" not in problems  # a lower rank is fine
+    assert "convert/compressor_set.py" not in problems  # a lower rank is fine
     assert "coinf/cli/__init__.py" not in problems  # the top layer may import anything below
     assert "research/coord.py" not in problems  # research -> wearable, one way
     for allowed in ("research/train.py", "coinf/cli/bench/predict.py",

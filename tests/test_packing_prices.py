@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 from coinf.convert import calibrate as cal
+from coinf.convert.codec_speed import codec_times
 from coinf.convert.feeds import load_dataset
-from coinf.device.profile import DeviceProfile, ModelProfile, codec_times
+from coinf.device.profile import DeviceProfile, ModelProfile
 from coinf.wearable.planner.adapt import LinkEstimate
 from coinf.wearable.planner.codec_costs import (
     CODEC_SLOWDOWN,

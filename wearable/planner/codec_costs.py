@@ -5,7 +5,7 @@ packing and the handheld its unpacking. Packing is not DNN compute: quantizing, 
 LZ4/zstd, rANS and the media encoders are integer and memory-bound work, which a Pi Zero 2 W
 core does about ``CODEC_SLOWDOWN`` times slower than one x86-64 core, whatever its (much
 larger) slowdown on convolutions. Each side's time is what its profile measured (``coinf
-profile --bundle``, :func:`coinf.device.profile.codec_times`), stretched as an emulated device
+profile --bundle``, :func:`coinf.convert.codec_speed.codec_times`), stretched as an emulated device
 stretches packing (:func:`packing_stretch`), else the calibrating machine's time (the calibration
 row's ``encode_ms``/``decode_ms``), the encoding scaled by :func:`codec_factor`; a row calibrated
 before packings were timed falls back to :func:`estimated_pack_ms`. A configuration this

@@ -1,7 +1,7 @@
 """``coinf bench compress``: autoencoder compressors at cuts of a trained digit CNN.
 
 ``--model digitnet`` (default): the compressors for every cut and gamma are fine-tuned
-*jointly* with one backbone and quantization-aware codes (``models.compressor_set``; a compressor
+*jointly* with one backbone and quantization-aware codes (``convert.compressor_set``; a compressor
 set is written to ``--out`` or a temporary directory) and measured in onnxruntime through the
 real packing codec; ``accuracy_drop_pp`` is against the zoo's trained ``digitnet``, gamma 1
 rows are the plain cut of the fine-tuned backbone. ``--separate`` also fine-tunes each
@@ -118,7 +118,7 @@ def _run_set(args: argparse.Namespace) -> int:
 
         writable_dir(args.out, "--out")  # refused now, not after the fine-tuning
     require_torch()
-    from coinf.models.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
+    from coinf.convert.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
 
     epochs = args.epochs or FINETUNE_EPOCHS
     packs = packings or list(PACKINGS)

@@ -224,7 +224,7 @@ def _compressors(args: argparse.Namespace) -> int:
         raise UserError(f"--epochs {args.epochs}: expected a count >= 0")
     writable_dir(args.out, "--out")  # refused now, not after the build
     require_torch()
-    from coinf.models.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
+    from coinf.convert.compressor_set import FINETUNE_EPOCHS, PACKINGS, export_set
 
     index = export_set(args.out, cuts=cuts, gammas=gammas,
                        epochs=FINETUNE_EPOCHS if args.epochs is None else args.epochs,

@@ -139,12 +139,15 @@ def spread(n_items: int, k: int) -> list[int]:
     return sorted({round(i * (n_items - 1) / (k - 1)) for i in range(k)})
 
 
-def run(args: argparse.Namespace) -> int:
-    from coinf.bundle import Bundle, open_slice
-    from coinf.cli.commands.discover import check_filters, discovered_helpers
-    from coinf.cli.sample import bundle_feeds, load_feeds
+#: exit code when every inference finished but none left the wearable because the handheld was
+#: unreachable or failing (each row's ``fallbacks`` says how often; README, "Commands")
+EXIT_NEVER_OFFLOADED = 5
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse a bad combination of flags before any work (one line, exit code 2)."""
+    from coinf.cli.commands.discover import check_filters
     from coinf.errors import UserError
-    from coinf.wearable.session import Session
 
     check_filters(args)
     if args.helpers and args.discover is not None:
@@ -160,12 +163,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max {args.max}: only with --all (at most N of every candidate)")
     if args.stream == 1:
         raise UserError("--stream 1: a stream needs at least 2 frames (0 = no stream)")
-    logging.getLogger("bumble").setLevel(logging.CRITICAL)  # teardown noise, see handheld
     if args.transport == "socket" and not args.handheld:
         raise UserError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
     if args.transport == "ble" and not args.hci:
         raise UserError("--transport ble needs --hci hci-socket:0, usb:0 or tcp-client:HOST:PORT")
-    wifi_link(args)  # a bad combination is refused before any work
+    wifi_link(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle, open_slice
+    from coinf.cli.commands.discover import discovered_helpers
+    from coinf.cli.sample import bundle_feeds, load_feeds
+
+    check_args(args)
+    logging.getLogger("bumble").setLevel(logging.CRITICAL)  # teardown noise, see handheld
     bundle = Bundle.load(args.bundle)
     if args.discover is not None:  # found now, once: every session of this run uses them
         args.helpers = discovered_helpers(args, bundle)
@@ -180,22 +191,8 @@ def run(args: argparse.Namespace) -> int:
         ids = [_config(bundle, c, args.packing) for c in args.split.split(",")] \
             if args.split else [""]
     rows: list[dict[str, Any]] = []
-
-    base = session_options(args)
-
-    def open_session(split: str | None, packing: str = "raw",
-                     objective: str | None = None) -> Session:
-        fixed = {"plan": args.plan, "helpers": args.helpers or ()} if args.plan else \
-            {"helpers": args.helpers} if args.helpers and split is None else {}
-        opts = base.replace(
-            placement=base.placement.replace(split=split, packing=packing, **fixed),
-            planner=base.planner.replace(objective=objective))
-        try:
-            return Session(bundle, opts)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-
-    session = open_session(ids[0].partition("~")[0] or None, packing=args.packing)
+    opener = _Opener(args, bundle)
+    session = opener.open(ids[0].partition("~")[0] or None, packing=args.packing)
     with session, TransferProgress(session):
         if any(c and not bundle.candidate(c.partition("~")[0]).is_wearable_only for c in ids):
             connect_or_fall_back(session, args.no_fallback)  # set-up is not an inference
@@ -203,69 +200,10 @@ def run(args: argparse.Namespace) -> int:
             cid, _, packing = config.partition("~")
             if cid:
                 session.set_split(cid, packing or args.packing)
-            cand = session.split
+            rows.append(measure_cut(session, bundle, feeds, reference, args))
             if len(ids) > 1:
-                sent = "nothing" if cand.is_wearable_only else _kb(cand.crossing_bytes)
-                print(f"[{k}/{len(ids)}] {cand.id} ({cand.label}): {args.repeat} run(s), "
-                      f"sends {sent}", file=sys.stderr, flush=True)
-            outs, stats = [], []
-            warm = []
-            for _ in range(args.warmup):  # a cut's first frame opens its slices: not counted
-                session.run(None, feeds)
-                assert session.last_run is not None
-                warm.append(round(session.last_run.total_ms, 3))
-            for _ in range(args.repeat):
-                outs = session.run(None, feeds)
-                assert session.last_run is not None
-                stats.append(session.last_run)
-            err = max(
-                float(np.max(np.abs(o.astype(np.float64) - reference[n].astype(np.float64))))
-                if o.size else 0.0
-                for n, o in zip([t.name for t in bundle.outputs], outs, strict=True)
-            )
-            comp = None if cand.is_wearable_only else session.compressor
-            lossy = not cand.is_wearable_only and (comp is not None
-                                                   or not session.packing.lossless)
-            match = all(
-                np.allclose(o, reference[t.name], rtol=RTOL, atol=ATOL)
-                for t, o in zip(bundle.outputs, outs, strict=True)
-            ) or lossy  # a lossy packing's quality is calibrated (`coinf calibrate`), not exact
-
-            def med(field: str, _stats: list = stats) -> float:
-                return round(statistics.median(getattr(s, field) for s in _stats), 3)
-
-            rows.append({
-                "strategy": stats[-1].strategy,
-                "plan": stats[-1].plan,  # every stage's device and slice (re-planned: the last)
-                "plan_versions": sorted({s.plan_version for s in stats}),
-                "candidate": cand.id,
-                "packing": str(session.packing) if comp is None else f"g{comp.gamma}" + (
-                    "" if str(session.packing) == "raw" else f"+{session.packing}"),
-                "label": cand.label,
-                "tensors": len(cand.crossing),
-                "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
-                "bytes_up": med("bytes_up"),
-                "lossy": lossy,
-                "top1_same": all(int(np.argmax(o)) == int(np.argmax(reference[t.name]))
-                                 for t, o in zip(bundle.outputs, outs, strict=True)),
-                "head_ms": med("head_ms"),
-                "pack_ms": med("pack_ms"),
-                "transfer_ms": med("transfer_ms"),
-                "tail_ms": med("tail_ms"),
-                "return_ms": med("return_ms"),
-                "total_ms": med("total_ms"),
-                "max_abs_err": err,
-                "match": bool(match),
-                "fallbacks": sum(s.fallback is not None for s in stats),
-                # a packing the handheld does not decode went as the nearest one it does
-                "packing_fallback": stats[-1].packing_fallback,
-                # the link that carried each run (several links: the planner's choice)
-                "links": {n: sum(s.link == n for s in stats)
-                          for n in dict.fromkeys(s.link for s in stats if s.link)},
-                # every run's times, for a spread or a test between points (bench map)
-                "runs": {f: [round(getattr(s, f), 3) for s in stats] for f in RUN_FIELDS},
-                "warmup_ms": warm,
-            })
+                print(f"[{k}/{len(ids)}] {progress_line(rows[-1], args.repeat)}",
+                      file=sys.stderr, flush=True)
         stream = None
         if args.stream > 1:
             if args.all:
@@ -276,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         if args.all:
             print(f"planner: {args.planner_runs} run(s) with the planner choosing the cut",
                   file=sys.stderr, flush=True)
-        with open_session(None, objective="latency") as planner_session, \
+        with opener.open(None, objective="latency") as planner_session, \
                 TransferProgress(planner_session):
             planned = measure_plan(planner_session, feeds, args.planner_runs, rows)
     if args.json:
@@ -289,7 +227,110 @@ def run(args: argparse.Namespace) -> int:
             print(format_stream(stream))
         if planned:
             print(format_plan(planned))
-    return 0 if all(r["match"] for r in rows) else 1
+    return exit_code(rows)
+
+
+def exit_code(rows: list[dict[str, Any]]) -> int:
+    """1 when an exact packing's outputs differ from the model's; :data:`EXIT_NEVER_OFFLOADED`
+    when some inference was meant to leave the wearable and none did (the handheld was
+    unreachable or failing: each finished on the wearable); else 0."""
+    if not all(r["match"] for r in rows):
+        return 1
+    fell_back = sum(r["fallbacks"] for r in rows)
+    offloaded = sum(len(r["runs"]["total_ms"]) - r["fallbacks"] for r in rows
+                    if r["strategy"] != "local")
+    if fell_back and not offloaded:
+        print(f"coinf run: none of the {fell_back} inference(s) meant for the handheld reached "
+              f"it (each finished on the wearable): exit code {EXIT_NEVER_OFFLOADED}",
+              file=sys.stderr)
+        return EXIT_NEVER_OFFLOADED
+    return 0
+
+
+def progress_line(row: dict[str, Any], repeat: int) -> str:
+    """One cut measured: what went over the link per inference, packed (median), beside the
+    crossing's unpacked size, and the median end-to-end time."""
+    head = f"{row['candidate']} ({row['label']}): {repeat} run(s)"
+    if row["bytes"] == 0:
+        return f"{head}, sent nothing, {row['total_ms']:.1f} ms"
+    sent = _kb(row["bytes_up"])
+    return (f"{head}, sent {sent} as {row['packing']} ({_kb(row['bytes'])} unpacked), "
+            f"{row['total_ms']:.1f} ms")
+
+
+class _Opener:
+    """Opens the run's Sessions: the command line's options, one split and packing fixed (or
+    the planner's choice), and a --plan's stages."""
+
+    def __init__(self, args: argparse.Namespace, bundle: Any) -> None:
+        self.args, self.bundle, self.base = args, bundle, session_options(args)
+
+    def open(self, split: str | None, packing: str = "raw", objective: str | None = None) -> Any:
+        from coinf.errors import UserError
+        from coinf.wearable.session import Session
+
+        args, base = self.args, self.base
+        fixed = {"plan": args.plan, "helpers": args.helpers or ()} if args.plan else \
+            {"helpers": args.helpers} if args.helpers and split is None else {}
+        opts = base.replace(
+            placement=base.placement.replace(split=split, packing=packing, **fixed),
+            planner=base.planner.replace(objective=objective))
+        try:
+            return Session(self.bundle, opts)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+
+def measure_cut(session: Any, bundle: Any, feeds: dict[str, np.ndarray],
+                reference: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, Any]:
+    """``--warmup`` uncounted runs, then ``--repeat`` measured ones at the session's split:
+    one row of the table (medians, every run's times, exactness against the model)."""
+    cand = session.split
+    warm, stats, outs = [], [], []
+    for _ in range(args.warmup):  # a cut's first frame opens its slices: not counted
+        session.run(None, feeds)
+        warm.append(round(session.last_run.total_ms, 3))
+    for _ in range(args.repeat):
+        outs = session.run(None, feeds)
+        stats.append(session.last_run)
+    names = [t.name for t in bundle.outputs]
+    err = max(float(np.max(np.abs(o.astype(np.float64) - reference[n].astype(np.float64))))
+              if o.size else 0.0 for n, o in zip(names, outs, strict=True))
+    comp = None if cand.is_wearable_only else session.compressor
+    lossy = not cand.is_wearable_only and (comp is not None or not session.packing.lossless)
+    match = all(np.allclose(o, reference[n], rtol=RTOL, atol=ATOL)
+                for n, o in zip(names, outs, strict=True)) or lossy  # lossy: calibrated
+
+    def med(field: str) -> float:
+        return round(statistics.median(getattr(s, field) for s in stats), 3)
+
+    return {
+        "strategy": stats[-1].strategy,
+        "plan": stats[-1].plan,  # every stage's device and slice (re-planned: the last)
+        "plan_versions": sorted({s.plan_version for s in stats}),
+        "candidate": cand.id,
+        "packing": str(session.packing) if comp is None else f"g{comp.gamma}" + (
+            "" if str(session.packing) == "raw" else f"+{session.packing}"),
+        "label": cand.label,
+        "tensors": len(cand.crossing),
+        "bytes": 0 if cand.is_wearable_only else cand.crossing_bytes,
+        "bytes_up": med("bytes_up"),
+        "lossy": lossy,
+        "top1_same": all(int(np.argmax(o)) == int(np.argmax(reference[n]))
+                         for n, o in zip(names, outs, strict=True)),
+        **{f: med(f) for f in RUN_FIELDS},
+        "max_abs_err": err,
+        "match": bool(match),
+        "fallbacks": sum(s.fallback is not None for s in stats),
+        # a packing the handheld does not decode went as the nearest one it does
+        "packing_fallback": stats[-1].packing_fallback,
+        # the link that carried each run (several links: the planner's choice)
+        "links": {n: sum(s.link == n for s in stats)
+                  for n in dict.fromkeys(s.link for s in stats if s.link)},
+        # every run's times, for a spread or a test between points (bench map)
+        "runs": {f: [round(getattr(s, f), 3) for s in stats] for f in RUN_FIELDS},
+        "warmup_ms": warm,
+    }
 
 
 def _config(bundle: Any, text: str, default: str) -> str:

@@ -81,7 +81,7 @@ PI_ZERO_2W_RATES = OpRates(conv_gflops=3.0, conv_pw_gflops=2.5, conv_dw_gflops=0
 
 # A laptop-class handheld: 4 cores with AVX2/FMA at ~3 GHz (peak ~380 GFLOP/s fp32); effective
 # rates set below what one core of this project's x86 dev machine measured in context
-# (docs/BENCHMARKS.md, issue 17), leaving room for a thermally limited ultrabook.
+# (docs/BENCHMARKS.md, "`bench predict`"), leaving room for a thermally limited ultrabook.
 LAPTOP_RATES = OpRates(conv_gflops=50.0, conv_pw_gflops=35.0, conv_dw_gflops=8.0,
                        gemm_gflops=8.0, rnn_gflops=15.0, memory_gflops=1.5,
                        kernel_ms=0.004, run_ms=0.03)

@@ -1,5 +1,5 @@
 """Small compressor sets (the format of convert/compressors.py) on the committed LeNet, for tests
-and the run-time-selection demonstration (docs/BENCHMARKS.md §17).
+and the run-time-selection demonstration (docs/BENCHMARKS.md, "`bench pipeline`").
 
 The backbone is the committed LeNet unchanged; each autoencoder (models/compressors.py's Table I
 ``make_autoencoder``) is trained for ``steps`` Adam steps to reconstruct the cut's activation

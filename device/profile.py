@@ -397,3 +397,13 @@ def load_or_default(role: str, path: str | Path | None = None) -> DeviceProfile:
             raise ProfileError(f"{p} is a {prof.role} profile; expected {role}")
         return prof
     return DeviceProfile.default(role)
+
+
+def profile_for_runtime(role: str, runtime: str, profile: Any) -> DeviceProfile | None:
+    """The profile ``runtime="auto"`` chooses each slice's runtime from (a profile, a path or
+    None for this device's own or the default); None unless ``runtime`` is ``auto``."""
+    if runtime != "auto":
+        return None
+    if isinstance(profile, DeviceProfile):
+        return profile
+    return load_or_default(role, profile)

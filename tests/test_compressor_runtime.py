@@ -299,7 +299,8 @@ async def test_a_pipeline_switches_gamma_when_a_links_bandwidth_drops(bundle: Bu
                                        compute_fps, 100.0)
                     expect.append(lookup(table, bw))
                 for feed in feeds[:2]:
-                    sess._bw["h1"].value, sess._bw["h2"].value = bw1, bw2
+                    sess.links.assume("h1", bw1)
+                    sess.links.assume("h2", bw2)
                     out = await sess.run(feed)
                     st = sess.last
                     assert st is not None and not st.local and st.retries == 0
@@ -576,7 +577,7 @@ def test_an_overdue_message_lowers_the_links_bandwidth_at_once(bundle: Bundle) -
     cut = next(i for i in ids if bundle.compressors(i))
     fixed = PipelineSession(bundle, helpers, packing="auto", cuts=[cut, ids[ids.index(cut) + 1]],
                             wearable_speed_flops=1e9)
-    fixed._bw["h1"].value = 1e9
+    fixed.links.assume("h1", 1e9)
     plan = fixed.plan()
     assert plan is not None and plan.cuts[0] == cut
     assert fixed.link_choices(plan)[0].gamma == 1

@@ -196,8 +196,16 @@ async def test_set_split_overrides_the_helpers_plan_until_handed_back(bundle) ->
             assert sess.last_run.hops[0]["device"] == "h1"
 
 
+@pytest.fixture
+def configured_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Links stay as configured (a test of speeds alone): in-process helpers on a loaded
+    machine can measure their loopback links at anything."""
+    monkeypatch.setattr(Replanner, "_link_off", lambda self, name, planned: None)
+
+
 @sync
-async def test_a_helper_measured_slower_than_planned_loses_its_place(bundle) -> None:  # type: ignore[no-untyped-def]
+async def test_a_helper_measured_slower_than_planned_loses_its_place(  # type: ignore[no-untyped-def]
+        bundle, configured_links) -> None:
     """h1 is configured as the fastest helper but plays a machine 40x slower: after a few
     frames its measured speed (its slice's FLOPs over the compute time its RESULT reports) is
     far off the planned one, the plan is chosen again with it, and the frames go to h2; every
@@ -222,3 +230,46 @@ async def test_a_helper_measured_slower_than_planned_loses_its_place(bundle) -> 
             assert sess.replanner.measured["h1"][0] >= replan.SPEED_FRAMES
             last = results[-1].stats
             assert last is not None and last.hops and last.hops[0]["device"] != "h1"
+
+
+def test_links_measured_off_the_plan_move_it(bundle) -> None:  # type: ignore[no-untyped-def]
+    """The bookkeeping of links: h1 is planned at 100 MB/s; sends too short to time only bound
+    it from below and move nothing. Then frames take 2.5 s each to carry 50 kB into it
+    (20 kB/s): after SPEED_FRAMES timed sends the plan is chosen again with the measured link
+    and h2 (50 MB/s) takes h1's place. A link measured far faster than planned is taken too."""
+    from coinf.device.profile import load_or_default
+    from coinf.wearable.frame import RunStats
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.policy import Policy
+
+    planner = Planner(bundle, load_or_default("wearable", None),
+                      load_or_default("handheld", None), Policy())
+    wear = _profile_speed(bundle)
+    h1 = HelperConfig("h1", "tcp:127.0.0.1:9", bandwidth_bps=1e8, speed_flops=wear * 100)
+    h2 = HelperConfig("h2", "tcp:127.0.0.1:10", bandwidth_bps=5e7, speed_flops=wear * 100)
+    rp = Replanner(bundle, planner, [h1, h2], "latency", max_backoff_s=4.0)
+    first = rp.plan
+    assert first.stages[1].device == "h1" and rp.version == 1
+    clock = 100.0
+
+    def frame(nbytes: int, seconds: float) -> None:
+        nonlocal clock
+        rp.sent("h1", nbytes, clock, {"sent": clock + seconds})
+        rp.observed(first, RunStats(candidate=first.candidate.id))
+        clock += seconds + 1.0
+
+    for _ in range(5):
+        frame(10_000, 1e-4)  # too short to time: at least 20 MB/s, no news
+    assert rp.version == 1 and rp.links.timed.get("h1", 0) == 0
+    for _ in range(replan.SPEED_FRAMES):
+        frame(50_000, 2.5)
+    assert rp.links.timed["h1"] == replan.SPEED_FRAMES
+    assert rp.version == 2 and rp.plan.stages[1].device == "h2"
+    assert rp.history[-1]["reason"].startswith("the link into h1 measured at ")
+    assert rp.links.value("h1") == pytest.approx(20e3, rel=0.3)
+    # h2's link proves far faster than configured: chosen again with it (still h2)
+    before = rp.options
+    rp.sent("h2", 5_000_000, clock, {"sent": clock + 0.01})  # 500 MB/s
+    rp.observed(rp.plan, RunStats(candidate=rp.plan.candidate.id))
+    assert rp.links.value("h2") == pytest.approx(5e8) and rp.options is not before
+    assert rp.plan.stages[1].device == "h2" and rp.version == 2

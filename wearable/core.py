@@ -41,7 +41,7 @@ from coinf.ble_protocol.transport import open_connector
 from coinf.convert.compressors import CodecRunner
 from coinf.device.emulation import DeviceEmulation, compute_rates
 from coinf.device.litert import check_runtime, resolve
-from coinf.device.profile import DeviceProfile, load_or_default
+from coinf.device.profile import DeviceProfile, profile_for_runtime
 from coinf.device.runtime import SliceRunner
 from coinf.wearable.autoplan import AutoPlan, build_autoplan
 from coinf.wearable.connection import Connection
@@ -103,7 +103,7 @@ class AsyncSession:
         self._providers = check_providers(providers)
         self.emulation = DeviceEmulation(emu.slowdown, emu.threads,
                                          rates=compute_rates(emu.compute_profile))
-        self._profiles = {role: _profile_for(role, rt, prof) for role, rt, prof in (
+        self._profiles = {role: profile_for_runtime(role, rt, prof) for role, rt, prof in (
             ("wearable", place.runtime, planner.wearable_profile),
             ("handheld", place.handheld_runtime, planner.handheld_profile))}
         self._slices = SliceRunner(self.bundle, self.emulation, capacity=place.head_cache + 2,
@@ -400,7 +400,7 @@ class AsyncSession:
         else:
             conn.succeeded()
             if self.replanner is not None:
-                self.replanner.observed(plan, stats.hops)
+                self.replanner.observed(plan, stats)
             if link is not None and plan.stages[1].device == HANDHELD:
                 stats.link = link.name
                 self.handheld_links.carried_by(link)
@@ -453,7 +453,13 @@ class AsyncSession:
         timeout = request_timeout(timeout, len(payload), *self._estimate(link),
                                   explicit=explicit)
         # the request's timeout cancels it here and, by CANCEL, on the peer
-        return await self.executor.exchange(plan, rpc, payload, stats, timeout, conn.rtt_ms)
+        marks: dict[str, float] = {}
+        t_send = time.perf_counter()
+        outputs = await self.executor.exchange(plan, rpc, payload, stats, timeout, conn.rtt_ms,
+                                               marks)
+        if self.replanner is not None:  # the link into the first helper, measured
+            self.replanner.sent(plan.stages[1].device, len(payload), t_send, marks)
+        return outputs
 
     def _estimate(self, link: str | None) -> tuple[float | None, float | None]:
         """(uplink bytes/s, RTT ms) of ``link`` as measured, if anything measures it."""
@@ -592,12 +598,3 @@ class AsyncSession:
 
 
 __all__ = ["AsyncSession", "FrameResult", "ModelMetadata", "NodeArg", "RunStats"]
-
-
-def _profile_for(role: str, runtime: str, profile: Any) -> DeviceProfile | None:
-    """The device profile ``auto`` chooses runtimes from (None unless ``runtime`` is ``auto``)."""
-    if runtime != "auto":
-        return None
-    if isinstance(profile, DeviceProfile):
-        return profile
-    return load_or_default(role, profile)

@@ -37,6 +37,7 @@ from coinf.device.runtime import SliceRunner
 from coinf.wearable.connection import Connection, ShapedConnector, helper_connection
 from coinf.wearable.executor import Executor
 from coinf.wearable.frame import RunStats, check_feed
+from coinf.wearable.link_meter import MIN_SEND_S, Ewma, LinkMeter
 from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS, HelperConfig, load_helpers
 from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Plan, Stage
@@ -65,12 +66,9 @@ from coinf.bundle import Bundle
 from coinf.errors import ErrorCode, InputError, LinkError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
-MAX_BANDWIDTH_BPS = 1e10
 #: a slice's time says little about a device's speed when fixed costs dominate it: only slices
 #: with at least this share of the model's FLOPs update the device's speed
 MIN_SHARE = 0.05
-MIN_SEND_S = 5e-4  # a send shorter than this is not timed, only bounds the bandwidth
-EWMA = 0.3
 #: a pipeline REQUEST's bytes besides its tensors' (frame, route, tensor and packing headers):
 #: priced into every link option, since it dominates a small code's cost
 OVERHEAD_BYTES = 96.0
@@ -78,14 +76,6 @@ OVERHEAD_BYTES = 96.0
 DP_TOLERANCE = 0.01
 #: one more device is used only when it shortens the bottleneck this much (relative)
 MORE_MARGIN = 0.05
-
-
-class _Ewma:
-    def __init__(self, prior: float | None) -> None:
-        self.value = prior
-
-    def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1 - EWMA) * self.value + EWMA * x
 
 
 class PipelineSession:
@@ -132,13 +122,13 @@ class PipelineSession:
         self.executor = Executor(self.bundle, self._slices, self.codecs, self.emulation,
                                  DeviceEmulation(min(self.emulation.slowdown, CODEC_SLOWDOWN)))
         self._result_bytes = sum(t.nbytes for t in self.bundle.outputs)
-        self._speed: dict[str, _Ewma] = {WEARABLE: _Ewma(wearable_speed_flops)}
-        self._speed.update({h.name: _Ewma(h.speed_flops) for h in helpers})
-        self._bw = {h.name: _Ewma(h.bandwidth_bps) for h in helpers}
+        self._speed: dict[str, Ewma] = {WEARABLE: Ewma(wearable_speed_flops)}
+        self._speed.update({h.name: Ewma(h.speed_flops) for h in helpers})
+        #: the links into the helpers (bandwidth measured from the frames that cross them)
+        self.links = LinkMeter({h.name: h.bandwidth_bps for h in helpers})
         self._trigger = ResplitTrigger(replan_threshold)
         self._conns: dict[str, Connection] = {}
         self._dead: dict[str, float] = {}
-        self._sent_end: dict[str, float] = {}
         #: requests on the wearable's own links still waiting for their reply, in issue order
         self._pending: dict[str, list[tuple[float, int, dict[str, float]]]] = {}
         self._delivers: set[str] = set()  # links that report when the radio carried a message
@@ -180,7 +170,7 @@ class PipelineSession:
         return [self._speed[d].value or base for d in devices]
 
     def _bandwidths(self, devices: Sequence[str]) -> list[float]:
-        return [self._bw[d].value or DEFAULT_BANDWIDTH_BPS for d in devices[1:]]
+        return [self.links.value(d) or DEFAULT_BANDWIDTH_BPS for d in devices[1:]]
 
     def _weigh_slices(self) -> None:
         """Weigh each cut by measured time, not FLOPs: one profiled run of the whole model on
@@ -387,7 +377,7 @@ class PipelineSession:
             pending.remove(entry)
         if "delivered" in marks:
             self._delivers.add(plan.devices[1])
-        send_s = service_time(self._sent_end, plan.devices[1], t_send, marks)
+        send_s = self.links.service_time(plan.devices[1], t_send, marks)
         nbytes = len(payload)
         if "delivered" in marks:  # BLE: one completing with the one before shares its air time
             nbytes += self._untimed.pop(plan.devices[1], 0)
@@ -397,13 +387,13 @@ class PipelineSession:
         # measurements: every device's speed, every link's bandwidth
         compute = [stats.head_ms] + [h["compute_ms"] for h in stats.hops]
         links = [send_s * 1e3] + [h["send_ms"] for h in stats.hops[:-1]]
-        self._observe_link(plan.devices[1], nbytes, send_s)
+        self.links.observe(plan.devices[1], nbytes, send_s)
         for st, hop in zip(run.remote, stats.hops, strict=True):
             flops = self._flops[st.end] - self._flops[st.start]
             if flops >= self._min_flops and hop["compute_ms"] > 0:
                 self._speed[st.device].add(flops / (hop["compute_ms"] / 1e3))
         for nxt, hop in zip(plan.devices[2:], stats.hops, strict=False):
-            self._observe_link(nxt, hop["bytes"], hop["send_ms"] / 1e3)
+            self.links.observe(nxt, hop["bytes"], hop["send_ms"] / 1e3)
         return outputs, PipelineStats(plan.devices, plan.cuts, compute, links,
                                       packing=[o.packing for o in choices],
                                       gamma=[o.gamma for o in choices],
@@ -442,8 +432,8 @@ class PipelineSession:
         taken shows the link carries at most ``bytes / elapsed`` -- a bandwidth drop is seen
         while the first slow message is still sending, not after its round trip, so the next
         frames already go compressed instead of queueing more raw tensors behind it."""
-        est = self._bw[receiver].value or DEFAULT_BANDWIDTH_BPS
-        prev_end = self._sent_end.get(receiver, 0.0)
+        est = self.links.value(receiver) or DEFAULT_BANDWIDTH_BPS
+        prev_end = self.links.last_end(receiver)
         now = time.perf_counter()
         for t0, nbytes, marks in self._pending.get(receiver, ()):
             done = marks.get("delivered") if receiver in self._delivers else \
@@ -456,16 +446,6 @@ class PipelineSession:
                 return min(est, nbytes / elapsed)
             break
         return est
-
-    def _observe_link(self, device: str, nbytes: int, seconds: float) -> None:
-        if nbytes <= 0:
-            return
-        est = self._bw[device]
-        if seconds > MIN_SEND_S:
-            est.add(min(nbytes / seconds, MAX_BANDWIDTH_BPS))
-        elif est.value is None or est.value < nbytes / MIN_SEND_S:
-            # too short to time (a fast link took it at once): at least this fast
-            est.value = min(nbytes / MIN_SEND_S, MAX_BANDWIDTH_BPS)
 
     def _connection(self, name: str) -> Connection:
         conn = self._conns.get(name)
@@ -518,17 +498,6 @@ class PipelineSession:
         await self.close()
 
 
-def service_time(last_end: dict[str, float], key: str, t0: float,
-                 marks: Mapping[str, float]) -> float:
-    """How long the link took to carry one message: from when it could start (sent, or the
-    previous message on the same link finished: links are FIFO) until it was taken. Waiting
-    behind earlier frames is queueing, not transfer."""
-    sent = marks.get("delivered", marks.get("sent", t0))  # BLE: on the air, not buffered
-    start = max(t0, last_end.get(key, 0.0))
-    last_end[key] = max(sent, last_end.get(key, 0.0))
-    return max(sent - start, 0.0)
-
-
 def _dead_device(exc: LinkError, plan: PipelinePlan) -> str | None:
     """The device a failed frame shows to be gone: the hop a DISCONNECTED ERROR names (its
     ``hop``: an index into the route the first helper received), or the first helper when the
@@ -544,4 +513,4 @@ def _dead_device(exc: LinkError, plan: PipelinePlan) -> str | None:
 
 
 __all__ = ["HelperConfig", "PipelinePlan", "PipelineSession", "PipelineStats", "link_options",
-           "load_helpers", "option_label", "service_time"]
+           "load_helpers", "option_label"]

@@ -17,7 +17,14 @@ flight:
 * a helper's speed is measured on every frame it runs (its slice's FLOPs over the compute time
   its RESULT reports, averaged): once it is ``SPEED_FACTOR`` x off the speed the plan was
   chosen with (its configured ``speed_flops``, else the handheld profile's), the plan is
-  chosen again with the measured speed (a loaded laptop, a phone that throttles).
+  chosen again with the measured speed (a loaded laptop, a phone that throttles);
+* so is the link into each helper (:class:`~coinf.wearable.link_meter.LinkMeter`: the bytes of
+  each message over the time the link took to carry it; the wearable's own link from the
+  request's marks, the links between helpers from the hand-off times their RESULTs report):
+  once it is ``SPEED_FACTOR`` x slower than the bandwidth the plan was chosen with (the
+  configured one, else the default), over at least ``SPEED_FRAMES`` timed sends, or
+  ``SPEED_FACTOR`` x faster, the plan is chosen again with the measured bandwidth (a crowded
+  radio, a helper walking away, a link far better than configured).
 
 Every change is kept in :attr:`Replanner.history` (bounded): the plan, why, and the first
 frame that ran it; each frame's :class:`~coinf.wearable.frame.RunStats` names its plan and
@@ -33,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from coinf.wearable.frame import RunStats
+from coinf.wearable.link_meter import LinkMeter
 from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS, HelperConfig
 from coinf.wearable.plan import Plan
 from coinf.wearable.planner.strategy import (
@@ -77,6 +86,9 @@ class Replanner:
         #: name -> (frames measured, average FLOP/s); the speeds the plan was chosen with
         self.measured: dict[str, tuple[int, float]] = {}
         self._planned_speed: dict[str, float] = {}
+        #: the links into the helpers, measured; the bandwidths the plan was chosen with
+        self.links = LinkMeter()
+        self._planned_bw: dict[str, float] = {}
         self._flops = {c.id: float(c.head.flops) for c in bundle.candidates}
         self._min_flops = MIN_SHARE * max(self._flops[bundle.candidates[-1].id], 1.0)
         #: what choose_strategy assumes for a helper with no configured speed
@@ -88,12 +100,11 @@ class Replanner:
         return [h for n, h in self.helpers.items() if n not in self.dead]
 
     def _choose(self, reason: str) -> Plan:
-        helpers = [replace(h, speed_flops=self.measured[h.name][1])
-                   if self.measured.get(h.name, (0, 0.0))[0] >= SPEED_FRAMES else h
-                   for h in self.alive()]
+        helpers = [self._as_measured(h) for h in self.alive()]
         options, best, why = choose_strategy(self.bundle, self.planner, helpers,
                                              self.objective, DEFAULT_BANDWIDTH_BPS)
         self._planned_speed = {h.name: h.speed_flops or self._handheld_speed for h in helpers}
+        self._planned_bw = {h.name: h.bandwidth_bps or DEFAULT_BANDWIDTH_BPS for h in helpers}
         plan = to_plan(best, self.bundle)
         assert plan is not None  # the best runnable option always makes a plan
         self.options, self.why = options, why
@@ -108,15 +119,30 @@ class Replanner:
                 log.info("re-planned (%s): %s", reason, plan)
         return plan
 
+    def _as_measured(self, h: HelperConfig) -> HelperConfig:
+        """``h`` with its speed as measured over enough frames, and its link as measured once
+        that is ``SPEED_FACTOR`` x off the configured one (:meth:`_link_off`)."""
+        if self.measured.get(h.name, (0, 0.0))[0] >= SPEED_FRAMES:
+            h = replace(h, speed_flops=self.measured[h.name][1])
+        bw = self._link_off(h.name, h.bandwidth_bps or DEFAULT_BANDWIDTH_BPS)
+        return h if bw is None else replace(h, bandwidth_bps=bw)
+
     def take(self) -> tuple[Plan, int]:
         """The plan for the frame starting now, and its version."""
         self.frames += 1
         return self.plan, self.version
 
     # -- speeds measured -------------------------------------------------------------------
-    def observed(self, plan: Plan, hops: Sequence[dict[str, Any]]) -> None:
-        """A frame of ``plan`` came back with ``hops`` (``RunStats.hops``): average each
-        helper's speed, and choose again when one is ``SPEED_FACTOR`` x off the plan's."""
+    def sent(self, device: str, nbytes: int, t0: float, marks: dict[str, float]) -> None:
+        """The wearable sent a frame's ``nbytes`` to ``device`` at ``t0``; ``marks``: the
+        request's (:meth:`coinf.ble_protocol.rpc.RpcClient.request`)."""
+        self.links.observe(device, nbytes, self.links.service_time(device, t0, marks))
+
+    def observed(self, plan: Plan, stats: RunStats) -> None:
+        """A frame of ``plan`` came back (``stats.hops``: each hop's compute, hand-off and
+        bytes): average each helper's speed and the links between helpers, and choose again
+        when a speed or a link is ``SPEED_FACTOR`` x off the plan's."""
+        hops = stats.hops
         moved = []
         for st, hop in zip(plan.remote, hops, strict=False):
             flops = self._flops.get(st.end, 0.0) - self._flops.get(st.start, 0.0)
@@ -132,8 +158,31 @@ class Replanner:
                     max(avg / planned, planned / avg) > SPEED_FACTOR:
                 moved.append(f"{st.device} measured at {avg / 1e9:.2f} GFLOP/s, planned "
                              f"{planned / 1e9:.2f}")
+        for st, hop in zip(plan.remote[1:], hops, strict=False):
+            self.links.observe(st.device, float(hop.get("bytes") or 0),
+                               float(hop.get("send_ms") or 0.0) / 1e3)
+        moved += [m for m in map(self._link_moved, (st.device for st in plan.remote)) if m]
         if moved:
             self._choose("; ".join(moved))
+
+    def _link_off(self, name: str, planned: float | None) -> float | None:
+        """The measured bandwidth of the link into ``name`` when it is ``SPEED_FACTOR`` x
+        slower than ``planned`` over at least ``SPEED_FRAMES`` timed sends, or that much faster
+        (a bound counts: the link is at least that fast); else None."""
+        est = self.links.value(name)
+        if est is None or not planned:
+            return None
+        slower = self.links.timed.get(name, 0) >= SPEED_FRAMES and est * SPEED_FACTOR < planned
+        return est if slower or est > planned * SPEED_FACTOR else None
+
+    def _link_moved(self, name: str) -> str | None:
+        """Why the link into ``name`` moves the plan, if it does."""
+        planned = self._planned_bw.get(name)
+        est = self._link_off(name, planned) if name in self.helpers else None
+        if est is None or planned is None:
+            return None
+        return f"the link into {name} measured at {est / 1e3:.1f} kB/s, planned " \
+               f"{planned / 1e3:.1f}"
 
     # -- devices leaving and coming back ---------------------------------------------------
     def failed(self, name: str, exc: BaseException) -> bool:
@@ -147,6 +196,7 @@ class Replanner:
     def _leave_out(self, name: str, backoff: float, why: str) -> None:
         backoff = min(backoff, self.max_backoff_s)
         self.dead[name] = (time.monotonic() + backoff, backoff, why)
+        self.links.forget(name)
         log.warning("helper %s left out for %.1f s: %s", name, backoff, why)
         self._choose(why)
 

@@ -43,11 +43,13 @@ from coinf.wearable.pipeline_stages import PipelinePlan, PipelineStats
 from coinf.wearable.plan import WEARABLE, Plan, Stage
 from coinf.wearable.planner.codec_costs import CODEC_SLOWDOWN, peer_decoders
 from coinf.wearable.planner.compress_select import (
+    DP_TOLERANCE,
+    OVERHEAD_BYTES,
     CompressionOption,
-    cheapest_bytes,
     link_options,
     lookup,
     option_label,
+    priced,
     thresholds,
 )
 from coinf.wearable.planner.pipeline_dp import (
@@ -69,11 +71,6 @@ log = logging.getLogger(__name__)
 #: a slice's time says little about a device's speed when fixed costs dominate it: only slices
 #: with at least this share of the model's FLOPs update the device's speed
 MIN_SHARE = 0.05
-#: a pipeline REQUEST's bytes besides its tensors' (frame, route, tensor and packing headers):
-#: priced into every link option, since it dominates a small code's cost
-OVERHEAD_BYTES = 96.0
-#: default of ``PipelineSession.dp_tolerance``
-DP_TOLERANCE = 0.01
 #: one more device is used only when it shortens the bottleneck this much (relative)
 MORE_MARGIN = 0.05
 
@@ -214,10 +211,7 @@ class PipelineSession:
                   for p in self.points]
         if not self.auto_packing:
             return points
-        cands = {c.id: c for c in self.bundle.candidates}
-        return [dataclasses.replace(p, nbytes=cheapest_bytes(link_options(
-            cands[p.id], self.bundle.compressors(p.id), OVERHEAD_BYTES), self.dp_tolerance))
-            for p in points]
+        return priced(self.bundle, points, self.dp_tolerance)
 
     def plan(self, force: bool = False) -> PipelinePlan | None:
         """The split in use (re-made when the devices or their measurements moved); ``None``
@@ -512,5 +506,5 @@ def _dead_device(exc: LinkError, plan: PipelinePlan) -> str | None:
     return None
 
 
-__all__ = ["HelperConfig", "PipelinePlan", "PipelineSession", "PipelineStats", "link_options",
-           "load_helpers", "option_label"]
+__all__ = ["OVERHEAD_BYTES", "HelperConfig", "PipelinePlan", "PipelineSession", "PipelineStats",
+           "link_options", "load_helpers", "option_label"]

@@ -15,13 +15,23 @@ the option that wins above each, so at run time a measured bandwidth is looked u
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from coinf.convert.calibrate import packing_rows, row_bound
 
-from coinf.bundle import Candidate, Compressor
+from coinf.bundle import Bundle, Candidate, Compressor
 from coinf.errors import InputError
+
+#: a pipeline REQUEST's bytes besides its tensors' (frame, route, tensor and packing headers):
+#: priced into every link option, since it dominates a small code's cost
+OVERHEAD_BYTES = 96.0
+#: a cut is priced by its smallest option whose accuracy is within this (relative) of the
+#: cut's most accurate option (1 pp)
+DP_TOLERANCE = 0.01
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -119,14 +129,40 @@ def link_options(cand: Candidate, compressors: Sequence[Compressor] = (),
     return options
 
 
-def cheapest_bytes(options: Sequence[CompressionOption], tolerance: float = 0.01) -> float:
-    """Bytes of the smallest option within ``tolerance`` (relative accuracy) of the most
-    accurate one: what the pipeline DP charges a cut whose link choice is made per frame, so
-    that a slow link draws the cut to where a compressor can shrink it."""
+def cheapest(options: Sequence[CompressionOption],
+             tolerance: float = DP_TOLERANCE) -> CompressionOption:
+    """The smallest option within ``tolerance`` (relative accuracy) of the most accurate one
+    (ties: the more accurate): how a planned hop sends its cut, so that a slow link draws the
+    cut to where a packing or a compressor shrinks it within the quality allowed."""
     if not options:
         raise InputError("no compression option to choose from")
     best = max(o.accuracy for o in options)
-    return min(o.nbytes for o in options if o.accuracy >= best - tolerance)
+    return min((o for o in options if o.accuracy >= best - tolerance),
+               key=lambda o: (o.nbytes, -o.accuracy))
+
+
+def cheapest_bytes(options: Sequence[CompressionOption],
+                   tolerance: float = DP_TOLERANCE) -> float:
+    """Bytes of :func:`cheapest`: what the pipeline DP charges a cut."""
+    return cheapest(options, tolerance).nbytes
+
+
+def hop_option(bundle: Bundle, cut: str, tolerance: float = DP_TOLERANCE) -> CompressionOption:
+    """How a hop sends cut ``cut`` of ``bundle``: :func:`cheapest` of its options (raw, its
+    calibrated packings, its compressors' codes), headers included."""
+    cand = bundle.candidate(cut)
+    return cheapest(link_options(cand, bundle.compressors(cand.id), OVERHEAD_BYTES), tolerance)
+
+
+def priced(bundle: Bundle, points: Sequence[P], tolerance: float = DP_TOLERANCE) -> list[P]:
+    """``points`` (:class:`~coinf.wearable.planner.pipeline_dp.CutPoint`) each costing the
+    bytes its hop sends (:func:`hop_option`), not its raw tensors."""
+    out = []
+    for p in points:
+        point: Any = p
+        out.append(dataclasses.replace(point, nbytes=hop_option(bundle, point.id,
+                                                                tolerance).nbytes))
+    return out
 
 
 def option_label(option: CompressionOption | str) -> str:
@@ -146,5 +182,6 @@ def lookup(table: list[tuple[float, CompressionOption]], bandwidth_bps: float) -
     return table[max(i, 0)][1]
 
 
-__all__ = ["CompressionOption", "cheapest_bytes", "effective_accuracy", "link_options", "lookup",
-           "option_label", "select", "thresholds", "throughput"]
+__all__ = ["DP_TOLERANCE", "OVERHEAD_BYTES", "CompressionOption", "cheapest", "cheapest_bytes",
+           "effective_accuracy", "hop_option", "link_options", "lookup", "option_label",
+           "priced", "select", "thresholds", "throughput"]

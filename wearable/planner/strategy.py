@@ -54,12 +54,15 @@ class StrategyOption:
     notes: list[str] = field(default_factory=list)
     #: the cuts between consecutive devices (a depth split: one; a pipeline: one per link)
     cuts: tuple[str, ...] = ()
+    #: how each cut crosses its link (``raw``, ``q8``, ``g4+q8``...; empty: raw)
+    packings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {"strategy": self.name, "devices": self.devices,
                 "latency_ms": round(self.latency_s * 1e3, 3),
                 "throughput_fps": round(self.throughput_fps, 3), "detail": self.detail,
-                "notes": self.notes, "cuts": list(self.cuts)}
+                "notes": self.notes, "cuts": list(self.cuts),
+                "packings": list(self.packings or ("raw",) * len(self.cuts))}
 
     @property
     def runnable(self) -> bool:
@@ -79,7 +82,9 @@ def to_plan(option: StrategyOption, bundle: Any) -> Any:
     ids = [bundle.candidates[0].id, *option.cuts, bundle.candidates[-1].id]
     if option.name == "local":
         ids = [ids[0], ids[-1]]
-    stages = [Stage(d, a, b) for d, a, b in zip(option.devices, ids, ids[1:], strict=False)]
+    packs = [*(option.packings or ("raw",) * len(option.cuts)), "raw"]
+    stages = [Stage(d, a, b, packing=p) for d, a, b, p
+              in zip(option.devices, ids, ids[1:], packs, strict=False)]
     return Plan.build(bundle, stages, {"latency_ms": option.latency_s * 1e3,
                                        "throughput_fps": option.throughput_fps})
 
@@ -206,9 +211,12 @@ def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any], objective
                                                            str]:
     """Local, a depth split or a pipeline over this wearable and ``helpers`` (HelperConfig),
     compared on the planner's device profiles (:func:`profile_speeds`; a helper's configured
-    speed, else the handheld profile's) and the helpers' configured links: every option, the
-    best one the executor runs, and why. What a Session given helpers runs and what ``coinf
-    plan --helpers`` prints."""
+    speed, else the handheld profile's) and the helpers' configured links, each cut costing
+    what its hop sends: its smallest packing or compressor code within the policy's accuracy
+    tolerance (:func:`~coinf.wearable.planner.compress_select.hop_option`; raw for a bundle not
+    calibrated). Every option, the best one the executor runs, and why. What a Session given
+    helpers runs and what ``coinf plan --helpers`` prints."""
+    from coinf.wearable.planner.compress_select import hop_option, option_label, priced
     from coinf.wearable.planner.pipeline_dp import cut_points
 
     wear, hand = profile_speeds(planner)
@@ -217,7 +225,12 @@ def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any], objective
     bws = [h.bandwidth_bps or default_bandwidth_bps for h in helpers]
     lats = [h.latency_s for h in helpers]
     result = float(sum(t.nbytes for t in bundle.outputs))
-    options = compare(cut_points(bundle), names, speeds, bws, lats, result,
-                      objective=objective)
+    tolerance = float(getattr(getattr(planner, "policy", None), "accuracy_tolerance_pp",
+                              1.0)) / 100.0
+    options = compare(priced(bundle, cut_points(bundle), tolerance), names, speeds, bws, lats,
+                      result, objective=objective)
+    for o in options:
+        if o.cuts:
+            o.packings = tuple(option_label(hop_option(bundle, c, tolerance)) for c in o.cuts)
     best, why = choose([o for o in options if o.runnable], objective)
     return options, best, why

@@ -42,6 +42,7 @@ from coinf.cli import argtypes
 from coinf.cli.bench import (
     attack_peers,  # noqa: F401  (registers its attackers)
     emit,
+    options,
 )
 from coinf.cli.bench.attack_arena import ATTACKERS, Arena, Outcome, attacker
 
@@ -211,8 +212,7 @@ async def connection_flood_same_address(arena: Arena) -> Outcome:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True,
-                        help="bundle directory (coinf split) the helper serves")
+    options.add_bundle(parser, required=True)
     parser.add_argument("--attackers", nargs="*", choices=sorted(ATTACKERS), metavar="NAME",
                         help=f"only these (default all: {', '.join(ATTACKERS)})")
     parser.add_argument("--duration-s", type=argtypes.seconds, default=5.0,

@@ -26,22 +26,22 @@ from typing import Any
 import numpy as np
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 from coinf.errors import InputError
 
 DIGITS_MODELS = ("lenet_digits", "digitnet")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    options.add_json(parser)
     parser.add_argument("--zoo", action="append", default=[], metavar="NAME",
                         help="a committed zoo model (repeatable; default lenet_digits)")
     parser.add_argument("--model", default=None, help="a pretrained model (coinf models list)")
     parser.add_argument("--bundle", default=None, help="any bundle (with --data)")
-    parser.add_argument("--data", default=None, help="with --bundle: 'digits' or an .npz")
+    options.add_data(parser)
     parser.add_argument("--samples", type=argtypes.positive_int, default=64,
                         help="with --model: real inputs to make; --zoo: synthetic inputs")
-    parser.add_argument("--limit", type=argtypes.positive_int, default=None, help="first N inputs")
+    options.add_limit(parser)
     parser.add_argument("--cuts", type=argtypes.positive_int, default=4,
                         help="split cuts per model: the N with the fewest crossing bytes")
     parser.add_argument("--candidates", default=None, help="comma-separated ids instead")

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress
+from coinf.cli.bench import emit, options, progress
 
 SCENARIOS = ("handheld_killed", "handheld_frozen", "radio_killed", "chunk_faults")
 #: after the heal, a scenario goes on (beyond its inferences) until offloading resumed, or this
@@ -299,9 +299,9 @@ def heal(name: str, procs: Procs) -> None:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="bundle directory (coinf split)")
-    parser.add_argument("--split", default="c004", help="candidate to offload (default c004)")
-    parser.add_argument("--preset", default="pi-zero-2w", help="radio preset")
+    options.add_bundle(parser, required=True)
+    options.add_split(parser, "c004")
+    options.add_preset(parser)
     parser.add_argument("--inferences", type=argtypes.positive_int, default=1000,
                         help="inferences per scenario (default 1000)")
     parser.add_argument("--period-ms", type=argtypes.number(1, 60_000), default=100.0,
@@ -314,5 +314,5 @@ def register(parser: argparse.ArgumentParser) -> None:
                         default=0.02,
                         help="chunk_faults: probability of each fault (drop, duplicate, corrupt, "
                         "reorder) per data chunk")
-    parser.add_argument("--json", action="store_true", help="(always JSON)")
+    options.add_json(parser)
     parser.set_defaults(func=run)

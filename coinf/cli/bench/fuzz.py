@@ -68,7 +68,7 @@ from coinf.ble_protocol.request import (
 )
 from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.cli import argtypes
-from coinf.cli.bench import emit
+from coinf.cli.bench import emit, options
 from coinf.cli.bench.fuzz_ans import ans_case
 from coinf.cli.bench.fuzz_codecs import CODEC_INPUTS, codec_seeds, fuzz_codec
 from coinf.cli.bench.fuzz_engine import fuzz_one, join_chunks, rss_resettable, split_chunks
@@ -142,6 +142,105 @@ def _pairing_cases() -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
             "wifi_pair_reply": ([reply], checked(wp.parse_reply))}
 
 
+_BUNDLE_ID = "model-1234"
+_PRIORS = "ab" * 32
+
+
+def _reassembler(max_message_bytes: int) -> Callable[[bytes], Any]:
+    """Decode a byte string of joined chunks as one receiver reassembling them."""
+    def reassemble(data: bytes) -> Any:
+        r = Reassembler(max_message_bytes=max_message_bytes)
+        out = None
+        for chunk in split_chunks(data):
+            out = r.feed(chunk) or out
+        return out
+
+    return reassemble
+
+
+def _hello_check(data: bytes) -> Any:
+    """A control frame; a HELLO or HELLO_ACK is also checked against the bundle."""
+    kind, body = gatt.parse_ctrl(data)
+    if kind in (gatt.Ctrl.HELLO, gatt.Ctrl.HELLO_ACK):
+        return gatt.check_hello(body, _BUNDLE_ID)
+    return body
+
+
+def _decode_err(data: bytes) -> Any:
+    err = decode_error(data)
+    assert isinstance(err, ProtocolError)
+    return err
+
+
+def _session_hello(data: bytes) -> Any:
+    """A session HELLO / HELLO_ACK as the wearable reads it: the JSON, then what the peer
+    decodes, its compressors, and each packing fitted to them (codec negotiation)."""
+    ack = decode_json(data)
+    names = peer_decoders(ack, _PRIORS)
+    comps = peer_compressors(ack)
+    fitted = [negotiate.fit(PackSpec.parse(s), names) for s in ("ans4", "qz4", "jpeg-q90")]
+    return names, comps, fitted, [negotiate.missing(f, names) for f, _ in fitted]
+
+
+def _profile(data: bytes) -> Any:
+    try:
+        return DeviceProfile.from_bytes(data)
+    except ProfileError as exc:  # the profile decoder's documented error
+        raise ProtocolError(ErrorCode.MALFORMED, str(exc)) from None
+
+
+def _chunk_cases(message: Message) -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
+    """A message's chunks one by one, and all of them joined (in order and reversed)."""
+    chunks = list(encode_chunks(message, 244))[:40] + list(encode_chunks(message, 244))[-2:]
+    return {
+        "frames": ([bytes(c) for c in chunks], lambda d: Reassembler().feed(d)),
+        "reassembly": ([join_chunks(chunks), join_chunks(chunks[::-1])],
+                       _reassembler(len(message.payload) + 64)),
+    }
+
+
+def _control_cases() -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
+    """Control frames and the JSON bodies of the session's handshake and status replies."""
+    hello = gatt.make_hello(_BUNDLE_ID, 247, role="handheld")
+    session_ack = {"bundle": _BUNDLE_ID, "capabilities": ["raw", "packed", "stages", "tile"],
+                   "compressors": [{"cut": "c001", "gamma": 4}, {"cut": "c002", "gamma": 8}],
+                   "decoders": negotiate.decodable(),
+                   "priors": _PRIORS, "protocol": 2, "role": "handheld"}
+    status = encode_json({"device": DeviceStatus(cpu_load=0.3, battery_pct=80.0).to_json(),
+                          "role": "handheld", "requests": 3})
+    return {
+        "control_frame": ([gatt.ctrl_json(gatt.Ctrl.HELLO, hello), gatt.ctrl_credit(12),
+                           gatt.ctrl_abort(3, 9), gatt.ctrl_error(ErrorCode.BUSY, "busy"),
+                           bytes([gatt.Ctrl.SENT]) + arq.sent_body(3, 9, 40),
+                           bytes([gatt.Ctrl.NACK]) + arq.nack_body(3, 9, [(0, 498), (996, 1400)]),
+                           bytes([gatt.Ctrl.SYNC]) + arq.sync_body(40)],
+                          _hello_check),
+        "json_hello": ([encode_json(hello)], decode_json),
+        "session_hello": ([encode_json(session_ack), encode_json(
+            {**session_ack, "role": "wearable", "decoders": ["f16", "q", "qz", 7, None]}),
+            encode_json({"bundle": _BUNDLE_ID, "protocol": 2})], _session_hello),
+        "status_reply": ([status], decode_status_reply),
+        "profile_reply": ([encode_json(DeviceProfile.default("handheld").to_json())], _profile),
+    }
+
+
+def _request_cases(split: bytes, blob_raw: bytes, blob_packed: bytes, budget: int
+                   ) -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
+    """Requests (a split, a route, a tile, the rest), results and errors."""
+    requests = [split, encode_request(Request.route([
+        Hop("c001", "c002", "phone", packing="q8"), Hop("c002", "c003", "laptop", gamma=4)]),
+        blob_packed), encode_request(Request.for_tile(Tile(0, 2, 0, 8, 4, 12)), blob_raw),
+        encode_request(REST, blob_raw)]
+    return {
+        "request": (requests, lambda d: decode_tensors(decode_request(d)[1], max_bytes=budget)),
+        "result": ([encode_result([HopStats(1234)], blob_packed)],
+                   lambda d: decode_tensors(decode_result(d, 1)[1], max_bytes=budget)),
+        "route_result": ([encode_result([HopStats(1, 2, 3), HopStats(4)], blob_raw)],
+                         lambda d: decode_tensors(decode_result(d, 2)[1], max_bytes=budget)),
+        "error": ([encode_error(ErrorCode.TAIL_FAILED, "tail failed")], _decode_err),
+    }
+
+
 def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[bytes], Any]]]:
     """decoder name -> (valid inputs, decode function). Budgets are what the receiver knows
     from the model's signature: the seeds' decoded size, never what a header declares."""
@@ -151,86 +250,23 @@ def seeds(rng: np.random.Generator) -> dict[str, tuple[list[bytes], Callable[[by
                                                           strict=True)}
     blob_raw = encode_tensors(t)
     blob_packed = encode_tensors({}, packed=packed)
-    hello = gatt.make_hello("model-1234", 247, role="handheld")
-    session_ack = {"bundle": "model-1234", "capabilities": ["raw", "packed", "stages", "tile"],
-                   "compressors": [{"cut": "c001", "gamma": 4}, {"cut": "c002", "gamma": 8}],
-                   "decoders": negotiate.decodable(),
-                   "priors": "ab" * 32, "protocol": 2, "role": "handheld"}
     split = encode_request(Request.split("c001", "c003"), blob_raw)
-    message = Message(MsgType.REQUEST, 7, split)
-    requests = [split, encode_request(Request.route([
-        Hop("c001", "c002", "phone", packing="q8"), Hop("c002", "c003", "laptop", gamma=4)]),
-        blob_packed), encode_request(Request.for_tile(Tile(0, 2, 0, 8, 4, 12)), blob_raw),
-        encode_request(REST, blob_raw)]
-    chunks = list(encode_chunks(message, 244))[:40] + list(encode_chunks(message, 244))[-2:]
-    txt = _txt_bytes(txt_record("phone", "model-1234", 12.5))
+    txt = _txt_bytes(txt_record("phone", _BUNDLE_ID, 12.5))
+    control = _control_cases()
     codes, table = _latent_codes(rng)
-    status = encode_json({"device": DeviceStatus(cpu_load=0.3, battery_pct=80.0).to_json(),
-                          "role": "handheld", "requests": 3})
-
-    def reassemble(data: bytes) -> Any:
-        r = Reassembler(max_message_bytes=len(message.payload) + 64)
-        out = None
-        for chunk in split_chunks(data):
-            out = r.feed(chunk) or out
-        return out
-
-    def hello_check(data: bytes) -> Any:
-        kind, body = gatt.parse_ctrl(data)
-        if kind in (gatt.Ctrl.HELLO, gatt.Ctrl.HELLO_ACK):
-            return gatt.check_hello(body, "model-1234")
-        return body
-
-    def decode_err(data: bytes) -> Any:
-        err = decode_error(data)
-        assert isinstance(err, ProtocolError)
-        return err
-
-    def session_hello(data: bytes) -> Any:
-        """A session HELLO / HELLO_ACK as the wearable reads it: the JSON, then what the peer
-        decodes, its compressors, and each packing fitted to them (codec negotiation)."""
-        ack = decode_json(data)
-        names = peer_decoders(ack, "ab" * 32)
-        comps = peer_compressors(ack)
-        fitted = [negotiate.fit(PackSpec.parse(s), names) for s in ("ans4", "qz4", "jpeg-q90")]
-        return names, comps, fitted, [negotiate.missing(f, names) for f, _ in fitted]
-
-    def profile(data: bytes) -> Any:
-        try:
-            return DeviceProfile.from_bytes(data)
-        except ProfileError as exc:  # the profile decoder's documented error
-            raise ProtocolError(ErrorCode.MALFORMED, str(exc)) from None
-
     return {
-        "frames": ([bytes(c) for c in chunks], lambda d: Reassembler().feed(d)),
-        "reassembly": ([join_chunks(chunks), join_chunks(chunks[::-1])], reassemble),
+        **_chunk_cases(Message(MsgType.REQUEST, 7, split)),
         "tensor_map": ([blob_raw, blob_packed], lambda d: decode_tensors(d, max_bytes=budget)),
         "packed_tensor": ([*packed.values(), *(packing.pack(a, "qz3") for a in t.values())],
                           lambda d: packing.unpack(d, max_bytes=budget)),
-        "control_frame": ([gatt.ctrl_json(gatt.Ctrl.HELLO, hello), gatt.ctrl_credit(12),
-                           gatt.ctrl_abort(3, 9), gatt.ctrl_error(ErrorCode.BUSY, "busy"),
-                           bytes([gatt.Ctrl.SENT]) + arq.sent_body(3, 9, 40),
-                           bytes([gatt.Ctrl.NACK]) + arq.nack_body(3, 9, [(0, 498), (996, 1400)]),
-                           bytes([gatt.Ctrl.SYNC]) + arq.sync_body(40)],
-                          hello_check),
-        "json_hello": ([encode_json(hello)], decode_json),
-        "session_hello": ([encode_json(session_ack), encode_json(
-            {**session_ack, "role": "wearable", "decoders": ["f16", "q", "qz", 7, None]}),
-            encode_json({"bundle": "model-1234", "protocol": 2})], session_hello),
-        "status_reply": ([status], decode_status_reply),
-        "profile_reply": ([encode_json(DeviceProfile.default("handheld").to_json())], profile),
-        "request": (requests, lambda d: decode_tensors(decode_request(d)[1], max_bytes=budget)),
-        "result": ([encode_result([HopStats(1234)], blob_packed)],
-                   lambda d: decode_tensors(decode_result(d, 1)[1], max_bytes=budget)),
-        "route_result": ([encode_result([HopStats(1, 2, 3), HopStats(4)], blob_raw)],
-                         lambda d: decode_tensors(decode_result(d, 2)[1], max_bytes=budget)),
-        "error": ([encode_error(ErrorCode.TAIL_FAILED, "tail failed")], decode_err),
+        **control,
+        **_request_cases(split, blob_raw, blob_packed, budget),
         "packed_latent": ([packing.pack(c, PackSpec("latent", priors=table)) for c in codes],
                           lambda d: packing.unpack(d, max_bytes=budget)),
         **_pairing_cases(),
         "control_line": ([b'{"op": "reload"}\n', b'{"op": "status"}'], parse_request),
         "txt_record": ([txt], lambda d: parse_announcement("helper._coinf._tcp.local.", d,
-                                                           ["127.0.0.1"], 7878, "model-1234")),
+                                                           ["127.0.0.1"], 7878, _BUNDLE_ID)),
     }
 
 
@@ -291,7 +327,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="inputs per decoder")
     parser.add_argument("--codec-inputs", type=argtypes.count, default=CODEC_INPUTS,
                         help="inputs per standard-codec decoder (codec_*), at most --inputs")
-    parser.add_argument("--seed", type=argtypes.seed, default=1)
+    options.add_seed(parser, 1)
     parser.add_argument("--decoders", nargs="*", help="only these decoders")
-    parser.add_argument("--json", action="store_true", help="(always JSON)")
+    options.add_json(parser)
     parser.set_defaults(func=run)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress, stop_processes
+from coinf.cli.bench import emit, options, progress, stop_processes
 
 MIB = 1 << 20
 GOAL_MIB = 16.0
@@ -66,8 +66,8 @@ asyncio.run(main())
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="bundle directory (coinf split)")
-    parser.add_argument("--split", help="candidate to offload (default: the bundle's first)")
+    options.add_bundle(parser, required=True)
+    options.add_split(parser, default_text="the bundle's first")
     parser.add_argument("--mib", type=argtypes.integer(1, 1024), default=60,
                         help="result: the hostile RESULT's size in MiB (default 60)")
     parser.add_argument("--runs", type=argtypes.positive_int, default=3,
@@ -80,7 +80,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="slow_connections: how long the attack is watched (default 20 s)")
     parser.add_argument("--scenarios", nargs="+", choices=["result", "slow_connections"],
                         default=["result", "slow_connections"])
-    parser.add_argument("--json", action="store_true", help="(always JSON)")
+    options.add_json(parser)
     parser.set_defaults(func=run)
 
 

@@ -16,11 +16,11 @@ import secrets
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default pi-zero-2w)")
+    options.add_preset(parser)
     parser.add_argument("--bytes", type=argtypes.integer(1, 1 << 30), default=100_000,
                         help="message size in bytes")
     parser.add_argument("--messages", type=argtypes.positive_int, default=3,
@@ -38,7 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="real seconds per emulated second (>1 = slow motion when the CPU cannot keep up)",
     )
     parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="radio override")
-    parser.add_argument("--json", action="store_true", help="print JSON (always on; kept for CI)")
+    options.add_json(parser)
     parser.set_defaults(func=run)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress
+from coinf.cli.bench import emit, options, progress
 
 MODELS = ("mobilenetv2_imagenet", "swift_f0", "yolov8n_faces", "ppocr_rec", "ppocr_det")
 LINKS = ("ble", "ble-2m", "wifi")
@@ -60,7 +60,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "2 W profile predicts for it, layer by layer; scaled: this machine's "
                         "time x one slowdown per model (this CPU's share per layer)")
     parser.add_argument("--png", help="write the map as a grid picture")
-    parser.add_argument("--json", action="store_true", help="(the output is always JSON)")
+    options.add_json(parser)
     parser.set_defaults(func=run)
 
 

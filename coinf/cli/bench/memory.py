@@ -12,13 +12,12 @@ import statistics
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress
+from coinf.cli.bench import emit, options, progress
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="split bundle whose heads to measure")
-    parser.add_argument("--threads", type=argtypes.threads, default=1,
-                        help="onnxruntime intra-op threads")
+    options.add_bundle(parser, required=True)
+    options.add_threads(parser)
     parser.add_argument("--runs", type=argtypes.positive_int, default=2,
                         help="inferences per head process")
     parser.add_argument("--only", help="comma-separated candidate ids (default: every head)")

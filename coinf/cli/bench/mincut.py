@@ -7,7 +7,7 @@ import random
 import time
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 from coinf.wearable.planner.mincut import Dag, min_cut, transfer_costs
 
 
@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=argtypes.integer(2, 1_000_000), default=1700)
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=7)
-    parser.add_argument("--seed", type=argtypes.seed, default=0)
+    options.add_repeats(parser, 7)
+    options.add_seed(parser, 0)
     parser.add_argument("--bandwidth-bps", type=argtypes.positive, default=20_000.0)
     parser.add_argument("--method", choices=("edmonds_karp", "dinic"), default="edmonds_karp",
                         help="scipy max-flow algorithm")

@@ -9,39 +9,36 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model file")
-    parser.add_argument("--split", help="candidate id (default: the middle candidate)")
+    options.add_split(parser, default_text="the middle candidate")
     parser.add_argument("--bundle", help="reuse this bundle of MODEL instead of splitting anew")
     parser.add_argument("--runs", type=argtypes.positive_int, default=200,
                         help="interleaved pairs (median)")
-    parser.add_argument("--warmup", type=argtypes.count, default=10)
-    parser.add_argument("--threads", type=argtypes.threads, default=1,
-                        help="onnxruntime threads per side")
+    options.add_warmup(parser, 10)
+    options.add_threads(parser)
     parser.add_argument("--session", action="store_true",
                         help="also time Session.run over the in-process link")
-    parser.add_argument("--json", action="store_true", help="(always JSON; accepted for symmetry)")
+    options.add_json(parser)
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import onnxruntime as ort
-
+def _bundle_and_candidate(args: argparse.Namespace, model: Path
+                          ) -> tuple[Any, Any, tempfile.TemporaryDirectory[str] | None]:
+    """The bundle (``--bundle``, else ``model`` split into a temporary folder, returned too)
+    and the candidate to time (``--split``, else the middle one)."""
     from coinf.bundle import Bundle
-    from coinf.cli.sample import bundle_feeds
     from coinf.errors import UserError
 
-    if args.runs < 1:
-        raise UserError("--runs must be >= 1")
-    model = Path(args.model)
-    if not model.is_file():  # before the "splitting" line: the error alone
-        raise UserError(f"MODEL {model}: no such file (expected an .onnx file)")
     tmp = None
     if args.bundle:
         bundle = Bundle.load(args.bundle)
@@ -57,16 +54,53 @@ def run(args: argparse.Namespace) -> int:
         cand = bundle.candidates[len(bundle.candidates) // 2]
     if cand.head.file is None or cand.tail.file is None:
         raise UserError(f"candidate {cand.id} is an extreme; pick one with a head and a tail")
+    return bundle, cand, tmp
 
-    def session(path: Path) -> ort.InferenceSession:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = args.threads
-        opts.inter_op_num_threads = 1
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
-    whole = session(bundle.model_path)
-    head = session(bundle.path(cand.head.file))
-    tail = session(bundle.path(cand.tail.file))
+def _ort_session(path: Path, threads: int) -> Any:
+    """An onnxruntime CPU session with ``threads`` intra-op threads (one inter-op)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _time_interleaved(run_whole: Callable[[], object], run_split: Callable[[], object],
+                      run_session: Callable[[], object] | None, runs: int
+                      ) -> tuple[list[float], list[float], list[float]]:
+    """ms per run of the whole model, the split and (if given) the Session, interleaved:
+    whole then split on even runs, split then whole on odd ones, the Session last."""
+    full_ms: list[float] = []
+    split_ms: list[float] = []
+    session_ms: list[float] = []
+    for i in range(runs):
+        order = (run_whole, run_split) if i % 2 == 0 else (run_split, run_whole)
+        for fn in order:
+            t0 = time.perf_counter()
+            fn()
+            (full_ms if fn is run_whole else split_ms).append((time.perf_counter() - t0) * 1e3)
+        if run_session is not None:
+            t0 = time.perf_counter()
+            run_session()
+            session_ms.append((time.perf_counter() - t0) * 1e3)
+    return full_ms, split_ms, session_ms
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.cli.sample import bundle_feeds
+    from coinf.errors import UserError
+
+    if args.runs < 1:
+        raise UserError("--runs must be >= 1")
+    model = Path(args.model)
+    if not model.is_file():  # before the "splitting" line: the error alone
+        raise UserError(f"MODEL {model}: no such file (expected an .onnx file)")
+    bundle, cand, tmp = _bundle_and_candidate(args, model)
+    whole = _ort_session(bundle.model_path, args.threads)
+    head = _ort_session(bundle.path(cand.head.file), args.threads)
+    tail = _ort_session(bundle.path(cand.tail.file), args.threads)
     feeds = bundle_feeds(bundle)
     head_in = {i.name: feeds[i.name] for i in head.get_inputs()}
     head_out = [o.name for o in head.get_outputs()]
@@ -87,26 +121,16 @@ def run(args: argparse.Namespace) -> int:
         sess = Session(bundle, SessionOptions(
             placement=PlacementOptions(split=cand.id),
             emulation=EmulationOptions(threads=args.threads, handheld_threads=args.threads)))
+    run_session = None if sess is None else partial(sess.run, None, feeds)
 
     for _ in range(args.warmup):
         run_whole()
         run_split()
-        if sess is not None:
-            sess.run(None, feeds)
-    full_ms: list[float] = []
-    split_ms: list[float] = []
-    session_ms: list[float] = []
+        if run_session is not None:
+            run_session()
     progress(f"timing {args.runs} interleaved runs of {model.name} at {cand.id} ...")
-    for i in range(args.runs):
-        order = (run_whole, run_split) if i % 2 == 0 else (run_split, run_whole)
-        for fn in order:
-            t0 = time.perf_counter()
-            fn()
-            (full_ms if fn is run_whole else split_ms).append((time.perf_counter() - t0) * 1e3)
-        if sess is not None:
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            session_ms.append((time.perf_counter() - t0) * 1e3)
+    full_ms, split_ms, session_ms = _time_interleaved(run_whole, run_split, run_session,
+                                                      args.runs)
     result = {
         "model": model.name,
         "split": cand.id,

@@ -24,28 +24,23 @@ import numpy as np
 from coinf.ble_protocol import bitplanes, packing
 from coinf.ble_protocol.tensors import encode_tensors
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 from coinf.errors import InputError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
-    parser.add_argument("--bundle", default=None,
-                        help="bundle to measure (default: the zoo's trained lenet_digits)")
-    parser.add_argument("--data", default="digits",
-                        help="with --bundle: 'digits' or an .npz (see coinf calibrate)")
-    parser.add_argument("--limit", type=argtypes.positive_int, default=None,
-                        help="first N validation inputs")
+    options.add_json(parser)
+    options.add_bundle(parser, default_text="the zoo's trained lenet_digits")
+    options.add_data(parser, "digits")
+    options.add_limit(parser)
     parser.add_argument("--labels", default=None, metavar="KEY",
                         help="with --data FILE.npz: the array of integer labels")
     parser.add_argument("--metric", default=None,
                         help="accuracy metric (see coinf calibrate --metric; default top1)")
     parser.add_argument("--metric-output", action="append", default=[], metavar="NAME",
                         help="output(s) the metric reads (default: the first)")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=15,
-                        help="timing repeats (median)")
-    parser.add_argument("--tolerance", type=argtypes.percent, default=1.0,
-                        help="accuracy drop allowed, pp")
+    options.add_repeats(parser, 15)
+    options.add_tolerance(parser)
     parser.add_argument("--pi-slowdown", type=argtypes.slowdown, default=10.0,
                         help="assumed Pi Zero 2 W / this-machine compute time ratio")
     parser.add_argument("--throughput-mb", type=argtypes.number(0, 1e4, lo_open=True), default=4.0,
@@ -147,53 +142,76 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dict[str, Any]:
+def _calibrated_rows(bundle: Any, data: Any, args: argparse.Namespace
+                     ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Every packing's ratio and accuracy drop at every cut: (calibration tables per
+    candidate, one row each)."""
     from coinf.convert import calibrate as cal
     from coinf.convert.metrics import parse_metric
     from coinf.convert.packcal import Options
 
-    tol = args.tolerance
     metric = parse_metric(getattr(args, "metric", None), getattr(args, "metric_output", []),
                           [t.name for t in bundle.outputs])
     tables = cal.calibrate(bundle, data, cal.DEFAULT_SPECS, progress=progress,
-                           options=Options(metric=metric, tolerance_pp=tol))
+                           options=Options(metric=metric, tolerance_pp=args.tolerance))
     rows = [{"cut": f"{cid} {bundle.candidate(cid).label}", "bits": r["spec"],
              "ratio": r["ratio"], "accuracy_drop_pp": r["accuracy_drop_pp"],
              "mean_bytes": r["mean_bytes"], "metric": r.get("metric"),
              **({"tensors": r["tensors"]} if r.get("tensors") else {})}
             for cid, rs in tables.items() for r in rs]
-    ok = [r for r in rows if r["accuracy_drop_pp"] <= tol]
-    best = max(ok, key=lambda r: r["ratio"]) if ok else None
+    return tables, rows
 
-    # --- codec speed: the largest crossing tensor of the model, tiled to --throughput-mb ----
+
+def _codec_speeds(bundle: Any, tables: dict[str, Any], data: Any, spec: str,
+                  args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Codec speed on the largest crossing tensor of the model, and on distinct inputs' such
+    tensors side by side to ``--throughput-mb`` (tiling one would flatter LZ4): (the
+    ``codec_speed`` entries ``large_tensor`` and ``model_tensor``)."""
+    from coinf.convert import calibrate as cal
+
     biggest = max((c for c in bundle.candidates if c.id in tables), key=lambda c: c.crossing_bytes)
     runner = cal.CandidateRunner(bundle, biggest)
     name = max(biggest.crossing, key=lambda t: t.nbytes).name
     tensor = runner.run_head(data.feed(0))[name].astype(np.float32)
     want = max(1, int(args.throughput_mb * 1e6 / tensor.nbytes))
-    # distinct inputs' activations side by side (tiling one would flatter LZ4)
     parts = [runner.run_head(data.feed(i % len(data)))[name].astype(np.float32).reshape(-1)
              for i in range(want)]
     large = np.concatenate(parts)
-    speed_spec = best["bits"] if best and best["bits"].startswith("q") else "q4"
     progress(f"codec speed on {large.nbytes / 1e6:.1f} MB ({want} inputs' {biggest.id} "
-             f"tensors), {speed_spec}...")
-    speed_large = _codec_speed(large, speed_spec, args.repeats)
-    speed_model = _codec_speed(tensor, speed_spec, args.repeats)
+             f"tensors), {spec}...")
+    speed_large = _codec_speed(large, spec, args.repeats)
+    speed_model = _codec_speed(tensor, spec, args.repeats)
+    return ({"mb": round(large.nbytes / 1e6, 2), "inputs": want,
+             "distinct_inputs": min(want, len(data)), **speed_large},
+            {"cut": f"{biggest.id} {biggest.label}", "shape": list(tensor.shape),
+             **speed_model})
 
-    # --- end-to-end model on the pi-zero-2w preset --------------------------------------------
-    cap, cap_source = pi_zero_capacity()
-    slow = args.pi_slowdown
+
+def _head_ms(bundle: Any, cand: Any, feed: dict[str, Any], repeats: int) -> float:
+    """Median ms of the candidate's head on this machine (0 without a head)."""
+    from coinf.convert import calibrate as cal
+
+    if cand.head.file is None:
+        return 0.0
+    sess = cal.session(bundle.path(cand.head.file))
+    names = [o.name for o in sess.get_outputs()]
+    hfeed = {i.name: feed[i.name] for i in sess.get_inputs()}
+    return 1e3 * _time(partial(sess.run, names, hfeed), repeats)
+
+
+def _latencies(bundle: Any, tables: dict[str, Any], feed: dict[str, Any],
+               args: argparse.Namespace, cap: float
+               ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """Modelled end-to-end ms of every candidate without packing, and of every (candidate,
+    packing) within ``--tolerance``: the wearable's compute and packing x ``--pi-slowdown``,
+    the handheld's as measured, transfers at ``cap`` bytes/s."""
+    from coinf.convert import calibrate as cal
+
+    slow, tol = args.pi_slowdown, args.tolerance
     lat_raw: dict[str, float] = {}
     lat_pack: dict[tuple[str, str], float] = {}
-    feed = data.feed(0)
     for cand in bundle.candidates:
-        head_ms = 0.0
-        if cand.head.file is not None:
-            sess = cal.session(bundle.path(cand.head.file))
-            names = [o.name for o in sess.get_outputs()]
-            hfeed = {i.name: feed[i.name] for i in sess.get_inputs()}
-            head_ms = 1e3 * _time(partial(sess.run, names, hfeed), args.repeats)
+        head_ms = _head_ms(bundle, cand, feed, args.repeats)
         if cand.is_wearable_only:
             lat_raw[cand.id] = head_ms * slow
             continue
@@ -215,6 +233,12 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
             map_overhead = len(encode_tensors({}, packed=bodies)) - sum(map(len, bodies.values()))
             wire = r["mean_bytes"] + map_overhead
             lat_pack[(cand.id, spec)] = fixed + pack_ms * slow + unpack_ms + 1e3 * wire / cap
+    return lat_raw, lat_pack
+
+
+def _e2e(bundle: Any, lat_raw: dict[str, float], lat_pack: dict[tuple[str, str], float],
+         args: argparse.Namespace, cap: float, cap_source: str) -> tuple[float, dict[str, Any]]:
+    """(the end-to-end speedup packing gives on the Pi Zero, the ``e2e`` entry)."""
     offload_raw = {k: v for k, v in lat_raw.items() if not bundle.candidate(k).is_wearable_only}
     raw_off = min(offload_raw, key=lambda k: offload_raw[k])
     raw_best = min(lat_raw, key=lambda k: lat_raw[k])
@@ -233,6 +257,42 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
         return None if best_id is None else {"config": best_id,
                                              "latency_ms": round(every[best_id], 2)}
 
+    return round(lat_raw[raw_best] / best_packed_ms, 2), {
+        "preset": "pi-zero-2w",
+        "transfer_model": "formula",
+        "capacity_bytes_per_s": round(cap, 1),
+        "capacity_source": cap_source,
+        "pi_slowdown_assumed": args.pi_slowdown,
+        "tolerance_pp": args.tolerance,
+        "without_packing": {"cut": cut(raw_best), "latency_ms": round(lat_raw[raw_best], 2)},
+        "with_packing": ({"cut": cut(pack_best[0]), "bits": pack_best[1],
+                          "latency_ms": round(lat_pack[pack_best], 2)} if pack_best else None),
+        "offload_speedup": (round(lat_raw[raw_off] / lat_pack[pack_best], 2)
+                            if pack_best else None),
+        "offload_without_packing": {"cut": cut(raw_off),
+                                    "latency_ms": round(lat_raw[raw_off], 2)},
+        "latency_ms_without_packing": {cut(k): round(v, 2) for k, v in lat_raw.items()},
+        "latency_ms_with_packing": {f"{cut(k[0])} {k[1]}": round(v, 2)
+                                    for k, v in lat_pack.items()},
+        # what a user would do instead (wearable/planner/references.py), in this model
+        "reference": {
+            "wearable_only": fastest(lambda c, s: c == last),
+            "handheld_raw": fastest(lambda c, s: c == first and not s),
+            "handheld_codec": fastest(lambda c, s: c == first and bool(s)),
+            "best_split": fastest(lambda c, s: c not in (first, last)),
+        },
+    }
+
+
+def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    tables, rows = _calibrated_rows(bundle, data, args)
+    ok = [r for r in rows if r["accuracy_drop_pp"] <= args.tolerance]
+    best = max(ok, key=lambda r: r["ratio"]) if ok else None
+    speed_spec = best["bits"] if best and best["bits"].startswith("q") else "q4"
+    large_tensor, model_tensor = _codec_speeds(bundle, tables, data, speed_spec, args)
+    cap, cap_source = pi_zero_capacity()  # the end-to-end model on the pi-zero-2w preset
+    lat_raw, lat_pack = _latencies(bundle, tables, data.feed(0), args, cap)
+    speedup, e2e = _e2e(bundle, lat_raw, lat_pack, args, cap, cap_source)
     return {
         "model": model,
         "data": data.name,
@@ -241,42 +301,16 @@ def measure(bundle: Any, data: Any, model: str, args: argparse.Namespace) -> dic
         "rows": rows,
         "best_ratio_at_1pp": best["ratio"] if best else None,
         "best_at_1pp": {"cut": best["cut"], "bits": best["bits"]} if best else None,
-        "pack_mb_s": speed_large["pack_mb_s"],
-        "unpack_mb_s": speed_large["unpack_mb_s"],
+        "pack_mb_s": large_tensor["pack_mb_s"],
+        "unpack_mb_s": large_tensor["unpack_mb_s"],
         "codec_speed": {
             "bits": speed_spec,
             "note": "MB of float32 input per second, one core, median over repeats",
             "bitshuffle_installed": bitplanes._bitshuffle is not None,
-            "large_tensor": {"mb": round(large.nbytes / 1e6, 2), "inputs": want,
-                             "distinct_inputs": min(want, len(data)), **speed_large},
-            "model_tensor": {"cut": cut(biggest.id), "shape": list(tensor.shape),
-                             **speed_model},
+            "large_tensor": large_tensor,
+            "model_tensor": model_tensor,
         },
-        "e2e_speedup_pi_zero": round(lat_raw[raw_best] / best_packed_ms, 2),
-        "e2e": {
-            "preset": "pi-zero-2w",
-            "transfer_model": "formula",
-            "capacity_bytes_per_s": round(cap, 1),
-            "capacity_source": cap_source,
-            "pi_slowdown_assumed": slow,
-            "tolerance_pp": tol,
-            "without_packing": {"cut": cut(raw_best), "latency_ms": round(lat_raw[raw_best], 2)},
-            "with_packing": ({"cut": cut(pack_best[0]), "bits": pack_best[1],
-                              "latency_ms": round(lat_pack[pack_best], 2)} if pack_best else None),
-            "offload_speedup": (round(lat_raw[raw_off] / lat_pack[pack_best], 2)
-                                if pack_best else None),
-            "offload_without_packing": {"cut": cut(raw_off),
-                                        "latency_ms": round(lat_raw[raw_off], 2)},
-            "latency_ms_without_packing": {cut(k): round(v, 2) for k, v in lat_raw.items()},
-            "latency_ms_with_packing": {f"{cut(k[0])} {k[1]}": round(v, 2)
-                                        for k, v in lat_pack.items()},
-            # what a user would do instead (wearable/planner/references.py), in this model
-            "reference": {
-                "wearable_only": fastest(lambda c, s: c == last),
-                "handheld_raw": fastest(lambda c, s: c == first and not s),
-                "handheld_codec": fastest(lambda c, s: c == first and bool(s)),
-                "best_split": fastest(lambda c, s: c not in (first, last)),
-            },
-        },
+        "e2e_speedup_pi_zero": speedup,
+        "e2e": e2e,
         "targets": {"best_ratio_at_1pp": 30, "pack_mb_s": 300},
     }

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress, realtime, stop_processes
+from coinf.cli.bench import emit, median, options, progress, realtime, stop_processes
 from coinf.cli.passkey import write_passkey_file
 
 
@@ -47,18 +47,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=argtypes.integer(2, 64), default=3,
                         help="devices in the pipeline, the "
                         "wearable included (default %(default)s)")
-    parser.add_argument("--bundle", help="bundle directory (default: the zoo's vgg, split now)")
+    options.add_bundle(parser, default_text="the zoo's vgg, split now")
     parser.add_argument("--slowdown", type=argtypes.slowdown, default=100.0,
                         help="every device plays a K x slower machine (default %(default)s)")
-    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, default=4000.0,
-                        help="every link's bandwidth, kB/s (default %(default)s)")
+    options.add_bandwidth_kbps(parser, 4000.0)
     parser.add_argument("--latency-ms", type=argtypes.number(0, 1e5), default=2.0,
                         help="every link's latency")
     parser.add_argument("--frames", type=argtypes.positive_int, default=40, help="frames per batch")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=3,
-                        help="batches of each kind (median)")
-    parser.add_argument("--warmup", type=argtypes.count, default=20,
-                        help="frames to settle the split")
+    options.add_repeats(parser, 3)
+    options.add_warmup(parser, 20)
     parser.add_argument("--depth", type=argtypes.count, default=0,
                         help="frames in flight (default 4 x devices)")
     parser.add_argument("--rate", type=argtypes.number(0, 1e6, hi_open=True), default=0.0,
@@ -197,7 +194,6 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
 
     from coinf.ble_protocol.shaped import Channel
     from coinf.handheld.pipeline_host import local_helpers
-    from coinf.wearable.pipeline import HelperConfig, PipelineSession
 
     with tempfile.TemporaryDirectory() as tmpdir:
         bundle = _bundle(args, Path(tmpdir))
@@ -211,7 +207,6 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
         channels = {n: Channel(v * 1000, latency, overhead_bytes=16)
                     for n, v in zip(names, kbps, strict=True)}
         depth = args.depth or 4 * k
-        spec = bundle.inputs[0]
         rng = np.random.default_rng(0)
         frames = [{t.name: rng.standard_normal(t.shape).astype(t.dtype)
                    for t in bundle.inputs} for _ in range(8)]
@@ -222,104 +217,156 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
             hosting = helper_processes(bundle, names, args, Path(tmpdir), depth + 2, ble,
                                        slow[1:], kbps)
         async with hosting as hosts:
-            helpers = [HelperConfig(h.name, h.address, v * 1000, latency, shape=True,
-                                    wearable_link=getattr(h, "wearable_link", None))
-                       for h, v in zip(hosts, kbps, strict=True)]
-            extra: dict[str, Any] = {}
-            if ble is not None:  # the prior of the BLE link: the radio's capacity
-                helpers[0] = dataclasses.replace(helpers[0], bandwidth_bps=ble.capacity_bps,
-                                                 latency_s=0.0)
-                extra = {"connect_timeout": 30.0, "ble_options": ble.wearable_options}
-            # one session (one link per helper); the three ways to use it are views of it
-            sess = PipelineSession(bundle, helpers, slowdown=slow[0], threads=1, **extra)
-            views = {"K": _View(sess, all_devices=True),  # every device, even if fewer pay
-                     "2": _View(sess, max_devices=2),
-                     "chosen": _View(sess)}  # as many devices as the planner keeps
-            async with sess:
-                for name, view in views.items():
-                    progress(f"warm-up: {name} pipeline, {args.warmup} frames ...")
-                    await _stream(view, frames, args.warmup, depth)
-                sess.adaptive = False
-                k_plan = views["K"].plan()
-                devices_k = k_plan.devices if k_plan is not None else ()
-                runs: dict[str, list[float]] = {name: [] for name in views}
-                stage_rows: list[list[float]] = []
-                efficiencies: list[float] = []
-                for r in range(args.repeats):
-                    for name, view in views.items():
-                        fps, stats = await _stream(view, frames, args.frames, depth)
-                        runs[name].append(fps)
-                        if name == "K":
-                            batch = [_stage_ms(s) for s in stats if s.devices == devices_k]
-                            stage_rows.extend(batch)
-                            if batch:  # this batch's throughput over its own bound: the load
-                                # of a shared machine varies between batches
-                                slowest = max(statistics.fmean(c)
-                                              for c in zip(*batch, strict=True))
-                                efficiencies.append(fps * slowest / 1000.0)
-                        progress(f"batch {r + 1}/{args.repeats} {name}: {fps:.1f} fps "
-                                 f"({view.plan()})")
-                live: dict[str, Any] = {}
-                if args.rate > 0:
-                    for name, key in (("devices", "K"), ("two_devices", "2")):
-                        progress(f"real-time source at {args.rate:g} Hz: {name} ...")
-                        p = views[key].plan()
-                        stages = 2 * len(p.devices) - 1 if p is not None else 1
-                        # a real-time pipeline holds one frame per stage: a deeper buffer
-                        # only delays the drops of a short run
-                        with views[key].limited():
-                            delivered = await realtime(sess.run, frames, 2 * args.frames,
-                                                       args.rate, stages)
-                        live[name] = {
-                            "delivered_fraction": round(delivered, 3),
-                            "effective_accuracy": round(delivered * args.accuracy, 4)}
-                plan, two_plan, chosen = (views[n].plan() for n in ("K", "2", "chosen"))
-                with views["chosen"].limited():
-                    verdict = sess.verdict()
-                first_link = sess.last.first_link if sess.last is not None else ""
-        assert plan is not None and two_plan is not None and chosen is not None
-        columns = list(zip(*stage_rows, strict=True)) if stage_rows else []
-        # the mean is what bounds a stage's throughput (a median hides the slow frames)
-        stage_ms = [round(statistics.fmean(c), 3) for c in columns]
-        stage_median = [round(median(list(c)), 3) for c in columns]
-        bound = 1000.0 / max(stage_ms) if stage_ms else float("nan")
-        fps_k, fps_2, fps_c = (median(runs[n]) for n in ("K", "2", "chosen"))
-        return {
-            "model": Path(bundle.meta.get("source", {}).get("file", spec.name)).stem,
-            "devices": k,
-            "first_link": "ble" if first_link.startswith("ble:") else "tcp",
-            **({"radio": {"preset": args.radio_preset,
-                          "capacity_bps": round(ble.capacity_bps)}} if ble else {}),
-            **({"profiles": [p.name for p in args.device_profiles]}
-               if args.device_profiles else {}),
-            "slowdowns": slow,
-            "cuts": list(plan.cuts),
-            "stages": [str(s) for s in plan.stages],
-            "stage_ms": stage_ms,
-            "stage_ms_median": stage_median,
-            "predicted_stage_ms": [round(v * 1e3, 3) for v in plan.split.stage_s],
-            "bound_fps": round(bound, 2),
-            "throughput_fps": round(fps_k, 2),
-            "efficiency": round(median(efficiencies), 3) if efficiencies else None,
-            "efficiency_pooled": round(fps_k / bound, 3) if bound == bound else None,
-            "two_device_cuts": list(two_plan.cuts),
-            "two_device_fps": round(fps_2, 2),
-            "speedup_vs_two_devices": round(fps_k / fps_2, 3),
-            "planner": {"devices": len(chosen.devices), "cuts": list(chosen.cuts),
-                        "fps": round(fps_c, 2),
-                        "vs_two_devices": round(fps_c / fps_2, 3),
-                        "predicted_fps": verdict.get("predicted_fps"),
-                        "why": verdict.get("why")},
-            **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **live}}
-               if live else {}),
-            "runs_fps": {"devices": [round(v, 2) for v in runs["K"]],
-                         "two_devices": [round(v, 2) for v in runs["2"]],
-                         "planner": [round(v, 2) for v in runs["chosen"]]},
-            "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
-                         "hop_bandwidth_kbps": hop_kbps,
-                         "latency_ms": args.latency_ms, "frames": args.frames,
-                         "repeats": args.repeats, "depth": depth},
-        }
+            helpers, extra = _helper_configs(hosts, kbps, latency, ble)
+            measured = await _run_session(bundle, helpers, extra, slow[0], frames, args, depth)
+        return _report(args, bundle, ble, slow, hop_kbps, depth, measured)
+
+
+def _helper_configs(hosts: list[Any], kbps: list[float], latency: float, ble: RadioLink | None
+                    ) -> tuple[list[Any], dict[str, Any]]:
+    """The wearable's view of each helper (its link shaped to ``kbps`` and ``latency``), and
+    the session's BLE settings when the first link is BLE."""
+    from coinf.wearable.pipeline import HelperConfig
+
+    helpers = [HelperConfig(h.name, h.address, v * 1000, latency, shape=True,
+                            wearable_link=getattr(h, "wearable_link", None))
+               for h, v in zip(hosts, kbps, strict=True)]
+    extra: dict[str, Any] = {}
+    if ble is not None:  # the prior of the BLE link: the radio's capacity
+        helpers[0] = dataclasses.replace(helpers[0], bandwidth_bps=ble.capacity_bps,
+                                         latency_s=0.0)
+        extra = {"connect_timeout": 30.0, "ble_options": ble.wearable_options}
+    return helpers, extra
+
+
+@dataclasses.dataclass
+class _Measured:
+    """What one pipeline session measured."""
+
+    runs: dict[str, list[float]]  # frames/s of each batch, per view (K, 2, chosen)
+    stage_rows: list[list[float]]  # per K-device frame: each stage's ms
+    efficiencies: list[float]  # per K-device batch: its throughput over its own bound
+    live: dict[str, Any]  # the real-time source's results (--rate)
+    plans: tuple[Any, Any, Any]  # the K-device, 2-device and chosen plans
+    verdict: dict[str, Any]
+    first_link: str
+
+
+async def _run_session(bundle: Any, helpers: list[Any], extra: dict[str, Any], slowdown: float,
+                       frames: list[dict[str, Any]], args: argparse.Namespace, depth: int
+                       ) -> _Measured:
+    """Warm up, freeze the split, then time the K-device, 2-device and chosen pipelines
+    (views of one session: one link per helper) side by side."""
+    from coinf.wearable.pipeline import PipelineSession
+
+    sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1, **extra)
+    views = {"K": _View(sess, all_devices=True),  # every device, even if fewer pay
+             "2": _View(sess, max_devices=2),
+             "chosen": _View(sess)}  # as many devices as the planner keeps
+    async with sess:
+        for name, view in views.items():
+            progress(f"warm-up: {name} pipeline, {args.warmup} frames ...")
+            await _stream(view, frames, args.warmup, depth)
+        sess.adaptive = False
+        runs, stage_rows, efficiencies = await _time_batches(views, frames, args, depth)
+        live = await _realtime_runs(sess, views, frames, args) if args.rate > 0 else {}
+        plan, two_plan, chosen = (views[n].plan() for n in ("K", "2", "chosen"))
+        with views["chosen"].limited():
+            verdict = sess.verdict()
+        first_link = sess.last.first_link if sess.last is not None else ""
+    return _Measured(runs, stage_rows, efficiencies, live, (plan, two_plan, chosen), verdict,
+                     first_link)
+
+
+async def _time_batches(views: dict[str, _View], frames: list[dict[str, Any]],
+                        args: argparse.Namespace, depth: int
+                        ) -> tuple[dict[str, list[float]], list[list[float]], list[float]]:
+    """``--repeats`` batches of ``--frames`` through every view in turn: (frames/s per batch
+    per view, the K-device frames' stage ms, each K-device batch's efficiency)."""
+    k_plan = views["K"].plan()
+    devices_k = k_plan.devices if k_plan is not None else ()
+    runs: dict[str, list[float]] = {name: [] for name in views}
+    stage_rows: list[list[float]] = []
+    efficiencies: list[float] = []
+    for r in range(args.repeats):
+        for name, view in views.items():
+            fps, stats = await _stream(view, frames, args.frames, depth)
+            runs[name].append(fps)
+            if name == "K":
+                batch = [_stage_ms(s) for s in stats if s.devices == devices_k]
+                stage_rows.extend(batch)
+                if batch:  # this batch's throughput over its own bound: the load
+                    # of a shared machine varies between batches
+                    slowest = max(statistics.fmean(c) for c in zip(*batch, strict=True))
+                    efficiencies.append(fps * slowest / 1000.0)
+            progress(f"batch {r + 1}/{args.repeats} {name}: {fps:.1f} fps ({view.plan()})")
+    return runs, stage_rows, efficiencies
+
+
+async def _realtime_runs(sess: Any, views: dict[str, _View], frames: list[dict[str, Any]],
+                         args: argparse.Namespace) -> dict[str, Any]:
+    """The K-device and 2-device pipelines fed by a real-time source at ``--rate``."""
+    live: dict[str, Any] = {}
+    for name, key in (("devices", "K"), ("two_devices", "2")):
+        progress(f"real-time source at {args.rate:g} Hz: {name} ...")
+        p = views[key].plan()
+        stages = 2 * len(p.devices) - 1 if p is not None else 1
+        # a real-time pipeline holds one frame per stage: a deeper buffer
+        # only delays the drops of a short run
+        with views[key].limited():
+            delivered = await realtime(sess.run, frames, 2 * args.frames, args.rate, stages)
+        live[name] = {"delivered_fraction": round(delivered, 3),
+                      "effective_accuracy": round(delivered * args.accuracy, 4)}
+    return live
+
+
+def _report(args: argparse.Namespace, bundle: Any, ble: RadioLink | None, slow: list[float],
+            hop_kbps: float, depth: int, m: _Measured) -> dict[str, Any]:
+    """The bench's JSON result."""
+    plan, two_plan, chosen = m.plans
+    assert plan is not None and two_plan is not None and chosen is not None
+    columns = list(zip(*m.stage_rows, strict=True)) if m.stage_rows else []
+    # the mean is what bounds a stage's throughput (a median hides the slow frames)
+    stage_ms = [round(statistics.fmean(c), 3) for c in columns]
+    stage_median = [round(median(list(c)), 3) for c in columns]
+    bound = 1000.0 / max(stage_ms) if stage_ms else float("nan")
+    fps_k, fps_2, fps_c = (median(m.runs[n]) for n in ("K", "2", "chosen"))
+    return {
+        "model": Path(bundle.meta.get("source", {}).get("file", bundle.inputs[0].name)).stem,
+        "devices": args.devices,
+        "first_link": "ble" if m.first_link.startswith("ble:") else "tcp",
+        **({"radio": {"preset": args.radio_preset,
+                      "capacity_bps": round(ble.capacity_bps)}} if ble else {}),
+        **({"profiles": [p.name for p in args.device_profiles]}
+           if args.device_profiles else {}),
+        "slowdowns": slow,
+        "cuts": list(plan.cuts),
+        "stages": [str(s) for s in plan.stages],
+        "stage_ms": stage_ms,
+        "stage_ms_median": stage_median,
+        "predicted_stage_ms": [round(v * 1e3, 3) for v in plan.split.stage_s],
+        "bound_fps": round(bound, 2),
+        "throughput_fps": round(fps_k, 2),
+        "efficiency": round(median(m.efficiencies), 3) if m.efficiencies else None,
+        "efficiency_pooled": round(fps_k / bound, 3) if bound == bound else None,
+        "two_device_cuts": list(two_plan.cuts),
+        "two_device_fps": round(fps_2, 2),
+        "speedup_vs_two_devices": round(fps_k / fps_2, 3),
+        "planner": {"devices": len(chosen.devices), "cuts": list(chosen.cuts),
+                    "fps": round(fps_c, 2),
+                    "vs_two_devices": round(fps_c / fps_2, 3),
+                    "predicted_fps": m.verdict.get("predicted_fps"),
+                    "why": m.verdict.get("why")},
+        **({"realtime": {"rate_hz": args.rate, "accuracy": args.accuracy, **m.live}}
+           if m.live else {}),
+        "runs_fps": {"devices": [round(v, 2) for v in m.runs["K"]],
+                     "two_devices": [round(v, 2) for v in m.runs["2"]],
+                     "planner": [round(v, 2) for v in m.runs["chosen"]]},
+        "settings": {"slowdown": args.slowdown, "bandwidth_kbps": args.bandwidth_kbps,
+                     "hop_bandwidth_kbps": hop_kbps,
+                     "latency_ms": args.latency_ms, "frames": args.frames,
+                     "repeats": args.repeats, "depth": depth},
+    }
 
 
 @dataclasses.dataclass

@@ -16,12 +16,13 @@ far, or not run at all when the upload's airtime alone exceeds it (``stopped_ear
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress
+from coinf.cli.bench import emit, options, progress
 from coinf.errors import CoinfError, UserError
 
 
@@ -63,34 +64,51 @@ def _measure(bundle: Any, config: str, bandwidth_bps: float, slowdown: float, th
     return (stats[0].total_ms if stopped else med["total_ms"]), stopped, med
 
 
-def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: float, threads: int,
-             runs: int, objective: str, repeats: int,
-             predictor_profile: str | None = None, preset: str = "pi-zero-2w",
-             inputs: list[str] | None = None) -> dict[str, Any]:
-    """One configuration. The link is a shaped channel at the radio ``preset``'s ATT capacity
-    (or ``bandwidth_kbps``) with half its connection interval of latency each way. With
-    ``predictor_profile`` the planner never sees this model's timings: compute times come from
-    that profile's layer predictors. ``inputs`` (``NAME=FILE.npy``) replace the random feeds:
-    a codec's bytes depend on the picture. The four reference points (wearable/planner/
-    references.py) are always measured. Every measured configuration counts as a reference
-    point: ``chosen_vs_best_reference`` is the choice over the best of them all, named by
-    ``best_reference`` (with its reference kind, if it is one);
-    ``chosen_vs_named_references`` compares with the four named points only."""
-    from coinf.ble_protocol.shaped import Channel
-    from coinf.bundle import Bundle
-    from coinf.cli.bench.stream import channel_for
-    from coinf.cli.sample import bundle_feeds, load_feeds
-    from coinf.device.profile import DeviceProfile, profile_bundle
-    from coinf.wearable.planner.adapt import LinkEstimate
-    from coinf.wearable.planner.planner import Planner
-    from coinf.wearable.planner.references import references
-    from coinf.wearable.policy import Policy
+@dataclasses.dataclass
+class _Oracle:
+    """Runs configurations of ``bundle`` end to end over one shaped link (:func:`_measure`)."""
 
-    bundle = Bundle.load(bundle_dir)
-    feeds = bundle_feeds(bundle)
-    feeds.update(load_feeds(inputs or [], bundle.inputs))
-    channel, bps = channel_for(preset, bandwidth_kbps)
-    latency_s = channel.latency_s
+    bundle: Any
+    bps: float
+    latency_s: float
+    slowdown: float
+    threads: int
+    runs: int
+    feeds: dict[str, Any]
+
+    def measure(self, config: str, stop_above_ms: float | None = None
+                ) -> tuple[float, bool, dict[str, float]]:
+        return _measure(self.bundle, config, self.bps, self.slowdown, self.threads, self.runs,
+                        stop_above_ms, self.latency_s, self.feeds)
+
+
+@dataclasses.dataclass
+class _Calibration:
+    """What a Session knows after running both baselines: the link and the load factors."""
+
+    link: Any  # a calibrated LinkEstimate
+    load: float  # the wearable's measured / predicted compute
+    hload: float  # the handheld's
+    rtt: float  # the link's fixed per-exchange cost, ms
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """Every candidate's predicted and measured ms, the choice and the reference points."""
+
+    predicted: dict[str, float]
+    measured: dict[str, float]
+    stopped: dict[str, str]  # why a candidate's measurement stopped early ("": it did not)
+    chosen: str
+    refs: dict[str, str | None]
+
+
+def _device_profiles(bundle: Any, threads: int, slowdown: float, repeats: int,
+                     predictor_profile: str | None) -> tuple[Any, Any]:
+    """The wearable's and the handheld's profiles as the planner sees them: this machine's
+    slice times (the wearable's x ``slowdown``), or ``predictor_profile``'s predictors."""
+    from coinf.device.profile import DeviceProfile, profile_bundle
+
     wear = DeviceProfile.pi_zero_2w()
     wear.threads, wear.slowdown = threads, slowdown
     hand = DeviceProfile.laptop()
@@ -108,23 +126,26 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
         mp = profile_bundle(bundle, threads, warmup=2, repeats=repeats)
         wear.models[bundle.identity] = mp
         hand.models[bundle.identity] = mp
-    planner = Planner(bundle, wear, hand, Policy(objective=objective, battery_aware=False,
-                                                 charging_rule=False))
+    return wear, hand
+
+
+def _calibrate(planner: Any, oracle: _Oracle, measured: dict[str, float],
+               stopped: dict[str, str]) -> _Calibration:
+    """Run both baselines (into ``measured``), then calibrate DynO's load factors (measured /
+    predicted compute) and the link's fixed per-exchange cost (measured network time minus
+    airtime) -- the planner's run-time inputs."""
+    from coinf.ble_protocol.shaped import Channel
+    from coinf.wearable.planner.adapt import LinkEstimate
+
+    bps, latency_s = oracle.bps, oracle.latency_s
     overhead = Channel(bps, latency_s).overhead_bytes
-    budget = 0 if objective == "auto" else None
-    first, last = bundle.candidates[0].id, bundle.candidates[-1].id
-    # What a Session knows after its first inferences: run both baselines, then calibrate
-    # DynO's load factors (measured / predicted compute) and the link's fixed per-exchange
-    # cost (measured network time minus airtime) -- the planner's run-time inputs.
+    first, last = oracle.bundle.candidates[0].id, oracle.bundle.candidates[-1].id
     nominal = planner.costs(LinkEstimate(bps, bps, 2000.0 * latency_s, "nominal",
                                          overhead_bytes=overhead))
     base = {r.id: r for r in nominal}
-    measured: dict[str, float] = {}
-    stopped: dict[str, str] = {}
     meds: dict[str, dict[str, float]] = {}
     for cid in (first, last):
-        measured[cid], _, meds[cid] = _measure(bundle, cid, bps, slowdown, threads, runs, None,
-                                                latency_s, feeds)
+        measured[cid], _, meds[cid] = oracle.measure(cid)
         stopped[cid] = ""
     load = meds[last]["head_ms"] / base[last].head_ms if base[last].head_ms > 0 else 1.0
     hload = meds[first]["tail_ms"] / base[first].tail_ms if base[first].tail_ms > 0 else 1.0
@@ -132,18 +153,17 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
         (base[first].return_ms - 1000.0 * latency_s)
     rtt = max(0.0, meds[first]["transfer_ms"] + meds[first]["return_ms"] - air)
     link = LinkEstimate(bps, bps, rtt, "calibrated", overhead_bytes=overhead)
-    load = min(max(load, 0.01), 999.0)
-    hload = min(max(hload, 0.01), 999.0)
-    decision = planner.decide(link, latency_budget_ms=budget, load_factor=load,
-                              handheld_load=hload)
-    predicted = {r.id: r.latency_ms() for r in decision.rows}
-    refs = references(planner, decision, link_estimate=link, latency_budget_ms=budget,
-                      load_factor=load, handheld_load=hload)
-    # the baselines, the choice and the reference points: always measured
-    full = [first, last, decision.winner, *(r for r in refs.values() if r)]
+    return _Calibration(link, min(max(load, 0.01), 999.0), min(max(hload, 0.01), 999.0), rtt)
+
+
+def _measure_candidates(oracle: _Oracle, rows: list[Any], full: list[str],
+                        predicted: dict[str, float], overhead_bytes: int,
+                        measured: dict[str, float], stopped: dict[str, str]) -> None:
+    """Measure ``full`` fully, then the others cheapest prediction first, each stopped after
+    its first run when that is slower than the best so far, or not run at all when its
+    upload's airtime alone is (into ``measured`` and ``stopped``)."""
     rest = sorted((c for c in predicted if c not in full), key=lambda c: predicted[c])
-    airtime = {r.id: 1000.0 * (r.crossing_bytes + link.overhead_bytes) / bps
-               for r in decision.rows}
+    airtime = {r.id: 1000.0 * (r.crossing_bytes + overhead_bytes) / oracle.bps for r in rows}
     for cid in dict.fromkeys(full + rest):
         if cid in measured:
             continue
@@ -153,22 +173,75 @@ def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: flo
             measured[cid], stopped[cid] = airtime[cid], "upload airtime > best"
         else:
             limit = None if cid in full or best is None else best
-            ms, stop, _ = _measure(bundle, cid, bps, slowdown, threads, runs, limit,
-                                   latency_s, feeds)
+            ms, stop, _ = oracle.measure(cid, limit)
             measured[cid], stopped[cid] = ms, ("first run > best" if stop else "")
         progress(f"  {cid}: predicted {predicted[cid]:.1f} ms, measured {measured[cid]:.1f} ms"
                  + (f" (stopped: {stopped[cid]})" if stopped[cid] else ""))
+
+
+def plan_one(bundle_dir: str | Path, bandwidth_kbps: float | None, slowdown: float, threads: int,
+             runs: int, objective: str, repeats: int,
+             predictor_profile: str | None = None, preset: str = "pi-zero-2w",
+             inputs: list[str] | None = None) -> dict[str, Any]:
+    """One configuration. The link is a shaped channel at the radio ``preset``'s ATT capacity
+    (or ``bandwidth_kbps``) with half its connection interval of latency each way. With
+    ``predictor_profile`` the planner never sees this model's timings: compute times come from
+    that profile's layer predictors. ``inputs`` (``NAME=FILE.npy``) replace the random feeds:
+    a codec's bytes depend on the picture. The four reference points (wearable/planner/
+    references.py) are always measured. Every measured configuration counts as a reference
+    point: ``chosen_vs_best_reference`` is the choice over the best of them all, named by
+    ``best_reference`` (with its reference kind, if it is one);
+    ``chosen_vs_named_references`` compares with the four named points only."""
+    from coinf.bundle import Bundle
+    from coinf.cli.bench.stream import channel_for
+    from coinf.cli.sample import bundle_feeds, load_feeds
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.planner.references import references
+    from coinf.wearable.policy import Policy
+
+    bundle = Bundle.load(bundle_dir)
+    feeds = bundle_feeds(bundle)
+    feeds.update(load_feeds(inputs or [], bundle.inputs))
+    channel, bps = channel_for(preset, bandwidth_kbps)
+    oracle = _Oracle(bundle, bps, channel.latency_s, slowdown, threads, runs, feeds)
+    wear, hand = _device_profiles(bundle, threads, slowdown, repeats, predictor_profile)
+    planner = Planner(bundle, wear, hand, Policy(objective=objective, battery_aware=False,
+                                                 charging_rule=False))
+    budget = 0 if objective == "auto" else None
+    measured: dict[str, float] = {}
+    stopped: dict[str, str] = {}
+    cal = _calibrate(planner, oracle, measured, stopped)
+    decide: dict[str, Any] = {"latency_budget_ms": budget, "load_factor": cal.load,
+                              "handheld_load": cal.hload}
+    decision = planner.decide(cal.link, **decide)
+    predicted = {r.id: r.latency_ms() for r in decision.rows}
+    refs = references(planner, decision, link_estimate=cal.link, **decide)
+    # the baselines, the choice and the reference points: always measured
+    first, last = bundle.candidates[0].id, bundle.candidates[-1].id
+    full = [first, last, decision.winner, *(r for r in refs.values() if r)]
+    _measure_candidates(oracle, decision.rows, full, predicted, cal.link.overhead_bytes,
+                        measured, stopped)
+    outcome = _Outcome(predicted, measured, stopped, decision.winner, refs)
+    times_from = "predictor" if predictor_profile else "measured slices"
+    return _plan_result(oracle, preset, objective, times_from, cal, outcome)
+
+
+def _plan_result(oracle: _Oracle, preset: str, objective: str, times_from: str,
+                 cal: _Calibration, out: _Outcome) -> dict[str, Any]:
+    """:func:`plan_one`'s result."""
+    bundle, measured, predicted, refs = oracle.bundle, out.measured, out.predicted, out.refs
+    first, last = bundle.candidates[0].id, bundle.candidates[-1].id
     best_id = min(measured, key=lambda c: measured[c])
-    chosen = decision.winner
+    chosen = out.chosen
     return {
         "model": bundle.root.name, "preset": preset, "objective": objective,
-        "slowdown": slowdown,
-        "times_from": "predictor" if predictor_profile else "measured slices",
-        "bandwidth_bps": bps,
-        "calibration": {"wearable_load_factor": load, "handheld_load_factor": hload,
-                        "rtt_ms": rtt},
+        "slowdown": oracle.slowdown,
+        "times_from": times_from,
+        "bandwidth_bps": oracle.bps,
+        "calibration": {"wearable_load_factor": cal.load, "handheld_load_factor": cal.hload,
+                        "rtt_ms": cal.rtt},
         "candidates": [{"id": c, "predicted_ms": predicted[c],
-                        "measured_ms": measured[c], "stopped_early": stopped[c] or None}
+                        "measured_ms": measured[c], "stopped_early": out.stopped[c] or None}
                        for c in predicted],
         "chosen": chosen, "best": best_id, "chosen_ms": measured[chosen],
         "best_ms": measured[best_id], "ratio": measured[chosen] / measured[best_id],
@@ -265,14 +338,11 @@ def zoo_bundles(cache: Path, max_candidates: int) -> list[Path]:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="pi-zero-2w",
-                        help="radio preset whose capacity and interval shape the link "
-                        "(default %(default)s)")
+    options.add_preset(parser)
     parser.add_argument("--objective", default="latency",
                         help="planner objective: latency (default; the oracle measures "
                         "latency), auto or throughput")
-    parser.add_argument("--threads", type=argtypes.threads, default=1,
-                        help="onnxruntime threads per side")
+    options.add_threads(parser)
     parser.add_argument("--runs", type=argtypes.positive_int, default=3,
                         help="timed runs per candidate (median)")
     parser.add_argument("--repeats", type=argtypes.positive_int, default=5,
@@ -280,14 +350,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predicted", metavar="PROFILE", type=argtypes.existing_file,
                         help="plan from this profile's layer predictors instead of profiling "
                              "the bundle (a model never profiled)")
-    parser.add_argument("--json", action="store_true", help="(output is always JSON)")
+    options.add_json(parser)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True)
+    options.add_bundle(parser, required=True)
     parser.add_argument("--wearable-slowdown", type=argtypes.slowdown, default=10.0)
-    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, default=None,
-                        help="link bandwidth (default: the preset's ATT capacity)")
+    options.add_bandwidth_kbps(parser, default_text="the preset's ATT capacity")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         type=argtypes.name_equals_file,
                         help="a real input instead of random values (a codec's bytes depend "

@@ -60,7 +60,7 @@ import numpy as np
 import onnx
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 from coinf.cli.paths import writable_dir
 from coinf.errors import UserError
 
@@ -99,19 +99,8 @@ def parse_families(specs: list[str]) -> dict[str, int]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    from coinf.bundle import Bundle
-    from coinf.device.features import node_features
-    from coinf.device.incontext import model_features, profile_in_context
-    from coinf.device.predict import Predictor
-    from coinf.device.profile import DeviceProfile
-    from coinf.device.sweep import make_session, random_feeds, run_sweep, time_slice
-    from coinf.models import zoo
-    from coinf.research.context_data import boundary_mbytes, profiled_constants, slice_time_of
-    from coinf.research.ortkernels import kernels
-    from coinf.research.planregret import REGRET_TARGET, bundle_cuts, regret_table
-    from coinf.research.slicetrain import within
-
+def _check(args: argparse.Namespace) -> None:
+    """Refuse bad options before any timing; sets ``args.families``."""
     if args.repeats < 3:
         raise UserError(f"--repeats must be >= 3, got {args.repeats}")
     if (args.bundle is None) == (not args.zoo):
@@ -123,13 +112,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--passes must be >= 1, got {args.passes}")
     args.families = parse_families(args.family)
     writable_dir(args.cache, "--cache")  # before any timing, not after it
-    if args.zoo:
-        if args.profile:
-            raise UserError("--profile scores the sweep predictors of one --bundle; --zoo "
-                            "scores the in-context predictor only")
-        return run_zoo(args)
-    bundle = Bundle.load(args.bundle)
-    held = zoo_source(bundle)
+    if args.zoo and args.profile:
+        raise UserError("--profile scores the sweep predictors of one --bundle; --zoo "
+                        "scores the in-context predictor only")
+
+
+def _sweep_predictor(args: argparse.Namespace) -> Any:
+    """The single-layer sweep predictors: ``--profile``'s, else trained on a sweep run here."""
+    from coinf.device.predict import Predictor
+    from coinf.device.profile import DeviceProfile
+    from coinf.device.sweep import run_sweep
+
     if args.profile:
         from coinf.cli.paths import naming
 
@@ -137,12 +130,78 @@ def run(args: argparse.Namespace) -> int:
             pred = DeviceProfile.load(args.profile).predictor
         if pred is None:
             raise UserError(f"{args.profile} has no predictor; run `coinf profile --train`")
-    else:
-        from coinf.device.predict import require_training_deps
+        return pred
+    from coinf.device.predict import require_training_deps
 
-        require_training_deps()
-        samples, overhead = run_sweep(args.scale, args.seed, args.threads, 5, progress)
-        pred = Predictor.train(samples, threads=args.threads, run_overhead_ms=overhead)
+    require_training_deps()
+    samples, overhead = run_sweep(args.scale, args.seed, args.threads, 5, progress)
+    return Predictor.train(samples, threads=args.threads, run_overhead_ms=overhead)
+
+
+def _measure_slices(bundle: Any, threads: int, repeats: int) -> tuple[list[Any], list[Any]]:
+    """Every head and tail slice of ``bundle`` as (candidate, side, part), and its times in
+    two passes over every slice, a few seconds apart: how well the machine repeats its own
+    measurement is the ceiling for any predictor's within-10% score."""
+    from coinf.device.sweep import make_session, random_feeds, time_slice
+
+    parts = [(cand, side, part) for cand in bundle.candidates
+             for side, part in (("head", cand.head), ("tail", cand.tail))
+             if part.file is not None and part.nodes]
+    sessions = [make_session(str(bundle.path(str(p.file))), threads) for _, _, p in parts]
+    passes = [[time_slice(s, random_feeds(s), 3, repeats, 2.0) for s in sessions]
+              for _ in range(2)]
+    return parts, passes
+
+
+def _bundle_report(bundle: Any, held: str | None, trained_on: list[str], rows: list[Any],
+                   ctx: Any, pred: Any) -> dict[str, Any]:
+    """``--bundle``'s result: plan regret (the goal) and slice accuracy per predictor."""
+    from coinf.research.planregret import REGRET_TARGET, bundle_cuts, regret_table
+    from coinf.research.slicetrain import within
+
+    def score(style: str, tol: float) -> float:
+        return within([(r[f"{style}_ms"], r["measured_ms"]) for r in rows], tol)
+
+    regret = regret_table([(r["slice"], r["incontext_ms"], r["measured_ms"]) for r in rows],
+                          bundle_cuts(bundle))
+    worst = max(regret.values())
+    return {"model": Path(bundle.root).name, "zoo_model": held, "slices": len(rows),
+            "leave_one_model_out": held is None or held not in trained_on,
+            "trained_on": trained_on,
+            # the goal: the cut picked from predicted times against the best measured one
+            "plan_regret_target": REGRET_TARGET, "worst_plan_regret": worst,
+            "meets_plan_regret_target": worst <= REGRET_TARGET, "plan_regret": regret,
+            # slice accuracy, next to how well the measurement itself repeats (which bounds it)
+            "within_10pct": {s: score(s, 0.10) for s in STYLES},
+            "measurement_repeatability_within_10pct": within(
+                [(r["measured_passes_ms"][1], r["measured_passes_ms"][0]) for r in rows]),
+            "within_25pct": {s: score(s, 0.25) for s in STYLES},
+            "own_profile_within_10pct": score("own_nodes", 0.10),
+            "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
+                                                for r in rows if r["measured_ms"] > 0])
+                                     for s in STYLES},
+            "incontext_constants": {"scale": ctx.scale, "profiler_ms": ctx.profiler_ms,
+                                    "c0_ms": ctx.c0,
+                                    "c_kernel_ms": ctx.c_kernel, "c_io_ms_per_mb": ctx.c_io,
+                                    "c_reorder_ms": ctx.c_reorder,
+                                    "c_copy_ms_per_melem": ctx.c_copy},
+            "r2": pred.r2_table(), "per_slice": rows}
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
+    from coinf.device.features import node_features
+    from coinf.device.incontext import model_features, profile_in_context
+    from coinf.models import zoo
+    from coinf.research.context_data import boundary_mbytes, profiled_constants, slice_time_of
+    from coinf.research.ortkernels import kernels
+
+    _check(args)
+    if args.zoo:
+        return run_zoo(args)
+    bundle = Bundle.load(args.bundle)
+    held = zoo_source(bundle)
+    pred = _sweep_predictor(args)
     from coinf.research.context_data import train_on_zoo
 
     ctx, trained_on = train_on_zoo(Path(args.cache), args.repeats, args.synthetic, held,
@@ -156,14 +215,7 @@ def run(args: argparse.Namespace) -> int:
     own_consts = profiled_constants(Path(args.cache), [m for m in trained_on if m in zoo.ZOO])
     anchors = model_features(model)
     per_style = {s: pred.predict_nodes(feats, s) for s in ("coinf", "neurosurgeon")}
-    parts = [(cand, side, part) for cand in bundle.candidates
-             for side, part in (("head", cand.head), ("tail", cand.tail))
-             if part.file is not None and part.nodes]
-    sessions = [make_session(str(bundle.path(str(p.file))), args.threads) for _, _, p in parts]
-    # two passes over every slice, a few seconds apart: how well the machine repeats its own
-    # measurement is the ceiling for any predictor's within-10% score
-    passes = [[time_slice(s, random_feeds(s), 3, args.repeats, 2.0) for s in sessions]
-              for _ in range(2)]
+    parts, passes = _measure_slices(bundle, args.threads, args.repeats)
     rows: list[dict[str, Any]] = []
     for (cand, side, part), m1, m2 in zip(parts, *passes, strict=True):
         measured = slice_time_of([m1, m2])
@@ -181,34 +233,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
         progress(f"{row['slice']}: measured {measured:.3f} ms, in-context "
                  f"{row['incontext_ms']:.3f} ms, sweep {row['coinf_ms']:.3f} ms")
-
-    def score(style: str, tol: float) -> float:
-        return within([(r[f"{style}_ms"], r["measured_ms"]) for r in rows], tol)
-
-    regret = regret_table([(r["slice"], r["incontext_ms"], r["measured_ms"]) for r in rows],
-                          bundle_cuts(bundle))
-    worst = max(regret.values())
-    emit({"model": Path(bundle.root).name, "zoo_model": held, "slices": len(rows),
-          "leave_one_model_out": held is None or held not in trained_on,
-          "trained_on": trained_on,
-          # the goal: the cut picked from predicted times against the best measured one
-          "plan_regret_target": REGRET_TARGET, "worst_plan_regret": worst,
-          "meets_plan_regret_target": worst <= REGRET_TARGET, "plan_regret": regret,
-          # slice accuracy, next to how well the measurement itself repeats (which bounds it)
-          "within_10pct": {s: score(s, 0.10) for s in STYLES},
-          "measurement_repeatability_within_10pct": within(
-              [(r["measured_passes_ms"][1], r["measured_passes_ms"][0]) for r in rows]),
-          "within_25pct": {s: score(s, 0.25) for s in STYLES},
-          "own_profile_within_10pct": score("own_nodes", 0.10),
-          "median_abs_rel_error": {s: median([abs(r[f"{s}_ms"] / r["measured_ms"] - 1)
-                                              for r in rows if r["measured_ms"] > 0])
-                                   for s in STYLES},
-          "incontext_constants": {"scale": ctx.scale, "profiler_ms": ctx.profiler_ms,
-                                  "c0_ms": ctx.c0,
-                                  "c_kernel_ms": ctx.c_kernel, "c_io_ms_per_mb": ctx.c_io,
-                                  "c_reorder_ms": ctx.c_reorder,
-                                  "c_copy_ms_per_melem": ctx.c_copy},
-          "r2": pred.r2_table(), "per_slice": rows})
+    emit(_bundle_report(bundle, held, trained_on, rows, ctx, pred))
     return 0
 
 
@@ -297,8 +322,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                                           "(default: run the sweep here)")
     parser.add_argument("--scale", type=argtypes.number(0, 100, lo_open=True), default=0.2,
                         help="sweep size when training here")
-    parser.add_argument("--seed", type=argtypes.seed, default=0)
-    parser.add_argument("--threads", type=argtypes.threads, default=1)
+    options.add_seed(parser, 0)
+    options.add_threads(parser)
     parser.add_argument("--repeats", type=argtypes.integer(3), default=25,
                         help="timed runs per slice, at least (its fastest counts)")
     parser.add_argument("--synthetic", type=argtypes.count, default=300,
@@ -320,5 +345,5 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default="out/bench-predict",
                         help="where the zoo's bundles and timings and the synthetic "
                              "networks' profiles and part timings are cached")
-    parser.add_argument("--json", action="store_true", help="(output is always JSON)")
+    options.add_json(parser)
     parser.set_defaults(func=run)

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 from coinf.cli.paths import writable_dir
 from coinf.errors import InputError, UserError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    options.add_json(parser)
     parser.add_argument("--model", default=None,
                         help="a coinf LeNet ONNX file (default: the zoo's trained lenet_digits)")
     parser.add_argument("--strengths", default="3e-4,1e-3,3e-3",
@@ -36,10 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=argtypes.count, default=30, help="sparsifying epochs")
     parser.add_argument("--finetune-epochs", type=argtypes.count, default=20,
                         help="fine-tuning epochs")
-    parser.add_argument("--tolerance", type=argtypes.percent, default=1.0,
-                        help="validation accuracy drop allowed for the headline row, pp")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=200,
-                        help="latency runs per model (median)")
+    options.add_tolerance(parser)
+    options.add_repeats(parser, 200)
     parser.add_argument("--out", type=Path, default=None,
                         help="keep the pruned models here (default: a temporary directory)")
     parser.set_defaults(func=run)
@@ -95,6 +93,57 @@ def latency_ms(paths: list[Path], repeats: int) -> list[float]:
     return [median(t) for t in times]
 
 
+def _pruned_row(strength: float, meta: dict[str, Any], costs: tuple[int, int], bundle: Any,
+                base_flops: int, base_params: int, base_cross: dict[str, int]
+                ) -> dict[str, Any]:
+    """One strength's row: FLOPs, parameters, crossing bytes and accuracy against the source
+    (``costs``: the pruned model's FLOPs and parameters)."""
+    flops, params = costs
+    cross = crossing_by_label(bundle)
+    common = sorted(set(cross) & set(base_cross))
+    comm = (100 * (1 - sum(cross[k] for k in common) / sum(base_cross[k] for k in common))
+            if common else float("nan"))
+    return {
+        "strength": strength,
+        "widths": meta["widths_after"],
+        "flops": flops,
+        "flops_reduction_pct": round(100 * (1 - flops / base_flops), 2),
+        "params_reduction_pct": round(100 * (1 - params / base_params), 2),
+        "comm_reduction_pct": round(comm, 2),
+        "cuts_compared": len(common),
+        "val_drop_pp": round(100 * (meta["val_accuracy_before"] - meta["val_accuracy"]), 2),
+        "accuracy_drop_pp": round(
+            100 * (meta["test_accuracy_before"] - meta["test_accuracy"]), 2),
+        "test_accuracy": meta["test_accuracy"],
+        "candidates": len(bundle.candidates),
+        "verified": True,
+    }
+
+
+def _summary(src: Path, rows: list[dict[str, Any]], tolerance: float, base_flops: int,
+             source_ms: float, before: Any) -> dict[str, Any]:
+    """The headline: the largest FLOPs reduction within ``tolerance`` (validation drop)."""
+    ok = [r for r in rows if r["val_drop_pp"] <= tolerance]
+    best = max(ok, key=lambda r: r["flops_reduction_pct"]) if ok else None
+    result: dict[str, Any] = {
+        "model": src.stem,
+        "selection": f"largest FLOPs reduction with validation drop <= {tolerance} pp; "
+                     "accuracy_drop_pp is on the test split",
+        "source_flops": base_flops,
+        "source_latency_ms": round(source_ms, 4),
+        "test_accuracy_before": before,
+    }
+    if best is not None:
+        result.update({k: best[k] for k in ("flops_reduction_pct", "params_reduction_pct",
+                                            "accuracy_drop_pp", "comm_reduction_pct",
+                                            "strength", "widths", "latency_reduction_pct")})
+    else:
+        result.update({"flops_reduction_pct": None, "params_reduction_pct": None,
+                       "accuracy_drop_pp": None, "comm_reduction_pct": None})
+    result["rows"] = rows
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     strengths = _strengths(args.strengths)
     try:
@@ -128,54 +177,17 @@ def run(args: argparse.Namespace) -> int:
             progress(f"[{i}/{len(strengths)}] strength {s:g}")
             path = out / f"{src.stem}_pruned_{s:g}.onnx"
             meta = prune_lenet_file(src, path, cfg, progress=progress)
-            flops, params = model_costs(path)
+            costs = model_costs(path)
             bundle = split_model(path, Path(tmp.name) / f"bundle-{i}", verify=True)
-            cross = crossing_by_label(bundle)
-            common = sorted(set(cross) & set(base_cross))
-            comm = (100 * (1 - sum(cross[k] for k in common) / sum(base_cross[k] for k in common))
-                    if common else float("nan"))
+            rows.append(_pruned_row(s, meta, costs, bundle, base_flops, base_params, base_cross))
             files.append(path)
             before = meta["test_accuracy_before"]
-            rows.append({
-                "strength": s,
-                "widths": meta["widths_after"],
-                "flops": flops,
-                "flops_reduction_pct": round(100 * (1 - flops / base_flops), 2),
-                "params_reduction_pct": round(100 * (1 - params / base_params), 2),
-                "comm_reduction_pct": round(comm, 2),
-                "cuts_compared": len(common),
-                "val_drop_pp": round(100 * (meta["val_accuracy_before"] - meta["val_accuracy"]), 2),
-                "accuracy_drop_pp": round(
-                    100 * (meta["test_accuracy_before"] - meta["test_accuracy"]), 2),
-                "test_accuracy": meta["test_accuracy"],
-                "candidates": len(bundle.candidates),
-                "verified": True,
-            })
         progress(f"timing {len(files) + 1} models interleaved, {args.repeats} runs")
         ms = latency_ms([src, *files], args.repeats)
         for row, t in zip(rows, ms[1:], strict=True):
             row["latency_ms"] = round(t, 4)
             row["latency_reduction_pct"] = round(100 * (1 - t / ms[0]), 2)
-        ok = [r for r in rows if r["val_drop_pp"] <= args.tolerance]
-        best = max(ok, key=lambda r: r["flops_reduction_pct"]) if ok else None
-        result: dict[str, Any] = {
-            "model": src.stem,
-            "selection": f"largest FLOPs reduction with validation drop <= {args.tolerance} pp; "
-                         "accuracy_drop_pp is on the test split",
-            "source_flops": base_flops,
-            "source_latency_ms": round(ms[0], 4),
-            "test_accuracy_before": before,
-        }
-        if best is not None:
-            result.update({k: best[k] for k in ("flops_reduction_pct", "params_reduction_pct",
-                                                "accuracy_drop_pp", "comm_reduction_pct",
-                                                "strength", "widths", "latency_reduction_pct")})
-        else:
-            result.update({"flops_reduction_pct": None, "params_reduction_pct": None,
-                           "accuracy_drop_pp": None, "comm_reduction_pct": None})
-        result["rows"] = rows
-        emit(result)
+        emit(_summary(src, rows, args.tolerance, base_flops, ms[0], before))
         return 0
     finally:
         tmp.cleanup()
-

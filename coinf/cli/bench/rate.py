@@ -26,19 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress
+from coinf.cli.bench import emit, options, progress
 from coinf.errors import InputError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    options.add_json(parser)
     parser.add_argument("--model", default=None,
                         help="a pretrained model (`coinf models list`): built, split and fed "
                              "its own real inputs")
     parser.add_argument("--bundle", default=None, help="any bundle (with --data)")
-    parser.add_argument("--data", default=None, help="with --bundle: an .npz of feeds "
-                                                     "(see coinf calibrate)")
-    parser.add_argument("--limit", type=argtypes.positive_int, default=None, help="first N inputs")
+    options.add_data(parser)
+    options.add_limit(parser)
     parser.add_argument("--samples", type=argtypes.positive_int, default=300,
                         help="with --model: real inputs to make (default %(default)s)")
     parser.add_argument("--metric", default=None,
@@ -50,8 +49,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default %(default)s)")
     parser.add_argument("--candidates", default=None,
                         help="comma-separated candidate ids instead of --cuts")
-    parser.add_argument("--tolerance", type=argtypes.percent, default=1.0,
-                        help="quality loss of the summary, pp (default %(default)s)")
+    options.add_tolerance(parser)
     parser.add_argument("--png", default=None, metavar="FILE", help="write the plot here")
     parser.add_argument("--work", default=None, metavar="DIR",
                         help="with --model: where the model and bundle are built "

@@ -13,19 +13,16 @@ import argparse
 import time
 from typing import Any
 
-from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle with TFLite slices "
                         "(coinf split --tflite, or coinf convert tflite)")
-    parser.add_argument("--threads", type=argtypes.threads, default=1,
-                        help="threads of both runtimes")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=15,
-                        help="timed runs per runtime (median)")
-    parser.add_argument("--warmup", type=argtypes.count, default=3)
-    parser.add_argument("--json", action="store_true", help="(always JSON; accepted for symmetry)")
+    options.add_threads(parser)
+    options.add_repeats(parser, 15)
+    options.add_warmup(parser, 3)
+    options.add_json(parser)
     parser.set_defaults(func=run)
 
 

@@ -21,18 +21,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress, stop_processes
+from coinf.cli.bench import emit, median, options, progress, stop_processes
 from coinf.errors import InputError, UserError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    options.add_json(parser)
     parser.add_argument("--devices", type=argtypes.integer(2, 8), default=4,
                         help="devices, this one included")
     parser.add_argument("--model", default="vgg16-64",
@@ -83,15 +84,79 @@ def _start_helpers(bundle: Path, sockets: list[Path], slowdown: float) -> list[s
     return procs
 
 
+def _device_speed(emu: Any, local: Any, sm: Any, feed: dict[str, Any], x: np.ndarray
+                  ) -> tuple[float, float]:
+    """(FLOPs per second, a tile's fixed cost in s) of an emulated device: from a measured
+    local run of the whole model (all devices are alike here) and from the smallest tile (1x1
+    output of the last layer) run here."""
+    from coinf.convert.spatial import Rect
+    from coinf.device.spatial import tile_of
+
+    flops = sum(layer.flops for layer in sm.chain)
+    _, local_s = emu.timed(lambda: local.run(None, feed))
+    speed = flops / max(local_s, 1e-9)
+    last = len(sm.chain)
+    key = tile_of(last - 1, last, Rect(0, 1, 0, 1))
+    tiny = np.zeros(sm.region_shape(key, x.shape[0]), dtype=np.float32)
+    overhead = median([emu.timed(lambda: sm.run_tile(key, tiny))[1] for _ in range(15)])
+    return speed, overhead
+
+
+def _connector(sock: Path, channel: Any, air: asyncio.Lock) -> Any:
+    """A connector to the helper at ``sock`` over the shaped medium ``channel`` (``air``: the
+    lock every helper link shares)."""
+    from coinf.ble_protocol.throttle import ThrottledLink
+    from coinf.ble_protocol.transport import FactoryConnector, open_connector
+
+    inner = open_connector(f"unix:{sock}")
+
+    async def factory() -> Any:
+        return ThrottledLink(await inner.connect(5.0), channel, air=air, shape_receive=True)
+
+    return FactoryConnector(factory)
+
+
+async def _run_frames(s: Any, frames: int, feed: dict[str, Any], ref: list[Any], local: Any,
+                      emu: Any) -> tuple[list[float], list[Any], float, Any]:
+    """Distributed and local runs interleaved after two warm-up runs: (local ms, distributed
+    stats, largest difference from the local output ``ref``, the first frame's plan)."""
+    local_ms: list[float] = []
+    dist: list[Any] = []
+    err = 0.0
+    for _ in range(2):  # warm-up: connections, every tile's sub-graph on every device
+        await s.run(feed)
+    for i in range(frames):
+        out, stats = await s.run(feed)
+        dist.append(stats)
+        err = max(err, max(float(np.max(np.abs(a - b)))
+                           for a, b in zip(ref, out.values(), strict=True)))
+        _, t = await asyncio.to_thread(emu.timed, lambda: local.run(None, feed))
+        local_ms.append(t * 1e3)
+        if i == 0:
+            plan = s.plan()
+    return local_ms, dist, err, plan
+
+
+def _break_even(predicted: Callable[[float], float]) -> float | None:
+    """The lowest bandwidth (Mbit/s) at which the planner starts to distribute (below it: all
+    here), by bisection in log space; None when it never does in 0.01..1000."""
+    lo, hi = 0.01, 1000.0
+    if not predicted(lo) <= 1.0 + 1e-6 < predicted(hi):
+        return None
+    for _ in range(20):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if predicted(mid) <= 1.0 + 1e-6 else (lo, mid)
+    return round(hi, 3)
+
+
 async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], mbps: float,
                    frames: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     from coinf.ble_protocol.shaped import Channel
-    from coinf.ble_protocol.throttle import ThrottledLink
-    from coinf.ble_protocol.transport import FactoryConnector, open_connector
     from coinf.convert.gtdp import Worker
     from coinf.device.emulation import DeviceEmulation
+    from coinf.device.spatial import SpatialModel
     from coinf.research.spatial_session import SpatialSession, TileHelper
 
     emu = DeviceEmulation(args.slowdown, threads=1)
@@ -101,48 +166,16 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
     x = np.random.default_rng(0).random(inp.shape, dtype=np.float32)
     feed = {inp.name: x}
     ref = local.run(None, feed)
-    # device speed from a measured local run of the whole model (all devices are alike here)
-    from coinf.convert.spatial import Rect
-    from coinf.device.spatial import SpatialModel, tile_of
-
     sm = SpatialModel(bundle.model_path, threads=1)
-    flops = sum(layer.flops for layer in sm.chain)
-    _, local_s = emu.timed(lambda: local.run(None, feed))
-    speed = flops / max(local_s, 1e-9)
-    # a tile's fixed cost: the smallest tile (1x1 output of the last layer) run here
-    last = len(sm.chain)
-    key = tile_of(last - 1, last, Rect(0, 1, 0, 1))
-    tiny = np.zeros(sm.region_shape(key, x.shape[0]), dtype=np.float32)
-    overhead = median([emu.timed(lambda: sm.run_tile(key, tiny))[1] for _ in range(15)])
+    speed, overhead = _device_speed(emu, local, sm, feed, x)
     channel = Channel(mbps * 1e6 / 8, latency_s=args.latency_ms / 1e3)
     air = asyncio.Lock()  # one medium for every helper link
-
-    def connector(sock: Path) -> FactoryConnector:
-        inner = open_connector(f"unix:{sock}")
-
-        async def factory() -> Any:
-            return ThrottledLink(await inner.connect(5.0), channel, air=air, shape_receive=True)
-
-        return FactoryConnector(factory)
-
     helpers = [TileHelper(Worker(f"helper{i + 1}", speed, mbps * 1e6 / 8, args.latency_ms / 1e3,
-                             overhead), connector(s)) for i, s in enumerate(sockets)]
-    local_ms: list[float] = []
-    dist: list[Any] = []
-    err = 0.0
+                                 overhead), _connector(s, channel, air))
+               for i, s in enumerate(sockets)]
     async with SpatialSession(bundle, Worker("coordinator", speed, overhead_s=overhead), helpers,
                               strategy=args.strategy, emulation=emu, timeout=30.0) as s:
-        for _ in range(2):  # warm-up: connections, every tile's sub-graph on every device
-            await s.run(feed)
-        for i in range(frames):
-            out, stats = await s.run(feed)
-            dist.append(stats)
-            err = max(err, max(float(np.max(np.abs(a - b)))
-                               for a, b in zip(ref, out.values(), strict=True)))
-            _, t = await asyncio.to_thread(emu.timed, lambda: local.run(None, feed))
-            local_ms.append(t * 1e3)
-            if i == 0:
-                plan = s.plan()
+        local_ms, dist, err, plan = await _run_frames(s, frames, feed, ref, local, emu)
     lm, dm = median(local_ms), median([d.total_ms for d in dist])
     me = Worker("coordinator", speed, overhead_s=overhead)
     like = helpers[0].worker
@@ -157,15 +190,6 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
         alone = sum(g.est_s for g in sm.plan([me], "whole").groups)
         return alone / est
 
-    # the lowest bandwidth at which the planner starts to distribute (below it: all here)
-    lo, hi = 0.01, 1000.0
-    if predicted(lo) <= 1.0 + 1e-6 < predicted(hi):
-        for _ in range(20):
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if predicted(mid) <= 1.0 + 1e-6 else (lo, mid)
-        break_even: float | None = round(hi, 3)
-    else:
-        break_even = None
     return {
         "mbps": mbps,
         "local_ms": round(lm, 2),
@@ -178,7 +202,7 @@ async def _measure(args: argparse.Namespace, bundle: Any, sockets: list[Path], m
         "plan": plan.describe(),
         "bytes_per_frame": dist[-1].bytes_sent + dist[-1].bytes_received,
         "predicted_speedup": round(predicted(mbps), 3),
-        "predicted_break_even_mbps": break_even,
+        "predicted_break_even_mbps": _break_even(predicted),
     }
 
 

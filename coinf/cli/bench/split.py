@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 from coinf.errors import InputError
 
 # Peak RSS: VmHWM of this process's memory map (reset by exec), not ru_maxrss, which Linux
@@ -134,9 +134,8 @@ def run(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="an .onnx file, or vgg19 / alexnet (ImageNet size, built with torch)")
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=3,
-                        help="load and split runs (median)")
+    options.add_json(parser)
+    options.add_repeats(parser, 3)
     parser.add_argument("--models-dir", default=None, type=argtypes.existing_dir,
                         help="where vgg19/alexnet are built or found (default: TMPDIR/coinf-large)")
     parser.add_argument("--tmp", default=None, type=argtypes.existing_dir,

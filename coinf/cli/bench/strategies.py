@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress
+from coinf.cli.bench import emit, options, progress
 from coinf.errors import InputError, MissingDependency
 
 #: helper classes: FLOP/s as a function of (wearable, laptop) profile speeds
@@ -44,7 +44,7 @@ DEFAULT_MODELS = ("digitnet", "vgg", "resnet", "mobilenetv2", "wearcam", "vgg16-
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="JSON on stdout (always the case)")
+    options.add_json(parser)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help="comma-separated: zoo names, NAME_large (built with torch), "
                              "pretrained names (coinf models list), vgg16-64 (bench spatial's "

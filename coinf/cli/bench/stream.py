@@ -11,24 +11,22 @@ import time
 from typing import Any
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, median, progress
+from coinf.cli.bench import emit, median, options, progress
 
 STAGES = ("head", "pack", "transfer", "tail", "return")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", required=True, help="bundle directory")
-    parser.add_argument("--preset", default="pi-zero-2w", help="radio preset (default %(default)s)")
-    parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, help="override the capacity (kB/s)")
+    options.add_bundle(parser, required=True)
+    options.add_preset(parser)
+    options.add_bandwidth_kbps(parser, default_text="the preset's ATT capacity")
     parser.add_argument("--wearable-slowdown", type=argtypes.slowdown, default=1.0, dest="slowdown")
-    parser.add_argument("--split", help="candidate id (default: the planner's throughput choice)")
+    options.add_split(parser, default_text="the planner's throughput choice")
     parser.add_argument("--frames", type=argtypes.integer(2), default=30, help="frames per batch")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=3,
-                        help="batches of each kind (median)")
+    options.add_repeats(parser, 3)
     parser.add_argument("--depth", type=argtypes.integer(2), default=3,
                         help="frames in flight when pipelined")
-    parser.add_argument("--threads", type=argtypes.threads, default=1,
-                        help="onnxruntime threads per side")
+    options.add_threads(parser)
     parser.add_argument("--rate", type=argtypes.number(0, 1e6, hi_open=True), default=0.0,
                         metavar="HZ",
                         help="also run a real-time source at HZ frames/s: frames the pipeline "
@@ -36,7 +34,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accuracy", type=argtypes.fraction, default=None,
                         help="model accuracy for effective accuracy, a fraction in [0, 1] "
                         "(default: the zoo's recorded test accuracy, else 1)")
-    parser.add_argument("--json", action="store_true", help="(always JSON)")
+    options.add_json(parser)
     parser.set_defaults(func=run)
 
 

@@ -6,7 +6,7 @@ import argparse
 import importlib
 from collections.abc import Callable
 
-from coinf.cli.bench import BENCHES
+from coinf.cli.bench import BENCHES, options
 from coinf.errors import UserError
 
 
@@ -30,8 +30,7 @@ def register(parser: argparse.ArgumentParser) -> None:
             continue
         mod.register(bench_parser)
         if not any("--json" in a.option_strings for a in bench_parser._actions):
-            bench_parser.add_argument("--json", action="store_true",
-                                      help="(output is always JSON; accepted everywhere)")
+            options.add_json(bench_parser)
 
     def show_help(args: argparse.Namespace) -> int:
         parser.print_help()

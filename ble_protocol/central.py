@@ -461,20 +461,9 @@ async def _handshake(
     protocol_version: int,
     timeout: float,
 ) -> GattLink:
-    from bleak import BleakError
-
-    backend = getattr(client, "_backend", None)
-    acquire = getattr(backend, "_acquire_mtu", None)  # BlueZ: MTU is 23 until acquired
-    if acquire is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(acquire(), timeout)
+    await _acquire_mtu(client, timeout)
     negotiated = min(mtu, int(client.mtu_size))
-    services = client.services
-    data_up = services.get_characteristic(gatt.DATA_UP_UUID)
-    data_down = services.get_characteristic(gatt.DATA_DOWN_UUID)
-    control = services.get_characteristic(gatt.CONTROL_UUID)
-    if data_up is None or data_down is None or control is None:
-        raise ProtocolError(ErrorCode.MALFORMED, "peer does not expose the coinf GATT service")
+    data_up, data_down, control = _coinf_characteristics(client)
     reply: asyncio.Future[tuple[Ctrl, Any]] = asyncio.get_running_loop().create_future()
 
     # The wearable may send chunks and credits right after its HELLO_ACK, before this task has
@@ -498,29 +487,10 @@ async def _handshake(
         elif reply.done() and len(early) <= 2 * window:
             early.append((True, bytes(value)))
 
-    bluez = {"use_start_notify": False}
-    try:
-        async with asyncio.timeout(timeout):
-            await client.start_notify(control, on_control, bluez=bluez)
-            await client.start_notify(data_up, on_data, bluez=bluez)
-            hello = make_hello(
-                bundle_identity, negotiated, window, max_message_bytes, protocol_version,
-                "handheld",
-            )
-            await client.write_gatt_char(control, ctrl_json(Ctrl.HELLO, hello), response=True)
-    except BleakError as exc:
-        raise ProtocolError(classify_bleak_error(exc), f"handshake write failed: {exc}") from None
-    except TimeoutError:
-        raise ProtocolError(ErrorCode.TIMEOUT, f"subscribing and writing the handshake took "
-                            f"over {timeout} s") from None
-    try:
-        kind, body = await asyncio.wait_for(reply, timeout)
-    except TimeoutError:
-        raise ProtocolError(ErrorCode.TIMEOUT, f"no handshake reply within {timeout} s") from None
-    if kind == Ctrl.ERROR:
-        raise body
-    if kind != Ctrl.HELLO_ACK:
-        raise ProtocolError(ErrorCode.MALFORMED, f"expected HELLO_ACK, got {kind.name}")
+    hello = make_hello(bundle_identity, negotiated, window, max_message_bytes, protocol_version,
+                       "handheld")
+    await _subscribe_and_hello(client, control, data_up, on_control, on_data, hello, timeout)
+    body = await _hello_ack(reply, timeout)
     peer_mtu, peer_window, peer_max = check_hello(body, bundle_identity, protocol_version)
 
     pacer = _acl_pacer(client)
@@ -556,6 +526,58 @@ async def _handshake(
     if not client.is_connected:
         link.connection_lost("wearable disconnected during the handshake")
     return link
+
+
+async def _acquire_mtu(client: Any, timeout: float) -> None:
+    """On BlueZ, acquire the MTU (it reads 23 until then); best effort, other backends skip."""
+    acquire = getattr(getattr(client, "_backend", None), "_acquire_mtu", None)
+    if acquire is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(acquire(), timeout)
+
+
+def _coinf_characteristics(client: Any) -> tuple[Any, Any, Any]:
+    """The peer's DATA_UP, DATA_DOWN and CONTROL characteristics (MALFORMED if one is missing)."""
+    services = client.services
+    data_up = services.get_characteristic(gatt.DATA_UP_UUID)
+    data_down = services.get_characteristic(gatt.DATA_DOWN_UUID)
+    control = services.get_characteristic(gatt.CONTROL_UUID)
+    if data_up is None or data_down is None or control is None:
+        raise ProtocolError(ErrorCode.MALFORMED, "peer does not expose the coinf GATT service")
+    return data_up, data_down, control
+
+
+async def _subscribe_and_hello(client: Any, control: Any, data_up: Any,
+                               on_control: Callable[[Any, bytearray], None],
+                               on_data: Callable[[Any, bytearray], None],
+                               hello: dict[str, Any], timeout: float) -> None:
+    """Subscribe to CONTROL and DATA_UP, then write the HELLO, all within ``timeout``."""
+    from bleak import BleakError
+
+    bluez = {"use_start_notify": False}
+    try:
+        async with asyncio.timeout(timeout):
+            await client.start_notify(control, on_control, bluez=bluez)
+            await client.start_notify(data_up, on_data, bluez=bluez)
+            await client.write_gatt_char(control, ctrl_json(Ctrl.HELLO, hello), response=True)
+    except BleakError as exc:
+        raise ProtocolError(classify_bleak_error(exc), f"handshake write failed: {exc}") from None
+    except TimeoutError:
+        raise ProtocolError(ErrorCode.TIMEOUT, f"subscribing and writing the handshake took "
+                            f"over {timeout} s") from None
+
+
+async def _hello_ack(reply: asyncio.Future[tuple[Ctrl, Any]], timeout: float) -> Any:
+    """The body of the peer's HELLO_ACK; its ERROR raised, anything else MALFORMED."""
+    try:
+        kind, body = await asyncio.wait_for(reply, timeout)
+    except TimeoutError:
+        raise ProtocolError(ErrorCode.TIMEOUT, f"no handshake reply within {timeout} s") from None
+    if kind == Ctrl.ERROR:
+        raise body
+    if kind != Ctrl.HELLO_ACK:
+        raise ProtocolError(ErrorCode.MALFORMED, f"expected HELLO_ACK, got {kind.name}")
+    return body
 
 
 def _acl_pacer(client: Any) -> AclPacer | None:

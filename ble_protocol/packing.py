@@ -43,11 +43,9 @@ when a finite value would overflow float16.
 from __future__ import annotations
 
 import math
-import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import lz4.block
 import numpy as np
@@ -55,6 +53,7 @@ from coinf.ble_protocol import codecs, latent, media, priors
 from coinf.ble_protocol.bitplanes import bit_planes, from_bit_planes
 from coinf.ble_protocol.dtypes import MAX_NDIM, NUMPY_TO_ONNX, ONNX_TO_NUMPY
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
+from coinf.ble_protocol.packspec import LOSSLESS_SPEC, MAX_BITS, PackSpec
 
 MAGIC = b"CP2"
 HEADER = struct.Struct("<3sBBBBB")
@@ -79,105 +78,12 @@ FLAG_ZSTD = 2  # QUANTZ only: the payload is one magicless zstd frame
 #: zstd cannot expand a frame more than this (an RLE block: 4 B -> 128 KiB); a header claiming
 #: more is inconsistent and is refused before decompressing
 ZSTD_MAX_RATIO = 32768
-MAX_BITS = 16
 # LZ4 cannot expand data by more than 255x per input byte (a match emits at most 255 bytes per
 # length byte); a header claiming more is inconsistent and is refused before decompressing.
 LZ4_MAX_RATIO = 255
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 FLOAT_CODES = {1, 10, 11}  # float32, float16, float64
 
-_SPEC_RE = re.compile(
-    r"^(?:(qz?|ans)(\d{1,2})|(jpeg|webp)-?q(\d{1,3})|f32|f16|raw|lossless|half|png|webp-ll"
-    r"|pcm16|flac|latent)$")
-SPEC_NAMES = "q1..q16, qz1..qz16, ans1..ans8, f16, f32, raw, jpeg-q1..jpeg-q100, " \
-    "webp-q1..webp-q100, webp-ll, png, pcm16, flac or latent"
-
-
-@dataclass(frozen=True)
-class PackSpec:
-    """How to pack a tensor: ``codec`` is ``"q"`` or ``"qz"`` (quantized levels + zstd; both with
-    ``bits`` 1..16), ``"ans"`` (levels + rANS, ``bits`` 1..8, with ``priors``: a
-    :class:`~ble_protocol.priors.TensorPriors` or its key; without, it packs as ``qz``),
-    ``"f32"``, ``"f16"``, ``"raw"``, or a standard codec
-    (:mod:`ble_protocol.media`): ``"jpeg"``/``"webp"`` with ``quality`` 1..100, ``"png"``,
-    ``"pcm16"``, ``"flac"``. ``str(spec)`` and :meth:`parse` use the short names ``q4``,
-    ``qz4``, ``f16``, ``f32``, ``raw``, ``jpeg-q90``, ``webp-q75``, ``png``, ``pcm16``,
-    ``flac``."""
-
-    codec: str
-    bits: int | None = None
-    quality: int | None = None
-    #: a standard codec's calibrated value range, per channel ``(lo, hi)`` (images) or one
-    #: ``(-peak, peak)`` (audio); None = this input's own range. Not part of the name.
-    ranges: tuple[tuple[float, float], ...] | None = field(default=None, compare=False)
-    priors: Any = field(default=None, compare=False)  # ans: the tensor's calibrated table
-
-    def __post_init__(self) -> None:
-        if self.codec == "webp" and self.quality is None and not self.bits:
-            return  # lossless WebP (webp-ll)
-        if self.codec in media.QUALITY:
-            if not isinstance(self.quality, int) or not 1 <= self.quality <= 100 or self.bits:
-                raise ValueError(f"packing {self.codec!r} needs a quality in 1..100 and no "
-                                 f"bits, got quality {self.quality}")
-            return
-        if self.quality is not None:
-            raise ValueError(f"packing {self.codec!r} takes no quality (got {self.quality})")
-        if self.codec in ("q", "qz", "ans"):
-            top = priors.MAX_BITS if self.codec == "ans" else MAX_BITS
-            if not isinstance(self.bits, int) or not 1 <= self.bits <= top:
-                raise ValueError(f"{self.codec} packing needs bits in 1..{top}, got {self.bits}")
-        elif self.codec in ("f32", "f16", "raw", "png", "pcm16", "flac", "latent"):
-            if self.bits is not None:
-                raise ValueError(f"packing {self.codec!r} takes no bits (got {self.bits})")
-        else:
-            raise ValueError(f"unknown packing codec {self.codec!r}; expected q, qz, ans, f32, "
-                             "f16, raw, jpeg, webp, png, pcm16, flac or latent")
-
-    def __str__(self) -> str:
-        if self.codec == "webp" and self.quality is None:
-            return "webp-ll"
-        if self.codec in media.QUALITY:
-            return f"{self.codec}-q{self.quality}"
-        return f"{self.codec}{self.bits}" if self.codec in ("q", "qz", "ans") else self.codec
-
-    @property
-    def is_media(self) -> bool:
-        """A standard image or audio codec (:mod:`ble_protocol.media`)."""
-        return self.codec in media.WIRE
-
-    @property
-    def sample_bits(self) -> int:
-        """Bits per value before any entropy coding (a calibration row's ``bits``)."""
-        if self.bits is not None:
-            return self.bits
-        return {"f16": 16, "pcm16": 16, "flac": 16}.get(
-            self.codec, 8 if self.codec in media.IMAGE else 32)
-
-    @property
-    def lossless(self) -> bool:
-        return self.codec in ("f32", "raw")
-
-    @classmethod
-    def parse(cls, text: str | int) -> PackSpec:
-        """``"q4"``/``4`` -> 4-bit; ``"qz4"`` -> 4-bit + zstd; ``"f16"``/``"half"``;
-        ``"f32"``/``"lossless"``; ``"raw"``; ``"jpeg-q90"``, ``"webp-q75"``, ``"png"``,
-        ``"pcm16"``, ``"flac"``."""
-        if isinstance(text, int) and not isinstance(text, bool):
-            return cls("q", text)
-        m = _SPEC_RE.match(str(text).strip().lower())
-        if not m:
-            raise ValueError(f"bad packing {text!r}; expected {SPEC_NAMES}")
-        if m.group(1) is not None:
-            return cls(m.group(1), int(m.group(2)))
-        if m.group(3) is not None:
-            return cls(m.group(3), quality=int(m.group(4)))
-        name = m.group(0)
-        if name == "webp-ll":
-            return cls("webp")
-        return cls({"lossless": "f32", "half": "f16"}.get(name, name))
-
-
-LOSSLESS_SPEC = PackSpec("f32")
 
 
 def quantization_bound(
@@ -436,16 +342,7 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     if ndim > MAX_NDIM:
         raise _bad(f"{ndim} dims; at most {MAX_NDIM}")
     shape, start = _read_dims(mv, HEADER_SIZE, ndim)
-    scale = offset = 0.0
-    params = PARAMS if codec in (QUANT, QUANTZ, ANS) else VALUE if codec == CONST else None
-    if params is not None:
-        if len(mv) < start + params.size:
-            raise ProtocolError(ErrorCode.TRUNCATED, "packed tensor header cut short")
-        if codec in (QUANT, QUANTZ, ANS):
-            scale, offset = PARAMS.unpack_from(mv, start)
-        else:
-            (offset,) = VALUE.unpack_from(mv, start)
-        start += params.size
+    scale, offset, start = _read_params(mv, codec, start)
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
     if nbytes > max_bytes:
@@ -490,6 +387,28 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
     psize = len(mv) - start
     if codec == ANS:  # an entropy stream (ble_protocol/entropy.py checks it)
         raw_size = psize
+    _check_payload_size(codec, flags, raw_size, psize)
+    return PackedHeader(codec, flags, bits, dtype, shape, scale, offset, raw_size, psize, start)
+
+
+def _read_params(mv: memoryview, codec: int, start: int) -> tuple[float, float, int]:
+    """The codec's parameters at ``start`` (QUANT, QUANTZ, ANS: scale and offset; CONST: the
+    value, as the offset; others: none, 0.0) and where the payload starts after them."""
+    params = PARAMS if codec in (QUANT, QUANTZ, ANS) else VALUE if codec == CONST else None
+    if params is None:
+        return 0.0, 0.0, start
+    if len(mv) < start + params.size:
+        raise ProtocolError(ErrorCode.TRUNCATED, "packed tensor header cut short")
+    if codec == CONST:
+        (offset,) = VALUE.unpack_from(mv, start)
+        return 0.0, offset, start + params.size
+    scale, offset = PARAMS.unpack_from(mv, start)
+    return scale, offset, start + params.size
+
+
+def _check_payload_size(codec: int, flags: int, raw_size: int, psize: int) -> None:
+    """A payload of ``psize`` B must hold ``raw_size`` B: exactly when sent plain, within the
+    most zstd or LZ4 can expand when compressed."""
     if codec == QUANTZ and flags & FLAG_ZSTD:
         if psize == 0 or raw_size == 0 or raw_size > ZSTD_MAX_RATIO * psize:
             raise _bad(f"{psize} B of zstd cannot hold {raw_size} B")
@@ -500,7 +419,6 @@ def read_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) ->
         raise ProtocolError(ErrorCode.TRUNCATED, f"packed payload has {psize} B of {raw_size} B")
     elif psize > raw_size:
         raise _bad(f"{psize - raw_size} trailing bytes after the payload")
-    return PackedHeader(codec, flags, bits, dtype, shape, scale, offset, raw_size, psize, start)
 
 
 def _media_header(mv: memoryview, codec: int, bits: int, code: int, dtype: np.dtype,

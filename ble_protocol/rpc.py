@@ -304,25 +304,7 @@ async def serve(
     loop = asyncio.get_running_loop()
 
     async def run_one(msg: Message) -> None:
-        reply: Message | None
-        try:
-            async with slots:
-                reply = await handler(msg)
-        except ProtocolError as exc:
-            counts.failed += 1
-            reply = Message(MsgType.ERROR, msg.request_id,
-                            encode_error(exc.code, exc.text, exc.hop))
-        except Exception as exc:  # a bug or a tail failure: report it, keep serving
-            counts.failed += 1
-            if isinstance(exc, CoinfError):  # a known cause (e.g. a damaged bundle file): one line
-                log.error("request %d failed: %s", msg.request_id, exc)
-            else:
-                log.exception("handler failed on request %d", msg.request_id)
-            reply = Message(
-                MsgType.ERROR,
-                msg.request_id,
-                encode_error(ErrorCode.TAIL_FAILED, f"{type(exc).__name__}: {exc}"),
-            )
+        reply = await _answer(handler, msg, slots, counts)
         # Sent outside the slot: the next request computes while this reply travels. The
         # request stays admitted (and cancellable) until the link took its reply.
         if reply is not None and await _send_reply(link, reply):
@@ -346,12 +328,7 @@ async def serve(
                 return
             try:
                 if msg.type == MsgType.CANCEL:
-                    task = inflight.pop(msg.request_id, None)
-                    if task is not None and not task.done():
-                        task.cancel()
-                        counts.cancelled += 1
-                        if on_cancel is not None:
-                            on_cancel(msg.request_id)
+                    _cancel_request(inflight, msg.request_id, counts, on_cancel)
                 elif msg.request_id in inflight:  # its one reply is the first request's
                     counts.duplicates += 1
                     log.warning("dropped %s %d: that request id is in flight",
@@ -372,12 +349,53 @@ async def serve(
             except ProtocolError as exc:  # e.g. an echo larger than the peer accepts
                 log.warning("cannot answer %s %d: %s", msg.type.name, msg.request_id, exc)
     finally:
-        tasks = list(inflight.values())
-        inflight.clear()
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(inflight)
+
+
+async def _answer(handler: Handler, msg: Message, slots: asyncio.Semaphore,
+                  counts: ServeStats) -> Message | None:
+    """``handler``'s reply to ``msg``, run in one of the ``slots``; an exception it raises
+    becomes an ERROR reply (a :class:`ProtocolError` keeps its code, anything else is
+    TAIL_FAILED) and counts in ``counts.failed``."""
+    try:
+        async with slots:
+            return await handler(msg)
+    except ProtocolError as exc:
+        counts.failed += 1
+        return Message(MsgType.ERROR, msg.request_id, encode_error(exc.code, exc.text, exc.hop))
+    except Exception as exc:  # a bug or a tail failure: report it, keep serving
+        counts.failed += 1
+        if isinstance(exc, CoinfError):  # a known cause (e.g. a damaged bundle file): one line
+            log.error("request %d failed: %s", msg.request_id, exc)
+        else:
+            log.exception("handler failed on request %d", msg.request_id)
+        return Message(
+            MsgType.ERROR,
+            msg.request_id,
+            encode_error(ErrorCode.TAIL_FAILED, f"{type(exc).__name__}: {exc}"),
+        )
+
+
+def _cancel_request(inflight: dict[int, asyncio.Task[None]], rid: int, counts: ServeStats,
+                    on_cancel: Callable[[int], None] | None) -> None:
+    """The peer's CANCEL of request ``rid``: cancel its task if it still runs (no reply is sent
+    for it), count it and tell ``on_cancel``."""
+    task = inflight.pop(rid, None)
+    if task is not None and not task.done():
+        task.cancel()
+        counts.cancelled += 1
+        if on_cancel is not None:
+            on_cancel(rid)
+
+
+async def _cancel_all(inflight: dict[int, asyncio.Task[None]]) -> None:
+    """Cancel every in-flight request's task and wait until each has ended."""
+    tasks = list(inflight.values())
+    inflight.clear()
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _send_reply(link: Link, reply: Message) -> bool:

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,8 +48,11 @@ from coinf.convert.bottleneck import (
 from coinf.convert.bottleneck_nets import Bottleneck
 from torch import nn
 
-from coinf.bundle import Bundle
+from coinf.bundle import Bundle, Candidate
 from coinf.errors import ModelError
+
+if TYPE_CHECKING:
+    from coinf.convert import bottleneck_rate as br
 
 #: fewer steps through the tail than this in a point's share of the time limit: feature space
 MIN_TAIL_STEPS = 300
@@ -242,22 +245,10 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
         frozen = frozen or FrozenTail(tail)
         frozen.check_batch(torch.from_numpy(np.ascontiguousarray(crossing[:2], np.float32)))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    planned = cfg.steps  # the schedule's length: fitted to the time limit after a few steps
-    start, history = 0, []
+    # planned: the schedule's length, fitted to the time limit after a few steps
+    start, planned, history = 0, cfg.steps, []
     if resume and checkpoint is not None and checkpoint.is_file():
-        try:  # weights only: a checkpoint is data, never code
-            state = torch.load(checkpoint, weights_only=True)
-            if isinstance(state, dict) and state.get("key") == cfg.key():
-                model.load_state_dict(state["model"])
-                opt.load_state_dict(state["opt"])
-                planned = int(state.get("planned", cfg.steps))
-                start = int(state["step"])
-                if not 0 <= start <= planned <= cfg.steps:
-                    raise ValueError(f"step {start} of {planned} is outside 0..{cfg.steps}")
-        except Exception as exc:  # torch's own error types: the file is not a checkpoint
-            raise ModelError(f"--resume: checkpoint {checkpoint} is damaged ({type(exc).__name__}"
-                             f": {str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
-                             "delete it to train this point from the start") from None
+        start, planned = _resume(checkpoint, cfg, model, opt)
     x_all = torch.from_numpy(np.ascontiguousarray(crossing, np.float32))
     if start == 0:
         fit_prior(model, prior_sample(cfg, x_all), cfg.seed)
@@ -307,6 +298,27 @@ def train_point(cfg: Config, crossing: np.ndarray, targets: Sequence[np.ndarray]
             break
     model.eval()
     return Outcome(model, step, step >= planned, history, planned)
+
+
+def _resume(checkpoint: Path, cfg: Config, model: Bottleneck, opt: torch.optim.Optimizer
+            ) -> tuple[int, int]:
+    """Load ``checkpoint`` into ``model`` and ``opt`` if saved with ``cfg``: (step to start
+    from, planned steps), else (0, ``cfg.steps``). A damaged file is :class:`ModelError`."""
+    start, planned = 0, cfg.steps
+    try:  # weights only: a checkpoint is data, never code
+        state = torch.load(checkpoint, weights_only=True)
+        if isinstance(state, dict) and state.get("key") == cfg.key():
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            planned = int(state.get("planned", cfg.steps))
+            start = int(state["step"])
+            if not 0 <= start <= planned <= cfg.steps:
+                raise ValueError(f"step {start} of {planned} is outside 0..{cfg.steps}")
+    except Exception as exc:  # torch's own error types: the file is not a checkpoint
+        raise ModelError(f"--resume: checkpoint {checkpoint} is damaged ({type(exc).__name__}"
+                         f": {str(exc).splitlines()[0] if str(exc) else 'unreadable'}); "
+                         "delete it to train this point from the start") from None
+    return start, planned
 
 
 @torch.no_grad()
@@ -429,6 +441,72 @@ def _tail_step_s(frozen: FrozenTail, crossing: np.ndarray, batch: int) -> float:
 
 
 # -- the command --------------------------------------------------------------------------------
+def _usable_tail(frozen: FrozenTail, x_tr: np.ndarray, cid: str, notes: list[str], batch: int,
+                 time_limit: float | None, began: float, n_points: int) -> FrozenTail | None:
+    """``frozen`` if it gives onnxruntime's answers and, with a time limit (from ``began``),
+    fits :data:`MIN_TAIL_STEPS` steps in each of ``n_points``; else None (noted why)."""
+    try:
+        frozen.check_batch(torch.from_numpy(np.ascontiguousarray(x_tr[:2], np.float32)))
+    except (ModelError, NotImplementedError) as exc:
+        notes.append(f"{cid}: trained in feature space, without the tail ({exc})")
+        return None
+    if time_limit is not None:
+        per_step = _tail_step_s(frozen, x_tr, batch)
+        fits = (time_limit - (time.monotonic() - began)) / n_points / per_step
+        if fits < MIN_TAIL_STEPS:
+            notes.append(f"{cid}: trained in feature space: a step through the tail takes "
+                         f"{per_step:.1f} s, {fits:.0f} steps a point within the time limit "
+                         f"(fewer than {MIN_TAIL_STEPS})")
+            return None
+    return frozen
+
+
+def _operating_points(base: Config, lams: Sequence[float], gains: Sequence[float],
+                      x_tr: np.ndarray) -> list[tuple[float, float]]:
+    """(lambda, gain) of every point: each of ``lams`` at each gain, else one per gain
+    (:data:`TAIL_LAMBDA` through the tail, the rate-matched lambda in feature space)."""
+    from coinf.convert import bottleneck_rate as br
+
+    if lams:
+        return [(lam, gain) for gain in gains for lam in lams]
+    if base.space == "features":
+        model0 = initial_model(base, x_tr)
+        return [(br.matched_lambda(model0, x_tr, gain), gain) for gain in gains]
+    return [(TAIL_LAMBDA, gain) for gain in gains]
+
+
+def _no_worse_than_untrained(bundle: Bundle, cand: Candidate, cfg: Config, x_tr: np.ndarray,
+                             model: Bottleneck, swept: dict[float, br.Step], what: str,
+                             notes: list[str]) -> Bottleneck:
+    """``model``, or the untrained coder (noted) if training left it worse than that coder at
+    its gain or two coarser ones; ``swept`` (that coder's steps by gain) gets those it lacked."""
+    from coinf.convert import bottleneck_rate as br
+
+    gain = cfg.gain
+    need = [g for g in (gain / 2, gain / math.sqrt(2), gain)  # this gain, 2 coarser
+            if not any(math.isclose(g, have) for have in swept)]
+    if need:
+        swept.update((s.gain, s) for s in br.sweep(
+            bundle, cand, x_tr, br.numpy_coder(initial_model(cfg, x_tr)), need))
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    now = (br.sweep(bundle, cand, x_tr, br.as_trained(model), (gain,))[0] if finite
+           else br.Step(gain, math.inf, math.inf, math.inf))
+    if not br.worse(now, list(swept.values())):
+        return model
+    model = initial_model(cfg, x_tr)
+    fit_prior(model, prior_sample(cfg, torch.from_numpy(
+        np.ascontiguousarray(x_tr, np.float32))), cfg.seed)
+    model.eval()
+    start = swept.get(gain)
+    notes.append(f"{what}: training left it worse than the untrained coder "
+                 f"on {br.SWEEP_FEEDS} training feeds ({_judged(now)}, "
+                 f"~{now.bytes:,.0f} B" + ("" if start is None else
+                                          f"; untrained {_judged(start)}, "
+                                          f"~{start.bytes:,.0f} B")
+                 + "): the untrained coder is kept")
+    return model
+
+
 def default_work_dir(bundle: Bundle, cid: str) -> Path:
     """Checkpoints and exports before they enter the bundle: the user's cache."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -468,20 +546,8 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
             notes.append(f"{cid}: trained in feature space, without the tail ({exc})")
     x_tr, t_tr = run_slices(bundle, cand, tail, train, progress, "features (train)")
     if frozen is not None:
-        try:
-            frozen.check_batch(torch.from_numpy(np.ascontiguousarray(x_tr[:2], np.float32)))
-        except (ModelError, NotImplementedError) as exc:
-            frozen = None
-            notes.append(f"{cid}: trained in feature space, without the tail ({exc})")
-    todo = [(lam, gain) for gain in (gains or (base.gain,) * 3) for lam in (lams or (0.0,))]
-    if frozen is not None and time_limit is not None:
-        per_step = _tail_step_s(frozen, x_tr, base.batch)
-        fits = (time_limit - (time.monotonic() - began)) / len(todo) / per_step
-        if fits < MIN_TAIL_STEPS:
-            frozen = None
-            notes.append(f"{cid}: trained in feature space: a step through the tail takes "
-                         f"{per_step:.1f} s, {fits:.0f} steps a point within the time limit "
-                         f"(fewer than {MIN_TAIL_STEPS})")
+        n_points = len(gains or (base.gain,) * 3) * len(lams or (0.0,))
+        frozen = _usable_tail(frozen, x_tr, cid, notes, base.batch, time_limit, began, n_points)
     if frozen is None:
         base = replace(base, space="features")
     x_te, t_te = run_slices(bundle, cand, tail, test, progress, "features (test)")
@@ -496,13 +562,7 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
             say(f"{cid}: {br.describe(br.reference(cand, tolerance_pp), steps, gains)}")
     work.mkdir(parents=True, exist_ok=True)
     points = []
-    if lams:
-        todo = [(lam, gain) for gain in gains for lam in lams]
-    elif base.space == "features":
-        model0 = initial_model(base, x_tr)
-        todo = [(br.matched_lambda(model0, x_tr, gain), gain) for gain in gains]
-    else:
-        todo = [(TAIL_LAMBDA, gain) for gain in gains]
+    todo = _operating_points(base, lams, gains, x_tr)
     refs = br.answers(bundle, cand, x_te)  # the held-out frames' answers, judged by the metric
     measuring = 0.0  # the last point's export and measurement: reserved for each point left
     for k, (lam, gain) in enumerate(todo):
@@ -521,26 +581,8 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
         t0 = time.monotonic()
         model = run.model
         if run.steps_done > 0:  # never worse than where training started
-            need = [g for g in (gain / 2, gain / math.sqrt(2), gain)  # this gain, 2 coarser
-                    if not any(math.isclose(g, have) for have in swept)]
-            if need:
-                swept.update((s.gain, s) for s in br.sweep(
-                    bundle, cand, x_tr, br.numpy_coder(initial_model(cfg, x_tr)), need))
-            finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-            now = (br.sweep(bundle, cand, x_tr, br.as_trained(model), (gain,))[0] if finite
-                   else br.Step(gain, math.inf, math.inf, math.inf))
-            if br.worse(now, list(swept.values())):
-                model = initial_model(cfg, x_tr)
-                fit_prior(model, prior_sample(cfg, torch.from_numpy(
-                    np.ascontiguousarray(x_tr, np.float32))), cfg.seed)
-                model.eval()
-                start = swept.get(gain)
-                notes.append(f"{cid} {what}: training left it worse than the untrained coder "
-                             f"on {br.SWEEP_FEEDS} training feeds ({_judged(now)}, "
-                             f"~{now.bytes:,.0f} B" + ("" if start is None else
-                                                      f"; untrained {_judged(start)}, "
-                                                      f"~{start.bytes:,.0f} B")
-                             + "): the untrained coder is kept")
+            model = _no_worse_than_untrained(bundle, cand, cfg, x_tr, model, swept,
+                                             f"{cid} {what}", notes)
         priors = priors_for(model, latents(model, x_tr))
         enc, dec, pmf, shape = export(model, priors, tensor.name, work,
                                       point_stem(lam, gain))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from coinf.convert import pareto
@@ -270,6 +270,32 @@ def node_labels(g: Graph) -> dict[int, str]:
     return out
 
 
+def _in_block(ordered: list[_Prefix], chosen: Mapping[int, str]) -> list[_Prefix]:
+    """The cheapest multi-tensor cut not yet ``chosen`` (fewest bytes, then FLOPs) between each
+    pair of consecutive single-tensor cuts of ``ordered``, in FLOPs order."""
+    bounds = sorted({p.flops for p in ordered if p.ntensors == 1})
+    blocks: dict[int, _Prefix] = {}
+    for p in ordered:
+        if p.ntensors < 2 or id(p) in chosen:
+            continue
+        slot = bisect.bisect_left(bounds, p.flops)
+        cur = blocks.get(slot)
+        if cur is None or (p.nbytes, p.flops) < (cur.nbytes, cur.flops):
+            blocks[slot] = p
+    return [blocks[s] for s in sorted(blocks)]
+
+
+def _unique_labels(cuts: list[Cut]) -> list[Cut]:
+    """``cuts`` with every repeated label (the same last node) numbered: ``X``, ``X (2)``..."""
+    seen: dict[str, int] = {}
+    out = []
+    for c in cuts:
+        n = seen[c.label] = seen.get(c.label, 0) + 1
+        out.append(c if n == 1 else Cut(c.head, c.crossing, c.head_flops, c.crossing_bytes,
+                                        f"{c.label} ({n})", c.reason))
+    return out
+
+
 def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
                    max_candidates: int = DEFAULT_MAX_CANDIDATES) -> list[Cut]:
     """Candidate cuts ordered by head FLOPs; first is handheld-only, last is wearable-only."""
@@ -316,17 +342,7 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
         front = pareto.distinct(front, point, total_flops)
     take(front, "pareto")
     singles = [p for p in ordered if p.ntensors == 1 and id(p) not in chosen]
-    # the cheapest multi-tensor cut between each pair of consecutive single-tensor cuts
-    bounds = sorted({p.flops for p in ordered if p.ntensors == 1})
-    blocks: dict[int, _Prefix] = {}
-    for p in ordered:
-        if p.ntensors < 2 or id(p) in chosen:
-            continue
-        slot = bisect.bisect_left(bounds, p.flops)
-        cur = blocks.get(slot)
-        if cur is None or (p.nbytes, p.flops) < (cur.nbytes, cur.flops):
-            blocks[slot] = p
-    in_block = [blocks[s] for s in sorted(blocks)]
+    in_block = _in_block(ordered, chosen)
     # when slots are short, in-block cuts get a quarter of them (at least one)
     quota = min(len(in_block), max(1, budget // 4)) if in_block else 0
     take(singles, "single-tensor", limit=budget - quota)
@@ -348,13 +364,7 @@ def enumerate_cuts(g: Graph, costs: Sequence[NodeCost],
         assert nbytes == p.nbytes, "incremental crossing bytes disagree with recomputation"
         middle.append(Cut(head, crossing, p.flops, nbytes, labels[order[p.k - 1]], reason))
     middle.sort(key=lambda c: (c.head_flops, c.crossing_bytes, len(c.head), sorted(c.head)))
-    seen: dict[str, int] = {}
-    for k, c in enumerate(middle):  # labels are unique: a repeated last node gets " (2)"...
-        n = seen[c.label] = seen.get(c.label, 0) + 1
-        if n > 1:
-            middle[k] = Cut(c.head, c.crossing, c.head_flops, c.crossing_bytes,
-                            f"{c.label} ({n})", c.reason)
-    cuts.extend(middle)
+    cuts.extend(_unique_labels(middle))
     full = frozenset(dag.nodes)
     out_bytes = sum(g.types[t].nbytes for t in g.outputs)
     cuts.append(Cut(full, tuple(g.outputs), total, out_bytes, WEARABLE_ONLY, WEARABLE_ONLY))

@@ -479,16 +479,8 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
             vi.type.tensor_type.ClearField("shape")
 
     inferred, strict_err = _infer(model)
-    types: dict[str, TensorType] = {}
-    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        t = _static(vi)
-        if t is not None:
-            types[vi.name] = t
-    for t in g.initializer:
-        types[t.name] = TensorType(int(t.data_type), tuple(int(d) for d in t.dims))
-
-    node_outs = [o for n in g.node for o in n.output if o]
-    missing = [o for o in node_outs if o not in types]
+    types = _static_types(inferred, g)
+    missing = [o for n in g.node for o in n.output if o and o not in types]
     source = "onnx"
     if missing:
         source = "onnxruntime"
@@ -502,26 +494,7 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
                              f"(shape inference and a trial onnxruntime run both failed: {why})"
                              ) from None
     folded = _fold_shapes(g, types)
-
-    # Classify: dynamic = transitively depends on a real graph input.
-    nodes: list[Node] = []
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = {}
-    dynamic_tensors: set[str] = set(inputs)
-    for i, pn in enumerate(g.node):
-        ins = node_inputs(pn)
-        outs = tuple(o for o in pn.output if o)
-        node = Node(i, pn.name, pn.op_type, ins, outs, has_subgraph=bool(subgraphs(pn)))
-        node.dynamic = any(x in dynamic_tensors for x in ins)
-        if node.dynamic:
-            dynamic_tensors.update(outs)
-        for x in ins:
-            consumers.setdefault(x, [])
-            if not consumers[x] or consumers[x][-1] != i:
-                consumers[x].append(i)
-        for o in outs:
-            producer[o] = i
-        nodes.append(node)
+    nodes, producer, consumers, dynamic_tensors = _classify(g, inputs)
     defined = set(inputs) | init_names | set(producer)
     for n in nodes:
         for x in n.inputs:
@@ -543,6 +516,44 @@ def load_graph(model_path: str | Path, dims: Mapping[str, int] | None = None, *,
                  producer=producer, consumers=consumers, dynamic_tensors=dynamic_tensors,
                  dims=used_dims, folded=folded, shape_source=source, weights_dir=weights_dir,
                  source_sha256=digest, weights_sha256=weights_sha)
+
+
+def _static_types(inferred: ModelProto, g: GraphProto) -> dict[str, TensorType]:
+    """The static types shape inference found (``inferred``), and those of ``g``'s
+    initializers."""
+    types: dict[str, TensorType] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        t = _static(vi)
+        if t is not None:
+            types[vi.name] = t
+    for t in g.initializer:
+        types[t.name] = TensorType(int(t.data_type), tuple(int(d) for d in t.dims))
+    return types
+
+
+def _classify(g: GraphProto, inputs: list[str]
+              ) -> tuple[list[Node], dict[str, int], dict[str, list[int]], set[str]]:
+    """``g``'s nodes with their dynamic flags (dynamic = transitively depends on a real graph
+    input), each tensor's producer and consumers, and the dynamic tensors."""
+    nodes: list[Node] = []
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    dynamic_tensors: set[str] = set(inputs)
+    for i, pn in enumerate(g.node):
+        ins = node_inputs(pn)
+        outs = tuple(o for o in pn.output if o)
+        node = Node(i, pn.name, pn.op_type, ins, outs, has_subgraph=bool(subgraphs(pn)))
+        node.dynamic = any(x in dynamic_tensors for x in ins)
+        if node.dynamic:
+            dynamic_tensors.update(outs)
+        for x in ins:
+            consumers.setdefault(x, [])
+            if not consumers[x] or consumers[x][-1] != i:
+                consumers[x].append(i)
+        for o in outs:
+            producer[o] = i
+        nodes.append(node)
+    return nodes, producer, consumers, dynamic_tensors
 
 
 def value_info(name: str, t: TensorType) -> ValueInfoProto:

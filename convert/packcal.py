@@ -32,11 +32,12 @@ from coinf.convert import noise
 from coinf.convert import state as st
 from coinf.convert.entropy_cal import PriorFit, ans_bits
 from coinf.convert.feeds import Dataset
+from coinf.convert.headtail import Runner
 from coinf.convert.metrics import Label, Metric, upper_bound_pp
 from coinf.convert.packrows import LOSSLESS, codec_applies, criterion_summary, drop_dominated
 
-from coinf.bundle import Bundle, Candidate, open_slice
-from coinf.errors import BundleError, InputError
+from coinf.bundle import Bundle, Candidate
+from coinf.errors import InputError
 
 PROMOTE_TO = "f16"
 MAX_PROMOTE_TENSORS = 8  # beyond this many lossy tensors, no per-tensor search
@@ -56,56 +57,6 @@ class Options:
     pack_state: bool = False
     tensor_packing: Mapping[str, str] = field(default_factory=dict)
     sequence_length: int | None = None  # stateful models: None = all feeds, one sequence
-
-
-class Runner:
-    """A candidate's head and tail from the bundle files; the tail gives every graph output."""
-
-    def __init__(self, bundle: Bundle, cand: Candidate) -> None:
-        if cand.is_wearable_only:
-            raise BundleError(f"candidate {cand.id} is wearable-only: nothing crosses the link")
-        self.cid = cand.id
-        self.head = None if cand.head.file is None else session(bundle.path(cand.head.file))
-        assert cand.tail.file is not None
-        self.tail = session(bundle.path(cand.tail.file))
-        self.crossing = [t.name for t in cand.crossing]
-        self.head_inputs = [] if self.head is None else [i.name for i in self.head.get_inputs()]
-        self.tail_inputs = [i.name for i in self.tail.get_inputs()]
-        self.outputs = [o.name for o in self.tail.get_outputs()]
-        unknown = [n for n in self.tail_inputs if n not in self.crossing]
-        if unknown:
-            raise BundleError(f"candidate {cand.id}: tail needs {unknown}, not in its crossing")
-
-    def run_head(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.head is None:
-            return {n: feed[n] for n in self.crossing}
-        outs = self._run(self.head, "head", self.crossing,
-                         {n: feed[n] for n in self.head_inputs})
-        return dict(zip(self.crossing, outs, strict=True))
-
-    def run_tail(self, crossing: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outs = self._run(self.tail, "tail", self.outputs,
-                         {n: crossing[n] for n in self.tail_inputs})
-        return dict(zip(self.outputs, (np.asarray(o) for o in outs), strict=True))
-
-    def _run(self, sess: Any, part: str, names: list[str], feed: dict[str, np.ndarray]) -> Any:
-        try:
-            return sess.run(names, feed)
-        except Exception as exc:  # onnxruntime's own error types: the data does not fit
-            text = str(exc).strip().splitlines()
-            raise InputError(f"candidate {self.cid}: onnxruntime failed running the {part} on "
-                             f"this data: {text[0] if text else type(exc).__name__}") from None
-
-
-def session(path: Any) -> Any:
-    """A one-thread CPU onnxruntime session of a bundle file (calibration is single-core)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return open_slice(path, opts)
 
 
 def base_assignment(cand: Candidate, spec: str, opts: Options) -> dict[str, str]:
@@ -511,11 +462,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
     """The packing table of one candidate (rows as in :mod:`convert.calibrate`, plus
     ``metric``, ``tensors``, ``promoted``, ``steps`` and ``drift_rel_l2`` where they apply)."""
     opts = opts or Options()
-    for name, s in opts.tensor_packing.items():
-        try:
-            PackSpec.parse(s)
-        except ValueError as exc:
-            raise InputError(f"--tensor-packing {name}={s}: {exc}") from None
+    _check_tensor_packing(opts)
     widths = ans_bits(specs)
     cal = _Calibration(bundle, cand, data, opts, PriorFit(cand, widths) if widths else None)
     n = len(data)
@@ -534,11 +481,7 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
                  and _is_float(cand, t)]
         if drop > opts.tolerance_pp \
                 and 2 <= len(lossy) <= MAX_PROMOTE_TENSORS and spec.codec == "q":
-            share = opts.tolerance_pp / len(lossy)
-            for t in lossy:
-                solo = {k: (s if k == t else LOSSLESS) for k, s in assign.items()}
-                if cal.drop(cal.trial(solo))[0] > share:
-                    promoted.append(t)
+            promoted = _to_promote(cal, assign, lossy, opts.tolerance_pp)
             if promoted:
                 assign = {k: (PROMOTE_TO if k in promoted else s) for k, s in assign.items()}
                 tr = cal.trial(assign)
@@ -587,6 +530,28 @@ def calibrate_candidate(bundle: Bundle, cand: Candidate, data: Dataset, specs: S
             row["final_drift_rel_l2"] = float(f"{float(np.mean(tr.final)):.4g}")
         rows.append(row)
     return drop_dominated(rows)
+
+
+def _check_tensor_packing(opts: Options) -> None:
+    """Every ``--tensor-packing`` override names a packing (else :class:`InputError`)."""
+    for name, s in opts.tensor_packing.items():
+        try:
+            PackSpec.parse(s)
+        except ValueError as exc:
+            raise InputError(f"--tensor-packing {name}={s}: {exc}") from None
+
+
+def _to_promote(cal: _Calibration, assign: Mapping[str, str], lossy: Sequence[str],
+                tolerance_pp: float) -> list[str]:
+    """The ``lossy`` tensors whose drop, each packed alone as assigned (the others lossless),
+    exceeds its share of the tolerance: they travel as :data:`PROMOTE_TO` instead."""
+    share = tolerance_pp / len(lossy)
+    promoted = []
+    for t in lossy:
+        solo = {k: (s if k == t else LOSSLESS) for k, s in assign.items()}
+        if cal.drop(cal.trial(solo))[0] > share:
+            promoted.append(t)
+    return promoted
 
 
 def _is_float(cand: Candidate, name: str) -> bool:

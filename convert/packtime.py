@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from coinf.ble_protocol.packing import PackSpec, pack, unpack
 from coinf.convert.feeds import Dataset
-from coinf.convert.packcal import Runner, tensor_specs
+from coinf.convert.headtail import Runner
+from coinf.convert.packcal import tensor_specs
 
 from coinf.bundle import Bundle
 

@@ -158,70 +158,15 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
         internalize(g.model, out)
         weights.unlink(missing_ok=True)
 
-    def write(model: ModelProto, rel: str) -> None:
-        save_model(model, out / rel)
-
-    write(g.model, MODEL_FILE)
-
+    save_model(g.model, out / MODEL_FILE)
     dyn = [n.index for n in g.nodes if n.dynamic]
-    names = [g.nodes[i].name for i in range(len(g.nodes))]
     candidates: list[Candidate] = []
     for k, cut in enumerate(cuts):
-        cid = f"c{k:03d}"
-        head_nodes = [i for i in dyn if i in cut.head]
-        tail_nodes = [i for i in dyn if i not in cut.head]
-        crossing = list(cut.crossing)
-        head_file = tail_file = None
-        if head_nodes:
-            head_inputs = sorted({t for i in head_nodes for t in g.nodes[i].inputs
-                                  if t in g.inputs} | {t for t in crossing if t in g.inputs},
-                                 key=g.inputs.index)
-            head_file = f"{cid}.head.onnx" if shared else f"{cid}/head.onnx"
-            write(build_slice(g, head_nodes, head_inputs, crossing, "head"), head_file)
-        if tail_nodes or k < len(cuts) - 1:
-            tail_file = f"{cid}.tail.onnx" if shared else f"{cid}/tail.onnx"
-            write(build_slice(g, tail_nodes, crossing, g.outputs, "tail"), tail_file)
-        head_flops = sum(costs[i].flops for i in head_nodes)
-        tail_flops = sum(costs[i].flops for i in tail_nodes)
-        candidates.append(Candidate(
-            id=cid, label=cut.label,
-            crossing=tuple(spec(g, t) for t in crossing),
-            head=Part(head_file, head_flops, param_bytes(g, _with_consts(g, head_nodes)),
-                      tuple(names[i] for i in head_nodes),
-                      sha256_file(out / head_file) if head_file else None),
-            tail=Part(tail_file, tail_flops, param_bytes(g, _with_consts(g, tail_nodes)),
-                      tuple(names[i] for i in tail_nodes),
-                      sha256_file(out / tail_file) if tail_file else None),
-            extra={"selected_as": cut.reason,
-                   "head_macs": sum(costs[i].macs for i in head_nodes),
-                   "tail_macs": sum(costs[i].macs for i in tail_nodes)},
-        ))
+        # the last cut (wearable-only) needs no tail when nothing is left for it to run
+        candidates.append(_write_candidate(g, costs, cut, f"c{k:03d}", dyn, out, shared,
+                                           with_tail=k < len(cuts) - 1))
         step("slice", k + 1, len(cuts))
-
-    total_flops = sum(costs[i].flops for i in dyn)
-    meta = {
-        "coinf_version": __version__,
-        "source": {"file": Path(model_path).name,
-                   "sha256": g.source_sha256 or sha256_file(model_path)},
-        "dims": g.dims,
-        "stats": {
-            "nodes": len(g.nodes),
-            "dynamic_nodes": len(dyn),
-            "constant_nodes": len(g.nodes) - len(dyn),
-            "folded_shape_nodes": len(g.folded),
-            "total_flops": total_flops,
-            "total_macs": sum(costs[i].macs for i in dyn),
-            "param_bytes": param_bytes(g, range(len(g.nodes))),
-            "opset": g.opset,
-            "ir_version": int(g.model.ir_version),
-            "shape_source": g.shape_source,
-        },
-        "selection": {
-            "max_candidates": max_candidates,
-            "orders": ["file", "depth-first", "greedy-frontier"],
-            "tiers": ["pareto", "single-tensor", "in-block", "spread"],
-        },
-    }
+    meta = _meta(g, costs, dyn, model_path, max_candidates)
     if prep is not None:
         prep.annotate(g, candidates, meta)
     if shared:
@@ -240,6 +185,69 @@ def _write_bundle(g: Graph, costs: list[NodeCost], cuts: list[Cut], model_path: 
         bundle.save()
         return list(failures)
     return []
+
+
+def _write_candidate(g: Graph, costs: list[NodeCost], cut: Cut, cid: str, dyn: list[int],
+                     out: Path, shared: bool, with_tail: bool) -> Candidate:
+    """Write the head and tail slices of ``cut`` into ``out`` (the tail also when it runs no
+    node, if ``with_tail``) and return its manifest entry."""
+    head_nodes = [i for i in dyn if i in cut.head]
+    tail_nodes = [i for i in dyn if i not in cut.head]
+    crossing = list(cut.crossing)
+    head_file = tail_file = None
+    if head_nodes:
+        head_inputs = sorted({t for i in head_nodes for t in g.nodes[i].inputs
+                              if t in g.inputs} | {t for t in crossing if t in g.inputs},
+                             key=g.inputs.index)
+        head_file = f"{cid}.head.onnx" if shared else f"{cid}/head.onnx"
+        save_model(build_slice(g, head_nodes, head_inputs, crossing, "head"), out / head_file)
+    if tail_nodes or with_tail:
+        tail_file = f"{cid}.tail.onnx" if shared else f"{cid}/tail.onnx"
+        save_model(build_slice(g, tail_nodes, crossing, g.outputs, "tail"), out / tail_file)
+    names = [g.nodes[i].name for i in range(len(g.nodes))]
+    return Candidate(
+        id=cid, label=cut.label,
+        crossing=tuple(spec(g, t) for t in crossing),
+        head=Part(head_file, sum(costs[i].flops for i in head_nodes),
+                  param_bytes(g, _with_consts(g, head_nodes)),
+                  tuple(names[i] for i in head_nodes),
+                  sha256_file(out / head_file) if head_file else None),
+        tail=Part(tail_file, sum(costs[i].flops for i in tail_nodes),
+                  param_bytes(g, _with_consts(g, tail_nodes)),
+                  tuple(names[i] for i in tail_nodes),
+                  sha256_file(out / tail_file) if tail_file else None),
+        extra={"selected_as": cut.reason,
+               "head_macs": sum(costs[i].macs for i in head_nodes),
+               "tail_macs": sum(costs[i].macs for i in tail_nodes)},
+    )
+
+
+def _meta(g: Graph, costs: list[NodeCost], dyn: list[int], model_path: str | Path,
+          max_candidates: int) -> dict[str, Any]:
+    """The manifest's ``meta``: version, source model, dims, graph statistics, selection."""
+    return {
+        "coinf_version": __version__,
+        "source": {"file": Path(model_path).name,
+                   "sha256": g.source_sha256 or sha256_file(model_path)},
+        "dims": g.dims,
+        "stats": {
+            "nodes": len(g.nodes),
+            "dynamic_nodes": len(dyn),
+            "constant_nodes": len(g.nodes) - len(dyn),
+            "folded_shape_nodes": len(g.folded),
+            "total_flops": sum(costs[i].flops for i in dyn),
+            "total_macs": sum(costs[i].macs for i in dyn),
+            "param_bytes": param_bytes(g, range(len(g.nodes))),
+            "opset": g.opset,
+            "ir_version": int(g.model.ir_version),
+            "shape_source": g.shape_source,
+        },
+        "selection": {
+            "max_candidates": max_candidates,
+            "orders": ["file", "depth-first", "greedy-frontier"],
+            "tiers": ["pareto", "single-tensor", "in-block", "spread"],
+        },
+    }
 
 
 def _with_consts(g: Graph, nodes: list[int]) -> list[int]:

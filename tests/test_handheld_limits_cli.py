@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from coinf.ble_protocol.listen import SocketListener, open_listener
+from coinf.ble_protocol.listen import open_listener
+from coinf.ble_protocol.socket_listener import SocketListener
 
 from coinf.cli.commands import handheld
 from coinf.errors import UserError

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from coinf.ble_protocol.link import Link, LinkClosed
-from coinf.ble_protocol.listen import SocketListener, open_listener
+from coinf.ble_protocol.listen import open_listener
 from coinf.ble_protocol.loopback import connect_socket
 from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
@@ -29,6 +29,7 @@ from coinf.ble_protocol.messages import (
 )
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.rpc import serve as rpc_serve
+from coinf.ble_protocol.socket_listener import SocketListener
 from coinf.handheld.daemon import HandheldDaemon
 
 from coinf.errors import InputError

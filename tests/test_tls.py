@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from coinf.ble_protocol.link import Link
-from coinf.ble_protocol.listen import SocketListener, open_listener
+from coinf.ble_protocol.listen import open_listener
 from coinf.ble_protocol.loopback import connect_socket
 from coinf.ble_protocol.messages import Message, MsgType
 from coinf.ble_protocol.rpc import RpcClient
 from coinf.ble_protocol.rpc import serve as rpc_serve
+from coinf.ble_protocol.socket_listener import SocketListener
 from coinf.ble_protocol.tls import client_context
 from coinf.ble_protocol.tls_store import (
     TlsStore,

@@ -82,7 +82,6 @@ def build_figure(d: Decision, title: str = "", context: str = "",
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
 
     rows = chart_rows(d, always=keep)
     n = len(rows)
@@ -93,38 +92,9 @@ def build_figure(d: Decision, title: str = "", context: str = "",
     labels = [("▶ " if r.id == d.winner else "")
               + (f"{r.id}  {r.label}" if r.label and r.label != r.id else r.id) for r in rows]
     lat = [r.latency_ms(d.streaming) for r in rows]
-    # latency: the bar's length is the total on a log axis (from ``floor``); its colours split
-    # that length in proportion to head / transfer / tail / return
-    floor = 10 ** math.floor(math.log10(max(min(v for v in lat if v > 0) / 3, 1e-3)))
+    _draw_latency(ax1, rows, y, lat)
+    _draw_energy(ax2, rows, y)
     top = max(lat)
-    span = [math.log10(max(v, floor) / floor) for v in lat]
-    done = [0.0] * n
-    for name, key, color in _SEGMENTS:
-        vals = [float(getattr(r, key)) for r in rows]
-        starts = [floor * 10 ** (sp * dn) for sp, dn in zip(span, done, strict=True)]
-        done = [dn + (v / t if t > 0 else 0.0) for dn, v, t in zip(done, vals, lat, strict=True)]
-        ends = [floor * 10 ** (sp * dn) for sp, dn in zip(span, done, strict=True)]
-        ax1.barh(y, [e - st for st, e in zip(starts, ends, strict=True)], left=starts,
-                 color=color, label=name, height=0.7)
-    ax1.set_xscale("log")
-    ax1.set_xlim(floor, top * 4)
-    for yi, v in zip(y, lat, strict=True):
-        ax1.text(max(v, floor) * 1.1, yi, _ms(v), va="center", fontsize=8)
-    ax1.set_xlabel("latency per inference: total on a log axis, colours = share of each part")
-    ax1.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _ms(v)))
-    ax1.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
-    # energy per side, linear mJ
-    ew = [r.wearable_energy_mj for r in rows]
-    eh = [r.handheld_energy_mj for r in rows]
-    ax2.barh(y, ew, color="#4c72b0", label="wearable", height=0.7)
-    ax2.barh(y, eh, left=ew, color="#55a868", label="handheld", height=0.7)
-    emax = max([a + b for a, b in zip(ew, eh, strict=True)] + [1e-9])
-    for yi, a, b in zip(y, ew, eh, strict=True):
-        ax2.text(a + b + emax * 0.01, yi, _mj(a + b), va="center", fontsize=8)
-    ax2.set_xlim(0, emax * 1.25)
-    ax2.set_xlabel("energy per inference (over idle, both devices)")
-    ax2.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _mj(v) if v else "0"))
-    ax2.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
     ax1.set_yticks(y)
     ax1.set_yticklabels(labels, fontsize=9)
     for yi, r, tick in zip(y, rows, ax1.get_yticklabels(), strict=True):
@@ -147,6 +117,58 @@ def build_figure(d: Decision, title: str = "", context: str = "",
                  fontweight="bold", x=0.01, ha="left")
     if context:
         fig.text(0.01, 1 - 0.5 / height, context, fontsize=9, ha="left", va="top")
+    footer = _footer(d, n)
+    lines = footer.count("\n") + 1
+    fig.tight_layout(rect=(0, (0.2 + 0.16 * lines) / height, 1, 1 - 0.75 / height))
+    fig.text(0.01, 0.1 / height, footer, fontsize=9, ha="left", va="bottom")
+    return fig
+
+
+def _draw_latency(ax: Any, rows: list[CandidateCost], y: list[int], lat: list[float]) -> None:
+    """Latency bars: each bar's length is the total on a log axis (from a power-of-ten
+    ``floor``), its colours split that length in proportion to head / transfer / tail /
+    return."""
+    from matplotlib.ticker import FuncFormatter
+
+    floor = 10 ** math.floor(math.log10(max(min(v for v in lat if v > 0) / 3, 1e-3)))
+    span = [math.log10(max(v, floor) / floor) for v in lat]
+    done = [0.0] * len(rows)
+    for name, key, color in _SEGMENTS:
+        vals = [float(getattr(r, key)) for r in rows]
+        starts = [floor * 10 ** (sp * dn) for sp, dn in zip(span, done, strict=True)]
+        done = [dn + (v / t if t > 0 else 0.0) for dn, v, t in zip(done, vals, lat, strict=True)]
+        ends = [floor * 10 ** (sp * dn) for sp, dn in zip(span, done, strict=True)]
+        ax.barh(y, [e - st for st, e in zip(starts, ends, strict=True)], left=starts,
+                color=color, label=name, height=0.7)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, max(lat) * 4)
+    for yi, v in zip(y, lat, strict=True):
+        ax.text(max(v, floor) * 1.1, yi, _ms(v), va="center", fontsize=8)
+    ax.set_xlabel("latency per inference: total on a log axis, colours = share of each part")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _ms(v)))
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
+
+
+def _draw_energy(ax: Any, rows: list[CandidateCost], y: list[int]) -> None:
+    """Energy bars per side (wearable, then handheld), stacked on a linear mJ axis."""
+    from matplotlib.ticker import FuncFormatter
+
+    ew = [r.wearable_energy_mj for r in rows]
+    eh = [r.handheld_energy_mj for r in rows]
+    ax.barh(y, ew, color="#4c72b0", label="wearable", height=0.7)
+    ax.barh(y, eh, left=ew, color="#55a868", label="handheld", height=0.7)
+    emax = max([a + b for a, b in zip(ew, eh, strict=True)] + [1e-9])
+    for yi, a, b in zip(y, ew, eh, strict=True):
+        ax.text(a + b + emax * 0.01, yi, _mj(a + b), va="center", fontsize=8)
+    ax.set_xlim(0, emax * 1.25)
+    ax.set_xlabel("energy per inference (over idle, both devices)")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _mj(v) if v else "0"))
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
+
+
+def _footer(d: Decision, n: int) -> str:
+    """The chart's footer: why the winner was chosen, and which of the rows the ``n`` bars show
+    (with the excluded ones counted), wrapped."""
     why = ("best effort: " if d.best_effort else "why: ") + d.why
     shown = (f"{n} of {len(d.rows)} candidates shown: the chosen one, the reference points, the "
              f"Pareto front of latency and energy, then the runners-up" if n < len(d.rows)
@@ -155,11 +177,7 @@ def build_figure(d: Decision, title: str = "", context: str = "",
     if n_ex:
         first = next(v for k, v in d.excluded.items() if any(r.id == k for r in d.rows))
         shown += f"; {n_ex} excluded, e.g. {first}"
-    footer = "\n".join(textwrap.fill(t, 160) for t in (why, shown))
-    lines = footer.count("\n") + 1
-    fig.tight_layout(rect=(0, (0.2 + 0.16 * lines) / height, 1, 1 - 0.75 / height))
-    fig.text(0.01, 0.1 / height, footer, fontsize=9, ha="left", va="bottom")
-    return fig
+    return "\n".join(textwrap.fill(t, 160) for t in (why, shown))
 
 
 def plot_decision(decision: Decision, path: str | Path, title: str = "",

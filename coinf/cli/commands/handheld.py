@@ -98,7 +98,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-#: --flag -> the socket listener option it sets (ble_protocol.listen.SocketListener)
+#: --flag -> the socket listener option it sets (ble_protocol.socket_listener.SocketListener)
 LIMIT_FLAGS = {"max_links": "max_links", "max_links_per_peer": "max_links_per_peer",
                "hello_timeout": "handshake_timeout", "idle_timeout": "idle_timeout"}
 

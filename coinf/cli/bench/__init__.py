@@ -43,6 +43,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("memory", "memory", "each head's peak RSS measured vs the planner's prediction"),
     ("hostile", "hostile", "memory a hostile peer costs: a huge RESULT (wearable), slow "
      "connections (helper)"),
+    ("walk", "walk", "one split frame and one 3-device pipeline frame traced through coinf's "
+     "modules: calls, cross-module calls, package crossings, re-entries, threads"),
     ("attack", "attack", "attackers (unpaired client, squatter, connection flood...) against "
      "real daemons: served, tensors read, results accepted, lockout"),
 ]

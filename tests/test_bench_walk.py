@@ -1,0 +1,22 @@
+"""``coinf bench walk`` traces one split frame and one pipeline frame through coinf's modules."""
+
+from __future__ import annotations
+
+import pytest
+
+from coinf.cli.bench.walk import measure
+
+
+@pytest.mark.timeout(120)  # two sessions and two helper daemons, traced
+def test_the_walk_counts_the_frames_calls_and_crossings() -> None:
+    out = measure(True, lambda _m: None)
+    for kind, first in (("split", "coinf.wearable.session"), ("pipeline", "coinf.wearable.core")):
+        walk = out[kind]
+        assert walk["modules"][0] == first
+        assert "coinf.wearable.executor" in walk["modules"]
+        assert "coinf.ble_protocol.request" in walk["modules"]  # the request went on the wire
+        assert 0 < walk["package_crossings"] <= walk["cross_module"] <= walk["calls"]
+        assert len(walk["cross_module_calls"]) == walk["cross_module"]
+        assert walk["threads"] >= 1 and walk["reentries"] >= 0
+    assert "coinf.handheld.forward" in out["pipeline"]["modules"]  # h1 forwarded to h2
+    assert out["pipeline"]["calls"] > out["split"]["calls"]

@@ -185,12 +185,10 @@ def format_condition(c: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    from coinf.bundle import Bundle
-    from coinf.cli.commands.demo_prep import describe, prepare
-    from coinf.cli.commands.run import format_table
-    from coinf.device.emulation import profile_slowdown
-    from coinf.device.profile import DeviceProfile
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad flags, an unwritable ``--out`` and a ``--learned`` that is no bundle before
+    the model is built."""
+    from coinf.cli.paths import writable_dir
     from coinf.errors import UserError
 
     if args.repeat < 1 or not args.dropped > 0 or args.budget_ms < 0 or args.samples < 1 \
@@ -199,13 +197,21 @@ def run(args: argparse.Namespace) -> int:
                         "--budget-ms >= 0")
     if args.slowdown is not None and args.slowdown < 1:
         raise UserError(f"--slowdown must be >= 1, got {args.slowdown}")
-    from coinf.cli.paths import writable_dir
-
     writable_dir(args.out, "--out")  # refused now, not after the model is built
-    t_start = time.perf_counter()
-    out = sys.stderr if args.json else sys.stdout
     if args.learned is not None and not Path(args.learned, "manifest.json").is_file():
         raise UserError(f"--learned {args.learned}: not a bundle (no manifest.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from coinf.bundle import Bundle
+    from coinf.cli.commands.demo_prep import describe, prepare
+    from coinf.cli.run_format import format_table
+    from coinf.device.emulation import profile_slowdown
+    from coinf.device.profile import DeviceProfile
+
+    check_args(args)
+    t_start = time.perf_counter()
+    out = sys.stderr if args.json else sys.stdout
     prep = prepare(args.model, Path(args.out), args.samples,
                    None if args.learned is None else Path(args.learned))
     bundle = Bundle.load(prep.bundle_dir)
@@ -236,56 +242,23 @@ def run(args: argparse.Namespace) -> int:
     for c in conditions:
         print(format_condition(c) + "\n", file=out)
     plan = conditions[0]["plan"]
-    points = {"chosen": plan["chosen"], **plan["reference"]}
-    ids, skipped = [], {}
-    for name, e in points.items():
-        if e is None or e["id"] in ids:
-            continue
-        if name != "chosen" and e["latency_ms"] > args.max_run_s * 1e3:
-            skipped[e["id"]] = (f"not run: predicted {e['latency_ms'] / 1e3:.0f} s per run "
-                                f"(> --max-run-s {args.max_run_s:g})")
-            continue
-        ids.append(e["id"])
+    ids, skipped = points_to_run(plan, args.max_run_s)
     rows, where = measure(args, prep.bundle_dir, ids, slow, prep.input_file)
-    by = {f"{r['candidate']}~{r['packing']}" if r["packing"] != "raw" else r["candidate"]: r
-          for r in rows}
-    pw = pi.power
-
-    tx_w, rx_w, wake_mj = pw.radio(kind)
-
-    def energy(r: dict[str, Any]) -> float:  # the Pi power model on measured times
-        sent = wake_mj if r["transfer_ms"] > 0 else 0.0
-        return round((r["head_ms"] + r["pack_ms"]) * (pw.cpu_active_w - pw.cpu_idle_w)
-                     + r["transfer_ms"] * tx_w + r["return_ms"] * rx_w + sent, 1)
-
     print(f"measured: wearable (x{slow:.1f} slower) and handheld in separate processes "
           f"{where}", file=out)
     print(format_table(rows), file=out)
+    by = {f"{r['candidate']}~{r['packing']}" if r["packing"] != "raw" else r["candidate"]: r
+          for r in rows}
 
     def measured(e: dict[str, Any] | None) -> dict[str, Any] | None:
-        if e is None:
-            return None
-        r = by.get(e["id"])
-        base = {"id": e["id"], "cut": e["cut"], "packing": e["packing"],
-                "quality_loss": e["quality_loss"],
-                "quality_loss_bound": e.get("quality_loss_bound"),
-                "exact": bool(e.get("exact")),
-                "predicted_latency_ms": e["latency_ms"], "predicted_wearable_mj": e["wearable_mj"]}
-        if r is None:
-            return {**base, "measured": False, "why": skipped.get(e["id"]),
-                    "latency_ms": None, "wearable_mj": None, "bytes": e["bytes"]}
-        return {**base, "measured": True, "latency_ms": r["total_ms"], "wearable_mj": energy(r),
-                "bytes": round(r["bytes_up"]), "top1_same": r["top1_same"], "match": r["match"]}
+        return None if e is None else with_measurement(e, by.get(e["id"]), skipped, pi.power, kind)
 
     chosen = measured(plan["chosen"])
     reference = {k: measured(plan["reference"][k]) for k in KINDS}
     assert chosen is not None
     for name, e in (("chosen", chosen), *reference.items()):
         if e is not None:
-            text = (f"{e['latency_ms']:.0f} ms end to end, wearable energy {e['wearable_mj']:.0f}"
-                    f" mJ" if e["measured"] else e["why"])
-            print(f"  {name:<15} {e['id']:<22} {text}; quality loss {e['quality_loss']:.2f} pp "
-                  f"({measured_on(bundle, e['id'], args.samples)})", file=out)
+            print(measured_line(name, e, bundle, args.samples), file=out)
     done = [e for e in reference.values() if e is not None and e["measured"]]
     bad = [r["candidate"] for r in rows if not r["match"]]
     summary = {
@@ -304,6 +277,57 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nMISMATCH against the whole model at: {', '.join(bad)}", file=out)
     print(json.dumps(summary))
     return 1 if bad else 0
+
+
+def points_to_run(plan: dict[str, Any], max_run_s: float) -> tuple[list[str], dict[str, str]]:
+    """The configurations of the plan's choice and reference points to run, each once, and
+    why the others are not (a reference point predicted to take over ``max_run_s`` per run)."""
+    points = {"chosen": plan["chosen"], **plan["reference"]}
+    ids: list[str] = []
+    skipped: dict[str, str] = {}
+    for name, e in points.items():
+        if e is None or e["id"] in ids:
+            continue
+        if name != "chosen" and e["latency_ms"] > max_run_s * 1e3:
+            skipped[e["id"]] = (f"not run: predicted {e['latency_ms'] / 1e3:.0f} s per run "
+                                f"(> --max-run-s {max_run_s:g})")
+            continue
+        ids.append(e["id"])
+    return ids, skipped
+
+
+def wearable_mj(row: dict[str, Any], power: Any, kind: str) -> float:
+    """The wearable's energy of a measured row: the Pi power model on its measured times over
+    a ``kind`` radio."""
+    tx_w, rx_w, wake_mj = power.radio(kind)
+    sent = wake_mj if row["transfer_ms"] > 0 else 0.0
+    return round((row["head_ms"] + row["pack_ms"]) * (power.cpu_active_w - power.cpu_idle_w)
+                 + row["transfer_ms"] * tx_w + row["return_ms"] * rx_w + sent, 1)
+
+
+def with_measurement(e: dict[str, Any], row: dict[str, Any] | None, skipped: dict[str, str],
+                     power: Any, kind: str) -> dict[str, Any]:
+    """A planned point with its prediction and, from its measured ``row``, its measured latency,
+    wearable energy and bytes (without one: why it was not run)."""
+    base = {"id": e["id"], "cut": e["cut"], "packing": e["packing"],
+            "quality_loss": e["quality_loss"],
+            "quality_loss_bound": e.get("quality_loss_bound"),
+            "exact": bool(e.get("exact")),
+            "predicted_latency_ms": e["latency_ms"], "predicted_wearable_mj": e["wearable_mj"]}
+    if row is None:
+        return {**base, "measured": False, "why": skipped.get(e["id"]),
+                "latency_ms": None, "wearable_mj": None, "bytes": e["bytes"]}
+    return {**base, "measured": True, "latency_ms": row["total_ms"],
+            "wearable_mj": wearable_mj(row, power, kind), "bytes": round(row["bytes_up"]),
+            "top1_same": row["top1_same"], "match": row["match"]}
+
+
+def measured_line(name: str, e: dict[str, Any], bundle: Any, samples: int) -> str:
+    """One point of the demo as measured (or why not), with its quality loss and its source."""
+    text = (f"{e['latency_ms']:.0f} ms end to end, wearable energy {e['wearable_mj']:.0f}"
+            f" mJ" if e["measured"] else e["why"])
+    return (f"  {name:<15} {e['id']:<22} {text}; quality loss {e['quality_loss']:.2f} pp "
+            f"({measured_on(bundle, e['id'], samples)})")
 
 
 def measured_on(bundle: Any, config: str, samples: int) -> str:
@@ -351,59 +375,13 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
     stops: list[Callable[[], None]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="coinf-demo-") as tmp:
-            if args.transport == "ble":
-                from coinf.ble_protocol.radio import spawn
-                from coinf.ble_protocol.radio.params import preset
-
-                capacity = preset(args.preset).capacity_bps()
-                wspec, hspec, stop_radio = spawn(args.preset)
-                stops.append(stop_radio)
-                progress(f"radio process: preset {args.preset}, ATT capacity "
-                         f"{capacity / 1000:.1f} kB/s each way")
-                from coinf.cli.passkey import write_passkey_file
-
-                # a one-off passkey, handed over in a 0600 file (never argv); one-off bond
-                # stores: the demo's devices leave no bond behind
-                passkey = write_passkey_file(tmp, secrets.randbelow(1_000_000))
-                hh_args = ["--transport", "ble", "--hci", hspec, "--passkey-file", passkey,
-                           "--keystore", f"{tmp}/bonds/handheld.json"]
-                wear_args = ["--transport", "ble", "--hci", wspec, "--passkey-file", passkey,
-                             "--keystore", f"{tmp}/bonds/wearable.json"]
-                where = (f"over BLE GATT through the emulated {args.preset} radio "
-                         f"({capacity / 1000:.1f} kB/s ATT capacity)")
-            elif args.transport == "wifi":
-                from coinf.ble_protocol.wifi_preset import wifi_preset
-
-                w = wifi_preset(args.wifi_preset)
-                address = f"tcp+insecure:127.0.0.1:{_free_port()}"
-                hh_args = ["--listen", address]
-                wear_args = ["--transport", "socket", "--handheld", "WIFI"]
-                where = (f"over TCP through the emulated {w.name} Wi-Fi air "
-                         f"({w.throughput_bps / 1e6:g} MB/s, RTT {w.rtt_ms:g} ms)")
-            else:
-                address = f"unix:{tmp}/handheld.sock"
-                hh_args = ["--listen", address]
-                wear_args = ["--transport", "socket", "--handheld", address]
-                where = "over a local socket (transfer is socket time, not radio time)"
-            handheld = subprocess.Popen(
-                [*coinf, "handheld", "--bundle", str(bundle_dir), *hh_args],
-                stdout=subprocess.PIPE, text=True, env=env,
-            )
-
-            def stop_handheld() -> None:
-                handheld.terminate()
-                handheld.wait(10)
-
-            stops.append(stop_handheld)
-            assert handheld.stdout is not None
-            ready = handheld.stdout.readline()
-            if "serving" not in ready:
-                raise UserError("the handheld daemon did not start (see its error above)")
-            progress(f"handheld process {handheld.pid}: {ready.strip()}")
+            hh_args, wear_args, where = _link_args(args, tmp, stops)
+            _start_handheld([*coinf, "handheld", "--bundle", str(bundle_dir), *hh_args], env,
+                            stops)
             if args.transport == "wifi":
                 from coinf.ble_protocol.wifi_air import spawn as spawn_air
 
-                relay, stop_air = spawn_air(args.wifi_preset, address)
+                relay, stop_air = spawn_air(args.wifi_preset, hh_args[1])  # --listen ADDRESS
                 stops.append(stop_air)
                 wear_args[-1] = relay
                 progress(f"Wi-Fi air process: {args.wifi_preset}, the wearable dials {relay}")
@@ -425,6 +403,65 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
         for stop in reversed(stops):
             stop()
     return list(result["rows"]), where
+
+
+def _link_args(args: argparse.Namespace, tmp: str,
+               stops: list[Callable[[], None]]) -> tuple[list[str], list[str], str]:
+    """The handheld's and the wearable's link flags for ``args.transport``, and where the runs
+    go. ``ble`` starts the emulated radio (its stop appended to ``stops``) and hands a one-off
+    passkey over in a file of ``tmp``; ``wifi``'s wearable flags end with a placeholder for the
+    Wi-Fi air's relay."""
+    if args.transport == "ble":
+        from coinf.ble_protocol.radio import spawn
+        from coinf.ble_protocol.radio.params import preset
+
+        capacity = preset(args.preset).capacity_bps()
+        wspec, hspec, stop_radio = spawn(args.preset)
+        stops.append(stop_radio)
+        progress(f"radio process: preset {args.preset}, ATT capacity "
+                 f"{capacity / 1000:.1f} kB/s each way")
+        from coinf.cli.passkey import write_passkey_file
+
+        # a one-off passkey, handed over in a 0600 file (never argv); one-off bond
+        # stores: the demo's devices leave no bond behind
+        passkey = write_passkey_file(tmp, secrets.randbelow(1_000_000))
+        return (["--transport", "ble", "--hci", hspec, "--passkey-file", passkey,
+                 "--keystore", f"{tmp}/bonds/handheld.json"],
+                ["--transport", "ble", "--hci", wspec, "--passkey-file", passkey,
+                 "--keystore", f"{tmp}/bonds/wearable.json"],
+                f"over BLE GATT through the emulated {args.preset} radio "
+                f"({capacity / 1000:.1f} kB/s ATT capacity)")
+    if args.transport == "wifi":
+        from coinf.ble_protocol.wifi_preset import wifi_preset
+
+        w = wifi_preset(args.wifi_preset)
+        return (["--listen", f"tcp+insecure:127.0.0.1:{_free_port()}"],
+                ["--transport", "socket", "--handheld", "WIFI"],
+                f"over TCP through the emulated {w.name} Wi-Fi air "
+                f"({w.throughput_bps / 1e6:g} MB/s, RTT {w.rtt_ms:g} ms)")
+    address = f"unix:{tmp}/handheld.sock"
+    return (["--listen", address], ["--transport", "socket", "--handheld", address],
+            "over a local socket (transfer is socket time, not radio time)")
+
+
+def _start_handheld(argv: list[str], env: dict[str, str],
+                    stops: list[Callable[[], None]]) -> None:
+    """Start the handheld daemon (its stop appended to ``stops``) and wait for its ready
+    line."""
+    from coinf.errors import UserError
+
+    handheld = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+
+    def stop_handheld() -> None:
+        handheld.terminate()
+        handheld.wait(10)
+
+    stops.append(stop_handheld)
+    assert handheld.stdout is not None
+    ready = handheld.stdout.readline()
+    if "serving" not in ready:
+        raise UserError("the handheld daemon did not start (see its error above)")
+    progress(f"handheld process {handheld.pid}: {ready.strip()}")
 
 
 def _free_port() -> int:

@@ -8,10 +8,13 @@ import contextlib
 import logging
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coinf.bundle import Bundle
 from coinf.cli import argtypes
+
+if TYPE_CHECKING:
+    from coinf.handheld.daemon import HandheldDaemon
 
 DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
 
@@ -164,31 +167,10 @@ def run(args: argparse.Namespace) -> int:
     from coinf.errors import UserError
     from coinf.handheld.daemon import HandheldDaemon, request_bound
 
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s handheld %(message)s",
-        stream=sys.stderr,
-    )
-    if not args.verbose:  # bumble logs tracebacks for expected teardown (peer gone, radio off)
-        logging.getLogger("bumble").setLevel(logging.CRITICAL)
+    configure_logging(args.verbose)
     if not args.bundle:
         raise UserError("coinf handheld needs --bundle (or: coinf handheld pair)")
-    from coinf.cli.commands.pipeline_role import check_announce, discovered_forwarder
-
-    check_announce(args)
-    if args.announce:  # before the bundle's tails load, not once the listeners are up
-        from coinf.deps import require
-
-        require("zeroconf", "discovery", "coinf handheld --announce")
-    forward, own_address = None, ""
-    if args.announce and not args.pipeline:  # peers: the helpers announced on the network
-        forward = discovered_forwarder(args)
-    elif args.pipeline or args.name:
-        from coinf.cli.commands.pipeline_role import forwarder_for
-
-        forward, own_address = forwarder_for(args)
-        if args.listen is None and args.transport is None and args.hci is None:
-            args.listen = own_address
+    forward, own_address = pipeline_forwarder(args)
     if args.max_pending is None:
         args.max_pending = 16 if forward is not None else 4
     spec = listen_spec(args)
@@ -238,21 +220,64 @@ def run(args: argparse.Namespace) -> int:
                     announcer_for(args, bundle, (listener, peers), forward))
                 where += f", announced as {announcer.description}"
             stop = ready(bundle, where)
-            serving = [asyncio.ensure_future(daemon.serve_listener(lst))
-                       for lst in (listener, peers) if lst is not None]
-            waiter = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({*serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (*serving, waiter):
-                    task.cancel()
-                await asyncio.gather(*serving, waiter, return_exceptions=True)
-            for task in serving:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            await serve_until_stopped(daemon, [lst for lst in (listener, peers)
+                                               if lst is not None], stop)
 
     asyncio.run(main())
     return 0
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log to stderr: each connection and request with ``verbose``, else warnings only (and
+    none of bumble's teardown tracebacks)."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s handheld %(message)s",
+        stream=sys.stderr,
+    )
+    if not verbose:  # bumble logs tracebacks for expected teardown (peer gone, radio off)
+        logging.getLogger("bumble").setLevel(logging.CRITICAL)
+
+
+def pipeline_forwarder(args: argparse.Namespace) -> tuple[Any, str]:
+    """The forwarder factory of ``--announce`` (to the helpers announced on the network) or of
+    ``--pipeline``/``--name`` (to the config's peers), or None; and this helper's address in
+    the config ("" if none), which becomes ``--listen`` when no listener is given. Checks the
+    ``--announce`` flags and that zeroconf is installed first."""
+    from coinf.cli.commands.pipeline_role import check_announce, discovered_forwarder
+
+    check_announce(args)
+    if args.announce:  # before the bundle's tails load, not once the listeners are up
+        from coinf.deps import require
+
+        require("zeroconf", "discovery", "coinf handheld --announce")
+    if args.announce and not args.pipeline:  # peers: the helpers announced on the network
+        return discovered_forwarder(args), ""
+    if args.pipeline or args.name:
+        from coinf.cli.commands.pipeline_role import forwarder_for
+
+        forward, own_address = forwarder_for(args)
+        if args.listen is None and args.transport is None and args.hci is None:
+            args.listen = own_address
+        return forward, own_address
+    return None, ""
+
+
+async def serve_until_stopped(daemon: HandheldDaemon, listeners: list[Any],
+                              stop: asyncio.Event) -> None:
+    """Serve every listener until ``stop`` is set or one of them ends; a listener's error is
+    raised."""
+    serving = [asyncio.ensure_future(daemon.serve_listener(lst)) for lst in listeners]
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({*serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (*serving, waiter):
+            task.cancel()
+        await asyncio.gather(*serving, waiter, return_exceptions=True)
+    for task in serving:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 def announcer_for(args: argparse.Namespace, bundle: Bundle, listeners: tuple[Any, ...],

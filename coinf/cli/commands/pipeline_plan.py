@@ -16,7 +16,7 @@ from coinf.errors import UserError
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
     from coinf.device.profile import load_or_default
-    from coinf.wearable.pipeline import DEFAULT_BANDWIDTH_BPS, PipelineSession, load_helpers
+    from coinf.wearable.pipeline import PipelineSession, load_helpers
     from coinf.wearable.pipeline_config import DEFAULT_BANDWIDTH_BPS as PRIOR_BPS
     from coinf.wearable.planner.planner import Planner
     from coinf.wearable.planner.strategy import SPATIAL_NOT_RUN, choose_strategy, to_plan
@@ -41,17 +41,7 @@ def run(args: argparse.Namespace) -> int:
     sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1, packing="auto")
     plan = sess.plan()  # measures this machine (as the wearable) once; connects to nothing
     assert plan is not None
-    wear = sess._speeds(["wearable"])[0]
-    notes = [f"wearable speed measured here: {wear / 1e9:.2f} GFLOP/s"
-             + (f" (x{slowdown:g} slowdown)" if slowdown != 1 else "")]
-    for h in helpers:
-        speed = (f"{h.speed_flops / 1e9:g} GFLOP/s from the config" if h.speed_flops
-                 else "speed unknown: assumed the wearable's until measured")
-        link = (f"{h.bandwidth_bps / 1e3:g} kB/s" if h.bandwidth_bps
-                else f"{DEFAULT_BANDWIDTH_BPS / 1e3:g} kB/s (default)")
-        notes.append(f"{h.name} at {h.address}: {speed}; link into it {link}")
-    if len(plan.devices) < len(helpers) + 1:
-        notes.append(f"the bundle has nested cuts for {len(plan.devices)} devices only")
+    notes = device_notes(sess, helpers, plan, slowdown)
     rows = plan.rows(sess.link_choices(plan))
     from coinf.wearable.planner.strategy import choose, compare
 
@@ -86,7 +76,36 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"pipeline over {len(plan.devices)} devices: cuts {', '.join(plan.cuts)}")
+    print_text(out, options, plan_obj, args.png)
+    return 0
+
+
+def device_notes(sess: Any, helpers: list[Any], plan: Any, slowdown: float) -> list[str]:
+    """The devices' speeds and links the pipeline plan assumed, one note each (the wearable's
+    measured here, the helpers' from the config or defaults)."""
+    from coinf.wearable.pipeline import DEFAULT_BANDWIDTH_BPS
+
+    wear = sess._speeds(["wearable"])[0]
+    notes = [f"wearable speed measured here: {wear / 1e9:.2f} GFLOP/s"
+             + (f" (x{slowdown:g} slowdown)" if slowdown != 1 else "")]
+    for h in helpers:
+        speed = (f"{h.speed_flops / 1e9:g} GFLOP/s from the config" if h.speed_flops
+                 else "speed unknown: assumed the wearable's until measured")
+        link = (f"{h.bandwidth_bps / 1e3:g} kB/s" if h.bandwidth_bps
+                else f"{DEFAULT_BANDWIDTH_BPS / 1e3:g} kB/s (default)")
+        notes.append(f"{h.name} at {h.address}: {speed}; link into it {link}")
+    if len(plan.devices) < len(helpers) + 1:
+        notes.append(f"the bundle has nested cuts for {len(plan.devices)} devices only")
+    return notes
+
+
+def print_text(out: dict[str, Any], options: list[Any], plan_obj: Any, png: str | None) -> None:
+    """The text report: the DP's stages, the strategies measured here and the one a Session
+    given these helpers runs."""
+    from coinf.wearable.planner.strategy import SPATIAL_NOT_RUN
+
+    rows, objective = out["stages"], out["objective"]
+    print(f"pipeline over {len(out['devices'])} devices: cuts {', '.join(out['cuts'])}")
     print(f"{'#':>2}  {'device':<10} {'slice':<14} {'compute ms':>11} {'link ms':>9}  "
           f"compressor")
     for i, r in enumerate(rows, 1):
@@ -96,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
               + (f" ({r['link_bytes']} B)" if r["link_bytes"] is not None else ""))
     print(f"bottleneck {out['bottleneck_ms']:.2f} ms per frame -> at most "
           f"{out['bound_fps']:.1f} frames/s")
-    for note in notes:
+    for note in out["notes"]:
         print(f"  {note}")
     print()
     print(f"{'strategy':<12} {'latency ms':>11} {'frames/s':>9}  devices / detail")
@@ -106,9 +125,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{o.name:<12} {lat:>11} {o.throughput_fps:>9.2f}  {', '.join(o.devices)}: "
               f"{o.detail}" + "".join(f" ({n})" for n in notes)
               + (" [predicted, not run]" if not o.runnable else ""))
-    print(f"chosen for {objective} (measured here): {why}")
+    print(f"chosen for {objective} (measured here): {out['why_measured_here']}")
     print(f"  {SPATIAL_NOT_RUN}")
-    print(f"a Session given these helpers runs (device profiles): {plan_obj}\n  {run_why}")
-    if args.png:
-        print(f"chart: {args.png}")
-    return 0
+    print(f"a Session given these helpers runs (device profiles): {plan_obj}\n  {out['why']}")
+    if png:
+        print(f"chart: {png}")

@@ -84,8 +84,6 @@ def profiles_note(wear: Any, hand: Any, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
-    from coinf.device.profile import load_or_default
-    from coinf.device.status import DeviceStatus
     from coinf.wearable.planner.planner import Planner
     from coinf.wearable.planner.references import plan_json
     from coinf.wearable.policy import OBJECTIVES, load_policy
@@ -108,31 +106,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--timeout must be > 0 s")
     bundle = Bundle.load(args.bundle)
     policy = load_policy(args.policy)[0]
-    with naming("--wearable-profile", args.wearable_profile):
-        wear = load_or_default("wearable", args.wearable_profile)
-    with naming("--handheld-profile", args.handheld_profile):
-        hand = load_or_default("handheld", args.handheld_profile)
-    if args.wearable_slowdown is not None:
-        if args.wearable_slowdown <= 0:
-            raise UserError("--wearable-slowdown must be > 0")
-        wear.slowdown = args.wearable_slowdown
+    wear, hand = load_profiles(args)
     packings = tuple(s.strip() for s in args.packings.split(",") if s.strip()) or ("auto",)
-    if args.memory_budget is not None:
-        if not args.memory_budget > 0:
-            raise UserError(f"--memory-budget must be > 0 MB, got {args.memory_budget:g}")
-        wear.memory_budget_mb = args.memory_budget
     try:
         planner = Planner(bundle, wear, hand, policy, predictor_style=args.predictor,
                           packings=packings, timeout_s=args.timeout,
                           runtimes={"wearable": args.runtime, "handheld": args.handheld_runtime})
     except ValueError as exc:
         raise UserError(f"--packings: {exc}") from None
-    wst = DeviceStatus(battery_pct=args.wearable_battery) if args.wearable_battery is not None \
-        else None
-    hst = DeviceStatus(battery_pct=args.handheld_battery, charging=args.handheld_charging) \
-        if args.handheld_battery is not None or args.handheld_charging else None
+    wst, hst = device_statuses(args)
     budget = policy.latency_budget_ms if args.budget_ms is None else args.budget_ms
     choice = None
+    links: dict[str, LinkEstimate] = {}
     if args.links:
         from coinf.wearable.planner.links import decide_links, parse_links
 
@@ -147,60 +132,114 @@ def run(args: argparse.Namespace) -> int:
                       f"timeout {args.timeout:g} s")
     d.notes.insert(2, profiles_note(wear, hand, args))
     out = d.to_json()
-    out.update(plan_json(planner, d, link_estimate=link, wearable_status=wst,
-                         handheld_status=hst, objective=args.objective, latency_budget_ms=budget))
+    status = {"wearable_status": wst, "handheld_status": hst, "objective": args.objective,
+              "latency_budget_ms": budget}
+    out.update(plan_json(planner, d, link_estimate=link, **status))
     if choice is not None:
         out["link"] = choice.to_json()
         out["per_link"] = {
-            name: {k: v for k, v in plan_json(
-                planner, pd, link_estimate=links[name], wearable_status=wst,
-                handheld_status=hst, objective=args.objective,
-                latency_budget_ms=budget).items() if k in ("chosen", "reference")}
+            name: {k: v for k, v in plan_json(planner, pd, link_estimate=links[name],
+                                              **status).items() if k in ("chosen", "reference")}
             for name, pd in choice.per_link.items()}
     plan = chosen_plan(bundle, planner, d)
     out["strategy"] = plan.strategy
     out["plan"] = plan.to_json()  # what `coinf run --plan` and PlacementOptions(plan=) run
     out["stages"] = str(plan)
-    mem = planner.memory
-    out["memory"] = {"budget_mb": mem.budget_mb, "overhead_mb": round(mem.overhead_mb, 2),
-                     "heads": [h.to_json() for h in mem.heads().values()]
-                     if mem.budget_mb is not None else []}
+    out["memory"] = memory_json(planner.memory)
     if args.optimal:
-        cut = planner.optimal_cut(link, wst, hst)
-        best = min(r.latency_ms(d.streaming) for r in d.rows if r.id not in d.excluded)
-        out["optimal_cut"] = {"latency_ms": cut.latency_ms, "wearable_nodes": len(cut.wearable),
-                              "crossing": list(cut.crossing),
-                              "best_candidate_latency_ms": best}
+        out["optimal_cut"] = optimal_json(planner, d, link, wst, hst)
     if args.png:
-        from coinf.wearable.planner.chart import plot_decision
-
-        slow = f" (x{wear.slowdown:g} slowdown)" if wear.slowdown != 1 else ""
-        context = (f"link {link.up_bps / 1e3:g} kB/s each way, RTT {link.rtt_ms:g} ms "
-                   f"({link.source})  |  wearable {wear.name}{slow}, handheld {hand.name}  |  "
-                   f"per-inference timeout {args.timeout:g} s")
-        refs = tuple(e["id"] for e in out["reference"].values() if e)
-        plot_decision(d, args.png, bundle.root.name, context, keep=refs)
+        plot(args, d, out, bundle.root.name, link, wear, hand)
     if args.json:
         print(json.dumps(out, indent=1))
     else:
-        print(d.explain())
-        print(f"stages: {out['stages']}")
-        print(references_text(out))
-        if choice is not None:
-            print(f"link: {choice.link or 'none (local)'}: {choice.why}")
-            for name, entry in out["per_link"].items():
-                print(references_text({**entry, "quality": None}).replace(
-                    "against what a user would do (predicted):",
-                    f"on {name} ({links[name].source}):"))
-        if args.optimal:
-            o = out["optimal_cut"]
-            print(f"min-cut optimum over every cut: {o['latency_ms']:.1f} ms "
-                  f"({o['wearable_nodes']} nodes on the wearable, sends "
-                  f"{', '.join(o['crossing']) or 'nothing'}); best candidate "
-                  f"{o['best_candidate_latency_ms']:.1f} ms")
-        if args.png:
-            print(f"chart: {args.png}")
+        print_text(args, d, out, choice, links)
     return 0
+
+
+def load_profiles(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The wearable's and the handheld's profiles (given or default), with the wearable's
+    ``--wearable-slowdown`` and ``--memory-budget`` overrides."""
+    from coinf.device.profile import load_or_default
+
+    with naming("--wearable-profile", args.wearable_profile):
+        wear = load_or_default("wearable", args.wearable_profile)
+    with naming("--handheld-profile", args.handheld_profile):
+        hand = load_or_default("handheld", args.handheld_profile)
+    if args.wearable_slowdown is not None:
+        if args.wearable_slowdown <= 0:
+            raise UserError("--wearable-slowdown must be > 0")
+        wear.slowdown = args.wearable_slowdown
+    if args.memory_budget is not None:
+        if not args.memory_budget > 0:
+            raise UserError(f"--memory-budget must be > 0 MB, got {args.memory_budget:g}")
+        wear.memory_budget_mb = args.memory_budget
+    return wear, hand
+
+
+def device_statuses(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The wearable's and the handheld's battery status given on the command line (None when
+    not given)."""
+    from coinf.device.status import DeviceStatus
+
+    wst = DeviceStatus(battery_pct=args.wearable_battery) if args.wearable_battery is not None \
+        else None
+    hst = DeviceStatus(battery_pct=args.handheld_battery, charging=args.handheld_charging) \
+        if args.handheld_battery is not None or args.handheld_charging else None
+    return wst, hst
+
+
+def memory_json(mem: Any) -> dict[str, Any]:
+    """The wearable's memory budget, the runtime's overhead and each head's peak (none without
+    a budget)."""
+    return {"budget_mb": mem.budget_mb, "overhead_mb": round(mem.overhead_mb, 2),
+            "heads": [h.to_json() for h in mem.heads().values()]
+            if mem.budget_mb is not None else []}
+
+
+def optimal_json(planner: Any, d: Any, link: LinkEstimate, wst: Any, hst: Any) -> dict[str, Any]:
+    """``--optimal``: the exact min-cut over every cut beside the best candidate's latency."""
+    cut = planner.optimal_cut(link, wst, hst)
+    best = min(r.latency_ms(d.streaming) for r in d.rows if r.id not in d.excluded)
+    return {"latency_ms": cut.latency_ms, "wearable_nodes": len(cut.wearable),
+            "crossing": list(cut.crossing), "best_candidate_latency_ms": best}
+
+
+def plot(args: argparse.Namespace, d: Any, out: dict[str, Any], model: str, link: LinkEstimate,
+         wear: Any, hand: Any) -> None:
+    """``--png``: the decision's bar chart, keeping the reference points, under a line of
+    context (link, devices, timeout)."""
+    from coinf.wearable.planner.chart import plot_decision
+
+    slow = f" (x{wear.slowdown:g} slowdown)" if wear.slowdown != 1 else ""
+    context = (f"link {link.up_bps / 1e3:g} kB/s each way, RTT {link.rtt_ms:g} ms "
+               f"({link.source})  |  wearable {wear.name}{slow}, handheld {hand.name}  |  "
+               f"per-inference timeout {args.timeout:g} s")
+    refs = tuple(e["id"] for e in out["reference"].values() if e)
+    plot_decision(d, args.png, model, context, keep=refs)
+
+
+def print_text(args: argparse.Namespace, d: Any, out: dict[str, Any], choice: Any,
+               links: dict[str, LinkEstimate]) -> None:
+    """The text report: the decision explained, its stages and reference points, each link's
+    with ``--links``, the min-cut optimum with ``--optimal`` and the chart's path."""
+    print(d.explain())
+    print(f"stages: {out['stages']}")
+    print(references_text(out))
+    if choice is not None:
+        print(f"link: {choice.link or 'none (local)'}: {choice.why}")
+        for name, entry in out["per_link"].items():
+            print(references_text({**entry, "quality": None}).replace(
+                "against what a user would do (predicted):",
+                f"on {name} ({links[name].source}):"))
+    if args.optimal:
+        o = out["optimal_cut"]
+        print(f"min-cut optimum over every cut: {o['latency_ms']:.1f} ms "
+              f"({o['wearable_nodes']} nodes on the wearable, sends "
+              f"{', '.join(o['crossing']) or 'nothing'}); best candidate "
+              f"{o['best_candidate_latency_ms']:.1f} ms")
+    if args.png:
+        print(f"chart: {args.png}")
 
 
 def references_text(out: dict[str, Any]) -> str:

@@ -112,6 +112,34 @@ def run(args: argparse.Namespace) -> int:
         if args.train and not args.no_context and args.context_cache:
             writable_dir(args.context_cache, "--context-cache")
     prof = starting_profile(role, out, writes, args.force)
+    apply_flags(prof, args)
+    changed = (args.threads is not None or args.slowdown is not None or bool(args.name)
+               or args.memory_budget is not None)
+    report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role,
+                                 "role_from": "--role" if args.role else "detected"}
+    bundle = None
+    if args.bundle:  # loaded (and checked) before the sweep
+        from coinf.bundle import Bundle
+
+        bundle = Bundle.load(args.bundle)
+    if args.train:
+        report.update(train_predictors(prof, args))
+        changed = True
+    if bundle is not None:
+        report.update(profile_model(prof, bundle, args, role))
+        changed = True
+    if changed:
+        prof.host = this_host()
+        prof.save(out)
+        print(json.dumps(report, indent=1))
+    else:
+        print(json.dumps(profile_summary(prof, out), indent=1))
+    return 0
+
+
+def apply_flags(prof: Any, args: argparse.Namespace) -> None:
+    """Check the numeric flags and set ``--name``, ``--threads``, ``--slowdown`` and
+    ``--memory-budget`` on the profile."""
     if args.name:
         prof.name = args.name
     if args.threads is not None:
@@ -130,67 +158,66 @@ def run(args: argparse.Namespace) -> int:
         if not 0 < args.memory_budget < 1e7:
             raise UserError(f"--memory-budget must be in (0, 1e7) MB, got {args.memory_budget}")
         prof.memory_budget_mb = args.memory_budget
-    changed = (args.threads is not None or args.slowdown is not None or bool(args.name)
-               or args.memory_budget is not None)
-    report: dict[str, object] = {"profile": str(out), "name": prof.name, "role": prof.role,
-                                 "role_from": "--role" if args.role else "detected"}
-    bundle = None
-    if args.bundle:  # loaded (and checked) before the sweep
-        from coinf.bundle import Bundle
 
-        bundle = Bundle.load(args.bundle)
-    if args.train:
-        from coinf.device.predict import Predictor, require_training_deps
 
-        require_training_deps()  # before the sweep, not after it
-        if not args.no_context:
-            require_full("coinf.research")  # the Pi wheel has no in-context training
-        from coinf.device.sweep import run_sweep
+def train_predictors(prof: Any, args: argparse.Namespace) -> dict[str, object]:
+    """``--train``: the synthetic layer sweep's predictors (and, unless ``--no-context``, the
+    in-context slice predictor) stored in the profile; returns the report's entries."""
+    from coinf.device.predict import Predictor, require_training_deps
 
-        scale = 0.1 if args.quick else args.scale
-        samples, overhead = run_sweep(scale, args.seed, prof.threads, args.repeats,
-                                      progress=lambda m: print(m, file=sys.stderr))
-        prof.predictor = Predictor.train(samples, device=prof.name, threads=prof.threads,
-                                         run_overhead_ms=overhead)
-        report["samples"] = len(samples)
-        report["r2"] = prof.predictor.r2_table()
-        if not args.no_context:
-            report["incontext_trained_on"] = train_context(prof.predictor, args)
-        changed = True
-    if bundle is not None:
-        from coinf.device.profile import profile_bundle
+    require_training_deps()  # before the sweep, not after it
+    if not args.no_context:
+        require_full("coinf.research")  # the Pi wheel has no in-context training
+    from coinf.device.sweep import run_sweep
 
-        mp = profile_bundle(bundle, prof.threads, args.warmup, args.repeats,
-                            slices=not args.no_slices,
-                            progress=lambda m: print(m, file=sys.stderr))
-        if not args.no_memory and role == "wearable":
-            from coinf.device.memprofile import measure_heads
+    scale = 0.1 if args.quick else args.scale
+    samples, overhead = run_sweep(scale, args.seed, prof.threads, args.repeats,
+                                  progress=lambda m: print(m, file=sys.stderr))
+    prof.predictor = Predictor.train(samples, device=prof.name, threads=prof.threads,
+                                     run_overhead_ms=overhead)
+    report: dict[str, object] = {"samples": len(samples), "r2": prof.predictor.r2_table()}
+    if not args.no_context:
+        report["incontext_trained_on"] = train_context(prof.predictor, args)
+    return report
 
-            for cid, mb in measure_heads(bundle, prof.threads,
-                                         progress=lambda m: print(m, file=sys.stderr)).items():
-                mp.candidates.setdefault(cid, {})["head_peak_rss_mb"] = mb
-            report["head_peak_rss_mb"] = {cid: e["head_peak_rss_mb"] for cid, e in
-                                          mp.candidates.items() if "head_peak_rss_mb" in e}
-        prof.models[bundle.identity] = mp
-        errs = [abs(v) for v in mp.node_sum_error.values()]
-        report.update({"bundle": str(bundle.root), "identity": bundle.identity,
-                       "nodes": len(mp.nodes), "candidates": len(mp.candidates),
-                       "median_abs_node_sum_error": sorted(errs)[len(errs) // 2] if errs else None})
-        changed = True
-    if changed:
-        prof.host = this_host()
-        prof.save(out)
-        print(json.dumps(report, indent=1))
-    else:
-        obj = prof.to_json()
-        if obj.get("predictor"):
-            obj["predictor"] = {"kinds": sorted(obj["predictor"]["kinds"]),
-                                "r2": prof.predictor.r2_table() if prof.predictor else {}}
-        obj["models"] = {k: {"nodes": len(v["nodes"]), "candidates": len(v["candidates"])}
-                         for k, v in obj["models"].items()}
-        obj["file"] = str(out) if out.is_file() else "(built-in default; not saved)"
-        print(json.dumps(obj, indent=1))
-    return 0
+
+def profile_model(prof: Any, bundle: Any, args: argparse.Namespace,
+                  role: str) -> dict[str, object]:
+    """``--bundle``: its nodes' and candidates' times (and, on the wearable, each head's peak
+    RSS) stored in the profile under the bundle's identity; returns the report's entries."""
+    from coinf.device.profile import profile_bundle
+
+    report: dict[str, object] = {}
+    mp = profile_bundle(bundle, prof.threads, args.warmup, args.repeats,
+                        slices=not args.no_slices,
+                        progress=lambda m: print(m, file=sys.stderr))
+    if not args.no_memory and role == "wearable":
+        from coinf.device.memprofile import measure_heads
+
+        for cid, mb in measure_heads(bundle, prof.threads,
+                                     progress=lambda m: print(m, file=sys.stderr)).items():
+            mp.candidates.setdefault(cid, {})["head_peak_rss_mb"] = mb
+        report["head_peak_rss_mb"] = {cid: e["head_peak_rss_mb"] for cid, e in
+                                      mp.candidates.items() if "head_peak_rss_mb" in e}
+    prof.models[bundle.identity] = mp
+    errs = [abs(v) for v in mp.node_sum_error.values()]
+    report.update({"bundle": str(bundle.root), "identity": bundle.identity,
+                   "nodes": len(mp.nodes), "candidates": len(mp.candidates),
+                   "median_abs_node_sum_error": sorted(errs)[len(errs) // 2] if errs else None})
+    return report
+
+
+def profile_summary(prof: Any, out: Path) -> dict[str, Any]:
+    """The profile as printed without changes: its JSON with the predictor and the models
+    summarised, and the file it came from."""
+    obj: dict[str, Any] = prof.to_json()
+    if obj.get("predictor"):
+        obj["predictor"] = {"kinds": sorted(obj["predictor"]["kinds"]),
+                            "r2": prof.predictor.r2_table() if prof.predictor else {}}
+    obj["models"] = {k: {"nodes": len(v["nodes"]), "candidates": len(v["candidates"])}
+                     for k, v in obj["models"].items()}
+    obj["file"] = str(out) if out.is_file() else "(built-in default; not saved)"
+    return obj
 
 
 def register(parser: argparse.ArgumentParser) -> None:

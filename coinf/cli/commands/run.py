@@ -12,6 +12,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coinf.cli import argtypes
+from coinf.cli.run_format import (
+    format_plan,
+    format_stream,
+    format_table,
+    progress_line,
+    size_text,
+)
 
 if TYPE_CHECKING:
     from coinf.wearable.options import SessionOptions
@@ -247,17 +254,6 @@ def exit_code(rows: list[dict[str, Any]]) -> int:
     return 0
 
 
-def progress_line(row: dict[str, Any], repeat: int) -> str:
-    """One cut measured: what went over the link per inference, packed (median), beside the
-    crossing's unpacked size, and the median end-to-end time."""
-    head = f"{row['candidate']} ({row['label']}): {repeat} run(s)"
-    if row["bytes"] == 0:
-        return f"{head}, sent nothing, {row['total_ms']:.1f} ms"
-    sent = _kb(row["bytes_up"])
-    return (f"{head}, sent {sent} as {row['packing']} ({_kb(row['bytes'])} unpacked), "
-            f"{row['total_ms']:.1f} ms")
-
-
 class _Opener:
     """Opens the run's Sessions: the command line's options, one split and packing fixed (or
     the planner's choice), and a --plan's stages."""
@@ -351,10 +347,6 @@ def _config(bundle: Any, text: str, default: str) -> str:
     return bundle.candidate(cid).id + (f"~{packing}" if sep else "")
 
 
-def _kb(n: float) -> str:
-    return f"{n:.0f} B" if n < 1000 else f"{n / 1000:.1f} kB"
-
-
 class TransferProgress:
     """Shows, on stderr, a message to the handheld that takes longer than ``after_s``: bytes
     sent, rate and ETA, polled from the link's counters (:meth:`LinkStats.sending`) on a thread
@@ -385,8 +377,8 @@ class TransferProgress:
     def line(self, done: int, total: int, seconds: float) -> str:
         rate = done / seconds if seconds > 0 else 0.0
         eta = f"{(total - done) / rate:.0f} s" if rate > 0 else "?"
-        return (f"sending {_kb(done)} / {_kb(total)} ({100 * done / total:.0f}%), "
-                f"{_kb(rate)}/s, ETA {eta}")
+        return (f"sending {size_text(done)} / {size_text(total)} ({100 * done / total:.0f}%), "
+                f"{size_text(rate)}/s, ETA {eta}")
 
     def _main(self) -> None:
         import time
@@ -428,28 +420,6 @@ def connect_or_fall_back(session: Any, strict: bool) -> None:
               "and offloading is retried", file=sys.stderr)
 
 
-def format_table(rows: list[dict[str, Any]], show_links: bool = False) -> str:
-    head = (f"{'candidate':<10} {'packing':<9} {'cut after':<28} {'sent B':>9} {'head ms':>8} "
-            f"{'pack ms':>8} {'xfer ms':>8} {'tail ms':>8} {'ret ms':>8} {'e2e ms':>8}  match")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        label = r["label"] if len(r["label"]) <= 28 else "…" + r["label"][-27:]
-        match = ("lossy, top-1 " + ("same" if r.get("top1_same") else "CHANGED")) \
-            if r.get("lossy") else "yes" if r["match"] else "NO"
-        lines.append(
-            f"{r['candidate']:<10} {r.get('packing', 'raw'):<9} {label:<28} "
-            f"{round(r.get('bytes_up', r['bytes'])):>9} "
-            f"{r['head_ms']:>8.2f} {r['pack_ms']:>8.2f} {r['transfer_ms']:>8.2f} "
-            f"{r['tail_ms']:>8.2f} {r['return_ms']:>8.2f} {r['total_ms']:>8.2f}  "
-            f"{match}"
-            + (f"  (finished on the wearable {r['fallbacks']}x: handheld unavailable)"
-               if r.get("fallbacks") else "")
-            + ("  (over " + ", ".join(f"{n} {c}x" for n, c in r["links"].items()) + ")"
-               if show_links and r.get("links") else "")
-        )
-    return "\n".join(lines)
-
-
 def balanced(rows: list[dict[str, Any]]) -> str:
     """The offloading cut whose slowest pipeline stage (head, pack, link, tail) is fastest."""
     pool = [r for r in rows if r["bytes"] > 0 and r["label"] != "handheld-only"]
@@ -476,11 +446,6 @@ def measure_stream(session: Any, bundle: Any, frames: int) -> dict[str, Any]:
         out[name] = round(frames / (time.perf_counter() - t0), 3)
     out["speedup"] = round(out["pipelined_fps"] / out["sequential_fps"], 3)
     return out
-
-
-def format_stream(s: dict[str, Any]) -> str:
-    return (f"streaming {s['frames']} frames at {s['cut']}: {s['sequential_fps']:.2f} frames/s one "
-            f"at a time, {s['pipelined_fps']:.2f} frames/s pipelined ({s['speedup']:.2f}x)")
 
 
 def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
@@ -511,16 +476,6 @@ def measure_plan(session: Any, feeds: dict[str, np.ndarray], runs: int,
         "fastest_in_table": None if fastest is None else fastest["candidate"],
         "fastest_ms": None if fastest is None else fastest["total_ms"],
     }
-
-
-def format_plan(p: dict[str, Any]) -> str:
-    predicted = "?" if p["predicted_ms"] is None else f"{p['predicted_ms']:.2f}"
-    line = (f"planner ({p['objective']} objective, {p['runs']} runs): chose {p['chosen']} "
-            f"({p['label']}), predicted {predicted} ms, measured {p['measured_ms']:.2f} ms "
-            "(median)")
-    if p["fastest_in_table"]:
-        line += f"; fastest in the table: {p['fastest_in_table']} at {p['fastest_ms']:.2f} ms"
-    return line
 
 
 def session_options(args: argparse.Namespace) -> SessionOptions:

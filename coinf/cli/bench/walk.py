@@ -51,8 +51,9 @@ class Tracer:
         #: counting only while set (installed before the session starts its threads, which
         #: inherit the hook; the warm-up frame runs with it off)
         self.active = False
-        self.files = {str(Path(m.__file__).resolve()): name for name, m in list(sys.modules.items())
-                      if name.startswith("coinf") and getattr(m, "__file__", None)}
+        self.files: dict[str, str | None] = {
+            str(Path(path).resolve()): name for name, m in list(sys.modules.items())
+            if name.startswith("coinf") and (path := getattr(m, "__file__", None))}
         self.seen: set[int] = set()
         self.keep: list[FrameType] = []  # alive until the end: ids of frames are not reused
         self.events: list[tuple[int, str | None, str, bool]] = []
@@ -64,7 +65,7 @@ class Tracer:
         if name is None and frame.f_code.co_filename not in self.files:
             path = str(Path(frame.f_code.co_filename).resolve())
             name = self.files.get(path)
-            self.files[frame.f_code.co_filename] = name  # type: ignore[assignment]
+            self.files[frame.f_code.co_filename] = name
         return name
 
     def hook(self, frame: FrameType, event: str, _arg: Any) -> None:
@@ -93,7 +94,7 @@ class Tracer:
 
     def __exit__(self, *exc: object) -> None:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
     def summary(self, listing: bool) -> dict[str, Any]:
         def pkg(m: str | None) -> str | None:
@@ -114,10 +115,10 @@ class Tracer:
 
 
 def _bundle(tmp: Path) -> Any:
+    import coinf.models
     from coinf.convert.split import split_model
 
-    lenet = Path(__import__("coinf.models", fromlist=["x"]).__file__).parent / "onnx" / \
-        "lenet_digits.onnx"
+    lenet = Path(str(coinf.models.__file__)).parent / "onnx" / "lenet_digits.onnx"
     return split_model(lenet, tmp / "lenet")
 
 

@@ -172,7 +172,7 @@ _SPECS = [
     ModelSpec(
         "digitnet", "VGG", ("streaming-CNN",),
         "VGG-like CNN (8 conv) trained on sklearn digits upsampled to 32x32 outside the model; "
-        "cuts at its pools (32x16x16, 64x8x8) take the compressors of convert/compressor_set.py",
+        "cuts at its pools (32x16x16, 64x8x8) take the compressors of models/compressor_set.py",
         (InputSpec("image", (1, 1, 32, 32)),), (InputSpec("image", (1, 1, 32, 32)),),
         _trained_digitnet, trained=True,
     ),

@@ -13,6 +13,9 @@ from coinf.wearable.policy import Policy
 from coinf import LinkOptions, PlacementOptions, PlannerOptions, Session, SessionOptions
 from coinf.cli.sample import bundle_feeds
 
+# time beyond the suite's 30 s a test: packs on a slow emulated link (up to 8 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 SLOW_WEARABLE = DeviceProfile("slow", "wearable", PI_ZERO_2W_POWER, gflops=0.002)
 FAST_HANDHELD = DeviceProfile("fast", "handheld", LAPTOP_POWER, gflops=50.0)
 

@@ -8,10 +8,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 from coinf.ble_protocol.radio import spawn
 
 from tests.ble_servers import cli_pairing
 from tests.bundles import make_tiny_bundle
+
+# time beyond the suite's 30 s a test: two runs over the emulated BLE radio (13 s alone)
+pytestmark = pytest.mark.timeout(120)
 
 
 def coinf(*args: str) -> list[str]:

@@ -35,6 +35,9 @@ from coinf.ble_protocol.radio import EmulatedRadio, spawn
 from coinf.errors import InputError, PairingFailure
 from tests.ble_servers import HANDHELD_PAIRING, TEST_PASSKEY, WEARABLE_PAIRING
 
+# time beyond the suite's 30 s a test: pairs and bonds over the emulated BLE radio (up to 9 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 WEARABLE_ADDR = "C0:F1:00:00:00:01"
 
 

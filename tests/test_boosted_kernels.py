@@ -18,6 +18,9 @@ from coinf.research.slicetrain import NodeSample, fit_boosted, train_slice_predi
 
 from tests.test_incontext import conv_bn_relu_gemm
 
+# time beyond the suite's 30 s a test: fits tree predictors (up to 17 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 
 def _data(n: int = 400) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)

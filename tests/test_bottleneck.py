@@ -20,6 +20,9 @@ from coinf.bundle import Bundle
 from coinf.cli import main
 from coinf.errors import BundleError, InputError
 
+# time beyond the suite's 30 s a test: trains learned bottlenecks (up to 30 s a test alone)
+pytestmark = pytest.mark.timeout(300)
+
 torch = pytest.importorskip("torch")
 if importlib.util.find_spec("onnx2torch") is None:  # the Makefile installs it (--no-deps)
     pytest.skip("onnx2torch is not installed", allow_module_level=True)

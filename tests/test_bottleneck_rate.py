@@ -18,6 +18,9 @@ from coinf.convert import bottleneck_rate as br
 from coinf.bundle import Bundle
 from coinf.cli import main
 
+# time beyond the suite's 30 s a test: trains and sweeps rate points (up to 17 s alone)
+pytestmark = pytest.mark.timeout(180)
+
 torch = pytest.importorskip("torch")
 if importlib.util.find_spec("onnx2torch") is None:  # the Makefile installs it (--no-deps)
     pytest.skip("onnx2torch is not installed", allow_module_level=True)

@@ -14,6 +14,10 @@ from coinf.bundle import Bundle
 from coinf.cli.commands import demo_prep
 from coinf.cli.commands.demo import KINDS, plan_condition
 
+# time beyond the suite's 30 s a test:
+# builds, splits and calibrates a real model in its fixture (31 s alone)
+pytestmark = pytest.mark.timeout(300)
+
 SAMPLES = 24
 
 

@@ -55,6 +55,9 @@ from tests.procs import ROOT, coinf_cmd
 from tests.test_pipeline_run import LENET, frames, reference
 from tests.test_plan_executor import three_stages
 
+# time beyond the suite's 30 s a test: helper daemons found over DNS-SD (up to 11 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 LO = "127.0.0.1"  # the only interface these tests put mDNS on
 ID = "0123456789abcdef-01234567"
 OTHER = "fedcba9876543210-76543210"

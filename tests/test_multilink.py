@@ -33,6 +33,9 @@ from coinf.errors import InputError, LinkClosed
 from tests.ble_servers import HANDHELD_PAIRING, WEARABLE_PAIRING
 from tests.planner_bundle import make_bundle
 
+# time beyond the suite's 30 s a test: moves frames between two emulated links (up to 25 s alone)
+pytestmark = pytest.mark.timeout(180)
+
 LOG = "coinf.wearable.links_runtime"
 
 

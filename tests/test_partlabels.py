@@ -18,6 +18,9 @@ from coinf.research.slicetrain import NodeSample, SliceSample, train_slice_predi
 
 from tests.cachecheck import check_planted_fresh_corrupt
 
+# time beyond the suite's 30 s a test: times synthetic networks (up to 26 s alone)
+pytestmark = pytest.mark.timeout(180)
+
 
 def test_cuts_never_split_a_fused_group_and_parts_cover_the_network() -> None:
     model = network(0)

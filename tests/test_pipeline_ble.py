@@ -26,6 +26,9 @@ from tests.procs import handheld_daemon
 from tests.test_pipeline_run import frames, reference
 from tests.test_pipeline_slices import LENET
 
+# time beyond the suite's 30 s a test: pipelines over the emulated BLE radio (up to 15 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory):

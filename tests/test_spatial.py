@@ -18,6 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from coinf.errors import InputError, ModelError
 
+# time beyond the suite's 30 s a test: tiles the zoo's VGG over helpers (10 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 
 def _model(nodes: list, inits: list, out: str, in_shape: tuple[int, ...],
            out_shape: tuple[int, ...] | None = None) -> onnx.ModelProto:

@@ -12,6 +12,9 @@ from coinf.wearable.planner.strategy import choose, compare
 
 from coinf.errors import InputError
 
+# time beyond the suite's 30 s a test: profiles and predicts strategies per model (up to 16 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.fixture(scope="module")
 def vgg(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]

@@ -30,6 +30,9 @@ import coinf
 from coinf.bundle import Bundle, Candidate
 from coinf.errors import BundleError, InputError
 
+# time beyond the suite's 30 s a test: converts slices with onnx2tf (up to 17 s alone)
+pytestmark = pytest.mark.timeout(180)
+
 ZOO = Path(__file__).resolve().parents[1] / "models" / "onnx"
 
 

@@ -23,6 +23,9 @@ from coinf import LinkOptions
 from coinf.errors import LinkClosed
 from tests.bundles import fixed, make_tiny_bundle, reference
 
+# time beyond the suite's 30 s a test: a handheld process frozen and thawed (up to 14 s alone)
+pytestmark = pytest.mark.timeout(120)
+
 X = np.random.default_rng(4).standard_normal((1, 16)).astype(np.float32)
 
 

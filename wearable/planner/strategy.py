@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,7 @@ def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any], objective
     tolerance (:func:`~coinf.wearable.planner.compress_select.hop_option`; raw for a bundle not
     calibrated). Every option, the best one the executor runs, and why. What a Session given
     helpers runs and what ``coinf plan --helpers`` prints."""
-    from coinf.wearable.planner.compress_select import hop_option, option_label, priced
+    from coinf.wearable.planner.compress_select import hop_option, option_label
     from coinf.wearable.planner.pipeline_dp import cut_points
 
     wear, hand = profile_speeds(planner)
@@ -227,10 +227,12 @@ def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any], objective
     result = float(sum(t.nbytes for t in bundle.outputs))
     tolerance = float(getattr(getattr(planner, "policy", None), "accuracy_tolerance_pp",
                               1.0)) / 100.0
-    options = compare(priced(bundle, cut_points(bundle), tolerance), names, speeds, bws, lats,
-                      result, objective=objective)
+    points = cut_points(bundle)
+    hops = {p.id: hop_option(bundle, p.id, tolerance) for p in points}  # each cut's, once
+    options = compare([replace(p, nbytes=hops[p.id].nbytes) for p in points], names, speeds,
+                      bws, lats, result, objective=objective)
     for o in options:
         if o.cuts:
-            o.packings = tuple(option_label(hop_option(bundle, c, tolerance)) for c in o.cuts)
+            o.packings = tuple(option_label(hops[c]) for c in o.cuts)
     best, why = choose([o for o in options if o.runnable], objective)
     return options, best, why

@@ -34,7 +34,7 @@ FIELDS = {
              "connect_timeout", "reconnect_timeout", "fallback", "max_backoff_s", "stream_depth",
              "alternates"],
     "planner": ["objective", "latency_budget_ms", "policy", "wearable_profile",
-                "handheld_profile"],
+                "handheld_profile", "input_fps"],
     "emulation": ["slowdown", "threads", "handheld_slowdown", "handheld_threads",
                   "compute_profile"],
 }
@@ -61,7 +61,8 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
                                     connect_timeout=None, reconnect_timeout=3.0, fallback=True,
                                     max_backoff_s=30.0, stream_depth=3, alternates={})
     assert opts.planner == PlannerOptions(objective=None, latency_budget_ms=UNSET, policy=None,
-                                          wearable_profile=None, handheld_profile=None)
+                                          wearable_profile=None, handheld_profile=None,
+                                          input_fps=None)
     assert opts.emulation == EmulationOptions(slowdown=1.0, threads=0, handheld_slowdown=1.0,
                                               handheld_threads=0)
     assert opts.link.effective_connect_timeout == 30.0
@@ -100,6 +101,8 @@ def test_the_groups_hold_exactly_these_fields_with_these_defaults():
     (PlannerOptions, "policy", 3),
     (PlannerOptions, "wearable_profile", 1.0),
     (PlannerOptions, "handheld_profile", ["pi"]),
+    (PlannerOptions, "input_fps", 0),
+    (PlannerOptions, "input_fps", "30"),
     (EmulationOptions, "slowdown", 0.5),
     (EmulationOptions, "handheld_slowdown", 0),
     (EmulationOptions, "threads", -1),
@@ -124,6 +127,7 @@ def test_a_bad_value_is_an_input_error_naming_the_field(cls, field, value):
     (PlannerOptions, "objective", "energy"),
     (PlannerOptions, "latency_budget_ms", None),
     (PlannerOptions, "policy", "policy.json"),
+    (PlannerOptions, "input_fps", 30),
     (EmulationOptions, "slowdown", 8),
     (EmulationOptions, "threads", 1),
 ])

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from coinf.ble_protocol.radio import spawn
 from coinf.convert.split import split_model
-from coinf.wearable.pipeline import PipelineSession, load_helpers
+from coinf.wearable.pipeline_config import load_helpers
 
 from coinf.errors import InputError
 from tests.ble_servers import WEARABLE_PAIRING, cli_pairing
 from tests.procs import handheld_daemon
-from tests.test_pipeline_run import frames, reference
+from tests.test_pipeline_run import frames, pipeline_session, reference
 from tests.test_pipeline_slices import LENET
 
 # time beyond the suite's 30 s a test: pipelines over the emulated BLE radio (up to 15 s alone)
@@ -68,15 +68,11 @@ def ble_pipeline(bundle, tmp: Path) -> Iterator[tuple[Path, dict[str, subprocess
         yield config, procs
 
 
-def session(bundle, config: Path, dead_retry_s: float = 30.0) -> PipelineSession:
-    whole = float(bundle.candidates[-1].head.flops) * 1000
-    sess = PipelineSession(bundle, load_helpers(config), wearable_speed_flops=whole,
-                           timeout=20.0, connect_timeout=20.0, ble_options=WEARABLE_PAIRING,
-                           dead_retry_s=dead_retry_s)
-    # LeNet's last slices are tiny: over BLE two devices would be faster (split_prefix), but
-    # these tests are about three
-    sess.all_devices = True
-    return sess
+def session(bundle, config: Path, max_backoff_s: float = 30.0) -> Any:
+    """A Session given the config's helpers over every device (LeNet's last slices are tiny:
+    over BLE two devices would be faster, but these tests are about three)."""
+    return pipeline_session(bundle, load_helpers(config), timeout=20.0, connect_timeout=20.0,
+                            helper_ble_options=WEARABLE_PAIRING, max_backoff_s=max_backoff_s)
 
 
 def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp_path) -> None:
@@ -85,13 +81,13 @@ def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp
 
     async def main(procs: dict[str, subprocess.Popen]) -> tuple[list, list]:
         async with session(bundle, config) as sess:
-            sess.adaptive = False
-            plan = sess.plan()
-            assert plan is not None and plan.devices == ("wearable", "h1", "h2")
+            sess.replanner.adaptive = False
+            plan = sess.replanner.plan
+            assert tuple(st.device for st in plan.stages) == ("wearable", "h1", "h2")
             got, seen = [], []
-            async for out, stats in sess.astream(feeds, depth=4):
-                got.append(out[bundle.outputs[0].name])
-                seen.append(stats)
+            async for frame in sess.astream(feeds, depth=4):
+                got.append(frame.value()[0])
+                seen.append(frame.stats)
                 if len(got) == 6:
                     procs["h2"].kill()  # h2 vanishes with frames in flight
             return got, seen
@@ -103,42 +99,45 @@ def test_ble_first_link_equals_the_whole_model_and_survives_h2_dying(bundle, tmp
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
     assert seen[0].devices == ("wearable", "h1", "h2")
     assert seen[-1].devices == ("wearable", "h1")  # re-planned onto the remaining devices
-    assert all(s.first_link.startswith("ble:tcp-client:") for s in seen)
-    assert sum(s.retries for s in seen) >= 1
+    sent = [s for s in seen if s.fallback is None]
+    assert sent and all(s.link.startswith("ble:tcp-client:") for s in sent)
+    assert any(s.fallback is not None for s in seen)  # a frame in flight finished here
 
 
 def test_when_the_ble_helper_dies_the_wearable_reaches_the_next_over_tcp_and_comes_back(
         bundle, tmp_path) -> None:
     feeds = frames(bundle, 12)
     ref = reference(bundle, feeds)
-    retry_s = 2.0
 
     async def main(procs: dict[str, Any]) -> tuple[list, Any]:
-        async with session(bundle, config, dead_retry_s=retry_s) as sess:
-            sess.adaptive = False
+        async with session(bundle, config, max_backoff_s=2.0) as sess:
+            sess.replanner.adaptive = False
             got = []
-            async for out, stats in sess.astream(feeds, depth=3):
-                got.append((out[bundle.outputs[0].name], stats))
+            async for frame in sess.astream(feeds, depth=3):
+                got.append((frame.value()[0], frame.stats))
                 if len(got) == 4:
                     procs["h1"].kill()  # the BLE helper vanishes (no disconnect is sent)
-            # h1 comes back: once its time out is over, the wearable reaches it over BLE again
+            # h1 comes back: once its backoff is over, a probe reaches it over BLE again and
+            # the next frames use it
             await asyncio.to_thread(procs["restart h1"])
-            await asyncio.sleep(retry_s)
-            out = await sess.run(feeds[0])
-            np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
-                                       atol=1e-5)
-            return got, sess.last
+            for _ in range(60):
+                (out,) = await sess.run(None, feeds[0])
+                np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-5)
+                if "h1" in sess.last_run.devices and sess.last_run.fallback is None:
+                    break
+                await asyncio.sleep(0.5)
+            return got, sess.last_run
 
     with ble_pipeline(bundle, tmp_path) as (config, procs):
-        got, back = asyncio.run(asyncio.wait_for(main(procs), 60))
+        got, back = asyncio.run(asyncio.wait_for(main(procs), 90))
         h2_address = load_helpers(config)[1].address
     assert len(got) == len(feeds)
     for (g, _), r in zip(got, ref, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
     first, last = got[0][1], got[-1][1]
-    assert first.devices == ("wearable", "h1", "h2") and first.first_link.startswith("ble:")
-    assert last.devices == ("wearable", "h2") and last.first_link == h2_address
-    assert back.devices == ("wearable", "h1", "h2") and back.first_link.startswith("ble:")
+    assert first.devices == ("wearable", "h1", "h2") and first.link.startswith("ble:")
+    assert last.devices == ("wearable", "h2") and last.link == h2_address
+    assert back.devices == ("wearable", "h1", "h2") and back.link.startswith("ble:")
 
 
 def test_wearable_link_is_validated(tmp_path) -> None:
@@ -182,7 +181,7 @@ def test_bench_pipeline_first_link_ble(capsys) -> None:
     assert out["first_link"] == "ble" and out["radio"]["preset"] == "pi-zero-2w"
     assert out["model"] == "lenet_digits" and out["stages"][1].endswith("@h1(onnxruntime)")
     assert out["throughput_fps"] > 0 and len(out["stage_ms"]) == 5
-    assert out["planner"]["devices"] in (2, 3) and out["planner"]["why"]
+    assert out["planner"]["devices"] in (1, 2, 3) and out["planner"]["why"]
 
 
 def test_bench_pipeline_plays_device_profiles(capsys) -> None:
@@ -204,7 +203,7 @@ def test_bench_pipeline_plays_device_profiles(capsys) -> None:
     assert len(slow) == 3 and slow[0] >= slow[1] >= 1 and slow[0] > 1
     assert out["settings"]["hop_bandwidth_kbps"] == 5000
     planner = out["planner"]
-    assert planner["devices"] in (2, 3) and planner["fps"] > 0 and planner["why"]
+    assert planner["devices"] in (1, 2, 3) and planner["fps"] > 0 and planner["why"]
     assert set(planner["predicted_fps"]) <= {"2", "3"}
 
 
@@ -236,33 +235,36 @@ def test_a_gatt_link_knows_when_a_message_is_on_the_air() -> None:
 
 def test_max_devices_limits_a_session_and_frozen_splits_are_kept_per_device_set(bundle) -> None:
     """The bench's BLE mode runs its 2-device batches on the K-device session (one GATT link):
-    ``max_devices`` limits the plan, and with ``adaptive`` off each device set keeps its split."""
+    ``limit(max_devices)`` limits the plan, and with ``adaptive`` off each device set keeps its
+    split."""
     from coinf.handheld.pipeline_host import local_helpers
-    from coinf.wearable.pipeline import HelperConfig
+    from coinf.wearable.pipeline_config import HelperConfig
 
     whole = float(bundle.candidates[-1].head.flops) * 1000
     feeds = frames(bundle, 4)
     ref = reference(bundle, feeds)
 
+    def devices(plan: Any) -> tuple[str, ...]:
+        return tuple(st.device for st in plan.stages)
+
     async def main() -> None:
         async with local_helpers(bundle, ["h1", "h2"]) as hosts:
             helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=whole) for h in hosts]
-            async with PipelineSession(bundle, helpers, wearable_speed_flops=whole) as sess:
-                full = sess.plan()
-                assert full is not None and full.devices == ("wearable", "h1", "h2")
-                sess.max_devices = 2
-                two = sess.plan()
-                assert two is not None and two.devices == ("wearable", "h1")
-                out = await sess.run(feeds[0])
-                assert sess.last is not None and sess.last.devices == ("wearable", "h1")
-                np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
-                                           atol=1e-5)
-                sess.adaptive = False
-                sess.max_devices = None
-                assert sess.plan() is full  # the frozen split over these devices, not re-made
-                sess.max_devices = 2
-                assert sess.plan() is two
-                sess.max_devices = 1
-                assert sess.plan() is None  # the wearable alone
+            async with pipeline_session(bundle, helpers) as sess:
+                rp = sess.replanner
+                full = rp.plan
+                assert devices(full) == ("wearable", "h1", "h2")
+                two = rp.limit(max_devices=2, all_devices=True)
+                assert devices(two) == ("wearable", "h1")
+                (out,) = await sess.run(None, feeds[0])
+                assert sess.last_run is not None and sess.last_run.devices == ("wearable", "h1")
+                np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-5)
+                rp.adaptive = False
+                rp.measured["h1"] = (99, whole / 100)  # h1 measured 100x slower: ignored
+                assert rp.limit(None, all_devices=True) == full  # the frozen split is kept
+                assert rp.limit(max_devices=2, all_devices=True) == two
+                assert rp.limit(max_devices=1).local  # the wearable alone
+                rp.adaptive = True
+                assert rp.limit(None, all_devices=True) != full  # measured: made anew
 
     asyncio.run(asyncio.wait_for(main(), 60))

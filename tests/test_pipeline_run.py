@@ -1,6 +1,6 @@
 """A 3-device pipeline (the wearable and two helpers on local TCP ports, each helper a real
-daemon with the forward role) against the whole model; a helper dying mid-stream; hostile
-pipeline requests; cancellation down the chain."""
+daemon with the forward role) run by a Session given helpers, against the whole model; a
+helper dying mid-stream; hostile pipeline requests; cancellation down the chain."""
 
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ from coinf.ble_protocol.request import (
 )
 from coinf.ble_protocol.tensors import encode_tensors
 from coinf.convert.split import split_model
+from coinf.device.profile import PI_ZERO_2W_POWER, DeviceProfile
 from coinf.handheld.pipeline_host import local_helpers
-from coinf.wearable.pipeline import HelperConfig, PipelineSession
+from coinf.wearable.pipeline_config import HelperConfig
 
+from coinf import AsyncSession, LinkOptions, PlacementOptions, PlannerOptions, SessionOptions
 from coinf.errors import ErrorCode, ProtocolError
 from tests.test_pipeline_slices import LENET
 
@@ -59,6 +61,23 @@ def even_speeds(bundle) -> float:
     return float(bundle.candidates[-1].head.flops) * 1000  # the whole model in 1 ms
 
 
+def pipeline_session(bundle, helpers, timeout: float = 10.0, every_device: bool = True,
+                     **link) -> AsyncSession:
+    """A Session given ``helpers``, for a stream (throughput), the wearable as fast as each
+    helper (the whole model in 1 ms each) and planning over every device (``every_device``:
+    LeNet's last slices are tiny, so over slow links fewer devices would be faster)."""
+    even = DeviceProfile("even", "wearable", PI_ZERO_2W_POWER, gflops=even_speeds(bundle) / 1e9)
+    sess = AsyncSession(bundle, SessionOptions(
+        placement=PlacementOptions(helpers=helpers),
+        planner=PlannerOptions(objective="throughput", wearable_profile=even,
+                               handheld_profile=even),
+        link=LinkOptions(timeout=timeout, **link)))
+    assert sess.replanner is not None
+    if every_device:
+        sess.replanner.limit(all_devices=True)
+    return sess
+
+
 @sync
 async def test_three_devices_equal_the_whole_model_and_survive_a_dying_helper(bundle) -> None:
     feeds = frames(bundle, 24)
@@ -68,17 +87,18 @@ async def test_three_devices_equal_the_whole_model_and_survive_a_dying_helper(bu
                    for h in hosts]
         # the wearable's timeout must outlast a hop's connect deadline (the forwarder's 5 s):
         # a killed h2 can stall h1's connection to it that long, and h1 must live to say so
-        async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
-                                   timeout=15.0) as sess:
-            sess.adaptive = False
-            plan = sess.plan()
-            assert plan is not None and plan.devices == ("wearable", "h1", "h2")
-            assert len(plan.cuts) == 2 and all(s.slice.count("..") == 1 for s in plan.stages)
+        async with pipeline_session(bundle, helpers, timeout=15.0) as sess:
+            assert sess.replanner is not None
+            sess.replanner.adaptive = False
+            plan = sess.replanner.plan
+            assert tuple(s.device for s in plan.stages) == ("wearable", "h1", "h2")
+            assert all(s.slice.count("..") == 1 for s in plan.stages)
             seen: list[tuple[str, ...]] = []
             got: list[np.ndarray] = []
-            async for out, stats in sess.astream(feeds, depth=4):
-                got.append(out[bundle.outputs[0].name])
-                seen.append(stats.devices)
+            async for frame in sess.astream(feeds, depth=4):
+                got.append(frame.value()[0])
+                assert frame.stats is not None
+                seen.append(frame.stats.devices)
                 if len(got) == 8:
                     await hosts[1].kill()  # h2 vanishes with frames in flight
             assert len(got) == len(feeds)  # nothing lost
@@ -86,13 +106,14 @@ async def test_three_devices_equal_the_whole_model_and_survive_a_dying_helper(bu
                 np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
             assert seen[0] == ("wearable", "h1", "h2")
             assert seen[-1] == ("wearable", "h1")  # re-planned onto the remaining devices
+            assert "h2" in sess.strategies["left_out"]
             assert hosts[0].daemon.forward.stages > 0
-            # the first helper dies too: the wearable finishes alone
+            # the first helper dies too: the frame finishes on the wearable
             await hosts[0].kill()
-            out = await sess.run(feeds[0])
-            np.testing.assert_allclose(out[bundle.outputs[0].name], ref[0], rtol=1e-4,
-                                       atol=1e-5)
-            assert sess.last is not None and sess.last.local
+            (out,) = await sess.run(None, feeds[0])
+            np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-5)
+            assert sess.last_run is not None and sess.last_run.fallback is not None
+            assert sess.replanner.plan.local  # and the next frames stay here
 
 
 @sync
@@ -136,23 +157,22 @@ async def test_hostile_pipeline_requests_are_refused(bundle) -> None:
 @sync
 async def test_a_timeout_cancels_the_whole_chain(bundle) -> None:
     """h2 hangs: the wearable's timeout cancels the request on h1, which cancels it on h2; the
-    frame is not lost (re-planned, finally on the wearable alone)."""
+    frame is not lost (finished on the wearable), and the next one goes without h1."""
     feed = frames(bundle, 1)[0]
+    ref = reference(bundle, [feed])[0]
     async with local_helpers(bundle, ["h1", "h2"], slowdowns={"h2": 1e6}) as hosts:
         helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
                    for h in hosts]
-        async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
-                                   timeout=0.5) as sess:
-            sess.adaptive = False
-            out = await sess.run(feed)
-            np.testing.assert_allclose(out[bundle.outputs[0].name], reference(bundle, [feed])[0],
-                                       rtol=1e-4, atol=1e-5)
-            assert sess.last is not None and sess.last.retries >= 1
+        async with pipeline_session(bundle, helpers, timeout=0.5) as sess:
+            for _ in range(2):  # through h1 and h2, then (h1 left out) through h2 alone
+                (out,) = await sess.run(None, feed)
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+                assert sess.last_run is not None and sess.last_run.fallback is not None
         for _ in range(100):  # the CANCELs travel wearable -> h1 -> h2
             if hosts[0].daemon.cancelled >= 1 and hosts[1].daemon.cancelled >= 2:
                 break
             await asyncio.sleep(0.02)
-        # h1 cancelled the first attempt; h2 both the first (from h1) and the second (the
+        # h1 cancelled the first frame; h2 both the first (from h1) and the second (the
         # wearable's, once h1 was left out)
         assert hosts[0].daemon.cancelled >= 1 and hosts[1].daemon.cancelled >= 2
 
@@ -199,8 +219,7 @@ async def test_a_blocking_feed_is_pulled_off_the_event_loop(bundle) -> None:
     async with local_helpers(bundle, ["h1"]) as hosts:
         helpers = [HelperConfig(h.name, h.address, 1e9, speed_flops=even_speeds(bundle))
                    for h in hosts]
-        async with PipelineSession(bundle, helpers, wearable_speed_flops=even_speeds(bundle),
-                                   timeout=10.0) as sess:
+        async with pipeline_session(bundle, helpers) as sess:
             asyncio.get_running_loop().call_soon(gate.set)
-            outs = [out async for out, _ in sess.astream(feeds(), depth=2)]
+            outs = [frame.value() async for frame in sess.astream(feeds(), depth=2)]
     assert len(outs) == 2 and gate.is_set()

@@ -6,12 +6,13 @@ where a compressor shrinks it, and the frame really crosses as that code."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from coinf.device.profile import LAPTOP_POWER, PI_ZERO_2W_POWER, DeviceProfile
 from coinf.handheld.pipeline_host import local_helpers
 from coinf.wearable.pipeline_config import HelperConfig
 from coinf.wearable.planner.compress_select import hop_option, option_label
 from coinf.wearable.planner.planner import Planner
-from coinf.wearable.planner.strategy import choose_strategy, to_plan
+from coinf.wearable.planner.strategy import choose_strategy, codec_s, to_plan
 from coinf.wearable.policy import Policy
 
 from coinf import AsyncSession, LinkOptions, PlacementOptions, PlannerOptions, SessionOptions
@@ -44,6 +45,11 @@ def test_cuts_are_priced_as_their_hop_sends_them_within_the_tolerance(bundle: Bu
     assert option.nbytes < bundle.candidate(cut).crossing_bytes
     assert loose.packings == (option_label(option),)
     assert not any(p.startswith("g") for p in strict.packings)  # no code within 0.01 pp
+    # the code's encoder runs on the wearable and its decoder on h1: both are priced in
+    enc, dec = codec_s(bundle, _planner(bundle, 10.0), cut, loose.packings[0])
+    assert enc > 0 and dec > 0
+    assert loose.stage_s[0] >= enc and loose.stage_s[2] >= dec
+    assert loose.latency_s == pytest.approx(sum(loose.stage_s) + 2 * helpers[0].latency_s)
     plan = to_plan(loose, bundle)
     assert plan.stages[0].packing == loose.packings[0] and plan.stages[-1].packing == "raw"
 

@@ -7,9 +7,8 @@
             ...
 
 Per frame: choose a :class:`~coinf.wearable.plan.Plan` (the planner, the fixed split, a
-fixed plan of any number of stages, or, given helpers, the plan of the helpers alive now:
-:class:`~coinf.wearable.replan.Replanner`, which re-plans when one leaves or joins) and hand
-it to the one
+fixed plan of any number of stages, or, given helpers, the plan over the helpers alive now:
+:class:`~coinf.wearable.replan.Replanner`) and hand it to the one
 :class:`~coinf.wearable.executor.Executor`: the first stage here (head thread), the crossing
 tensors packed (codec thread) and sent as one request naming every later stage to the next
 stage's device over its :class:`~coinf.wearable.connection.Connection`, the result checked
@@ -135,11 +134,12 @@ class AsyncSession:
                                                 planner.handheld_profile, place.packings)
             split = self.autoplan.choose(None)[0]
             if self.helpers:  # local, a split or a pipeline
-                objective = ("throughput" if self.autoplan.adaptive.objective == "throughput"
-                             else "latency")
+                objective = self.autoplan.adaptive.objective
+                if objective not in ("throughput", "energy"):
+                    objective = "latency"
                 self.replanner = Replanner(self.bundle, self.autoplan.adaptive.planner,
                                            list(self.helpers.configs.values()), objective,
-                                           link.max_backoff_s)
+                                           link.max_backoff_s, planner.input_fps)
                 log.info("strategy: %s", self.replanner.why)
                 self.autoplan, split = None, self.replanner.plan.candidate.id
         self._candidate = self.bundle.candidate(split)
@@ -268,7 +268,10 @@ class AsyncSession:
         plan, version, link = await self._next_plan(ro)
         stats = RunStats(candidate=plan.candidate.id, packing=str(plan.packing), tag=ro.tag,
                          runtimes=tuple(s.runtime for s in plan.stages), strategy=plan.strategy,
-                         plan=str(plan), plan_version=version)
+                         plan=str(plan), plan_version=version,
+                         devices=tuple(s.device for s in plan.stages),
+                         cuts=tuple(s.end for s in plan.stages[:-1]),
+                         packings=tuple(s.packing for s in plan.stages[:-1]))
         t_start = time.perf_counter()
         crossing = await self.executor.first_stage(plan, feeds, stats, alone)
         if plan.local:
@@ -337,9 +340,8 @@ class AsyncSession:
 
     @property
     def links(self) -> dict[str, dict[str, Any]]:
-        """Every link to the handheld by name (the transport's, then ``LinkOptions.
-        alternates``): its ``kind``, ``transport``, ``state`` (up, down, refused, probing, not
-        connected), ``why`` it is out and the ``frames`` it carried."""
+        """Every link to the handheld by name: ``kind``, ``transport``, ``state``, ``why`` it
+        is out, ``frames`` carried (:meth:`~coinf.wearable.links_runtime.SessionLinks.summary`)."""
         return self.handheld_links.summary()
 
     @property
@@ -350,13 +352,9 @@ class AsyncSession:
         rp = self.replanner or self._replan_off
         return None if rp is None else rp.summary()
 
-    def connection_for(self, plan: Plan) -> Connection:
-        """The connection to the device of the plan's second stage (the handheld, or a
-        helper of ``PlacementOptions.helpers``, reached on first use)."""
-        return self.connection_to(plan.stages[1].device)
-
     def connection_to(self, device: str) -> Connection:
-        """The connection to ``device`` (see :meth:`connection_for`)."""
+        """The connection to ``device``: the handheld, or a helper of ``PlacementOptions.
+        helpers`` (reached on first use)."""
         return self.connection if device == HANDHELD else self.helpers.connection_to(device)
 
     def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:
@@ -384,7 +382,8 @@ class AsyncSession:
         if multi and link is None:  # a split fixed by the caller, and no link up
             return await self.executor.finish_here(plan.candidate, crossing, stats,
                                                    self.handheld_links.offline or "no link is up")
-        conn = link.conn if multi and link is not None else self.connection_for(plan)
+        conn = link.conn if multi and link is not None else \
+            self.connection_to(plan.stages[1].device)
         if conn.offline is not None and not multi:
             return await self.executor.finish_here(plan.candidate, crossing, stats, conn.offline)
         timeout = ro.timeout if ro.timeout is not None else self.options.link.timeout
@@ -404,6 +403,8 @@ class AsyncSession:
             if link is not None and plan.stages[1].device == HANDHELD:
                 stats.link = link.name
                 self.handheld_links.carried_by(link)
+            elif self.replanner is not None:
+                stats.link = conn.connector.spec
             return outputs
         at = exc.hop if isinstance(exc, RemoteError) and exc.hop is not None else 0
         if multi and link is not None and exc.transient and at == 0:
@@ -454,12 +455,11 @@ class AsyncSession:
                                   explicit=explicit)
         # the request's timeout cancels it here and, by CANCEL, on the peer
         marks: dict[str, float] = {}
-        t_send = time.perf_counter()
-        outputs = await self.executor.exchange(plan, rpc, payload, stats, timeout, conn.rtt_ms,
-                                               marks)
-        if self.replanner is not None:  # the link into the first helper, measured
-            self.replanner.sent(plan.stages[1].device, len(payload), t_send, marks)
-        return outputs
+        exchange = self.executor.exchange(plan, rpc, payload, stats, timeout, conn.rtt_ms, marks)
+        if self.replanner is None:
+            return await exchange
+        return await self.replanner.timed(exchange, plan.stages[1].device, len(payload), marks,
+                                          stats)
 
     def _estimate(self, link: str | None) -> tuple[float | None, float | None]:
         """(uplink bytes/s, RTT ms) of ``link`` as measured, if anything measures it."""

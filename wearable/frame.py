@@ -99,6 +99,15 @@ class RunStats:
     plan: str = ""
     #: with helpers (re-planning): the plan's version in ``Session.strategies["history"]``
     plan_version: int = 0
+    #: the devices of the plan's stages, in order (the wearable first)
+    devices: tuple[str, ...] = ()
+    #: the plan's cuts, one per link, and how each link carried its cut (``raw``, ``q8``,
+    #: ``g4``, ``g4+q8``), in order
+    cuts: tuple[str, ...] = ()
+    packings: tuple[str, ...] = ()
+    #: with helpers: ms the link into the next device took to carry the request (from when
+    #: it could start until the link took it: queueing behind earlier frames excluded)
+    send_ms: float = 0.0
     #: per remote stage, in order: ``device``, ``compute_ms`` (its decoder included),
     #: ``send_ms`` (handing its tensors to the next device) and ``bytes`` (their size)
     hops: list[dict[str, Any]] = field(default_factory=list)
@@ -108,7 +117,8 @@ class RunStats:
     #: ``"qz4 sent as q4: the handheld cannot decode zstd ..."``), else None
     packing_fallback: str | None = None
     #: the link to the handheld that carried the request (its name: ``ble``, ``wifi``, an
-    #: alternate's; None: nothing was sent, or the frame finished on the wearable)
+    #: alternate's; to a helper: the spec it was reached by, ``ble:...`` or ``tcp:...``;
+    #: None: nothing was sent, or the frame finished on the wearable)
     link: str | None = None
     #: the link this frame was first sent on and why it left it (``"wifi: disconnected:
     #: ..."``), when it was re-sent on ``link`` or finished here

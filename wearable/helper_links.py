@@ -7,6 +7,7 @@ Replanner`'s to decide; this module only reaches them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -54,6 +55,24 @@ class HelperLinks:
                 request_timeout=link.timeout, max_backoff_s=link.max_backoff_s,
                 ble_options=link.helper_ble_options)
         return conn
+
+    def retune(self, name: str, bandwidth_bps: float) -> None:
+        """Emulation: from now on the link into helper ``name`` (a ``shape=True`` helper)
+        carries ``bandwidth_bps`` B/s, its open link included (a bandwidth schedule). What the
+        plan assumes of it is measured, not told."""
+        from coinf.ble_protocol.throttle import ThrottledLink
+        from coinf.wearable.connection import ShapedConnector
+
+        helper = self.configs[name] = dataclasses.replace(self.configs[name],
+                                                          bandwidth_bps=bandwidth_bps)
+        conn, channel = self.conns.get(name), helper.channel
+        if conn is None or channel is None:
+            return
+        if isinstance(conn.connector, ShapedConnector):
+            conn.connector.channel = channel
+        rpc = conn.rpc_client
+        if rpc is not None and isinstance(rpc.link, ThrottledLink):
+            rpc.link.channel = channel
 
     async def drop(self, name: str, conn: Connection | None = None) -> None:
         """Close the link to helper ``name`` (only ``conn``, if given: a frame that saw an old

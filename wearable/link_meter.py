@@ -15,7 +15,9 @@ answer late once in a while does not talk the planner out of a fast link.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 #: a send shorter than this (s) is not timed, only bounds the bandwidth from below
 MIN_SEND_S = 5e-4
@@ -34,6 +36,15 @@ class Ewma:
         self.value = x if self.value is None else (1 - EWMA) * self.value + EWMA * x
 
 
+@dataclass(eq=False)
+class Pending:
+    """A message on a link, sent at ``t0`` (``time.perf_counter``), not answered yet."""
+
+    t0: float
+    nbytes: int
+    marks: Mapping[str, float]
+
+
 class LinkMeter:
     """Bandwidth estimates (B/s) of the links into named devices (module docstring);
     ``priors``: each device's configured bandwidth, or None."""
@@ -45,6 +56,10 @@ class LinkMeter:
         self._last_end: dict[str, float] = {}
         #: devices whose estimate is only a lower bound (no send into them was timed since)
         self._bound: set[str] = set()
+        #: messages on each link still waiting for their reply, in issue order
+        self._pending: dict[str, list[Pending]] = {}
+        self._delivers: set[str] = set()  # links that report when the radio carried a message
+        self._untimed: dict[str, int] = {}  # bytes delivered with the message before
 
     def value(self, device: str) -> float | None:
         """The estimate for the link into ``device`` (its prior until measured), or None."""
@@ -86,9 +101,60 @@ class LinkMeter:
             est.value = min(nbytes / MIN_SEND_S, MAX_BANDWIDTH_BPS)
             self._bound.add(device)
 
+    def sending(self, device: str, nbytes: int, t0: float,
+                marks: Mapping[str, float]) -> Pending:
+        """A message of ``nbytes`` went to the link into ``device`` at ``t0`` (its request's
+        ``marks`` fill in as the link takes it): it counts for :meth:`current` until
+        :meth:`finished`."""
+        entry = Pending(t0, nbytes, marks)
+        self._pending.setdefault(device, []).append(entry)
+        return entry
+
+    def finished(self, device: str, entry: Pending) -> None:
+        """The request of ``entry`` ended (answered, failed or cancelled)."""
+        pending = self._pending.get(device, [])
+        if entry in pending:
+            pending.remove(entry)
+
+    def sent(self, device: str, nbytes: int, t0: float, marks: Mapping[str, float]) -> float:
+        """A message of ``nbytes`` sent at ``t0`` came back (``marks``: its request's):
+        observe the time the link took to carry it. Over BLE (``delivered`` marks) a message
+        the link took with the one before it shares that one's air time: its bytes are
+        carried over to the next timed send. The seconds the link took."""
+        seconds = self.service_time(device, t0, marks)
+        if "delivered" in marks:
+            self._delivers.add(device)
+            nbytes += self._untimed.pop(device, 0)
+            if seconds <= MIN_SEND_S:
+                self._untimed[device] = nbytes
+                return seconds
+        self.observe(device, nbytes, seconds)
+        return seconds
+
+    def current(self, device: str, default: float) -> float:
+        """The estimate (``default`` while there is none), lowered at once when a message is
+        overdue: one on the wire for ``elapsed`` s without being taken shows the link carries
+        at most ``bytes / elapsed``, so a drop is seen while the first slow message is still
+        sending, not after its round trip (2x the expected time: no reaction to jitter)."""
+        est = self.value(device) or default
+        prev_end = self.last_end(device)
+        now = time.perf_counter()
+        for entry in self._pending.get(device, ()):
+            marks = entry.marks
+            done = marks.get("delivered") if device in self._delivers else \
+                marks.get("delivered", marks.get("sent"))
+            if done is not None:
+                prev_end = max(prev_end, done)
+                continue
+            elapsed = now - max(entry.t0, prev_end)
+            if elapsed > 2 * entry.nbytes / est:
+                return min(est, entry.nbytes / elapsed)
+            break
+        return est
+
     def forget(self, device: str) -> None:
         """``device`` left: its next link starts unqueued."""
         self._last_end.pop(device, None)
 
 
-__all__ = ["EWMA", "MAX_BANDWIDTH_BPS", "MIN_SEND_S", "Ewma", "LinkMeter"]
+__all__ = ["EWMA", "MAX_BANDWIDTH_BPS", "MIN_SEND_S", "Ewma", "LinkMeter", "Pending"]

@@ -362,6 +362,8 @@ class PlannerOptions(_Options):
     wearable_profile: a :class:`~coinf.device.profile.DeviceProfile` or the path of one
         (default: the one ``coinf profile`` stored here, else the built-in default).
     handheld_profile: the same for the handheld (default: the one it sends when it connects).
+    input_fps: with helpers, the stream's input rate (frames/s) each hop's packing is chosen
+        against (None: as fast as the plan computes; docs/PIPELINE.md).
     """
 
     objective: str | None = None
@@ -369,6 +371,7 @@ class PlannerOptions(_Options):
     policy: Any = None
     wearable_profile: Any = None
     handheld_profile: Any = None
+    input_fps: float | None = None
 
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
@@ -382,6 +385,9 @@ class PlannerOptions(_Options):
         for name in ("wearable_profile", "handheld_profile"):
             if not isinstance(getattr(self, name), DeviceProfile | str | Path | None):
                 raise _fail(self, name, "a DeviceProfile, the path of one, or None")
+        if self.input_fps is not None and not (_is_number(self.input_fps)
+                                               and 0 < self.input_fps < 1e9):
+            raise _fail(self, "input_fps", "a rate in frames/s > 0, or None")
 
 
 #: built-in profiles an emulated wearable may be timed by (EmulationOptions.compute_profile)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -154,6 +155,32 @@ def hop_option(bundle: Bundle, cut: str, tolerance: float = DP_TOLERANCE) -> Com
     return cheapest(link_options(cand, bundle.compressors(cand.id), OVERHEAD_BYTES), tolerance)
 
 
+def hop_choice(bundle: Bundle, cut: str, bandwidth_bps: float, compute_fps: float,
+               input_fps: float | None = None, tolerance: float = DP_TOLERANCE,
+               objective: str = "throughput") -> CompressionOption:
+    """How a hop sends cut ``cut`` of ``bundle`` over a link of ``bandwidth_bps``:
+    :func:`choose_hop` over its options (raw, its calibrated packings, its compressors'
+    codes), headers included."""
+    cand = bundle.candidate(cut)
+    return choose_hop(link_options(cand, bundle.compressors(cand.id), OVERHEAD_BYTES),
+                      bandwidth_bps, compute_fps, input_fps, tolerance, objective)
+
+
+def choose_hop(options: Sequence[CompressionOption], bandwidth_bps: float, compute_fps: float,
+               input_fps: float | None = None, tolerance: float = DP_TOLERANCE,
+               objective: str = "throughput") -> CompressionOption:
+    """How a hop sends its cut. ``objective="throughput"`` (a stream): the option with the best
+    effective accuracy (:func:`select`) at this bandwidth, the plan's compute rate and the
+    stream's input rate (None: the compute rate): a lossier option wins where it delivers
+    enough more frames (paper 002, §IV-D), raw where the link keeps up. ``"latency"`` (one
+    frame): the smallest option within ``tolerance`` of the most accurate (:func:`cheapest`,
+    what the planner priced the cut at), whatever the bandwidth."""
+    if objective == "latency":
+        return cheapest(options, tolerance)
+    rate = compute_fps if math.isfinite(compute_fps) and compute_fps > 0 else 1e9
+    return select(options, bandwidth_bps, rate, input_fps or rate)
+
+
 def priced(bundle: Bundle, points: Sequence[P], tolerance: float = DP_TOLERANCE) -> list[P]:
     """``points`` (:class:`~coinf.wearable.planner.pipeline_dp.CutPoint`) each costing the
     bytes its hop sends (:func:`hop_option`), not its raw tensors."""
@@ -183,5 +210,5 @@ def lookup(table: list[tuple[float, CompressionOption]], bandwidth_bps: float) -
 
 
 __all__ = ["DP_TOLERANCE", "OVERHEAD_BYTES", "CompressionOption", "cheapest", "cheapest_bytes",
-           "effective_accuracy", "hop_option", "link_options", "lookup", "option_label",
-           "priced", "select", "thresholds", "throughput"]
+           "choose_hop", "effective_accuracy", "hop_choice", "hop_option", "link_options",
+           "lookup", "option_label", "priced", "select", "thresholds", "throughput"]

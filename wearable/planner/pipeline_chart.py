@@ -17,7 +17,7 @@ BOTTLENECK_COLOUR = "#c44e52"
 
 def stage_bars(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, str]]:
     """``(label, ms, kind)`` per stage in pipeline order, kind ``compute`` or ``link``, from
-    :meth:`~coinf.wearable.pipeline.PipelinePlan.rows`."""
+    ``coinf plan --helpers``'s stage rows (device, slice, compute_ms, link_ms, compressor)."""
     bars: list[tuple[str, float, str]] = []
     for i, r in enumerate(rows):
         bars.append((f"{r['device']}: {r['slice']}", float(r["compute_ms"]), "compute"))

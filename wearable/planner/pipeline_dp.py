@@ -27,8 +27,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coinf.wearable.planner.adapt import ReplanTrigger
-
 from coinf.bundle import Bundle
 from coinf.errors import InputError
 
@@ -185,40 +183,6 @@ def _chain(points: Sequence[CutPoint], speeds: Sequence[float], bandwidths: Sequ
     return evaluate(points, chain[::-1], speeds, bandwidths, result_bytes)
 
 
-def split_prefix(points: Sequence[CutPoint], speeds: Sequence[float],
-                 bandwidths: Sequence[float], result_bytes: float = 0.0,
-                 margin: float = 0.05) -> PipelineSplit | None:
-    """The best :func:`split_dp` over the first k devices, k = 2..n: one more device joins only
-    when it shortens the bottleneck by more than ``margin`` (relative), so a device that cannot
-    help is left out. It often cannot: when the wearable's own stage (its head, or its link)
-    bounds every split, or when the last slices are tiny and giving one to another device moves
-    a bigger tensor over a slow link. k with too few nested cuts is skipped; ``None`` when no
-    k >= 2 has a split."""
-    return _keep(_prefix_splits(points, speeds, bandwidths, result_bytes), margin)
-
-
-def _prefix_splits(points: Sequence[CutPoint], speeds: Sequence[float],
-                   bandwidths: Sequence[float], result_bytes: float
-                   ) -> dict[int, PipelineSplit]:
-    """k -> the best :func:`split_dp` over the first k devices, for every k >= 2 that has one."""
-    splits: dict[int, PipelineSplit] = {}
-    for k in range(2, len(speeds) + 1):
-        try:
-            splits[k] = split_dp(points, speeds[:k], bandwidths[:k - 1], result_bytes)
-        except InputError:
-            continue
-    return splits
-
-
-def _keep(splits: dict[int, PipelineSplit], margin: float) -> PipelineSplit | None:
-    """:func:`split_prefix`'s rule: k + 1 devices replace k only when clearly shorter."""
-    best: PipelineSplit | None = None
-    for k in sorted(splits):
-        if best is None or splits[k].bottleneck_s < best.bottleneck_s * (1 - margin):
-            best = splits[k]
-    return best
-
-
 def stage_name(split: PipelineSplit, index: int, devices: Sequence[str]) -> str:
     """What stage ``index`` of ``split.stage_s`` is: a device's compute or a link."""
     q = index // 2
@@ -232,37 +196,6 @@ def slowest_stage(split: PipelineSplit, devices: Sequence[str]) -> str:
     stages = split.stage_s
     i = max(range(len(stages)), key=stages.__getitem__)
     return f"{stage_name(split, i, devices)} ({stages[i] * 1e3:.1f} ms)"
-
-
-def device_verdict(points: Sequence[CutPoint], speeds: Sequence[float],
-                   bandwidths: Sequence[float], devices: Sequence[str],
-                   result_bytes: float = 0.0, margin: float = 0.05) -> dict[str, object]:
-    """How many of ``devices`` (the wearable first) a stream should use, and why: the best
-    split over each prefix of 2..n devices, the one :func:`split_prefix` keeps, and a sentence
-    naming the stage that bounds it. A device beyond the kept ones cannot raise throughput by
-    more than ``margin``: the sentence says which stage stays the slowest."""
-    splits = _prefix_splits(points, speeds, bandwidths, result_bytes)
-    fps = {k: split.bound_fps for k, split in splits.items()}
-    kept = _keep(splits, margin)
-    if kept is None or not splits:
-        return {"devices": 1, "predicted_fps": {}, "why": "no split over these devices"}
-    k = len(kept.compute_s)
-    n = max(splits)
-    if k == n:
-        why = (f"all {n} devices: {fps[n]:.2f} frames/s predicted"
-               + (f", {fps[n] / fps[2]:.2f}x the best 2-device split's {fps[2]:.2f}"
-                  if n > 2 and 2 in fps else "")
-               + f"; slowest stage {slowest_stage(kept, devices)}")
-    else:
-        more, fewer = slowest_stage(splits[n], devices), slowest_stage(kept, devices)
-        gain = ("slower" if fps[n] < fps[k] else f"a gain under {margin:.0%}")
-        why = (f"{k} devices: more cannot help. The best {n}-device split predicts "
-               f"{fps[n]:.2f} frames/s against {fps[k]:.2f} with {k} ({gain}): "
-               + (f"{more} bounds both" if more == fewer else
-                  f"its slowest stage is {more}, the {k}-device split's {fewer}"))
-    return {"devices": k, "cuts": list(kept.cuts),
-            "predicted_fps": {str(i): round(v, 3) for i, v in fps.items()},
-            "bottleneck": slowest_stage(kept, devices), "why": why}
 
 
 def split_exhaustive(points: Sequence[CutPoint], speeds: Sequence[float],
@@ -284,26 +217,5 @@ def split_exhaustive(points: Sequence[CutPoint], speeds: Sequence[float],
     return best
 
 
-class ResplitTrigger:
-    """Re-split when a device's speed or a link's bandwidth moved by more than ``threshold``
-    (relative) since the split in use was made (the planner's re-plan threshold)."""
-
-    def __init__(self, threshold: float = 0.05) -> None:
-        self._trigger = ReplanTrigger(threshold)
-
-    @staticmethod
-    def _inputs(speeds: Sequence[float], bandwidths: Sequence[float]) -> dict[str, float]:
-        return {**{f"speed{i}": float(v) for i, v in enumerate(speeds)},
-                **{f"link{i}": float(v) for i, v in enumerate(bandwidths)}}
-
-    def moved(self, speeds: Sequence[float], bandwidths: Sequence[float]) -> list[str]:
-        """What moved past the threshold (everything before the first split)."""
-        return self._trigger.changed(self._inputs(speeds, bandwidths))
-
-    def planned(self, speeds: Sequence[float], bandwidths: Sequence[float]) -> None:
-        self._trigger.planned(self._inputs(speeds, bandwidths))
-
-
-__all__ = ["CutPoint", "PipelineSplit", "ResplitTrigger", "cut_points", "device_verdict",
-           "evaluate", "slowest_stage", "split_dp", "split_exhaustive", "split_latency",
-           "split_prefix"]
+__all__ = ["CutPoint", "PipelineSplit", "cut_points", "evaluate", "slowest_stage", "split_dp",
+           "split_exhaustive", "split_latency"]

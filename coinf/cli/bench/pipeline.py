@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import math
 import secrets
 import statistics
@@ -226,7 +227,7 @@ def _helper_configs(hosts: list[Any], kbps: list[float], latency: float, ble: Ra
                     ) -> tuple[list[Any], dict[str, Any]]:
     """The wearable's view of each helper (its link shaped to ``kbps`` and ``latency``), and
     the session's BLE settings when the first link is BLE."""
-    from coinf.wearable.pipeline import HelperConfig
+    from coinf.wearable.pipeline_config import HelperConfig
 
     helpers = [HelperConfig(h.name, h.address, v * 1000, latency, shape=True,
                             wearable_link=getattr(h, "wearable_link", None))
@@ -235,7 +236,7 @@ def _helper_configs(hosts: list[Any], kbps: list[float], latency: float, ble: Ra
     if ble is not None:  # the prior of the BLE link: the radio's capacity
         helpers[0] = dataclasses.replace(helpers[0], bandwidth_bps=ble.capacity_bps,
                                          latency_s=0.0)
-        extra = {"connect_timeout": 30.0, "ble_options": ble.wearable_options}
+        extra = {"connect_timeout": 30.0, "helper_ble_options": ble.wearable_options}
     return helpers, extra
 
 
@@ -248,6 +249,7 @@ class _Measured:
     efficiencies: list[float]  # per K-device batch: its throughput over its own bound
     live: dict[str, Any]  # the real-time source's results (--rate)
     plans: tuple[Any, Any, Any]  # the K-device, 2-device and chosen plans
+    predicted_stage_ms: list[float]  # the K-device plan's, as the planner predicted them
     verdict: dict[str, Any]
     first_link: str
 
@@ -257,50 +259,68 @@ async def _run_session(bundle: Any, helpers: list[Any], extra: dict[str, Any], s
                        ) -> _Measured:
     """Warm up, freeze the split, then time the K-device, 2-device and chosen pipelines
     (views of one session: one link per helper) side by side."""
-    from coinf.wearable.pipeline import PipelineSession
+    from coinf.cli.bench.helper_session import pipeline_session
 
-    sess = PipelineSession(bundle, helpers, slowdown=slowdown, threads=1, **extra)
-    views = {"K": _View(sess, all_devices=True),  # every device, even if fewer pay
-             "2": _View(sess, max_devices=2),
-             "chosen": _View(sess)}  # as many devices as the planner keeps
+    sess = pipeline_session(bundle, helpers, slowdown, args.device_profiles, **extra)
+    rp = sess.replanner
+    views = {"K": _View(rp, all_devices=True),  # every device, even if fewer pay
+             "2": _View(rp, max_devices=2, all_devices=True),
+             "chosen": _View(rp)}  # as many devices as the planner keeps
     async with sess:
         for name, view in views.items():
             progress(f"warm-up: {name} pipeline, {args.warmup} frames ...")
-            await _stream(view, frames, args.warmup, depth)
-        sess.adaptive = False
-        runs, stage_rows, efficiencies = await _time_batches(views, frames, args, depth)
+            await _stream(sess, view, frames, args.warmup, depth)
+        rp.adaptive = False
+        runs, stage_rows, efficiencies, links = await _time_batches(sess, views, frames, args,
+                                                                    depth)
         live = await _realtime_runs(sess, views, frames, args) if args.rate > 0 else {}
-        plan, two_plan, chosen = (views[n].plan() for n in ("K", "2", "chosen"))
+        plans = tuple(views[n].plan() for n in ("K", "2", "chosen"))
+        with views["K"].limited():
+            predicted = [round(v * 1e3, 3) for v in rp.chosen.stage_s]
         with views["chosen"].limited():
-            verdict = sess.verdict()
-        first_link = sess.last.first_link if sess.last is not None else ""
-    return _Measured(runs, stage_rows, efficiencies, live, (plan, two_plan, chosen), verdict,
-                     first_link)
+            verdict = {"predicted_fps": _predicted_fps(rp.options), "why": rp.why}
+        first_link = next(iter(links), "")  # how the K-device frames went
+    return _Measured(runs, stage_rows, efficiencies, live, (plans[0], plans[1], plans[2]),
+                     predicted, verdict, first_link)
 
 
-async def _time_batches(views: dict[str, _View], frames: list[dict[str, Any]],
+def _predicted_fps(options: list[Any]) -> dict[str, float]:
+    """Device count -> the best predicted frames/s of a plan over that many devices."""
+    out: dict[str, float] = {}
+    for o in options:
+        if o.runnable and o.name != "local":
+            k = str(len(o.devices))
+            out[k] = round(max(out.get(k, 0.0), o.throughput_fps), 2)
+    return out
+
+
+async def _time_batches(sess: Any, views: dict[str, _View], frames: list[dict[str, Any]],
                         args: argparse.Namespace, depth: int
-                        ) -> tuple[dict[str, list[float]], list[list[float]], list[float]]:
+                        ) -> tuple[dict[str, list[float]], list[list[float]], list[float],
+                                   list[str]]:
     """``--repeats`` batches of ``--frames`` through every view in turn: (frames/s per batch
-    per view, the K-device frames' stage ms, each K-device batch's efficiency)."""
-    k_plan = views["K"].plan()
-    devices_k = k_plan.devices if k_plan is not None else ()
+    per view, the K-device frames' stage ms, each K-device batch's efficiency, the links the
+    K-device frames went over)."""
+    devices_k = _devices(views["K"].plan())
     runs: dict[str, list[float]] = {name: [] for name in views}
+    links: set[str] = set()
     stage_rows: list[list[float]] = []
     efficiencies: list[float] = []
     for r in range(args.repeats):
         for name, view in views.items():
-            fps, stats = await _stream(view, frames, args.frames, depth)
+            fps, stats = await _stream(sess, view, frames, args.frames, depth)
             runs[name].append(fps)
             if name == "K":
-                batch = [_stage_ms(s) for s in stats if s.devices == devices_k]
+                done = [s for s in stats if s.devices == devices_k and s.fallback is None]
+                batch = [_stage_ms(s) for s in done]
+                links.update(s.link for s in done if s.link)
                 stage_rows.extend(batch)
                 if batch:  # this batch's throughput over its own bound: the load
                     # of a shared machine varies between batches
                     slowest = max(statistics.fmean(c) for c in zip(*batch, strict=True))
                     efficiencies.append(fps * slowest / 1000.0)
             progress(f"batch {r + 1}/{args.repeats} {name}: {fps:.1f} fps ({view.plan()})")
-    return runs, stage_rows, efficiencies
+    return runs, stage_rows, efficiencies, sorted(links)
 
 
 async def _realtime_runs(sess: Any, views: dict[str, _View], frames: list[dict[str, Any]],
@@ -309,12 +329,12 @@ async def _realtime_runs(sess: Any, views: dict[str, _View], frames: list[dict[s
     live: dict[str, Any] = {}
     for name, key in (("devices", "K"), ("two_devices", "2")):
         progress(f"real-time source at {args.rate:g} Hz: {name} ...")
-        p = views[key].plan()
-        stages = 2 * len(p.devices) - 1 if p is not None else 1
+        stages = 2 * len(views[key].plan().stages) - 1
         # a real-time pipeline holds one frame per stage: a deeper buffer
         # only delays the drops of a short run
         with views[key].limited():
-            delivered = await realtime(sess.run, frames, 2 * args.frames, args.rate, stages)
+            delivered = await realtime(functools.partial(sess.run, None), frames,
+                                       2 * args.frames, args.rate, stages)
         live[name] = {"delivered_fraction": round(delivered, 3),
                       "effective_accuracy": round(delivered * args.accuracy, 4)}
     return live
@@ -340,19 +360,19 @@ def _report(args: argparse.Namespace, bundle: Any, ble: RadioLink | None, slow: 
         **({"profiles": [p.name for p in args.device_profiles]}
            if args.device_profiles else {}),
         "slowdowns": slow,
-        "cuts": list(plan.cuts),
+        "cuts": _cuts(plan),
         "stages": [str(s) for s in plan.stages],
         "stage_ms": stage_ms,
         "stage_ms_median": stage_median,
-        "predicted_stage_ms": [round(v * 1e3, 3) for v in plan.split.stage_s],
+        "predicted_stage_ms": m.predicted_stage_ms,
         "bound_fps": round(bound, 2),
         "throughput_fps": round(fps_k, 2),
         "efficiency": round(median(m.efficiencies), 3) if m.efficiencies else None,
         "efficiency_pooled": round(fps_k / bound, 3) if bound == bound else None,
-        "two_device_cuts": list(two_plan.cuts),
+        "two_device_cuts": _cuts(two_plan),
         "two_device_fps": round(fps_2, 2),
         "speedup_vs_two_devices": round(fps_k / fps_2, 3),
-        "planner": {"devices": len(chosen.devices), "cuts": list(chosen.cuts),
+        "planner": {"devices": len(chosen.stages), "cuts": _cuts(chosen),
                     "fps": round(fps_c, 2),
                     "vs_two_devices": round(fps_c / fps_2, 3),
                     "predicted_fps": m.verdict.get("predicted_fps"),
@@ -395,30 +415,34 @@ def radio_link(args: argparse.Namespace) -> RadioLink:
 
 
 class _View:
-    """One way to use a shared session: at most ``max_devices`` devices, or every device
-    (``all_devices``) even where fewer would be faster; neither: the planner's choice."""
+    """One way to use a shared session's plan (its :class:`~coinf.wearable.replan.Replanner`
+    ``rp``): at most ``max_devices`` devices, every one of them (``all_devices``) even where
+    fewer would be faster, or neither: the planner's choice."""
 
-    def __init__(self, sess: Any, max_devices: int | None = None,
+    def __init__(self, rp: Any, max_devices: int | None = None,
                  all_devices: bool = False) -> None:
-        self.sess, self.max_devices, self.all_devices = sess, max_devices, all_devices
+        self.rp, self.max_devices, self.all_devices = rp, max_devices, all_devices
 
     def plan(self) -> Any:
         with self.limited():
-            return self.sess.plan()
-
-    async def astream(self, feeds: Any, depth: int) -> AsyncIterator[Any]:
-        with self.limited():
-            async for item in self.sess.astream(feeds, depth=depth):
-                yield item
+            return self.rp.plan
 
     @contextlib.contextmanager
     def limited(self) -> Iterator[None]:
-        before = self.sess.max_devices, self.sess.all_devices
-        self.sess.max_devices, self.sess.all_devices = self.max_devices, self.all_devices
+        before = self.rp.max_devices, self.rp.all_devices
+        self.rp.limit(self.max_devices, self.all_devices)
         try:
             yield
         finally:
-            self.sess.max_devices, self.sess.all_devices = before
+            self.rp.limit(*before)
+
+
+def _devices(plan: Any) -> tuple[str, ...]:
+    return tuple(st.device for st in plan.stages)
+
+
+def _cuts(plan: Any) -> list[str]:
+    return [st.end for st in plan.stages[:-1]]
 
 
 @contextlib.asynccontextmanager
@@ -476,24 +500,29 @@ async def helper_processes(bundle: Any, names: list[str], args: argparse.Namespa
 
 
 def _stage_ms(stats: Any) -> list[float]:
-    out: list[float] = []
-    for i, c in enumerate(stats.compute_ms):
-        out.append(c)
-        if i < len(stats.link_ms):
-            out.append(stats.link_ms[i])
+    """One frame's stages in pipeline order: the wearable's compute, the link into the first
+    helper, its compute, its hand-off to the next, ..., the last device's compute."""
+    out = [stats.head_ms, stats.send_ms]
+    for i, hop in enumerate(stats.hops):
+        out.append(float(hop["compute_ms"]))
+        if i < len(stats.hops) - 1:
+            out.append(float(hop["send_ms"]))
     return out
 
 
-async def _stream(sess: Any, frames: list[dict[str, Any]], n: int, depth: int
+async def _stream(sess: Any, view: _View, frames: list[dict[str, Any]], n: int, depth: int
                   ) -> tuple[float, list[Any]]:
-    """Stream ``n`` frames; (steady-state frames per second: results after the first over
-    the time since the first, so filling the pipeline is not counted; per-frame stats)."""
+    """Stream ``n`` frames through ``view``; (steady-state frames per second: results after
+    the first over the time since the first, so filling the pipeline is not counted; per-frame
+    stats)."""
     feeds = (frames[i % len(frames)] for i in range(n))
     stats: list[Any] = []
     first = last = 0.0
-    async for _, st in sess.astream(feeds, depth=depth):
-        last = time.perf_counter()
-        if not stats:
-            first = last
-        stats.append(st)
+    with view.limited():
+        async for frame in sess.astream(feeds, depth=depth):
+            frame.value()  # a frame that failed outright fails the bench
+            last = time.perf_counter()
+            if not stats:
+                first = last
+            stats.append(frame.stats)
     return (len(stats) - 1) / max(last - first, 1e-9), stats

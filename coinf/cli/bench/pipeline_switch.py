@@ -7,9 +7,12 @@ each device ``--slowdown`` x slower, stream from a real-time source at ``--rate`
 into the first helper is shaped to each bandwidth of the schedule in turn (the others stay at
 ``--bandwidth-kbps``). The split is made once (warm-up at the schedule's first bandwidth;
 ``--cuts C1,C2`` fixes it instead) and frozen, as in the paper: only each link's option moves,
-looked up per frame from the link's measured bandwidth in the threshold table. Per phase, side
-by side on the same split and links: the session choosing (``packing="auto"``: raw, packings,
-compressors) and the same session sending raw tensors only (``auto_packing`` off). Reported:
+chosen per frame from the link's measured bandwidth (the threshold rule of
+:func:`~coinf.wearable.planner.compress_select.choose_hop`). A Session given the helpers runs
+it (its :class:`~coinf.wearable.replan.Replanner` keeps the split and lets each hop's packing
+follow its link). Per phase, side by side on the same split and links: the session choosing
+(raw, packings, compressors) and the same session sending raw tensors only (``follow_links``
+off). Reported:
 frames delivered, the options used, and the effective accuracy = sum over delivered frames of
 the accuracy of the option it used / frames generated (a dropped frame counts as wrong;
 accuracies from the set's index, on its test set).
@@ -68,17 +71,21 @@ def _accuracy(bundle: Any, cut: str, gamma: int, packing: str) -> float | None:
 async def _phase(sess: Any, bundle: Any, frames: list[Any], n: int, rate: float,
                  depth: int, base: float) -> dict[str, Any]:
     """Frames every 1/rate s; one that finds ``depth`` frames in flight is dropped."""
+    from coinf.wearable.planner.codec_costs import parse_config_spec
+
     used: list[tuple[float, list[str]]] = []
 
     async def one(feed: Any) -> None:
-        await sess.run(feed)
-        st = sess.last
-        acc = base
-        if st is not None and not st.local:
-            for cut, g, p in zip(st.cuts, st.gamma, st.packing, strict=False):
-                a = _accuracy(bundle, cut, g, p)
+        await sess.run(None, feed)
+        st = sess.last_run
+        acc, options = base, ["local"]
+        if st is not None and st.fallback is None and st.packings:
+            options = list(st.packings)
+            for cut, label in zip(st.cuts, st.packings, strict=False):
+                gamma, packing = parse_config_spec(label)
+                a = _accuracy(bundle, cut, gamma or 1, packing)
                 acc = min(acc, a) if a is not None else acc
-        used.append((acc, st.options if st is not None and not st.local else ["local"]))
+        used.append((acc, options))
 
     delivered = await realtime(one, frames, n, rate, depth)
     counts = collections.Counter("/".join(o) for _, o in used)
@@ -91,9 +98,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from coinf.ble_protocol.shaped import Channel
+    from coinf.cli.bench.helper_session import pipeline_session
     from coinf.handheld.pipeline_host import local_helpers
-    from coinf.wearable.pipeline import OVERHEAD_BYTES, HelperConfig, PipelineSession
-    from coinf.wearable.planner.compress_select import link_options, option_label, thresholds
+    from coinf.wearable.pipeline_config import HelperConfig
+    from coinf.wearable.planner.compress_select import (
+        OVERHEAD_BYTES,
+        link_options,
+        option_label,
+        thresholds,
+    )
 
     kbps = schedule(args.bandwidth_kbps_schedule)
     if not args.rate > 0:
@@ -109,45 +122,45 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         depth = args.depth or 2 * args.devices
         async with local_helpers(bundle, names, dict.fromkeys(names, args.slowdown),
                                  dict.fromkeys(names[1:], other), max_pending=depth + 2) as hosts:
-            def helpers() -> list[Any]:
-                return [HelperConfig(h.name, h.address, kbps[0] * 1000 if i == 0
-                               else other.bandwidth_bps, other.latency_s, shape=i == 0)
-                        for i, h in enumerate(hosts)]
-
+            helpers = [HelperConfig(h.name, h.address, kbps[0] * 1000 if i == 0
+                                    else other.bandwidth_bps, other.latency_s, shape=i == 0)
+                       for i, h in enumerate(hosts)]
             cuts = [c.strip() for c in args.cuts.split(",")] if args.cuts else None
-            sess = PipelineSession(bundle, helpers(), slowdown=args.slowdown, threads=1,
-                                   packing="auto", input_fps=args.rate, cuts=cuts)
-            sess.all_devices = True  # a K-device pipeline, as asked
+            sess = pipeline_session(bundle, helpers, args.slowdown, input_fps=args.rate)
+            rp = sess.replanner
+            rp.limit(all_devices=True)  # a K-device pipeline, as asked
             phases = []
             async with sess:
+                if cuts:
+                    rp.pin(cuts)
                 progress(f"warm-up: {args.warmup} frames at {kbps[0]:g} kB/s ...")
                 for i in range(args.warmup):
-                    await sess.run(frames[i % len(frames)])
-                sess.adaptive = False  # the split stays; the links' options move
-                plan = sess.plan()
-                assert plan is not None
-                compute_fps = 1.0 / max(max(plan.split.compute_s), 1e-9)
-                cut = plan.cuts[0]
+                    await sess.run(None, frames[i % len(frames)])
+                rp.adaptive = False  # the split stays; the links' options move
+                plan = rp.pin(cuts or [st.end for st in rp.plan.stages[:-1]])
+                compute_fps = min(rp.chosen.compute_fps, 1e9)
+                cut = plan.stages[0].end
                 table = thresholds(link_options(bundle.candidate(cut), bundle.compressors(cut),
                                                 OVERHEAD_BYTES), compute_fps, args.rate)
                 for bw in kbps:
                     row: dict[str, Any] = {"bandwidth_kbps": bw}
-                    sess.retune(names[0], bw * 1000)
-                    # side by side on the same split and links: the adaptive choice, then
-                    # raw tensors only (auto_packing off)
-                    for name, adaptive in (("adaptive", True), ("raw", False)):
-                        sess.auto_packing = adaptive
+                    sess.helpers.retune(names[0], bw * 1000)
+                    # side by side on the same split and links: each hop's packing following
+                    # its link, then raw tensors only (the pinned split as made: raw)
+                    for name, follow in (("adaptive", True), ("raw", False)):
+                        rp.follow_links = follow
+                        rp.pin(cuts or [st.end for st in plan.stages[:-1]])
                         progress(f"{bw:g} kB/s, {name}: {args.frames} frames at "
                                  f"{args.rate:g} Hz ...")
                         row[name] = await _phase(sess, bundle, frames, args.frames, args.rate,
                                                  depth, base)
-                    measured = sess._bandwidths(plan.devices)[0]  # the wearable's estimate
+                    measured = rp.links.current(names[0], kbps[0] * 1000)
                     row["measured_kbps_end"] = round(measured / 1000, 1)
                     phases.append(row)
     return {
         "model": Path(bundle.meta.get("source", {}).get("file", "model")).stem,
         "devices": args.devices,
-        "cuts": list(plan.cuts),
+        "cuts": [st.end for st in plan.stages[:-1]],
         "compute_bound_fps": round(compute_fps, 2),
         "rate_hz": args.rate,
         "base_accuracy": base,

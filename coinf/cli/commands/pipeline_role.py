@@ -12,7 +12,7 @@ from coinf.errors import UserError
 def forwarder_for(args: argparse.Namespace) -> tuple[Callable[[Any, Any], Any], str]:
     """(a factory ``(bundle, emulation) -> Forwarder``, this helper's address in the config)."""
     from coinf.handheld.forward import Forwarder, Peer
-    from coinf.wearable.pipeline import load_helpers
+    from coinf.wearable.pipeline_config import load_helpers
 
     if not args.pipeline or not args.name:
         raise UserError("a pipeline helper needs both --pipeline CONFIG and --name NAME")

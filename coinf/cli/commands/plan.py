@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pipeline or args.discover is not None:
         from coinf.cli.commands import pipeline_plan
 
-        return pipeline_plan.run(args)
+        return pipeline_plan.run(args, *load_profiles(args))
     if args.objective and args.objective not in OBJECTIVES:
         raise UserError(f"--objective must be one of {', '.join(OBJECTIVES)}")
     link = _link(args)

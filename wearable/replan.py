@@ -166,6 +166,8 @@ class Replanner:
         plan = to_plan(best, self.bundle)
         assert plan is not None  # the best runnable option always makes a plan
         self.options, self.chosen = options, best
+        if len(self._frozen) >= HISTORY:  # device sets come and go (Discover): bounded
+            self._frozen.clear()
         self._frozen[key] = (plan, best)
         return self._adopt(plan, reason, why)
 
@@ -197,8 +199,8 @@ class Replanner:
     def limit(self, max_devices: int | None = None, all_devices: bool = False) -> Plan:
         """Plan over at most ``max_devices`` devices (None: all), or over every device
         (``all_devices``); the plan for the next frames."""
-        if max_devices is not None and max_devices < 1:
-            raise ValueError(f"max_devices must be >= 1, got {max_devices}")
+        if max_devices is not None and not (isinstance(max_devices, int) and max_devices >= 1):
+            raise InputError(f"max_devices must be an integer >= 1 or None, got {max_devices!r}")
         self.max_devices, self.all_devices = max_devices, all_devices
         return self._choose(f"limited to {max_devices or 'every'} device(s)"
                             + (", all of them" if all_devices else ""))

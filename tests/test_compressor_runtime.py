@@ -451,6 +451,28 @@ def test_the_switching_bench_refuses_bad_flags(capsys: pytest.CaptureFixture[str
     assert "--rate" in capsys.readouterr().err
 
 
+# time beyond the suite's 30 s a test: three devices over a shaped link (10 s alone)
+@pytest.mark.timeout(90)
+def test_the_switching_bench_sends_codes_when_the_link_drops(
+        bundle: Bundle, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench pipeline --bandwidth-kbps-schedule`` end to end on the fixture's bundle: the
+    split is kept, and at 3 kB/s the session following its links sends compressor codes where
+    the raw session cannot."""
+    from coinf.cli import main
+
+    cuts = [c.candidate for c in bundle.compressors()[::3]]  # pool1's, relu2's
+    assert main(["bench", "pipeline", "--bundle", str(bundle.root), "--cuts", ",".join(cuts),
+                 "--bandwidth-kbps-schedule", "1000,3", "--rate", "20", "--frames", "5",
+                 "--warmup", "3", "--slowdown", "3", "--devices", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["bandwidth_kbps"] for p in out["phases"]] == [1000.0, 3.0]
+    assert out["cuts"] == cuts and len(out["thresholds_first_link"]) > 1
+    slow = out["phases"][1]
+    assert any(o.split("/")[0].startswith("g") for o in slow["adaptive"]["options"]), \
+        json.dumps([out["cuts"], out["thresholds_first_link"], out["phases"]])
+    assert not any(o.startswith("g") for o in slow["raw"]["options"])
+
+
 def test_coinf_plan_lists_compressor_configurations(bundle: Bundle, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """``coinf plan B`` (two devices) shows a row per compressor configuration and, when one

@@ -1,4 +1,5 @@
-"""``coinf bench overhead``: cost of splitting, head+tail in-process vs the whole model.
+"""``coinf bench overhead``: cost of splitting, head+tail in-process vs the whole model, and
+(``--session``) of the frame loop: a Session's executor vs plain onnxruntime on the same slices.
 
 Both sides use the same onnxruntime settings; runs are interleaved (whole, split, whole, ...)
 so machine noise hits both equally; medians are reported.
@@ -143,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
     if sess is not None:
         result["session_ms"] = round(median(session_ms), 4)
         result["session_ratio"] = round(median(session_ms) / median(full_ms), 4)
+        # the frame loop's own cost: the executor (checks, request, in-process link, result
+        # validation) over plain onnxruntime running the same two slices
+        result["session_vs_split"] = round(median(session_ms) / median(split_ms), 4)
         sess.close()
     emit(result)
     if tmp is not None:

@@ -270,6 +270,8 @@ async def _run_session(bundle: Any, helpers: list[Any], extra: dict[str, Any], s
         for name, view in views.items():
             progress(f"warm-up: {name} pipeline, {args.warmup} frames ...")
             await _stream(sess, view, frames, args.warmup, depth)
+        for view in views.values():  # every view planned on the same (latest) measurements
+            view.plan()
         rp.adaptive = False
         runs, stage_rows, efficiencies, links = await _time_batches(sess, views, frames, args,
                                                                     depth)

@@ -280,3 +280,37 @@ def test_links_measured_off_the_plan_move_it(bundle) -> None:  # type: ignore[no
     rp.observed(rp.plan, RunStats(candidate=rp.plan.candidate.id))
     assert rp.links.value("h2") == pytest.approx(5e8) and rp.options is not before
     assert rp.plan.stages[1].device == "h2" and rp.version == 2
+
+
+def test_the_wearable_measured_slower_than_its_profile_moves_the_plan(bundle) -> None:  # type: ignore[no-untyped-def]
+    """The wearable's own speed is measured like a helper's, from each offloaded frame's
+    head: planned from its profile to keep most of the model, it proves 50x slower over
+    SPEED_FRAMES frames and the plan gives the work to h1; with ``adaptive`` off the same
+    measurements move nothing."""
+    from coinf.device.profile import load_or_default
+    from coinf.wearable.frame import RunStats
+    from coinf.wearable.planner.planner import Planner
+    from coinf.wearable.policy import Policy
+
+    planner = Planner(bundle, load_or_default("wearable", None),
+                      load_or_default("handheld", None), Policy())
+    wear = _profile_speed(bundle)
+    h1 = HelperConfig("h1", "tcp:127.0.0.1:9", bandwidth_bps=2e5, speed_flops=wear * 3)
+    for adaptive in (False, True):
+        rp = Replanner(bundle, planner, [h1], "latency", max_backoff_s=4.0)
+        rp.adaptive = adaptive
+        first = rp.plan
+        head = first.stages[0]
+        work = rp._flops[head.end] - rp._flops[head.start]
+        assert work > 0.05 * rp._flops[bundle.candidates[-1].id]  # the head is timed
+        for _ in range(replan.SPEED_FRAMES):
+            rp.observed(first, RunStats(candidate=first.candidate.id,
+                                        head_ms=work / (wear / 50) * 1e3))
+        assert rp.measured["wearable"][0] == replan.SPEED_FRAMES
+        assert rp.measured["wearable"][1] == pytest.approx(wear / 50, rel=1e-6)
+        if not adaptive:
+            assert rp.plan == first and rp.version == 1
+            continue
+        assert rp.version == 2 and "wearable measured at" in rp.history[-1]["reason"]
+        moved = rp.plan.stages[0]
+        assert rp._flops[moved.end] < rp._flops[head.end]  # less work kept here

@@ -275,8 +275,9 @@ class AsyncSession:
         t_start = time.perf_counter()
         crossing = await self.executor.first_stage(plan, feeds, stats, alone)
         if plan.local:
-            outputs = crossing
-            stats.local = True
+            outputs, stats.local = crossing, True
+            if self.replanner is not None:  # the wearable's speed, measured on its own too
+                self.replanner.observed(plan, stats)
         else:
             outputs = await self._offload_or_finish(plan, crossing, stats, ro, link)
         stats.total_ms = (time.perf_counter() - t_start) * 1e3
@@ -353,8 +354,7 @@ class AsyncSession:
         return None if rp is None else rp.summary()
 
     def connection_to(self, device: str) -> Connection:
-        """The connection to ``device``: the handheld, or a helper of ``PlacementOptions.
-        helpers`` (reached on first use)."""
+        """The connection to ``device``: the handheld, or a helper (reached on first use)."""
         return self.connection if device == HANDHELD else self.helpers.connection_to(device)
 
     def stage_runtimes(self, cand: Candidate) -> tuple[str, str]:

@@ -26,7 +26,8 @@ flight:
   ``SPEED_FACTOR`` x faster, the plan is chosen again with the measured bandwidth (a crowded
   radio, a helper walking away, a link far better than configured).
 
-* the wearable's own speed is measured the same way, from each offloaded frame's head;
+* the wearable's own speed is measured the same way, from each frame's first stage (the whole
+  model in a local frame);
 * each hop's packing follows its link, frame by frame: at the link's current bandwidth (lowered
   at once while a message on the wearable's own link is overdue:
   :meth:`~coinf.wearable.link_meter.LinkMeter.current`) the hop sends the option with the best

@@ -142,3 +142,18 @@ def test_bench_stream_refuses_a_negative_rate_and_an_accuracy_in_per_cent(
                             "--json"], "--rate", "-1.0")
     one_line_error(capsys, ["bench", "stream", "--bundle", str(lenet.root), "--rate", "5",
                             "--accuracy", "98", "--json"], "--accuracy", "[0, 1]")
+
+
+def test_a_reader_that_leaves_early_is_no_traceback(lenet: Bundle) -> None:
+    """``coinf plan B | head -1``: the pipe closes before coinf has written its report; coinf
+    exits 141 (as a shell reports SIGPIPE) and prints nothing on stderr."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "coinf", "plan", str(lenet.root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err

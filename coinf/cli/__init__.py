@@ -10,6 +10,7 @@ exits 4, any other :class:`~coinf.errors.CoinfError` exits 1; an interrupt exits
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import signal
 import sys
@@ -144,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = lean or missing_message(_optional(exc), "this command")
         print(f"coinf {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER
+    except BrokenPipeError:  # `coinf plan B | head`: the reader left, nothing is wrong
+        _quiet_stdout()
+        return 141
     except OSError as exc:
         if exc.filename is None:  # not about a path: a bug or the system, keep its traceback
             raise
@@ -156,7 +160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         restore()
+    try:
+        sys.stdout.flush()  # here, not at exit: a reader that left is no traceback either
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
     return int(rc or 0)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail again."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class Terminated(KeyboardInterrupt):

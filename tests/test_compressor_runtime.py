@@ -547,7 +547,10 @@ def test_a_fixed_split_is_checked(bundle: Bundle) -> None:
         sess.replanner.pin([ids[3], ids[2]])
     with pytest.raises(InputError, match="cuts from this bundle"):
         sess.replanner.pin(["nope", ids[2]])
-    assert sess.replanner.pinned is None
+    assert sess.replanner.pinned is None and sess.strategies["limits"]["pinned"] is None
+    plan = sess.replanner.pin([ids[2], ids[3]])
+    assert [st.end for st in plan.stages[:-1]] == [ids[2], ids[3]]
+    assert sess.strategies["limits"]["pinned"] == [ids[2], ids[3]]
 
 
 def test_the_pipeline_dp_puts_a_slow_links_cut_where_a_compressor_shrinks_it(

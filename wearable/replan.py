@@ -382,7 +382,10 @@ class Replanner:
                 "helpers": list(self.helpers),
                 "left_out": {n: {"retry_in_s": round(max(until - now, 0.0), 2), "why": why}
                              for n, (until, _, why) in self.dead.items()},
-                "history": list(self.history), "spatial": SPATIAL_NOT_RUN}
+                "history": list(self.history), "spatial": SPATIAL_NOT_RUN,
+                "limits": {"max_devices": self.max_devices, "all_devices": self.all_devices,
+                           "pinned": list(self.pinned) if self.pinned else None,
+                           "adaptive": self.adaptive, "follow_links": self.follow_links}}
 
 
 def _name(plan: Plan) -> str:

@@ -15,11 +15,9 @@ the option that wins above each, so at run time a measured bandwidth is looked u
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from coinf.convert.calibrate import packing_rows, row_bound
 
@@ -32,7 +30,6 @@ OVERHEAD_BYTES = 96.0
 #: a cut is priced by its smallest option whose accuracy is within this (relative) of the
 #: cut's most accurate option (1 pp)
 DP_TOLERANCE = 0.01
-P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -142,28 +139,11 @@ def cheapest(options: Sequence[CompressionOption],
                key=lambda o: (o.nbytes, -o.accuracy))
 
 
-def cheapest_bytes(options: Sequence[CompressionOption],
-                   tolerance: float = DP_TOLERANCE) -> float:
-    """Bytes of :func:`cheapest`: what the pipeline DP charges a cut."""
-    return cheapest(options, tolerance).nbytes
-
-
 def hop_option(bundle: Bundle, cut: str, tolerance: float = DP_TOLERANCE) -> CompressionOption:
     """How a hop sends cut ``cut`` of ``bundle``: :func:`cheapest` of its options (raw, its
     calibrated packings, its compressors' codes), headers included."""
     cand = bundle.candidate(cut)
     return cheapest(link_options(cand, bundle.compressors(cand.id), OVERHEAD_BYTES), tolerance)
-
-
-def hop_choice(bundle: Bundle, cut: str, bandwidth_bps: float, compute_fps: float,
-               input_fps: float | None = None, tolerance: float = DP_TOLERANCE,
-               objective: str = "throughput") -> CompressionOption:
-    """How a hop sends cut ``cut`` of ``bundle`` over a link of ``bandwidth_bps``:
-    :func:`choose_hop` over its options (raw, its calibrated packings, its compressors'
-    codes), headers included."""
-    cand = bundle.candidate(cut)
-    return choose_hop(link_options(cand, bundle.compressors(cand.id), OVERHEAD_BYTES),
-                      bandwidth_bps, compute_fps, input_fps, tolerance, objective)
 
 
 def choose_hop(options: Sequence[CompressionOption], bandwidth_bps: float, compute_fps: float,
@@ -179,17 +159,6 @@ def choose_hop(options: Sequence[CompressionOption], bandwidth_bps: float, compu
         return cheapest(options, tolerance)
     rate = compute_fps if math.isfinite(compute_fps) and compute_fps > 0 else 1e9
     return select(options, bandwidth_bps, rate, input_fps or rate)
-
-
-def priced(bundle: Bundle, points: Sequence[P], tolerance: float = DP_TOLERANCE) -> list[P]:
-    """``points`` (:class:`~coinf.wearable.planner.pipeline_dp.CutPoint`) each costing the
-    bytes its hop sends (:func:`hop_option`), not its raw tensors."""
-    out = []
-    for p in points:
-        point: Any = p
-        out.append(dataclasses.replace(point, nbytes=hop_option(bundle, point.id,
-                                                                tolerance).nbytes))
-    return out
 
 
 def option_label(option: CompressionOption | str) -> str:
@@ -209,6 +178,6 @@ def lookup(table: list[tuple[float, CompressionOption]], bandwidth_bps: float) -
     return table[max(i, 0)][1]
 
 
-__all__ = ["DP_TOLERANCE", "OVERHEAD_BYTES", "CompressionOption", "cheapest", "cheapest_bytes",
-           "choose_hop", "effective_accuracy", "hop_choice", "hop_option", "link_options",
-           "lookup", "option_label", "priced", "select", "thresholds", "throughput"]
+__all__ = ["DP_TOLERANCE", "OVERHEAD_BYTES", "CompressionOption", "cheapest",
+           "choose_hop", "effective_accuracy", "hop_option", "link_options",
+           "lookup", "option_label", "select", "thresholds", "throughput"]

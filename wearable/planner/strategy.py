@@ -61,7 +61,7 @@ class StrategyOption:
     #: every stage's predicted seconds in pipeline order (compute 1, link 1, compute 2, ...)
     stage_s: tuple[float, ...] = ()
     #: frames per second its slowest *compute* stage allows (what a link's packing is chosen
-    #: against: :func:`~coinf.wearable.planner.compress_select.hop_choice`)
+    #: against: :func:`~coinf.wearable.planner.compress_select.choose_hop`)
     compute_fps: float = math.inf
     #: what the first hop sends (bytes, headers included) and the accuracy its packings give
     #: up at most (pp; :func:`choose_strategy` fills these in)
@@ -305,23 +305,23 @@ def choose_strategy(bundle: Any, planner: Any, helpers: Sequence[Any] | Devices,
     cut costs what its hop sends -- its smallest packing or compressor code within the policy's
     accuracy tolerance (:func:`~coinf.wearable.planner.compress_select.hop_option`) -- and each
     hop of a plan then sends the option its link's bandwidth favours
-    (:func:`~coinf.wearable.planner.compress_select.hop_choice`). Every option, the best one
+    (:func:`~coinf.wearable.planner.compress_select.choose_hop`). Every option, the best one
     the executor runs (within the policy's latency budget when one is set), and why; each
     option's energy per frame from the planner's power models (:func:`_energy`).
     ``model_path`` adds spatial partition's prediction. What a Session given helpers runs and
     what ``coinf plan --helpers`` prints."""
-    from coinf.wearable.planner.compress_select import hop_choice, option_label
+    from coinf.wearable.planner.compress_select import choose_hop, option_label
 
     dev = helpers if isinstance(helpers, Devices) else Devices(tuple(helpers))
-    names, speeds, bws, lats, points, tolerance = _inputs(bundle, planner, dev,
-                                                          default_bandwidth_bps)
+    names, speeds, bws, lats, points, tolerance, hop_options = _inputs(
+        bundle, planner, dev, default_bandwidth_bps)
     result = float(sum(t.nbytes for t in bundle.outputs))
     shape = "throughput" if objective == "throughput" else "latency"  # where cuts go
     options = compare(points, names, speeds, bws, lats, result, model_path, shape)
     bw_of = dict(zip(names[1:], bws, strict=True))
     ble = {h.name: bool(getattr(h, "over_ble", False)) for h in dev.helpers}
     for o in options:
-        hops = [hop_choice(bundle, c, bw_of[d], o.compute_fps, dev.input_fps, tolerance,
+        hops = [choose_hop(hop_options[c], bw_of[d], o.compute_fps, dev.input_fps, tolerance,
                            shape) for c, d in zip(o.cuts, o.devices[1:], strict=False)]
         o.packings = tuple(option_label(h) for h in hops)
         _price_codecs(o, bundle, planner)
@@ -417,10 +417,13 @@ def _energy(o: StrategyOption, planner: Any, over_ble: dict[str, bool]) -> tuple
 
 
 def _inputs(bundle: Any, planner: Any, dev: Devices, default_bandwidth_bps: float
-            ) -> tuple[list[str], list[float], list[float], list[float], list[CutPoint], float]:
+            ) -> tuple[list[str], list[float], list[float], list[float], list[CutPoint], float,
+                       dict[str, list[Any]]]:
     """The one cost model's inputs: device names, speeds, links (B/s, s), the cuts (work as
-    predicted, bytes as their hop sends them) and the policy's accuracy tolerance."""
-    from coinf.wearable.planner.compress_select import hop_option
+    predicted, bytes as their hop sends them), the policy's accuracy tolerance and each cut's
+    ways to cross a link (:func:`~coinf.wearable.planner.compress_select.link_options`, read
+    once)."""
+    from coinf.wearable.planner.compress_select import OVERHEAD_BYTES, cheapest, link_options
     from coinf.wearable.planner.pipeline_dp import cut_points
 
     wear, hand = profile_speeds(planner)
@@ -433,10 +436,12 @@ def _inputs(bundle: Any, planner: Any, dev: Devices, default_bandwidth_bps: floa
     lats = [h.latency_s for h in chosen]
     tolerance = policy_tolerance(planner)
     work = cut_work(bundle, planner)
+    hop_options = {c.id: link_options(c, bundle.compressors(c.id), OVERHEAD_BYTES)
+                   for c in bundle.candidates}
     points = [replace(p, flops=work.get(p.id, p.flops),
-                      nbytes=hop_option(bundle, p.id, tolerance).nbytes)
+                      nbytes=cheapest(hop_options[p.id], tolerance).nbytes)
               for p in cut_points(bundle)]
-    return names, speeds, bws, lats, points, tolerance
+    return names, speeds, bws, lats, points, tolerance, hop_options
 
 
 def fixed_option(bundle: Any, planner: Any, dev: Devices, cuts: Sequence[str],
@@ -446,7 +451,8 @@ def fixed_option(bundle: Any, planner: Any, dev: Devices, cuts: Sequence[str],
     :func:`choose_strategy`."""
     from coinf.wearable.planner.pipeline_dp import evaluate
 
-    names, speeds, bws, lats, points, _ = _inputs(bundle, planner, dev, default_bandwidth_bps)
+    names, speeds, bws, lats, points, _, _ = _inputs(bundle, planner, dev,
+                                                     default_bandwidth_bps)
     n = len(cuts) + 1
     if n > len(names):
         raise InputError(f"{len(cuts)} cuts need {n} devices; {len(names)} are available")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 #: connections at once while none is served (one of them for a bonded handheld)
 MAX_CONNECTIONS = 2
+#: connections without a bond at once while the pairing window is open (outside it: one)
+UNBONDED_SLOTS_IN_WINDOW = 2
 #: failed connections in a row an address may have before it is throttled
 FREE_FAILURES = 4
 THROTTLE_BASE_S = 2.0
@@ -39,8 +41,10 @@ class _Record:
 class Admission:
     """The slot and throttle decisions, without any radio (the server applies them).
 
-    ``admit(address, bonded, others)``: None to accept a new connection, else why it is
-    refused; ``others`` are the (address, bonded, served) of the connections already up."""
+    ``admit(address, bonded, others, pairing_open)``: None to accept a new connection, else why
+    it is refused; ``others`` are the (address, bonded, served) of the connections already up,
+    ``pairing_open`` whether the pairing window is open (one more slot for a central without a
+    bond)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  max_connections: int = MAX_CONNECTIONS) -> None:
@@ -58,15 +62,19 @@ class Admission:
         penalty = min(THROTTLE_BASE_S * 2 ** (rec.failures - FREE_FAILURES), THROTTLE_MAX_S)
         return max(0.0, rec.last + penalty - self.clock())
 
-    def admit(self, address: str, bonded: bool,
-              others: list[tuple[str, bool, bool]]) -> str | None:
-        why = self._why_not(address, bonded, others)
+    def slots(self, pairing_open: bool) -> int:
+        """Connections at once while none is served."""
+        return self.max_connections + (UNBONDED_SLOTS_IN_WINDOW - 1 if pairing_open else 0)
+
+    def admit(self, address: str, bonded: bool, others: list[tuple[str, bool, bool]],
+              pairing_open: bool = False) -> str | None:
+        why = self._why_not(address, bonded, others, pairing_open)
         if why is not None:
             self.refused += 1
         return why
 
-    def _why_not(self, address: str, bonded: bool,
-                 others: list[tuple[str, bool, bool]]) -> str | None:
+    def _why_not(self, address: str, bonded: bool, others: list[tuple[str, bool, bool]],
+                 pairing_open: bool) -> str | None:
         wait = self.throttled_for(address)
         if wait > 0:
             self.throttled += 1
@@ -76,9 +84,10 @@ class Admission:
             return None
         if any(served for _, _, served in others):
             return "a handheld is being served"
-        if len(others) >= self.max_connections:
+        if len(others) >= self.slots(pairing_open):
             return "no free slot"
-        if not bonded:
+        unbonded = sum(1 for _, b, _ in others if not b)
+        if not bonded and unbonded >= (UNBONDED_SLOTS_IN_WINDOW if pairing_open else 1):
             return "the spare slot is kept for a bonded handheld"
         if any(b for _, b, _ in others):
             return "a bonded handheld is already connecting"
@@ -98,4 +107,5 @@ class Admission:
         self._records.pop(address, None)
 
 
-__all__ = ["FREE_FAILURES", "MAX_CONNECTIONS", "THROTTLE_BASE_S", "THROTTLE_MAX_S", "Admission"]
+__all__ = ["FREE_FAILURES", "MAX_CONNECTIONS", "THROTTLE_BASE_S", "THROTTLE_MAX_S",
+           "UNBONDED_SLOTS_IN_WINDOW", "Admission"]

@@ -25,14 +25,17 @@ class PeripheralConnector(Connector):
     each ``connect`` waits for the next handheld to connect, pair and handshake (``passive``:
     the handheld reconnects by itself; this side can only wait for it).
 
-    Until a first link is made, ``pairing_failures`` (default 1) failed pairings end the wait
-    with :class:`~coinf.errors.PairingError` (a run whose handheld cannot pair fails at once,
-    not after ``timeout``); once linked, nobody's failed pairing ends a wait."""
+    Until a first link is made, failed pairings end the wait with
+    :class:`~coinf.errors.PairingError` when the pairing window closes without a new bond, or at
+    the first one when the window is closed and no bond is held (``accept(window_rule=True)``;
+    a stranger's failed pairing never ends it while the window is open); ``pairing_failures=N``
+    also ends it at the N-th failure of any central. Once linked, no failed pairing ends a
+    wait."""
 
     passive = True
 
     def __init__(self, hci_spec: str, *, bundle: Any = None, bundle_identity: str | None = None,
-                 pairing_failures: int | None = 1, **options: Any) -> None:
+                 pairing_failures: int | None = None, **options: Any) -> None:
         if not hci_spec:
             raise InputError("transport 'ble:' needs an HCI transport: ble:hci-socket:0, "
                              "ble:usb:0 or ble:tcp-client:HOST:PORT (coinf radio)")
@@ -71,8 +74,10 @@ class PeripheralConnector(Connector):
                 raise LinkClosed(str(exc)) from None
             self._started = self._ever_started = True
         try:
+            first = not self._linked
             link = await self.server.accept(
-                timeout, pairing_failures=None if self._linked else self.pairing_failures)
+                timeout, pairing_failures=self.pairing_failures if first else None,
+                window_rule=first)
             self._linked = True
             return link
         except ProtocolError as exc:

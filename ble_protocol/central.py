@@ -249,9 +249,13 @@ class Central:
                 await asyncio.sleep(min(self.backoff * 2 ** (attempt - 1), 8.0))
             client = None
             try:
+                bonds = await self.host.bonded_peers() if self.host is not None else []
                 if self.target is None or not _MAC.match(self.target):
-                    bonds = await self.host.bonded_peers() if self.host is not None else []
                     target = await _find(self.target, scanner, self.timeout, kwargs, bonds)
+                else:  # a bonded identity advertises from resolvable private addresses
+                    mine = [b for b in bonds if b[0].upper() == self.target.upper() and b[1]]
+                    if mine:
+                        target = await _find(None, scanner, self.timeout, kwargs, mine)
                 link_box: list[GattLink] = []
                 client = BleakClient(
                     target,
@@ -411,10 +415,13 @@ async def _find(
 
     if bonds:
         bonded = _bonded_match(bonds)
+        # a wearable with a bond hides its name and service UUID (its resolvable private
+        # address, which only a bonded IRK resolves, says who it is); when shown they must match
         found = await BleakScanner.find_device_by_filter(
             lambda d, ad: bonded(d) and (
-                ad.local_name == address_or_name if address_or_name is not None
-                else gatt.SERVICE_UUID in [u.lower() for u in ad.service_uuids]),
+                ad.local_name in (None, address_or_name) if address_or_name is not None
+                else not ad.service_uuids
+                or gatt.SERVICE_UUID in [u.lower() for u in ad.service_uuids]),
             timeout=timeout,
             backend=scanner_backend,
             **kwargs,
@@ -440,6 +447,14 @@ async def _find(
     if found is None:
         raise LinkClosed(f"scan found no {what} within {timeout:.0f} s")
     return found
+
+
+def _peer_identity(client: Any) -> str:
+    """The wearable's address for logs and link names: its identity address when the bumble
+    host resolved the resolvable private address it connected to, else the address."""
+    conn = getattr(getattr(client, "_backend", None), "_connection", None)
+    peer = getattr(conn, "peer_address", None)
+    return str(peer) if peer is not None else str(client.address)
 
 
 def _on_disconnect(link_box: list[GattLink]) -> Callable[[Any], None]:
@@ -514,7 +529,7 @@ async def _handshake(
         window=window,
         max_message_bytes=max_message_bytes,
         reassembly_timeout=reassembly_timeout,
-        name=f"ble:{client.address}",
+        name=f"ble:{_peer_identity(client)}",
         heartbeat=gatt.peer_heartbeat(body),
         ack=gatt.peer_ack(body),
     )

@@ -37,7 +37,6 @@ from collections.abc import Callable
 from typing import Any
 
 from bumble import hci
-from bumble.core import UUID, AdvertisingData
 from bumble.device import Connection, Device
 from bumble.gatt import Characteristic, CharacteristicValue, Service
 from bumble.pairing import PairingConfig
@@ -49,6 +48,7 @@ from coinf.ble_protocol.bonds import open_bond_store
 from coinf.ble_protocol.gatt import Ctrl, GattLink, check_hello, ctrl_error, ctrl_json, make_hello
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.messages import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from coinf.ble_protocol.pairing_guard import FailureWatch, WindowStats
 from coinf.ble_protocol.peripheral_security import (
     PAIRING_TIMEOUT,
     SECURE,
@@ -56,6 +56,7 @@ from coinf.ble_protocol.peripheral_security import (
     _PeerState,
     _WearableDelegate,
 )
+from coinf.ble_protocol.privacy import advertising_payload, irk_path, local_irk, use_address
 from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey
 from coinf.ble_protocol.tasks import TaskSet
 
@@ -64,9 +65,12 @@ from coinf.errors import AdapterError, InputError, PairingError
 log = logging.getLogger(__name__)
 
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # s from connection (or from the end of pairing) to HELLO
+#: s a central without a bond has, from connecting, to start pairing (or encryption)
+DEFAULT_PAIRING_START_TIMEOUT = 3.0
 CONTROLLER_TIMEOUT = 5.0  # s a controller gets to answer at start-up and shut-down
 
-__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "PAIRING_TIMEOUT", "SECURE", "WearableServer"]
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "DEFAULT_PAIRING_START_TIMEOUT", "PAIRING_TIMEOUT",
+           "SECURE", "WearableServer"]
 
 
 class WearableServer(ServerSecurity):
@@ -77,10 +81,14 @@ class WearableServer(ServerSecurity):
     ``passkey`` fixes the passkey (tests, scripts; default a fresh random one per pairing);
     ``display_passkey(address, passkey)`` shows it (default: a WARNING log line);
     ``handshake_timeout`` drops a central that has not sent its HELLO in time, and
-    ``pairing_timeout`` one whose pairing takes longer;
+    ``pairing_timeout`` one whose pairing takes longer, and ``pairing_start_timeout`` a central
+    without a bond that has not started to pair (or encrypt) that long after connecting;
     ``keystore``: the bond store (a JSON file kept 0600 in a 0700 directory; default memory).
     ``pairing_only``: a server that only bonds (``coinf wearable pair``): a bonded handheld's
     HELLO is answered with ERROR BUSY ("pairing only"), which the handheld retries later.
+    ``private`` (default): once a bond is held and the window is closed, advertise from a fresh
+    resolvable private address without name or service UUID (module
+    :mod:`~coinf.ble_protocol.privacy`); False: always the static address, name and UUID.
     """
 
     def __init__(
@@ -102,12 +110,16 @@ class WearableServer(ServerSecurity):
         display_passkey: Callable[[str, int], None] | None = None,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         pairing_timeout: float = PAIRING_TIMEOUT,
+        pairing_start_timeout: float = DEFAULT_PAIRING_START_TIMEOUT,
         pairing_only: bool = False,
+        private: bool = True,
     ) -> None:
         if not handshake_timeout > 0:
             raise InputError(f"handshake_timeout must be > 0 s, not {handshake_timeout!r}")
         if not pairing_timeout > 0:
             raise InputError(f"pairing_timeout must be > 0 s, not {pairing_timeout!r}")
+        if not pairing_start_timeout > 0:
+            raise InputError(f"pairing_start_timeout must be > 0 s, not {pairing_start_timeout!r}")
         if not pairing_window_s >= 0:
             raise InputError(f"pairing_window_s must be >= 0 s, not {pairing_window_s!r}")
         self.passkey = check_passkey(passkey)
@@ -115,10 +127,12 @@ class WearableServer(ServerSecurity):
         self.display_passkey = display_passkey
         self.handshake_timeout = handshake_timeout
         self.pairing_timeout = pairing_timeout
+        self.pairing_start_timeout = pairing_start_timeout
         self.pairing_only = pairing_only
+        self.private = private
         self._bonded_addresses: set[str] = set()
-        self._pairing_failures = 0
-        self._failure_bound: int | None = None
+        self._watch = FailureWatch()
+        self.window_stats = WindowStats()
         self.admission = Admission()
         self._pairing_until = 0.0  # time.monotonic() until which new bonds are accepted
         self._peers: dict[Connection, _PeerState] = {}
@@ -168,6 +182,7 @@ class WearableServer(ServerSecurity):
             self._transport.sink,
         )
         device.keystore = keystore
+        device.irk = await self._irk(device)  # secret, kept: bonded handhelds resolve with it
         device.pairing_config_factory = lambda conn: PairingConfig(
             sc=True,
             mitm=True,
@@ -216,10 +231,25 @@ class WearableServer(ServerSecurity):
             self.open_pairing_window(self.pairing_window_s)
         await self._update_advertising()
 
+    async def _irk(self, device: Device) -> bytes:
+        """The IRK file's (:func:`~coinf.ble_protocol.privacy.local_irk`); but a store that
+        already holds bonds and has no IRK file was made with bumble's address-derived IRK,
+        which its handhelds hold: keep that one (they must pair again for a secret one)."""
+        if self.keystore is not None and not irk_path(self.keystore).exists():
+            with contextlib.suppress(Exception):
+                if device.keystore is not None and await device.keystore.get_all():
+                    log.warning("%s: bonds made before private advertising use an IRK derived "
+                                "from the address: pair the handhelds again to be untrackable",
+                                self.keystore)
+                    return bytes(device.irk)
+        return local_irk(self.keystore)
+
     def _wants_advertising(self) -> bool:
-        """Advertise while no handheld is served and a slot is free: none is connected, or one
-        without a bond (the other slot is kept for a bonded handheld)."""
-        if self._active is not None or len(self._conns) >= self.admission.max_connections:
+        """Advertise while no handheld is served, a slot is free and no bonded handheld is
+        connecting (the spare slot is kept for a bonded handheld; in the pairing window there is
+        one more for a central without a bond)."""
+        if self._active is not None or len(self._conns) >= self.admission.slots(
+                self.pairing_open):
             return False
         return not any(self._conns.values())
 
@@ -241,25 +271,16 @@ class WearableServer(ServerSecurity):
                 log.info("%s: cannot %s advertising: %s", self.spec, "start" if want else "stop",
                          exc or type(exc).__name__)
 
+    @property
+    def shows_identity(self) -> bool:
+        """Whether advertising carries the name and service UUID (and the static address):
+        not with ``private`` once a bond is held and the pairing window is closed."""
+        return not (self.private and self._bonded_addresses and not self.pairing_open)
+
     async def _advertise(self, device: Device) -> None:
-        adv = bytes(
-            AdvertisingData(
-                [
-                    (AdvertisingData.FLAGS, bytes([0x06])),
-                    (AdvertisingData.COMPLETE_LOCAL_NAME, self.name.encode()[:20]),
-                ]
-            )
-        )
-        scan_rsp = bytes(
-            AdvertisingData(
-                [
-                    (
-                        AdvertisingData.COMPLETE_LIST_OF_128_BIT_SERVICE_CLASS_UUIDS,
-                        bytes(UUID(gatt.SERVICE_UUID).to_bytes()),
-                    )
-                ]
-            )
-        )
+        show = self.shows_identity
+        await use_address(device, private=self.private and bool(self._bonded_addresses))
+        adv, scan_rsp = advertising_payload(self.name, show)
         await device.start_advertising(
             auto_restart=False,  # _update_advertising decides
             advertising_data=adv,
@@ -288,11 +309,15 @@ class WearableServer(ServerSecurity):
         address = str(connection.peer_address)
         bonded = address in self._bonded_addresses
         others = [(str(c.peer_address), b, c is self._active) for c, b in self._conns.items()]
-        why = self.admission.admit(address, bonded, others)
+        why = self.admission.admit(address, bonded, others, self.pairing_open)
         if why is not None:
             log.info("refusing %s: %s", address, why)
+            self.window_stats.refused += 1
             self._spawn(self._drop(connection))
         else:
+            if not bonded:
+                self.window_stats.connections += 1
+                self.window_stats.addresses.add(address)
             self._conns[connection] = bonded
             self._track_security(connection)
             connection.on("disconnection",
@@ -309,8 +334,11 @@ class WearableServer(ServerSecurity):
     async def _handshake_deadline(self, connection: Connection) -> None:
         """Disconnect ``connection`` unless its HELLO arrives within ``handshake_timeout`` s
         (the time a pairing takes, at most ``pairing_timeout``, is not counted: a person types
-        the passkey)."""
-        deadline = time.monotonic() + self.handshake_timeout
+        the passkey), or, for a central without a bond, unless it starts to pair or encrypt
+        within ``pairing_start_timeout`` s of connecting."""
+        start = time.monotonic()
+        deadline = start + self.handshake_timeout
+        unbonded = not self._conns.get(connection, True)
         while connection in self._conns and connection is not self._active:
             state = self._peers.get(connection)
             if state is not None and state.pairing is not None and not state.pairing.done():
@@ -320,14 +348,22 @@ class WearableServer(ServerSecurity):
                 if state.pairing is not None and not state.pairing.done():
                     log.warning("dropping %s: pairing took over %.0f s",
                                 connection.peer_address, self.pairing_timeout)
+                    self.window_stats.stalled_drops += unbonded
                     break
                 continue
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            idle = (unbonded and (state is None or state.pairing is None)
+                    and not connection.encryption)
+            if idle and now - start >= self.pairing_start_timeout:
+                log.warning("dropping %s: no bond, and no pairing started within %.1f s",
+                            connection.peer_address, self.pairing_start_timeout)
+                self.window_stats.idle_drops += 1
+                break
+            if deadline - now <= 0:
                 log.warning("dropping %s: no coinf handshake within %.1f s",
                             connection.peer_address, self.handshake_timeout)
                 break
-            await asyncio.sleep(min(left, 0.1))
+            await asyncio.sleep(0.1)
         else:
             return
         with contextlib.suppress(Exception):
@@ -465,22 +501,43 @@ class WearableServer(ServerSecurity):
         return terminated is not None and terminated.done()
 
     async def accept(self, timeout: float | None = None, *,
-                     pairing_failures: int | None = None) -> Link:
+                     pairing_failures: int | None = None, window_rule: bool = False) -> Link:
         """Wait for a handheld to connect, pair, subscribe and complete the handshake. Raises
-        :class:`LinkClosed` at once if the HCI transport is lost meanwhile; with
-        ``pairing_failures=N``, :class:`~coinf.errors.PairingError` once N pairings (of any
-        central) have failed during this wait (a run whose handheld cannot pair ends, instead
-        of waiting out ``timeout``)."""
-        self._pairing_failures = 0
-        self._failure_bound = pairing_failures
+        :class:`LinkClosed` at once if the HCI transport is lost meanwhile. Failed pairings end
+        the wait with :class:`~coinf.errors.PairingError` (instead of waiting out ``timeout``)
+        as :class:`~coinf.ble_protocol.pairing_guard.FailureWatch` says: with
+        ``pairing_failures=N`` at the N-th of any central; with ``window_rule`` when the
+        pairing window closes without a new bond after failures were seen, or at the first
+        failure when the window is closed and no bond is held (a stranger's failed pairing
+        never ends the wait while the window is open)."""
+        self._watch = FailureWatch(pairing_failures, window_rule,
+                                   window_seen_open=self.pairing_open)
         kept = [self._accepted.get_nowait() for _ in range(self._accepted.qsize())]
-        for item in kept:  # a bound of an earlier wait that was reached as it ended
+        for item in kept:  # an error of an earlier wait that was reached as it ended
             if not isinstance(item, PairingError):
                 self._accepted.put_nowait(item)
+        watcher = self._spawn(self._watch_window()) if window_rule else None
         try:
             return await self._accept(timeout)
         finally:
-            self._failure_bound = None
+            self._watch = FailureWatch()
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _watch_window(self) -> None:
+        """While ``accept(window_rule=True)`` waits: when the pairing window closes, ask the
+        watch whether that ends the wait."""
+        watch = self._watch
+        while True:
+            while not self.pairing_open:
+                await asyncio.sleep(0.1)
+            watch.window_seen_open = True
+            while self.pairing_open:
+                await asyncio.sleep(min(0.1, max(0.0, self._pairing_until - time.monotonic())))
+            error = watch.window_closed() if watch is self._watch else None
+            if error is not None:
+                self._accepted.put_nowait(error)
+                return
 
     async def _accept(self, timeout: float | None) -> Link:
         getter = asyncio.ensure_future(self._accepted.get())

@@ -25,10 +25,10 @@ from bumble.gatt import (
 )
 from bumble.keys import PairingKeys
 from bumble.pairing import PairingDelegate
-from coinf.ble_protocol.bleak_errors import PAIRING_HINTS, smp_failure
+from coinf.ble_protocol.pairing_guard import FailureWatch, WindowStats
 from coinf.ble_protocol.smp_policy import strong_keys
 
-from coinf.errors import InputError, PairingError
+from coinf.errors import InputError
 
 log = logging.getLogger("coinf.ble_protocol.peripheral")
 
@@ -92,9 +92,10 @@ class ServerSecurity:
     _bonded_addresses: set[str]
     _spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
     _accepted: asyncio.Queue[Any]
-    #: failed pairings since the running accept() began, and its bound (None: no bound)
-    _pairing_failures: int
-    _failure_bound: int | None
+    #: failed pairings since the running accept() began, and when they end it
+    _watch: FailureWatch
+    #: the current (or last) pairing window, every central without a bond together
+    window_stats: WindowStats
 
     async def _load_bonds(self) -> None:
         """The addresses of the strong bonds in the keystore (at start)."""
@@ -111,6 +112,8 @@ class ServerSecurity:
         if not seconds > 0:
             raise InputError(f"a pairing window lasts > 0 s, not {seconds!r}")
         self._pairing_until = math.inf if math.isinf(seconds) else time.monotonic() + seconds
+        self.window_stats = WindowStats()
+        self._watch.window_seen_open = True
         log.info("pairing window open for %s s", seconds)
 
     def close_pairing_window(self) -> None:
@@ -156,6 +159,8 @@ class ServerSecurity:
                          connection.peer_address)
                 self._bonded_addresses.add(str(connection.peer_address))
                 self.bonded.put_nowait(str(connection.peer_address))
+                self._watch.bonds += 1
+                self.window_stats.bonds += 1
             else:  # SecurePairingSession should have refused it: never keep such a bond
                 log.warning("pairing with %s gave unauthenticated keys: dropped",
                             connection.peer_address)
@@ -181,17 +186,15 @@ class ServerSecurity:
         connection.on(connection.EVENT_CONNECTION_ENCRYPTION_CHANGE, on_encryption_change)
 
     def _pairing_failed(self, address: str, reason: int) -> None:
-        """A pairing failed: count it; at the bound of the running :meth:`accept`
-        (``pairing_failures=``) that accept fails with :class:`PairingError`."""
-        self._pairing_failures += 1
-        bound = self._failure_bound
-        if bound is not None and self._pairing_failures >= bound:
-            failure = smp_failure(reason)
-            self._accepted.put_nowait(PairingError(
-                failure, f"{self._pairing_failures} failed pairing(s), the last with {address} "
-                f"(SMP {reason:#04x}: {PAIRING_HINTS[failure]})", peer=address,
-                attempts=self._pairing_failures, smp_code=reason))
-            self._failure_bound = None
+        """A pairing failed: count it; if it ends the running :meth:`accept` (its
+        :class:`~coinf.ble_protocol.pairing_guard.FailureWatch`), that accept fails with
+        :class:`~coinf.errors.PairingError`."""
+        self.window_stats.pairing_failures += 1
+        error = self._watch.failed(address, reason, pairing_open=self.pairing_open,
+                                   any_bond=bool(self._bonded_addresses))
+        if error is not None:
+            self._accepted.put_nowait(error)
+            self._watch = FailureWatch()
 
     async def _forget_and_drop(self, connection: Connection) -> None:
         self._bonded_addresses.discard(str(connection.peer_address))

@@ -32,6 +32,7 @@ import struct
 import time
 from dataclasses import dataclass
 
+from coinf.ble_protocol.admission import Admission
 from coinf.ble_protocol.tls_store import PeerEntry, TlsStore, fingerprint
 
 from coinf.errors import InputError, PairingError
@@ -45,6 +46,10 @@ DEFAULT_WINDOW_S = 120.0
 DEFAULT_ATTEMPTS = 3
 #: seconds each step of one attempt may take (a Pi Zero computes its SPAKE2 in ~1 s)
 STEP_TIMEOUT_S = 20.0
+#: seconds from connecting to a complete START (the initiator computes its share first)
+START_TIMEOUT_S = 5.0
+#: connections at once that have not delivered a valid START, in all and from one host
+MAX_PENDING, MAX_PENDING_PER_HOST = 16, 2
 MAX_BODY = 4096
 START, REPLY, CONFIRM, DONE, FAIL = 1, 2, 3, 4, 5
 WRONG_CODE, CLOSED, BUSY, MALFORMED = 1, 2, 3, 4
@@ -220,16 +225,43 @@ def _failure(body: bytes) -> str:
 @dataclass
 class _State:
     attempts_left: int
-    busy: bool = False
     result: PeerEntry | None = None
+
+
+@dataclass
+class WindowCounts:
+    """What one Wi-Fi pairing window saw (every host together)."""
+
+    connections: int = 0
+    #: ended without a valid START: silence past START_TIMEOUT_S, a malformed START, a close
+    broken: int = 0
+    busy: int = 0  # refused: too many connections without a START (in all or from one host)
+    throttled: int = 0  # refused: the host's connections kept breaking
+    wrong: int = 0  # exchanges that did not confirm (each spends an attempt)
+    hosts: set[str] | None = None
+
+    def as_dict(self) -> dict[str, int]:
+        return {"connections": self.connections, "broken": self.broken, "busy": self.busy,
+                "throttled": self.throttled, "wrong": self.wrong,
+                "hosts": len(self.hosts or ())}
+
+    def summary(self) -> str:
+        return (f"{self.connections} connection(s) from {len(self.hosts or ())} host(s): "
+                f"{self.wrong} wrong code(s), {self.broken} broken before the exchange, "
+                f"{self.busy + self.throttled} refused")
 
 
 class PairingWindow:
     """The responder's side: ``async with PairingWindow(store, ...) as window``, show
     ``window.code``, then ``await window.wait()`` -> the initiator's :class:`PeerEntry` (pinned
     in ``store``), or :class:`~coinf.errors.PairingError` when the deadline passes or the wrong
-    attempts run out. One attempt at a time; every attempt that saw this side's confirmation
-    and did not confirm counts as wrong."""
+    attempts run out. One exchange at a time (a second valid START waits for it); every
+    exchange that saw this side's confirmation and did not confirm counts as wrong. A
+    connection must deliver its START within :data:`START_TIMEOUT_S`; until then it holds no
+    exchange, and at most :data:`MAX_PENDING` such connections (:data:`MAX_PENDING_PER_HOST`
+    per host) are kept. A connection that breaks before a valid START counts against its host,
+    throttled as BLE addresses are (:class:`~coinf.ble_protocol.admission.Admission`).
+    ``counts`` says what the window saw."""
 
     def __init__(self, store: TlsStore, address: str = f"tcp:0.0.0.0:{DEFAULT_PORT}", *,
                  name: str = "coinf", window_s: float = DEFAULT_WINDOW_S,
@@ -250,6 +282,10 @@ class PairingWindow:
         #: where it listens (``tcp:HOST:PORT``, port 0 resolved), once entered
         self.address = ""
         self.wrong = 0
+        self.counts = WindowCounts(hosts=set())
+        self._throttle = Admission()
+        self._pending: dict[str, int] = {}  # host -> connections without a START yet
+        self._exchange = asyncio.Lock()
         self._state = _State(attempts)
         self._done = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
@@ -286,9 +322,10 @@ class PairingWindow:
             return self._state.result
         if self._state.attempts_left <= 0:
             raise PairingError(F.REPEATED_ATTEMPTS, f"{self.wrong} wrong attempt(s); the window is "
-                               f"closed (open a new one for a new code)")
-        raise PairingError(F.TIMEOUT,
-                           f"no device paired within {self.window_s:g} s; the window is closed")
+                               f"closed (open a new one for a new code); "
+                               f"{self.counts.summary()}")
+        raise PairingError(F.TIMEOUT, f"no device paired within {self.window_s:g} s; the window "
+                           f"is closed; {self.counts.summary()}")
 
     def _close_window(self) -> None:
         if self._server is not None:
@@ -302,17 +339,20 @@ class PairingWindow:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
+        peer = writer.get_extra_info("peername")
+        who = str(peer[0]) if isinstance(peer, tuple) else "?"
         try:
-            if not self._open():
-                writer.write(_fail(CLOSED, "the pairing window is closed"))
-            elif self._state.busy:
-                writer.write(_fail(BUSY, "another device is pairing"))
+            refusal = self._refusal(who)
+            if refusal is not None:
+                writer.write(refusal)
             else:
-                self._state.busy = True
+                self._pending[who] = self._pending.get(who, 0) + 1
                 try:
-                    await self._attempt(reader, writer)
+                    start = await self._read_start(reader, writer, who)
                 finally:
-                    self._state.busy = False
+                    self._pending[who] -= 1
+                if start is not None:
+                    await self._exchange_with(start, reader, writer, who)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.drain(), 2.0)
         finally:
@@ -320,25 +360,72 @@ class PairingWindow:
             if task is not None:
                 self._tasks.discard(task)
 
+    def _refusal(self, who: str) -> bytes | None:
+        """The FAIL frame a new connection from ``who`` gets at once, or None to go on."""
+        if not self._open():
+            return _fail(CLOSED, "the pairing window is closed")
+        counts = self.counts
+        counts.connections += 1
+        if counts.hosts is not None and len(counts.hosts) < 4096:
+            counts.hosts.add(who)
+        wait = self._throttle.throttled_for(who)
+        if wait > 0:
+            counts.throttled += 1
+            return _fail(BUSY, f"too many broken attempts from {who}: wait {wait:.0f} s")
+        if (sum(self._pending.values()) >= MAX_PENDING
+                or self._pending.get(who, 0) >= MAX_PENDING_PER_HOST):
+            counts.busy += 1
+            return _fail(BUSY, "too many devices are connecting")
+        return None
+
     def _timeout(self) -> float:
         return min(STEP_TIMEOUT_S, self.deadline - time.monotonic())
 
-    async def _attempt(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        who = str(peer[0]) if isinstance(peer, tuple) else "?"
+    async def _read_start(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          who: str) -> tuple[str, bytes, bytes, int] | None:
+        """The parsed START of a new connection, or None (the connection broke: counted
+        against ``who``, answered with FAIL malformed)."""
         try:
-            kind, body = await _read(reader, self._timeout())
+            limit = min(START_TIMEOUT_S, self.deadline - time.monotonic())
+            kind, body = await _read(reader, limit)
             if kind != START:
                 raise _Malformed(f"expected START, got frame type {kind}")
             if body[:1] != bytes([VERSION]):
-                writer.write(_fail(MALFORMED, f"this side speaks pairing version {VERSION}"))
-                return
-            their_name, their_cert, x, x_value = parse_start(body)
+                raise _Malformed(f"this side speaks pairing version {VERSION}")
+            return parse_start(body)
         except (_Malformed, asyncio.IncompleteReadError, TimeoutError, ConnectionError) as exc:
-            log.info("pairing: attempt from %s dropped before the exchange: %s", who, exc)
+            why = str(exc) or f"no START within {START_TIMEOUT_S:g} s"
+            log.info("pairing: attempt from %s dropped before the exchange: %s", who, why)
+            self.counts.broken += 1
+            self._throttle.failed(who)
             with contextlib.suppress(Exception):
-                writer.write(_fail(MALFORMED, str(exc)))
+                writer.write(_fail(MALFORMED, why))
+            return None
+
+    async def _exchange_with(self, start: tuple[str, bytes, bytes, int],
+                             reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                             who: str) -> None:
+        """Wait for the exchange slot (bounded), then run the exchange."""
+        try:
+            async with asyncio.timeout(max(0.0, self._timeout())):
+                await self._exchange.acquire()
+        except TimeoutError:
+            self.counts.busy += 1
+            writer.write(_fail(BUSY, "another device is pairing"))
             return
+        try:
+            if not self._open():
+                writer.write(_fail(CLOSED, "the pairing window is closed"))
+                return
+            self._throttle.served(who)
+            await self._attempt(start, reader, writer, who)
+        finally:
+            self._exchange.release()
+
+    async def _attempt(self, start: tuple[str, bytes, bytes, int],
+                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       who: str) -> None:
+        their_name, their_cert, x, x_value = start
         w = code_scalar(self.code)
         mine = self.store.certificate_der()
         fp_i, fp_r = fingerprint(their_cert), fingerprint(mine)
@@ -362,6 +449,7 @@ class PairingWindow:
             log.info("pairing: paired with %s (%s) at %s", their_name, entry.fingerprint, who)
             self._done.set()
             return
+        self.counts.wrong += 1
         log.info("pairing: wrong code from %s (%d attempt(s) left)", who,
                  self._state.attempts_left)
         writer.write(_fail(WRONG_CODE, f"{max(0, self._state.attempts_left)} attempt(s) left"))
@@ -388,17 +476,21 @@ async def pair_with(address: str, code: str, store: TlsStore, *, name: str = "co
     if scheme != "tcp" or not isinstance(target, tuple):
         raise InputError(f"pairing runs over tcp:HOST:PORT, not {address}")
     mine = store.certificate_der()
+    w = code_scalar(code)
+    secret, x = _share(w, M)  # before connecting: START must arrive within START_TIMEOUT_S
+    start = _frame(START, bytes([VERSION]) + _name_cert_bytes(name, mine) + x)
+    give_up = time.monotonic() + timeout
+    reader, writer = await _connect(address, target, timeout)
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout)
-    except (OSError, TimeoutError) as exc:
-        raise PairingError(F.WINDOW_CLOSED, f"cannot reach a pairing window at {address}: {exc}",
-                           peer=address) from None
-    try:
-        w = code_scalar(code)
-        secret, x = _share(w, M)
-        writer.write(_frame(START, bytes([VERSION]) + _name_cert_bytes(name, mine) + x))
-        await writer.drain()
-        kind, body = await _read(reader, timeout)
+        while True:
+            writer.write(start)
+            await writer.drain()
+            kind, body = await _read(reader, timeout)
+            if kind != FAIL or body[:1] != bytes([BUSY]) or time.monotonic() > give_up:
+                break
+            writer.close()  # busy (others are connecting): again shortly, within ``timeout``
+            await asyncio.sleep(0.5)
+            reader, writer = await _connect(address, target, timeout)
         if kind == FAIL:
             raise PairingError(F.WINDOW_CLOSED, f"{address} refused: {_failure(body)}",
                                peer=address)
@@ -435,5 +527,15 @@ async def pair_with(address: str, code: str, store: TlsStore, *, name: str = "co
         writer.close()
 
 
-__all__ = ["DEFAULT_ATTEMPTS", "DEFAULT_PORT", "DEFAULT_WINDOW_S", "PairingWindow", "check_code",
-           "new_code", "pair_with"]
+async def _connect(address: str, target: tuple[str, int],
+                   timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await asyncio.wait_for(asyncio.open_connection(*target), timeout)
+    except (OSError, TimeoutError) as exc:
+        raise PairingError(F.WINDOW_CLOSED, f"cannot reach a pairing window at {address}: {exc}",
+                           peer=address) from None
+
+
+__all__ = ["DEFAULT_ATTEMPTS", "DEFAULT_PORT", "DEFAULT_WINDOW_S", "MAX_PENDING",
+           "MAX_PENDING_PER_HOST", "START_TIMEOUT_S", "PairingWindow", "WindowCounts",
+           "check_code", "new_code", "pair_with"]

@@ -59,7 +59,10 @@ def test_handheld_and_run_stop_with_exit_4_when_the_window_is_closed(tmp_path) -
         stop_radio()
 
 
-def test_run_with_a_wrong_passkey_stops_with_exit_4(tmp_path) -> None:
+def test_run_with_a_wrong_passkey_stops_with_exit_4_when_the_window_closes(tmp_path) -> None:
+    """The handheld types a wrong passkey (it stops at once, exit 4); the run keeps its window
+    open for others (a failure may be a stranger's) and exits 4 when it closes without a bond,
+    naming the failures it saw."""
     bundle = make_tiny_bundle(tmp_path / "tiny")
     wrong = tmp_path / "wrong"
     wrong.mkdir(mode=0o700)
@@ -74,13 +77,16 @@ def test_run_with_a_wrong_passkey_stops_with_exit_4(tmp_path) -> None:
             assert handheld.stdout is not None and "serving" in handheld.stdout.readline()
             run = subprocess.run(
                 coinf("run", str(bundle.root), "--split", "c001", "--transport", "ble", "--hci",
-                      wspec, "--repeat", "1", *cli_pairing(tmp_path, "wearable")),
+                      wspec, "--repeat", "1", "--window-s", "6",
+                      *cli_pairing(tmp_path, "wearable")),
                 capture_output=True, text=True, timeout=HANG_GUARD_S)
         finally:
             handheld.terminate()
             handheld.wait(10)
         assert run.returncode == 4, run.stderr[-2000:]
-        assert "pairing failed (wrong_passkey)" in one_error_line(run.stderr)
+        line = one_error_line(run.stderr)
+        assert "pairing failed (wrong_passkey)" in line
+        assert "window closed without a new bond" in line and "from 1 address(es)" in line
     finally:
         stop_radio()
 

@@ -283,15 +283,19 @@ class RadioLink(LocalLink):
         dest = self.find_le_controller(destination_address)
         if dest is None:
             return
+        # the address this connection was made with: a controller that changed its random
+        # address since (a new resolvable private address to advertise) keeps it per connection
+        conn = sender_controller.le_connections.get(destination_address)
+        source = conn.self_address if conn is not None else sender_controller.random_address
         way = (id(sender_controller), id(dest))
         for pdu in self.faults.apply(way, data):
-            dest.on_link_acl_data(sender_controller.random_address, transport, pdu)
+            dest.on_link_acl_data(source, transport, pdu)
         if way in self.faults.held:  # a held chunk goes out after the next one, or soon anyway
 
             def flush() -> None:
                 late = self.faults.held.pop(way, None)
                 if late is not None:
-                    dest.on_link_acl_data(sender_controller.random_address, transport, late)
+                    dest.on_link_acl_data(source, transport, late)
 
             self._loop.call_later(self._real(4 * self.params.interval_s) - self._t0, flush)
 

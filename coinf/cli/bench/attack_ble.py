@@ -211,11 +211,18 @@ async def _handheld_gets_through(host: Any, tally: Tally, target: str = "coinf-w
     raise RuntimeError(f"the bonded handheld did not get through in {tries} attempts")
 
 
+def advertised(server: Any) -> Callable[[], str]:
+    """The address ``server`` advertises from now (a resolvable private address once it holds
+    a bond): what an attacker in range connects to, whatever it is called."""
+    return lambda: str(server.device.random_address)
+
+
 async def _attacking_central(radio: Any, tally: Tally, pairing: dict[str, Any] | None,
-                             rounds: int) -> tuple[int, int]:
-    """An attacker central on the spare host: connect, pair its way (``pairing``: the
-    PairingConfig options; None: no pairing), subscribe, send a HELLO, and read; ``rounds``
-    times. Returns (tensor notifications it received, connections it made)."""
+                             rounds: int, where: Callable[[], str]) -> tuple[int, int]:
+    """An attacker central on the spare host: connect (to ``where()``), pair its way
+    (``pairing``: the PairingConfig options; None: no pairing), subscribe, send a HELLO, and
+    read; ``rounds`` times. Returns (tensor notifications it received, connections it
+    made)."""
     from bleak import BleakClient
     from bumble.pairing import PairingConfig, PairingDelegate
 
@@ -241,7 +248,7 @@ async def _attacking_central(radio: Any, tally: Tally, pairing: dict[str, Any] |
             host.device.pairing_config_factory = lambda _c: PairingConfig(
                 bonding=True, delegate=Guess(io), **pairing)
         for _ in range(rounds):
-            client = BleakClient(WEARABLE, backend=BumbleBleakClient, host=host, pair=False,
+            client = BleakClient(where(), backend=BumbleBleakClient, host=host, pair=False,
                                  timeout=5)
             try:
                 await client.connect()
@@ -279,8 +286,9 @@ def _row(name: str, tally: Tally, tensors: int, connections: int,
 
 async def _central_attack(name: str, pairing: dict[str, Any] | None, preset: str,
                           time_scale: float, rounds: int) -> dict[str, Any]:
-    async with _scene(preset, time_scale) as (radio, _server, host, tally):
-        attack = asyncio.ensure_future(_attacking_central(radio, tally, pairing, rounds))
+    async with _scene(preset, time_scale) as (radio, server, host, tally):
+        attack = asyncio.ensure_future(_attacking_central(radio, tally, pairing, rounds,
+                                                          advertised(server)))
         await asyncio.sleep(0.3)  # the attacker holds a slot first
         await _handheld_gets_through(host, tally)
         tensors, connections = await attack

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -279,7 +280,7 @@ class WearableServer(ServerSecurity):
 
     async def _advertise(self, device: Device) -> None:
         show = self.shows_identity
-        await use_address(device, private=self.private and bool(self._bonded_addresses))
+        await use_address(device, private=not show)
         adv, scan_rsp = advertising_payload(self.name, show)
         await device.start_advertising(
             auto_restart=False,  # _update_advertising decides
@@ -288,6 +289,29 @@ class WearableServer(ServerSecurity):
             advertising_interval_min=20,
             advertising_interval_max=20,
         )
+
+    def _window_changed(self, seconds: float) -> None:
+        """The pairing window opened (for ``seconds``) or closed: advertise as it now says,
+        and again when it closes by itself."""
+        if self.device is None:
+            return
+        self._spawn(self._readvertise())
+        if 0 < seconds < math.inf:
+            async def at_close() -> None:
+                await asyncio.sleep(seconds)
+                await self._readvertise()
+            self._spawn(at_close())
+
+    async def _readvertise(self) -> None:
+        """Stop advertising (if it does) and start again as :meth:`_wants_advertising` says:
+        with the address and payload :attr:`shows_identity` now gives."""
+        async with self._adv_lock:
+            if self._advertising and self.device is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CONTROLLER_TIMEOUT):
+                        await self.device.stop_advertising()
+                self._advertising = False
+        await self._update_advertising()
 
     async def close(self) -> None:
         await self._tasks.cancel_all()

@@ -46,6 +46,8 @@ SECURE = (
 #: s a passkey pairing may take, from its start (a person reads and types the passkey; the Core
 #: specification's SMP timeout is 30 s too); then the connection is dropped
 PAIRING_TIMEOUT = 30.0
+#: s a connection whose pairing failed is kept before it is dropped
+FAILED_LINGER_S = 0.5
 
 
 class _WearableDelegate(PairingDelegate):
@@ -115,9 +117,14 @@ class ServerSecurity:
         self.window_stats = WindowStats()
         self._watch.window_seen_open = True
         log.info("pairing window open for %s s", seconds)
+        self._window_changed(seconds)
 
     def close_pairing_window(self) -> None:
         self._pairing_until = 0.0
+        self._window_changed(0.0)
+
+    def _window_changed(self, seconds: float) -> None:
+        """Hook: the window opened for ``seconds`` or closed (0)."""
 
     @property
     def pairing_open(self) -> bool:
@@ -175,6 +182,7 @@ class ServerSecurity:
                 why = str(reason)
             log.warning("pairing with %s failed: %s", connection.peer_address, why)
             self._pairing_failed(str(connection.peer_address), reason)
+            self._spawn(self._drop_after_failure(connection))
 
         def on_encryption_change() -> None:
             if state.pairing is None or state.pairing.done():
@@ -195,6 +203,19 @@ class ServerSecurity:
         if error is not None:
             self._accepted.put_nowait(error)
             self._watch = FailureWatch()
+
+    async def _drop_after_failure(self, connection: Connection) -> None:
+        """A connection whose pairing failed can reach nothing: it goes (after
+        :data:`FAILED_LINGER_S`, so that the peer reads the Pairing Failed first) instead of
+        holding its slot until the handshake deadline."""
+        await asyncio.sleep(FAILED_LINGER_S)
+        state = self._peers.get(connection)
+        if state is None or state.strong or (state.pairing is not None
+                                             and not state.pairing.done()):
+            return  # gone already, or pairing again
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.disconnect(
+                hci.HCI_ErrorCode.AUTHENTICATION_FAILURE_ERROR), 5.0)
 
     async def _forget_and_drop(self, connection: Connection) -> None:
         self._bonded_addresses.discard(str(connection.peer_address))

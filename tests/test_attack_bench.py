@@ -70,5 +70,7 @@ def test_a_tampered_tail_and_a_replayed_result_are_never_outputs(
 
 def test_the_ble_attackers_are_registered() -> None:
     ble = {n for n, a in ATTACKERS.items() if a.link == "ble"}
-    assert ble == {"ble_unpaired_central", "ble_legacy_central", "ble_just_works_central",
-                   "ble_impostor_wearable"}
+    assert ble >= {"ble_unpaired_central", "ble_legacy_central", "ble_just_works_central",
+                   "ble_impostor_wearable", "ble_rotating_flood", "ble_failed_pairing_injection",
+                   "ble_tracking"}
+    assert ATTACKERS["wifi_pair_hold"].link == "tcp"

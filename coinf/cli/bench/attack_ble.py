@@ -132,9 +132,11 @@ class ImpostorWearable:
 
 
 @contextlib.asynccontextmanager
-async def _scene(preset: str, time_scale: float) -> AsyncIterator[tuple[Any, Any, Any, Tally]]:
-    """The radio, a wearable (window closed) serving every link it accepts with one tensor, and
-    a handheld host bonded to it; yields (radio, server, handheld host, tally)."""
+async def _scene(preset: str, time_scale: float,
+                 **options: Any) -> AsyncIterator[tuple[Any, Any, Any, Tally]]:
+    """The radio, a wearable (window closed; ``options`` for its server) serving every link it
+    accepts with one tensor, and a handheld host bonded to it; yields (radio, server, handheld
+    host, tally)."""
     import secrets
 
     from coinf.ble_protocol.bleak_bumble import BumbleHost
@@ -148,7 +150,7 @@ async def _scene(preset: str, time_scale: float) -> AsyncIterator[tuple[Any, Any
     tally = Tally()
     async with EmulatedRadio(preset, time_scale=time_scale, extra_hosts=1) as radio:
         server = WearableServer(radio.specs[0], bundle_identity=IDENTITY, address=WEARABLE,
-                                passkey=passkey, handshake_timeout=2.0)
+                                passkey=passkey, handshake_timeout=2.0, **options)
         await server.start()
         host = BumbleHost(radio.specs[1], address=HANDHELD, passkey=passkey)
         await host.open()

@@ -1,0 +1,99 @@
+"""Issue 52, part 2: pairing that strangers cannot break or track. Small versions of `coinf
+bench attack`'s pairing attackers (bumble's real SMP over the emulated radio; a real Wi-Fi
+pairing responder on 127.0.0.1): each fails if the attack gets anything, ends the wearable's
+wait, keeps the user from pairing within the window, or can link two advertising periods."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from coinf.ble_protocol.admission import Admission
+from coinf.ble_protocol.pairing_guard import FailureWatch
+
+from coinf.cli.bench.attack_arena import Arena, Outcome
+from coinf.cli.bench.attack_pairing import ble_tracking, window_attack
+from coinf.cli.bench.attack_wifi import wifi_pair_hold
+from coinf.errors import PairingFailure
+
+STRANGER, OTHER, USER = "C0:F1:00:00:00:03", "C0:F1:00:00:00:04", "C0:F1:00:00:00:07"
+
+
+def run(coro: Any) -> Outcome:
+    async def guarded() -> Outcome:
+        return await asyncio.wait_for(coro, 60)  # hang guard only
+
+    return asyncio.run(guarded())
+
+
+def got_nothing(out: Outcome) -> None:
+    assert (out.served, out.tensors_read, out.results_accepted) == (0, 0, 0), out
+    assert out.lockout_s == 0, out  # the user's first attempt got through
+
+
+def test_failures_end_the_wait_only_when_the_window_closes_without_a_bond() -> None:
+    watch = FailureWatch(window_rule=True, window_seen_open=True)
+    for address in (STRANGER, OTHER, STRANGER):  # a stranger's failures, window open
+        assert watch.failed(address, 0x04, pairing_open=True, any_bond=False) is None
+    error = watch.window_closed()
+    assert error is not None and error.reason == PairingFailure.WRONG_PASSKEY
+    assert "3 failed pairing(s) from 2 address(es)" in str(error) and error.attempts == 3
+    paired = FailureWatch(window_rule=True, window_seen_open=True)
+    paired.failed(STRANGER, 0x04, pairing_open=True, any_bond=False)
+    paired.bonds += 1  # the user's handheld bonded after the stranger failed
+    assert paired.window_closed() is None
+    closed = FailureWatch(window_rule=True)  # window closed, no bond held: nothing can pair
+    assert closed.failed(USER, 0x05, pairing_open=False, any_bond=False) is not None
+    bonded = FailureWatch(window_rule=True)  # ... but with a bond, a stranger ends nothing
+    assert bonded.failed(STRANGER, 0x05, pairing_open=False, any_bond=True) is None
+    assert FailureWatch(bound=1).failed(STRANGER, 0x04, pairing_open=True,
+                                        any_bond=False) is not None
+
+
+def test_the_pairing_window_keeps_a_slot_for_a_second_central_without_a_bond() -> None:
+    a = Admission()
+    stranger = [(STRANGER, False, False)]
+    assert a.admit(USER, False, stranger, pairing_open=False) is not None
+    assert a.admit(USER, False, stranger, pairing_open=True) is None
+    both = [*stranger, (USER, False, False)]
+    assert a.admit(OTHER, False, both, pairing_open=True) is not None  # two at most
+    assert a.admit("C0:F1:00:00:00:02", True, both, pairing_open=True) is None  # bonded: room
+
+
+@pytest.mark.parametrize("mode", ["flood", "wrong"])
+def test_a_stranger_rotating_its_address_neither_ends_the_wait_nor_keeps_the_user_out(
+        mode: str) -> None:
+    """``flood``: connections idling, then a stalled pairing, each from a new address;
+    ``wrong``: failed pairings. The wearable waits on (a failure ended it before: exit 4) and
+    the user's new handheld pairs at its first attempt; the stranger gets nothing."""
+    out = run(window_attack(mode, mode, head_start=3.5))
+    got_nothing(out)
+    saw = out.detail["wearable_saw"]
+    assert saw["bonds"] == 1 and out.detail["pair_s"] is not None
+    assert out.detail["connections"] >= 1 and saw["addresses"] >= 2  # it did attack
+    if mode == "wrong":
+        assert saw["pairing_failures"] >= 1
+    else:
+        assert saw["idle_drops"] >= 1
+
+
+def test_a_tracker_links_no_two_advertising_periods_of_a_bonded_wearable() -> None:
+    private = run(ble_tracking(None, private=True))
+    got_nothing(private)
+    assert private.detail["periods"] >= 3 and private.detail["advertisements"] > 0
+    assert private.detail["stable_any"] == 0, private.detail
+    assert private.detail["addresses"] >= private.detail["periods"]  # a new address each
+    # the wearable as it was: every advertisement carries its address, name and UUID
+    public = run(ble_tracking(None, private=False))
+    assert public.detail["stable_any"] == public.detail["advertisements"] > 0
+
+
+def test_holding_the_wifi_responder_does_not_keep_the_user_from_pairing(
+        tmp_path: Path) -> None:
+    out = run(wifi_pair_hold(Arena(None, tmp_path, 0.1, 1.0), head_start=5.5))
+    got_nothing(out)
+    saw = out.detail["responder_saw"]
+    assert out.detail["pair_s"] is not None and saw["broken"] >= 3  # silence, half, malformed
+    assert saw["throttled"] + saw["busy"] >= 1 and saw["wrong"] == 0

@@ -49,6 +49,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "usb:0 (dongle), tcp-client:HOST:PORT (coinf radio)",
     )
     parser.add_argument("--name", default="coinf-wearable", help="advertised name")
+    parser.add_argument("--advertise-identity", action="store_true",
+                        help="always advertise the static address, name and service UUID "
+                        "(found by name after bonding, but trackable; default: once bonded, "
+                        "a new resolvable private address each time, nothing else)")
     parser.add_argument("--keystore", default=None, help="bond store from `coinf wearable pair` "
                         "(default <config dir>/coinf/bonds/wearable.json)")
     parser.add_argument("--handshake-timeout", type=argtypes.seconds, default=5.0,
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with WearableServer(args.hci, bundle_identity=holder.identity, name=args.name,
-                                  keystore=keystore,
+                                  keystore=keystore, private=not args.advertise_identity,
                                   handshake_timeout=args.handshake_timeout) as server:
             holder.on_change = lambda identity: setattr(server, "bundle_identity", identity)
             if args.control:

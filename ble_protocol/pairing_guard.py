@@ -85,13 +85,15 @@ class WindowStats:
     pairing_failures: int = 0
     idle_drops: int = 0  # dropped for not starting to pair in time
     stalled_drops: int = 0  # dropped at the pairing deadline
+    preempted: int = 0  # dropped to make room for a newcomer (held over pairing_timeout / 2)
     bonds: int = 0
     addresses: set[str] = field(default_factory=set)
 
     def as_dict(self) -> dict[str, int]:
         return {"connections": self.connections, "refused": self.refused,
                 "pairing_failures": self.pairing_failures, "idle_drops": self.idle_drops,
-                "stalled_drops": self.stalled_drops, "bonds": self.bonds,
+                "stalled_drops": self.stalled_drops, "preempted": self.preempted,
+                "bonds": self.bonds,
                 "addresses": len(self.addresses)}
 
 

@@ -57,6 +57,7 @@ from coinf.ble_protocol.peripheral_security import (
     _PeerState,
     _WearableDelegate,
 )
+from coinf.ble_protocol.peripheral_slots import CONTROLLER_TIMEOUT, ServerSlots
 from coinf.ble_protocol.privacy import advertising_payload, irk_path, local_irk, use_address
 from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey
 from coinf.ble_protocol.tasks import TaskSet
@@ -68,13 +69,12 @@ log = logging.getLogger(__name__)
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0  # s from connection (or from the end of pairing) to HELLO
 #: s a central without a bond has, from connecting, to start pairing (or encryption)
 DEFAULT_PAIRING_START_TIMEOUT = 3.0
-CONTROLLER_TIMEOUT = 5.0  # s a controller gets to answer at start-up and shut-down
 
 __all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "DEFAULT_PAIRING_START_TIMEOUT", "PAIRING_TIMEOUT",
            "SECURE", "WearableServer"]
 
 
-class WearableServer(ServerSecurity):
+class WearableServer(ServerSecurity, ServerSlots):
     """One bumble device serving the coinf service to at most one handheld at a time.
 
     Pairing options: ``pairing_window_s`` opens the pairing window at :meth:`start` for that many
@@ -154,6 +154,7 @@ class WearableServer(ServerSecurity):
         #: connections up, not refused: the served one (``_active``, its link ``_link``) and
         #: those still setting up -> whether the peer held a bond when it connected
         self._conns: dict[Connection, bool] = {}
+        self._since: dict[Connection, float] = {}  # when each connection in _conns came
         self._active: Connection | None = None
         self._link: GattLink | None = None
         self._advertising = False
@@ -332,6 +333,8 @@ class WearableServer(ServerSecurity):
         self._advertising = False  # a connection ends connectable advertising
         address = str(connection.peer_address)
         bonded = address in self._bonded_addresses
+        if not bonded:
+            self._make_room()
         others = [(str(c.peer_address), b, c is self._active) for c, b in self._conns.items()]
         why = self.admission.admit(address, bonded, others, self.pairing_open)
         if why is not None:
@@ -343,58 +346,16 @@ class WearableServer(ServerSecurity):
                 self.window_stats.connections += 1
                 self.window_stats.addresses.add(address)
             self._conns[connection] = bonded
+            self._since[connection] = time.monotonic()
             self._track_security(connection)
             connection.on("disconnection",
                           lambda reason: self._on_disconnection(connection, reason))
             self._spawn(self._handshake_deadline(connection))
         self._spawn(self._update_advertising())
 
-    async def _drop(self, connection: Connection) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(connection.disconnect(
-                hci.HCI_ErrorCode.CONNECTION_REJECTED_DUE_TO_LIMITED_RESOURCES_ERROR),
-                CONTROLLER_TIMEOUT)
-
-    async def _handshake_deadline(self, connection: Connection) -> None:
-        """Disconnect ``connection`` unless its HELLO arrives within ``handshake_timeout`` s
-        (the time a pairing takes, at most ``pairing_timeout``, is not counted: a person types
-        the passkey), or, for a central without a bond, unless it starts to pair or encrypt
-        within ``pairing_start_timeout`` s of connecting."""
-        start = time.monotonic()
-        deadline = start + self.handshake_timeout
-        unbonded = not self._conns.get(connection, True)
-        while connection in self._conns and connection is not self._active:
-            state = self._peers.get(connection)
-            if state is not None and state.pairing is not None and not state.pairing.done():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(state.pairing), self.pairing_timeout)
-                deadline = time.monotonic() + self.handshake_timeout
-                if state.pairing is not None and not state.pairing.done():
-                    log.warning("dropping %s: pairing took over %.0f s",
-                                connection.peer_address, self.pairing_timeout)
-                    self.window_stats.stalled_drops += unbonded
-                    break
-                continue
-            now = time.monotonic()
-            idle = (unbonded and (state is None or state.pairing is None)
-                    and not connection.encryption)
-            if idle and now - start >= self.pairing_start_timeout:
-                log.warning("dropping %s: no bond, and no pairing started within %.1f s",
-                            connection.peer_address, self.pairing_start_timeout)
-                self.window_stats.idle_drops += 1
-                break
-            if deadline - now <= 0:
-                log.warning("dropping %s: no coinf handshake within %.1f s",
-                            connection.peer_address, self.handshake_timeout)
-                break
-            await asyncio.sleep(0.1)
-        else:
-            return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(connection.disconnect(), CONTROLLER_TIMEOUT)
-
     def _on_disconnection(self, connection: Connection, reason: int) -> None:
         self._peers.pop(connection, None)
+        self._since.pop(connection, None)
         if self._conns.pop(connection, None) is None:
             return
         if connection is self._active:

@@ -223,6 +223,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"only these (default all: {', '.join(ATTACKERS)})")
     parser.add_argument("--duration-s", type=argtypes.seconds, default=5.0,
                         help="how long each flood lasts (default %(default)g)")
+    parser.add_argument("--radios", type=argtypes.integer(1, 8), default=1,
+                        help="radios of the BLE pairing attackers (default %(default)s; each "
+                        "holds one connection to the wearable at a time)")
     parser.add_argument("--probe-ms", type=argtypes.milliseconds, default=100.0,
                         help="how often the paired device tries to get through (default "
                         "%(default)g)")
@@ -241,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             with tempfile.TemporaryDirectory(prefix="coinf-attack-") as tmp:
                 async with Arena(bundle, Path(tmp) / "tls", args.probe_ms / 1000,
                                  args.duration_s) as arena:
+                    arena.radios = args.radios
                     out = await ATTACKERS[name].run(arena)
             results[name] = {"link": ATTACKERS[name].link, "served": out.served,
                              "tensors_read": out.tensors_read,
@@ -252,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
     worst = {k: max((r[k] for r in results.values() if r[k] is not None), default=0)
              for k in ("served", "tensors_read", "results_accepted", "lockout_s")}
     emit({"bench": "attack", "bundle": bundle.identity, "duration_s": args.duration_s,
+          "radios": args.radios,
           "probe_ms": args.probe_ms, "attackers": results, "worst": worst,
           "goal_met": all(v == 0 for v in worst.values())})
     return 0

@@ -54,6 +54,7 @@ class Arena:
 
         self.bundle, self.root = bundle, root
         self.probe_s, self.duration_s = probe_s, duration_s
+        self.radios = 1  # a BLE attacker's radios (``--radios``)
         self.helper_store = TlsStore(root / "helper")
         self.wearable_store = TlsStore(root / "wearable")
         for a, b in ((self.helper_store, self.wearable_store),

@@ -8,10 +8,11 @@ handheld (no bond yet) pairs during the attack, its person typing the passkey
 :data:`TYPING_S` after it is asked. Time-outs are the library's defaults but two, shortened so
 that a run takes seconds: the window lasts :data:`WINDOW_S` and a pairing :data:`PAIRING_S`.
 
-* ``ble_rotating_flood``: one attacker radio connecting again and again, each time from a new
-  random address, alternately idling (never pairing) and starting a pairing it never finishes;
+* ``ble_rotating_flood``: attacker radios (``--radios``, default 1; each holds one connection
+  to the wearable at a time) connecting again and again, each time from a new random address,
+  alternately idling (never pairing) and starting a pairing they never finish;
 * ``ble_failed_pairing_injection``: the same, each connection pairing with a guessed passkey
-  (a failed pairing, as many as it can during the window);
+  (a failed pairing, as many as they can during the window);
 * ``ble_tracking``: a passive scanner while a bonded handheld reconnects :data:`PERIODS` times
   (the wearable advertises again after each): how many advertisements carry an identifier seen
   in another advertising period (address, name, service UUID).
@@ -129,8 +130,8 @@ async def _one_connection(host: Any, address: str, pair: bool, got: Stranger,
 
 
 async def _user_pairs(spec: str, passkey: int) -> tuple[Any, float, float]:
-    """The new handheld pairs (by name, as `coinf handheld pair` does) until served:
-    (link, seconds to it, seconds its failed attempts took)."""
+    """The new handheld pairs (by name, as `coinf handheld pair` does) until served, for at
+    most a window: (link or None, seconds to it, seconds its failed attempts took)."""
     from coinf.ble_protocol.bleak_bumble import BumbleHost
     from coinf.ble_protocol.central import Central
     from coinf.errors import LinkError
@@ -152,21 +153,22 @@ async def _user_pairs(spec: str, passkey: int) -> tuple[Any, float, float]:
                     return link, time.monotonic() - t0, failing
             except LinkError:
                 failing += time.monotonic() - t1
-        raise RuntimeError(f"the user's handheld did not pair within {WINDOW_S:g} s")
+        return None, time.monotonic() - t0, failing
     finally:
         await host.close()
 
 
 async def window_attack(name: str, mode: str, head_start: float = HEAD_START_S,
-                        time_scale: float = 0.2) -> Outcome:
-    """The wearable waits for its first handheld, window open; a stranger attacks (``mode``:
-    ``"flood"`` or ``"wrong"``), from ``head_start`` s before the user starts to pair."""
+                        time_scale: float = 0.2, radios: int = 1) -> Outcome:
+    """The wearable waits for its first handheld, window open; a stranger with ``radios``
+    radios attacks (``mode``: ``"flood"`` or ``"wrong"``), from ``head_start`` s before the
+    user starts to pair. ``pair_s`` is None if the user did not pair within the window."""
     from coinf.ble_protocol.ble_transport import PeripheralConnector
     from coinf.ble_protocol.radio import EmulatedRadio
 
     passkey = secrets.randbelow(1_000_000)
     got, stop = Stranger(), asyncio.Event()
-    async with EmulatedRadio("ble5-2m", time_scale=time_scale, extra_hosts=1) as radio:
+    async with EmulatedRadio("ble5-2m", time_scale=time_scale, extra_hosts=radios) as radio:
         connector = PeripheralConnector(radio.specs[0], bundle_identity=IDENTITY,
                                         address=WEARABLE, passkey=passkey,
                                         pairing_window_s=WINDOW_S, pairing_timeout=PAIRING_S)
@@ -174,16 +176,18 @@ async def window_attack(name: str, mode: str, head_start: float = HEAD_START_S,
         try:
             while connector.server.device is None:
                 await asyncio.sleep(0.02)
-            attack = asyncio.ensure_future(_stranger(radio.spec("extra1"),
-                                                     advertised(connector.server), mode, stop,
-                                                     got))
+            attack = asyncio.gather(*(
+                _stranger(radio.spec(f"extra{i + 1}"), advertised(connector.server), mode, stop,
+                          got) for i in range(radios)))
             await asyncio.sleep(head_start)  # the stranger is at it first
             link, pair_s, failing = await _user_pairs(radio.specs[1], passkey)
-            served = await wait  # a PairingError here would be the attack ending the run
-            peer = served.description.removeprefix("ble:").split("/")[0]
-            theirs = int(peer in got.addresses)
-            await link.close()
-            await served.close()
+            theirs = 0
+            if link is not None:
+                served = await wait  # a PairingError here would be the attack ending the run
+                peer = served.description.removeprefix("ble:").split("/")[0]
+                theirs = int(peer in got.addresses)
+                await link.close()
+                await served.close()
             stop.set()
             await asyncio.wait_for(attack, 4 * PAIRING_S + 10)
             stats = connector.server.window_stats.as_dict()
@@ -194,22 +198,25 @@ async def window_attack(name: str, mode: str, head_start: float = HEAD_START_S,
             await connector.aclose()
     return Outcome(served=theirs, tensors_read=got.notifications, results_accepted=theirs,
                    lockout_s=round(failing, 3),
-                   detail={"pair_s": round(pair_s, 3), "window_s": WINDOW_S,
+                   detail={"pair_s": round(pair_s, 3) if link is not None else None,
+                           "radios": radios, "window_s": WINDOW_S,
                            "pairing_timeout_s": PAIRING_S, "connections": got.connections,
                            "addresses": len(got.addresses), "pairings": got.pairings,
                            "wearable_saw": stats, "name": name})
 
 
-@attacker("ble_rotating_flood", "ble", "during the pairing window, a stranger connecting from "
-          "a new random address each time, idling or stalling its pairing; a new handheld pairs")
+@attacker("ble_rotating_flood", "ble", "during the pairing window, a stranger (--radios) "
+          "connecting from a new random address each time, idling or stalling its pairings; a "
+          "new handheld pairs")
 async def ble_rotating_flood(arena: Arena) -> Outcome:
-    return await window_attack("rotating flood", "flood")
+    return await window_attack("rotating flood", "flood", radios=arena.radios)
 
 
-@attacker("ble_failed_pairing_injection", "ble", "during the pairing window, a stranger's "
-          "failed pairings (guessed passkeys, new address each); a new handheld pairs")
+@attacker("ble_failed_pairing_injection", "ble", "during the pairing window, a stranger "
+          "(--radios) failing pairings (guessed passkeys, a new address each); a new handheld "
+          "pairs")
 async def ble_failed_pairing_injection(arena: Arena) -> Outcome:
-    return await window_attack("failed pairing injection", "wrong")
+    return await window_attack("failed pairing injection", "wrong", radios=arena.radios)
 
 
 class Tracker:

@@ -100,9 +100,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "pairing window for --window-s with this fixed passkey (the handheld "
                         "gives the same); without it only bonded handhelds are served")
     parser.add_argument("--window-s", type=argtypes.seconds, default=None,
-                        help="with a passkey: how long the pairing window stays open (default "
-                        "120 s); failed pairings end the run (exit 4) only when it closes "
-                        "without a bond: they may be a stranger's")
+                        help="with a passkey: the pairing window (default 120 s); failed "
+                        "pairings end the run (exit 4) only when it closes without a bond")
     parser.add_argument("--no-fallback", action="store_true",
                         help="fail instead of finishing an inference on the wearable when the "
                         "handheld is unreachable, slow or failing (default: fall back, as a "

@@ -12,9 +12,13 @@ one each time.
 
 Slots and deadlines (docs/PROTOCOL.md §2): a central that has not completed the coinf HELLO
 within ``handshake_timeout`` seconds (pairing time excluded) is disconnected, and a pairing gets
-``pairing_timeout`` seconds. While no handheld is served, a second connection is kept for a
-handheld with a bond (a stranger pairing cannot lock it out), and centrals whose connections
-keep failing are throttled (module :mod:`~coinf.ble_protocol.admission`).
+``pairing_timeout`` seconds, and a central without a bond must start pairing within
+``pairing_start_timeout``. While no handheld is served, a second connection is kept for a
+handheld with a bond (a stranger pairing cannot lock it out) and, in the pairing window, one
+more for a central without one; centrals whose connections keep failing are throttled (modules
+:mod:`~coinf.ble_protocol.admission`, :mod:`~coinf.ble_protocol.peripheral_slots`). Failed
+pairings end :meth:`WearableServer.accept` only as :mod:`~coinf.ble_protocol.pairing_guard`
+says; once bonded, the server advertises privately (:mod:`~coinf.ble_protocol.privacy`).
 
 On a Pi it runs over ``hci-socket:0`` (bluetoothd stopped) or a USB dongle (``usb:0``); in tests
 and the demo over the emulated radio (``tcp-client:127.0.0.1:PORT``). See docs/PROTOCOL.md.

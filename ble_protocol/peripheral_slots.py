@@ -44,26 +44,35 @@ class ServerSlots:
 
     def _make_room(self) -> None:
         """In the pairing window, with every slot for a central without a bond taken, a new
-        one takes the slot of the one that has held it longest, if that is over
-        ``pairing_timeout / 2`` without a bond: each connection gets that long to pair, and
-        strangers with several radios cannot keep a newcomer out by stalling their pairings.
-        (Outside the window a central without a bond cannot pair: nothing to make room for.)"""
+        one takes the slot of one whose pairing failed (it can reach nothing), else of the one
+        that has held its slot longest, if that is over ``pairing_timeout / 2``: each
+        connection gets that long to pair, and strangers with several radios cannot keep a
+        newcomer out by stalling their pairings. (Outside the window a central without a bond
+        cannot pair: nothing to make room for.)"""
         if not self.pairing_open or self._active is not None:
             return
         unbonded = [c for c, b in self._conns.items() if not b]
         if len(unbonded) < UNBONDED_SLOTS_IN_WINDOW:
             return
-        oldest = min(unbonded, key=lambda c: self._since.get(c, 0.0))
-        held = time.monotonic() - self._since.get(oldest, 0.0)
-        if held < self.pairing_timeout / 2:
+        now = time.monotonic()
+        failed = [c for c in unbonded if self._pairing_failed_on(c)]
+        victim = min(failed or unbonded, key=lambda c: self._since.get(c, 0.0))
+        held = now - self._since.get(victim, 0.0)
+        if not failed and held < self.pairing_timeout / 2:
             return
-        log.warning("dropping %s: held a slot %.0f s without a bond, and another central is "
-                    "connecting", oldest.peer_address, held)
-        self._conns.pop(oldest, None)
-        self._since.pop(oldest, None)
-        self.admission.failed(str(oldest.peer_address))
+        log.warning("dropping %s: %s, and another central is connecting", victim.peer_address,
+                    "its pairing failed" if failed else f"held a slot {held:.0f} s unbonded")
+        self._conns.pop(victim, None)
+        self._since.pop(victim, None)
+        self.admission.failed(str(victim.peer_address))
         self.window_stats.preempted += 1
-        self._spawn(self._drop(oldest))
+        self._spawn(self._drop(victim))
+
+    def _pairing_failed_on(self, connection: Connection) -> bool:
+        """Its last pairing ended without a strong key and no other has started."""
+        state = self._peers.get(connection)
+        pairing = getattr(state, "pairing", None)
+        return pairing is not None and pairing.done() and getattr(state, "strong", None) is False
 
     async def _drop(self, connection: Connection) -> None:
         with contextlib.suppress(Exception):

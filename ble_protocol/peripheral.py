@@ -62,7 +62,13 @@ from coinf.ble_protocol.peripheral_security import (
     _WearableDelegate,
 )
 from coinf.ble_protocol.peripheral_slots import CONTROLLER_TIMEOUT, ServerSlots
-from coinf.ble_protocol.privacy import advertising_payload, irk_path, local_irk, use_address
+from coinf.ble_protocol.privacy import (
+    RPA_ROTATE_S,
+    advertising_payload,
+    irk_path,
+    local_irk,
+    use_address,
+)
 from coinf.ble_protocol.smp_policy import SecurePairingSession, check_passkey
 from coinf.ble_protocol.tasks import TaskSet
 
@@ -236,6 +242,16 @@ class WearableServer(ServerSecurity, ServerSlots):
         if self.pairing_window_s > 0:
             self.open_pairing_window(self.pairing_window_s)
         await self._update_advertising()
+        self._spawn(self._rotate_address())
+
+    async def _rotate_address(self) -> None:
+        """Advertising privately for long, take a new resolvable private address every
+        :data:`~coinf.ble_protocol.privacy.RPA_ROTATE_S` (the Core specification's
+        recommended 15 min), so that one address does not follow the wearable for hours."""
+        while True:
+            await asyncio.sleep(RPA_ROTATE_S)
+            if self._advertising and not self.shows_identity:
+                await self._readvertise()
 
     async def _irk(self, device: Device) -> bytes:
         """The IRK file's (:func:`~coinf.ble_protocol.privacy.local_irk`); but a store that

@@ -1,8 +1,9 @@
 """The wearable's LE privacy (docs/PROTOCOL.md §2, "Advertising and tracking").
 
 Once the wearable holds a bond and its pairing window is closed, it advertises from a fresh
-*resolvable private address* (RPA) each time it starts advertising, generated from its identity
-resolving key (IRK), with neither its name nor the coinf service UUID: a bonded handheld finds it
+*resolvable private address* (RPA) each time it starts advertising (and every
+:data:`RPA_ROTATE_S` while it advertises), generated from its identity resolving key (IRK), with
+neither its name nor the coinf service UUID: a bonded handheld finds it
 by resolving the address with the IRK it received when it paired; to anybody else each
 advertising period looks like a different, anonymous device. While the window is open (or no
 bond exists) it also shows its name and the service UUID, so that a handheld without a bond can
@@ -27,6 +28,8 @@ from bumble.device import Device
 from coinf.errors import InputError
 
 IRK_BYTES = 16
+#: s one resolvable private address is advertised at most (the Core specification's 15 min)
+RPA_ROTATE_S = 900.0
 
 
 def irk_path(keystore: str) -> Path:
@@ -84,4 +87,4 @@ async def use_address(device: Device, private: bool) -> hci.Address:
     return address
 
 
-__all__ = ["advertising_payload", "irk_path", "local_irk", "use_address"]
+__all__ = ["RPA_ROTATE_S", "advertising_payload", "irk_path", "local_irk", "use_address"]

@@ -126,3 +126,51 @@ def test_the_wearable_irk_is_random_private_and_kept(tmp_path: Path) -> None:
     irk_path(store).write_text("not hex\n")
     with pytest.raises(InputError, match="not an IRK"):
         local_irk(store)
+
+
+def test_a_private_wearable_takes_a_new_address_while_it_advertises_long(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bonded, window closed, nobody connecting: the address still changes (every
+    RPA_ROTATE_S, 15 min; here shortened), each a resolvable private address its IRK resolves;
+    opening the window shows the static identity address again."""
+    from bumble import hci, smp
+    from coinf.ble_protocol import peripheral
+    from coinf.ble_protocol.bleak_bumble import BumbleHost
+    from coinf.ble_protocol.central import Central
+    from coinf.ble_protocol.radio import EmulatedRadio
+
+    monkeypatch.setattr(peripheral, "RPA_ROTATE_S", 0.3)
+    wearable = "C0:F1:00:00:00:01"
+
+    async def main() -> None:
+        async with EmulatedRadio("ble5-2m", time_scale=0.2) as radio, \
+                peripheral.WearableServer(radio.specs[0], bundle_identity="b",
+                                          address=wearable, passkey=123456) as server, \
+                BumbleHost(radio.specs[1], passkey=123456) as host:
+            server.open_pairing_window(30)
+            async with Central(wearable, bundle_identity="b", host=host, timeout=10) as c:
+                accept = asyncio.ensure_future(server.accept(30))
+                await (await c.connect()).close()
+                await (await accept).close()
+            server.close_pairing_window()
+            assert server.device is not None
+            resolver = smp.AddressResolver([(server.device.irk, hci.Address(wearable))])
+            seen: list[str] = []
+            for _ in range(60):
+                address = server.device.random_address
+                if str(address) not in seen:
+                    seen.append(str(address))
+                if len(seen) >= 4:
+                    break
+                await asyncio.sleep(0.1)
+            private = [a for a in seen if a != wearable]
+            assert len(private) >= 2, seen
+            assert all(resolver.resolve(hci.Address(a)) is not None for a in private)
+            server.open_pairing_window(30)  # discoverable again: the identity address
+            for _ in range(50):
+                if str(server.device.random_address) == wearable:
+                    break
+                await asyncio.sleep(0.1)
+            assert str(server.device.random_address) == wearable
+
+    asyncio.run(asyncio.wait_for(main(), 60))  # hang guard only

@@ -109,6 +109,34 @@ class Reply(NamedTuple):
     tail_s: float
 
 
+class HelloFirst:
+    """The handler of an unauthenticated link (plain TCP, ``tcp+insecure:``; docs/PROTOCOL.md
+    §6.5): nothing but HELLO is served until a HELLO was answered with HELLO_ACK (other
+    requests get ERROR UNSUPPORTED), and a refused HELLO does not name this handheld's bundle
+    identity. What such a peer learns is at most the HELLO_ACK, and only by presenting the
+    bundle identity."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.greeted = False
+
+    async def __call__(self, msg: Message) -> Message | None:
+        if msg.type == MsgType.HELLO:
+            try:
+                reply = await self._handle(msg)
+            except ProtocolError as exc:
+                if exc.code == ErrorCode.BUNDLE_MISMATCH:
+                    raise ProtocolError(ErrorCode.BUNDLE_MISMATCH, "the handheld serves another "
+                                        "bundle: split the same model on both sides") from None
+                raise
+            self.greeted = reply is not None and reply.type == MsgType.HELLO_ACK
+            return reply
+        if not self.greeted:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "HELLO first: this link is plain TCP "
+                                "(unauthenticated) and serves nothing before a HELLO_ACK")
+        return await self._handle(msg)
+
+
 class HandheldDaemon:
     """Tail side of coinf: ``handle`` is the RPC handler, ``serve`` runs it over one link.
 
@@ -203,7 +231,8 @@ class HandheldDaemon:
         try:
             await rpc.serve(
                 link,
-                self.handle,
+                HelloFirst(self.handle) if getattr(link, "unauthenticated", False)
+                else self.handle,
                 # a stage awaiting the next hop must not hold a slot: the forwarder keeps its
                 # own compute thread, so the next frame computes while this one travels on
                 self.concurrency if self.forward is None else self.max_pending,
@@ -411,4 +440,5 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-__all__ = ["CAPABILITIES", "HandheldDaemon", "Reply", "RequestCancelled", "encode_results"]
+__all__ = ["CAPABILITIES", "HandheldDaemon", "HelloFirst", "Reply", "RequestCancelled",
+           "encode_results"]

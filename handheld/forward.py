@@ -72,6 +72,8 @@ class Peer:
     channel: Channel | None = None
     #: its pinned TLS certificate (``sha256:...``); None: any paired peer's
     fingerprint: str | None = None
+    #: a ``tcp+insecure:`` address is allowed (the pipeline config's ``allow_insecure``)
+    allow_insecure: bool = False
 
 
 class _PeerLink:
@@ -94,9 +96,12 @@ class _PeerLink:
                 return rpc
             await self.drop()
             pin = self.peer.fingerprint
+            plain = self.peer.address.startswith("tcp+insecure:")
             connector = (open_connector(self.peer.address, fingerprint=pin)
                          if pin and self.peer.address.startswith("tcp:")
-                         else open_connector(self.peer.address))
+                         else open_connector(self.peer.address,
+                                             allow_insecure=self.peer.allow_insecure)
+                         if plain else open_connector(self.peer.address))
             link: Link = await connect_within(connector, self.connect_timeout)
             if self.peer.channel is not None:
                 from coinf.ble_protocol.throttle import ThrottledLink

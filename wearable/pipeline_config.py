@@ -39,6 +39,15 @@ class HelperConfig:
     wearable_link: str | None = None
     #: the pinned certificate of its TLS listener (``sha256:...``); None: any paired peer's
     fingerprint: str | None = None
+    #: a ``tcp+insecure:`` address or wearable_link is allowed (the config's
+    #: ``"allow_insecure": true``; plain TCP is refused without it)
+    allow_insecure: bool = False
+
+    def connector_options(self, spec: str) -> dict[str, Any]:
+        """The options a connector to ``spec`` (this helper's) needs beyond the spec."""
+        if spec.startswith("tcp+insecure:"):
+            return {"allow_insecure": self.allow_insecure}
+        return {}
 
     @property
     def channel(self) -> Channel | None:
@@ -111,6 +120,16 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
                 fp = parse_fingerprint(fp)
             except InputError as exc:
                 raise InputError(f"{where}: helpers[{i}].fingerprint: {exc}") from None
+        insecure = e.get("allow_insecure", False)
+        if not isinstance(insecure, bool):
+            raise InputError(f"{where}: helpers[{i}].allow_insecure must be true or false, "
+                             f"got {insecure!r}")
+        plain = [a for a in (address, e.get("wearable_link"))
+                 if isinstance(a, str) and a.startswith("tcp+insecure:")]
+        if plain and not insecure:
+            raise InputError(f"{where}: helpers[{i}] {plain[0]} is plain TCP (no encryption, no "
+                             f"authentication): add \"allow_insecure\": true to that helper to "
+                             f"run it anyway, or use tcp:HOST:PORT (TLS)")
         helpers.append(HelperConfig(
             name, address,
             bandwidth_bps=nums["bandwidth_kbps"] * 1000 if nums["bandwidth_kbps"] else None,
@@ -118,7 +137,7 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
             speed_flops=nums["speed_gflops"] * 1e9 if nums["speed_gflops"] else None,
             shape=bool(e.get("shape", False)),
             wearable_link=_wearable_link(e.get("wearable_link"), f"{where}: helpers[{i}]"),
-            fingerprint=fp))
+            fingerprint=fp, allow_insecure=insecure))
     names = [h.name for h in helpers]
     if len(set(names)) != len(names):
         raise InputError(f"{where}: helper names must be unique, got {names}")

@@ -22,7 +22,8 @@ a wearable Session runs frames against it), ``connection_flood`` (connections st
 TLS handshake, as fast as they are taken, from three other addresses) and
 ``connection_flood_same_address`` (the same from the paired device's own address); then
 ``tampered_tail``, ``replayed_result`` and the BLE attackers (``ble_*``) of
-:mod:`coinf.cli.bench.attack_peers`. Add one with ``@attacker``.
+:mod:`coinf.cli.bench.attack_peers`; the ``identity_copy_*`` attackers of
+:mod:`coinf.cli.bench.attack_keys`. Add one with ``@attacker``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import (
+    attack_keys,  # noqa: F401  (registers its attackers)
     attack_peers,  # noqa: F401  (registers its attackers)
     emit,
     options,

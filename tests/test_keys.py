@@ -165,3 +165,36 @@ def test_the_identity_copy_attackers_get_nothing(tmp_path: Path,
     assert wearable["finished_locally"] == wearable["frames"] > 0
     # by design (docs/SECURITY.md): the copy is the wearable to its paired helper
     assert wearable["as_the_wearable_to_its_helper"]["requests_served"] >= 1
+
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def test_deployed_services_run_as_a_dedicated_user_with_a_private_store(tmp_path: Path) -> None:
+    import subprocess
+
+    pi = (DEPLOY / "pi" / "coinf-wearable.service").read_text()
+    assert "User=@USER@" in pi and "Environment=COINF_TLS_DIR=@STATE@/tls" in pi
+    assert "COINF_TLS_DIR=@STATE@/tls" in (DEPLOY / "pi" / "coinf-svc.sh").read_text()
+    proc = subprocess.run(["bash", str(DEPLOY / "pi" / "provision.sh"), "--dry-run", "--wheel",
+                           "coinf.whl", "--user", "coinf-test-nouser"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert ("+ install -d -m 0700 -o coinf-test-nouser -g coinf-test-nouser /var/lib/coinf/tls"
+            in proc.stdout)
+    unit = (DEPLOY / "handheld" / "coinf-handheld-system.service").read_text()
+    for line in ("User=@USER@", "Environment=COINF_TLS_DIR=@STATE@/tls", "UMask=0077",
+                 "ProtectHome=yes", "ReadWritePaths=@STATE@"):
+        assert line in unit, line
+    env = {**os.environ, "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", str(DEPLOY / "handheld" / "install.sh"), "--dry-run",
+                           "--system", "Linux", "--dedicated-user", "coinf-hh-test", "--wheel",
+                           "coinf.whl", "--bundle", "b"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    cmds = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    assert cmds[0].startswith("useradd --system --home-dir /var/lib/coinf-hh-test")
+    assert "install -d -m 0700 -o coinf-hh-test -g coinf-hh-test /var/lib/coinf-hh-test/tls" \
+        in cmds
+    assert cmds[-1] == "systemctl enable --now coinf-handheld.service"
+    assert not any("--user" in c for c in cmds if c.startswith("systemctl"))

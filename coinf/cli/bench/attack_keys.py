@@ -18,9 +18,7 @@ A key file is 0600 in a 0700 directory, so only its user (and root) can copy it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ssl
 from typing import Any
 
 from coinf.cli.bench.attack_arena import Arena, Outcome, attacker
@@ -32,49 +30,71 @@ BY_DESIGN = ("a copy of a device's identity.pem is that device to the devices pa
 
 
 def copy_of(arena: Arena, store: Any, name: str) -> Any:
-    """A store in the bench directory holding a copy of ``store``'s identity.pem (the thief's),
-    trusting that certificate (the thief accepts itself)."""
+    """The thief's store in the bench directory: a copy of ``store``'s identity.pem and
+    peers.json, plus a record of that certificate (the thief accepts itself)."""
     from coinf.ble_protocol.tls_store import TlsStore, private_dir, write_private
 
     thief = TlsStore(arena.root / name)
     private_dir(thief.directory)
     write_private(thief.identity_file, store.ensure_identity().read_bytes())
+    if store.peers_file.exists():
+        write_private(thief.peers_file, store.peers_file.read_bytes())
     thief.pin("copied", thief.certificate_der())
     return thief
 
 
-async def _knock(address: str, ctx: ssl.SSLContext, bundle: Any, times: int = 3) -> int:
-    """Connect ``times`` times with ``ctx``, each sending HELLO, STATUS, PROFILE and a
-    REQUEST; the frames that came back."""
-    from coinf.cli.bench.attack import attacker_requests, replies
+def _requests(bundle: Any) -> list[tuple[Any, bytes]]:
+    """HELLO, STATUS, PROFILE and a REQUEST for the first candidate's tail."""
+    import numpy as np
 
-    host, port = address.split(":")[1:]
+    from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, encode_json
+    from coinf.ble_protocol.request import Request, encode_request
+    from coinf.ble_protocol.tensors import encode_tensors
+
+    cand = bundle.candidates[0]
+    feeds = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in cand.crossing}
+    hello = {"protocol": PROTOCOL_VERSION, "bundle": bundle.identity, "role": "wearable"}
+    return [(MsgType.HELLO, encode_json(hello)), (MsgType.STATUS, b""), (MsgType.PROFILE, b""),
+            (MsgType.REQUEST, encode_request(Request.split(cand.id, bundle.candidates[-1].id, 0),
+                                             encode_tensors(feeds)))]
+
+
+async def _knock(address: str, store: Any, bundle: Any, times: int = 3) -> int:
+    """Connect ``times`` times over TLS with ``store``'s key, each sending HELLO, STATUS,
+    PROFILE and a REQUEST; the replies that came back (ERRORs included)."""
+    from coinf.ble_protocol.loopback import connect_socket
+    from coinf.ble_protocol.rpc import RpcClient
+    from coinf.errors import CoinfError
+
     answered = 0
     for _ in range(times):
         try:
-            reader, writer = await asyncio.open_connection(host, int(port), ssl=ctx)
-        except (OSError, ssl.SSLError):
+            rpc = RpcClient(await connect_socket(address, 5.0, tls=store))
+        except CoinfError:
             continue
-        for data in attacker_requests(bundle):
-            writer.write(data)
-        with contextlib.suppress(Exception):
-            await writer.drain()
-        answered += await replies(reader)
-        writer.close()
+        try:
+            for mtype, payload in _requests(bundle):
+                try:
+                    await rpc.request(mtype, payload, 5.0)
+                except CoinfError as exc:
+                    if not getattr(exc, "code", None) or not rpc.link.is_open:
+                        break  # the link closed: nothing came back
+                answered += 1
+        finally:
+            with contextlib.suppress(Exception):
+                await rpc.close()
     return answered
 
 
 @attacker("identity_copy_helper", "tcp", "a process that copied the helper's identity.pem "
           "connects to the helper as the helper (HELLO, STATUS, PROFILE, REQUEST)")
 async def identity_copy_helper(arena: Arena) -> Outcome:
-    from coinf.ble_protocol.tls import client_context
-
     thief = copy_of(arena, arena.helper_store, "thief-helper")
     assert thief.fingerprint == arena.helper_store.fingerprint  # the very same key
     before = arena.daemon.requests
 
     async def attack() -> Outcome:
-        replied = await _knock(arena.address, client_context(thief), arena.bundle)
+        replied = await _knock(arena.address, thief, arena.bundle)
         served = replied + arena.daemon.requests - before
         return Outcome(served=served, tensors_read=0, results_accepted=0,
                        detail={"replies": replied, "tls_refused": arena.listener.tls_refused})
@@ -86,14 +106,13 @@ async def identity_copy_helper(arena: Arena) -> Outcome:
           "serves on the helper's address with it; a wearable Session sends it frames")
 async def identity_copy_wearable(arena: Arena) -> Outcome:
     from coinf.ble_protocol.listen import open_listener
-    from coinf.ble_protocol.tls import client_context
     from coinf.cli.bench.attack_peers import _frames, _middle
     from coinf.handheld.daemon import HandheldDaemon
 
     thief = copy_of(arena, arena.wearable_store, "thief-wearable")
     # by design: the copy is the wearable to the helper paired with it (not in the figures)
     before = arena.daemon.requests
-    as_wearable = await _knock(arena.address, client_context(thief), arena.bundle, times=1)
+    as_wearable = await _knock(arena.address, thief, arena.bundle, times=1)
     as_wearable_served = arena.daemon.requests - before
     address = arena.address
     await arena.listener.aclose()  # the helper is down; the thief takes its port

@@ -32,9 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
         "ble (connect to the wearable over this machine's Bluetooth) or ble:HCI (over a bumble "
         "host on that HCI transport, e.g. ble:tcp-client:HOST:PORT of coinf radio); "
-        f"default {DEFAULT_LISTEN}. tcp+insecure:HOST:PORT (plain TCP) needs "
-        f"{argtypes.INSECURE_FLAG}",
-    )
+        f"default {DEFAULT_LISTEN}. tcp+insecure:HOST:PORT (plain) needs --insecure-plaintext")
     argtypes.add_insecure_flag(parser)
     parser.add_argument("--transport", choices=["socket", "ble"],
                         help="older spelling: ble = --listen ble (or ble:HCI with --hci)")

@@ -46,10 +46,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wifi", type=_wifi_address, metavar="tcp:HOST:PORT",
                         help="with --transport ble: a second link to the same handheld over "
                         "Wi-Fi (tcp: is TLS pinned to the handheld paired by `coinf wifi "
-                        "pair`; tcp+insecure: is plain and needs --insecure-plaintext). The "
-                        "planner chooses the link per inference; a frame whose link fails "
-                        "moves to the other")
-    argtypes.add_insecure_flag(parser)
+                        "pair`; tcp+insecure: is plain, --insecure-plaintext). The planner "
+                        "chooses the link per inference; a failed frame moves to the other")
     parser.add_argument("--wifi-emulate", metavar="PRESET", type=_wifi_preset,
                         help="shape the --wifi link like this Wi-Fi preset (emulation: "
                         "pi-zero-2w-wifi)")
@@ -102,8 +100,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "pairing window for --window-s with this fixed passkey (the handheld "
                         "gives the same); without it only bonded handhelds are served")
     parser.add_argument("--window-s", type=argtypes.seconds, default=None,
-                        help="with a passkey: how long the pairing window stays open (default "
-                        "120 s)")
+                        help="with a passkey: how long the pairing window stays open (120 s)")
+    argtypes.add_insecure_flag(parser)
     parser.add_argument("--no-fallback", action="store_true",
                         help="fail instead of finishing an inference on the wearable when the "
                         "handheld is unreachable, slow or failing (default: fall back, as a "

@@ -198,3 +198,13 @@ def test_deployed_services_run_as_a_dedicated_user_with_a_private_store(tmp_path
         in cmds
     assert cmds[-1] == "systemctl enable --now coinf-handheld.service"
     assert not any("--user" in c for c in cmds if c.startswith("systemctl"))
+
+
+def test_trust_self_is_an_explicit_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    store_dir = str(tmp_path / "tls")
+    assert main(["wifi", "trust-self", "--store", store_dir]) == 0
+    assert "copies identity.pem" in capsys.readouterr().out
+    assert TlsStore(store_dir).trusts_itself()
+    assert main(["wifi", "revoke", "self", "--store", store_dir]) == 0
+    assert not TlsStore(store_dir).trusts_itself()

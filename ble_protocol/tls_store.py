@@ -10,7 +10,7 @@ policy``'s file, or ``$COINF_TLS_DIR``), 0700, holding two 0600 files:
   certificate. Trust comes only from these records: the device does **not** trust its own
   certificate (a process that copied ``identity.pem`` is not let in as this device), so two
   roles on one machine that share a store trust each other only once a record names that
-  certificate (``coinf wifi pair``, or :meth:`TlsStore.pin` of it).
+  certificate (``coinf wifi trust-self``, or :meth:`TlsStore.pin` of it).
 
 Rules (as for BLE bond stores, :mod:`coinf.ble_protocol.bonds`): a missing directory is created
 0700; an existing one that group or others can access, or that another user owns, is refused

@@ -147,9 +147,6 @@ def test_one_machine_stores_are_one_off(tmp_path: Path) -> None:
     assert os.environ.get("COINF_TLS_DIR") == before and not directory.exists()
 
 
-# time beyond the suite's 30 s a test: two attackers, each with a watched paired device and a
-# wearable Session of several frames against the thief (about 20 s alone, more when shared)
-@pytest.mark.timeout(120)
 def test_the_identity_copy_attackers_get_nothing(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     bundle = make_tiny_bundle(tmp_path / "b")

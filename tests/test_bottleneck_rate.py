@@ -197,6 +197,9 @@ def _compress(lenet: tuple[Path, Path, Path], tmp_path: Path) -> tuple[Path, lis
                   "--tolerance", "5"]
 
 
+# time beyond the suite's 30 s a test: two compress runs, each sweeping 15 gains (2 min on 2
+# shared cores)
+@pytest.mark.timeout(420)
 def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
         lenet: tuple[Path, Path, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,6 +215,16 @@ def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
     assert "task loss" in header and len(losses) == 3, got.out  # calibrated: each one's loss
     comps = Bundle.load(root).compressors(CUT)
     assert len(comps) == 3 and len({c.gamma for c in comps}) == 3
+    assert "never calibrated" not in err
+    # a bundle never calibrated: the points come from output error, and the user is told how
+    # to choose them by the task instead
+    bare = tmp_path / "bare"
+    shutil.copytree(lenet[0], bare)
+    assert main(["compress", str(bare), *base[2:], "--cuts", "1", "--steps", "1", "--latent",
+                 "4", "--work", str(tmp_path / "w2")]) == 0
+    err = capsys.readouterr().err
+    assert "was never calibrated with a task metric" in err and "coinf calibrate" in err, err
+    assert "output error" in err
 
 
 def test_a_point_training_made_worse_falls_back_to_the_untrained_coder(

@@ -86,9 +86,9 @@ def _ctrl_fields(frame: bytes) -> dict[str, Any]:
     return out
 
 
-async def _link_failure(frame: bytes) -> str | None:
-    """The code a GattLink (both sides announced "ack") fails with when ``frame`` arrives
-    after the handshake, or None if it stays open."""
+async def _link_failure(frame: bytes, ack: bool) -> str | None:
+    """The code a GattLink (both sides announced "ack", or not) fails with when ``frame``
+    arrives after the handshake, or None if it stays open."""
     async def nothing(_: bytes) -> None:
         return None
 
@@ -96,7 +96,7 @@ async def _link_failure(frame: bytes) -> str | None:
         return None
 
     link = GattLink(role="wearable", mtu=517, peer_window=128, peer_max_message_bytes=1 << 20,
-                    write_data=nothing, write_control=nothing, disconnect=gone, ack=True)
+                    write_data=nothing, write_control=nothing, disconnect=gone, ack=ack)
     link.feed_control(frame)
     try:
         if link.is_open:
@@ -111,7 +111,7 @@ async def _link_failure(frame: bytes) -> str | None:
 
 def control(v: dict[str, Any]) -> dict[str, Any]:
     frame = bytes.fromhex(v["hex"])
-    code = asyncio.run(_link_failure(frame))
+    code = asyncio.run(_link_failure(frame, v.get("params", {}).get("ack", True)))
     try:
         fields = _ctrl_fields(frame)
     except (ProtocolError, ValueError):

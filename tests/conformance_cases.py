@@ -111,6 +111,9 @@ def control_cases() -> Iterator[dict[str, Any]]:
            "the peer's fatal ERROR: read, then the link closes with its code")]
     for name, frame, note in ok:
         yield case(f"ctrl-{name}", c, "§3", "ok", note, hex=frame, reencode=True)
+    yield case("ctrl-sent-without-ack", c, "§3", "ok", "SENT on a link where not both sides "
+               "announced ack: ignored, the link stays up", hex=ok[4][1],
+               params={"ack": False}, reencode=True)
     bad = [("empty", b"", "TRUNCATED", "an empty frame"),
            ("kind-12", b"\x0c\x00", "UNKNOWN_TYPE", "kind 12 is not defined"),
            ("credit-0", ctrl_credit(0), "MALFORMED", "CREDIT n must be 1..1024"),

@@ -167,4 +167,6 @@ def test_the_file_is_what_the_generator_writes() -> None:
     ``python -m tests.conformance_vectors`` after changing either."""
     from tests.conformance_vectors import build, text
 
+    if not all(conformance.runnable(v) for v in VECTORS):
+        pytest.skip("a codec library of the vectors is not installed: the generator needs all")
     assert conformance.VECTORS.read_text() == text(build())

@@ -174,16 +174,20 @@ class Forwarder:
             raise ProtocolError(ErrorCode.MALFORMED, f"route starts at {hop.device!r}, this "
                                 f"helper is {self.name!r}")
         try:
+            self.bundle.candidate(hop.start), self.bundle.candidate(hop.end)
+        except BundleError as exc:  # an unknown cut
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+        try:
             start, end = self.slices.pair(hop.start, hop.end)
+        except BundleError as exc:  # known cuts, FROM not before TO
+            raise ProtocolError(ErrorCode.MALFORMED, str(exc)) from None
+        try:
             comp_in = self.bundle.compressor(hop.start, hop.gamma) if hop.gamma else None
         except BundleError as exc:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
         if end is self.bundle.candidates[-1]:
             raise ProtocolError(ErrorCode.MALFORMED, "only the last hop may end at the last cut")
-        try:
-            spec = PackSpec.parse(hop.packing)
-        except ValueError as exc:
-            raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: {exc}") from None
+        spec = PackSpec.parse(hop.packing)  # a packing name: checked with the header
         nxt = rest[0]
         if nxt.start != end.id:
             raise ProtocolError(ErrorCode.MALFORMED, f"hop {nxt} does not start at cut {end.id}")

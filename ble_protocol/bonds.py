@@ -11,7 +11,8 @@ fields). :func:`list_bonds` describes the bonds of a store without their key mat
 
 Rules: a missing directory is created 0700; an existing directory that group or others can
 access is refused (:class:`BondStoreError`: we do not chmod a directory we did not create, it
-may be shared); an existing file readable or writable by group or others is tightened to 0600.
+may be shared); an existing file of another user is refused; one readable or writable by group
+or others is tightened to 0600.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def prepare_bond_store(path: str | os.PathLike[str]) -> Path:
         fst = os.lstat(file)
         if not stat.S_ISREG(fst.st_mode):
             raise BondStoreError(f"the bond store {file} is not a regular file")
+        if hasattr(os, "getuid") and fst.st_uid != os.getuid():
+            raise BondStoreError(f"the bond store {file} belongs to another user (uid "
+                                 f"{fst.st_uid}): run coinf as its owner, or choose another "
+                                 "keystore")
         if stat.S_IMODE(fst.st_mode) & 0o077:
             os.chmod(file, FILE_MODE)
     return file

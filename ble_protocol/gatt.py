@@ -401,8 +401,9 @@ class GattLink(Link):
                 self._fail(body, tell_peer=False)
             elif kind == Ctrl.ABORT:
                 self._reasm.cancel(body[1])
-            elif kind in (Ctrl.SENT, Ctrl.ACK, Ctrl.NACK, Ctrl.SYNC) and self.ack:
-                self._on_arq(kind, body)
+            elif kind in (Ctrl.SENT, Ctrl.ACK, Ctrl.NACK, Ctrl.SYNC):
+                if self.ack:  # else ignored: the peer's handshake or ours lacked "ack" (§3)
+                    self._on_arq(kind, body)
             else:
                 raise ProtocolError(ErrorCode.MALFORMED, f"unexpected {kind.name} after handshake")
         except (ProtocolError, ValueError) as exc:

@@ -12,7 +12,8 @@ Specs (the implementation is imported only when its scheme is used):
 ``tcp:HOST:PORT``          wearables connect to this TCP port (port 0: any free port), over
                            TLS 1.3: only the devices of this one's trust store get through
                            (:mod:`coinf.ble_protocol.tls`)
-``tcp+insecure:HOST:PORT`` the same in plain TCP, anyone gets through (explicit opt-out)
+``tcp+insecure:HOST:PORT`` the same in plain TCP, anyone gets through (needs the option
+                           ``allow_insecure=True``; each start logs a WARNING)
 ``unix:/path``             the same on a unix socket (plain: one machine)
 ``ble``                    connect as a GATT central to the wearable, on this machine's
                            Bluetooth stack (bleak's default backend); reconnect with backoff
@@ -24,7 +25,8 @@ Options go to the implementation, which refuses the ones it does not know: the B
 needs ``bundle_identity`` and takes ``name`` (the wearable's name or address, default
 ``coinf-wearable``) and the options of :class:`~coinf.ble_protocol.central.Central`; the socket
 listeners take ``tls`` (tcp: only; True, False or a
-:class:`~coinf.ble_protocol.tls_store.TlsStore`; default the device's store) and the bounds of
+:class:`~coinf.ble_protocol.tls_store.TlsStore`; default the device's store),
+``allow_insecure`` (plain TCP is refused without it) and the bounds of
 :class:`~coinf.ble_protocol.socket_listener.SocketListener`:
 ``max_links`` (16 connections at once),
 ``max_links_per_peer`` (4 per source address), ``handshake_timeout`` (5 s to complete the

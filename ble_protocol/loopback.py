@@ -169,6 +169,12 @@ class SocketLink(Link):
         return self._name
 
     @property
+    def unauthenticated(self) -> bool:
+        """A TCP connection without TLS (``tcp+insecure:``): nothing says who the peer is. A
+        handheld serves such a link nothing but HELLO until a HELLO succeeded (§6.5)."""
+        return self.peer is not None and self.fingerprint is None
+
+    @property
     def peer(self) -> str | None:
         """The peer's host (TCP), None on a unix socket."""
         name = self._writer.get_extra_info("peername")
@@ -456,16 +462,25 @@ def frame_header(mtype: int, request_id: int, length: int) -> bytes:
 
 
 async def connect_socket(address: str, timeout: float = 10.0, *, tls: Any = None,
-                         pin: str | None = None) -> SocketLink:
+                         pin: str | None = None, allow_insecure: bool = False) -> SocketLink:
     """Connect to a handheld daemon listening on ``address``. A ``tcp:`` address runs TLS
     (``tls``: None or True, the device's store; a
     :class:`~coinf.ble_protocol.tls_store.TlsStore`; False: plain) and checks the server's
     certificate (``pin``: that fingerprint, else any paired peer's) before anything is sent:
-    a certificate not pinned is :class:`~coinf.errors.UntrustedPeer`."""
-    from coinf.ble_protocol.tls import resolve_store
+    a certificate not pinned is :class:`~coinf.errors.UntrustedPeer`. Plain TCP
+    (``tcp+insecure:``, ``tls=False``) needs ``allow_insecure=True`` and logs a WARNING."""
+    from coinf.ble_protocol.tls import is_plain_tcp, resolve_store, warn_insecure
 
+    store = resolve_store(address, tls, allow_insecure)
+    if is_plain_tcp(address, tls):
+        warn_insecure(address, "connecting to")
+    return await dial_socket(address, timeout, store, pin)
+
+
+async def dial_socket(address: str, timeout: float, tls: Any, pin: str | None) -> SocketLink:
+    """:func:`connect_socket` with the store already resolved (``tls``: a
+    :class:`~coinf.ble_protocol.tls_store.TlsStore`, or None: plain, as the caller decided)."""
     kind, target = parse_address(address)
-    tls = resolve_store(address, tls)
     try:
         if kind == "unix":
             assert isinstance(target, str)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from coinf.ble_protocol.messages import ErrorCode, ProtocolError
+from coinf.ble_protocol.packspec import SPEC_NAMES, PackSpec
 
 from coinf.tile import Tile
 
@@ -61,6 +62,13 @@ def valid_name(name: str) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
+def wire_packing(text: str) -> str:
+    """The packing's name as the wire spells it (docs/PROTOCOL.md §6.7, "Packing names"):
+    ``str(PackSpec.parse(text))``, so ``lossless`` is ``f32`` and ``Q4`` is ``q4``;
+    ValueError for anything that is not a packing."""
+    return str(PackSpec.parse(text))
+
+
 @dataclass(frozen=True)
 class Hop:
     """One device's part of a route: run slice ``start..end`` (cut ids) on ``device``."""
@@ -83,6 +91,7 @@ class Hop:
             raise ValueError(f"gamma must be 0 or 2..255, got {self.gamma}")
         if not (0 < len(self.packing) <= MAX_SPEC and self.packing.isascii()):
             raise ValueError(f"packing spec {self.packing[:40]!r}: 1-{MAX_SPEC} ASCII chars")
+        object.__setattr__(self, "packing", wire_packing(self.packing))  # one spelling
 
     def __str__(self) -> str:
         code = f"+g{self.gamma}" if self.gamma else ""
@@ -191,9 +200,21 @@ class _Reader:
             text = raw.decode("ascii")
         except UnicodeDecodeError:
             raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST {what} is not ASCII") from None
-        if text and what != "packing spec" and not valid_name(text):
+        if what == "packing spec":
+            if text and not _is_wire_packing(text):
+                raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST packing spec {text!r} is "
+                                    f"not a packing name ({SPEC_NAMES})")
+        elif text and not valid_name(text):
             raise ProtocolError(ErrorCode.MALFORMED, f"REQUEST {what} {text!r} is not a name")
         return text
+
+
+def _is_wire_packing(text: str) -> bool:
+    """Whether ``text`` is a packing name exactly as the wire spells it."""
+    try:
+        return wire_packing(text) == text
+    except ValueError:
+        return False
 
 
 #: headers decoded lately, without their nonce: (kind, bytes after the nonce) -> request. A

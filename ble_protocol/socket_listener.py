@@ -34,9 +34,9 @@ HANDSHAKE_MAX_BYTES = 64 * 1024
 #: bytes of incoming frames all of a listener's links may hold at once
 MAX_BUFFERED_BYTES = 12 * 1024 * 1024
 
-_SOCKET_OPTIONS = ("tls", "max_links", "max_links_per_peer", "handshake_timeout", "idle_timeout",
-                   "frame_timeout", "min_rate_bps", "max_message_bytes", "max_buffered_bytes",
-                   "handshake_max_bytes")
+_SOCKET_OPTIONS = ("tls", "allow_insecure", "max_links", "max_links_per_peer",
+                   "handshake_timeout", "idle_timeout", "frame_timeout", "min_rate_bps",
+                   "max_message_bytes", "max_buffered_bytes", "handshake_max_bytes")
 
 
 @dataclass(eq=False)
@@ -103,6 +103,7 @@ class SocketListener(Listener):
         max_buffered_bytes: int = MAX_BUFFERED_BYTES,
         handshake_max_bytes: int = HANDSHAKE_MAX_BYTES,
         tls: Any = None,
+        allow_insecure: bool = False,
         **options: Any,
     ) -> None:
         from coinf.ble_protocol.loopback import ByteBudget, parse_address
@@ -150,7 +151,8 @@ class SocketListener(Listener):
             raise InputError(str(exc)) from None
         self.spec = spec
         #: the trust store TLS checks clients against, None: plain
-        self.store = resolve_store(spec, tls)
+        self.store = resolve_store(spec, tls, allow_insecure)
+        self._plain_tcp = self._kind == "tcp" and self.store is None
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._live: dict[int, _Conn] = {}  # by id(link); insertion order: oldest first
@@ -187,8 +189,12 @@ class SocketListener(Listener):
 
             server_context(self.store)  # the identity exists (made now if not) before a client
             if not self.store.peers():
-                log.info("%s: no paired device yet: only this device's own key gets through "
-                         "until one pairs (coinf wifi pair)", self.spec)
+                log.info("%s: no paired device yet: every client is refused until one pairs "
+                         "(coinf wifi pair)", self.spec)
+        if self._plain_tcp:
+            from coinf.ble_protocol.tls import warn_insecure
+
+            warn_insecure(self.spec, "listener on")
         if self._kind == "unix":
             path = str(self._target)
             with contextlib.suppress(FileNotFoundError):

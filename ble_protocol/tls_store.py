@@ -5,15 +5,19 @@ policy``'s file, or ``$COINF_TLS_DIR``), 0700, holding two 0600 files:
 
 * ``identity.pem``: this device's long-lived key pair (ECDSA P-256) and its self-signed X.509
   certificate, created on first use (needs the ``cryptography`` package);
-* ``peers.json``: the paired peers (the device also trusts its own certificate), each
-  ``{"name", "fingerprint", "cert" (PEM), "address", "added"}``. A peer's fingerprint is
-  ``sha256:`` and the hex SHA-256 of its DER certificate.
+* ``peers.json``: the pairing records, each ``{"name", "fingerprint", "cert" (PEM),
+  "address", "added"}``. A peer's fingerprint is ``sha256:`` and the hex SHA-256 of its DER
+  certificate. Trust comes only from these records: the device does **not** trust its own
+  certificate (a process that copied ``identity.pem`` is not let in as this device), so two
+  roles on one machine that share a store trust each other only once a record names that
+  certificate (``coinf wifi trust-self``, or :meth:`TlsStore.pin` of it).
 
-Rules (as for BLE bond stores): a missing directory is created 0700; an existing one that group
-or others can access, or that another user owns, is refused (:class:`TlsStoreError`); a file
-readable by others is tightened to 0600. Every write is atomic (a 0600 temporary file, then a
-rename); the identity is created with a hard link, so two processes starting at once end up
-with the same one.
+Rules (as for BLE bond stores, :mod:`coinf.ble_protocol.bonds`): a missing directory is created
+0700; an existing one that group or others can access, or that another user owns, is refused
+(:class:`TlsStoreError`); a file owned by another user is refused, one readable by others is
+tightened to 0600 (with a warning for ``identity.pem``: its key may have been copied). Every
+write is atomic (a 0600 temporary file, then a rename); the identity is created with a hard
+link, so two processes starting at once end up with the same one.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import contextlib
 import datetime
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,7 @@ PREFIX = "sha256:"
 #: the most peers a trust store keeps (a pairing beyond is refused)
 MAX_PEERS = 256
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+log = logging.getLogger(__name__)
 
 
 class TlsStoreError(UserError):
@@ -87,15 +94,24 @@ def private_dir(directory: Path) -> Path:
 
 
 def _check_file(file: Path) -> bool:
-    """Whether ``file`` exists (a regular file, tightened to 0600 if it was not)."""
+    """Whether ``file`` exists (a regular file of this user, tightened to 0600 if it was
+    not); another user's file, or a symbolic link, raises :class:`TlsStoreError`."""
     try:
         st = os.lstat(file)
     except FileNotFoundError:
         return False
     if not stat.S_ISREG(st.st_mode):
         raise TlsStoreError(f"{file} is not a regular file")
-    if stat.S_IMODE(st.st_mode) & 0o077:
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise TlsStoreError(f"{file} belongs to another user (uid {st.st_uid}): the TLS store "
+                            f"must be this user's alone; run coinf as its owner or remove it")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
         os.chmod(file, FILE_MODE)
+        if file.name == IDENTITY_FILE:
+            log.warning("%s was mode %04o (readable by other users): tightened to 0600; its key "
+                        "may have been copied: remove it and pair again for a new identity",
+                        file, mode)
     return True
 
 
@@ -255,9 +271,15 @@ class TlsStore:
         return next((p for p in self.peers() if p.fingerprint == fp), None)
 
     def trusts(self, fp: str) -> bool:
-        """Whether a peer presenting this fingerprint is trusted: a paired peer, or this device
-        itself (the same key: a helper and a wearable on one machine, a local benchmark)."""
-        return fp == self.fingerprint or self.pinned(fp) is not None
+        """Whether a peer presenting this fingerprint is trusted: only a pairing record names
+        it. This device's own certificate is not trusted unless a record names it: the key is
+        not the trust anchor for itself (docs/SECURITY.md)."""
+        return self.pinned(fp) is not None
+
+    def trusts_itself(self) -> bool:
+        """Whether a pairing record names this device's own certificate (then any process
+        that copies ``identity.pem`` is trusted as a paired peer; ``coinf doctor`` warns)."""
+        return self.pinned(self.fingerprint) is not None
 
     def pin(self, name: str, cert_der: bytes, address: str = "") -> PeerEntry:
         """Trust the peer with this certificate (replacing an entry of the same fingerprint)."""
@@ -288,6 +310,39 @@ class TlsStore:
         self._peers_key = None  # re-read (and stamp) on the next look
 
 
+def one_machine_store(directory: str | os.PathLike[str]) -> TlsStore:
+    """A fresh store whose one pairing record names its own certificate, so that the roles
+    a benchmark or the demo runs on one machine (wearable, handheld, helpers) act as one paired
+    device. Only for a throwaway directory, never the device's real store: there, a record of
+    its own certificate would let any process that copies ``identity.pem`` in."""
+    store = TlsStore(directory)
+    store.ensure_identity()
+    store.pin("this machine (one-off)", store.certificate_der(), "local")
+    return store
+
+
+@contextlib.contextmanager
+def one_machine_env() -> Iterator[TlsStore]:
+    """A :func:`one_machine_store` in a private temporary directory, made the default store
+    (``$COINF_TLS_DIR``, inherited by subprocesses) until the block ends, then removed."""
+    import shutil
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="coinf-tls-")  # 0700
+    old = os.environ.get("COINF_TLS_DIR")
+    try:
+        store = one_machine_store(Path(top) / "device")
+        os.environ["COINF_TLS_DIR"] = str(store.directory)
+        yield store
+    finally:
+        if old is None:
+            os.environ.pop("COINF_TLS_DIR", None)
+        else:
+            os.environ["COINF_TLS_DIR"] = old
+        _STORES.pop(Path(top) / "device", None)
+        shutil.rmtree(top, ignore_errors=True)
+
+
 _STORES: dict[Path, TlsStore] = {}
 
 
@@ -301,4 +356,5 @@ def default_store() -> TlsStore:
 
 
 __all__ = ["FILE_MODE", "PREFIX", "PeerEntry", "TlsStore", "TlsStoreError", "default_store",
-           "default_tls_dir", "fingerprint", "make_identity", "parse_fingerprint"]
+           "default_tls_dir", "fingerprint", "make_identity", "one_machine_env",
+           "one_machine_store", "parse_fingerprint"]

@@ -10,7 +10,7 @@ Specs (the implementation is imported only when its scheme is used):
 =========================  ==============================================================
 ``tcp:HOST:PORT``          a ``coinf handheld`` daemon listening on TCP, over TLS 1.3 with
                            pinned certificates (:mod:`coinf.ble_protocol.tls`)
-``tcp+insecure:HOST:PORT`` the same in plain TCP (the explicit opt-out: tests, loopback)
+``tcp+insecure:HOST:PORT`` the same in plain TCP (tests, loopback; needs ``allow_insecure=True``)
 ``unix:/path``             the same on a unix socket (plain: one machine)
 ``ble:HCI``                this wearable's GATT server on a bumble HCI transport
                            (``ble:hci-socket:0`` on a Pi, ``ble:usb:0``,
@@ -80,13 +80,15 @@ class Connector(ABC):
 class SocketConnector(Connector):
     """``tcp:HOST:PORT`` (TLS), ``tcp+insecure:HOST:PORT`` or ``unix:/path`` of a ``coinf
     handheld`` daemon. Options: ``fingerprint`` (``sha256:...``: the helper's pinned
-    certificate; default: any paired peer's) and ``tls`` (True, False: plain, or a
-    :class:`~coinf.ble_protocol.tls_store.TlsStore`; default: the device's store)."""
+    certificate; default: any paired peer's), ``tls`` (True, False: plain, or a
+    :class:`~coinf.ble_protocol.tls_store.TlsStore`; default: the device's store) and
+    ``allow_insecure`` (plain TCP, ``tcp+insecure:`` or ``tls=False``, is refused without it;
+    with it, each connector logs a WARNING when made)."""
 
     def __init__(self, spec: str, *, bundle: Any = None, fingerprint: str | None = None,
-                 tls: Any = None, **options: Any) -> None:
+                 tls: Any = None, allow_insecure: bool = False, **options: Any) -> None:
         from coinf.ble_protocol.loopback import parse_address
-        from coinf.ble_protocol.tls import resolve_store
+        from coinf.ble_protocol.tls import is_plain_tcp, resolve_store, warn_insecure
         from coinf.ble_protocol.tls_store import parse_fingerprint
 
         _no_options(spec, options)
@@ -95,18 +97,18 @@ class SocketConnector(Connector):
         except ValueError as exc:
             raise InputError(str(exc)) from None
         self.spec = spec
-        self.store = resolve_store(spec, tls)
+        self.store = resolve_store(spec, tls, allow_insecure)
+        if is_plain_tcp(spec, tls):
+            warn_insecure(spec, "connector to")
         self.fingerprint = parse_fingerprint(fingerprint) if fingerprint is not None else None
         if self.fingerprint is not None and self.store is None:
             raise InputError(f"{spec}: a fingerprint is checked on TLS links (tcp:HOST:PORT)")
         self.hint = f"is `coinf handheld --listen {spec}` running?"
 
     async def connect(self, timeout: float) -> Link:
-        from coinf.ble_protocol.loopback import connect_socket
+        from coinf.ble_protocol.loopback import dial_socket
 
-        return await connect_socket(self.spec, timeout=timeout,
-                                    tls=self.store if self.store is not None else False,
-                                    pin=self.fingerprint)
+        return await dial_socket(self.spec, timeout, self.store, self.fingerprint)
 
 
 class FactoryConnector(Connector):

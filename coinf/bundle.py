@@ -264,6 +264,12 @@ class Bundle:
         does. With shared weights
         ``model.onnx`` only points into ``weights.bin``, so that file's hash counts too.
         """
+        digest = hashlib.sha256(json.dumps(self.identity_cuts(), sort_keys=True).encode())
+        return f"{self.model_sha256[:16]}-{digest.hexdigest()[:8]}"
+
+    def identity_cuts(self) -> list[Any]:
+        """What :attr:`identity` hashes (docs/PROTOCOL.md §6.8): one entry per candidate, then
+        ``weights``, ``compressors`` and ``slices`` when the manifest has them."""
         cuts: list[Any] = [[c.id, [t.name for t in c.crossing], list(c.head.nodes)]
                            for c in self.candidates]
         weights = self.meta.get("weights")
@@ -276,8 +282,7 @@ class Bundle:
             # the slices themselves and what crosses: a changed tail is another bundle
             cuts.append(["slices", [[c.id, [[t.name, t.dtype, list(t.shape)] for t in c.crossing],
                                      c.head.sha256, c.tail.sha256] for c in self.candidates]])
-        digest = hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
-        return f"{self.model_sha256[:16]}-{digest[:8]}"
+        return cuts
 
     @property
     def priors_digest(self) -> str | None:

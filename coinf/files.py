@@ -54,3 +54,24 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, mode: int | None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def privacy_problems(path: Path) -> list[str]:
+    """What keeps ``path`` (a key file) and its directory from being this user's alone: a
+    file or directory of another user, group/others bits, not a regular file. Empty when
+    private or missing. Reports only (``coinf doctor``); the stores tighten or refuse."""
+    problems = []
+    for item, kind in ((path.parent, "directory"), (path, "file")):
+        try:
+            st = os.lstat(item)
+        except FileNotFoundError:
+            continue
+        if kind == "file" and not stat.S_ISREG(st.st_mode):
+            problems.append(f"{item} is not a regular file")
+            continue
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            problems.append(f"{item} belongs to uid {st.st_uid}, not this user")
+        if st.st_mode & 0o077:
+            problems.append(f"{item} is mode {stat.S_IMODE(st.st_mode):04o} (open to other "
+                            f"users; want {'0700' if kind == 'directory' else '0600'})")
+    return problems

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,6 +163,39 @@ def sweep(bundle: Bundle, cand: Candidate, crossing: np.ndarray,
     return steps
 
 
+def cached_sweep(path: Path, reuse: bool, bundle: Bundle, cand: Candidate, crossing: np.ndarray,
+                 coder: Callable[[], Any], config: str,
+                 progress: Callable[[str, int, int], None] | None = None) -> list[Step]:
+    """:func:`sweep` of ``coder()`` (made only when needed), written to ``path`` (JSON) and,
+    with ``reuse`` (``--resume``), read back instead of sweeping again when the cut, the
+    training crossing, the coder's ``config`` and the calibrated metric are the same; a file
+    that does not parse or does not match is swept again and replaced."""
+    import hashlib
+    import json
+
+    metric = bundle.meta.get("packing_calibration", {})
+    metric = metric.get("metric_spec") if isinstance(metric, dict) else None
+    digest = hashlib.sha256(np.ascontiguousarray(crossing, np.float32).tobytes())
+    digest.update(json.dumps([cand.id, config, metric, list(LADDER), SWEEP_FEEDS],
+                             sort_keys=True, default=str).encode())
+    key = digest.hexdigest()
+    if reuse and path.is_file():
+        try:
+            obj = json.loads(path.read_text())
+            if obj.get("key") == key:
+                return [Step(float(s["gain"]), float(s["bytes"]), float(s["rel_l2"]),
+                             None if s["loss_pp"] is None else float(s["loss_pp"]))
+                        for s in obj["steps"]]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # swept again below
+    steps = sweep(bundle, cand, crossing, coder(), progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "steps": [
+        {"gain": s.gain, "bytes": s.bytes, "rel_l2": s.rel_l2, "loss_pp": s.loss_pp}
+        for s in steps]}))
+    return steps
+
+
 def answers(bundle: Bundle, cand: Candidate, crossing: np.ndarray
             ) -> list[list[np.ndarray]] | None:
     """The tail's answers on each original frame of ``crossing`` (N, ...), the reference for
@@ -288,5 +322,5 @@ def numpy_coder(model: Any) -> Callable[[float], tuple[Callable[[np.ndarray], np
 
 
 __all__ = ["FALLBACK_REL_L2", "LADDER", "Reference", "Step", "answers", "as_trained",
-           "calibration_metric", "describe", "histogram_bytes", "matched_lambda", "numpy_coder",
-           "pick_gains", "reference", "sweep", "task_loss", "worse"]
+           "cached_sweep", "calibration_metric", "describe", "histogram_bytes", "matched_lambda",
+           "numpy_coder", "pick_gains", "reference", "sweep", "task_loss", "worse"]

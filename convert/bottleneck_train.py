@@ -554,8 +554,9 @@ def compress(bundle: Bundle, cid: str, train: Mapping[str, np.ndarray],
     kinds = target_kinds(t_tr, tail)
     swept: dict[float, br.Step] = {}  # the untrained coder per gain, each point's fallback
     if not gains:
-        steps = br.sweep(bundle, cand, x_tr, br.numpy_coder(initial_model(base, x_tr)),
-                         progress=progress)
+        steps = br.cached_sweep(work / "sweep.json", resume, bundle, cand, x_tr,
+                                lambda: br.numpy_coder(initial_model(base, x_tr)),
+                                base.key(), progress)
         swept = {s.gain: s for s in steps}
         gains = br.pick_gains(steps, tolerance_pp)
         if say is not None:

@@ -109,6 +109,34 @@ class Reply(NamedTuple):
     tail_s: float
 
 
+class HelloFirst:
+    """The handler of an unauthenticated link (plain TCP, ``tcp+insecure:``; docs/PROTOCOL.md
+    §6.5): nothing but HELLO is served until a HELLO was answered with HELLO_ACK (other
+    requests get ERROR UNSUPPORTED), and a refused HELLO does not name this handheld's bundle
+    identity. What such a peer learns is at most the HELLO_ACK, and only by presenting the
+    bundle identity."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.greeted = False
+
+    async def __call__(self, msg: Message) -> Message | None:
+        if msg.type == MsgType.HELLO:
+            try:
+                reply = await self._handle(msg)
+            except ProtocolError as exc:
+                if exc.code == ErrorCode.BUNDLE_MISMATCH:
+                    raise ProtocolError(ErrorCode.BUNDLE_MISMATCH, "the handheld serves another "
+                                        "bundle: split the same model on both sides") from None
+                raise
+            self.greeted = reply is not None and reply.type == MsgType.HELLO_ACK
+            return reply
+        if not self.greeted:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "HELLO first: this link is plain TCP "
+                                "(unauthenticated) and serves nothing before a HELLO_ACK")
+        return await self._handle(msg)
+
+
 class HandheldDaemon:
     """Tail side of coinf: ``handle`` is the RPC handler, ``serve`` runs it over one link.
 
@@ -203,7 +231,8 @@ class HandheldDaemon:
         try:
             await rpc.serve(
                 link,
-                self.handle,
+                HelloFirst(self.handle) if getattr(link, "unauthenticated", False)
+                else self.handle,
                 # a stage awaiting the next hop must not hold a slot: the forwarder keeps its
                 # own compute thread, so the next frame computes while this one travels on
                 self.concurrency if self.forward is None else self.max_pending,
@@ -266,19 +295,7 @@ class HandheldDaemon:
 
     async def handle(self, msg: Message) -> Message | None:
         if msg.type == MsgType.HELLO:
-            hello = decode_json(msg.payload)
-            if hello.get("protocol") != PROTOCOL_VERSION:
-                raise ProtocolError(
-                    ErrorCode.BAD_VERSION,
-                    f"wearable speaks protocol {hello.get('protocol')}, "
-                    f"handheld speaks {PROTOCOL_VERSION}",
-                )
-            if hello.get("bundle") != self.bundle.identity:
-                raise ProtocolError(
-                    ErrorCode.BUNDLE_MISMATCH,
-                    f"wearable has bundle {hello.get('bundle')}, handheld has "
-                    f"{self.bundle.identity}: split the same model on both sides",
-                )
+            check_session_hello(msg.payload, self.bundle.identity)
             return Message(MsgType.HELLO_ACK, msg.request_id, encode_json(self.hello_payload()))
         if msg.type == MsgType.STATUS:
             return Message(MsgType.STATUS, msg.request_id, encode_json(self.status()))
@@ -291,22 +308,35 @@ class HandheldDaemon:
             return await self._request(msg)
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"handheld does not accept {msg.type.name}")
 
-    async def _request(self, msg: Message) -> Message:
-        rid, size = msg.request_id, len(msg.payload)
-        tile = msg.payload[:1] in (bytes([Kind.TILE]), bytes([Kind.REST]))
+    def admit(self, payload: bytes) -> tuple[Request, memoryview]:
+        """The checks on a REQUEST before its tensors (docs/PROTOCOL.md §6.9, "Order of
+        checks"): its size, its header, a TILE's region bound, and UNSUPPORTED for STAGES of
+        several hops without the pipeline role."""
+        size = len(payload)
+        tile = payload[:1] in (bytes([Kind.TILE]), bytes([Kind.REST]))
         if size > self.max_request_bytes and not tile:  # before decoding anything
-            log.info("request %d refused: %d B exceeds %d B", rid, size, self.max_request_bytes)
-            raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
-        request, blob = decode_request(msg.payload)  # the one place a header is decoded
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"request of {size} B exceeds the "
+                                f"daemon's limit of {self.max_request_bytes} B")
+        request, blob = decode_request(payload)  # the one place a header is decoded
         if tile:  # a spatial tile (bench spatial): its region's own bound
             limit = max(self.max_request_bytes, self.tiles.budget(request.tile) + REQUEST_SLACK)
             if size > limit:
-                log.info("request %d refused: %d B exceeds %d B", rid, size, limit)
-                raise ProtocolError(ErrorCode.TOO_LARGE, "request exceeds the daemon's limit")
+                raise ProtocolError(ErrorCode.TOO_LARGE, f"request of {size} B exceeds the "
+                                    f"daemon's limit of {limit} B")
+        if request.kind == Kind.STAGES and len(request.hops) > 1 and self.forward is None:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "this handheld runs no pipeline "
+                                "stages (coinf handheld --pipeline CONFIG --name NAME)")
+        return request, blob
+
+    async def _request(self, msg: Message) -> Message:
+        rid, size = msg.request_id, len(msg.payload)
+        try:
+            request, blob = self.admit(msg.payload)
+        except ProtocolError as exc:
+            log.info("request %d refused: %s", rid, exc)
+            raise
         if request.kind == Kind.STAGES and len(request.hops) > 1:
-            if self.forward is None:
-                raise ProtocolError(ErrorCode.UNSUPPORTED, "this handheld runs no pipeline "
-                                    "stages (coinf handheld --pipeline CONFIG --name NAME)")
+            assert self.forward is not None  # admit refused it otherwise
             payload: bytes = await self.forward.handle(request, blob)
             return Message(MsgType.RESULT, rid, payload)
         cancel = CancelToken()
@@ -400,6 +430,8 @@ class HandheldDaemon:
         feeds = decode_tensors(blob, max_bytes=need)
         if comp is not None:
             check_code(comp, feeds)
+        elif request.kind == Kind.STAGES:
+            self.tails.check_feeds(cand, feeds)  # (again in tails.run: a library entry)
         return feeds
 
     def encode(self, outputs: Mapping[str, np.ndarray], elapsed: float, nonce: int = 0) -> bytes:
@@ -407,8 +439,24 @@ class HandheldDaemon:
         return encode_result([HopStats(int(elapsed * 1e6))], encode_results(outputs), nonce)
 
 
+def check_session_hello(payload: bytes, identity: str) -> dict[str, Any]:
+    """The handheld's checks on a session HELLO (docs/PROTOCOL.md §6.5), in order: a JSON
+    object (MALFORMED; TOO_LARGE over 4096 B), ``protocol`` (BAD_VERSION), ``bundle``
+    (BUNDLE_MISMATCH). Nothing else is checked."""
+    hello = decode_json(payload)
+    if hello.get("protocol") != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.BAD_VERSION, f"wearable speaks protocol "
+                            f"{hello.get('protocol')}, handheld speaks {PROTOCOL_VERSION}")
+    if hello.get("bundle") != identity:
+        raise ProtocolError(ErrorCode.BUNDLE_MISMATCH,
+                            f"wearable has bundle {str(hello.get('bundle'))[:80]}, handheld has "
+                            f"{identity}: split the same model on both sides")
+    return hello
+
+
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-__all__ = ["CAPABILITIES", "HandheldDaemon", "Reply", "RequestCancelled", "encode_results"]
+__all__ = ["CAPABILITIES", "HandheldDaemon", "HelloFirst", "Reply", "RequestCancelled",
+           "check_session_hello", "encode_results"]

@@ -72,6 +72,8 @@ class Peer:
     channel: Channel | None = None
     #: its pinned TLS certificate (``sha256:...``); None: any paired peer's
     fingerprint: str | None = None
+    #: a ``tcp+insecure:`` address is allowed (the pipeline config's ``allow_insecure``)
+    allow_insecure: bool = False
 
 
 class _PeerLink:
@@ -94,9 +96,12 @@ class _PeerLink:
                 return rpc
             await self.drop()
             pin = self.peer.fingerprint
+            plain = self.peer.address.startswith("tcp+insecure:")
             connector = (open_connector(self.peer.address, fingerprint=pin)
                          if pin and self.peer.address.startswith("tcp:")
-                         else open_connector(self.peer.address))
+                         else open_connector(self.peer.address,
+                                             allow_insecure=self.peer.allow_insecure)
+                         if plain else open_connector(self.peer.address))
             link: Link = await connect_within(connector, self.connect_timeout)
             if self.peer.channel is not None:
                 from coinf.ble_protocol.throttle import ThrottledLink
@@ -169,16 +174,20 @@ class Forwarder:
             raise ProtocolError(ErrorCode.MALFORMED, f"route starts at {hop.device!r}, this "
                                 f"helper is {self.name!r}")
         try:
+            self.bundle.candidate(hop.start), self.bundle.candidate(hop.end)
+        except BundleError as exc:  # an unknown cut
+            raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
+        try:
             start, end = self.slices.pair(hop.start, hop.end)
+        except BundleError as exc:  # known cuts, FROM not before TO
+            raise ProtocolError(ErrorCode.MALFORMED, str(exc)) from None
+        try:
             comp_in = self.bundle.compressor(hop.start, hop.gamma) if hop.gamma else None
         except BundleError as exc:
             raise ProtocolError(ErrorCode.UNKNOWN_CANDIDATE, str(exc)) from None
         if end is self.bundle.candidates[-1]:
             raise ProtocolError(ErrorCode.MALFORMED, "only the last hop may end at the last cut")
-        try:
-            spec = PackSpec.parse(hop.packing)
-        except ValueError as exc:
-            raise ProtocolError(ErrorCode.MALFORMED, f"hop {hop}: {exc}") from None
+        spec = PackSpec.parse(hop.packing)  # a packing name: checked with the header
         nxt = rest[0]
         if nxt.start != end.id:
             raise ProtocolError(ErrorCode.MALFORMED, f"hop {nxt} does not start at cut {end.id}")

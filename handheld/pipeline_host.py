@@ -59,9 +59,24 @@ async def local_helpers(bundle: Bundle, names: Sequence[str],
                         channels: Mapping[str, Channel] | None = None, *, threads: int = 1,
                         max_pending: int = 16) -> AsyncIterator[list[LocalHelper]]:
     """Start one helper per name on ``tcp:127.0.0.1:0``; ``channels[name]`` shapes the links
-    other helpers open to it. Yields them (with their addresses) and stops them on exit."""
+    other helpers open to it. Yields them (with their addresses) and stops them on exit. The
+    helpers and the caller's wearable are one machine: for the block, the default TLS store is
+    a one-off one that trusts itself (:func:`~coinf.ble_protocol.tls_store.one_machine_env`),
+    never the device's own."""
+    from coinf.ble_protocol.tls_store import one_machine_env
+
     slowdowns, channels = dict(slowdowns or {}), dict(channels or {})
     helpers: list[LocalHelper] = []
+    with one_machine_env():
+        async with _hosting(bundle, names, slowdowns, channels, threads, max_pending,
+                            helpers) as hosted:
+            yield hosted
+
+
+@contextlib.asynccontextmanager
+async def _hosting(bundle: Bundle, names: Sequence[str], slowdowns: dict[str, float],
+                   channels: dict[str, Channel], threads: int, max_pending: int,
+                   helpers: list[LocalHelper]) -> AsyncIterator[list[LocalHelper]]:
     try:
         listeners = []
         for _name in names:

@@ -203,6 +203,27 @@ def test_without_the_ack_capability_nothing_changes() -> None:
     asyncio.run(main())
 
 
+def test_loss_recovery_frames_without_ack_are_ignored() -> None:
+    """SENT, ACK, NACK and SYNC on a link without "ack" on both sides are ignored (PROTOCOL.md
+    §3), not a fatal MALFORMED: the link stays up and carries the next message."""
+
+    async def main() -> None:
+        w, h = wired(lambda way, i, c: c, ack=False)
+        for frame in (bytes([Ctrl.SENT]) + arq.sent_body(3, 1, 5),
+                      bytes([Ctrl.ACK]) + arq.ack_body(3, 1),
+                      bytes([Ctrl.NACK]) + arq.nack_body(3, 1, []),
+                      bytes([Ctrl.SYNC]) + (7).to_bytes(4, "little")):
+            h.feed_control(frame)
+        assert h.is_open
+        await w.send(Message(MsgType.PROBE, 2, b"x"))
+        got = await guarded(h.receive())
+        assert got == Message(MsgType.PROBE, 2, b"x")
+        await w.close()
+        await h.close()
+
+    asyncio.run(main())
+
+
 def test_frames_and_ledger_sync() -> None:
     assert arq.parse_sent(arq.sent_body(3, 7, 2**32 + 5)) == (3, 7, 5)
     assert arq.parse_ack(arq.ack_body(4, 9)) == (4, 9)

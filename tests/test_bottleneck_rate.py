@@ -116,6 +116,37 @@ def test_the_sweep_measures_rate_and_task_loss_of_the_untrained_coder(
     assert bare[0].loss_pp is None and br.reference(pcand, 1.0) is None
 
 
+def test_a_resumed_run_reuses_the_sweep_it_wrote(lenet: tuple[Path, Path, Path],
+                                                 tmp_path: Path) -> None:
+    """``--resume`` reads the sweep back instead of running the tail again; other crossings,
+    another coder or a damaged file are swept anew."""
+    _root, cal, data = lenet
+    bundle, cand, x = _crossing(cal, data)
+    x = x[:24]
+    cfg = bt.Config(lam=1e-8, latent=6, hidden=8, stride=1)
+    made: list[int] = []
+
+    def coder() -> object:
+        made.append(1)
+        return br.numpy_coder(bt.initial_model(cfg, x))
+
+    path = tmp_path / "sweep.json"
+    first = br.cached_sweep(path, False, bundle, cand, x, coder, cfg.key())
+    assert len(made) == 1 and path.is_file()
+    again = br.cached_sweep(path, True, bundle, cand, x, coder, cfg.key())
+    assert len(made) == 1 and again == first  # read back, nothing swept
+    br.cached_sweep(path, False, bundle, cand, x, coder, cfg.key())
+    assert len(made) == 2  # without --resume: swept again
+    br.cached_sweep(path, True, bundle, cand, x[:20], coder, cfg.key())
+    assert len(made) == 3  # other training crossings
+    br.cached_sweep(path, True, bundle, cand, x[:20], coder, "other")
+    assert len(made) == 4  # another coder
+    path.write_text('{"key": ')
+    assert br.cached_sweep(path, True, bundle, cand, x[:20], coder, "other") == \
+        br.cached_sweep(path, True, bundle, cand, x[:20], coder, "other")
+    assert len(made) == 5  # the damaged file was swept again, and the rewrite then reused
+
+
 def test_task_loss_judges_reconstructions_with_the_calibrated_metric(
         lenet: tuple[Path, Path, Path]) -> None:
     root, cal, data = lenet
@@ -166,6 +197,9 @@ def _compress(lenet: tuple[Path, Path, Path], tmp_path: Path) -> tuple[Path, lis
                   "--tolerance", "5"]
 
 
+# time beyond the suite's 30 s a test: two compress runs, each sweeping 15 gains (2 min on 2
+# shared cores)
+@pytest.mark.timeout(420)
 def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
         lenet: tuple[Path, Path, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,6 +215,16 @@ def test_compress_without_a_cut_sweeps_and_prints_its_rate_points(
     assert "task loss" in header and len(losses) == 3, got.out  # calibrated: each one's loss
     comps = Bundle.load(root).compressors(CUT)
     assert len(comps) == 3 and len({c.gamma for c in comps}) == 3
+    assert "never calibrated" not in err
+    # a bundle never calibrated: the points come from output error, and the user is told how
+    # to choose them by the task instead
+    bare = tmp_path / "bare"
+    shutil.copytree(lenet[0], bare)
+    assert main(["compress", str(bare), *base[2:], "--cuts", "1", "--steps", "1", "--latent",
+                 "4", "--work", str(tmp_path / "w2")]) == 0
+    err = capsys.readouterr().err
+    assert "was never calibrated with a task metric" in err and "coinf calibrate" in err, err
+    assert "output error" in err
 
 
 def test_a_point_training_made_worse_falls_back_to_the_untrained_coder(

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from coinf.ble_protocol.link import Link, LinkClosed
 from coinf.ble_protocol.listen import open_listener
-from coinf.ble_protocol.loopback import connect_socket
+from coinf.ble_protocol.loopback import SocketLink
+from coinf.ble_protocol.loopback import connect_socket as _connect_socket
 from coinf.ble_protocol.messages import (
     PROTOCOL_VERSION,
     ErrorCode,
@@ -57,12 +58,19 @@ async def handler(msg: Message) -> Message:
     return Message(MsgType.RESULT, msg.request_id, msg.payload)
 
 
+async def connect_socket(address: str, timeout: float = 10.0) -> SocketLink:
+    """A client link; plain TCP allowed (these tests write frames by hand)."""
+    return await _connect_socket(address, timeout, allow_insecure=True)
+
+
 @contextlib.asynccontextmanager
 async def listening(spec: str = "tcp+insecure:127.0.0.1:0", *,
                     serve: Callable[[Link], Awaitable[Any]] | None = None,
                     **options: Any) -> AsyncIterator[SocketListener]:
     """A socket listener (plain TCP: these tests write frames by hand; TLS: test_tls.py); with
     ``serve``, every link it yields is served by it in a task."""
+    if spec.startswith("tcp+insecure:"):
+        options.setdefault("allow_insecure", True)
     async with open_listener(spec, **options) as listener:
         assert isinstance(listener, SocketListener)
         tasks: set[asyncio.Task[Any]] = set()

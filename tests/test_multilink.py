@@ -306,8 +306,10 @@ def _warnings(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
 def _local_options(wifi: str) -> SessionOptions:
     """The handheld in-process (the transport's link, named ``handheld``) and a second link
     ``wifi`` at ``wifi``; a handshake is waited 0.5 s."""
+    alt = (AlternateLink(transport=wifi, transport_options={"allow_insecure": True})
+           if wifi.startswith("tcp+insecure:") else wifi)
     return SessionOptions(
-        link=LinkOptions(alternates={"wifi": wifi}, timeout=10.0, connect_timeout=0.5,
+        link=LinkOptions(alternates={"wifi": alt}, timeout=10.0, connect_timeout=0.5,
                          max_backoff_s=0.5),
         planner=PlannerOptions(objective="latency", wearable_profile=_slow_wearable()))
 

@@ -126,8 +126,10 @@ async def test_hostile_pipeline_requests_are_refused(bundle) -> None:
         ids = [c.id for c in bundle.candidates]
         x = frames(bundle, 1)[0]
 
-        async def ask(hops: list[Hop], tensors: dict) -> ProtocolError:
+        async def ask(hops: list[Hop], tensors: dict, edit: tuple[bytes, bytes] = (b"", b"")
+                      ) -> ProtocolError:
             payload = encode_request(Request.route(hops), encode_tensors(tensors))
+            payload = payload.replace(*edit, 1) if edit[0] else payload
             with pytest.raises(ProtocolError) as info:
                 await rpc.request(MsgType.REQUEST, payload, 5.0)
             return info.value
@@ -138,6 +140,8 @@ async def test_hostile_pipeline_requests_are_refused(bundle) -> None:
         good = [hop("h1", 0, 3), hop("h2", 3, -1)]
         assert "this helper is" in (await ask([hop("h2", 0, 3), hop("h1", 3, -1)], x)).text
         assert (await ask([hop("h1", 3, 1), hop("h2", 1, -1)], x)).code \
+            == ErrorCode.MALFORMED  # FROM after TO (PROTOCOL.md §6.11)
+        assert (await ask(good, x, (b"\x04" + ids[3].encode(), b"\x04c999"))).code \
             == ErrorCode.UNKNOWN_CANDIDATE
         assert "no peer" in (await ask([hop("h1", 0, 3), hop("evil", 3, -1)], x)).text
         assert "last cut" in (await ask([hop("h1", 0, 3)], x)).text  # a tail must reach it
@@ -145,8 +149,8 @@ async def test_hostile_pipeline_requests_are_refused(bundle) -> None:
         assert "does not start" in (await ask([hop("h1", 0, 3), hop("h2", 4, -1)], x)).text
         bad = {k: v.astype(np.float64) for k, v in x.items()}
         assert (await ask(good, bad)).code in (ErrorCode.MALFORMED, ErrorCode.TOO_LARGE)
-        assert (await ask([hop("h1", 0, 3, packing="q99"), hop("h2", 3, -1)], x)).code \
-            == ErrorCode.MALFORMED
+        assert (await ask([hop("h1", 0, 3, packing="q8"), hop("h2", 3, -1)], x,
+                          (b"\x02q8", b"\x03q99"))).code == ErrorCode.MALFORMED
         reply = await rpc.request(MsgType.REQUEST, encode_request(
             Request.route(good), encode_tensors(x)), 5.0)
         stats, _ = decode_result(reply.payload, 2)

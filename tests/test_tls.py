@@ -214,7 +214,7 @@ def test_tls_stalling_connections_are_dropped_and_do_not_lock_out_a_paired_clien
 
 def test_plain_links_are_an_explicit_opt_out(tmp_path: Path) -> None:
     async def main() -> None:
-        async with open_listener("tcp+insecure:127.0.0.1:0") as plain:
+        async with open_listener("tcp+insecure:127.0.0.1:0", allow_insecure=True) as plain:
             address = plain.address  # type: ignore[attr-defined]
             assert address.startswith("tcp+insecure:")
             tls_address = address.replace("tcp+insecure:", "tcp:")
@@ -223,7 +223,7 @@ def test_plain_links_are_an_explicit_opt_out(tmp_path: Path) -> None:
             tried = await asyncio.wait_for(plain.accept(), 10)
             with pytest.raises(ProtocolError, match="magic"):  # its ClientHello, as a frame
                 await asyncio.wait_for(tried.receive(), 10)
-            link = await connect_socket(address, 5)
+            link = await connect_socket(address, 5, allow_insecure=True)
             served = await asyncio.wait_for(plain.accept(), 10)
             await link.send(Message(MsgType.PROBE, 1, b"hi"))
             assert (await asyncio.wait_for(served.receive(), 10)).payload == b"hi"
@@ -233,7 +233,8 @@ def test_plain_links_are_an_explicit_opt_out(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="plain link"):
         open_listener("unix:/tmp/x.sock", tls=True)
     with pytest.raises(InputError, match="TLS links"):
-        open_connector("tcp+insecure:127.0.0.1:9", fingerprint="sha256:" + "0" * 64)
+        open_connector("tcp+insecure:127.0.0.1:9", fingerprint="sha256:" + "0" * 64,
+                       allow_insecure=True)
 
 
 def test_a_pipeline_config_pins_a_helper_fingerprint(tmp_path: Path) -> None:

@@ -99,7 +99,8 @@ async def _socket_pair():
         lambda r, w: on_link(SocketLink(r, w, "srv")), "127.0.0.1", 0
     )
     port = server.sockets[0].getsockname()[1]
-    client = await connect_socket(f"tcp+insecure:127.0.0.1:{port}")  # a plain test server
+    client = await connect_socket(f"tcp+insecure:127.0.0.1:{port}",  # a plain test server
+                                  allow_insecure=True)
     srv = await server_links.get()
     return server, client, srv, done
 

@@ -253,6 +253,12 @@ class ShapedConnector(Connector):
         await self.inner.aclose()
 
 
+def _connector_options(helper: Any, spec: str) -> dict[str, Any]:
+    """A helper config's options for a connector to ``spec`` (``allow_insecure``)."""
+    options = getattr(helper, "connector_options", None)
+    return dict(options(spec)) if options is not None else {}
+
+
 def helper_connection(helper: Any, bundle: Any, *, connect_timeout: float,
                       request_timeout: float, max_backoff_s: float,
                       ble_options: Mapping[str, Any] | None = None) -> Connection:
@@ -268,7 +274,7 @@ def helper_connection(helper: Any, bundle: Any, *, connect_timeout: float,
         pin = getattr(helper, "fingerprint", None)
         connector = (open_connector(spec, bundle=bundle) if spec.startswith("inprocess")
                      else open_connector(spec, fingerprint=pin) if pin and spec.startswith("tcp:")
-                     else open_connector(spec))
+                     else open_connector(spec, **_connector_options(helper, spec)))
         if helper.channel is not None:
             connector = ShapedConnector(connector, helper.channel)
     return Connection(connector, bundle.identity, connect_timeout=connect_timeout,

@@ -209,7 +209,8 @@ class LinkOptions(_Options):
         :class:`~coinf.ble_protocol.shaped.Channel` (in-process handheld behind a shaped link),
         a :class:`~coinf.ble_protocol.link.Link`, or an async factory returning one. The
         scheme is checked when the Session opens its connector.
-    transport_options: options of the transport (BLE: ``name``, ``keystore``, ``mtu``...).
+    transport_options: options of the transport (BLE: ``name``, ``keystore``, ``mtu``...;
+        ``tcp:``: ``fingerprint``; ``tcp+insecure:`` needs ``allow_insecure=True``).
     helper_ble_options: the same for the helpers this wearable reaches over BLE (a helper whose
         ``wearable_link`` is ``ble:...``: this wearable's GATT server pairs with it, so
         ``keystore``, ``passkey``, ``pairing_window_s``...).
@@ -319,7 +320,8 @@ class AlternateLink(_Options):
     """One more link to the same handheld (``LinkOptions.alternates``).
 
     transport: its spec (``tcp:HOST:PORT``: TLS 1.3 pinned to the paired handheld, as
-        helpers are; ``tcp+insecure:HOST:PORT``: the plain opt-out; ``ble:HCI``...).
+        helpers are; ``tcp+insecure:HOST:PORT``: plain TCP, with ``transport_options=
+        {"allow_insecure": True}`` only; ``ble:HCI``...).
     kind: the radio it uses, ``ble`` or ``wifi`` (default: ``ble`` for ``ble:`` specs,
         ``wifi`` otherwise): how the planner prices its energy and its first estimate.
     transport_options: options of that transport (``fingerprint="sha256:..."`` pins one

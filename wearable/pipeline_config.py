@@ -39,6 +39,15 @@ class HelperConfig:
     wearable_link: str | None = None
     #: the pinned certificate of its TLS listener (``sha256:...``); None: any paired peer's
     fingerprint: str | None = None
+    #: a ``tcp+insecure:`` address or wearable_link is allowed (the config's
+    #: ``"allow_insecure": true``; plain TCP is refused without it)
+    allow_insecure: bool = False
+
+    def connector_options(self, spec: str) -> dict[str, Any]:
+        """The options a connector to ``spec`` (this helper's) needs beyond the spec."""
+        if spec.startswith("tcp+insecure:"):
+            return {"allow_insecure": self.allow_insecure}
+        return {}
 
     @property
     def channel(self) -> Channel | None:
@@ -118,7 +127,7 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
             speed_flops=nums["speed_gflops"] * 1e9 if nums["speed_gflops"] else None,
             shape=bool(e.get("shape", False)),
             wearable_link=_wearable_link(e.get("wearable_link"), f"{where}: helpers[{i}]"),
-            fingerprint=fp))
+            fingerprint=fp, allow_insecure=_allow_insecure(e, f"{where}: helpers[{i}]")))
     names = [h.name for h in helpers]
     if len(set(names)) != len(names):
         raise InputError(f"{where}: helper names must be unique, got {names}")
@@ -132,6 +141,21 @@ def load_helpers(source: str | Path | Mapping[str, Any]) -> list[HelperConfig]:
 
 
 WEARABLE_LINK_SCHEMES = ("tcp", "tcp+insecure", "unix", "ble")
+
+
+def _allow_insecure(entry: Mapping[str, Any], where: str) -> bool:
+    """A helper entry's ``allow_insecure`` (default false): required for a ``tcp+insecure:``
+    address or wearable_link (plain TCP stays opt-in, docs/SECURITY.md)."""
+    insecure = entry.get("allow_insecure", False)
+    if not isinstance(insecure, bool):
+        raise InputError(f"{where}.allow_insecure must be true or false, got {insecure!r}")
+    plain = [a for a in (entry.get("address"), entry.get("wearable_link"))
+             if isinstance(a, str) and a.startswith("tcp+insecure:")]
+    if plain and not insecure:
+        raise InputError(f"{where} {plain[0]} is plain TCP (no encryption, no authentication): "
+                         f"add \"allow_insecure\": true to that helper to run it anyway, or use "
+                         f"tcp:HOST:PORT (TLS)")
+    return insecure
 
 
 def _wearable_link(value: Any, where: str) -> str | None:

@@ -190,3 +190,30 @@ __all__ = [
     "non_negative", "number", "passkey", "percent", "positive", "positive_int", "seconds", "seed",
     "slowdown", "threads", "threads_or_auto",
 ]
+
+
+#: the flag that allows plain TCP (``tcp+insecure:``) on a command that opens one
+INSECURE_FLAG = "--insecure-plaintext"
+
+
+def add_insecure_flag(parser: argparse.ArgumentParser) -> None:
+    """``--insecure-plaintext``: the second opt-in a ``tcp+insecure:`` spec needs."""
+    parser.add_argument(INSECURE_FLAG, dest="insecure_plaintext", action="store_true",
+                        help="allow tcp+insecure:HOST:PORT (plain TCP: no encryption, no "
+                        "authentication; tests and loopback benchmarks only; docs/SECURITY.md)")
+
+
+def insecure_options(args: argparse.Namespace, *specs: str | None) -> dict[str, bool]:
+    """``{"allow_insecure": True}`` when one of ``specs`` is ``tcp+insecure:`` and the flag was
+    given, ``{}`` when none is; one is, without the flag: :class:`~coinf.errors.UserError`
+    naming the flag (exit 2)."""
+    from coinf.errors import UserError
+
+    plain = [s for s in specs if isinstance(s, str) and s.startswith("tcp+insecure:")]
+    if not plain:
+        return {}
+    if not getattr(args, "insecure_plaintext", False):
+        raise UserError(f"{plain[0]} is plain TCP (no encryption, no authentication): add "
+                        f"{INSECURE_FLAG} to run it anyway, or use tcp:HOST:PORT (TLS, "
+                        f"`coinf wifi pair`)")
+    return {"allow_insecure": True}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run a coinf command as the wearable service does (installed as @PREFIX@/bin/coinf-svc by
 # provision.sh): as the service user, with only the capabilities the HCI user channel needs,
-# and with the service's configuration (bond store, policy, profiles under @STATE@).
+# and with the service's configuration (bond store, TLS store, policy, profiles under @STATE@).
 #   sudo coinf-svc wearable pair [--window-s 120]     bond a handheld
+#   sudo coinf-svc wifi pair --connect tcp:IP:7879    pair a Wi-Fi helper (the service's key)
 #   sudo coinf-svc doctor                             check the controller, runtime, memory...
 #   sudo coinf-svc profile --bundle @STATE@/bundle    profile this Pi for the service's planner
 #   sudo coinf-svc run @STATE@/bundle --transport ble --hci hci-socket:0 ...
@@ -10,7 +11,7 @@
 # run) the service is stopped first and started again afterwards.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "coinf-svc: run with sudo" >&2; exit 2; }
-[ $# -gt 0 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 hci="hci-socket:0"
 if [ -r /etc/default/coinf-wearable ]; then
     # shellcheck disable=SC1091
@@ -34,4 +35,5 @@ fi
 setpriv --reuid=@USER@ --regid=@USER@ --init-groups \
     --inh-caps=+net_admin,+net_raw --ambient-caps=+net_admin,+net_raw \
     env HOME=@STATE@ COINF_CONFIG=@STATE@/policy.json COINF_CONTROL=/run/coinf/control.sock \
+    COINF_TLS_DIR=@STATE@/tls \
     @PREFIX@/venv/bin/coinf "${args[@]}"

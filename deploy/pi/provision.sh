@@ -9,7 +9,8 @@
 # What it does (each step is skipped when already done, so running it again is safe):
 #   1. apt: python3-venv (Raspberry Pi OS refuses system-wide pip: PEP 668);
 #   2. a system user `coinf` (no login) and its state dir /var/lib/coinf (bundle, bonds,
-#      policy), group-writable for the admin user so `coinf push` can deliver bundles;
+#      policy), group-writable for the admin user so `coinf push` can deliver bundles; the key
+#      stores in it (bonds/, tls/) are 0700 and the service user's alone;
 #   3. a venv in /opt/coinf/venv with the wheel's `coinf[wearable]`;
 #   4. the controller for coinf: bluetoothd disabled (bumble drives the controller through the
 #      HCI user channel), the radio unblocked; the service gets CAP_NET_ADMIN instead of root;
@@ -151,6 +152,7 @@ if [ -n "$admin" ] && [ "$admin" != root ] && [ "$admin" != "$user" ]; then
 fi
 run install -d -m 2775 -o "$user" -g "$user" "$state"
 run install -d -m 0700 -o "$user" -g "$user" "$state/bonds"
+run install -d -m 0700 -o "$user" -g "$user" "$state/tls"  # identity.pem, peers.json
 
 # 3. the venv and coinf[wearable]
 if [ -x "$prefix/venv/bin/python" ]; then

@@ -22,7 +22,8 @@ a wearable Session runs frames against it), ``connection_flood`` (connections st
 TLS handshake, as fast as they are taken, from three other addresses) and
 ``connection_flood_same_address`` (the same from the paired device's own address); then
 ``tampered_tail``, ``replayed_result`` and the BLE attackers (``ble_*``) of
-:mod:`coinf.cli.bench.attack_peers`; the pairing attackers of
+:mod:`coinf.cli.bench.attack_peers`; the ``identity_copy_*`` attackers of
+:mod:`coinf.cli.bench.attack_keys`; the pairing attackers of
 :mod:`coinf.cli.bench.attack_pairing` (rotating-address flood, failed-pairing injection,
 tracking) and :mod:`coinf.cli.bench.attack_wifi` (Wi-Fi responder hold), which add ``pair_s``:
 the time a new device took to pair during the attack. Add one with ``@attacker`` in a module
@@ -44,6 +45,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import (  # each attack_* module registers its attackers on import
+    attack_keys,  # noqa: F401
     attack_pairing,  # noqa: F401
     attack_peers,  # noqa: F401
     attack_wifi,  # noqa: F401

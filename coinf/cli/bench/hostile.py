@@ -15,8 +15,9 @@ Two scenarios, each against a real process of the library:
   RSS growth over its warm RSS, how many attackers it dropped, and when a real wearable,
   trying every 0.5 s from 127.0.0.1, was served.
 
-The helper listens on ``tcp+insecure:``: plain TCP is the worst case, what a paired device gone
-bad could do inside TLS (an unpaired one is refused at the TLS handshake: ``bench attack``).
+The helper listens on ``tcp+insecure:`` (``--insecure-plaintext``): plain TCP is the worst
+case, what a paired device gone bad could do inside TLS (an unpaired one is refused at the
+TLS handshake: ``bench attack``).
 
 Goal (issue 41): each at most 16 MiB extra.
 """
@@ -212,7 +213,8 @@ async def _attack(args: argparse.Namespace, bundle: Any, split: str, port: int, 
     feeds = _feeds(bundle)
     opts = SessionOptions(placement=PlacementOptions(split=split),
                           link=LinkOptions(transport=f"tcp+insecure:127.0.0.1:{port}", timeout=5,
-                                           fallback=False))
+                                           fallback=False,
+                                           transport_options={"allow_insecure": True}))
     async with AsyncSession(bundle.root, opts) as warm:  # the helper's warm RSS
         await warm.run(None, feeds)
     base = _reset_peak(pid)
@@ -253,7 +255,7 @@ def _slow(args: argparse.Namespace, bundle: Any, split: str) -> dict[str, Any]:
     port = _free_port()
     helper = subprocess.Popen(
         [sys.executable, "-m", "coinf", "handheld", "--bundle", str(bundle.root), "--listen",
-         f"tcp+insecure:127.0.0.1:{port}", "--threads", "1"],
+         f"tcp+insecure:127.0.0.1:{port}", "--insecure-plaintext", "--threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert helper.stdout is not None

@@ -194,9 +194,11 @@ async def _measure(args: argparse.Namespace, ble: RadioLink | None) -> dict[str,
     import numpy as np
 
     from coinf.ble_protocol.shaped import Channel
+    from coinf.ble_protocol.tls_store import one_machine_env
     from coinf.handheld.pipeline_host import local_helpers
 
-    with tempfile.TemporaryDirectory() as tmpdir:
+    # the helper processes and this wearable: one machine, one one-off paired identity
+    with tempfile.TemporaryDirectory() as tmpdir, one_machine_env():
         bundle = _bundle(args, Path(tmpdir))
         k = args.devices
         names = [f"h{i}" for i in range(1, k)]

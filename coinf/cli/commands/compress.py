@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"training {points_per_cut} bottleneck(s) at {', '.join(cuts)} on {n_tr} feeds, "
           f"measuring on {n_te} held out"
           + ("" if limit is None else f", within {limit:g} s"), file=sys.stderr)
+    if auto and not gains:
+        _note_uncalibrated(bundle)
     began, trained = time.monotonic(), 0
     for k, cut in enumerate(cuts):
         if auto:
@@ -169,6 +171,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"no cut of {', '.join(cuts)} could be trained (see the notes above); "
                          f"name another with --cut")
     return 0
+
+
+def _note_uncalibrated(bundle: Any) -> None:
+    """Say so when ``bundle`` has no task metric to choose the rate points by."""
+    from coinf.convert.bottleneck_rate import FALLBACK_REL_L2, calibration_metric
+
+    if calibration_metric(bundle) is None:
+        print(f"note: {bundle.root} was never calibrated with a task metric: the rate points "
+              f"are chosen by {100 * FALLBACK_REL_L2:g} % output error, usually far more "
+              f"bytes than the task needs; run `coinf calibrate BUNDLE --data LABELLED.npz "
+              f"--metric M --candidates CUT` first to choose them by the task's own loss",
+              file=sys.stderr)
 
 
 def _table(points: Sequence[Any], crossing_bytes: int) -> list[str]:

@@ -376,6 +376,10 @@ def measure(args: argparse.Namespace, bundle_dir: Path, ids: list[str],
     try:
         with tempfile.TemporaryDirectory(prefix="coinf-demo-") as tmp:
             hh_args, wear_args, where = _link_args(args, tmp, stops)
+            if args.transport == "wifi":  # TLS as on a real link, with a one-off identity
+                from coinf.ble_protocol.tls_store import one_machine_store
+
+                env["COINF_TLS_DIR"] = str(one_machine_store(Path(tmp) / "tls").directory)
             _start_handheld([*coinf, "handheld", "--bundle", str(bundle_dir), *hh_args], env,
                             stops)
             if args.transport == "wifi":
@@ -435,9 +439,9 @@ def _link_args(args: argparse.Namespace, tmp: str,
         from coinf.ble_protocol.wifi_preset import wifi_preset
 
         w = wifi_preset(args.wifi_preset)
-        return (["--listen", f"tcp+insecure:127.0.0.1:{_free_port()}"],
+        return (["--listen", f"tcp:127.0.0.1:{_free_port()}"],
                 ["--transport", "socket", "--handheld", "WIFI"],
-                f"over TCP through the emulated {w.name} Wi-Fi air "
+                f"over TLS 1.3 through the emulated {w.name} Wi-Fi air "
                 f"({w.throughput_bps / 1e6:g} MB/s, RTT {w.rtt_ms:g} ms)")
     address = f"unix:{tmp}/handheld.sock"
     return (["--listen", address], ["--transport", "socket", "--handheld", address],

@@ -11,7 +11,9 @@
 * the bond stores (``coinf wearable pair`` / ``coinf handheld pair``): every bond, with the peer's
   identity address, the store's role, the key type and when it was made (never key material);
   the Wi-Fi devices paired with ``coinf wifi pair`` (name, fingerprint, address, when; revoked
-  with ``coinf wifi revoke``); and the bundle's identity.
+  with ``coinf wifi revoke``); the key files (``identity.pem``, ``peers.json``, the bond
+  stores: each this user's, 0600, in a 0700 directory; warns when a pairing record names this
+  device's own certificate, docs/SECURITY.md); and the bundle's identity.
 
 Each check is ``ok``, ``warn`` or ``fail``; the exit code is 1 when any check fails, else 0.
 
@@ -270,6 +272,44 @@ def wifi_peers_check() -> dict[str, Any]:
     return _check("ok", f"{text} (revoke with `coinf wifi revoke NAME`)", peers=rows)
 
 
+def key_files_check(keystores: list[str] | None = None) -> dict[str, Any]:
+    """identity.pem, peers.json and the bond stores: files of this user, 0600, in 0700
+    directories; and whether a pairing record names this device's own certificate (then a
+    copy of identity.pem is trusted as a peer). Reports, changes nothing."""
+    from coinf.ble_protocol.tls_store import (
+        IDENTITY_FILE,
+        PEERS_FILE,
+        TlsStoreError,
+        default_store,
+        default_tls_dir,
+    )
+    from coinf.files import privacy_problems
+
+    tls = default_tls_dir()
+    files = [tls / IDENTITY_FILE, tls / PEERS_FILE, *(p for _, p in bond_stores(keystores))]
+    present = [f for f in files if f.exists()]
+    problems = [p for f in present for p in privacy_problems(f)]
+    self_trusted = False
+    if (tls / IDENTITY_FILE).exists() and not problems:
+        with contextlib.suppress(TlsStoreError, OSError):
+            self_trusted = default_store().trusts_itself()
+    extra = {"files": [str(f) for f in present], "problems": problems,
+             "trusts_itself": self_trusted}
+    if problems:
+        return _check("warn", "; ".join(dict.fromkeys(problems)) + ": the next coinf command "
+                      "tightens a file to 0600 (a key readable by others may have been copied: "
+                      "make a new identity and pair again); `chmod 700` a directory", **extra)
+    if self_trusted:
+        return _check("warn", f"{tls / PEERS_FILE} has a record of this device's own "
+                      "certificate: any process that copies identity.pem is trusted as a peer; "
+                      "revoke it (`coinf wifi revoke NAME`) unless two roles here share the "
+                      "store on purpose", **extra)
+    if not present:
+        return _check("ok", "no key files yet", **extra)
+    return _check("ok", f"{len(present)} key files, each 0600 and this user's, in private "
+                  "directories", **extra)
+
+
 def revoke(address: str, keystores: list[str] | None) -> int:
     """``--revoke ADDRESS``: remove that peer's bond from the stores."""
     from coinf.ble_protocol.bonds import revoke_bond
@@ -319,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
         "memory": memory_check(role),
         "cpu_governor": governor_check(),
         "bonds": bonds_check(args.keystore),
+        "key_files": key_files_check(args.keystore),  # before anything tightens them
         "wifi_peers": wifi_peers_check(),
         "bundle": bundle_check(args.bundle),
     }

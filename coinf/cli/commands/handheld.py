@@ -32,8 +32,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="where links come from: tcp:HOST:PORT or unix:/path (wearables connect here), "
         "ble (connect to the wearable over this machine's Bluetooth) or ble:HCI (over a bumble "
         "host on that HCI transport, e.g. ble:tcp-client:HOST:PORT of coinf radio); "
-        f"default {DEFAULT_LISTEN}",
-    )
+        f"default {DEFAULT_LISTEN}. tcp+insecure:HOST:PORT (plain) needs --insecure-plaintext")
+    argtypes.add_insecure_flag(parser)
     parser.add_argument("--transport", choices=["socket", "ble"],
                         help="older spelling: ble = --listen ble (or ble:HCI with --hci)")
     parser.add_argument("--wearable", default="coinf-wearable",
@@ -141,7 +141,7 @@ def ble_pairing_options(args: argparse.Namespace, spec: str) -> dict[str, Any]:
 
 
 def is_socket(spec: str) -> bool:
-    return spec.partition(":")[0] in ("tcp", "unix")
+    return spec.partition(":")[0] in ("tcp", "tcp+insecure", "unix")
 
 
 def listen_spec(args: argparse.Namespace) -> str:
@@ -183,18 +183,22 @@ def run(args: argparse.Namespace) -> int:
     if args.max_pending < 1:
         raise UserError("--max-pending must be >= 1")
     limits = socket_limits(args, spec, *([own_address] if forward is not None else []))
+    insecure = argtypes.insecure_options(args, spec, own_address or None)
     bundle = Bundle.load(args.bundle)
     # the largest frame a peer may send follows the model (issue 41: memory a peer can pin)
     limits.setdefault("max_message_bytes", request_bound(bundle) if args.max_request_mib is None
                       else int(args.max_request_mib * 2**20))
     options: dict[str, Any] = dict(limits) if is_socket(spec) else {}
+    if spec.startswith("tcp+insecure:"):
+        options.update(insecure)
     is_ble = spec.partition(":")[0] == "ble"
     if is_ble:
         options = {"bundle_identity": bundle.identity, "name": args.wearable}
         options.update(ble_pairing_options(args, spec))
     listener = open_listener(spec, **options)  # a bad spec fails before the bundle loads tails
     # a pipeline helper also listens on its config address, where its peers reach it
-    peers = (open_listener(own_address, **(limits if is_socket(own_address) else {}))
+    peers = (open_listener(own_address, **(limits if is_socket(own_address) else {}),
+                           **(insecure if own_address.startswith("tcp+insecure:") else {}))
              if own_address and spec != own_address else None)
     from coinf.cli.paths import naming
     from coinf.device.profile import load_or_default

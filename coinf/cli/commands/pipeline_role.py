@@ -29,8 +29,8 @@ def forwarder_for(args: argparse.Namespace) -> tuple[Callable[[Any, Any], Any], 
                         f"(wearable_link {own.wearable_link!r}): give --listen ble:HCI (or "
                         f"--listen ble), so this helper connects to the wearable as a central; "
                         f"it also listens on {own.address} for its peers")
-    peers = {h.name: Peer(h.name, h.address, h.channel, h.fingerprint) for h in helpers
-             if h.name != args.name}
+    peers = {h.name: Peer(h.name, h.address, h.channel, h.fingerprint, h.allow_insecure)
+             for h in helpers if h.name != args.name}
 
     def make(bundle: Any, emulation: Any) -> Forwarder:
         return Forwarder(bundle, args.name, peers, emulation=emulation)

@@ -46,8 +46,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wifi", type=_wifi_address, metavar="tcp:HOST:PORT",
                         help="with --transport ble: a second link to the same handheld over "
                         "Wi-Fi (tcp: is TLS pinned to the handheld paired by `coinf wifi "
-                        "pair`; tcp+insecure: is plain). The planner chooses the link per "
-                        "inference; a frame whose link fails moves to the other")
+                        "pair`; tcp+insecure: is plain, --insecure-plaintext). The planner "
+                        "chooses the link per inference; a failed frame moves to the other")
     parser.add_argument("--wifi-emulate", metavar="PRESET", type=_wifi_preset,
                         help="shape the --wifi link like this Wi-Fi preset (emulation: "
                         "pi-zero-2w-wifi)")
@@ -100,8 +100,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "pairing window for --window-s with this fixed passkey (the handheld "
                         "gives the same); without it only bonded handhelds are served")
     parser.add_argument("--window-s", type=argtypes.seconds, default=None,
-                        help="with a passkey: the pairing window (default 120 s); failed "
-                        "pairings end the run (exit 4) only when it closes without a bond")
+                        help="with a passkey: how long the pairing window stays open (120 s)")
+    argtypes.add_insecure_flag(parser)
     parser.add_argument("--no-fallback", action="store_true",
                         help="fail instead of finishing an inference on the wearable when the "
                         "handheld is unreachable, slow or failing (default: fall back, as a "
@@ -174,6 +174,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError("--transport socket needs --handheld unix:/path or tcp:HOST:PORT")
     if args.transport == "ble" and not args.hci:
         raise UserError("--transport ble needs --hci hci-socket:0, usb:0 or tcp-client:HOST:PORT")
+    argtypes.insecure_options(args, args.handheld if args.transport == "socket" else None,
+                              getattr(args, "wifi", None))
     wifi_link(args)
 
 
@@ -498,7 +500,8 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
             placement=PlacementOptions(packing=args.packing, runtime=args.runtime,
                                        handheld_runtime=args.handheld_runtime),
             link=LinkOptions(transport=transport,
-                             transport_options=ble if args.transport == "ble" else {},
+                             transport_options=ble if args.transport == "ble" else
+                             argtypes.insecure_options(args, transport),
                              helper_ble_options=ble if over_ble else {},
                              timeout=120.0, fallback=not args.no_fallback,
                              alternates=wifi_link(args)),
@@ -532,7 +535,8 @@ def wifi_link(args: argparse.Namespace) -> dict[str, Any]:
         from coinf.ble_protocol.wifi_preset import wifi_preset
 
         channel = wifi_preset(preset).channel()
-    return {"wifi": AlternateLink(transport=wifi, channel=channel)}
+    return {"wifi": AlternateLink(transport=wifi, channel=channel,
+                                  transport_options=argtypes.insecure_options(args, wifi))}
 
 
 def _ble_helpers(args: argparse.Namespace) -> bool:

@@ -6,7 +6,11 @@
 * ``coinf wifi pair --connect tcp:HOST:PORT`` (on the other device): asks for the code (a prompt,
   or one line on stdin; never an argument) and pairs;
 * ``coinf wifi id``: this device's fingerprint (to put in a pipeline config's ``fingerprint``);
-* ``coinf wifi peers`` / ``coinf wifi revoke NAME|FINGERPRINT``.
+* ``coinf wifi peers`` / ``coinf wifi revoke NAME|FINGERPRINT``;
+* ``coinf wifi trust-self``: a pairing record of this device's own certificate, for two roles on
+  one machine that share the store (a device trusts only its records, never its own key by
+  itself; with this record any process that copies identity.pem is trusted too:
+  docs/SECURITY.md). ``coinf wifi revoke self`` removes it.
 
 The store is ``--store`` or ``$COINF_TLS_DIR`` or ``<config dir>/coinf/tls`` (0700; its files
 0600).
@@ -47,13 +51,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     pair.add_argument("--name", default=socket.gethostname()[:64] or "coinf",
                       help="this device's name in the other's trust store (default: hostname)")
     for sub in (pair, actions.add_parser("id", help="this device's TLS fingerprint"),
-                actions.add_parser("peers", help="the paired devices")):
+                actions.add_parser("peers", help="the paired devices"),
+                actions.add_parser("trust-self", help="trust this device's own certificate "
+                                   "(two roles on one machine; docs/SECURITY.md)")):
         sub.add_argument("--store", help="TLS store directory (default $COINF_TLS_DIR or "
                          "<config dir>/coinf/tls)")
     revoke = actions.add_parser("revoke", help="forget a paired device")
     revoke.add_argument("peer", help="its name or fingerprint")
     revoke.add_argument("--store", help="TLS store directory")
     parser.set_defaults(func=run)
+
+
+#: the name of the record ``trust-self`` makes
+SELF = "self"
 
 
 def _store(args: argparse.Namespace) -> TlsStore:
@@ -66,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from coinf.errors import UserError
 
     if args.action is None:
-        raise UserError("coinf wifi needs an action: pair, id, peers or revoke")
+        raise UserError("coinf wifi needs an action: pair, id, peers, revoke or trust-self")
     store = _store(args)
     if args.action == "id":
         print(store.fingerprint)
@@ -78,6 +88,13 @@ def run(args: argparse.Namespace) -> int:
         for p in peers:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.added)) if p.added else "-"
             print(f"{p.name}  {p.fingerprint}  {p.address or '-'}  {when}")
+        return 0
+    if args.action == "trust-self":
+        entry = store.pin(SELF, store.certificate_der(), "this machine")
+        print(f"coinf wifi: {store.peers_file} now trusts this device's own certificate "
+              f"{entry.fingerprint}: roles on this machine that share the store reach each "
+              f"other, and so does any process that copies {store.identity_file.name} "
+              f"(`coinf wifi revoke {SELF}` undoes it)", flush=True)
         return 0
     if args.action == "revoke":
         gone = store.revoke(args.peer)

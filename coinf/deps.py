@@ -18,7 +18,7 @@ EXTRA_OF: dict[str, str] = {
     "scipy": "convert", "matplotlib": "convert", "tqdm": "convert",
     "torch": "models", "sklearn": "train", "onnx2torch": "compress",
     "bleak": "handheld", "bumble": "wearable", "psutil": "wearable",
-    "zeroconf": "discovery",
+    "zeroconf": "discovery", "ray": "serve",
 }
 
 

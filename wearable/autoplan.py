@@ -224,6 +224,7 @@ class AutoPlan:
         try:
             reply = await rpc.request(MsgType.STATUS, b"", timeout)
             self.adaptive.handheld_status = decode_status_reply(reply.payload)
+            self.adaptive.handheld_queue_ms = queue_ms_of(reply.payload)
         except ProtocolError as exc:
             log.info("handheld status unusable: %s", exc)
 
@@ -234,6 +235,23 @@ class AutoPlan:
             await self.probe(rpc, timeout, link)
         if time.monotonic() - self._last_status > STATUS_INTERVAL_S:
             await self.refresh_status(rpc, timeout)
+
+
+#: the largest queueing delay a STATUS may report, ms (an hour)
+MAX_QUEUE_MS = 3.6e6
+
+
+def queue_ms_of(payload: bytes) -> float:
+    """A STATUS reply's ``queue_ms`` (a tail service's queueing delay; docs/PROTOCOL.md §6.6):
+    0 when absent; MALFORMED unless a number in [0, :data:`MAX_QUEUE_MS`]."""
+    from coinf.ble_protocol.messages import ErrorCode, decode_json
+
+    value = decode_json(payload, what="STATUS reply").get("queue_ms", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value <= MAX_QUEUE_MS:
+        raise ProtocolError(ErrorCode.MALFORMED, f"STATUS reply: queue_ms must be a number of ms "
+                            f"in [0, {MAX_QUEUE_MS:g}], got {str(value)[:40]}")
+    return float(value)
 
 
 def build_autoplan(bundle: Bundle, policy: Policy | str | Path | None, objective: str | None,

@@ -32,6 +32,9 @@ class LinkEstimate:
     kind: str = "ble"
     #: extra latency of the first frame of an exchange: a Wi-Fi radio leaving power save
     wake_ms: float = 0.0
+    #: how long a request waits at the peer before its tail runs: a shared tail service's
+    #: queueing delay (its STATUS ``queue_ms``); latency only, no device works meanwhile
+    queue_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for k in ("up_bps", "down_bps"):
@@ -44,6 +47,8 @@ class LinkEstimate:
             raise ValueError(f"link estimate kind must be 'ble' or 'wifi', got {self.kind!r}")
         if not 0 <= self.wake_ms < 1e5:
             raise ValueError(f"link estimate wake_ms must be in [0, 1e5), got {self.wake_ms}")
+        if not 0 <= self.queue_ms < 1e7:
+            raise ValueError(f"link estimate queue_ms must be in [0, 1e7), got {self.queue_ms}")
 
     def up_ms(self, nbytes: int) -> float:
         """Time to send ``nbytes`` to the handheld (one request: half an RTT of latency)."""

@@ -6,6 +6,7 @@ says an input moved; the call only does arithmetic over the cached per-candidate
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -279,6 +280,7 @@ class Planner:
                     + ret * w_rx + woke * w_wake
                 eh = tail * max(ph.cpu_active_w - ph.cpu_idle_w, 0) + xfer * h_rx \
                     + ret * h_tx + woke * h_wake
+                tail += link.queue_ms * woke  # waiting at a shared service: latency only
                 rid = c.id if spec == "raw" else f"{c.id}{PACK_SEP}{spec}"
                 label = c.label if spec == "raw" else f"{c.label} {spec}"
                 rows.append(CandidateCost(rid, head, tail, xfer, ret, ew, eh, nbytes, acc, label))
@@ -559,6 +561,8 @@ class AdaptivePlanner:
         self.trigger = ReplanTrigger(planner.policy.replan_threshold)
         self.wearable_status: DeviceStatus | None = None
         self.handheld_status: DeviceStatus | None = None
+        #: the handheld's queueing delay (a tail service reports it in STATUS), ms
+        self.handheld_queue_ms = 0.0
         self.decision: Decision | None = None
         self.replans = 0
 
@@ -575,7 +579,7 @@ class AdaptivePlanner:
         """Every number the decision depends on (what the trigger compares)."""
         est = self.link.estimate()
         out = {"up_bps": est.up_bps, "down_bps": est.down_bps, "rtt_ms": est.rtt_ms,
-               "load_factor": self.load.value}
+               "load_factor": self.load.value, "queue_ms": self.handheld_queue_ms}
         for side, st in (("wearable", self.wearable_status), ("handheld", self.handheld_status)):
             if st is not None:
                 out[f"{side}_speed"] = st.speed_factor()
@@ -587,8 +591,9 @@ class AdaptivePlanner:
     def current(self, force: bool = False) -> Decision:
         inputs = self.inputs()
         if self.decision is None or force or self.trigger.should_replan(inputs):
+            est = dataclasses.replace(self.link.estimate(), queue_ms=self.handheld_queue_ms)
             self.decision = self.planner.decide(
-                self.link.estimate(), self.wearable_status, self.handheld_status,
+                est, self.wearable_status, self.handheld_status,
                 self.objective, self.latency_budget_ms, load_factor=self.load.value)
             self.trigger.planned(inputs)
             self.replans += 1

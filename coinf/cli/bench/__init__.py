@@ -45,6 +45,8 @@ BENCHES: list[tuple[str, str, str]] = [
      "connections (helper)"),
     ("walk", "walk", "one split frame and one 3-device pipeline frame traced through coinf's "
      "modules: calls, cross-module calls, package crossings, re-entries, threads"),
+    ("fleet", "fleet", "N emulated wearables streaming to one tail service (batches on Ray "
+     "Serve) vs one coinf handheld daemon each: throughput, p50/p99, CPU per frame"),
     ("attack", "attack", "attackers (unpaired client, squatter, connection flood...) against "
      "real daemons: served, tensors read, results accepted, lockout"),
 ]

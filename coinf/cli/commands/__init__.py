@@ -13,6 +13,7 @@ COMMANDS: list[tuple[str, str, str]] = [
      "cut"),
     ("models", "models", "list or build the model zoo"),
     ("handheld", "handheld", "run the handheld daemon (tail side)"),
+    ("serve", "serve", "the tail service for many wearables: batches on Ray Serve"),
     ("run", "run", "run one inference through a Session"),
     ("discover", "discover", "list the helpers announced on the network (DNS-SD)"),
     ("wifi", "wifi", "Wi-Fi links: pair devices (pinned TLS certificates), list and revoke"),

@@ -15,6 +15,7 @@ from coinf.cli import argtypes
 
 if TYPE_CHECKING:
     from coinf.handheld.daemon import HandheldDaemon
+    from coinf.handheld.fleet import FleetService
 
 DEFAULT_LISTEN = "tcp:127.0.0.1:7878"
 
@@ -267,7 +268,7 @@ def pipeline_forwarder(args: argparse.Namespace) -> tuple[Any, str]:
     return None, ""
 
 
-async def serve_until_stopped(daemon: HandheldDaemon, listeners: list[Any],
+async def serve_until_stopped(daemon: HandheldDaemon | FleetService, listeners: list[Any],
                               stop: asyncio.Event) -> None:
     """Serve every listener until ``stop`` is set or one of them ends; a listener's error is
     raised."""
@@ -303,13 +304,14 @@ def announcer_for(args: argparse.Namespace, bundle: Bundle, listeners: tuple[Any
                      fingerprint=store.fingerprint if store is not None else None)
 
 
-def ready(bundle: Bundle, where: str) -> asyncio.Event:
-    """Stop on SIGINT/SIGTERM; print the ready line (the demo and tests wait for it)."""
+def ready(bundle: Bundle, where: str, line: str | None = None) -> asyncio.Event:
+    """Stop on SIGINT/SIGTERM; print the ready line (the demo and tests wait for it), or
+    ``line`` instead."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    print(f"coinf handheld: serving {len(bundle.candidates)} candidates of {bundle.model_file} "
-          f"({bundle.identity}) {where}", flush=True)
+    print(line or f"coinf handheld: serving {len(bundle.candidates)} candidates of "
+          f"{bundle.model_file} ({bundle.identity}) {where}", flush=True)
     return stop

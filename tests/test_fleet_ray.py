@@ -1,0 +1,58 @@
+"""The tail service's Ray Serve engine, for real (a local Ray, one replica): its batches equal
+the local engine's, and a replica killed between two batches costs no frame (the batch is sent
+again while Serve starts another)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.bundles import make_tiny_bundle
+from tests.test_fleet import frames
+
+pytest.importorskip("ray")
+
+
+# time beyond the suite's 30 s a test: Ray starts its processes and a replica (about 15 s here),
+# then Serve replaces the killed replica (a few more)
+@pytest.mark.timeout(240)
+def test_ray_replicas_answer_as_the_local_engine_and_survive_a_kill(tmp_path: Path) -> None:
+    from coinf.ble_protocol.tensors import decode_tensors
+    from coinf.handheld.engines import EngineOptions, LocalEngine
+    from coinf.handheld.ray_engine import RayEngine
+
+    from tests.wire import result_blob
+
+    bundle = make_tiny_bundle(tmp_path / "b")
+    payloads = frames(bundle, "c001", 6)
+
+    def values(outcomes) -> list[np.ndarray]:
+        assert all(o.payload is not None for o in outcomes), [o.text for o in outcomes]
+        return [decode_tensors(result_blob(o.payload))["y"] for o in outcomes]
+
+    async def main() -> None:
+        local = LocalEngine()
+        await local.start([bundle])
+        want = values(await local.run(bundle.identity, payloads))
+        await local.aclose()
+        engine = RayEngine("", EngineOptions(min_replicas=1, max_replicas=1))
+        await engine.start([bundle])
+        try:
+            got = values(await engine.run(bundle.identity, payloads))
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+            pid = await engine._handles[bundle.identity].pid.remote()
+            os.kill(pid, signal.SIGKILL)
+            again = values(await asyncio.wait_for(engine.run(bundle.identity, payloads), 120))
+            for g, w in zip(again, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+            assert await engine._handles[bundle.identity].pid.remote() != pid
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())

@@ -219,3 +219,20 @@ def test_engine_specs_are_checked_before_anything_starts() -> None:
             open_engine(bad)
     with pytest.raises(InputError, match="replicas"):
         EngineOptions(min_replicas=3, max_replicas=2)
+
+
+def test_serve_refuses_bad_input_in_one_line(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from coinf.cli import main
+
+    bundle = make_tiny_bundle(tmp_path / "b")
+    cases = [([str(bundle.root), "--engine", "gpu"], "unknown engine 'gpu'"),
+             ([str(tmp_path / "none")], "none"),
+             ([str(bundle.root), "--replicas", "3:1"], "MIN <= MAX"),
+             ([str(bundle.root), "--listen", "tcp+insecure:127.0.0.1:0"],
+              "--insecure-plaintext"),
+             ([str(bundle.root), str(bundle.root), "--engine", "local"], "the same model")]
+    for argv, said in cases:
+        assert main(["serve", *argv]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err

@@ -16,6 +16,8 @@ from tests.bundles import make_tiny_bundle
 from tests.test_fleet import frames
 
 pytest.importorskip("ray")
+# Ray Serve's own pydantic deprecations
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 # time beyond the suite's 30 s a test: Ray starts its processes and a replica (about 15 s here),

@@ -299,8 +299,8 @@ async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload
     killed = await killer if killer else None
     status = await service_status(addresses[0], work) if len(addresses) == 1 else None
     by_kind: dict[str, float] = {}
-    for pid, (kind, t) in after.items():
-        by_kind[kind] = by_kind.get(kind, 0.0) + t - before.get(pid, (kind, 0.0))[1]
+    for pid, (kind, spent) in after.items():
+        by_kind[kind] = by_kind.get(kind, 0.0) + spent - before.get(pid, (kind, 0.0))[1]
     cpu = sum(by_kind.values())
     total = Tally()
     for t in tallies:

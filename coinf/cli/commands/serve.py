@@ -23,8 +23,7 @@ def replicas(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or MIN:MAX, got {text!r}") from None
     if not 1 <= a <= b <= 64:
-        raise argparse.ArgumentTypeError(f"replicas must satisfy 1 <= MIN <= MAX <= 64, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"must satisfy 1 <= MIN <= MAX <= 64, got {text!r}")
     return a, b
 
 

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 RETRY_S = 30.0
 #: batches in flight per replica that the autoscaler aims for
 TARGET_ONGOING = 2
+#: how often STATUS asks Serve how many replicas run, s
+STATUS_EVERY_S = 2.0
 
 
 def _deployment() -> Any:
@@ -79,6 +82,10 @@ class RayEngine(Engine):
         self._handles: dict[str, Any] = {}
         self._apps: list[str] = []
         self.retried = 0
+        self._replicas: int | None = None
+        self._replicas_at = -STATUS_EVERY_S
+        self._ask = ThreadPoolExecutor(1, thread_name_prefix="coinf-serve-status")
+        self._asking: Future[int | None] | None = None
 
     async def start(self, bundles: Sequence[Bundle]) -> None:
         # in the calling (main) thread: Ray's processes started from a worker thread stopped
@@ -135,9 +142,33 @@ class RayEngine(Engine):
                 delay = min(delay * 2, 1.0)
 
     def status(self) -> dict[str, Any]:
-        return {"engine": self.description, "retried_batches": self.retried}
+        """The engine, batches sent again, and the replicas running now (every application;
+        asked of Serve's controller at most every :data:`STATUS_EVERY_S`)."""
+        now = time.monotonic()
+        if self._asking is not None and self._asking.done():
+            self._replicas, self._asking = self._asking.result(), None
+        if self._asking is None and now - self._replicas_at > STATUS_EVERY_S and self._apps:
+            # in a thread: a controller that does not answer must not stall the event loop
+            self._replicas_at = now
+            self._asking = self._ask.submit(self._running)
+        return {"engine": self.description, "retried_batches": self.retried,
+                "replicas": self._replicas}
+
+    def _running(self) -> int | None:
+        from ray import serve
+
+        try:
+            apps = serve.status().applications
+            return sum(int(n) for name in self._apps if name in apps
+                       for dep in apps[name].deployments.values()
+                       for state, n in dep.replica_states.items()
+                       if getattr(state, "value", state) == "RUNNING")
+        except Exception as exc:  # a figure for STATUS, never fatal
+            log.info("replica count unavailable: %s", exc)
+            return None
 
     async def aclose(self) -> None:
+        self._ask.shutdown(wait=False, cancel_futures=True)
         if self._apps:
             self._stop()
 

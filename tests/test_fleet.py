@@ -183,9 +183,13 @@ def test_a_session_is_served_by_the_service_as_by_a_handheld(tmp_path: Path) -> 
                     (y,) = await asyncio.wait_for(sess.run(None, {"x": x}), 60)
                     np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
                     assert sess.last_run is not None and not sess.last_run.local
-            assert service.queues[bundle.identity].stats.frames == 3
-            serving.cancel()
-            await asyncio.gather(serving, return_exceptions=True)
+                assert service.queues[bundle.identity].stats.frames == 3
+                serving.cancel()  # the service goes away: the next frame finishes here
+                await asyncio.gather(serving, return_exceptions=True)
+                await service.aclose()
+                (y,) = await asyncio.wait_for(sess.run(None, {"x": x}), 60)
+                np.testing.assert_allclose(y, reference(bundle, x), rtol=1e-5, atol=1e-6)
+                assert sess.last_run is not None and sess.last_run.local
 
     asyncio.run(main())
 

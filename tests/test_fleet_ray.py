@@ -48,6 +48,11 @@ def test_ray_replicas_answer_as_the_local_engine_and_survive_a_kill(tmp_path: Pa
             got = values(await engine.run(bundle.identity, payloads))
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+            for _ in range(100):  # STATUS asks Serve in the background: 1 replica runs
+                if engine.status()["replicas"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert engine.status()["replicas"] == 1
             pid = await engine._handles[bundle.identity].pid.remote()
             os.kill(pid, signal.SIGKILL)
             again = values(await asyncio.wait_for(engine.run(bundle.identity, payloads), 120))

@@ -62,6 +62,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--daemon-threads", type=argtypes.threads_or_auto, default=0,
                         help="the daemons' --threads (default 0: onnxruntime's own, as a "
                         "user starts them; 1: one thread each, no thread pool)")
+    parser.add_argument("--flood", type=argtypes.number(0, 100000), default=0.0, metavar="FPS",
+                        help="then run the service at the largest N once more with one more "
+                        "wearable sending FPS frames a second: the others' figures beside it")
     parser.add_argument("--kill-replica", action="store_true",
                         help="then run the service at the largest N and kill one replica "
                         "halfway: every frame must still be answered once")
@@ -282,7 +285,8 @@ def replicas_of(procs: list[Any]) -> list[int]:
 
 
 async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload,
-                  args: argparse.Namespace, kill_at: float | None = None) -> dict[str, Any]:
+                  args: argparse.Namespace, kill_at: float | None = None,
+                  flood: float = 0.0) -> dict[str, Any]:
     """``n`` wearables (spread over ``addresses``) for ``args.seconds``: the figures."""
     rng = random.Random(n)
     warm = [wearable(addresses[i % len(addresses)], work, 2.0, 1.0, random.Random(i))
@@ -293,7 +297,10 @@ async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload
     runs = [wearable(addresses[i % len(addresses)], work, args.rate, args.seconds,
                      random.Random(rng.random())) for i in range(n)]
     killer = asyncio.ensure_future(_kill_later(procs, kill_at)) if kill_at else None
+    flooder = (asyncio.ensure_future(wearable(addresses[0], work, flood, args.seconds,
+                                              random.Random(-1))) if flood else None)
     tallies = await asyncio.gather(*runs)
+    flooded = await flooder if flooder is not None else None
     wall = time.perf_counter() - t0
     after = tree_cpu(procs)
     killed = await killer if killer else None
@@ -320,6 +327,9 @@ async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload
     }
     if killed is not None:
         row["killed_replica"] = killed
+    if flooded is not None:  # one more wearable at ``flood`` fps: what it got
+        row["flooder"] = {"rate_fps": flood, "sent": flooded.sent,
+                          "answered": flooded.answered, "busy": flooded.busy}
     if status is not None:  # the service's own figures: its STATUS reply
         frames, batches = status.get("requests", 0), status.get("batches", 0)
         row["service_status"] = {"queue_ms": status.get("queue_ms"),
@@ -389,6 +399,12 @@ def run(args: argparse.Namespace) -> int:
             with service(args, bundle_dir) as (procs, addresses):
                 result["kill"] = asyncio.run(measure(procs, addresses, n, work, args,
                                                      kill_at=args.seconds / 2))
+        if args.flood:
+            n = max(args.wearables)
+            progress(f"service: {n} wearables and one at {args.flood:g} fps")
+            with service(args, bundle_dir) as (procs, addresses):
+                result["flood"] = asyncio.run(measure(procs, addresses, n, work, args,
+                                                      flood=args.flood))
     emit(result)
     return 0
 

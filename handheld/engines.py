@@ -73,6 +73,11 @@ class Engine(ABC):
         """Engine figures for STATUS (replicas and the like)."""
         return {"engine": self.description}
 
+    @property
+    def concurrency(self) -> int:
+        """Batches worth having in flight at once (the front end's dispatch slots)."""
+        return 1
+
 
 class LocalEngine(Engine):
     """Batches run in this process on ``workers`` threads, one runner per thread and bundle."""
@@ -89,6 +94,10 @@ class LocalEngine(Engine):
         self.description = f"local ({self.workers} worker thread{'s' * (self.workers > 1)})"
         self._runners: dict[str, asyncio.Queue[Any]] = {}
         self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def concurrency(self) -> int:
+        return self.workers
 
     async def start(self, bundles: Sequence[Bundle]) -> None:
         from coinf.handheld.batch import BatchRunner

@@ -47,12 +47,13 @@ log = logging.getLogger(__name__)
 
 
 class FleetService:
-    """Serves the tails of ``bundles`` to any number of wearables through ``engine``.
+    """Serves the tails of ``bundles`` to any number of wearables through ``engine``, with at
+    most ``slots`` batches of a bundle in flight (default: the engine's ``concurrency``).
 
     An async context manager: entering starts the engine, leaving stops it and every link."""
 
     def __init__(self, bundles: Sequence[Bundle], engine: Engine, *, max_batch: int = 32,
-                 max_wait_ms: float = 20.0, max_pending: int = 4, slots: int = 2,
+                 max_wait_ms: float = 20.0, max_pending: int = 4, slots: int | None = None,
                  profile: DeviceProfile | None = None) -> None:
         if not bundles:
             raise InputError("the tail service needs at least one bundle")
@@ -67,7 +68,8 @@ class FleetService:
         self.fronts = {b.identity: HandheldDaemon(b, DeviceEmulation(), lru=1, profile=profile)
                        for b in bundles}
         self.queues = {i: TailQueue(self._runner(i), max_batch=max_batch,
-                                    max_wait_s=max_wait_ms / 1e3, slots=slots) for i in ids}
+                                    max_wait_s=max_wait_ms / 1e3,
+                                    slots=slots or engine.concurrency) for i in ids}
         self.serve_stats = rpc.ServeStats()
         self.connections = 0
         self.started = time.monotonic()

@@ -87,6 +87,12 @@ class RayEngine(Engine):
         self._ask = ThreadPoolExecutor(1, thread_name_prefix="coinf-serve-status")
         self._asking: Future[int | None] | None = None
 
+    @property
+    def concurrency(self) -> int:
+        """One batch more than the most replicas want at their target: the autoscaler sees
+        the demand above its target and adds replicas."""
+        return self.options.max_replicas * TARGET_ONGOING + 1
+
     async def start(self, bundles: Sequence[Bundle]) -> None:
         # in the calling (main) thread: Ray's processes started from a worker thread stopped
         # answering here (GCS unreachable after a minute); the service is not serving yet
@@ -125,6 +131,7 @@ class RayEngine(Engine):
         from ray.serve import exceptions as sex
 
         handle = self._handles[identity]
+        self._refresh()  # STATUS then has a recent replica count
         give_up = time.monotonic() + RETRY_S
         delay = 0.05
         while True:
@@ -144,15 +151,19 @@ class RayEngine(Engine):
     def status(self) -> dict[str, Any]:
         """The engine, batches sent again, and the replicas running now (every application;
         asked of Serve's controller at most every :data:`STATUS_EVERY_S`)."""
-        now = time.monotonic()
-        if self._asking is not None and self._asking.done():
-            self._replicas, self._asking = self._asking.result(), None
-        if self._asking is None and now - self._replicas_at > STATUS_EVERY_S and self._apps:
-            # in a thread: a controller that does not answer must not stall the event loop
-            self._replicas_at = now
-            self._asking = self._ask.submit(self._running)
+        self._refresh()
         return {"engine": self.description, "retried_batches": self.retried,
                 "replicas": self._replicas}
+
+    def _refresh(self) -> None:
+        """Take the last answer about the replicas; ask again when it is stale (in a thread: a
+        controller that does not answer must not stall the event loop)."""
+        if self._asking is not None and self._asking.done():
+            self._replicas, self._asking = self._asking.result(), None
+        now = time.monotonic()
+        if self._asking is None and now - self._replicas_at > STATUS_EVERY_S and self._apps:
+            self._replicas_at = now
+            self._asking = self._ask.submit(self._running)
 
     def _running(self) -> int | None:
         from ray import serve

@@ -19,7 +19,7 @@ from coinf.ble_protocol.tensors import decode_tensors, encode_tensors
 from coinf.ble_protocol.transport import open_connector
 from coinf.convert.split import split_model
 from coinf.handheld.batch import BatchRunner
-from coinf.handheld.daemon import HandheldDaemon
+from coinf.handheld.daemon import HandheldDaemon, request_bound
 from coinf.handheld.engines import EngineOptions, LocalEngine, open_engine
 from coinf.handheld.fleet import FleetService
 from coinf.handheld.fleet_queue import TailQueue
@@ -154,6 +154,9 @@ def test_the_service_speaks_the_daemons_protocol_over_tls(tmp_path: Path) -> Non
                 with pytest.raises(ProtocolError, match="serves 2 others"):
                     await hello(client, "0" * 16 + "-" + "0" * 8)
                 await hello(client, a.identity)
+                huge = tail_request(a, "c000", bytes(request_bound(a) + 1))
+                with pytest.raises(ProtocolError, match="exceeds"):  # at the header: TOO_LARGE
+                    await client.request(MsgType.REQUEST, huge, 10)
                 tile = bytes([2]) + bytes(40)  # a TILE request: not a tail
                 with pytest.raises(ProtocolError):
                     await client.request(MsgType.REQUEST, tile, 10)

@@ -286,7 +286,7 @@ def replicas_of(procs: list[Any]) -> list[int]:
 
 async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload,
                   args: argparse.Namespace, kill_at: float | None = None,
-                  flood: float = 0.0) -> dict[str, Any]:
+                  flood: float = 0.0, is_service: bool = True) -> dict[str, Any]:
     """``n`` wearables (spread over ``addresses``) for ``args.seconds``: the figures."""
     rng = random.Random(n)
     warm = [wearable(addresses[i % len(addresses)], work, 2.0, 1.0, random.Random(i))
@@ -304,7 +304,7 @@ async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload
     wall = time.perf_counter() - t0
     after = tree_cpu(procs)
     killed = await killer if killer else None
-    status = await service_status(addresses[0], work) if len(addresses) == 1 else None
+    status = await service_status(addresses[0], work) if is_service else None
     by_kind: dict[str, float] = {}
     for pid, (kind, spent) in after.items():
         by_kind[kind] = by_kind.get(kind, 0.0) + spent - before.get(pid, (kind, 0.0))[1]
@@ -382,7 +382,8 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"{side}: {n} wearables at {args.rate:g} fps for {args.seconds:g} s")
                 with (service(args, bundle_dir) if side == "service"
                       else daemons(n, bundle_dir, args.daemon_threads)) as (procs, addresses):
-                    rows[side].append(asyncio.run(measure(procs, addresses, n, work, args)))
+                    rows[side].append(asyncio.run(measure(procs, addresses, n, work, args,
+                                                          is_service=side == "service")))
                 progress(f"  {rows[side][-1]}")
         result: dict[str, Any] = {"bench": "fleet", "model": "digitnet (trained)",
                                   "cut": args.cut, "rate_fps": args.rate,

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 RETRY_S = 30.0
 #: batches in flight per replica that the autoscaler aims for
 TARGET_ONGOING = 2
+#: Ray Serve's own switch for fewer thread hops per call (ray/serve/_private/constants.py)
+THROUGHPUT_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 #: how often STATUS asks Serve how many replicas run, s
 STATUS_EVERY_S = 2.0
 
@@ -75,6 +77,10 @@ class RayEngine(Engine):
 
     def __init__(self, address: str = "", options: EngineOptions | None = None) -> None:
         require("ray", "serve", "the ray engine (coinf serve --engine ray)")
+        # Serve's throughput mode (its router in the caller's event loop, replica code on the
+        # replica's loop, gRPC between them): read when ray.serve is imported, passed on to the
+        # replicas; a quarter less CPU a frame here (docs/BENCHMARKS.md, "bench fleet")
+        os.environ.setdefault(THROUGHPUT_ENV, "1")
         self.address = check_address(address) or None
         self.options = options or EngineOptions()
         self.description = (f"Ray Serve on {address}" if address else "Ray Serve (local)") + (
@@ -118,8 +124,11 @@ class RayEngine(Engine):
                 autoscaling_config={"min_replicas": opts.min_replicas,
                                     "max_replicas": opts.max_replicas,
                                     "target_ongoing_requests": TARGET_ONGOING,
-                                    "upscale_delay_s": 2.0, "downscale_delay_s": 60.0},
-                ray_actor_options={"num_cpus": min(opts.threads, os.cpu_count() or 1)},
+                                    "upscale_delay_s": 2.0, "downscale_delay_s": 60.0,
+                                    "look_back_period_s": 10.0},
+                ray_actor_options={"num_cpus": min(opts.threads, os.cpu_count() or 1),
+                                   "runtime_env": {"env_vars": {
+                                       THROUGHPUT_ENV: os.environ[THROUGHPUT_ENV]}}},
                 logging_config=quiet,
             ).bind(str(Path(bundle.root).resolve()), opts.threads)
             self._handles[bundle.identity] = serve.run(app, name=name, route_prefix=None)

@@ -93,10 +93,11 @@ class Tally:
     busy: int = 0
     failed: int = 0
     lost: int = 0
+    duplicated: int = 0  # replies to no request waiting (a second reply to a frame)
     latencies: list[float] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
-        for k in ("sent", "answered", "correct", "right", "busy", "failed", "lost"):
+        for k in ("sent", "answered", "correct", "right", "busy", "failed", "lost", "duplicated"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.latencies += other.latencies
 
@@ -149,6 +150,7 @@ async def wearable(address: str, work: Workload, rate: float, seconds: float,
     tally = Tally()
     async with open_connector(address) as conn:
         client = RpcClient(await conn.connect(30.0))
+        client.on_unsolicited = lambda _msg: _count_duplicate(tally)
         try:
             hello = {"protocol": PROTOCOL_VERSION, "bundle": work.bundle.identity}
             await client.request(MsgType.HELLO, encode_json(hello), 30)
@@ -163,6 +165,10 @@ async def wearable(address: str, work: Workload, rate: float, seconds: float,
         finally:
             await client.close()
     return tally
+
+
+def _count_duplicate(tally: Tally) -> None:
+    tally.duplicated += 1
 
 
 async def frame(client: Any, work: Workload, k: int, tally: Tally) -> None:
@@ -315,7 +321,8 @@ async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload
     lat = sorted(total.latencies)
     row: dict[str, Any] = {
         "wearables": n, "sent": total.sent, "answered": total.answered, "busy": total.busy,
-        "failed": total.failed, "lost": total.lost, "results_match": total.correct,
+        "failed": total.failed, "lost": total.lost, "duplicated": total.duplicated,
+        "results_match": total.correct,
         "accuracy": round(total.right / max(total.answered, 1), 4),
         "fps": round(total.answered / wall, 1),
         "p50_ms": round(statistics.median(lat) * 1e3, 1) if lat else None,

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,30 +140,37 @@ def workload(bundle: Any, cut: str, count: int = 64) -> Workload:
     return Workload(bundle, cut, blobs, expected, [int(y) for y in data.y_test[:count]])
 
 
-async def wearable(address: str, work: Workload, rate: float, seconds: float,
-                   rng: random.Random) -> Tally:
-    """One emulated wearable: HELLO, then a frame every 1/rate s for ``seconds``."""
+@contextlib.asynccontextmanager
+async def greeted(address: str, work: Workload) -> AsyncIterator[Any]:
+    """An RpcClient connected to ``address`` whose HELLO (``work``'s bundle) was answered."""
     from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, encode_json
     from coinf.ble_protocol.rpc import RpcClient
     from coinf.ble_protocol.transport import open_connector
 
-    tally = Tally()
     async with open_connector(address) as conn:
         client = RpcClient(await conn.connect(30.0))
-        client.on_unsolicited = lambda _msg: _count_duplicate(tally)
         try:
             hello = {"protocol": PROTOCOL_VERSION, "bundle": work.bundle.identity}
             await client.request(MsgType.HELLO, encode_json(hello), 30)
-            await asyncio.sleep(rng.random() / rate)  # random phase
-            t0 = asyncio.get_running_loop().time()
-            tasks = []
-            for i in range(max(1, int(seconds * rate))):
-                await asyncio.sleep(max(0.0, t0 + i / rate - asyncio.get_running_loop().time()))
-                k = rng.randrange(len(work.blobs))
-                tasks.append(asyncio.ensure_future(frame(client, work, k, tally)))
-            await asyncio.gather(*tasks)
+            yield client
         finally:
             await client.close()
+
+
+async def wearable(address: str, work: Workload, rate: float, seconds: float,
+                   rng: random.Random) -> Tally:
+    """One emulated wearable: HELLO, then a frame every 1/rate s for ``seconds``."""
+    tally = Tally()
+    async with greeted(address, work) as client:
+        client.on_unsolicited = lambda _msg: _count_duplicate(tally)
+        await asyncio.sleep(rng.random() / rate)  # random phase
+        t0 = asyncio.get_running_loop().time()
+        tasks = []
+        for i in range(max(1, int(seconds * rate))):
+            await asyncio.sleep(max(0.0, t0 + i / rate - asyncio.get_running_loop().time()))
+            k = rng.randrange(len(work.blobs))
+            tasks.append(asyncio.ensure_future(frame(client, work, k, tally)))
+        await asyncio.gather(*tasks)
     return tally
 
 
@@ -347,19 +354,11 @@ async def measure(procs: list[Any], addresses: list[str], n: int, work: Workload
 
 async def service_status(address: str, work: Workload) -> dict[str, Any]:
     """STATUS of the service at ``address`` (after HELLO), as a wearable reads it."""
-    from coinf.ble_protocol.messages import PROTOCOL_VERSION, MsgType, decode_json, encode_json
-    from coinf.ble_protocol.rpc import RpcClient
-    from coinf.ble_protocol.transport import open_connector
+    from coinf.ble_protocol.messages import MsgType, decode_json
 
-    async with open_connector(address) as conn:
-        client = RpcClient(await conn.connect(30.0))
-        try:
-            hello = {"protocol": PROTOCOL_VERSION, "bundle": work.bundle.identity}
-            await client.request(MsgType.HELLO, encode_json(hello), 30)
-            reply = await client.request(MsgType.STATUS, b"", 30)
-            return decode_json(reply.payload, what="STATUS reply")
-        finally:
-            await client.close()
+    async with greeted(address, work) as client:
+        reply = await client.request(MsgType.STATUS, b"", 30)
+        return decode_json(reply.payload, what="STATUS reply")
 
 
 async def _kill_later(procs: list[Any], delay: float) -> int | None:

@@ -304,14 +304,19 @@ def announcer_for(args: argparse.Namespace, bundle: Bundle, listeners: tuple[Any
                      fingerprint=store.fingerprint if store is not None else None)
 
 
-def ready(bundle: Bundle, where: str, line: str | None = None) -> asyncio.Event:
-    """Stop on SIGINT/SIGTERM; print the ready line (the demo and tests wait for it), or
-    ``line`` instead."""
+def stop_on_signals() -> asyncio.Event:
+    """An event set on SIGINT/SIGTERM (the loop's handlers)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    print(line or f"coinf handheld: serving {len(bundle.candidates)} candidates of "
-          f"{bundle.model_file} ({bundle.identity}) {where}", flush=True)
+    return stop
+
+
+def ready(bundle: Bundle, where: str) -> asyncio.Event:
+    """Stop on SIGINT/SIGTERM; print the ready line (the demo and tests wait for it)."""
+    stop = stop_on_signals()
+    print(f"coinf handheld: serving {len(bundle.candidates)} candidates of {bundle.model_file} "
+          f"({bundle.identity}) {where}", flush=True)
     return stop

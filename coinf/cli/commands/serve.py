@@ -65,7 +65,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from coinf.ble_protocol.listen import open_listener
     from coinf.bundle import Bundle
-    from coinf.cli.commands.handheld import configure_logging, ready, serve_until_stopped
+    from coinf.cli.commands.handheld import (
+        configure_logging,
+        serve_until_stopped,
+        stop_on_signals,
+    )
     from coinf.handheld.daemon import request_bound
     from coinf.handheld.engines import EngineOptions, open_engine
     from coinf.handheld.fleet import FleetService
@@ -94,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
             await stack.enter_async_context(service)  # the engine starts (Ray: seconds)
             await stack.enter_async_context(listener)
             names = ", ".join(f"{Path(b.root).name} ({b.identity})" for b in bundles)
-            stop = ready(bundles[0], "", f"coinf serve: serving {names} on "
-                         f"{listener.description} with {engine.description}; batches of up "
-                         f"to {args.max_batch}, {args.max_wait_ms:g} ms wait")
+            stop = stop_on_signals()
+            print(f"coinf serve: serving {names} on {listener.description} with "
+                  f"{engine.description}; batches of up to {args.max_batch}, "
+                  f"{args.max_wait_ms:g} ms wait", flush=True)
             await serve_until_stopped(service, [listener], stop)
 
     asyncio.run(main())

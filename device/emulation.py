@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import onnxruntime as ort
 from coinf.device.cancel import CancelToken
+from coinf.device.ort_options import quiet_workers
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ class DeviceEmulation:
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
-        return opts
+        return quiet_workers(opts)
 
     def stretch(self, compute_s: float, cpu_s: float | None = None,
                 cancel: CancelToken | None = None) -> float:

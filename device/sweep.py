@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 from coinf.device.features import NodeFeatures, node_features
+from coinf.device.ort_options import quiet_workers
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
@@ -181,7 +182,7 @@ def session_options(threads: int = 1, level: str = "all") -> Any:
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     opts.log_severity_level = 3
-    return opts
+    return quiet_workers(opts)  # profiled as the slices run
 
 
 def make_session(model: onnx.ModelProto | bytes | str, threads: int = 1,

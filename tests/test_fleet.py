@@ -6,6 +6,7 @@ STATUS queue_ms, tiles refused, a real Session served), and the planner prices t
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from coinf.wearable.session import AsyncSession
 from onnx import TensorProto, helper, numpy_helper
 
 from coinf.bundle import Bundle
+from coinf.cli import main
 from coinf.errors import InputError, ProtocolError
 from tests.bundles import fixed, make_tiny_bundle, reference
 from tests.wire import result_blob, tail_request
@@ -230,8 +232,6 @@ def test_engine_specs_are_checked_before_anything_starts() -> None:
 
 def test_serve_refuses_bad_input_in_one_line(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from coinf.cli import main
-
     bundle = make_tiny_bundle(tmp_path / "b")
     cases = [([str(bundle.root), "--engine", "gpu"], "unknown engine 'gpu'"),
              ([str(tmp_path / "none")], "none"),
@@ -243,3 +243,20 @@ def test_serve_refuses_bad_input_in_one_line(tmp_path: Path,
         assert main(["serve", *argv]) == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err, err
+
+
+# time beyond the suite's 30 s a test: a service and a daemon process start and stop (~10 s)
+@pytest.mark.timeout(120)
+def test_the_fleet_bench_measures_both_sides_and_draws_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "fleet.png"
+    assert main(["bench", "fleet", "--engine", "local:1", "--wearables", "1", "--seconds", "1",
+                 "--png", str(png), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    for side in ("service", "daemons"):
+        (row,) = got[side]
+        assert row["wearables"] == 1 and row["sent"] > 0, side
+        assert row["answered"] == row["results_match"] == row["sent"], side
+        assert row["lost"] == row["duplicated"] == 0, side
+    assert got["png"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

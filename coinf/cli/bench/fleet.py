@@ -68,6 +68,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kill-replica", action="store_true",
                         help="then run the service at the largest N and kill one replica "
                         "halfway: every frame must still be answered once")
+    parser.add_argument("--png", metavar="FILE",
+                        help="draw frames per CPU-second and p99 against the wearables here")
     parser.set_defaults(func=run)
 
 
@@ -379,6 +381,10 @@ def run(args: argparse.Namespace) -> int:
     sides = [s for s in args.sides.split(",") if s]
     if not sides or set(sides) - {"service", "daemons"}:
         raise UserError(f"--sides {args.sides}: expected service, daemons or service,daemons")
+    if args.png:
+        from coinf.cli.paths import writable_file
+
+        writable_file(args.png, "--png", make_folder=False)
     with tempfile.TemporaryDirectory() as tmp, one_machine_env():
         bundle_dir = args.bundle or _split_digitnet(Path(tmp))
         work = workload(Bundle.load(bundle_dir), args.cut)
@@ -412,6 +418,11 @@ def run(args: argparse.Namespace) -> int:
             with service(args, bundle_dir) as (procs, addresses):
                 result["flood"] = asyncio.run(measure(procs, addresses, n, work, args,
                                                       flood=args.flood))
+    if args.png:
+        from coinf.cli.bench.fleet_chart import plot_fleet
+
+        plot_fleet(result, args.png)
+        result["png"] = args.png
     emit(result)
     return 0
 

@@ -14,10 +14,13 @@ from tests.test_calibrate import make_bundle, make_data
 def test_bench_pack_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bundle = make_bundle(tmp_path / "b")
     make_data(tmp_path / "val.npz", n=30)
+    png = tmp_path / "pack.png"
     rc = main(["bench", "pack", "--json", "--bundle", str(bundle.root), "--data",
-               str(tmp_path / "val.npz"), "--repeats", "2", "--throughput-mb", "0.05"])
+               str(tmp_path / "val.npz"), "--repeats", "2", "--throughput-mb", "0.05",
+               "--png", str(png)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["png"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
     for key in ("model", "rows", "best_ratio_at_1pp", "pack_mb_s", "unpack_mb_s",
                 "e2e_speedup_pi_zero"):
         assert key in out

@@ -150,6 +150,11 @@ class Scenario:
         self.healed_t: float | None = None
         self.resume_s: float | None = None
         self.links: dict[int, Any] = {}  # the wearable's links used (their loss recovery)
+        #: for the picture: when it started, when the fault came, and each inference as
+        #: (s since the start, ms, "offloaded" | "local" | "lost")
+        self.t0 = time.monotonic()
+        self.injected_t: float | None = None
+        self.trace: list[tuple[float, float, str]] = []
 
     def row(self, duplicated: int) -> dict[str, Any]:
         return {"scenario": self.name, "inferences": self.n, "correct": self.correct,
@@ -169,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
 
     from coinf import LinkOptions, PlacementOptions, RunOptions, Session, SessionOptions
     from coinf.bundle import Bundle
+    from coinf.cli.bench.fit_chart import check_png
     from coinf.cli.sample import bundle_feeds
 
+    check_png(args.png)
     bundle = Bundle.load(args.bundle)
     bundle.candidate(args.split)  # a wrong id is a usage error before anything starts
     feeds = [bundle_feeds(bundle, seed) for seed in range(16)]
@@ -179,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     faulty = [f"fault_{k}={args.chunk_fault_rate}"
               for k in ("drop", "duplicate", "corrupt", "reorder")]
     rows: list[dict[str, Any]] = []
+    done: list[Scenario] = []
     with tempfile.TemporaryDirectory(prefix="coinf-faults-") as logdir:
         procs = Procs(bundle.root, args.preset, _free_port_pair(), Path(logdir))
         procs.start_radio()
@@ -201,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
                         outs = sess.run(None, feeds[k], RunOptions(tag=tag))
                     except Exception as exc:  # counted (lost), the benchmark goes on
                         sc.lost += 1
+                        sc.trace.append((time.monotonic() - sc.t0,
+                                         (time.perf_counter() - t0) * 1e3, "lost"))
                         progress(f"  lost: {type(exc).__name__}: {exc}")
                         return
                     ms = (time.perf_counter() - t0) * 1e3
@@ -214,7 +224,10 @@ def run(args: argparse.Namespace) -> int:
                     link = sess.link
                     if link is not None and hasattr(link, "arq"):
                         sc.links[id(link)] = link
-                    if stats is not None and not stats.local:
+                    offloaded = stats is not None and not stats.local
+                    sc.trace.append((time.monotonic() - sc.t0, ms,
+                                     "offloaded" if offloaded else "local"))
+                    if offloaded:
                         sc.offloaded += 1
                         if sc.healed_t is not None and sc.resume_s is None:
                             sc.resume_s = time.monotonic() - sc.healed_t
@@ -225,11 +238,18 @@ def run(args: argparse.Namespace) -> int:
                     after = procs.served()
                     dup = sum(c - 1 for key, c in after.items() if c > 1 and before[key] < c)
                     rows.append(sc.row(dup))
+                    done.append(sc)
                     progress(f"  {rows[-1]}")
         finally:
             procs.stop_all()
     total = {k: sum(r[k] for r in rows) for k in ("inferences", "correct", "wrong", "lost",
                                                    "duplicated", "offloaded")}
+    if args.png:
+        from coinf.cli.bench.faults_chart import plot_faults
+
+        plot_faults(done, args.png, f"{bundle.root.name} at {args.split}, {args.preset}, "
+                    f"one inference every {args.period_ms:g} ms, library defaults")
+        total["png"] = args.png
     emit({**total, "worst_ms": max((r["worst_ms"] for r in rows), default=0.0),
           "resumed_every_time": all(r["resumed"] for r in rows),
           "worst_resume_s": max((r["resume_s"] or math.inf for r in rows), default=None),
@@ -255,12 +275,13 @@ def scenario(name: str, args: argparse.Namespace, procs: Procs, faulty: list[str
     if name == "chunk_faults":
         procs.restart_all(*faulty)
         injected_t = sc.healed_t = time.monotonic()  # resumed on the faulty radio
+        sc.t0 = sc.injected_t = injected_t
     i = 0
     while True:
         now = time.monotonic()
         if injected_t is None and i == fault_at:
             inject(name, procs)
-            injected_t = now
+            injected_t = sc.injected_t = now
         elif sc.healed_t is None and injected_t is not None and now - injected_t >= args.fault_s:
             heal(name, procs)
             sc.fault_s = time.monotonic() - injected_t
@@ -314,5 +335,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         default=0.02,
                         help="chunk_faults: probability of each fault (drop, duplicate, corrupt, "
                         "reorder) per data chunk")
+    parser.add_argument("--png", metavar="FILE", help="draw every inference's latency over "
+                        "time, the fault shaded, per scenario, here")
     options.add_json(parser)
     parser.set_defaults(func=run)

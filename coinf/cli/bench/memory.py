@@ -13,6 +13,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, options, progress
+from coinf.cli.bench.fit_chart import Point, add_png, check_png, plot_fit
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=argtypes.positive_int, default=2,
                         help="inferences per head process")
     parser.add_argument("--only", help="comma-separated candidate ids (default: every head)")
+    add_png(parser, "every head's peak RSS")
     parser.set_defaults(func=run)
 
 
@@ -32,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 1 <= args.threads <= 256 or args.runs < 1:
         raise UserError("--threads must be in [1, 256] and --runs >= 1")
+    check_png(args.png)
     bundle = Bundle.load(args.bundle)
     wanted = {c.strip() for c in args.only.split(",")} if args.only else None
     known = {c.id for c in bundle.candidates}
@@ -57,8 +60,14 @@ def run(args: argparse.Namespace) -> int:
         progress(f"{i + 1}/{len(todo)} {c.id}: measured {measured:.1f} MB, predicted "
                  f"{h.predicted_mb:.1f} MB")
     errs: list[float] = [abs(float(r["error_mb"])) for r in rows]
-    emit({"bundle": str(bundle.root), "threads": args.threads,
-          "runtime_baseline_mb": base, "default_overhead_mb": model.overhead_mb,
-          "median_abs_error_mb": round(statistics.median(errs), 2) if errs else None,
-          "max_abs_error_mb": max(errs) if errs else None, "candidates": rows})
+    result = {"bundle": str(bundle.root), "threads": args.threads,
+              "runtime_baseline_mb": base, "default_overhead_mb": model.overhead_mb,
+              "median_abs_error_mb": round(statistics.median(errs), 2) if errs else None,
+              "max_abs_error_mb": max(errs) if errs else None, "candidates": rows}
+    if args.png:
+        plot_fit([Point(r["id"], r["predicted_mb"], r["head_peak_rss_mb"]) for r in rows],
+                 args.png, f"{bundle.root.name}: each head's peak RSS in a fresh process, "
+                 "predicted without a profile", "MB")
+        result["png"] = args.png
+    emit(result)
     return 0

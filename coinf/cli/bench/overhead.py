@@ -29,6 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     options.add_threads(parser)
     parser.add_argument("--session", action="store_true",
                         help="also time Session.run over the in-process link")
+    parser.add_argument("--png", metavar="FILE", help="draw the medians as bars here")
     options.add_json(parser)
     parser.set_defaults(func=run)
 
@@ -99,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model)
     if not model.is_file():  # before the "splitting" line: the error alone
         raise UserError(f"MODEL {model}: no such file (expected an .onnx file)")
+    from coinf.cli.bench.fit_chart import check_png
+
+    check_png(args.png)
     bundle, cand, tmp = _bundle_and_candidate(args, model)
     whole = _ort_session(bundle.model_path, args.threads)
     head = _ort_session(bundle.path(cand.head.file), args.threads)
@@ -151,7 +155,40 @@ def run(args: argparse.Namespace) -> int:
         # the same as a fixed cost a frame: it does not grow with the model
         result["frame_loop_ms"] = round(median(session_ms) - median(split_ms), 4)
         sess.close()
+    if args.png:
+        _plot(result, args.png)
+        result["png"] = args.png
     emit(result)
     if tmp is not None:
         tmp.cleanup()
     return 0
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    """The medians as horizontal bars, the frame loop's share of the Session apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [("whole model, onnxruntime", result["full_ms"], 0.0),
+            (f"head + tail at {result['split']}, onnxruntime", result["split_ms"], 0.0)]
+    if "session_ms" in result:
+        rows.append(("coinf Session: head, request, daemon, tail, result", result["split_ms"],
+                     result["frame_loop_ms"]))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.4))
+    names = [r[0] for r in rows][::-1]
+    ax.barh(names, [r[1] for r in rows][::-1], color="#9ecae1", label="onnxruntime runs")
+    ax.barh(names, [r[2] for r in rows][::-1], left=[r[1] for r in rows][::-1],
+            color="#fc9272", label="the frame loop's fixed cost")
+    for i, r in enumerate(rows[::-1]):
+        ax.text(r[1] + r[2], i, f" {r[1] + r[2]:.2f} ms", va="center", fontsize=8)
+    ax.set_xlabel(f"median ms a frame ({result['runs']} interleaved runs, "
+                  f"{result['threads']} thread)")
+    ax.set_title(f"{result['model']}: ratio {result['ratio']:.3f}"
+                 + (f", session_vs_split {result['session_vs_split']:.2f}"
+                    if "session_vs_split" in result else ""), fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

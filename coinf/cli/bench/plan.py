@@ -23,6 +23,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, options, progress
+from coinf.cli.bench.fit_chart import Point, add_png, check_png, plot_fit
 from coinf.errors import CoinfError, UserError
 
 
@@ -272,10 +273,27 @@ def run(args: argparse.Namespace) -> int:
     if args.wearable_slowdown < 1 or (args.bandwidth_kbps is not None
                                       and args.bandwidth_kbps <= 0):
         raise UserError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
-    emit(plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
-                  args.runs, args.objective, args.repeats, args.predicted, args.preset,
-                  args.input))
+    check_png(args.png)
+    result = plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
+                      args.runs, args.objective, args.repeats, args.predicted, args.preset,
+                      args.input)
+    if args.png:
+        _plot(result, args.png)
+        result["png"] = args.png
+    emit(result)
     return 0
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    """Every configuration measured end to end against its prediction, chosen and best named."""
+    marks = {result["chosen"]: "chosen"}
+    marks.setdefault(result["best"], "best measured")
+    points = [Point(c["id"], c["predicted_ms"], c["measured_ms"], marks.get(c["id"], ""))
+              for c in result["candidates"]
+              if c["measured_ms"] is not None and not c["stopped_early"]]
+    kbps = result["bandwidth_bps"] / 1000
+    plot_fit(points, path, f"{result['model']}: every configuration end to end, {kbps:g} kB/s, "
+             f"wearable x{result['slowdown']:g}; chosen / best {result['ratio']:.2f}", "ms")
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -362,6 +380,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a real input instead of random values (a codec's bytes depend "
                              "on the picture)")
     _common(parser)
+    add_png(parser, "every configuration's end-to-end time")
     parser.set_defaults(func=run)
 
 

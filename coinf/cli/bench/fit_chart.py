@@ -1,0 +1,64 @@
+"""Predicted against measured, one point each, on log axes with the line where they agree: the
+picture of ``coinf bench plan`` (every configuration's end-to-end time, the chosen and the best
+marked) and of ``coinf bench memory`` (every head's peak RSS)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Point:
+    label: str
+    predicted: float
+    measured: float
+    mark: str = ""  # e.g. "chosen", "best": drawn apart and named
+
+
+def add_png(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--png FILE``: draw ``what`` (predicted against measured) there."""
+    parser.add_argument("--png", metavar="FILE", help=f"draw {what}, predicted against measured, "
+                        "here")
+
+
+def check_png(path: str | None) -> None:
+    """A ``--png`` that cannot be written: one line, before any work."""
+    if path:
+        from coinf.cli.paths import writable_file
+
+        writable_file(path, "--png", make_folder=False)
+
+
+def plot_fit(points: Sequence[Point], path: str, title: str, unit: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    plain = [p for p in points if not p.mark]
+    ax.scatter([p.measured for p in plain], [p.predicted for p in plain], s=16, alpha=0.7,
+               color="#3182bd", label=f"{len(plain)} others" if len(plain) < len(points)
+               else None)
+    for p, colour in zip([p for p in points if p.mark], ("#e6550d", "#31a354", "#756bb1"),
+                         strict=False):
+        ax.scatter([p.measured], [p.predicted], s=70, color=colour, edgecolors="black",
+                   label=f"{p.mark}: {p.label}", zorder=3)
+    values = [v for p in points for v in (p.predicted, p.measured) if v > 0]
+    if values:
+        lo, hi = min(values) / 1.3, max(values) * 1.3
+        ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=1, label="predicted = measured")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel(f"measured ({unit})")
+    ax.set_ylabel(f"predicted ({unit})")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

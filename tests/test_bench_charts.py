@@ -63,3 +63,17 @@ def test_bench_faults_draws_each_scenario_over_time(tmp_path: Path,
     assert row["scenario"] == "handheld_killed" and row["inferences"] >= 12
     assert row["wrong"] == 0 and row["correct"] + row["lost"] == row["inferences"]
     assert got["png"] == str(png) and png.read_bytes()[:8] == PNG
+
+
+# time beyond the suite's 30 s a test: two LeNet pruning runs of one epoch each (~16 s alone)
+@pytest.mark.timeout(120)
+def test_bench_prune_draws_each_strength(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")  # bench prune trains (the models extra)
+    png = tmp_path / "prune.png"
+    assert main(["bench", "prune", "--epochs", "1", "--finetune-epochs", "1", "--strengths",
+                 "1e-3,3e-3", "--repeats", "2", "--png", str(png), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [r["strength"] for r in got["rows"]] == [1e-3, 3e-3]
+    assert all(0 < r["flops_reduction_pct"] < 100 for r in got["rows"])
+    assert got["png"] == str(png) and png.read_bytes()[:8] == PNG

@@ -40,6 +40,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     options.add_repeats(parser, 200)
     parser.add_argument("--out", type=Path, default=None,
                         help="keep the pruned models here (default: a temporary directory)")
+    parser.add_argument("--png", metavar="FILE", help="draw each strength's FLOPs reduction "
+                        "against its accuracy drop here")
     parser.set_defaults(func=run)
 
 
@@ -158,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--model {src}: no such file")
     if args.repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {args.repeats}")
+    from coinf.cli.bench.fit_chart import check_png
+
+    check_png(args.png)
     configs = [PruneConfig(strength=s, threshold=args.threshold, sparsify_epochs=args.epochs,
                            finetune_epochs=args.finetune_epochs)
                for s in strengths]  # every setting checked before the first training
@@ -187,7 +192,39 @@ def run(args: argparse.Namespace) -> int:
         for row, t in zip(rows, ms[1:], strict=True):
             row["latency_ms"] = round(t, 4)
             row["latency_reduction_pct"] = round(100 * (1 - t / ms[0]), 2)
-        emit(_summary(src, rows, args.tolerance, base_flops, ms[0], before))
+        result = _summary(src, rows, args.tolerance, base_flops, ms[0], before)
+        if args.png:
+            _plot(result, args.png, args.tolerance)
+            result["png"] = args.png
+        emit(result)
         return 0
     finally:
         tmp.cleanup()
+
+
+def _plot(result: dict[str, Any], path: str, tolerance: float) -> None:
+    """Each strength: FLOPs and latency reduction against the test and validation drops."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for key, marker, word in (("accuracy_drop_pp", "o", "test"), ("val_drop_pp", "s",
+                                                                    "validation")):
+        ax.plot([r["flops_reduction_pct"] for r in rows], [r[key] for r in rows],
+                marker=marker, ls="none", label=f"{word} drop")
+    for r in rows:
+        ax.annotate(f"{r['strength']:g}\n{r.get('latency_reduction_pct', 0):.0f} % faster",
+                    (r["flops_reduction_pct"], r["accuracy_drop_pp"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, 6))
+    ax.axhline(tolerance, color="grey", ls="--", lw=1, label=f"{tolerance:g} pp")
+    ax.set_xlabel("FLOPs removed (%)")
+    ax.set_ylabel("accuracy drop (pp)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{result['model']}: group-lasso pruning, one point per strength", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

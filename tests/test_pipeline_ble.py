@@ -185,7 +185,7 @@ def test_bench_pipeline_first_link_ble(capsys) -> None:
     assert out["planner"]["devices"] in (1, 2, 3) and out["planner"]["why"]
 
 
-def test_bench_pipeline_plays_device_profiles(capsys) -> None:
+def test_bench_pipeline_plays_device_profiles(capsys, tmp_path) -> None:
     """``--profiles``: each device's slowdown is its profile's (the Pi Zero 2 W's is never
     below a laptop's), and the planner's own choice is measured beside K and 2 devices."""
     from coinf.cli import main
@@ -197,9 +197,11 @@ def test_bench_pipeline_plays_device_profiles(capsys) -> None:
     assert "--profiles applies to" in capsys.readouterr().err
     assert main(["bench", "pipeline", "--devices", "3", "--profiles", "pi-zero-2w,laptop,laptop",
                  "--in-process", "--hop-bandwidth-kbps", "5000", "--bandwidth-kbps", "20",
-                 "--frames", "4", "--repeats", "1", "--warmup", "3", "--json"]) == 0
+                 "--frames", "4", "--repeats", "1", "--warmup", "3", "--json",
+                 "--png", str(tmp_path / "p.png")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["profiles"] == ["pi-zero-2w", "laptop", "laptop"]
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and out["png"]
     slow = out["slowdowns"]
     assert len(slow) == 3 and slow[0] >= slow[1] >= 1 and slow[0] > 1
     assert out["settings"]["hop_bandwidth_kbps"] == 5000

@@ -92,6 +92,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "--bandwidth-kbps)")
     parser.add_argument("--radio-preset", default="pi-zero-2w",
                         help="with --first-link ble: the radio preset (default %(default)s)")
+    parser.add_argument("--png", metavar="FILE", help="draw the stages and the frames per "
+                        "second here (not with --bandwidth-kbps-schedule)")
     parser.set_defaults(func=run)
 
 
@@ -110,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
                          "not to --bandwidth-kbps-schedule (which uses --slowdown)")
     args.device_profiles = device_profiles(args.profiles, args.devices) if args.profiles \
         else None
+    from coinf.cli.bench.fit_chart import check_png
+
+    check_png(args.png)
     if args.bandwidth_kbps_schedule or args.compressors:
         from coinf.cli.bench import pipeline_switch
 
@@ -126,7 +131,13 @@ def run(args: argparse.Namespace) -> int:
         if args.radio_preset not in PRESETS:
             raise InputError(f"unknown --radio-preset {args.radio_preset!r}: expected one of "
                              f"{', '.join(sorted(PRESETS))}")
-    emit(asyncio.run(measure(args)))
+    result = asyncio.run(measure(args))
+    if args.png:
+        from coinf.cli.bench.pipeline_chart import plot_pipeline
+
+        plot_pipeline(result, args.png)
+        result["png"] = args.png
+    emit(result)
     return 0
 
 

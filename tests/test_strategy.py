@@ -102,15 +102,16 @@ def test_plan_command_explains_the_choice(vgg, tmp_path, capsys) -> None:  # typ
         assert col in header
 
 
-def test_bench_strategies_predicts_every_way_per_device_set_and_link(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_bench_strategies_predicts_every_way_per_device_set_and_link(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The sweep behind the decision to keep spatial partition out of the runtime: one row per
     model x device set x link with every strategy's prediction, the winner and spatial's ratio
     to the best plan the executor runs; over BLE the wearable keeps the model."""
     from coinf.cli import main
 
     assert main(["bench", "strategies", "--models", "vgg", "--sets", "L,L+L",
-                 "--links", "ble-20k,wifi-5M"]) == 0
+                 "--links", "ble-20k,wifi-5M", "--png", str(tmp_path / "s.png")]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["png"] and (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     rows = out["rows"]
     assert [(r["set"], r["link"]) for r in rows] == [("L", "ble-20k"), ("L", "wifi-5M"),
                                                       ("L+L", "ble-20k"), ("L+L", "wifi-5M")]

@@ -59,6 +59,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=argtypes.number(0, 1), default=0.10,
                         help="spatial wins a row only when faster than the best runnable plan "
                              "by more than this fraction (default %(default)s)")
+    parser.add_argument("--png", metavar="FILE", help="draw every row's spatial plan against "
+                        "the best runnable one here")
     parser.set_defaults(func=run)
 
 
@@ -134,6 +136,7 @@ def _row(points: Any, spatial: Any, result: float, wear: float, lap: float, help
 
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
+    from coinf.cli.bench.fit_chart import check_png
     from coinf.convert.split import split_model
     from coinf.device.profile import DeviceProfile
     from coinf.device.spatial import SpatialModel
@@ -145,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise InputError("--models: give at least one model")
+    check_png(args.png)
     sets, links = _pick(args.sets, SETS, "sets"), _pick(args.links, LINKS, "links")
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -176,7 +180,10 @@ def run(args: argparse.Namespace) -> int:
     low = min(rows, key=lambda r: r["spatial_ratio"]) if rows else None
     verdict = (f"spatial partition wins {len(wins)} of {len(rows)} rows by more than "
                f"{args.margin:.0%} ({len(shared_wins)} on a shared medium)")
-    emit({"objective": args.objective, "margin": args.margin,
+    if args.png:
+        _plot(rows, models, args.margin, args.png)
+    emit({**({"png": args.png} if args.png else {}),
+          "objective": args.objective, "margin": args.margin,
           "profiles": {"wearable": "pi_zero_2w (default)", "laptop": "laptop (default)",
                        "phone": "laptop / 4 (estimate)", "pi4": "3 x wearable (estimate)"},
           "links": {k: {"bytes_per_s": v[0], "latency_ms": v[1] * 1e3} for k, v in LINKS.items()
@@ -187,3 +194,37 @@ def run(args: argparse.Namespace) -> int:
                                "best_runnable")},
           "skipped": skipped, "rows": rows})
     return 0
+
+
+def _plot(rows: list[dict[str, Any]], models: list[str], margin: float, path: str) -> None:
+    """Per model, every device set x link: the spatial plan's predicted latency over the best
+    runnable plan's, each helper on its own link and all on one shared medium."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(models) + 2), 4.2))
+    colours = dict(zip(LINKS, ("#3182bd", "#e6550d", "#31a354", "#756bb1"), strict=False))
+    seen: set[str] = set()
+    for i, model in enumerate(models):
+        mine = [r for r in rows if r["model"] == model]
+        for j, r in enumerate(mine):
+            x = i + (j - len(mine) / 2) * 0.6 / max(len(mine), 1)
+            for key, marker, word in (("spatial_ratio", "o", "own links"),
+                                      ("spatial_shared_ratio", "x", "one shared medium")):
+                label = f"{r['link']}, {word}"
+                ax.scatter(x, r[key], marker=marker, s=14, color=colours.get(r["link"], "grey"),
+                           label=None if label in seen else label)
+                seen.add(label)
+    ax.axhline(1 - margin, color="grey", ls="--", lw=1,
+               label=f"spatial {margin:.0%} faster than the best runnable plan")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(models)), models, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("spatial latency / best runnable (predicted)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=6, ncol=2)
+    ax.set_title("Does spatial partition pay? Each dot a device set x link", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -145,17 +145,18 @@ def test_astream_stops_early_without_hanging(bundle):
         assert len(asyncio.run(main(sess))) == 3
 
 
-def test_bench_stream_reports_every_figure(bundle, capsys):
+def test_bench_stream_reports_every_figure(bundle, capsys, tmp_path):
     import json
 
     from coinf.cli import main
 
     rc = main(["bench", "stream", "--bundle", str(bundle.root), "--split", "c001",
                "--bandwidth-kbps", "200", "--frames", "6", "--repeats", "1", "--rate", "500",
-               "--json"])
+               "--json", "--png", str(tmp_path / "s.png")])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cut"] == "c001"
+    assert out["png"] and (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert set(out["stage_ms"]) == {"head", "pack", "transfer", "tail", "return"}
     assert out["bound_fps"] == pytest.approx(1000 / max(out["stage_ms"].values()), rel=1e-3)
     assert out["efficiency"] == pytest.approx(out["throughput_fps"] / out["bound_fps"], rel=1e-3)

@@ -35,6 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="model accuracy for effective accuracy, a fraction in [0, 1] "
                         "(default: the zoo's recorded test accuracy, else 1)")
     options.add_json(parser)
+    parser.add_argument("--png", metavar="FILE", help="draw the stages and the frames per "
+                        "second here")
     parser.set_defaults(func=run)
 
 
@@ -117,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--rate must be a frame rate in Hz (> 0), or 0 for none; got {args.rate}")
     if args.accuracy is not None and not 0 <= args.accuracy <= 1:
         raise UserError(f"--accuracy must be a fraction in [0, 1], got {args.accuracy}")
+    from coinf.cli.bench.fit_chart import check_png
+
+    check_png(args.png)
     bundle = Bundle.load(args.bundle)
     channel, bps = channel_for(args.preset, args.bandwidth_kbps)
     split = args.split or throughput_choice(bundle, args.slowdown, bps, channel.latency_s,
@@ -156,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     bound = 1000.0 / max(max(stage_ms.values()), 1e-9)
     throughput = median(pipe_fps)
     sequential = median(seq_fps)
-    emit({
+    result = {
         "bundle": bundle.root.name,
         "preset": args.preset,
         "bandwidth_bps": round(bps, 1),
@@ -172,5 +177,11 @@ def run(args: argparse.Namespace) -> int:
         "speedup_vs_sequential": round(throughput / sequential, 4),
         "link": "shaped (preset capacity + half-interval latency)",
         **({"realtime": realtime} if realtime else {}),
-    })
+    }
+    if args.png:
+        from coinf.cli.bench.stream_chart import plot_stream
+
+        plot_stream(result, seq_fps, pipe_fps, args.png)
+        result["png"] = args.png
+    emit(result)
     return 0

@@ -77,3 +77,14 @@ def test_bench_prune_draws_each_strength(tmp_path: Path,
     assert [r["strength"] for r in got["rows"]] == [1e-3, 3e-3]
     assert all(0 < r["flops_reduction_pct"] < 100 for r in got["rows"])
     assert got["png"] == str(png) and png.read_bytes()[:8] == PNG
+
+
+def test_bench_spatial_draws_the_speedup_against_the_link(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "spatial.png"
+    assert main(["bench", "spatial", "--model", "vgg", "--devices", "2", "--frames", "1",
+                 "--slowdown", "1", "--sweep", "100", "--png", str(png), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [p["mbps"] for p in got["sweep"]] == [50.0, 100.0]
+    assert all(p["speedup"] > 0 for p in got["sweep"]) and got["max_abs_err"] < 1e-3
+    assert got["png"] == str(png) and png.read_bytes()[:8] == PNG

@@ -51,6 +51,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="measured frames (median)")
     parser.add_argument("--sweep", default="",
                         help="also measure at these Mbit/s (comma-separated) for break-even")
+    parser.add_argument("--png", metavar="FILE", help="draw the speedup against the link's "
+                        "Mbit/s, measured and predicted, here")
     parser.set_defaults(func=run)
 
 
@@ -212,7 +214,10 @@ def run(args: argparse.Namespace) -> int:
     if args.slowdown < 1 or args.mbps <= 0 or args.latency_ms < 0 or args.frames < 1:
         raise InputError("--slowdown >= 1, --mbps > 0, --latency-ms >= 0 and --frames >= 1")
     sweep = _floats(args.sweep)
+    from coinf.cli.bench.fit_chart import check_png
     from coinf.convert.split import split_model
+
+    check_png(args.png)
     from coinf.models.zoo import committed_path
 
     with tempfile.TemporaryDirectory(prefix="coinf-spatial-") as tmp:
@@ -250,8 +255,37 @@ def run(args: argparse.Namespace) -> int:
         pts = sorted((r["mbps"], r["speedup"]) for r in rows)
         result["sweep"] = [{"mbps": m, "speedup": s} for m, s in pts]
         result["break_even_mbps"] = _crossing(pts)
+    if args.png:
+        _plot(result, rows, args.png)
+        result["png"] = args.png
     emit(result)
     return 0
+
+
+def _plot(result: dict[str, Any], rows: list[dict[str, Any]], path: str) -> None:
+    """Speedup over the coordinator alone against the shared medium's Mbit/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r["mbps"])
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot([r["mbps"] for r in rows], [r["speedup"] for r in rows], marker="o",
+            label="measured")
+    ax.plot([r["mbps"] for r in rows], [r["predicted_speedup"] for r in rows], marker="x",
+            ls="--", label="predicted (the cost model)")
+    ax.axhline(1.0, color="grey", lw=1, label="the coordinator alone")
+    ax.set_xscale("log")
+    ax.set_xlabel("shared medium (Mbit/s)")
+    ax.set_ylabel("speedup")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{result['model']}: conv tiles over {result['devices']} devices, each "
+                 f"x{result['slowdown']:g}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _vgg16_64(path: Path) -> Path:

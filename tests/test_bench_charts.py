@@ -88,3 +88,15 @@ def test_bench_spatial_draws_the_speedup_against_the_link(
     assert [p["mbps"] for p in got["sweep"]] == [50.0, 100.0]
     assert all(p["speedup"] > 0 for p in got["sweep"]) and got["max_abs_err"] < 1e-3
     assert got["png"] == str(png) and png.read_bytes()[:8] == PNG
+
+
+def test_bench_link_draws_each_message_against_the_capacity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "link.png"
+    assert main(["bench", "link", "--preset", "pi-zero-2w", "--bytes", "5000", "--messages", "2",
+                 "--direction", "both", "--png", str(png), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert {d: len(v) for d, v in got["message_bps"].items()} == {"up": 2, "down": 2}
+    # a message cannot cross faster than the radio's capacity (goodput <= capacity)
+    assert all(0 < r <= got["capacity_bps"] for v in got["message_bps"].values() for r in v)
+    assert got["png"] == str(png) and png.read_bytes()[:8] == PNG

@@ -39,6 +39,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="radio override")
     options.add_json(parser)
+    parser.add_argument("--png", metavar="FILE", help="draw each message's goodput against "
+                        "the capacity here")
     parser.set_defaults(func=run)
 
 
@@ -75,6 +77,7 @@ async def measure(
                     accept.cancel()
                 payload = os.urandom(nbytes)
                 rates: list[float] = []
+                per_dir: dict[str, list[float]] = {}
                 dirs = ["up", "down"] if direction == "both" else [direction]
                 try:
                     for d in dirs:
@@ -87,6 +90,7 @@ async def measure(
                             if got.payload != payload:
                                 raise RuntimeError("payload corrupted in transit")
                             rates.append(nbytes / dt)
+                            per_dir.setdefault(d, []).append(round(nbytes / dt, 1))
                             progress(f"{d} message {i + 1}: {dt:.3f} s emulated, "
                                      f"{nbytes / dt:.0f} B/s")
                 finally:
@@ -104,6 +108,7 @@ async def measure(
             "capacity_bps": round(capacity, 1),
             "efficiency": round(goodput / capacity, 4),
             "direction": direction,
+            "message_bps": per_dir,
             "time_scale": time_scale,
             "att_mtu": mtu,
             "chunk_bytes": wearable.chunk_size,  # type: ignore[attr-defined]
@@ -119,11 +124,39 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--bytes and --messages must be >= 1")
     overrides = parse_overrides(args.set)
     preset(args.preset, **overrides)  # validate before starting anything
-    emit(
-        asyncio.run(
-            measure(
-                args.preset, args.bytes, args.messages, args.direction, args.time_scale, overrides
-            )
-        )
-    )
+    from coinf.cli.bench.fit_chart import check_png
+
+    check_png(args.png)
+    result = asyncio.run(measure(args.preset, args.bytes, args.messages, args.direction,
+                                 args.time_scale, overrides))
+    if args.png:
+        _plot(result, args.png)
+        result["png"] = args.png
+    emit(result)
     return 0
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    """Each message's goodput, per direction, against the radio's formula capacity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for i, (d, rates) in enumerate(result["message_bps"].items()):
+        ax.scatter([i] * len(rates), [r / 1000 for r in rates], s=20, zorder=3,
+                   label=f"{d}: {len(rates)} messages of {result['message_bytes']:,} B")
+    ax.axhline(result["capacity_bps"] / 1000, color="grey", ls="--", lw=1,
+               label=f"capacity {result['capacity_bps'] / 1000:.1f} kB/s (formula)")
+    ax.set_xticks(range(len(result["message_bps"])), list(result["message_bps"]))
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("goodput (kB/s)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"BLE link, {result['preset']}: efficiency {result['efficiency']:.3f} "
+                 f"(ATT MTU {result['att_mtu']}, chunks of {result['chunk_bytes']} B)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

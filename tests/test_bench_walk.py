@@ -20,3 +20,17 @@ def test_the_walk_counts_the_frames_calls_and_crossings() -> None:
         assert walk["threads"] >= 1 and walk["reentries"] >= 0
     assert "coinf.handheld.forward" in out["pipeline"]["modules"]  # h1 forwarded to h2
     assert out["pipeline"]["calls"] > out["split"]["calls"]
+
+
+@pytest.mark.timeout(120)  # as above
+def test_the_walk_draws_both_frames_without_listing_them(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from coinf.cli import main
+
+    png = tmp_path / "walk.png"
+    assert main(["bench", "walk", "--png", str(png), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert png.read_bytes()[:4] == b"\x89PNG" and got["png"] == str(png)
+    assert "cross_module_calls" not in got["split"]  # drawn, not listed (no --list)

@@ -41,6 +41,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     options.add_json(parser)
     parser.add_argument("--list", action="store_true",
                         help="also list every cross-module call (caller -> callee), in order")
+    parser.add_argument("--png", metavar="FILE", help="draw the package each cross-module call "
+                        "enters, in order, here")
     parser.set_defaults(func=run)
 
 
@@ -180,8 +182,19 @@ def measure(listing: bool, progress: Callable[[str], None]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from coinf.cli.bench import emit, progress
+    from coinf.cli.bench.fit_chart import check_png
 
-    emit(measure(args.list, progress))
+    check_png(args.png)
+    result = measure(args.list or bool(args.png), progress)
+    if args.png:
+        from coinf.cli.bench.walk_chart import plot_walk
+
+        plot_walk(result, args.png)
+        result["png"] = args.png
+        if not args.list:  # drawn, not asked for
+            for name in ("split", "pipeline"):
+                result[name].pop("cross_module_calls", None)
+    emit(result)
     return 0
 
 

@@ -1,12 +1,13 @@
-"""Predicted against measured, one point each, on log axes with the line where they agree: the
-picture of ``coinf bench plan`` (every configuration's end-to-end time, the chosen and the best
-marked) and of ``coinf bench memory`` (every head's peak RSS)."""
+"""Predicted against measured, one point each, with the line where they agree (log axes over
+several decades): the picture of ``coinf bench plan`` (every configuration's end-to-end time,
+the chosen and the best marked) and of ``coinf bench memory`` (every head's peak RSS)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -15,12 +16,20 @@ class Point:
     predicted: float
     measured: float
     mark: str = ""  # e.g. "chosen", "best": drawn apart and named
+    partial: bool = False  # measuring stopped early: the measured value is a lower bound
 
 
 def add_png(parser: argparse.ArgumentParser, what: str) -> None:
     """``--png FILE``: draw ``what`` (predicted against measured) there."""
     parser.add_argument("--png", metavar="FILE", help=f"draw {what}, predicted against measured, "
                         "here")
+
+
+def model_name(bundle: Any) -> str:
+    """The name of the model a bundle was split from (its folder's name if unrecorded)."""
+    source = (bundle.meta or {}).get("source") or {}
+    name = str(source.get("file") or bundle.root.name)
+    return name.rsplit(".", 1)[0] if name.endswith((".onnx", ".tflite")) else name
 
 
 def check_png(path: str | None) -> None:
@@ -36,12 +45,18 @@ def plot_fit(points: Sequence[Point], path: str, title: str, unit: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 5.2))
-    plain = [p for p in points if not p.mark]
+    plain = [p for p in points if not p.mark and not p.partial]
     ax.scatter([p.measured for p in plain], [p.predicted for p in plain], s=16, alpha=0.7,
                color="#3182bd", label=f"{len(plain)} others" if len(plain) < len(points)
                else None)
+    partial = [p for p in points if not p.mark and p.partial]
+    if partial:
+        ax.scatter([p.measured for p in partial], [p.predicted for p in partial], s=22,
+                   marker=">", color="#9ecae1",
+                   label=f"{len(partial)} stopped early (measured: at least)")
     for p, colour in zip([p for p in points if p.mark], ("#e6550d", "#31a354", "#756bb1"),
                          strict=False):
         ax.scatter([p.measured], [p.predicted], s=70, color=colour, edgecolors="black",
@@ -52,8 +67,12 @@ def plot_fit(points: Sequence[Point], path: str, title: str, unit: str) -> None:
         ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=1, label="predicted = measured")
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        if hi / lo > 20:  # several decades: log axes, plain numbers
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_formatter(ScalarFormatter())
+                axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"measured ({unit})")
     ax.set_ylabel(f"predicted ({unit})")
     ax.grid(alpha=0.3, which="both")

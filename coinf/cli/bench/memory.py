@@ -13,7 +13,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, options, progress
-from coinf.cli.bench.fit_chart import Point, add_png, check_png, plot_fit
+from coinf.cli.bench.fit_chart import Point, add_png, check_png, model_name, plot_fit
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
               "max_abs_error_mb": max(errs) if errs else None, "candidates": rows}
     if args.png:
         plot_fit([Point(r["id"], r["predicted_mb"], r["head_peak_rss_mb"]) for r in rows],
-                 args.png, f"{bundle.root.name}: each head's peak RSS in a fresh process, "
+                 args.png, f"{model_name(bundle)}: each head's peak RSS in a fresh process, "
                  "predicted without a profile", "MB")
         result["png"] = args.png
     emit(result)

@@ -183,12 +183,13 @@ def _plot(result: dict[str, Any], path: str) -> None:
             color="#fc9272", label="the frame loop's fixed cost")
     for i, r in enumerate(rows[::-1]):
         ax.text(r[1] + r[2], i, f" {r[1] + r[2]:.2f} ms", va="center", fontsize=8)
+    ax.set_xlim(0, max(r[1] + r[2] for r in rows) * 1.35)
     ax.set_xlabel(f"median ms a frame ({result['runs']} interleaved runs, "
                   f"{result['threads']} thread)")
     ax.set_title(f"{result['model']}: ratio {result['ratio']:.3f}"
                  + (f", session_vs_split {result['session_vs_split']:.2f}"
                     if "session_vs_split" in result else ""), fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

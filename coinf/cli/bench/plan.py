@@ -288,9 +288,9 @@ def _plot(result: dict[str, Any], path: str) -> None:
     """Every configuration measured end to end against its prediction, chosen and best named."""
     marks = {result["chosen"]: "chosen"}
     marks.setdefault(result["best"], "best measured")
-    points = [Point(c["id"], c["predicted_ms"], c["measured_ms"], marks.get(c["id"], ""))
-              for c in result["candidates"]
-              if c["measured_ms"] is not None and not c["stopped_early"]]
+    points = [Point(c["id"], c["predicted_ms"], c["measured_ms"], marks.get(c["id"], ""),
+                    partial=bool(c["stopped_early"]))
+              for c in result["candidates"] if c["measured_ms"] is not None]
     kbps = result["bandwidth_bps"] / 1000
     plot_fit(points, path, f"{result['model']}: every configuration end to end, {kbps:g} kB/s, "
              f"wearable x{result['slowdown']:g}; chosen / best {result['ratio']:.2f}", "ms")

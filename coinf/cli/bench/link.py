@@ -150,7 +150,8 @@ def _plot(result: dict[str, Any], path: str) -> None:
     ax.axhline(result["capacity_bps"] / 1000, color="grey", ls="--", lw=1,
                label=f"capacity {result['capacity_bps'] / 1000:.1f} kB/s (formula)")
     ax.set_xticks(range(len(result["message_bps"])), list(result["message_bps"]))
-    ax.set_ylim(bottom=0)
+    ax.set_xlim(-0.5, len(result["message_bps"]) - 0.5)
+    ax.set_ylim(0, result["capacity_bps"] / 1000 * 1.15)
     ax.set_ylabel("goodput (kB/s)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="lower right")

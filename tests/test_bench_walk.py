@@ -18,6 +18,8 @@ def test_the_walk_counts_the_frames_calls_and_crossings() -> None:
         assert 0 < walk["package_crossings"] <= walk["cross_module"] <= walk["calls"]
         assert len(walk["cross_module_calls"]) == walk["cross_module"]
         assert walk["threads"] >= 1 and walk["reentries"] >= 0
+    # the in-process handheld's modules are imported only when the session connects: counted
+    assert "coinf.handheld.daemon" in out["split"]["modules"]
     assert "coinf.handheld.forward" in out["pipeline"]["modules"]  # h1 forwarded to h2
     assert out["pipeline"]["calls"] > out["split"]["calls"]
 

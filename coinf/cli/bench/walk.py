@@ -53,22 +53,31 @@ class Tracer:
         #: counting only while set (installed before the session starts its threads, which
         #: inherit the hook; the warm-up frame runs with it off)
         self.active = False
-        self.files: dict[str, str | None] = {
-            str(Path(path).resolve()): name for name, m in list(sys.modules.items())
-            if name.startswith("coinf") and (path := getattr(m, "__file__", None))}
+        self.files: dict[str, str | None] = {}
+        self._known = 0
+        self._refresh()
         self.seen: set[int] = set()
         self.keep: list[FrameType] = []  # alive until the end: ids of frames are not reused
         self.events: list[tuple[int, str | None, str, bool]] = []
 
+    def _refresh(self) -> None:
+        """Learn the ``coinf`` modules imported since (a session imports the in-process
+        handheld's only when it connects)."""
+        if len(sys.modules) == self._known:
+            return
+        self._known = len(sys.modules)
+        for name, m in list(sys.modules.items()):
+            if name.startswith("coinf") and (path := getattr(m, "__file__", None)):
+                self.files.setdefault(str(Path(path).resolve()), name)
+
     def module(self, frame: FrameType | None) -> str | None:
         if frame is None:
             return None
-        name = self.files.get(frame.f_code.co_filename)
-        if name is None and frame.f_code.co_filename not in self.files:
-            path = str(Path(frame.f_code.co_filename).resolve())
-            name = self.files.get(path)
-            self.files[frame.f_code.co_filename] = name
-        return name
+        file = frame.f_code.co_filename
+        if file not in self.files:
+            self._refresh()
+            self.files[file] = self.files.get(str(Path(file).resolve()))
+        return self.files[file]
 
     def hook(self, frame: FrameType, event: str, _arg: Any) -> None:
         if not self.active or event != "call" or id(frame) in self.seen:

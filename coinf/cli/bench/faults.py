@@ -242,25 +242,31 @@ def run(args: argparse.Namespace) -> int:
                     progress(f"  {rows[-1]}")
         finally:
             procs.stop_all()
-    total = {k: sum(r[k] for r in rows) for k in ("inferences", "correct", "wrong", "lost",
-                                                   "duplicated", "offloaded")}
     if args.png:
         from coinf.cli.bench.faults_chart import plot_faults
 
         plot_faults(done, args.png, f"{bundle.root.name} at {args.split}, {args.preset}, "
                     f"one inference every {args.period_ms:g} ms, library defaults")
-        total["png"] = args.png
-    emit({**total, "worst_ms": max((r["worst_ms"] for r in rows), default=0.0),
-          "resumed_every_time": all(r["resumed"] for r in rows),
-          "worst_resume_s": max((r["resume_s"] or math.inf for r in rows), default=None),
-          "scenarios": rows, "inferences_per_scenario": args.inferences,
-          "period_ms": args.period_ms, "fault_s": args.fault_s,
-          "chunk_fault_rate": args.chunk_fault_rate, "split": args.split, "preset": args.preset,
-          "session_options": "library defaults (LinkOptions: timeout 30 s, max_backoff_s 30 s, "
-                             "reconnect_timeout 3 s)",
-          "targets": {"correct": "all", "lost": 0, "duplicated": 0, "worst_ms": 2000,
-                      "resumed_every_time": True, "resume_s": 2.0}})
+    emit(_report(rows, args))
     return 0
+
+
+def _report(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The result: the scenarios' rows, their totals and the settings."""
+    total = {k: sum(r[k] for r in rows) for k in ("inferences", "correct", "wrong", "lost",
+                                                   "duplicated", "offloaded")}
+    if args.png:
+        total["png"] = args.png
+    return {**total, "worst_ms": max((r["worst_ms"] for r in rows), default=0.0),
+            "resumed_every_time": all(r["resumed"] for r in rows),
+            "worst_resume_s": max((r["resume_s"] or math.inf for r in rows), default=None),
+            "scenarios": rows, "inferences_per_scenario": args.inferences,
+            "period_ms": args.period_ms, "fault_s": args.fault_s,
+            "chunk_fault_rate": args.chunk_fault_rate, "split": args.split, "preset": args.preset,
+            "session_options": "library defaults (LinkOptions: timeout 30 s, max_backoff_s 30 s, "
+                               "reconnect_timeout 3 s)",
+            "targets": {"correct": "all", "lost": 0, "duplicated": 0, "worst_ms": 2000,
+                        "resumed_every_time": True, "resume_s": 2.0}}
 
 
 def scenario(name: str, args: argparse.Namespace, procs: Procs, faulty: list[str],

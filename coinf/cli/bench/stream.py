@@ -101,10 +101,23 @@ def realtime_run(sess: Any, frames: list[Any], rate_hz: float, depth: int,
             "effective_accuracy": round(effective_accuracy(fps, accuracy, rate_hz), 4)}
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Every setting, before anything starts."""
+    from coinf.cli.bench.fit_chart import check_png
+    from coinf.errors import UserError
+
+    if args.frames < 2 or args.repeats < 1 or args.depth < 2:
+        raise UserError("need --frames >= 2, --repeats >= 1 and --depth >= 2")
+    if not 0 <= args.rate < 1e6:
+        raise UserError(f"--rate must be a frame rate in Hz (> 0), or 0 for none; got {args.rate}")
+    if args.accuracy is not None and not 0 <= args.accuracy <= 1:
+        raise UserError(f"--accuracy must be a fraction in [0, 1], got {args.accuracy}")
+    check_png(args.png)
+
+
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
     from coinf.cli.sample import bundle_feeds
-    from coinf.errors import UserError
     from coinf.wearable.options import (
         EmulationOptions,
         LinkOptions,
@@ -113,15 +126,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from coinf.wearable.session import Session
 
-    if args.frames < 2 or args.repeats < 1 or args.depth < 2:
-        raise UserError("need --frames >= 2, --repeats >= 1 and --depth >= 2")
-    if not 0 <= args.rate < 1e6:
-        raise UserError(f"--rate must be a frame rate in Hz (> 0), or 0 for none; got {args.rate}")
-    if args.accuracy is not None and not 0 <= args.accuracy <= 1:
-        raise UserError(f"--accuracy must be a fraction in [0, 1], got {args.accuracy}")
-    from coinf.cli.bench.fit_chart import check_png
-
-    check_png(args.png)
+    _check(args)
     bundle = Bundle.load(args.bundle)
     channel, bps = channel_for(args.preset, args.bandwidth_kbps)
     split = args.split or throughput_choice(bundle, args.slowdown, bps, channel.latency_s,

@@ -7,7 +7,7 @@ from typing import Any
 #: onnxruntime's intra-op workers spin after each run by default, waiting for the next; a
 #: device that runs one slice per frame (a wearable on a battery, a handheld beside other
 #: work) pays that in CPU time for nothing, and on a busy core the spinning slows the run
-#: itself. Every slice session has the workers sleep instead (docs/DEPLOY.md §10).
+#: itself. Every slice session has the workers sleep instead (docs/DEPLOY.md §6, "Threads").
 NO_SPINNING = ("session.intra_op.allow_spinning", "0")
 
 

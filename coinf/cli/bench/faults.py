@@ -174,10 +174,9 @@ def run(args: argparse.Namespace) -> int:
 
     from coinf import LinkOptions, PlacementOptions, RunOptions, Session, SessionOptions
     from coinf.bundle import Bundle
-    from coinf.cli.bench.fit_chart import check_png
     from coinf.cli.sample import bundle_feeds
 
-    check_png(args.png)
+    options.check_png(args.png)
     bundle = Bundle.load(args.bundle)
     bundle.candidate(args.split)  # a wrong id is a usage error before anything starts
     feeds = [bundle_feeds(bundle, seed) for seed in range(16)]
@@ -341,7 +340,6 @@ def register(parser: argparse.ArgumentParser) -> None:
                         default=0.02,
                         help="chunk_faults: probability of each fault (drop, duplicate, corrupt, "
                         "reorder) per data chunk")
-    parser.add_argument("--png", metavar="FILE", help="draw every inference's latency over "
-                        "time, the fault shaded, per scenario, here")
+    options.add_png(parser, "every inference's latency over time, the fault shaded, per scenario")
     options.add_json(parser)
     parser.set_defaults(func=run)

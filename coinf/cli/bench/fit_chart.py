@@ -4,7 +4,6 @@ the chosen and the best marked) and of ``coinf bench memory`` (every head's peak
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,25 +18,11 @@ class Point:
     partial: bool = False  # measuring stopped early: the measured value is a lower bound
 
 
-def add_png(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--png FILE``: draw ``what`` (predicted against measured) there."""
-    parser.add_argument("--png", metavar="FILE", help=f"draw {what}, predicted against measured, "
-                        "here")
-
-
 def model_name(bundle: Any) -> str:
     """The name of the model a bundle was split from (its folder's name if unrecorded)."""
     source = (bundle.meta or {}).get("source") or {}
     name = str(source.get("file") or bundle.root.name)
     return name.rsplit(".", 1)[0] if name.endswith((".onnx", ".tflite")) else name
-
-
-def check_png(path: str | None) -> None:
-    """A ``--png`` that cannot be written: one line, before any work."""
-    if path:
-        from coinf.cli.paths import writable_file
-
-        writable_file(path, "--png", make_folder=False)
 
 
 def plot_fit(points: Sequence[Point], path: str, title: str, unit: str) -> None:

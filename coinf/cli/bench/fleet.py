@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from coinf.cli import argtypes
-from coinf.cli.bench import emit, progress, stop_processes
-from coinf.cli.bench.options import add_bundle
+from coinf.cli.bench import emit, options, progress, stop_processes
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    add_bundle(parser, default_text="the trained digitnet, split into a temporary directory")
+    options.add_bundle(parser,
+                       default_text="the trained digitnet, split into a temporary directory")
     parser.add_argument("--cut", default="c005", help="the candidate the wearables offload at "
                         "(default %(default)s: digitnet's first pooling, 32 kB raw)")
     parser.add_argument("--wearables", type=counts, default=[1, 4, 16, 64],
@@ -68,8 +68,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kill-replica", action="store_true",
                         help="then run the service at the largest N and kill one replica "
                         "halfway: every frame must still be answered once")
-    parser.add_argument("--png", metavar="FILE",
-                        help="draw frames per CPU-second and p99 against the wearables here")
+    options.add_png(parser, "frames per CPU-second and p99 against the wearables")
     parser.set_defaults(func=run)
 
 
@@ -381,10 +380,7 @@ def run(args: argparse.Namespace) -> int:
     sides = [s for s in args.sides.split(",") if s]
     if not sides or set(sides) - {"service", "daemons"}:
         raise UserError(f"--sides {args.sides}: expected service, daemons or service,daemons")
-    if args.png:
-        from coinf.cli.paths import writable_file
-
-        writable_file(args.png, "--png", make_folder=False)
+    options.check_png(args.png)
     with tempfile.TemporaryDirectory() as tmp, one_machine_env():
         bundle_dir = args.bundle or _split_digitnet(Path(tmp))
         work = workload(Bundle.load(bundle_dir), args.cut)

@@ -39,8 +39,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set", action="append", metavar="FIELD=VALUE", help="radio override")
     options.add_json(parser)
-    parser.add_argument("--png", metavar="FILE", help="draw each message's goodput against "
-                        "the capacity here")
+    options.add_png(parser, "each message's goodput against the capacity")
     parser.set_defaults(func=run)
 
 
@@ -124,9 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--bytes and --messages must be >= 1")
     overrides = parse_overrides(args.set)
     preset(args.preset, **overrides)  # validate before starting anything
-    from coinf.cli.bench.fit_chart import check_png
-
-    check_png(args.png)
+    options.check_png(args.png)
     result = asyncio.run(measure(args.preset, args.bytes, args.messages, args.direction,
                                  args.time_scale, overrides))
     if args.png:

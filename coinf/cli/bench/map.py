@@ -59,7 +59,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="profile (default): each head takes the time the built-in Pi Zero "
                         "2 W profile predicts for it, layer by layer; scaled: this machine's "
                         "time x one slowdown per model (this CPU's share per layer)")
-    parser.add_argument("--png", help="write the map as a grid picture")
+    options.add_png(parser, "the map as a grid")
     options.add_json(parser)
     parser.set_defaults(func=run)
 

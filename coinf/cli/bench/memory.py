@@ -13,7 +13,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, options, progress
-from coinf.cli.bench.fit_chart import Point, add_png, check_png, model_name, plot_fit
+from coinf.cli.bench.fit_chart import Point, model_name, plot_fit
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=argtypes.positive_int, default=2,
                         help="inferences per head process")
     parser.add_argument("--only", help="comma-separated candidate ids (default: every head)")
-    add_png(parser, "every head's peak RSS")
+    options.add_png(parser, "every head's peak RSS")
     parser.set_defaults(func=run)
 
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 1 <= args.threads <= 256 or args.runs < 1:
         raise UserError("--threads must be in [1, 256] and --runs >= 1")
-    check_png(args.png)
+    options.check_png(args.png)
     bundle = Bundle.load(args.bundle)
     wanted = {c.strip() for c in args.only.split(",")} if args.only else None
     known = {c.id for c in bundle.candidates}

@@ -90,3 +90,16 @@ def add_bandwidth_kbps(parser: argparse.ArgumentParser, default: float | None = 
     """``--bandwidth-kbps R``: the link's bandwidth."""
     parser.add_argument("--bandwidth-kbps", type=argtypes.kbps, default=default,
                         help=f"link bandwidth, kB/s ({_default(default_text)})")
+
+
+def add_png(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--png FILE``: draw ``what`` there (a PNG; matplotlib, the ``convert`` extra)."""
+    parser.add_argument("--png", metavar="FILE", help=f"draw {what} here (a PNG)")
+
+
+def check_png(path: str | None) -> None:
+    """A ``--png`` that cannot be written: one line, before any work."""
+    if path:
+        from coinf.cli.paths import writable_file
+
+        writable_file(path, "--png", make_folder=False)

@@ -29,7 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     options.add_threads(parser)
     parser.add_argument("--session", action="store_true",
                         help="also time Session.run over the in-process link")
-    parser.add_argument("--png", metavar="FILE", help="draw the medians as bars here")
+    options.add_png(parser, "the medians as bars")
     options.add_json(parser)
     parser.set_defaults(func=run)
 
@@ -100,9 +100,7 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model)
     if not model.is_file():  # before the "splitting" line: the error alone
         raise UserError(f"MODEL {model}: no such file (expected an .onnx file)")
-    from coinf.cli.bench.fit_chart import check_png
-
-    check_png(args.png)
+    options.check_png(args.png)
     bundle, cand, tmp = _bundle_and_candidate(args, model)
     whole = _ort_session(bundle.model_path, args.threads)
     head = _ort_session(bundle.path(cand.head.file), args.threads)

@@ -45,8 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="assumed Pi Zero 2 W / this-machine compute time ratio")
     parser.add_argument("--throughput-mb", type=argtypes.number(0, 1e4, lo_open=True), default=4.0,
                         help="size of the tensor the codec speed is measured on (MB of float32)")
-    parser.add_argument("--png", metavar="FILE",
-                        help="draw every cut's packings, ratio against accuracy drop, here")
+    options.add_png(parser, "every cut's packings, ratio against accuracy drop")
     parser.set_defaults(func=run)
 
 
@@ -121,10 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1 or (args.limit is not None and args.limit < 1):
         raise InputError("--repeats and --limit must be >= 1")
-    if args.png:
-        from coinf.cli.paths import writable_file
-
-        writable_file(args.png, "--png", make_folder=False)
+    options.check_png(args.png)
     tmp = None
     if args.bundle:
         bundle = Bundle.load(args.bundle)

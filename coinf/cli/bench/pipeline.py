@@ -92,8 +92,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "--bandwidth-kbps)")
     parser.add_argument("--radio-preset", default="pi-zero-2w",
                         help="with --first-link ble: the radio preset (default %(default)s)")
-    parser.add_argument("--png", metavar="FILE", help="draw the stages and the frames per "
-                        "second here (not with --bandwidth-kbps-schedule)")
+    options.add_png(parser, "the stages and the frames per second (not with "
+                    "--bandwidth-kbps-schedule)")
     parser.set_defaults(func=run)
 
 
@@ -112,9 +112,7 @@ def run(args: argparse.Namespace) -> int:
                          "not to --bandwidth-kbps-schedule (which uses --slowdown)")
     args.device_profiles = device_profiles(args.profiles, args.devices) if args.profiles \
         else None
-    from coinf.cli.bench.fit_chart import check_png
-
-    check_png(args.png)
+    options.check_png(args.png)
     if args.bandwidth_kbps_schedule or args.compressors:
         from coinf.cli.bench import pipeline_switch
 

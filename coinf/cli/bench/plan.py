@@ -23,7 +23,7 @@ from typing import Any
 
 from coinf.cli import argtypes
 from coinf.cli.bench import emit, options, progress
-from coinf.cli.bench.fit_chart import Point, add_png, check_png, plot_fit
+from coinf.cli.bench.fit_chart import Point, plot_fit
 from coinf.errors import CoinfError, UserError
 
 
@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wearable_slowdown < 1 or (args.bandwidth_kbps is not None
                                       and args.bandwidth_kbps <= 0):
         raise UserError("--wearable-slowdown must be >= 1 and --bandwidth-kbps > 0")
-    check_png(args.png)
+    options.check_png(args.png)
     result = plan_one(args.bundle, args.bandwidth_kbps, args.wearable_slowdown, args.threads,
                       args.runs, args.objective, args.repeats, args.predicted, args.preset,
                       args.input)
@@ -380,7 +380,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a real input instead of random values (a codec's bytes depend "
                              "on the picture)")
     _common(parser)
-    add_png(parser, "every configuration's end-to-end time")
+    options.add_png(parser, "every configuration's end-to-end time")
     parser.set_defaults(func=run)
 
 

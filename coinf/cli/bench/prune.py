@@ -40,8 +40,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     options.add_repeats(parser, 200)
     parser.add_argument("--out", type=Path, default=None,
                         help="keep the pruned models here (default: a temporary directory)")
-    parser.add_argument("--png", metavar="FILE", help="draw each strength's FLOPs reduction "
-                        "against its accuracy drop here")
+    options.add_png(parser, "each strength's FLOPs reduction against its accuracy drop")
     parser.set_defaults(func=run)
 
 
@@ -160,9 +159,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--model {src}: no such file")
     if args.repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {args.repeats}")
-    from coinf.cli.bench.fit_chart import check_png
-
-    check_png(args.png)
+    options.check_png(args.png)
     configs = [PruneConfig(strength=s, threshold=args.threshold, sparsify_epochs=args.epochs,
                            finetune_epochs=args.finetune_epochs)
                for s in strengths]  # every setting checked before the first training

@@ -50,7 +50,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", default=None,
                         help="comma-separated candidate ids instead of --cuts")
     options.add_tolerance(parser)
-    parser.add_argument("--png", default=None, metavar="FILE", help="write the plot here")
+    options.add_png(parser, "the rate-quality plot")
     parser.add_argument("--work", default=None, metavar="DIR",
                         help="with --model: where the model and bundle are built "
                              "(default: a temporary folder)")

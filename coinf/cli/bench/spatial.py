@@ -51,8 +51,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="measured frames (median)")
     parser.add_argument("--sweep", default="",
                         help="also measure at these Mbit/s (comma-separated) for break-even")
-    parser.add_argument("--png", metavar="FILE", help="draw the speedup against the link's "
-                        "Mbit/s, measured and predicted, here")
+    options.add_png(parser, "the speedup against the link's Mbit/s, measured and predicted")
     parser.set_defaults(func=run)
 
 
@@ -214,10 +213,9 @@ def run(args: argparse.Namespace) -> int:
     if args.slowdown < 1 or args.mbps <= 0 or args.latency_ms < 0 or args.frames < 1:
         raise InputError("--slowdown >= 1, --mbps > 0, --latency-ms >= 0 and --frames >= 1")
     sweep = _floats(args.sweep)
-    from coinf.cli.bench.fit_chart import check_png
     from coinf.convert.split import split_model
 
-    check_png(args.png)
+    options.check_png(args.png)
     from coinf.models.zoo import committed_path
 
     with tempfile.TemporaryDirectory(prefix="coinf-spatial-") as tmp:

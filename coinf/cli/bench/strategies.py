@@ -59,8 +59,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=argtypes.number(0, 1), default=0.10,
                         help="spatial wins a row only when faster than the best runnable plan "
                              "by more than this fraction (default %(default)s)")
-    parser.add_argument("--png", metavar="FILE", help="draw every row's spatial plan against "
-                        "the best runnable one here")
+    options.add_png(parser, "every row's spatial plan against the best runnable one")
     parser.set_defaults(func=run)
 
 
@@ -136,7 +135,6 @@ def _row(points: Any, spatial: Any, result: float, wear: float, lap: float, help
 
 def run(args: argparse.Namespace) -> int:
     from coinf.bundle import Bundle
-    from coinf.cli.bench.fit_chart import check_png
     from coinf.convert.split import split_model
     from coinf.device.profile import DeviceProfile
     from coinf.device.spatial import SpatialModel
@@ -148,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise InputError("--models: give at least one model")
-    check_png(args.png)
+    options.check_png(args.png)
     sets, links = _pick(args.sets, SETS, "sets"), _pick(args.links, LINKS, "links")
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}

@@ -35,8 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="model accuracy for effective accuracy, a fraction in [0, 1] "
                         "(default: the zoo's recorded test accuracy, else 1)")
     options.add_json(parser)
-    parser.add_argument("--png", metavar="FILE", help="draw the stages and the frames per "
-                        "second here")
+    options.add_png(parser, "the stages and the frames per second")
     parser.set_defaults(func=run)
 
 
@@ -103,7 +102,6 @@ def realtime_run(sess: Any, frames: list[Any], rate_hz: float, depth: int,
 
 def _check(args: argparse.Namespace) -> None:
     """Every setting, before anything starts."""
-    from coinf.cli.bench.fit_chart import check_png
     from coinf.errors import UserError
 
     if args.frames < 2 or args.repeats < 1 or args.depth < 2:
@@ -112,7 +110,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--rate must be a frame rate in Hz (> 0), or 0 for none; got {args.rate}")
     if args.accuracy is not None and not 0 <= args.accuracy <= 1:
         raise UserError(f"--accuracy must be a fraction in [0, 1], got {args.accuracy}")
-    check_png(args.png)
+    options.check_png(args.png)
 
 
 def run(args: argparse.Namespace) -> int:

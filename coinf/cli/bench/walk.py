@@ -41,8 +41,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     options.add_json(parser)
     parser.add_argument("--list", action="store_true",
                         help="also list every cross-module call (caller -> callee), in order")
-    parser.add_argument("--png", metavar="FILE", help="draw the package each cross-module call "
-                        "enters, in order, here")
+    options.add_png(parser, "the package each cross-module call enters, in order")
     parser.set_defaults(func=run)
 
 
@@ -190,10 +189,8 @@ def measure(listing: bool, progress: Callable[[str], None]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coinf.cli.bench import emit, progress
-    from coinf.cli.bench.fit_chart import check_png
-
-    check_png(args.png)
+    from coinf.cli.bench import emit, options, progress
+    options.check_png(args.png)
     result = measure(args.list or bool(args.png), progress)
     if args.png:
         from coinf.cli.bench.walk_chart import plot_walk

@@ -22,8 +22,9 @@ def test_the_session_is_timed_beside_plain_onnxruntime(tmp_path: Path,
     assert (got["split"], got["runs"]) == ("c001", 5)
     for key in ("full_ms", "split_ms", "session_ms"):
         assert got[key] > 0, key
-    assert got["ratio"] == pytest.approx(got["split_ms"] / got["full_ms"], rel=1e-3)
-    assert got["session_vs_split"] == pytest.approx(got["session_ms"] / got["split_ms"], rel=1e-3)
+    # the ms are rounded to 1e-4 and this model's slices take ~0.02 ms: a few % of rounding
+    assert got["ratio"] == pytest.approx(got["split_ms"] / got["full_ms"], rel=0.03)
+    assert got["session_vs_split"] == pytest.approx(got["session_ms"] / got["split_ms"], rel=0.03)
     assert got["frame_loop_ms"] == pytest.approx(got["session_ms"] - got["split_ms"], abs=1e-3)
     # a Session's frame also crosses a link and a daemon: it cannot be cheaper than the slices
     assert got["frame_loop_ms"] > 0

@@ -187,7 +187,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
     ax.set_title(f"{result['model']}: ratio {result['ratio']:.3f}"
                  + (f", session_vs_split {result['session_vs_split']:.2f}"
                     if "session_vs_split" in result else ""), fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
